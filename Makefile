@@ -1,0 +1,65 @@
+# Orrery — every habit is a target. `make run` and `make test` work on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA_DIR ?= ./orrery-data
+export ORRERY_SERVERS_DIR ?= /tmp/orrery-servers
+
+.PHONY: help venv run test test-unit check lint format typecheck imports bench schemas servers-up servers-down clean
+
+help:
+	@echo "make run        embedded stack with the sample corpus on http://127.0.0.1:8080"
+	@echo "make test       venv + local servers + the whole test suite"
+	@echo "make check      ruff, mypy (strict) and import-linter"
+	@echo "make bench      benchmarks (writes docs/bench/)"
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: venv
+	$(VENV)/bin/orrery serve --sample --data-dir $(DATA_DIR)
+
+servers-up: venv
+	$(PY) tests/harness/servers.py up
+
+servers-down:
+	$(PY) tests/harness/servers.py down
+
+test: venv servers-up
+	$(VENV)/bin/pytest -q tests
+
+test-unit: venv
+	$(VENV)/bin/pytest -q tests/unit tests/conformance -m "not servers"
+
+check: lint typecheck imports
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+imports: venv
+	$(VENV)/bin/lint-imports
+
+schemas: venv
+	$(PY) -m contracts.export_schemas docs/schemas
+
+bench: venv
+	$(PY) bench/topk.py
+
+clean:
+	rm -rf $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache

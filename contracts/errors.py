@@ -1,0 +1,115 @@
+"""Error codes and the one error shape every API returns.
+
+`{"success": false, "error": {"code": ..., "message": ..., "details": ...}}`
+
+Adapters translate driver exceptions into `OrreryError` subclasses; nothing above an
+adapter catches a driver's exception type.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "HTTP_STATUS",
+    "DependencyUnavailable",
+    "ErrorBody",
+    "ErrorCode",
+    "ErrorResponse",
+    "OrreryError",
+]
+
+
+class ErrorCode(StrEnum):
+    """Machine-readable error codes. Each maps to exactly one HTTP status."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    UNKNOWN_FIELD = "unknown_field"
+    UNKNOWN_SCOPE = "unknown_scope"
+    EMPTY_QUERY = "empty_query"
+    RESULT_LIMIT_EXCEEDED = "result_limit_exceeded"
+    BATCH_TOO_LARGE = "batch_too_large"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    REVISION_CONFLICT = "revision_conflict"
+    EMBEDDER_MISMATCH = "embedder_mismatch"
+    SCOPE_NOT_READY = "scope_not_ready"
+    COVERAGE_UNAVAILABLE = "coverage_unavailable"
+    DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    INTERNAL = "internal"
+
+
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_JSON: 400,
+    ErrorCode.INVALID_REQUEST: 422,
+    ErrorCode.UNKNOWN_FIELD: 422,
+    ErrorCode.UNKNOWN_SCOPE: 404,
+    ErrorCode.EMPTY_QUERY: 422,
+    ErrorCode.RESULT_LIMIT_EXCEEDED: 422,
+    ErrorCode.BATCH_TOO_LARGE: 413,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.REVISION_CONFLICT: 409,
+    ErrorCode.EMBEDDER_MISMATCH: 422,
+    ErrorCode.SCOPE_NOT_READY: 503,
+    ErrorCode.COVERAGE_UNAVAILABLE: 503,
+    ErrorCode.DEPENDENCY_UNAVAILABLE: 503,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+class ErrorBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: ErrorCode
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    """The body of every non-2xx response."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    success: Literal[False] = False
+    error: ErrorBody
+
+
+class OrreryError(Exception):
+    """An error with a code, a human message and machine-readable details."""
+
+    def __init__(
+        self, code: ErrorCode, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.code]
+
+    def to_response(self) -> ErrorResponse:
+        return ErrorResponse(
+            error=ErrorBody(code=self.code, message=self.message, details=self.details)
+        )
+
+
+class DependencyUnavailable(OrreryError):
+    """A store, engine or broker did not answer; the operation had no effect or is retried."""
+
+    def __init__(self, dependency: str, message: str, details: dict[str, Any] | None = None):
+        super().__init__(
+            ErrorCode.DEPENDENCY_UNAVAILABLE,
+            f"{dependency}: {message}",
+            {"dependency": dependency, **(details or {})},
+        )

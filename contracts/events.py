@@ -1,0 +1,40 @@
+"""Events on the log between the canonical store and the projectors."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.records import Record
+
+__all__ = ["LogEntry", "RecordChanged"]
+
+
+class RecordChanged(BaseModel):
+    """One accepted revision of one record (an upsert, or a tombstone when `deleted`).
+
+    Guarantees: emitted exactly once per accepted revision into the outbox, in the same
+    transaction as the record; delivered at least once, possibly out of order across
+    documents. Consumers apply it idempotently on `(document_id, revision)`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_type: str = Field(default="record_changed", pattern="^record_changed$")
+    record: Record
+
+    @property
+    def document_id(self) -> str:
+        return self.record.doc_id
+
+    @property
+    def revision(self) -> int:
+        return self.record.revision
+
+
+class LogEntry(BaseModel):
+    """An event and its position on the log. Positions strictly increase on one log."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    position: int = Field(ge=1)
+    event: RecordChanged

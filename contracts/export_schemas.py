@@ -1,0 +1,45 @@
+"""Write the JSON Schema of every wire format to a directory: `python -m
+contracts.export_schemas docs/schemas`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from contracts.errors import ErrorResponse
+from contracts.events import LogEntry
+from contracts.generations import GenerationDescriptor
+from contracts.ingest_api import WriteResponse
+from contracts.records import Record
+from contracts.topk import RetrieveRequest, RetrieveResponse, TopKRequest, TopKResponse
+
+MODELS: dict[str, type[BaseModel]] = {
+    "record": Record,
+    "write_response": WriteResponse,
+    "log_entry": LogEntry,
+    "generation_descriptor": GenerationDescriptor,
+    "topk_request": TopKRequest,
+    "topk_response": TopKResponse,
+    "retrieve_request": RetrieveRequest,
+    "retrieve_response": RetrieveResponse,
+    "error_response": ErrorResponse,
+}
+
+
+def export(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, model in MODELS.items():
+        path = directory / f"{name}.schema.json"
+        schema = model.model_json_schema()
+        path.write_text(json.dumps(schema, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for written in export(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/schemas")):
+        print(written)

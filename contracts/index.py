@@ -1,0 +1,105 @@
+"""What the projector writes into an index and what a query asks of one.
+
+The same `IndexDocument`, `SearchFilter` and `Candidate` are used by every lexical and
+vector engine (tantivy, qdrant-edge, OpenSearch, Qdrant), so that filter semantics can be
+proven identical by one conformance suite.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.records import AwareDatetime, Record
+
+__all__ = ["TITLE_BOOST", "Candidate", "IndexDocument", "SearchFilter", "to_index_document"]
+
+# Title matches count this many times a body match (BM25 field boost).
+TITLE_BOOST = 2.0
+# Tags count like the body by default.
+TAGS_BOOST = 1.0
+
+
+class IndexDocument(BaseModel):
+    """The projection of one live record revision into an index.
+
+    Filter fields: `galaxy`, `ring`, `status`, `visibility` (multi-valued),
+    `updated_at`, `facets` (`name -> values`). Text fields: `title`, `body`, `tags`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    document_id: str
+    revision: int
+    item_id: str
+    galaxy: str
+    ring: str
+    status: str
+    updated_at: AwareDatetime
+    visibility: tuple[str, ...] = ()
+    facets: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    title: str = ""
+    body: str = ""
+    tags: tuple[str, ...] = ()
+    vector: tuple[float, ...] | None = None
+
+
+def to_index_document(record: Record, vector: tuple[float, ...] | None) -> IndexDocument:
+    """Project a (non-deleted) record revision into its index form."""
+    return IndexDocument(
+        document_id=record.doc_id,
+        revision=record.revision,
+        item_id=record.item_id,
+        galaxy=record.galaxy,
+        ring=record.ring,
+        status=record.metadata.status,
+        updated_at=record.metadata.updated_at,
+        visibility=tuple(record.metadata.visibility),
+        facets={k: tuple(v) for k, v in record.metadata.facets().items()},
+        title=record.text.title,
+        body=record.text.body,
+        tags=tuple(record.text.tags),
+        vector=vector,
+    )
+
+
+class SearchFilter(BaseModel):
+    """Restrictions applied before scoring, with the same meaning in every engine.
+
+    - `galaxy`: exact match (always set by the query worker from the caller's key).
+    - `status`: the record's status is one of these.
+    - `visibility`: the record carries at least one of these labels.
+    - `updated_after` / `updated_before`: inclusive bounds on `updated_at`.
+    - `facets`: for every name, the record has at least one of the listed values.
+    - `document_ids`: the record is one of these (the generic API's `allowed_doc_ids`).
+
+    A field left as `None` (or an empty `facets`) does not restrict. An empty list
+    matches nothing.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    galaxy: str | None = None
+    status: tuple[str, ...] | None = None
+    visibility: tuple[str, ...] | None = None
+    updated_after: datetime | None = None
+    updated_before: datetime | None = None
+    facets: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    document_ids: tuple[str, ...] | None = None
+
+    def matches_nothing(self) -> bool:
+        lists = [self.status, self.visibility, self.document_ids, *self.facets.values()]
+        return any(values is not None and len(values) == 0 for values in lists)
+
+
+class Candidate(BaseModel):
+    """A scored hit from one source. Higher `score` is better within one source only."""
+
+    model_config = ConfigDict(frozen=True)
+
+    document_id: str
+    revision: int
+    score: float
+    updated_at: datetime
+    status: str

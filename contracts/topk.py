@@ -1,0 +1,205 @@
+"""The one-shot `topk_records` request and response, and the generic retrieve API.
+
+Shapes follow the ChonkyDB one-shot seed field for field; `generation_id` and `profile`
+are added so every answer names the versions it came from. Unknown request fields are
+rejected.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.records import AwareDatetime
+
+__all__ = [
+    "MAX_RESULT_LIMIT",
+    "CandidateOut",
+    "DocumentIdsResponse",
+    "Include",
+    "LatencyMs",
+    "QueryFilters",
+    "QueryPlan",
+    "Ranking",
+    "RecordsByIdRequest",
+    "RecordsByIdResponse",
+    "RetrieveRequest",
+    "RetrieveResponse",
+    "ScoreBreakdown",
+    "StoredRecordOut",
+    "TopKRequest",
+    "TopKResponse",
+    "TopKResult",
+]
+
+MAX_RESULT_LIMIT = 100
+MAX_ALLOWED_DOC_IDS = 100_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class QueryFilters(_Strict):
+    """Pre-score filters. Every list means any-of; an empty list matches nothing."""
+
+    status: list[str] | None = Field(default=None, max_length=64)
+    visibility: list[str] | None = Field(default=None, max_length=64)
+    galaxy: str | None = Field(
+        default=None, description="Narrows to one galaxy; it can never widen the API key's."
+    )
+    updated_after: AwareDatetime | None = None
+    updated_before: AwareDatetime | None = None
+    facets: dict[str, list[str]] = Field(default_factory=dict, max_length=32)
+
+    def is_empty(self) -> bool:
+        return (
+            self.status is None
+            and self.visibility is None
+            and self.galaxy is None
+            and self.updated_after is None
+            and self.updated_before is None
+            and not self.facets
+        )
+
+
+class Ranking(_Strict):
+    """Fusion weights. Each component is normalized to [0, 1] before weighting."""
+
+    lexical_weight: float = Field(default=1.0, ge=0.0, le=100.0)
+    vector_weight: float = Field(default=1.0, ge=0.0, le=100.0)
+    freshness_weight: float = Field(default=0.15, ge=0.0, le=100.0)
+    metadata_weight: float = Field(default=0.25, ge=0.0, le=100.0)
+
+
+class Include(_Strict):
+    payload: bool = True
+    metadata: bool = True
+    content: bool = False
+    score_breakdown: bool = True
+    query_plan: bool = True
+
+
+class TopKRequest(_Strict):
+    namespace: str = Field(min_length=1, max_length=128)
+    scope_ref: str = Field(min_length=1, max_length=256)
+    query_text: str = Field(default="", max_length=4_096)
+    result_limit: int = Field(default=10, ge=1)
+    response_mode: Literal["structured_records"] = "structured_records"
+    filters: QueryFilters = Field(default_factory=QueryFilters)
+    ranking: Ranking = Field(default_factory=Ranking)
+    include: Include = Field(default_factory=Include)
+    timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
+    client_request_id: str | None = Field(default=None, max_length=256)
+
+
+class ScoreBreakdown(BaseModel):
+    lexical: float
+    vector: float
+    freshness: float
+    metadata: float
+
+
+class TopKResult(BaseModel):
+    rank: int
+    document_id: str
+    item_id: str
+    payload_schema: str
+    payload: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    content: dict[str, Any] | None = None
+    score: float
+    score_breakdown: ScoreBreakdown | None = None
+
+
+class LatencyMs(BaseModel):
+    scope_resolve: float
+    candidate_fetch: float
+    index_search: float
+    rerank: float
+    payload_materialize: float
+    total: float
+
+
+class QueryPlan(BaseModel):
+    candidate_scope_mode: Literal["scope_ref", "allowed_doc_ids"]
+    candidate_count: int
+    indexes_used: list[str]
+    reranked_count: int
+    latency_ms: LatencyMs
+    generation_id: str
+    applied_position: int
+    profile: str
+    cache: Literal["hit", "miss", "unavailable", "disabled"] = "disabled"
+    candidate_depth: int
+
+
+class TopKResponse(BaseModel):
+    success: Literal[True] = True
+    scope_ref: str
+    generation_id: str
+    profile: str
+    client_request_id: str | None = None
+    results: list[TopKResult]
+    query_plan: QueryPlan | None = None
+
+
+class RetrieveRequest(_Strict):
+    """The generic API: ranked candidates without payloads."""
+
+    namespace: str = Field(min_length=1, max_length=128)
+    scope_ref: str = Field(min_length=1, max_length=256)
+    query_text: str = Field(default="", max_length=4_096)
+    limit: int = Field(default=10, ge=1)
+    filters: QueryFilters = Field(default_factory=QueryFilters)
+    ranking: Ranking = Field(default_factory=Ranking)
+    allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
+    timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
+    client_request_id: str | None = Field(default=None, max_length=256)
+
+
+class CandidateOut(BaseModel):
+    rank: int
+    document_id: str
+    revision: int
+    score: float
+    score_breakdown: ScoreBreakdown
+
+
+class RetrieveResponse(BaseModel):
+    success: Literal[True] = True
+    scope_ref: str
+    generation_id: str
+    profile: str
+    candidates: list[CandidateOut]
+    query_plan: QueryPlan
+
+
+class DocumentIdsResponse(BaseModel):
+    """The document ids a scope currently covers (the split path's first call)."""
+
+    success: Literal[True] = True
+    scope_ref: str
+    generation_id: str
+    document_ids: list[str]
+
+
+class RecordsByIdRequest(_Strict):
+    namespace: str = Field(min_length=1, max_length=128)
+    document_ids: list[str] = Field(min_length=1, max_length=1_000)
+
+
+class StoredRecordOut(BaseModel):
+    document_id: str
+    item_id: str
+    revision: int
+    payload_schema: str
+    payload: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+class RecordsByIdResponse(BaseModel):
+    success: Literal[True] = True
+    records: list[StoredRecordOut]
+    missing: list[str]

@@ -1,0 +1,184 @@
+"""SQLite canonical store: every record revision, the head per document, and the outbox.
+
+In embedded mode the outbox table is the event log itself: an event's position is its
+outbox row id. In server mode a relay publishes outbox rows to Kafka and marks them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+from contracts.errors import DependencyUnavailable
+from contracts.events import RecordChanged
+from contracts.records import Record, payload_sha256
+from ingest.model import Decision, Outcome, decide_revision
+
+__all__ = ["SCHEMA", "SqliteRecordStore", "connect"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    document_id    TEXT    NOT NULL,
+    revision       INTEGER NOT NULL,
+    namespace      TEXT    NOT NULL,
+    snapshot_kind  TEXT    NOT NULL,
+    item_id        TEXT    NOT NULL,
+    galaxy         TEXT    NOT NULL,
+    deleted        INTEGER NOT NULL,
+    payload_sha256 TEXT    NOT NULL,
+    record_json    TEXT    NOT NULL,
+    accepted_at    TEXT    NOT NULL,
+    PRIMARY KEY (document_id, revision)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS heads (
+    document_id   TEXT PRIMARY KEY,
+    revision      INTEGER NOT NULL,
+    namespace     TEXT    NOT NULL,
+    snapshot_kind TEXT    NOT NULL,
+    deleted       INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS heads_scope ON heads (namespace, snapshot_kind, deleted);
+CREATE TABLE IF NOT EXISTS outbox (
+    position      INTEGER PRIMARY KEY AUTOINCREMENT,
+    document_id   TEXT    NOT NULL,
+    revision      INTEGER NOT NULL,
+    namespace     TEXT    NOT NULL,
+    snapshot_kind TEXT    NOT NULL,
+    event_json    TEXT    NOT NULL,
+    created_at    TEXT    NOT NULL,
+    published_at  TEXT
+);
+CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (position) WHERE published_at IS NULL;
+"""
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open the canonical database in WAL mode (readers never block the writer)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=30000")
+    return conn
+
+
+class SqliteRecordStore:
+    """`RecordStore` over one SQLite file.
+
+    Guarantees: a batch is one transaction (records, heads and outbox rows together);
+    a stale or equal revision is rejected alone; all writes are serialized in-process by
+    a lock and across processes by SQLite's write lock.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        try:
+            self._conn = connect(path)
+            self._conn.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise DependencyUnavailable("sqlite", str(exc)) from exc
+
+    def write(self, records: Sequence[Record]) -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        now = datetime.now(UTC).isoformat()
+        with self._transaction() as conn:
+            for index, record in enumerate(records):
+                doc_id = record.doc_id
+                row = conn.execute(
+                    "SELECT revision FROM heads WHERE document_id = ?", (doc_id,)
+                ).fetchone()
+                current = None if row is None else int(row[0])
+                if decide_revision(record.revision, current) is Decision.CONFLICT:
+                    outcomes.append(
+                        Outcome(
+                            index=index,
+                            document_id=doc_id,
+                            revision=record.revision,
+                            decision=Decision.CONFLICT,
+                            current_revision=current,
+                            code="revision_conflict",
+                            message=(
+                                f"revision {record.revision} is not newer than the stored "
+                                f"revision {current}"
+                            ),
+                        )
+                    )
+                    continue
+                record_json = record.model_dump_json()
+                conn.execute(
+                    "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        doc_id,
+                        record.revision,
+                        record.namespace,
+                        record.snapshot_kind,
+                        record.item_id,
+                        record.galaxy,
+                        int(record.deleted),
+                        payload_sha256(record.payload),
+                        record_json,
+                        now,
+                    ),
+                )
+                conn.execute(
+                    "INSERT INTO heads VALUES (?,?,?,?,?) ON CONFLICT(document_id) DO UPDATE "
+                    "SET revision = excluded.revision, deleted = excluded.deleted",
+                    (
+                        doc_id,
+                        record.revision,
+                        record.namespace,
+                        record.snapshot_kind,
+                        int(record.deleted),
+                    ),
+                )
+                event_json = RecordChanged(record=record).model_dump_json()
+                cursor = conn.execute(
+                    "INSERT INTO outbox (document_id, revision, namespace, snapshot_kind, "
+                    "event_json, created_at) VALUES (?,?,?,?,?,?)",
+                    (
+                        doc_id,
+                        record.revision,
+                        record.namespace,
+                        record.snapshot_kind,
+                        event_json,
+                        now,
+                    ),
+                )
+                outcomes.append(
+                    Outcome(
+                        index=index,
+                        document_id=doc_id,
+                        revision=record.revision,
+                        decision=Decision.ACCEPTED,
+                        position=cursor.lastrowid,
+                    )
+                )
+        return outcomes
+
+    def high_water(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT COALESCE(MAX(position), 0) FROM outbox").fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,38 @@
+"""Pure rules of the canonical store: which revisions are accepted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["Decision", "Outcome", "decide_revision"]
+
+
+class Decision(StrEnum):
+    ACCEPTED = "accepted"
+    CONFLICT = "conflict"
+    INVALID = "invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to one record of a batch."""
+
+    index: int
+    document_id: str | None
+    revision: int | None
+    decision: Decision
+    position: int | None = None
+    current_revision: int | None = None
+    message: str = ""
+    code: str | None = None
+
+
+def decide_revision(incoming: int, current: int | None) -> Decision:
+    """A revision is accepted only if it is strictly newer than the stored head.
+
+    Equal revisions are conflicts too: a revision names exactly one content.
+    """
+    if current is None or incoming > current:
+        return Decision.ACCEPTED
+    return Decision.CONFLICT

@@ -1,0 +1,128 @@
+"""Use cases of ingest: validate and write record batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from contracts.errors import ErrorBody, ErrorCode, OrreryError
+from contracts.ingest_api import WriteItem, WriteResponse
+from contracts.records import Record
+from ingest.model import Decision
+from ingest.ports import RecordStore
+
+__all__ = ["parse_batch", "write_records"]
+
+
+def parse_batch(
+    raw: Any, *, max_batch: int, vector_dimension: int | None, allowed_namespace: str | None
+) -> list[Record]:
+    """Validate a request body (a list of records, or `{"records": [...]}`).
+
+    Nothing is written when anything is invalid: the error names every bad record.
+    """
+    items = raw.get("records") if isinstance(raw, dict) and set(raw) == {"records"} else raw
+    if not isinstance(items, list):
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            'the body must be a JSON array of records or {"records": [...]}',
+        )
+    if not items:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "the batch is empty")
+    if len(items) > max_batch:
+        raise OrreryError(
+            ErrorCode.BATCH_TOO_LARGE,
+            f"a batch holds at most {max_batch} records, got {len(items)}",
+            {"max_batch": max_batch, "size": len(items)},
+        )
+    records: list[Record] = []
+    problems: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        try:
+            record = Record.model_validate(item)
+        except ValidationError as exc:
+            problems.append({"index": index, "errors": _errors(exc)})
+            continue
+        if allowed_namespace is not None and record.namespace != allowed_namespace:
+            raise OrreryError(
+                ErrorCode.FORBIDDEN,
+                f"this API key may not write namespace {record.namespace!r}",
+                {"index": index, "namespace": record.namespace},
+            )
+        if (
+            record.vector is not None
+            and vector_dimension is not None
+            and len(record.vector) != vector_dimension
+        ):
+            problems.append(
+                {
+                    "index": index,
+                    "errors": [
+                        {
+                            "loc": ["vector"],
+                            "msg": f"vector has {len(record.vector)} dimensions, the embedder "
+                            f"produces {vector_dimension}",
+                            "type": ErrorCode.EMBEDDER_MISMATCH.value,
+                        }
+                    ],
+                }
+            )
+            continue
+        records.append(record)
+    if problems:
+        unknown = any(e.get("type") == "extra_forbidden" for p in problems for e in p["errors"])
+        raise OrreryError(
+            ErrorCode.UNKNOWN_FIELD if unknown else ErrorCode.INVALID_REQUEST,
+            f"{len(problems)} of {len(items)} records are invalid; nothing was written",
+            {"records": problems[:50]},
+        )
+    return records
+
+
+def _errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+
+
+def write_records(
+    records: Sequence[Record],
+    *,
+    store: RecordStore,
+    on_commit: Callable[[], None] | None = None,
+) -> WriteResponse:
+    """Write a validated batch in one transaction; stale revisions are rejected alone."""
+    outcomes = store.write(records)
+    if on_commit is not None and any(o.decision is Decision.ACCEPTED for o in outcomes):
+        on_commit()
+    items: list[WriteItem] = []
+    for outcome in outcomes:
+        assert outcome.document_id is not None and outcome.revision is not None
+        accepted = outcome.decision is Decision.ACCEPTED
+        items.append(
+            WriteItem(
+                index=outcome.index,
+                document_id=outcome.document_id,
+                revision=outcome.revision,
+                status=201 if accepted else 409,
+                position=outcome.position,
+                error=None
+                if accepted
+                else ErrorBody(
+                    code=ErrorCode.REVISION_CONFLICT,
+                    message=outcome.message,
+                    details={"current_revision": outcome.current_revision},
+                ),
+            )
+        )
+    accepted_count = sum(1 for item in items if item.status == 201)
+    return WriteResponse(
+        success=accepted_count == len(items),
+        accepted=accepted_count,
+        rejected=len(items) - accepted_count,
+        high_water=store.high_water(),
+        items=items,
+    )

@@ -1,0 +1,467 @@
+"""Embedded BM25 indexes in tantivy: one index directory per generation under a root.
+
+The same process's query worker searches the very `tantivy.Index` objects written here
+(`TantivyLexicalIndex.index_for`), so a search sees a commit as soon as `apply` returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import tantivy
+
+from contracts.digests import id_set_digest
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.index import IndexDocument
+from contracts.index_fields import (
+    BODY,
+    DOCUMENT_ID,
+    FACET_SEPARATOR,
+    FACETS,
+    GALAXY,
+    ITEM_ID,
+    REVISION,
+    RING,
+    STATUS,
+    TAGS,
+    TEXT_ANALYZER,
+    TEXT_FIELDS,
+    TEXT_TOKEN_MAX_BYTES,
+    TITLE,
+    UPDATED_AT,
+    UPDATED_AT_MICROS,
+    VISIBILITY,
+)
+from projector.ports import IndexEvidence
+
+__all__ = ["DEFAULT_WRITER_HEAP_BYTES", "DEFAULT_WRITER_THREADS", "TantivyLexicalIndex"]
+
+# Per writer; tantivy needs at least 15 MB per indexing thread.
+DEFAULT_WRITER_HEAP_BYTES = 64_000_000
+# One thread: the projector writes small batches; more threads only make more segments.
+DEFAULT_WRITER_THREADS = 1
+
+# A generation id becomes a directory name: no separators, no dot-dot.
+_GENERATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_META_FILE = "meta.json"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+# tantivy-py raises these for engine failures (I/O, lock, schema, consumed writer).
+_DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
+
+# A pending operation on one document: the revision to write, or the revision deleted.
+_Operation = IndexDocument | int
+
+
+def _text_analyzer() -> tantivy.TextAnalyzer:
+    """The analyzer named `TEXT_ANALYZER` (see `contracts.index_fields`)."""
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(TEXT_TOKEN_MAX_BYTES))
+        .filter(tantivy.Filter.lowercase())
+        .filter(tantivy.Filter.ascii_fold())
+        .build()
+    )
+
+
+def _build_schema() -> tantivy.Schema:
+    """The schema of every generation's index.
+
+    Text fields keep positions so that phrase queries stay possible without a rebuild.
+    Keyword fields use the `raw` tokenizer (one exact term per value).
+    """
+    builder = tantivy.SchemaBuilder()
+    for name in TEXT_FIELDS:
+        builder.add_text_field(name, tokenizer_name=TEXT_ANALYZER, index_option="position")
+    builder.add_text_field(
+        DOCUMENT_ID, stored=True, fast=True, tokenizer_name="raw", index_option="basic"
+    )
+    for name in (ITEM_ID, GALAXY, RING, STATUS, VISIBILITY, FACETS):
+        builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
+    builder.add_integer_field(REVISION, stored=True, fast=True)
+    builder.add_date_field(UPDATED_AT, stored=True, indexed=True, fast=True)
+    builder.add_integer_field(UPDATED_AT_MICROS, indexed=True, fast=True)
+    return builder.build()
+
+
+def _epoch_micros(value: datetime) -> int:
+    """Microseconds since the Unix epoch; a naive datetime is taken as UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+@dataclass(eq=False)
+class _Generation:
+    index: tantivy.Index
+    # Serializes writes (and writer lifecycle); searches never take it.
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+    writer: tantivy.IndexWriter | None = None
+    # Set by `drop` and `close`: a writer that still holds this object must look again.
+    retired: bool = False
+
+
+class TantivyLexicalIndex:
+    """`LexicalIndex` over tantivy, one index per generation at `root / generation_id`.
+
+    Guarantees, beyond the port's:
+    - One `IndexWriter` per generation, opened on first write and kept until `drop` or
+      `close`; writes to one generation are serialized by a lock, searches take no lock.
+    - `apply` commits once (or not at all when nothing changes) and reloads the reader
+      before returning, so `index_for(g).searcher()` sees the commit at once.
+    - A generation directory left by an earlier process is opened again on first use.
+    - Facet names must not contain `FACET_SEPARATOR`, keyword values must be valid Unicode
+      (`INVALID_REQUEST` otherwise, nothing written); text fields are made valid.
+    - Unknown generations raise `OrreryError(COVERAGE_UNAVAILABLE)`; engine failures raise
+      `DependencyUnavailable("tantivy", ...)` after rolling back the uncommitted batch.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        writer_heap_bytes: int = DEFAULT_WRITER_HEAP_BYTES,
+        writer_threads: int = DEFAULT_WRITER_THREADS,
+    ) -> None:
+        self._root = root
+        self._writer_heap_bytes = writer_heap_bytes
+        self._writer_threads = writer_threads
+        self._schema: tantivy.Schema | None = None
+        # Guards `_generations`; held only briefly, never while waiting on a commit
+        # except by `drop` and `close`.
+        self._registry_lock = threading.Lock()
+        self._generations: dict[str, _Generation] = {}
+
+    # -- provider for the query side -------------------------------------------------
+
+    def index_for(self, generation_id: str) -> tantivy.Index:
+        """The live, shared index of `generation_id`; `KeyError` if there is none."""
+        with self._registry_lock:
+            generation = self._load(generation_id)
+        if generation is None:
+            raise KeyError(generation_id)
+        return generation.index
+
+    # -- LexicalIndex ----------------------------------------------------------------
+
+    def create(self, generation_id: str) -> None:
+        path = self._path(generation_id)
+        with self._registry_lock:
+            if self._load(generation_id) is not None:
+                return
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                index = tantivy.Index(self._index_schema(), str(path))
+                index.register_tokenizer(TEXT_ANALYZER, _text_analyzer())
+            except _DRIVER_ERRORS as exc:
+                raise _unavailable("cannot create index", generation_id, exc) from exc
+            self._generations[generation_id] = _Generation(index=index)
+
+    def apply(
+        self,
+        generation_id: str,
+        upserts: Sequence[IndexDocument],
+        deletes: Sequence[tuple[str, int]],
+    ) -> None:
+        _check_keywords(upserts, deletes)
+        operations = _newest_operations(upserts, deletes)
+        while True:
+            generation = self._require(generation_id)
+            with generation.write_lock:
+                if generation.retired:
+                    continue  # Dropped (now unknown) or closed (reopened) meanwhile.
+                if operations:
+                    self._apply_locked(generation, generation_id, operations)
+                return
+
+    def evidence(self, generation_id: str) -> IndexEvidence:
+        index = self._require(generation_id).index
+        try:
+            pairs = _stored_pairs(index.searcher())
+        except _DRIVER_ERRORS as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
+        try:
+            digest = id_set_digest(pairs)
+        except ValueError as exc:
+            raise OrreryError(
+                ErrorCode.INTERNAL, str(exc), {"engine": "tantivy", "generation_id": generation_id}
+            ) from exc
+        return IndexEvidence(document_count=len(pairs), id_set_digest=digest)
+
+    def drop(self, generation_id: str) -> None:
+        path = self._path(generation_id)
+        # The registry stays locked so that no one reopens the directory while it goes.
+        with self._registry_lock:
+            generation = self._generations.pop(generation_id, None)
+            if generation is not None:
+                with generation.write_lock:
+                    self._close_writer(generation)
+            try:
+                shutil.rmtree(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise _unavailable("cannot remove index", generation_id, exc) from exc
+
+    def close(self) -> None:
+        """Wait for merges and release every writer. Later calls reopen lazily."""
+        with self._registry_lock:
+            generations = list(self._generations.values())
+            self._generations.clear()
+            for generation in generations:
+                with generation.write_lock:
+                    self._close_writer(generation)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _path(self, generation_id: str) -> Path:
+        if not _GENERATION_ID.fullmatch(generation_id):
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                "generation id must be 1-128 of [A-Za-z0-9._-], starting alphanumeric",
+                {"generation_id": generation_id},
+            )
+        return self._root / generation_id
+
+    def _index_schema(self) -> tantivy.Schema:
+        if self._schema is None:
+            self._schema = _build_schema()
+        return self._schema
+
+    def _load(self, generation_id: str) -> _Generation | None:
+        """The open generation, opening its directory if needed. Registry lock held."""
+        generation = self._generations.get(generation_id)
+        if generation is not None:
+            return generation
+        if not _GENERATION_ID.fullmatch(generation_id):
+            return None
+        path = self._root / generation_id
+        if not (path / _META_FILE).is_file():
+            return None
+        try:
+            index = tantivy.Index.open(str(path))
+            # Tokenizers are not persisted: without this, writes fail on the text fields.
+            index.register_tokenizer(TEXT_ANALYZER, _text_analyzer())
+        except _DRIVER_ERRORS as exc:
+            raise _unavailable("cannot open index", generation_id, exc) from exc
+        generation = _Generation(index=index)
+        self._generations[generation_id] = generation
+        return generation
+
+    def _require(self, generation_id: str) -> _Generation:
+        self._path(generation_id)
+        with self._registry_lock:
+            generation = self._load(generation_id)
+        if generation is None:
+            raise _unknown(generation_id)
+        return generation
+
+    def _apply_locked(
+        self, generation: _Generation, generation_id: str, operations: dict[str, _Operation]
+    ) -> None:
+        """Write the operations that change the index, in one commit. Write lock held."""
+        index = generation.index
+        writer = self._writer(generation, generation_id)
+        changed = False
+        try:
+            held = _held_revisions(index, list(operations))
+            for document_id, operation in operations.items():
+                present = held.get(document_id)
+                if isinstance(operation, IndexDocument):
+                    if present is not None and present >= operation.revision:
+                        continue
+                    # Deleting first keeps the id unique even if `held` were stale.
+                    writer.delete_documents_by_term(DOCUMENT_ID, document_id)
+                    writer.add_document(_to_document(operation))
+                else:
+                    if present is None or present > operation:
+                        continue
+                    writer.delete_documents_by_term(DOCUMENT_ID, document_id)
+                changed = True
+            if changed:
+                writer.commit()
+                index.reload()
+        except _DRIVER_ERRORS as exc:
+            self._discard_writer(generation)
+            raise _unavailable("apply failed", generation_id, exc) from exc
+
+    def _writer(self, generation: _Generation, generation_id: str) -> tantivy.IndexWriter:
+        """The generation's writer, opened on first use. Write lock held."""
+        if generation.writer is None:
+            try:
+                generation.writer = generation.index.writer(
+                    heap_size=self._writer_heap_bytes, num_threads=self._writer_threads
+                )
+            except _DRIVER_ERRORS as exc:
+                raise _unavailable("cannot open writer", generation_id, exc) from exc
+        return generation.writer
+
+    @staticmethod
+    def _discard_writer(generation: _Generation) -> None:
+        """Roll back and drop a writer that failed: a failed writer may be poisoned."""
+        writer, generation.writer = generation.writer, None
+        if writer is not None:
+            # Dropping the writer discards uncommitted operations even if this fails.
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                writer.rollback()
+
+    @staticmethod
+    def _close_writer(generation: _Generation) -> None:
+        generation.retired = True
+        writer, generation.writer = generation.writer, None
+        if writer is not None:
+            # The writer's lock is released either way once it is dropped.
+            with contextlib.suppress(*_DRIVER_ERRORS):
+                writer.wait_merging_threads()
+
+
+def _newest_operations(
+    upserts: Sequence[IndexDocument], deletes: Sequence[tuple[str, int]]
+) -> dict[str, _Operation]:
+    """The one operation per document that wins by revision; a delete wins a tie."""
+    operations: dict[str, _Operation] = {}
+    for document in upserts:
+        current = operations.get(document.document_id)
+        if current is None or _revision(current) < document.revision:
+            operations[document.document_id] = document
+    for document_id, revision in deletes:
+        current = operations.get(document_id)
+        if current is None or _revision(current) <= revision:
+            operations[document_id] = revision
+    return operations
+
+
+def _revision(operation: _Operation) -> int:
+    return operation.revision if isinstance(operation, IndexDocument) else operation
+
+
+def _check_keywords(upserts: Iterable[IndexDocument], deletes: Iterable[tuple[str, int]]) -> None:
+    """Reject exact-match values the index cannot hold, before anything is written."""
+    for document in upserts:
+        for name in document.facets:
+            if FACET_SEPARATOR in name:
+                raise OrreryError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"facet name must not contain {FACET_SEPARATOR!r}",
+                    {"document_id": document.document_id, "facet": name},
+                )
+        keywords = [
+            document.document_id,
+            document.item_id,
+            document.galaxy,
+            document.ring,
+            document.status,
+            *document.visibility,
+            *(f"{name}{value}" for name, values in document.facets.items() for value in values),
+        ]
+        if not all(_is_unicode(value) for value in keywords):
+            raise _not_unicode(document.document_id)
+    for document_id, _revision in deletes:
+        if not _is_unicode(document_id):
+            raise _not_unicode(document_id)
+
+
+def _is_unicode(value: str) -> bool:
+    """False for strings with lone surrogates (stdlib `json` lets `"\\ud800"` through)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_unicode(document_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.INVALID_REQUEST,
+        "keyword values must be valid Unicode (no lone surrogates)",
+        {"document_id": document_id.encode("utf-8", "backslashreplace").decode("utf-8")},
+    )
+
+
+def _analyzed(text: str) -> str:
+    """`text` with anything that is not valid Unicode replaced by a separator ("?")."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _to_document(source: IndexDocument) -> tantivy.Document:
+    document = tantivy.Document()
+    document.add_text(DOCUMENT_ID, source.document_id)
+    document.add_integer(REVISION, source.revision)
+    document.add_text(ITEM_ID, source.item_id)
+    document.add_text(GALAXY, source.galaxy)
+    document.add_text(RING, source.ring)
+    document.add_text(STATUS, source.status)
+    updated_at = source.updated_at.astimezone(UTC)
+    document.add_date(UPDATED_AT, updated_at)
+    document.add_integer(UPDATED_AT_MICROS, _epoch_micros(updated_at))
+    for label in source.visibility:
+        document.add_text(VISIBILITY, label)
+    for name, values in sorted(source.facets.items()):
+        for value in values:
+            document.add_text(FACETS, f"{name}{FACET_SEPARATOR}{value}")
+    if source.title:
+        document.add_text(TITLE, _analyzed(source.title))
+    if source.body:
+        document.add_text(BODY, _analyzed(source.body))
+    for tag in source.tags:
+        document.add_text(TAGS, _analyzed(tag))
+    return document
+
+
+def _held_revisions(index: tantivy.Index, document_ids: list[str]) -> dict[str, int]:
+    """Revisions the index holds for `document_ids`, read with one term-set search."""
+    searcher = index.searcher()
+    query = tantivy.Query.term_set_query(index.schema, DOCUMENT_ID, document_ids)
+    held: dict[str, int] = {}
+    for _score, address in _all_hits(searcher, query, len(document_ids)):
+        document_id, revision = _stored_pair(searcher.doc(address))
+        held[document_id] = max(revision, held.get(document_id, revision))
+    return held
+
+
+def _stored_pairs(searcher: tantivy.Searcher) -> list[tuple[str, int]]:
+    addresses = _all_hits(searcher, tantivy.Query.all_query(), searcher.num_docs)
+    return [_stored_pair(searcher.doc(address)) for _score, address in addresses]
+
+
+def _all_hits(
+    searcher: tantivy.Searcher, query: tantivy.Query, expected: int
+) -> list[tuple[object, tantivy.DocAddress]]:
+    """Every hit of `query`, asking for `expected` (+1 to detect more) and widening."""
+    limit = max(expected, 0) + 1
+    while True:
+        hits = searcher.search(query, limit, count=False).hits
+        if len(hits) < limit:
+            return hits
+        limit *= 2
+
+
+def _stored_pair(document: tantivy.Document) -> tuple[str, int]:
+    document_id = document.get_first(DOCUMENT_ID)
+    revision = document.get_first(REVISION)
+    if not isinstance(document_id, str) or not isinstance(revision, int):
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "index document lacks a stored document_id or revision",
+            {"engine": "tantivy"},
+        )
+    return document_id, revision
+
+
+def _unknown(generation_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.COVERAGE_UNAVAILABLE,
+        f"no lexical index for generation {generation_id!r}",
+        {"engine": "tantivy", "generation_id": generation_id},
+    )
+
+
+def _unavailable(what: str, generation_id: str, exc: BaseException) -> DependencyUnavailable:
+    return DependencyUnavailable("tantivy", f"{what}: {exc}", {"generation_id": generation_id})

@@ -1,0 +1,199 @@
+"""Nearest-neighbour search over the qdrant-edge shards the projector writes.
+
+qdrant-edge allows one process per shard directory, so this adapter does not open
+shards: it is given `shard_provider` (in the embedded deployment,
+`QdrantEdgeVectorIndex.shard_for` of the projector's index in the same process), which
+returns the open shard of a generation or raises `KeyError` for an unknown one.
+
+The payload it reads and filters on is written by
+`projector.adapters.qdrant_edge_vectors` (see its module docstring): `document_id`,
+`revision`, `status`, `updated_at` (RFC 3339 UTC, datetime index), `galaxy`,
+`visibility` (list), `facets` (list of `"name=value"`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from qdrant_edge import (
+    EdgeShard,
+    FieldCondition,
+    Filter,
+    MatchAny,
+    MatchValue,
+    Query,
+    QueryRequest,
+    RangeDateTime,
+    ScoredPoint,
+    SearchParams,
+)
+
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.index import Candidate, SearchFilter
+
+if TYPE_CHECKING:
+    from qdrant_edge import ConditionType
+
+__all__ = ["QdrantEdgeVectorSearch", "ShardProvider", "edge_filter"]
+
+DEPENDENCY = "qdrant-edge"
+VECTOR_NAME = "dense"
+_RETURNED_FIELDS = ["document_id", "revision", "status", "updated_at"]
+
+ShardProvider = Callable[[str], EdgeShard]
+"""Returns the open shard of a generation; raises `KeyError` if there is none."""
+
+
+class QdrantEdgeVectorSearch:
+    """Cosine nearest neighbours over one generation's qdrant-edge shard.
+
+    Guarantees (those of `query.ports.VectorSearch`):
+    - The filter is part of the engine request (payload indexes), never applied
+      afterwards, so `limit` results come back whenever that many documents match.
+      It restricts and never changes scores. A filter with an empty list returns [].
+    - At most `limit` candidates, best first, ties broken by `document_id` ascending
+      (also across the `limit` boundary); scores are cosine similarities in [-1, 1].
+    - Exact on segments without HNSW (qdrant-edge brute-forces them); on HNSW segments
+      approximate with `ef = max(hnsw_ef, limit + 1)`.
+
+    Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
+    dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds ->
+    `INVALID_REQUEST`; any other engine failure -> `DependencyUnavailable`.
+    """
+
+    def __init__(self, shard_provider: ShardProvider, *, hnsw_ef: int = 128) -> None:
+        self._shard_provider = shard_provider
+        self._hnsw_ef = hnsw_ef
+
+    def search(
+        self,
+        generation_id: str,
+        vector: Sequence[float],
+        filter: SearchFilter,
+        limit: int,
+    ) -> list[Candidate]:
+        query_vector = [float(x) for x in vector]
+        if not query_vector or not all(math.isfinite(x) for x in query_vector):
+            raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector must be finite numbers")
+        if not any(query_vector):
+            raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector is all zeros")
+        engine_filter = edge_filter(filter)
+        if limit <= 0 or filter.matches_nothing():
+            return []
+        try:
+            shard = self._shard_provider(generation_id)
+        except KeyError:
+            raise OrreryError(
+                ErrorCode.COVERAGE_UNAVAILABLE,
+                f"no vector index for generation {generation_id!r}",
+                {"generation_id": generation_id},
+            ) from None
+        points = self._top(shard, generation_id, query_vector, engine_filter, limit)
+        candidates = [_candidate(point) for point in points]
+        candidates.sort(key=lambda c: (-c.score, c.document_id))
+        return candidates[:limit]
+
+    def _top(
+        self,
+        shard: EdgeShard,
+        generation_id: str,
+        vector: list[float],
+        engine_filter: Filter | None,
+        limit: int,
+    ) -> list[ScoredPoint]:
+        """The best points, including every point tied with the `limit`-th one.
+
+        The engine orders ties arbitrarily, so one extra point is fetched: if it ties
+        with the last one kept, the tie group may continue and the fetch doubles.
+        """
+        fetch = limit + 1
+        while True:
+            request = QueryRequest(
+                limit=fetch,
+                query=Query.Nearest(vector, using=VECTOR_NAME),
+                filter=engine_filter,
+                with_payload=list(_RETURNED_FIELDS),
+                with_vector=False,
+                params=SearchParams(hnsw_ef=max(self._hnsw_ef, fetch)),
+            )
+            try:
+                points = shard.query(request)
+            except Exception as error:  # the driver raises bare Exception
+                raise _translate(error, generation_id) from error
+            if len(points) < fetch or points[-1].score != points[limit - 1].score:
+                return points
+            fetch *= 2
+
+
+def edge_filter(filter: SearchFilter) -> Filter | None:
+    """The engine filter equivalent to `filter` (None when it restricts nothing).
+
+    Every clause is a `must`; any-of lists are `MatchAny` on keyword indexes, facets are
+    matched as `"name=value"` strings, time bounds are inclusive datetime ranges.
+    """
+    must: list[ConditionType] = []
+    if filter.galaxy is not None:
+        must.append(FieldCondition("galaxy", match=MatchValue(filter.galaxy)))
+    if filter.status is not None:
+        must.append(FieldCondition("status", match=MatchAny(list(filter.status))))
+    if filter.visibility is not None:
+        must.append(FieldCondition("visibility", match=MatchAny(list(filter.visibility))))
+    if filter.updated_after is not None or filter.updated_before is not None:
+        must.append(
+            FieldCondition(
+                "updated_at",
+                range=RangeDateTime(
+                    gte=_bound(filter.updated_after), lte=_bound(filter.updated_before)
+                ),
+            )
+        )
+    for name, values in sorted(filter.facets.items()):
+        facet_values = [f"{name}={value}" for value in values]
+        must.append(FieldCondition("facets", match=MatchAny(facet_values)))
+    if filter.document_ids is not None:
+        must.append(FieldCondition("document_id", match=MatchAny(list(filter.document_ids))))
+    return Filter(must=must) if must else None
+
+
+def _bound(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            "updated_after / updated_before must carry a timezone",
+            {"value": value.isoformat()},
+        )
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _candidate(point: ScoredPoint) -> Candidate:
+    payload = point.payload or {}
+    return Candidate(
+        document_id=str(payload["document_id"]),
+        revision=int(payload["revision"]),
+        score=min(1.0, max(-1.0, float(point.score))),
+        updated_at=datetime.fromisoformat(str(payload["updated_at"])),
+        status=str(payload["status"]),
+    )
+
+
+def _translate(error: Exception, generation_id: str) -> OrreryError:
+    message = str(error)
+    if "dimension error" in message:
+        return OrreryError(
+            ErrorCode.EMBEDDER_MISMATCH,
+            f"query vector does not fit generation {generation_id!r}: {message}",
+            {"generation_id": generation_id},
+        )
+    if "not initialized" in message:
+        # The shard was closed under us: the generation was dropped or the index closed.
+        return OrreryError(
+            ErrorCode.COVERAGE_UNAVAILABLE,
+            f"vector index of generation {generation_id!r} was closed",
+            {"generation_id": generation_id},
+        )
+    return DependencyUnavailable(DEPENDENCY, f"query {generation_id}: {message}")

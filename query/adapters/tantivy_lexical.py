@@ -1,0 +1,255 @@
+"""BM25 search over the tantivy indexes that `projector.adapters.tantivy_lexical` writes.
+
+The query is built from analyzed tokens, never parsed: user text such as
+`title:"x" AND (y -z*)` is a bag of words, so no input can raise a syntax error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import tantivy
+
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.index import TAGS_BOOST, TITLE_BOOST, Candidate, SearchFilter
+from contracts.index_fields import (
+    BODY,
+    DOCUMENT_ID,
+    FACET_SEPARATOR,
+    FACETS,
+    GALAXY,
+    REVISION,
+    STATUS,
+    TAGS,
+    TEXT_TOKEN_MAX_BYTES,
+    TITLE,
+    UPDATED_AT,
+    UPDATED_AT_MICROS,
+    VISIBILITY,
+)
+
+__all__ = ["TantivyLexicalSearch"]
+
+_FIELD_BOOSTS: tuple[tuple[str, float], ...] = (
+    (TITLE, TITLE_BOOST),
+    (BODY, 1.0),
+    (TAGS, TAGS_BOOST),
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+# Below this many values a disjunction of term queries beats a term-set query (which
+# costs ~0.25 ms even for one value at 10k documents; measured with tantivy 0.27).
+_TERM_SET_MIN_VALUES = 128
+# tantivy-py raises these for engine failures.
+_DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
+
+_Hit = tuple[Any, tantivy.DocAddress]
+
+
+def _text_analyzer() -> tantivy.TextAnalyzer:
+    """`TEXT_ANALYZER` of `contracts.index_fields`, as the projector registers it.
+
+    Kept in step with `projector.adapters.tantivy_lexical` by the conformance suite
+    (case and umlaut folding tests); the two may share code only through `contracts`.
+    """
+    return (
+        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
+        .filter(tantivy.Filter.remove_long(TEXT_TOKEN_MAX_BYTES))
+        .filter(tantivy.Filter.lowercase())
+        .filter(tantivy.Filter.ascii_fold())
+        .build()
+    )
+
+
+class TantivyLexicalSearch:
+    """`LexicalSearch` over the `tantivy.Index` that `index_provider` returns per generation.
+
+    Guarantees, beyond the port's:
+    - Query text is analyzed like the indexed text (lowercase, ASCII folding) and becomes
+      an OR of per-field term queries (title boosted by `TITLE_BOOST`, tags by
+      `TAGS_BOOST`); repeated words count once. Text with no searchable token (only
+      punctuation) matches nothing; blank text means "filter only".
+    - Filters are wrapped in a zero constant score, so a document's score is the same
+      with and without them. Filter values that are not valid Unicode match nothing.
+    - Ties at the `limit` boundary are resolved by `document_id` exactly, not by the
+      engine's internal order.
+    - An unknown generation (the provider raises `KeyError`) raises
+      `OrreryError(COVERAGE_UNAVAILABLE)`; engine failures raise `DependencyUnavailable`.
+    """
+
+    def __init__(self, index_provider: Callable[[str], tantivy.Index]) -> None:
+        self._index_provider = index_provider
+        self._analyzer = _text_analyzer()
+
+    def search(
+        self, generation_id: str, query_text: str, filter: SearchFilter, limit: int
+    ) -> list[Candidate]:
+        if limit <= 0 or filter.matches_nothing():
+            return []  # tantivy panics on a zero limit.
+        index = self._index(generation_id)
+        try:
+            schema = index.schema
+            restriction = _filter_query(schema, filter)
+            searcher = index.searcher()
+            if not query_text.strip():
+                return _filter_matches(searcher, restriction, limit)
+            # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
+            text = query_text.encode("utf-8", "replace").decode("utf-8")
+            terms = list(dict.fromkeys(self._analyzer.analyze(text)))
+            if not terms:
+                return []
+            query = _text_query(schema, terms)
+            if restriction is not None:
+                query = tantivy.Query.boolean_query(
+                    [
+                        (tantivy.Occur.Must, query),
+                        (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0)),
+                    ]
+                )
+            return _best(searcher, query, limit)
+        except _DRIVER_ERRORS as exc:
+            raise DependencyUnavailable(
+                "tantivy", f"search failed: {exc}", {"generation_id": generation_id}
+            ) from exc
+
+    def _index(self, generation_id: str) -> tantivy.Index:
+        try:
+            return self._index_provider(generation_id)
+        except KeyError as exc:
+            raise OrreryError(
+                ErrorCode.COVERAGE_UNAVAILABLE,
+                f"no lexical index for generation {generation_id!r}",
+                {"engine": "tantivy", "generation_id": generation_id},
+            ) from exc
+
+
+def _text_query(schema: tantivy.Schema, terms: list[str]) -> tantivy.Query:
+    clauses: list[tuple[tantivy.Occur, tantivy.Query]] = []
+    for term in terms:
+        for field_name, boost in _FIELD_BOOSTS:
+            query = tantivy.Query.term_query(schema, field_name, term, index_option="freq")
+            if boost != 1.0:
+                query = tantivy.Query.boost_query(query, boost)
+            clauses.append((tantivy.Occur.Should, query))
+    return tantivy.Query.boolean_query(clauses)
+
+
+def _filter_query(schema: tantivy.Schema, filter: SearchFilter) -> tantivy.Query | None:
+    """The conjunction of the filter's restrictions; `None` if it restricts nothing."""
+    clauses: list[tantivy.Query] = []
+    if filter.galaxy is not None:
+        clauses.append(_any_of(schema, GALAXY, (filter.galaxy,)))
+    if filter.status is not None:
+        clauses.append(_any_of(schema, STATUS, filter.status))
+    if filter.visibility is not None:
+        clauses.append(_any_of(schema, VISIBILITY, filter.visibility))
+    if filter.updated_after is not None or filter.updated_before is not None:
+        # On integer microseconds: the date field is indexed at second precision.
+        clauses.append(
+            tantivy.Query.range_query(
+                schema,
+                UPDATED_AT_MICROS,
+                tantivy.FieldType.Integer,
+                lower_bound=_epoch_micros(filter.updated_after),
+                upper_bound=_epoch_micros(filter.updated_before),
+                include_lower=True,
+                include_upper=True,
+            )
+        )
+    for name, values in sorted(filter.facets.items()):
+        terms = [f"{name}{FACET_SEPARATOR}{value}" for value in values]
+        clauses.append(_any_of(schema, FACETS, terms))
+    if filter.document_ids is not None:
+        clauses.append(_any_of(schema, DOCUMENT_ID, filter.document_ids))
+    if not clauses:
+        return None
+    if len(clauses) == 1:
+        return clauses[0]
+    return tantivy.Query.boolean_query([(tantivy.Occur.Must, clause) for clause in clauses])
+
+
+def _any_of(schema: tantivy.Schema, field_name: str, values: Sequence[str]) -> tantivy.Query:
+    """Matches documents holding at least one of `values` in `field_name`.
+
+    A value that is not valid Unicode (a lone surrogate) is never stored: it matches nothing.
+    """
+    unique = [value for value in dict.fromkeys(values) if _is_unicode(value)]
+    if not unique:
+        return tantivy.Query.empty_query()
+    if len(unique) >= _TERM_SET_MIN_VALUES:
+        return tantivy.Query.term_set_query(schema, field_name, unique)
+    terms = [tantivy.Query.term_query(schema, field_name, value) for value in unique]
+    if len(terms) == 1:
+        return terms[0]
+    return tantivy.Query.boolean_query([(tantivy.Occur.Should, term) for term in terms])
+
+
+def _is_unicode(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _epoch_micros(value: datetime | None) -> int | None:
+    """Microseconds since the Unix epoch; a naive datetime is taken as UTC."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def _filter_matches(
+    searcher: tantivy.Searcher, restriction: tantivy.Query | None, limit: int
+) -> list[Candidate]:
+    query = tantivy.Query.all_query() if restriction is None else restriction
+    hits = searcher.search(
+        query, limit, count=False, order_by_field=DOCUMENT_ID, order=tantivy.Order.Asc
+    ).hits
+    return [_candidate(searcher, address, 0.0) for _value, address in hits]
+
+
+def _best(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[Candidate]:
+    """Top `limit` by score, then `document_id`, widening the fetch past boundary ties."""
+    fetch = limit + 1
+    while True:
+        hits: list[_Hit] = searcher.search(query, fetch, count=False).hits
+        if len(hits) < fetch or hits[-1][0] < hits[limit - 1][0]:
+            break
+        fetch *= 2
+    if len(hits) > limit:
+        boundary = hits[limit - 1][0]
+        hits = [hit for hit in hits if hit[0] >= boundary]
+    candidates = [_candidate(searcher, address, float(score)) for score, address in hits]
+    candidates.sort(key=lambda candidate: (-candidate.score, candidate.document_id))
+    return candidates[:limit]
+
+
+def _candidate(searcher: tantivy.Searcher, address: tantivy.DocAddress, score: float) -> Candidate:
+    document = searcher.doc(address)
+    document_id = document.get_first(DOCUMENT_ID)
+    revision = document.get_first(REVISION)
+    updated_at = document.get_first(UPDATED_AT)
+    status = document.get_first(STATUS)
+    if not (
+        isinstance(document_id, str)
+        and isinstance(revision, int)
+        and isinstance(updated_at, datetime)
+        and isinstance(status, str)
+    ):
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "index document lacks a stored field a candidate needs",
+            {"engine": "tantivy", "document": repr(document.to_dict())},
+        )
+    return Candidate(
+        document_id=document_id,
+        revision=revision,
+        score=score,
+        updated_at=updated_at,
+        status=status,
+    )

@@ -1,0 +1,164 @@
+"""The `orrery` command line (composition root for the embedded deployment)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from contracts.records import Record
+from ingest.bootstrap import embedded_store
+from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
+from ingest.service import write_records
+from query.settings import QuerySettings
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="orrery",
+    help="Fast, explainable hybrid retrieval over a canonical record store.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console(stderr=True)
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="Where the embedded stack keeps its data [ORRERY_DATA_DIR]"),
+]
+
+
+def _settings(**overrides: object) -> QuerySettings:
+    settings = QuerySettings()
+    values = {k: v for k, v in overrides.items() if v is not None}
+    return settings.model_copy(update=values)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+@app.command()
+def serve(
+    data_dir: DataDir = None,
+    host: Annotated[str | None, typer.Option(help="Bind address [ORRERY_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="Port [ORRERY_PORT]")] = None,
+    sample: Annotated[bool, typer.Option("--sample", help="Load the sample corpus")] = False,
+) -> None:
+    """Run the embedded stack: ingest API, projector loop and query worker, one process."""
+    from query.entrypoints.embedded import EmbeddedStack
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = _settings(data_dir=data_dir, host=host, port=port)
+    if not settings.api_keys and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[red]refusing to bind {settings.host}: no API keys are configured "
+            "(set ORRERY_API_KEYS=key=namespace[/galaxy],…)"
+        )
+        raise typer.Exit(2)
+    stack = EmbeddedStack.open(settings)
+    stack.start()
+    if sample:
+        outcome = write_records(sample_records(), store=stack.store, on_commit=stack.loop.wake)
+        console.print(
+            f"sample corpus: {outcome.accepted} records written, "
+            f"{outcome.rejected} already present (namespace {SAMPLE_NAMESPACE!r})"
+        )
+    base = f"http://{settings.host}:{settings.port}"
+    example = sample_queries()[0]
+    body = json.dumps(
+        {
+            "namespace": SAMPLE_NAMESPACE,
+            "scope_ref": example["scope_ref"],
+            "query_text": example["query_text"],
+            "result_limit": 3,
+        },
+        ensure_ascii=False,
+    )
+    console.print(f"[bold green]Orrery is serving on {base}[/]  (data: {settings.data_dir})")
+    console.print(f"  readiness: curl {base}/v1/readiness")
+    console.print(
+        f"  query:     curl -s {base}/v1/external/retrieve/topk_records "
+        f"-H 'content-type: application/json' -d '{body}'"
+    )
+    config = uvicorn.Config(stack.app, host=settings.host, port=settings.port, log_level="warning")
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    finally:
+        stack.close()
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if line.strip():
+                try:
+                    yield line_no, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    console.print(f"[red]{path}:{line_no}: not valid JSON: {exc}")
+                    raise typer.Exit(1) from exc
+
+
+@app.command()
+def ingest(
+    file: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="Records, one JSON per line")
+    ],
+    data_dir: DataDir = None,
+    batch_size: Annotated[int, typer.Option(min=1, max=10_000)] = 500,
+) -> None:
+    """Load records from a JSONL file into the canonical store (a running `serve` on the
+    same data dir projects them within its poll interval)."""
+    settings = _settings(data_dir=data_dir)
+    lines = list(_read_jsonl(file))
+    records: list[Record] = []
+    for line_no, raw in lines:
+        try:
+            records.append(Record.model_validate(raw))
+        except ValidationError as exc:
+            console.print(f"[red]{file}:{line_no}: invalid record:\n{exc}")
+            raise typer.Exit(1) from exc
+    store = embedded_store(settings.data_dir)
+    accepted = rejected = 0
+    try:
+        with _progress() as progress:
+            task = progress.add_task("ingest", total=len(records), rate="")
+            for start in range(0, len(records), batch_size):
+                chunk = records[start : start + batch_size]
+                outcome = write_records(chunk, store=store)
+                accepted += outcome.accepted
+                rejected += outcome.rejected
+                elapsed = progress.tasks[0].elapsed or 1e-9
+                progress.update(
+                    task, advance=len(chunk), rate=f"{(start + len(chunk)) / elapsed:,.0f} rec/s"
+                )
+    finally:
+        store.close()
+    console.print(f"{accepted} accepted, {rejected} rejected as stale (already stored)")
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The query worker's HTTP app: `create_app(...)`; no I/O at import time."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, FastAPI, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from contracts.auth import ApiKeyGrant, authenticate
+from contracts.errors import ErrorBody, ErrorCode, ErrorResponse, OrreryError
+from contracts.topk import (
+    DocumentIdsResponse,
+    RecordsByIdRequest,
+    RecordsByIdResponse,
+    RetrieveRequest,
+    StoredRecordOut,
+    TopKRequest,
+)
+from query.model import resolve_scope_ref
+from query.ports import Routing
+from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
+
+__all__ = ["create_app", "install_error_handlers"]
+
+log = logging.getLogger("orrery.query")
+M = TypeVar("M", bound=BaseModel)
+
+
+def _error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> JSONResponse:
+    err = OrreryError(code, message, details)
+    return JSONResponse(err.to_response().model_dump(mode="json"), status_code=err.http_status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as `{success: false, error: {code, message, details}}`."""
+
+    @app.exception_handler(OrreryError)
+    async def _orrery(_: Request, exc: OrreryError) -> JSONResponse:
+        return JSONResponse(exc.to_response().model_dump(mode="json"), status_code=exc.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(
+            ErrorCode.INVALID_REQUEST,
+            "the request is invalid",
+            {"errors": json.loads(json.dumps(exc.errors(), default=str))},
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: ErrorCode.NOT_FOUND, 401: ErrorCode.UNAUTHORIZED}.get(
+            exc.status_code, ErrorCode.INVALID_REQUEST
+        )
+        body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail)))
+        return JSONResponse(body.model_dump(mode="json"), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return _error(ErrorCode.INTERNAL, "internal error; see the server log")
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """Parse a JSON body strictly: bad JSON, unknown fields and wrong types are 4xx."""
+    try:
+        raw = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OrreryError(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {exc}") from exc
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        details = {
+            "errors": [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
+        }
+        unknown = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+        if unknown:
+            raise OrreryError(
+                ErrorCode.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", details
+            ) from exc
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "the request is invalid", details) from exc
+
+
+def create_app(
+    *,
+    ports: QueryPorts,
+    limits: QueryLimits,
+    grants: dict[str, ApiKeyGrant],
+    routers: Sequence[APIRouter] = (),
+    document_ids: Callable[[str], list[str]] | None = None,
+    status: Callable[[], dict[str, Any]] | None = None,
+) -> FastAPI:
+    """Build the app. `routers` adds other packages' routes (ingest in embedded mode);
+    `status` adds process-level facts (e.g. projector state) to readiness."""
+    app = FastAPI(title="Orrery", version="0.1.0")
+    install_error_handlers(app)
+
+    def principal(x_api_key: str | None, authorization: str | None) -> Principal:
+        grant = authenticate(grants, x_api_key, authorization)
+        return Principal() if grant is None else Principal(grant.namespace, grant.galaxy)
+
+    @app.post("/v1/external/retrieve/topk_records", tags=["query"])
+    async def post_topk_records(
+        request: Request,
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        who = principal(x_api_key, authorization)
+        body = await parse_body(request, TopKRequest)
+        response = await run_in_threadpool(
+            topk_records, body, principal=who, ports=ports, limits=limits
+        )
+        return JSONResponse(response.model_dump(mode="json"))
+
+    @app.post("/v1/external/retrieve", tags=["query"])
+    async def post_retrieve(
+        request: Request,
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        who = principal(x_api_key, authorization)
+        body = await parse_body(request, RetrieveRequest)
+        response = await run_in_threadpool(
+            retrieve, body, principal=who, ports=ports, limits=limits
+        )
+        return JSONResponse(response.model_dump(mode="json"))
+
+    @app.get("/v1/scopes/document_ids", tags=["query"])
+    async def get_scope_document_ids(
+        namespace: str,
+        scope_ref: str,
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """The document ids the scope's live generation holds (the split path's step 1)."""
+        who = principal(x_api_key, authorization)
+        _check_namespace(who, namespace)
+        route = ports.routing.route(namespace, resolve_scope_ref(scope_ref))
+        if route is None or document_ids is None:
+            raise OrreryError(ErrorCode.SCOPE_NOT_READY, f"scope {scope_ref!r} is not ready")
+        ids = await run_in_threadpool(document_ids, route.generation_id)
+        out = DocumentIdsResponse(
+            scope_ref=scope_ref, generation_id=route.generation_id, document_ids=ids
+        )
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @app.post("/v1/records/by_id", tags=["query"])
+    async def post_records_by_id(
+        request: Request,
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """Current payloads of documents by id (the split path's hydration step)."""
+        who = principal(x_api_key, authorization)
+        body = await parse_body(request, RecordsByIdRequest)
+        _check_namespace(who, body.namespace)
+        rows = await run_in_threadpool(ports.records.heads, body.namespace, body.document_ids)
+        order = {doc_id: i for i, doc_id in enumerate(body.document_ids)}
+        rows.sort(key=lambda r: order[r.document_id])
+        found = {r.document_id for r in rows}
+        records = []
+        for row in rows:
+            record = json.loads(row.record_json)
+            if who.galaxy is not None and row.galaxy != who.galaxy:
+                continue
+            records.append(
+                StoredRecordOut(
+                    document_id=row.document_id,
+                    item_id=row.item_id,
+                    revision=row.revision,
+                    payload_schema=record.get("payload_schema", ""),
+                    payload=record["payload"],
+                    metadata={**record["metadata"], "payload_sha256": row.payload_sha256},
+                )
+            )
+        out = RecordsByIdResponse(
+            records=records, missing=[d for d in body.document_ids if d not in found]
+        )
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @app.get("/v1/readiness", tags=["ops"])
+    async def get_readiness() -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(readiness, ports.routing, status))
+
+    @app.get("/healthz", tags=["ops"])
+    async def get_healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    for router in routers:
+        app.include_router(router)
+    return app
+
+
+def _check_namespace(who: Principal, namespace: str) -> None:
+    if who.namespace is not None and who.namespace != namespace:
+        raise OrreryError(ErrorCode.FORBIDDEN, f"this API key may not read namespace {namespace!r}")
+
+
+def readiness(routing: Routing, status: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    """Live generation per scope, log high-water, applied position and lag."""
+    high_water = routing.log_high_water()
+    scopes = []
+    for scope in routing.scopes():
+        entry = scope.model_dump(mode="json")
+        entry["lag_events"] = max(0, high_water - scope.applied_position)
+        scopes.append(entry)
+    body: dict[str, Any] = {
+        "success": True,
+        "log_high_water": high_water,
+        "scopes": scopes,
+        "ready": all(s["lag_events"] == 0 for s in scopes),
+    }
+    if status is not None:
+        body.update(status())
+    return body

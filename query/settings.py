@@ -1,0 +1,29 @@
+"""Settings of the query worker and of the embedded stack (read once, in `main()`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["QuerySettings"]
+
+
+class QuerySettings(BaseSettings):
+    """`ORRERY_*` environment variables. Defaults run offline on one machine."""
+
+    model_config = SettingsConfigDict(env_prefix="ORRERY_", extra="ignore")
+
+    data_dir: Path = Path("./orrery-data")
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_keys: str = Field(default="", description="key=namespace[/galaxy],…")
+    max_batch: int = Field(default=1_000, ge=1, le=100_000)
+    max_result_limit: int = Field(default=100, ge=1, le=1_000)
+    candidate_depth: int = Field(default=100, ge=1, le=10_000)
+    freshness_half_life_days: float = Field(default=30.0, gt=0.0)
+    projector_batch_size: int = Field(default=512, ge=1, le=100_000)
+    projector_poll_seconds: float = Field(default=0.05, gt=0.0)
+    embedder_threads: int = Field(default=2, ge=1, le=64)
+    optimize_interval_seconds: float = Field(default=5.0, gt=0.0)

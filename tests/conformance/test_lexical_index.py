@@ -1,0 +1,545 @@
+"""Conformance suite for the lexical port pair: `LexicalIndex` writes, `LexicalSearch` reads.
+
+Every engine runs every test. To add one, put a factory in `ENGINES` (and its marks, such
+as `servers`, in `ENGINE_MARKS`). A factory opens a fresh pair of adapters over the
+engine's storage for `workdir`; calling it again with the same `workdir` is a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contracts.digests import id_set_digest
+from contracts.errors import ErrorCode, OrreryError
+from contracts.index import TITLE_BOOST, Candidate, IndexDocument, SearchFilter
+from projector.adapters.tantivy_lexical import TantivyLexicalIndex
+from projector.ports import LexicalIndex
+from query.adapters.tantivy_lexical import TantivyLexicalSearch
+from query.ports import LexicalSearch
+from tests.conformance.corpus import CORPUS, doc
+
+
+@dataclass
+class LexicalPair:
+    index: LexicalIndex
+    search: LexicalSearch
+
+
+EngineFactory = Callable[[Path], LexicalPair]
+
+
+def _tantivy(workdir: Path) -> LexicalPair:
+    index = TantivyLexicalIndex(workdir / "tantivy")
+    return LexicalPair(index=index, search=TantivyLexicalSearch(index.index_for))
+
+
+ENGINES: dict[str, EngineFactory] = {"tantivy": _tantivy}
+ENGINE_MARKS: dict[str, Sequence[pytest.MarkDecorator]] = {}
+
+
+class Lexical:
+    """One engine's adapters over one fresh generation, with shorthands for the tests."""
+
+    def __init__(self, factory: EngineFactory, workdir: Path, generation_id: str) -> None:
+        self._factory = factory
+        self._workdir = workdir
+        self.generation_id = generation_id
+        self.pair = factory(workdir)
+
+    @property
+    def index(self) -> LexicalIndex:
+        return self.pair.index
+
+    @property
+    def search(self) -> LexicalSearch:
+        return self.pair.search
+
+    def apply(
+        self, upserts: Sequence[IndexDocument] = (), deletes: Sequence[tuple[str, int]] = ()
+    ) -> None:
+        self.index.apply(self.generation_id, upserts, deletes)
+
+    def query(
+        self, text: str, filter: SearchFilter | None = None, limit: int = 10
+    ) -> list[Candidate]:
+        return self.search.search(self.generation_id, text, filter or SearchFilter(), limit)
+
+    def ids(self, text: str, filter: SearchFilter | None = None, limit: int = 10) -> list[str]:
+        return [candidate.document_id for candidate in self.query(text, filter, limit)]
+
+    def id_set(self, filter: SearchFilter) -> set[str]:
+        return set(self.ids("", filter, limit=100))
+
+    def pairs(self, text: str = "", limit: int = 100) -> list[tuple[str, int]]:
+        return [(c.document_id, c.revision) for c in self.query(text, limit=limit)]
+
+    def restart(self) -> None:
+        self.index.close()
+        self.pair = self._factory(self._workdir)
+
+
+@pytest.fixture(params=[pytest.param(name, marks=ENGINE_MARKS.get(name, ())) for name in ENGINES])
+def lexical(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lexical]:
+    harness = Lexical(ENGINES[request.param], tmp_path, f"conf-{uuid.uuid4().hex[:12]}")
+    harness.index.create(harness.generation_id)
+    yield harness
+    harness.index.drop(harness.generation_id)
+    harness.index.close()
+
+
+@pytest.fixture
+def corpus(lexical: Lexical) -> Lexical:
+    lexical.apply(CORPUS)
+    return lexical
+
+
+DEFAULT_GALAXY = SearchFilter(galaxy="default")
+
+
+# -- lifecycle ----------------------------------------------------------------------
+
+
+def test_create_is_idempotent_and_starts_empty(lexical: Lexical) -> None:
+    lexical.index.create(lexical.generation_id)
+    evidence = lexical.index.evidence(lexical.generation_id)
+    assert evidence.document_count == 0
+    assert evidence.id_set_digest == id_set_digest([])
+    assert lexical.query("thermos") == []
+    assert lexical.query("") == []
+
+
+def test_apply_is_visible_when_it_returns(lexical: Lexical) -> None:
+    lexical.apply([doc("v1", title="visible")])
+    assert lexical.ids("visible") == ["v1"]
+
+
+def test_unknown_generation_is_coverage_unavailable(lexical: Lexical) -> None:
+    with pytest.raises(OrreryError) as raised:
+        lexical.search.search(f"missing-{uuid.uuid4().hex[:8]}", "thermos", SearchFilter(), 10)
+    assert raised.value.code is ErrorCode.COVERAGE_UNAVAILABLE
+
+
+def test_dropped_generation_is_gone(corpus: Lexical) -> None:
+    corpus.index.drop(corpus.generation_id)
+    with pytest.raises(OrreryError) as raised:
+        corpus.query("thermos")
+    assert raised.value.code is ErrorCode.COVERAGE_UNAVAILABLE
+    corpus.index.drop(corpus.generation_id)  # no-op when absent
+    corpus.index.create(corpus.generation_id)
+    assert corpus.query("") == []
+
+
+def test_restart_keeps_documents_and_accepts_writes(corpus: Lexical) -> None:
+    before = corpus.index.evidence(corpus.generation_id)
+    results = corpus.query("red thermos")
+    corpus.restart()
+    assert corpus.index.evidence(corpus.generation_id) == before
+    assert corpus.query("red thermos") == results
+    corpus.apply([doc("d6", title="new after restart")])
+    assert corpus.ids("restart") == ["d6"]
+    assert corpus.index.evidence(corpus.generation_id).document_count == len(CORPUS) + 1
+
+
+# -- ranking ------------------------------------------------------------------------
+
+
+def test_exact_title_query_ranks_that_document_first(corpus: Lexical) -> None:
+    assert corpus.ids("garden hose")[0] == "d4"
+    assert corpus.ids("blue kettle")[0] == "d2"
+    assert corpus.ids("Rote Thermoskanne")[0] == "d3"
+    assert corpus.ids("Wo stand früher meine rote Thermoskanne?")[0] == "d3"
+
+
+def test_title_match_counts_title_boost_times_a_body_match(lexical: Lexical) -> None:
+    # Mirror images: each field has the same statistics, only the boost differs.
+    lexical.apply(
+        [
+            doc("in-title", title="lantern", body="shelf"),
+            doc("in-body", title="shelf", body="lantern"),
+        ]
+    )
+    first, second = lexical.query("lantern")
+    assert (first.document_id, second.document_id) == ("in-title", "in-body")
+    assert first.score == pytest.approx(TITLE_BOOST * second.score, rel=1e-4)
+
+
+def test_tags_are_searchable(lexical: Lexical) -> None:
+    lexical.apply([doc("t1", title="basket", tags=("Picnic", "summer")), doc("t2", title="x")])
+    assert lexical.ids("picnic") == ["t1"]
+    assert lexical.ids("SUMMER") == ["t1"]
+
+
+def test_candidate_carries_stored_fields(lexical: Lexical) -> None:
+    updated = datetime(2026, 3, 19, 14, 30, 15, 123456, tzinfo=timezone(timedelta(hours=2)))
+    lexical.apply([doc("c1", revision=7, title="compass", status="candidate", updated_at=updated)])
+    (candidate,) = lexical.query("compass")
+    assert candidate.document_id == "c1"
+    assert candidate.revision == 7
+    assert candidate.status == "candidate"
+    assert candidate.updated_at == updated
+    assert candidate.score > 0
+
+
+def test_unknown_words_match_nothing(corpus: Lexical) -> None:
+    assert corpus.query("xylophone quuxification") == []
+
+
+def test_repeated_words_count_once(corpus: Lexical) -> None:
+    assert corpus.query("thermos thermos THERMOS") == corpus.query("thermos")
+
+
+# -- text analysis ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text", ["Thermoskanne", "thermoskanne", "THERMOSKANNE", "früher", "fruher", "Flurschrank"]
+)
+def test_german_text_is_lowercased_and_folded(corpus: Lexical, text: str) -> None:
+    assert corpus.ids(text) == ["d3"]
+
+
+def test_folding_applies_to_indexed_and_query_text_alike(lexical: Lexical) -> None:
+    lexical.apply([doc("g1", body="Die Straße am Café Müller"), doc("g2", body="strasse")])
+    assert set(lexical.ids("strasse")) == {"g1", "g2"}
+    assert lexical.ids("MÜLLER") == ["g1"]
+    assert lexical.ids("cafe") == ["g1"]
+
+
+SYNTAX_TEXTS = [
+    "title:thermos",
+    "thermos AND",
+    "AND",
+    "OR NOT",
+    "-thermos",
+    "+thermos",
+    '"thermos',
+    "(thermos",
+    "thermos)",
+    "thermos*",
+    "*",
+    "thermos~2",
+    "thermos^10",
+    "[a TO z]",
+    "{",
+    "}",
+    "\\",
+    "'",
+    "&& ||",
+    "!",
+    "a:b:c",
+    "IN [thermos]",
+    "status: active",
+    "/regex.*/",
+    "Wo stand früher meine rote Thermoskanne?",
+]
+
+
+@pytest.mark.parametrize("text", SYNTAX_TEXTS)
+def test_query_syntax_characters_are_plain_text(corpus: Lexical, text: str) -> None:
+    results = corpus.query(text)
+    assert all(isinstance(candidate, Candidate) for candidate in results)
+
+
+def test_operators_are_not_interpreted(corpus: Lexical) -> None:
+    thermos = corpus.ids("thermos")
+    assert thermos
+    assert corpus.ids("-thermos") == thermos  # not a negation
+    assert corpus.ids("thermos*") == thermos  # not a prefix query
+    assert corpus.ids("title:thermos") == thermos  # not a field query ("title" is unknown)
+    assert corpus.ids("NOT thermos") == thermos  # "not" is an unknown word
+    assert corpus.query("*") == []  # not a match-all
+    assert corpus.query("AND OR") == []
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    text=st.text(
+        alphabet=st.sampled_from(list(":\"()[]{}-+*?~^!&|\\/'<>=,. AaNnDdOoRrTtäÄß\u3000\t"))
+        | st.characters(),
+        max_size=40,
+    )
+)
+def test_no_user_text_raises(corpus: Lexical, text: str) -> None:
+    results = corpus.query(text, DEFAULT_GALAXY, limit=3)
+    assert len(results) <= 3
+
+
+# stdlib `json` (and so FastAPI) decodes "\ud800" into a lone surrogate, not valid Unicode.
+LONE = "\ud800"
+
+
+def test_lone_surrogates_in_a_query_are_separators(corpus: Lexical) -> None:
+    assert corpus.ids(f"{LONE}thermos{LONE}") == corpus.ids("thermos")
+    assert corpus.query(LONE) == []
+
+
+def test_lone_surrogates_in_filter_values_match_nothing(corpus: Lexical) -> None:
+    assert corpus.ids("thermos", SearchFilter(galaxy=LONE)) == []
+    assert corpus.id_set(SearchFilter(status=("archived", LONE))) == {"d4"}
+    assert corpus.id_set(SearchFilter(document_ids=(LONE,))) == set()
+    assert corpus.id_set(SearchFilter(facets={"room": (LONE, "garden")})) == {"d4"}
+
+
+def test_lone_surrogates_in_text_fields_are_indexed_as_separators(lexical: Lexical) -> None:
+    lexical.apply([doc("u1", title=f"broken{LONE}text", tags=(f"{LONE}tag",))])
+    assert lexical.ids("broken") == ["u1"]
+    assert lexical.ids("tag") == ["u1"]
+
+
+def test_keywords_that_are_not_unicode_are_rejected_whole(lexical: Lexical) -> None:
+    with pytest.raises(OrreryError) as raised:
+        lexical.apply([doc("k1", title="fine"), doc("k2", title="fine", status=LONE)])
+    assert raised.value.code is ErrorCode.INVALID_REQUEST
+    with pytest.raises(OrreryError) as raised:
+        lexical.apply(deletes=[(f"k{LONE}", 1)])
+    assert raised.value.code is ErrorCode.INVALID_REQUEST
+    assert lexical.index.evidence(lexical.generation_id).document_count == 0
+
+
+# -- filters ------------------------------------------------------------------------
+
+
+def test_galaxy_filter_is_exact(corpus: Lexical) -> None:
+    assert corpus.ids("thermos", SearchFilter(galaxy="other")) == ["d5"]
+    assert "d5" not in corpus.ids("thermos", DEFAULT_GALAXY)
+    assert corpus.ids("thermos", SearchFilter(galaxy="othe")) == []
+
+
+def test_status_filter_is_any_of(corpus: Lexical) -> None:
+    assert corpus.id_set(SearchFilter(status=("active",))) == {"d1", "d3", "d5"}
+    assert corpus.id_set(SearchFilter(status=("candidate", "archived"))) == {"d2", "d4"}
+
+
+def test_visibility_filter_is_any_of(corpus: Lexical) -> None:
+    assert corpus.id_set(SearchFilter(visibility=("guests",))) == {"d2"}
+    assert corpus.id_set(SearchFilter(visibility=("private", "guests"))) == {"d2", "d3"}
+    assert corpus.id_set(SearchFilter(visibility=("family",))) == {"d1", "d2", "d4", "d5"}
+
+
+def test_updated_bounds_are_inclusive(corpus: Lexical) -> None:
+    feb = datetime(2026, 2, 1, tzinfo=UTC)
+    apr = datetime(2026, 4, 1, tzinfo=UTC)
+    assert corpus.id_set(SearchFilter(updated_after=feb)) == {"d2", "d3", "d4", "d5"}
+    assert corpus.id_set(SearchFilter(updated_before=feb)) == {"d1", "d2"}
+    assert corpus.id_set(SearchFilter(updated_after=feb, updated_before=apr)) == {
+        "d2",
+        "d3",
+        "d4",
+    }
+    assert corpus.id_set(SearchFilter(updated_after=apr, updated_before=feb)) == set()
+
+
+def test_updated_bounds_are_exact_below_a_second(lexical: Lexical) -> None:
+    at = datetime(2026, 6, 1, 12, 0, 0, 500_000, tzinfo=UTC)
+    lexical.apply([doc("s1", title="x", updated_at=at)])
+    micro = timedelta(microseconds=1)
+    assert lexical.id_set(SearchFilter(updated_after=at)) == {"s1"}
+    assert lexical.id_set(SearchFilter(updated_before=at)) == {"s1"}
+    assert lexical.id_set(SearchFilter(updated_after=at + micro)) == set()
+    assert lexical.id_set(SearchFilter(updated_before=at - micro)) == set()
+    # The same instant written in another zone.
+    berlin = at.astimezone(timezone(timedelta(hours=2)))
+    assert lexical.id_set(SearchFilter(updated_after=berlin, updated_before=berlin)) == {"s1"}
+
+
+def test_facet_filter_is_any_of_values_and_all_of_names(corpus: Lexical) -> None:
+    assert corpus.id_set(SearchFilter(facets={"room": ("hall", "kitchen")})) == {"d1", "d2"}
+    assert corpus.id_set(SearchFilter(facets={"room": ("flur",), "lang": ("de",)})) == {"d3"}
+    assert corpus.id_set(SearchFilter(facets={"room": ("hall",), "lang": ("de",)})) == set()
+    assert corpus.id_set(SearchFilter(facets={"lang": ("hall",)})) == set()
+
+
+def test_document_ids_filter_is_any_of(corpus: Lexical) -> None:
+    assert corpus.id_set(SearchFilter(document_ids=("d1", "d4", "nope"))) == {"d1", "d4"}
+    assert corpus.ids("thermos", SearchFilter(document_ids=("d2", "d3"))) == ["d2"]
+
+
+def test_document_ids_filter_with_many_ids(corpus: Lexical) -> None:
+    many = (*(f"absent-{n}" for n in range(500)), "d3", "d5", "d3")
+    assert corpus.id_set(SearchFilter(document_ids=many)) == {"d3", "d5"}
+    assert corpus.ids("thermos", SearchFilter(document_ids=many)) == ["d5"]
+
+
+def test_filters_combine_as_and(corpus: Lexical) -> None:
+    combined = SearchFilter(
+        galaxy="default",
+        status=("active", "candidate"),
+        visibility=("family",),
+        updated_before=datetime(2026, 3, 1, tzinfo=UTC),
+        facets={"room": ("hall", "kitchen", "flur")},
+    )
+    assert corpus.id_set(combined) == {"d1", "d2"}
+    assert corpus.ids("thermos", combined) == corpus.ids("thermos", combined.model_copy())
+
+
+@pytest.mark.parametrize(
+    "empty",
+    [
+        SearchFilter(status=()),
+        SearchFilter(visibility=()),
+        SearchFilter(document_ids=()),
+        SearchFilter(facets={"room": ()}),
+        SearchFilter(galaxy="default", facets={"room": ("hall",), "lang": ()}),
+    ],
+)
+def test_an_empty_list_matches_nothing(corpus: Lexical, empty: SearchFilter) -> None:
+    assert corpus.query("thermos", empty) == []
+    assert corpus.query("", empty) == []
+
+
+FILTERS_FOR_SCORES = [
+    SearchFilter(galaxy="default"),
+    SearchFilter(status=("active", "candidate")),
+    SearchFilter(visibility=("family",)),
+    SearchFilter(updated_after=datetime(2026, 1, 15, tzinfo=UTC)),
+    SearchFilter(facets={"room": ("hall", "kitchen")}),
+    SearchFilter(document_ids=("d1", "d2", "d5")),
+    SearchFilter(galaxy="default", status=("active", "candidate"), visibility=("family",)),
+]
+
+
+@pytest.mark.parametrize("filter", FILTERS_FOR_SCORES)
+def test_filters_do_not_change_scores(corpus: Lexical, filter: SearchFilter) -> None:
+    unfiltered = {c.document_id: c.score for c in corpus.query("the red thermos kettle")}
+    filtered = corpus.query("the red thermos kettle", filter)
+    assert filtered
+    for candidate in filtered:
+        assert candidate.score == unfiltered[candidate.document_id]
+    scores = [candidate.score for candidate in filtered]
+    assert scores == sorted(scores, reverse=True)
+
+
+# -- empty query --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\t\n"])
+def test_blank_query_returns_filter_matches_by_document_id(corpus: Lexical, blank: str) -> None:
+    results = corpus.query(blank)
+    assert [c.document_id for c in results] == ["d1", "d2", "d3", "d4", "d5"]
+    assert all(c.score == 0.0 for c in results)
+    assert corpus.ids(blank, DEFAULT_GALAXY) == ["d1", "d2", "d3", "d4"]
+    assert corpus.ids(blank, limit=2) == ["d1", "d2"]
+
+
+def test_blank_query_orders_across_batches(lexical: Lexical) -> None:
+    for batch in (["e7", "e2"], ["e9", "e1"], ["e5"]):
+        lexical.apply([doc(document_id, title="x") for document_id in batch])
+    assert lexical.ids("", limit=3) == ["e1", "e2", "e5"]
+
+
+# -- limit and ties -----------------------------------------------------------------
+
+
+def test_limit_and_ties_break_by_document_id(lexical: Lexical) -> None:
+    # Identical documents score identically; written over several commits in an order
+    # unrelated to their ids so that the engine's internal order cannot be relied on.
+    for batch in (["t5", "t2"], ["t7", "t1", "t6"], ["t3", "t4"]):
+        lexical.apply([doc(document_id, title="same words") for document_id in batch])
+    lexical.apply([doc("t9", title="same same words")])
+    everything = lexical.query("same", limit=100)
+    assert [c.document_id for c in everything] == ["t9", "t1", "t2", "t3", "t4", "t5", "t6", "t7"]
+    assert len({c.score for c in everything[1:]}) == 1
+    assert everything[0].score > everything[1].score
+    for limit in range(1, 9):
+        assert lexical.query("same", limit=limit) == everything[:limit]
+    assert lexical.query("same", limit=0) == []
+
+
+# -- writes -------------------------------------------------------------------------
+
+
+def test_reapplying_a_batch_changes_nothing(corpus: Lexical) -> None:
+    evidence = corpus.index.evidence(corpus.generation_id)
+    results = corpus.query("the red thermos kettle")
+    corpus.apply(CORPUS, [("d4", 0)])
+    corpus.apply(CORPUS)
+    assert corpus.index.evidence(corpus.generation_id) == evidence
+    assert corpus.query("the red thermos kettle") == results
+
+
+def test_upsert_replaces_an_older_revision(corpus: Lexical) -> None:
+    corpus.apply([doc("d1", revision=2, title="yellow umbrella")])
+    assert corpus.ids("umbrella") == ["d1"]
+    assert "d1" not in corpus.ids("red thermos")
+    assert ("d1", 2) in corpus.pairs()
+
+
+def test_upsert_never_replaces_a_newer_revision(lexical: Lexical) -> None:
+    lexical.apply([doc("o1", revision=2, title="newer")])
+    lexical.apply([doc("o1", revision=1, title="older")])
+    assert lexical.ids("newer") == ["o1"]
+    assert lexical.ids("older") == []
+    assert lexical.pairs() == [("o1", 2)]
+
+
+def test_newest_revision_wins_within_a_batch(lexical: Lexical) -> None:
+    lexical.apply([doc("b1", revision=3, title="third"), doc("b1", revision=2, title="second")])
+    lexical.apply([doc("b2", revision=1, title="first"), doc("b2", revision=4, title="fourth")])
+    assert lexical.pairs() == [("b1", 3), ("b2", 4)]
+    assert lexical.ids("second first") == []
+
+
+def test_delete_removes_present_revision_up_to_its_own(corpus: Lexical) -> None:
+    corpus.apply(deletes=[("d1", 1)])
+    corpus.apply(deletes=[("d2", 5)])
+    assert "d1" not in corpus.ids("thermos")
+    assert {pair[0] for pair in corpus.pairs()} == {"d3", "d4", "d5"}
+
+
+def test_stale_delete_is_a_no_op(lexical: Lexical) -> None:
+    lexical.apply([doc("x1", revision=3, title="kept")])
+    lexical.apply(deletes=[("x1", 2), ("absent", 9)])
+    assert lexical.pairs() == [("x1", 3)]
+
+
+def test_delete_wins_a_tie_with_an_upsert_in_one_batch(lexical: Lexical) -> None:
+    lexical.apply([doc("y1", revision=2, title="gone")], [("y1", 2)])
+    lexical.apply([doc("y2", revision=3, title="stays")], [("y2", 2)])
+    assert lexical.pairs() == [("y2", 3)]
+
+
+def test_evidence_is_the_digest_of_live_pairs(corpus: Lexical) -> None:
+    corpus.apply([doc("d2", revision=4, title="kettle"), doc("d9", revision=2)], [("d4", 1)])
+    expected = [("d1", 1), ("d2", 4), ("d3", 1), ("d5", 1), ("d9", 2)]
+    evidence = corpus.index.evidence(corpus.generation_id)
+    assert evidence.document_count == len(expected)
+    assert evidence.id_set_digest == id_set_digest(expected)
+
+
+def test_searches_run_while_batches_are_applied(lexical: Lexical) -> None:
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def search_until_done() -> None:
+        try:
+            while not done.is_set():
+                lexical.query("busy", limit=5)
+                lexical.query("", DEFAULT_GALAXY, limit=5)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    readers = [threading.Thread(target=search_until_done) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    try:
+        for revision in range(1, 21):
+            lexical.apply([doc(f"w{n}", revision=revision, title="busy") for n in range(10)])
+    finally:
+        done.set()
+        for reader in readers:
+            reader.join()
+    assert errors == []
+    assert lexical.pairs("busy") == [(f"w{n}", 20) for n in range(10)]

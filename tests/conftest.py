@@ -1,0 +1,31 @@
+"""Shared fixtures: the local server harness (Kafka, OpenSearch, Redis).
+
+`make test` runs `make servers-up` first. A test that needs a server asks for its URL
+through `require_server`; when the server is not up the test is skipped with the reason,
+or fails when `ORRERY_REQUIRE_SERVERS=1` (as in CI).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.harness.servers import server_urls
+
+_ENV_NAMES = {
+    "kafka": "ORRERY_KAFKA_BOOTSTRAP",
+    "opensearch": "ORRERY_OPENSEARCH_URL",
+    "redis": "ORRERY_REDIS_URL",
+}
+
+
+def require_server(name: str) -> str:
+    """The URL of a running harness server, else skip (or fail when servers are required)."""
+    url = os.environ.get(_ENV_NAMES[name]) or server_urls().get(name)
+    if url:
+        return url
+    reason = f"{name} is not running (start it with `make servers-up`)"
+    if os.environ.get("ORRERY_REQUIRE_SERVERS") == "1":
+        pytest.fail(f"ORRERY_REQUIRE_SERVERS=1 but {reason}")
+    pytest.skip(reason)

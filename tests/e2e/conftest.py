@@ -1,0 +1,105 @@
+"""Start `orrery serve` as a real process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    data_dir: Path
+    port: int
+    process: subprocess.Popen[bytes]
+    client: httpx.Client
+    log_path: Path
+
+    def stop(self) -> None:
+        self.client.close()
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def post_records(self, records: list[dict[str, Any]]) -> httpx.Response:
+        return self.client.post("/v1/records", json=records)
+
+    def topk(self, **body: Any) -> httpx.Response:
+        return self.client.post("/v1/external/retrieve/topk_records", json=body)
+
+    def wait_projected(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Block until the projector applied everything on the log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self.client.get("/v1/readiness").json()
+            if (
+                ready["scopes"]
+                and ready["ready"]
+                and all(s["applied_position"] >= ready["log_high_water"] for s in ready["scopes"])
+            ):
+                return dict(ready)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"projector did not catch up: {ready}")
+            time.sleep(0.05)
+
+
+def start_server(data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    log_path = data_dir.parent / f"serve-{port}.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "query.entrypoints.cli",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--port",
+            str(port),
+            *extra,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0)
+    deadline = time.monotonic() + 60
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"orrery serve exited: {log_path.read_text()[-3000:]}")
+        try:
+            if client.get("/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"orrery serve did not start: {log_path.read_text()[-3000:]}")
+        time.sleep(0.1)
+    return Server(data_dir, port, process, client, log_path)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("e2e") / "data")
+    yield srv
+    srv.stop()

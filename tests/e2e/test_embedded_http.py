@@ -1,0 +1,433 @@
+"""End to end over HTTP against a real `orrery serve` (embedded stack, real embedder)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Server, start_server
+
+NS = "e2e"
+SCOPE = "longterm:objects:current"
+
+
+def rec(item: str, revision: int = 1, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "namespace": fields.pop("namespace", NS),
+        "snapshot_kind": fields.pop("snapshot_kind", "objects"),
+        "item_id": item,
+        "revision": revision,
+        "payload_schema": "twinr_memory_object_record_v2",
+        "payload": {"memory_id": item, "summary": fields.get("body", "")},
+        "text": {
+            "title": fields.pop("title", ""),
+            "body": fields.pop("body", ""),
+            "tags": fields.pop("tags", []),
+        },
+        "metadata": {
+            "status": fields.pop("status", "active"),
+            "updated_at": fields.pop("updated_at", "2026-03-19T12:00:00Z"),
+            "visibility": fields.pop("visibility", ["family"]),
+        },
+    }
+    body.update(fields)
+    return body
+
+
+CORPUS = [
+    rec(
+        "fact:thermos_location_old",
+        title="Rote Thermoskanne im Flurschrank",
+        body="Früher stand deine rote Thermoskanne im Flurschrank.",
+    ),
+    rec(
+        "fact:thermos_location_new",
+        title="Thermoskanne im Küchenregal",
+        body="Die rote Thermoskanne steht jetzt im Küchenregal neben dem Tee.",
+        updated_at="2026-10-01T08:00:00Z",
+    ),
+    rec("fact:keys", title="House keys", body="The spare house keys hang on the hook by the door."),
+    rec(
+        "fact:glasses",
+        title="Reading glasses",
+        body="Margarete keeps her reading glasses in the blue case on the nightstand.",
+        status="candidate",
+    ),
+    rec(
+        "fact:umbrella",
+        title="Umbrella",
+        body="The big umbrella is in the car boot.",
+        status="superseded",
+    ),
+    rec(
+        "fact:pin",
+        title="Bank PIN hint",
+        body="The hint for the bank card is in the safe.",
+        visibility=["private"],
+    ),
+    rec(
+        "fact:garden",
+        title="Garden hose",
+        body="The garden hose is coiled behind the shed.",
+        galaxy="anna",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def loaded(server: Server) -> Server:
+    response = server.post_records(CORPUS)
+    assert response.status_code == 200, response.text
+    assert response.json()["accepted"] == len(CORPUS)
+    server.wait_projected()
+    return server
+
+
+def ids(response: Any) -> list[str]:
+    return [r["item_id"] for r in response.json()["results"]]
+
+
+def test_exact_title_ranks_first(loaded: Server) -> None:
+    response = loaded.topk(
+        namespace=NS, scope_ref=SCOPE, query_text="Reading glasses", result_limit=3
+    )
+    assert response.status_code == 200, response.text
+    assert ids(response)[0] == "fact:glasses"
+
+
+def test_seed_question_finds_the_old_thermos_location(loaded: Server) -> None:
+    response = loaded.topk(
+        namespace=NS,
+        scope_ref=SCOPE,
+        query_text="Wo stand früher meine rote Thermoskanne?",
+        result_limit=6,
+    )
+    assert ids(response)[0] == "fact:thermos_location_old"
+
+
+def test_response_shape_and_plan(loaded: Server) -> None:
+    body = loaded.topk(
+        namespace=NS,
+        scope_ref=SCOPE,
+        query_text="umbrella car",
+        result_limit=2,
+        client_request_id="req-1",
+    ).json()
+    assert body["success"] is True and body["scope_ref"] == SCOPE
+    assert body["client_request_id"] == "req-1"
+    assert body["profile"] == "weighted@1" and body["generation_id"].startswith("g")
+    first = body["results"][0]
+    assert set(first) >= {
+        "rank",
+        "document_id",
+        "item_id",
+        "payload_schema",
+        "payload",
+        "metadata",
+        "score",
+        "score_breakdown",
+    }
+    assert set(first["score_breakdown"]) == {"lexical", "vector", "freshness", "metadata"}
+    plan = body["query_plan"]
+    assert plan["candidate_scope_mode"] == "scope_ref"
+    assert plan["generation_id"] == body["generation_id"]
+    assert {"bm25", "vector"} <= set(plan["indexes_used"])
+    assert plan["candidate_count"] >= len(body["results"])
+    latency = plan["latency_ms"]
+    stages = ["scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize"]
+    assert all(latency[s] >= 0 for s in stages)
+    assert sum(latency[s] for s in stages) <= latency["total"] + 0.01
+
+
+def test_include_flags_drop_parts(loaded: Server) -> None:
+    body = loaded.topk(
+        namespace=NS,
+        scope_ref=SCOPE,
+        query_text="keys",
+        include={
+            "payload": False,
+            "metadata": False,
+            "content": True,
+            "score_breakdown": False,
+            "query_plan": False,
+        },
+    ).json()
+    first = body["results"][0]
+    assert first["payload"] is None and first["metadata"] is None
+    assert first["score_breakdown"] is None and body["query_plan"] is None
+    assert first["content"]["title"] == "House keys"
+
+
+def test_status_filter_applies_before_scoring(loaded: Server) -> None:
+    response = loaded.topk(
+        namespace=NS,
+        scope_ref=SCOPE,
+        query_text="umbrella car boot",
+        filters={"status": ["active", "candidate"]},
+        result_limit=10,
+    )
+    assert "fact:umbrella" not in ids(response)
+    assert ids(response)  # other documents still come back
+
+
+def test_visibility_and_galaxy_filters(loaded: Server) -> None:
+    private = loaded.topk(
+        namespace=NS,
+        scope_ref=SCOPE,
+        query_text="bank card hint",
+        filters={"visibility": ["family"]},
+        result_limit=10,
+    )
+    assert "fact:pin" not in ids(private)
+    anna = loaded.topk(
+        namespace=NS,
+        scope_ref=SCOPE,
+        query_text="garden hose",
+        filters={"galaxy": "anna"},
+        result_limit=10,
+    )
+    assert ids(anna) == ["fact:garden"]
+    default = loaded.topk(
+        namespace=NS,
+        scope_ref=SCOPE,
+        query_text="garden hose",
+        filters={"galaxy": "default"},
+        result_limit=10,
+    )
+    assert "fact:garden" not in ids(default)
+
+
+def test_filter_only_query(loaded: Server) -> None:
+    response = loaded.topk(
+        namespace=NS, scope_ref=SCOPE, query_text="", filters={"status": ["candidate"]}
+    )
+    assert ids(response) == ["fact:glasses"]
+
+
+def test_payload_round_trip(loaded: Server) -> None:
+    payload = {
+        "memory_id": "fact:roundtrip",
+        "nested": {"ä": [1, 2.5, None, True]},
+        "text": "Grüße 🌍",
+        "big": 12345678901234567,
+    }
+    record = rec("fact:roundtrip", title="Roundtrip marker zebra", body="zebra marker")
+    record["payload"] = payload
+    assert loaded.post_records([record]).status_code == 200
+    loaded.wait_projected()
+    result = loaded.topk(
+        namespace=NS, scope_ref=SCOPE, query_text="roundtrip zebra marker", result_limit=1
+    ).json()["results"][0]
+    assert result["item_id"] == "fact:roundtrip"
+    assert result["payload"] == payload
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert result["metadata"]["payload_sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
+    assert result["metadata"]["updated_at"].startswith("2026-03-19T12:00:00")
+
+
+def test_update_and_delete(loaded: Server) -> None:
+    loaded.post_records([rec("fact:vase", title="Vase", body="The green vase is on the shelf.")])
+    loaded.wait_projected()
+    loaded.post_records(
+        [rec("fact:vase", 2, title="Vase", body="The green vase is now on the windowsill.")]
+    )
+    loaded.wait_projected()
+    result = loaded.topk(
+        namespace=NS, scope_ref=SCOPE, query_text="green vase", result_limit=1
+    ).json()["results"][0]
+    assert result["item_id"] == "fact:vase" and result["metadata"]["revision"] == 2
+    assert "windowsill" in result["payload"]["summary"]
+    tombstone = rec("fact:vase", 3, title="Vase", body="")
+    tombstone["deleted"] = True
+    assert loaded.post_records([tombstone]).status_code == 200
+    loaded.wait_projected()
+    response = loaded.topk(namespace=NS, scope_ref=SCOPE, query_text="green vase windowsill")
+    assert "fact:vase" not in ids(response)
+
+
+def test_revision_conflict_is_per_record(loaded: Server) -> None:
+    response = loaded.post_records(
+        [
+            rec("fact:keys", 1, title="House keys", body="stale"),
+            rec("fact:conflict-new", 1, title="new one", body="new"),
+        ]
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["accepted"] == 1 and body["rejected"] == 1
+    stale, fresh = body["items"]
+    assert stale["status"] == 409 and stale["error"]["code"] == "revision_conflict"
+    assert fresh["status"] == 201 and fresh["position"] > 0
+    only_stale = loaded.post_records([rec("fact:keys", 1, title="House keys", body="stale")])
+    assert only_stale.status_code == 409
+    assert only_stale.json()["error"]["code"] == "revision_conflict"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/v1/external/retrieve/topk_records", b"{not json", 400, "invalid_json"),
+        (
+            "/v1/external/retrieve/topk_records",
+            {"namespace": NS, "scope_ref": SCOPE, "query_text": "x", "result_limit": "many"},
+            422,
+            "invalid_request",
+        ),
+        (
+            "/v1/external/retrieve/topk_records",
+            {"namespace": NS, "scope_ref": "longterm:nothing:current", "query_text": "x"},
+            404,
+            "unknown_scope",
+        ),
+        (
+            "/v1/external/retrieve/topk_records",
+            {"namespace": NS, "scope_ref": SCOPE, "query_text": "x", "colour": "red"},
+            422,
+            "unknown_field",
+        ),
+        (
+            "/v1/external/retrieve/topk_records",
+            {"namespace": NS, "scope_ref": SCOPE, "query_text": "x", "result_limit": 10_000},
+            422,
+            "result_limit_exceeded",
+        ),
+        (
+            "/v1/external/retrieve/topk_records",
+            {"namespace": NS, "scope_ref": SCOPE, "query_text": "   "},
+            422,
+            "empty_query",
+        ),
+        (
+            "/v1/external/retrieve/topk_records",
+            {"namespace": "nobody", "scope_ref": SCOPE, "query_text": "x"},
+            503,
+            "scope_not_ready",
+        ),
+        ("/v1/records", b"[1,", 400, "invalid_json"),
+        ("/v1/records", {"not": "a list"}, 422, "invalid_request"),
+        ("/v1/records", [], 422, "invalid_request"),
+        ("/v1/records", [{"namespace": NS}], 422, "invalid_request"),
+        ("/v1/records", [{**rec("fact:x"), "surprise": True}], 422, "unknown_field"),
+        ("/v1/records", [{**rec("fact:x"), "vector": [0.1, 0.2]}], 422, "invalid_request"),
+    ],
+)
+def test_bad_input(loaded: Server, path: str, body: Any, status: int, code: str) -> None:
+    if isinstance(body, bytes):
+        response = loaded.client.post(
+            path, content=body, headers={"content-type": "application/json"}
+        )
+    else:
+        response = loaded.client.post(path, json=body)
+    assert response.status_code == status, response.text
+    error = response.json()
+    assert error["success"] is False
+    assert error["error"]["code"] == code
+    assert error["error"]["message"]
+
+
+def test_oversized_batch_is_rejected_and_nothing_written(loaded: Server) -> None:
+    batch = [rec(f"fact:bulk-{i}", title="bulk") for i in range(1_001)]
+    response = loaded.post_records(batch)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "batch_too_large"
+    ok = loaded.post_records([rec("fact:bulk-0", title="bulk")])
+    assert ok.json()["accepted"] == 1  # revision 1 was never stored
+
+
+def test_invalid_record_rejects_whole_batch(loaded: Server) -> None:
+    response = loaded.post_records([rec("fact:valid-one"), {**rec("fact:bad"), "revision": -1}])
+    assert response.status_code == 422
+    assert response.json()["error"]["details"]["records"][0]["index"] == 1
+    ok = loaded.post_records([rec("fact:valid-one")])
+    assert ok.json()["accepted"] == 1
+
+
+def test_generic_retrieve_and_split_path(loaded: Server) -> None:
+    ids_body = loaded.client.get(
+        "/v1/scopes/document_ids", params={"namespace": NS, "scope_ref": SCOPE}
+    ).json()
+    doc_ids = ids_body["document_ids"]
+    assert len(doc_ids) >= len(CORPUS) - 1
+    ranked = loaded.client.post(
+        "/v1/external/retrieve",
+        json={
+            "namespace": NS,
+            "scope_ref": SCOPE,
+            "query_text": "house keys hook",
+            "limit": 3,
+            "allowed_doc_ids": doc_ids,
+        },
+    ).json()
+    assert ranked["query_plan"]["candidate_scope_mode"] == "allowed_doc_ids"
+    top_ids = [c["document_id"] for c in ranked["candidates"]]
+    hydrated = loaded.client.post(
+        "/v1/records/by_id", json={"namespace": NS, "document_ids": top_ids}
+    ).json()
+    assert hydrated["records"][0]["item_id"] == "fact:keys"
+    assert hydrated["missing"] == []
+
+
+def test_readiness_reports_lag_and_generation(loaded: Server) -> None:
+    ready = loaded.wait_projected()
+    scope = next(s for s in ready["scopes"] if s["namespace"] == NS)
+    assert scope["snapshot_kind"] == "objects" and scope["lag_events"] == 0
+    assert scope["document_count"] >= len(CORPUS)
+    assert ready["projector"]["running"] is True
+
+
+def test_restart_keeps_data_and_generation(tmp_path: Path) -> None:
+    first = start_server(tmp_path / "data")
+    try:
+        first.post_records(CORPUS)
+        first.wait_projected()
+        before = first.topk(namespace=NS, scope_ref=SCOPE, query_text="house keys").json()
+    finally:
+        first.stop()
+    second = start_server(tmp_path / "data")
+    try:
+        after = second.topk(namespace=NS, scope_ref=SCOPE, query_text="house keys").json()
+        assert after["generation_id"] == before["generation_id"]
+        assert [r["document_id"] for r in after["results"]] == [
+            r["document_id"] for r in before["results"]
+        ]
+    finally:
+        second.stop()
+
+
+def test_api_keys_scope_namespace_and_galaxy(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "data", env={"ORRERY_API_KEYS": "k-all=e2e,k-anna=e2e/anna"})
+    try:
+        assert srv.post_records(CORPUS).status_code == 401
+        ok = srv.client.post("/v1/records", json=CORPUS, headers={"x-api-key": "k-all"})
+        assert ok.status_code == 200
+        srv.wait_projected()
+        body = {
+            "namespace": NS,
+            "scope_ref": SCOPE,
+            "query_text": "garden hose house keys",
+            "result_limit": 10,
+        }
+        anna = srv.client.post(
+            "/v1/external/retrieve/topk_records",
+            json=body,
+            headers={"authorization": "Bearer k-anna"},
+        )
+        assert [r["item_id"] for r in anna.json()["results"]] == ["fact:garden"]
+        widen = srv.client.post(
+            "/v1/external/retrieve/topk_records",
+            json={**body, "filters": {"galaxy": "default"}},
+            headers={"x-api-key": "k-anna"},
+        )
+        assert widen.status_code == 403 and widen.json()["error"]["code"] == "forbidden"
+        other = srv.client.post(
+            "/v1/external/retrieve/topk_records",
+            json={**body, "namespace": "other"},
+            headers={"x-api-key": "k-all"},
+        )
+        assert other.status_code == 403
+    finally:
+        srv.stop()

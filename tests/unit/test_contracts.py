@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from contracts.auth import authenticate, parse_api_keys
+from contracts.digests import canonical_json, id_set_digest
+from contracts.errors import ErrorCode, OrreryError
+from contracts.records import Record, derive_document_id, payload_sha256
+from contracts.topk import TopKRequest
+
+
+def test_canonical_json_sorts_keys_and_keeps_unicode() -> None:
+    assert canonical_json({"b": 1, "a": "ä"}) == '{"a":"ä","b":1}'.encode()
+
+
+def test_id_set_digest_ignores_order_and_rejects_duplicates() -> None:
+    pairs = [("b", 2), ("a", 1)]
+    assert id_set_digest(pairs) == id_set_digest(reversed(pairs))
+    assert id_set_digest(pairs) != id_set_digest([("a", 1), ("b", 3)])
+    assert id_set_digest([]) != id_set_digest([("a", 1)])
+    with pytest.raises(ValueError, match="twice"):
+        id_set_digest([("a", 1), ("a", 2)])
+
+
+def test_document_id_is_stable_and_scoped() -> None:
+    one = derive_document_id("ns", "objects", "fact:1")
+    assert one == derive_document_id("ns", "objects", "fact:1")
+    assert one != derive_document_id("ns", "conflicts", "fact:1")
+    record = Record(namespace="ns", snapshot_kind="objects", item_id="fact:1", revision=1)
+    assert record.document_id == one
+
+
+def test_explicit_document_id_is_kept() -> None:
+    record = Record(
+        namespace="ns", snapshot_kind="objects", item_id="x", revision=1, document_id="doc-123"
+    )
+    assert record.doc_id == "doc-123"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"revision": 0},
+        {"namespace": "bad namespace"},
+        {"ring": "a//b"},
+        {"metadata": {"updated_at": "2026-03-19T12:00:00"}},
+        {"metadata": {"room": {"nested": 1}}},
+        {"unknown": 1},
+    ],
+)
+def test_record_rejects_bad_input(change: dict[str, object]) -> None:
+    raw = {"namespace": "ns", "snapshot_kind": "objects", "item_id": "x", "revision": 1}
+    with pytest.raises(ValidationError):
+        Record.model_validate({**raw, **change})
+
+
+def test_facets_are_strings() -> None:
+    record = Record.model_validate(
+        {
+            "namespace": "ns",
+            "snapshot_kind": "objects",
+            "item_id": "x",
+            "revision": 1,
+            "metadata": {"room": "hall", "floor": 1, "tags": ["a", True]},
+        }
+    )
+    assert record.metadata.facets() == {"floor": ["1"], "room": ["hall"], "tags": ["a", "true"]}
+
+
+def test_payload_sha256_is_over_canonical_json() -> None:
+    assert payload_sha256({"b": 1, "a": 2}) == payload_sha256({"a": 2, "b": 1})
+
+
+def test_topk_request_rejects_unknown_fields_at_every_level() -> None:
+    base = {"namespace": "ns", "scope_ref": "longterm:objects:current", "query_text": "x"}
+    TopKRequest.model_validate(base)
+    for bad in (
+        {"surprise": 1},
+        {"ranking": {"boost": 1}},
+        {"include": {"all": True}},
+        {"filters": {"colour": ["red"]}},
+    ):
+        with pytest.raises(ValidationError) as info:
+            TopKRequest.model_validate({**base, **bad})
+        assert info.value.errors()[0]["type"] == "extra_forbidden"
+
+
+def test_api_keys_parse_and_authenticate() -> None:
+    grants = parse_api_keys("k1=twinr-prod, k2=demo/anna")
+    assert grants["k2"].galaxy == "anna"
+    assert authenticate(grants, "k1", None).namespace == "twinr-prod"  # type: ignore[union-attr]
+    assert authenticate(grants, None, "Bearer k2").galaxy == "anna"  # type: ignore[union-attr]
+    assert authenticate({}, None, None) is None
+    for key, auth in ((None, None), ("nope", None), (None, "Basic k1")):
+        with pytest.raises(OrreryError) as info:
+            authenticate(grants, key, auth)
+        assert info.value.code is ErrorCode.UNAUTHORIZED
+    with pytest.raises(ValueError):
+        parse_api_keys("no-equals-sign")
