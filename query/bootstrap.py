@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.embedding import Embedder
+from query.adapters.memory_cache import MemoryCache
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.sqlite_routing import SqliteRecordReader, SqliteRouting
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
@@ -21,6 +22,7 @@ def embedded_query_ports(
     embedder: Embedder,
     lexical_index_provider: Callable[[str], Any],
     vector_shard_provider: Callable[[str], Any],
+    cache_responses: bool = True,
 ) -> QueryPorts:
     """Query ports over the embedded stack.
 
@@ -33,4 +35,5 @@ def embedded_query_ports(
         vectors=QdrantEdgeVectorSearch(vector_shard_provider),
         records=SqliteRecordReader(db_path),
         query_vectors=QueryEmbeddingCache(embedder),
+        responses=MemoryCache() if cache_responses else None,
     )

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from contracts.index import Candidate, SearchFilter
 
 __all__ = [
+    "Cache",
     "LexicalSearch",
     "RecordReader",
     "Route",
@@ -113,3 +114,21 @@ class RecordReader(Protocol):
 
     def heads(self, namespace: str, document_ids: Sequence[str]) -> list[StoredRecord]:
         """The current (non-deleted) revision of each listed document that exists."""
+
+
+class Cache(Protocol):
+    """A byte cache with TTLs (responses, query embeddings).
+
+    Guarantees: `get` returns exactly what `set` stored under the key, or None (absent,
+    expired or evicted); a cache never makes an answer wrong — keys bind everything the
+    value depends on. Failures raise `DependencyUnavailable`; callers then go uncached.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def set(self, key: str, value: bytes, ttl_seconds: float) -> None: ...
+
+    def close(self) -> None: ...

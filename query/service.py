@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from contracts.digests import sha256_hex, sha256_json
 from contracts.embedding import Embedder
-from contracts.errors import ErrorCode, OrreryError
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
@@ -29,9 +31,11 @@ from contracts.topk import (
     TopKResult,
 )
 from query.model import PROFILE_ID, FusedCandidate, fuse_weighted, resolve_scope_ref
-from query.ports import LexicalSearch, RecordReader, Route, Routing, VectorSearch
+from query.ports import Cache, LexicalSearch, RecordReader, Route, Routing, VectorSearch
 
 __all__ = ["Principal", "QueryEmbeddingCache", "QueryLimits", "QueryPorts", "topk_records"]
+
+log = logging.getLogger("orrery.query")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +51,27 @@ class QueryLimits:
     max_result_limit: int = 100
     candidate_depth: int = 100
     freshness_half_life_days: float = 30.0
+    response_ttl_seconds: float = 300.0
+    embedding_ttl_seconds: float = 86_400.0
 
 
 class QueryEmbeddingCache:
-    """A bounded LRU of query vectors keyed by `(embedder_id, text)`. Thread-safe."""
+    """Query vectors by `(embedder_id, text)`: a bounded in-process LRU in front of an
+    optional shared cache (Redis in server mode). Thread-safe; a shared-cache failure
+    only costs an embedding."""
 
-    def __init__(self, embedder: Embedder, capacity: int = 4_096) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        capacity: int = 4_096,
+        shared: Cache | None = None,
+        ttl_seconds: float = 86_400.0,
+    ) -> None:
         self._embedder = embedder
         self._capacity = capacity
+        self._shared = shared
+        self._ttl = ttl_seconds
         self._items: OrderedDict[str, tuple[float, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -68,12 +85,34 @@ class QueryEmbeddingCache:
             if hit is not None:
                 self._items.move_to_end(text)
                 return hit
-        vector = self._embedder.embed([text])[0]
+        key = f"qv:{self.embedder_id}:{sha256_hex(text.encode())}"
+        vector = self._shared_get(key)
+        if vector is None:
+            vector = self._embedder.embed([text])[0]
+            self._shared_set(key, vector)
         with self._lock:
             self._items[text] = vector
             while len(self._items) > self._capacity:
                 self._items.popitem(last=False)
         return vector
+
+    def _shared_get(self, key: str) -> tuple[float, ...] | None:
+        if self._shared is None:
+            return None
+        try:
+            raw = self._shared.get(key)
+        except DependencyUnavailable as exc:
+            log.debug("query-vector cache unavailable: %s", exc.message)
+            return None
+        return None if raw is None else tuple(json.loads(raw))
+
+    def _shared_set(self, key: str, vector: tuple[float, ...]) -> None:
+        if self._shared is None:
+            return
+        try:
+            self._shared.set(key, json.dumps(vector).encode(), self._ttl)
+        except DependencyUnavailable as exc:
+            log.debug("query-vector cache unavailable: %s", exc.message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +122,7 @@ class QueryPorts:
     vectors: VectorSearch
     records: RecordReader
     query_vectors: QueryEmbeddingCache
+    responses: Cache | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
 
@@ -155,6 +195,7 @@ class _Ranked:
     candidate_count: int
     indexes_used: list[str]
     watch: _Stopwatch
+    cached: bool = False
 
 
 def _rank(
@@ -170,6 +211,7 @@ def _rank(
     timeout_seconds: float,
     ports: QueryPorts,
     limits: QueryLimits,
+    cache_probe: Callable[[Route, _Stopwatch], bool] | None = None,
 ) -> _Ranked:
     watch = _Stopwatch(timeout_seconds)
     if limit > limits.max_result_limit:
@@ -201,6 +243,10 @@ def _rank(
     search_filter = _search_filter(filters, galaxy, allowed_doc_ids)
     depth = max(limits.candidate_depth, limit)
     watch.lap("scope_resolve")
+    if cache_probe is not None and cache_probe(route, watch):
+        return _Ranked(
+            route=route, fused=[], candidate_count=0, indexes_used=[], watch=watch, cached=True
+        )
 
     use_vector = bool(text) and ranking.vector_weight > 0.0
     query_vector = ports.query_vectors.vector(text) if use_vector else None
@@ -236,7 +282,7 @@ def _rank(
     )
 
 
-def _plan(ranked: _Ranked, mode: str, depth: int) -> QueryPlan:
+def _plan(ranked: _Ranked, mode: str, depth: int, cache: str = "disabled") -> QueryPlan:
     return QueryPlan(
         candidate_scope_mode="allowed_doc_ids" if mode == "allowed_doc_ids" else "scope_ref",
         candidate_count=ranked.candidate_count,
@@ -246,7 +292,22 @@ def _plan(ranked: _Ranked, mode: str, depth: int) -> QueryPlan:
         generation_id=ranked.route.generation_id,
         applied_position=ranked.route.applied_position,
         profile=PROFILE_ID,
+        cache=cache,
         candidate_depth=depth,
+    )
+
+
+def _response_key(request: TopKRequest, principal: Principal, route: Route) -> str:
+    """Everything a response depends on: the generation and the log position it reflects,
+    the caller's reach, and the normalized request (minus what does not change results)."""
+    normalized = request.model_dump(mode="json", exclude={"client_request_id", "timeout_seconds"})
+    return "topk:" + sha256_json(
+        {
+            "generation_id": route.generation_id,
+            "applied_position": route.applied_position,
+            "principal": [principal.namespace, principal.galaxy],
+            "request": normalized,
+        }
     )
 
 
@@ -255,7 +316,32 @@ def topk_records(
 ) -> TopKResponse:
     """One round trip: resolve the scope, search both indexes with filters before
     scoring, fuse, take the top k, and materialize their payloads (top k only) from the
-    canonical store at exactly the revisions the generation ranked."""
+    canonical store at exactly the revisions the generation ranked.
+
+    Whole responses are cached under a key that binds the generation id and applied log
+    position, so a write or a promote can never be answered from a stale entry.
+    """
+    cache_state = "disabled" if ports.responses is None else "miss"
+    cached: TopKResponse | None = None
+    cache_key = ""
+
+    def probe(route: Route, watch: _Stopwatch) -> bool:
+        nonlocal cache_state, cached, cache_key
+        if ports.responses is None:
+            return False
+        cache_key = _response_key(request, principal, route)
+        try:
+            raw = ports.responses.get(cache_key)
+        except DependencyUnavailable as exc:
+            log.warning("response cache unavailable: %s", exc.message)
+            cache_state = "unavailable"
+            return False
+        if raw is None:
+            return False
+        cached = TopKResponse.model_validate_json(raw)
+        cache_state = "hit"
+        return True
+
     ranked = _rank(
         principal=principal,
         namespace=request.namespace,
@@ -268,7 +354,18 @@ def topk_records(
         timeout_seconds=request.timeout_seconds,
         ports=ports,
         limits=limits,
+        cache_probe=probe,
     )
+    depth = max(limits.candidate_depth, request.result_limit)
+    if cached is not None:
+        plan = None
+        if cached.query_plan is not None:
+            plan = cached.query_plan.model_copy(
+                update={"latency_ms": ranked.watch.latency(), "cache": "hit"}
+            )
+        return cached.model_copy(
+            update={"client_request_id": request.client_request_id, "query_plan": plan}
+        )
     top = ranked.fused[: request.result_limit]
     stored = ports.records.fetch([(c.document_id, c.revision) for c in top])
     results: list[TopKResult] = []
@@ -304,15 +401,24 @@ def topk_records(
             )
         )
     ranked.watch.lap("payload_materialize")
-    plan = _plan(ranked, "scope_ref", max(limits.candidate_depth, request.result_limit))
-    return TopKResponse(
+    response = TopKResponse(
         scope_ref=request.scope_ref,
         generation_id=ranked.route.generation_id,
         profile=PROFILE_ID,
         client_request_id=request.client_request_id,
         results=results,
-        query_plan=plan if request.include.query_plan else None,
+        query_plan=_plan(ranked, "scope_ref", depth, cache_state)
+        if request.include.query_plan
+        else None,
     )
+    if ports.responses is not None and cache_state == "miss":
+        try:
+            ports.responses.set(
+                cache_key, response.model_dump_json().encode(), limits.response_ttl_seconds
+            )
+        except DependencyUnavailable as exc:
+            log.warning("response cache unavailable: %s", exc.message)
+    return response
 
 
 def retrieve(

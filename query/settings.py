@@ -27,3 +27,5 @@ class QuerySettings(BaseSettings):
     projector_poll_seconds: float = Field(default=0.05, gt=0.0)
     embedder_threads: int = Field(default=2, ge=1, le=64)
     optimize_interval_seconds: float = Field(default=5.0, gt=0.0)
+    cache_responses: bool = True
+    response_ttl_seconds: float = Field(default=300.0, gt=0.0)

@@ -58,6 +58,7 @@ class EmbeddedStack:
             embedder=embedder,
             lexical_index_provider=projector.lexical.index_for,
             vector_shard_provider=projector.vectors.shard_for,
+            cache_responses=settings.cache_responses,
         )
         routing = ports.routing
         assert isinstance(routing, SqliteRouting)
@@ -74,6 +75,7 @@ class EmbeddedStack:
                 max_result_limit=settings.max_result_limit,
                 candidate_depth=settings.candidate_depth,
                 freshness_half_life_days=settings.freshness_half_life_days,
+                response_ttl_seconds=settings.response_ttl_seconds,
             ),
             grants=grants,
             routers=[ingest_router],

@@ -66,21 +66,21 @@ def start_server(data_dir: Path, *extra: str, env: dict[str, str] | None = None)
     log_path = data_dir.parent / f"serve-{port}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "query.entrypoints.cli",
-            "serve",
-            "--data-dir",
-            str(data_dir),
-            "--port",
-            str(port),
-            *extra,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-    )
+            [
+                sys.executable,
+                "-m",
+                "query.entrypoints.cli",
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--port",
+                str(port),
+                *extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0)
     deadline = time.monotonic() + 60
     while True:

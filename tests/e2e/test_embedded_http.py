@@ -431,3 +431,31 @@ def test_api_keys_scope_namespace_and_galaxy(tmp_path: Path) -> None:
         assert other.status_code == 403
     finally:
         srv.stop()
+
+
+def test_response_cache_hits_and_is_invalidated_by_writes(loaded: Server) -> None:
+    body = {
+        "namespace": NS,
+        "scope_ref": SCOPE,
+        "query_text": "spare house keys door",
+        "result_limit": 3,
+    }
+    first = loaded.topk(**body, client_request_id="a").json()
+    second = loaded.topk(**body, client_request_id="b").json()
+    assert second["query_plan"]["cache"] == "hit"
+    assert second["client_request_id"] == "b"
+    assert second["results"] == first["results"]
+    loaded.post_records(
+        [
+            rec(
+                "fact:doorbell",
+                title="Doorbell keys",
+                body="The doorbell battery sits next to the spare house keys.",
+            )
+        ]
+    )
+    loaded.wait_projected()
+    third = loaded.topk(**body).json()
+    assert third["query_plan"]["cache"] == "miss"
+    assert third["query_plan"]["applied_position"] > first["query_plan"]["applied_position"]
+    assert "fact:doorbell" in [r["item_id"] for r in third["results"]]
