@@ -59,6 +59,7 @@ class Route(BaseModel):
     snapshot_kind: str
     generation_id: str
     applied_position: int
+    commit_seq: int
     embedder_id: str
     document_count: int
 

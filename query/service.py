@@ -298,13 +298,16 @@ def _plan(ranked: _Ranked, mode: str, depth: int, cache: str = "disabled") -> Qu
 
 
 def _response_key(request: TopKRequest, principal: Principal, route: Route) -> str:
-    """Everything a response depends on: the generation and the log position it reflects,
+    """Everything a response depends on: the generation and the writes it reflects
+    (`commit_seq` counts its committed batches, so it moves even when partitions
+    deliver positions out of order),
     the caller's reach, and the normalized request (minus what does not change results)."""
     normalized = request.model_dump(mode="json", exclude={"client_request_id", "timeout_seconds"})
     return "topk:" + sha256_json(
         {
             "generation_id": route.generation_id,
             "applied_position": route.applied_position,
+            "commit_seq": route.commit_seq,
             "principal": [principal.namespace, principal.galaxy],
             "request": normalized,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -15,6 +16,7 @@ class QuerySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ORRERY_", extra="ignore")
 
+    mode: Literal["embedded", "servers"] = "embedded"
     data_dir: Path = Path("./orrery-data")
     host: str = "127.0.0.1"
     port: int = 8080
@@ -29,3 +31,21 @@ class QuerySettings(BaseSettings):
     optimize_interval_seconds: float = Field(default=5.0, gt=0.0)
     cache_responses: bool = True
     response_ttl_seconds: float = Field(default=300.0, gt=0.0)
+
+    # Server mode (ORRERY_MODE=servers). The canonical store and the generation registry
+    # stay in SQLite under data_dir, shared by the processes of one host.
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_topic_prefix: str = "orrery.records"
+    kafka_partitions: int = Field(default=3, ge=1, le=1_000)
+    kafka_group: str = "orrery-projector"
+    kafka_session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    opensearch_url: str = "http://127.0.0.1:9200"
+    opensearch_index_prefix: str = "orrery"
+    qdrant_url: str | None = Field(
+        default=None,
+        description="A Qdrant server; unset = qdrant-client local mode under data_dir "
+        "(one process only: for CI and single-process `serve --mode servers`).",
+    )
+    qdrant_collection_prefix: str = "orrery"
+    redis_url: str | None = Field(default=None, description="unset = in-process cache")
+    relay_batch_size: int = Field(default=500, ge=1, le=100_000)

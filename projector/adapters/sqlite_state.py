@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS generations (
     state          TEXT NOT NULL,
     descriptor_json TEXT NOT NULL,
     document_count INTEGER NOT NULL DEFAULT 0,
-    applied_position INTEGER NOT NULL DEFAULT 0
+    applied_position INTEGER NOT NULL DEFAULT 0,
+    commit_seq     INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS live_pointers (
     namespace     TEXT NOT NULL,
@@ -136,14 +137,16 @@ class SqliteProjectorState:
                     [(generation_id, d, rev, int(dead)) for d, (rev, dead) in docs.items()],
                 )
                 conn.execute(
-                    "UPDATE generations SET applied_position = ?, document_count = "
+                    "UPDATE generations SET applied_position = MAX(applied_position, ?), "
+                    "commit_seq = commit_seq + 1, document_count = "
                     "(SELECT COUNT(*) FROM generation_documents WHERE generation_id = ? "
                     "AND deleted = 0) WHERE generation_id = ?",
                     (position, generation_id, generation_id),
                 )
             conn.execute(
                 "INSERT INTO projector_positions VALUES (?,?,?) ON CONFLICT(consumer) "
-                "DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at",
+                "DO UPDATE SET position = MAX(position, excluded.position), "
+                "updated_at = excluded.updated_at",
                 (consumer, position, now),
             )
             # Generations that saw no event in this batch are still caught up to it.

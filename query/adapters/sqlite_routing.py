@@ -50,20 +50,22 @@ class SqliteRouting(_Reader):
 
     def route(self, namespace: str, snapshot_kind: str) -> Route | None:
         rows = self._query(
-            "SELECT g.generation_id, g.applied_position, g.descriptor_json, g.document_count "
+            "SELECT g.generation_id, g.applied_position, g.descriptor_json, g.document_count, "
+            "g.commit_seq "
             "FROM live_pointers p JOIN generations g ON g.generation_id = p.generation_id "
             "WHERE p.namespace = ? AND p.snapshot_kind = ?",
             (namespace, snapshot_kind),
         )
         if not rows:
             return None
-        generation_id, applied, descriptor_json, count = rows[0]
+        generation_id, applied, descriptor_json, count, commit_seq = rows[0]
         descriptor = json.loads(str(descriptor_json))
         return Route(
             namespace=namespace,
             snapshot_kind=snapshot_kind,
             generation_id=str(generation_id),
             applied_position=int(str(applied)),
+            commit_seq=int(str(commit_seq)),
             embedder_id=str(descriptor["embedder_id"]),
             document_count=int(str(count)),
         )

@@ -1,0 +1,65 @@
+"""Ports of the outbox relay (server mode): where unpublished events come from, where they go.
+
+Embedded mode needs neither: there the outbox table is the log. In server mode a relay
+copies outbox rows to the event log (Kafka) and marks them once the log has them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+__all__ = ["EventPublisher", "OutboxRelaySource", "OutboxRow"]
+
+
+class OutboxRow(NamedTuple):
+    """One outbox event awaiting publication.
+
+    `event_json` is the `RecordChanged` exactly as the canonical store wrote it; the
+    relay forwards it byte for byte and never re-serializes it.
+    """
+
+    position: int
+    document_id: str
+    namespace: str
+    event_json: str
+
+
+class OutboxRelaySource(Protocol):
+    """The canonical store's outbox, as the relay sees it.
+
+    Guarantees:
+    - `unpublished` returns rows not marked yet, oldest first (strictly increasing
+      positions); a row is visible only after the transaction that wrote it committed.
+    - `mark_published` is idempotent; a marked row is never returned again.
+    - Nothing is deleted: a row that was never marked is returned again on every call,
+      across restarts, until it is marked.
+    """
+
+    def unpublished(self, limit: int) -> list[OutboxRow]:
+        """At most `limit` unmarked rows in position order (empty when all are marked)."""
+
+    def mark_published(self, positions: Sequence[int]) -> None:
+        """Mark rows as acknowledged by the log; unknown or marked positions are ignored."""
+
+    def close(self) -> None: ...
+
+
+class EventPublisher(Protocol):
+    """The transport that carries outbox events to the projectors (Kafka in server mode).
+
+    Guarantees:
+    - `publish` returns only after the transport durably acknowledged every row it was
+      given. Otherwise it raises `DependencyUnavailable`, and the caller treats every
+      row of the call as unpublished: some may have been delivered already, so a later
+      call delivers them again (at-least-once; consumers dedupe on
+      `(document_id, revision)`).
+    - Rows of one document keep their relative order on the log (they share a key and
+      therefore a partition).
+    - Every delivered event carries its outbox position.
+    """
+
+    def publish(self, rows: Sequence[OutboxRow]) -> None:
+        """Deliver `rows` (in position order) and wait for the transport's acknowledgement."""
+
+    def close(self) -> None: ...

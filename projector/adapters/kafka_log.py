@@ -1,0 +1,519 @@
+"""The server-mode event log: the relay's Kafka topics, read in a consumer group.
+
+Reads what `ingest.adapters.kafka_publisher` writes: one topic per namespace named
+`f"{topic_prefix}.{namespace}"`, key = document id, value = `RecordChanged` JSON, header
+`orrery-position` = the outbox position in ASCII digits.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import threading
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.events import LogEntry, RecordChanged
+
+with warnings.catch_warnings():
+    # kafka-python 3.0 loads its protocol schemas with importlib.resources.read_text and
+    # open_text, deprecated since Python 3.11: harmless, but fatal under `-W error`.
+    warnings.filterwarnings(
+        "ignore",
+        category=DeprecationWarning,
+        message=r"\w+ is deprecated\. Use files\(\) instead",
+    )
+    from kafka import KafkaAdminClient, KafkaConsumer
+    from kafka.errors import IllegalStateError, KafkaError, KafkaTimeoutError
+    from kafka.net.compat import KafkaNetClient
+    from kafka.structs import MemberState, OffsetAndMetadata, TopicPartition
+
+__all__ = ["POSITION_HEADER", "KafkaEventLog", "KafkaLogSettings"]
+
+# Written by ingest.adapters.kafka_publisher (the packages share no code).
+POSITION_HEADER = "orrery-position"
+
+log = logging.getLogger("orrery.projector")
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaLogSettings:
+    """How a projector reads Kafka. Defaults are for production; tests shrink the timeouts.
+
+    - `session_timeout_ms` / `heartbeat_interval_ms`: a member that misses heartbeats
+      this long is dropped and its partitions move. Joining a group takes about half
+      the session timeout; the broker accepts 6,000 ms at least (tests use that, with
+      a 1,000 ms heartbeat).
+    - `max_poll_interval_ms`: the longest a projector may spend between fetches (one
+      batch: embedding and index writes) before it loses its partitions. It is also the
+      longest a rebalance waits for slow members.
+    - `metadata_max_age_ms`: a new namespace's topic is picked up within this time.
+    - `poll_timeout_ms`: how long an idle `fetch` waits for new events (long poll).
+    - `join_timeout_ms`: how long `fetch` waits to become a group member before it
+      reports Kafka unavailable.
+    - `check_crcs`: verify each record batch's CRC-32C. kafka-python computes it in
+      pure Python unless the `crc32c` package is installed; the check then costs about
+      two thirds of the fetch time (1 KB events: ~1.8k/s with it, ~5.5k/s with
+      `crc32c` installed, measured on a loaded 2-core machine).
+    """
+
+    bootstrap_servers: str
+    group_id: str = "orrery-projector"
+    topic_prefix: str = "orrery.records"
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000
+    metadata_max_age_ms: int = 30_000
+    poll_timeout_ms: int = 500
+    join_timeout_ms: int = 60_000
+    request_timeout_ms: int = 30_000
+    bootstrap_timeout_ms: int = 10_000
+    connect_timeout_s: float = 2.0
+    check_crcs: bool = True
+    client_id: str = "orrery-projector"
+
+    @property
+    def topic_pattern(self) -> str:
+        """The regular expression of the topics read: every namespace under the prefix."""
+        return "^" + re.escape(self.topic_prefix) + r"\..+"
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivered:
+    entry: LogEntry
+    partition: Any  # kafka.structs.TopicPartition
+    offset: int
+    leader_epoch: int
+
+
+def _unreachable(bootstrap_servers: str, timeout_s: float) -> str | None:
+    """Why no bootstrap server accepts a TCP connection, or None if one does.
+
+    kafka-python 3.0 leaks the socket of every refused connection and the IO thread of a
+    consumer whose bootstrap failed; a plain socket check first avoids both when the
+    broker is simply down.
+    """
+    reasons: list[str] = []
+    for server in (s.strip() for s in bootstrap_servers.split(",")):
+        host, sep, port = server.rpartition(":")
+        if not sep or not port.isdigit():
+            return None  # not host:port: let the client interpret it
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return None
+        except OSError as exc:
+            reasons.append(f"{server}: {exc.strerror or exc}")
+    return "; ".join(reasons) or "no bootstrap servers configured"
+
+
+def _construct(factory: Callable[..., Any], **config: Any) -> Any:
+    """Build a kafka-python client; if its bootstrap fails, close what it already opened."""
+    made: list[Any] = []
+
+    def net_client(**kwargs: Any) -> Any:
+        client = KafkaNetClient(**kwargs)
+        made.append(client)
+        return client
+
+    try:
+        return factory(kafka_client=net_client, **config)
+    except BaseException:
+        for client in made:
+            try:
+                client.close()
+            except Exception:  # best effort: the original error is the one to report
+                log.debug("closing a half-built Kafka client failed", exc_info=True)
+        raise
+
+
+def _undecodable(record: Any, problem: object) -> OrreryError:
+    return OrreryError(
+        ErrorCode.INTERNAL,
+        f"undecodable event at {record.topic}/{record.partition}@{record.offset}: {problem}",
+        {"topic": record.topic, "partition": record.partition, "offset": record.offset},
+    )
+
+
+def _position(record: Any) -> int:
+    raw = dict(record.headers or ()).get(POSITION_HEADER)
+    if raw is None:
+        raise _undecodable(record, f"no {POSITION_HEADER} header")
+    try:
+        position = int(raw.decode("ascii"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _undecodable(record, f"bad {POSITION_HEADER} header {raw!r}") from exc
+    if position < 1:
+        raise _undecodable(record, f"bad {POSITION_HEADER} header {raw!r}")
+    return position
+
+
+def _decode(record: Any) -> LogEntry:
+    position = _position(record)
+    try:
+        return LogEntry(position=position, event=RecordChanged.model_validate_json(record.value))
+    except ValidationError as exc:
+        raise _undecodable(record, exc) from exc
+
+
+class KafkaEventLog:
+    """`EventLog` over the relay's topics, read by one member of a Kafka consumer group.
+
+    Guarantees:
+    - `fetch` returns events of the partitions this member owns, each partition in
+      offset order, so every document's events keep the relay's (position) order; across
+      documents there is no order. It waits up to `poll_timeout_ms` when nothing is
+      waiting, and returns as many waiting events as it can, up to `limit`: an empty
+      list means none was waiting for this member.
+    - Offsets are committed only by `acknowledge` (no auto-commit), synchronously; per
+      partition the commit never passes an event that was delivered and not yet
+      acknowledged. `close` commits nothing.
+    - `reset` moves every owned partition back to its committed offset, so the next
+      `fetch` delivers the unacknowledged events again. After a restart, a rebalance, or
+      a failed `fetch` the same happens by itself (at-least-once).
+    - `high_water` reads the newest position on the log: the largest `orrery-position`
+      among the last record of every partition of every matching topic (0 when they
+      are all empty). The relay publishes in position order, so that is exact once the
+      relay caught up; while it is still re-sending after a failure it may lag behind.
+    - Errors of the client become `DependencyUnavailable("kafka", ...)`; an event that
+      cannot be decoded raises `OrreryError(INTERNAL)` and is delivered again (never
+      skipped) until an operator moves the group's offset past it.
+    - No network I/O before the first call; new namespaces are picked up within
+      `metadata_max_age_ms`.
+
+    Not thread-safe for `fetch` / `acknowledge` / `reset` (one projector thread);
+    `high_water` may run in another thread (it uses its own clients).
+    """
+
+    def __init__(self, settings: KafkaLogSettings) -> None:
+        self._settings = settings
+        self._pattern = re.compile(settings.topic_pattern)
+        self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()
+        self._consumer: Any = None
+        self._probe: Any = None
+        self._admin: Any = None
+        self._pending: list[_Delivered] = []
+        self._closed = False
+
+    # -- EventLog ------------------------------------------------------------------------
+
+    def fetch(self, limit: int) -> list[LogEntry]:
+        if limit < 1:
+            return []
+        with self._lock:
+            consumer = self._connected_consumer()
+            try:
+                return self._fetch(consumer, limit)
+            except (KafkaError, OrreryError) as exc:
+                # Polled records moved the position already: go back to the committed
+                # offsets so nothing polled-but-not-returned is skipped.
+                self._rewind_quietly(consumer)
+                if isinstance(exc, KafkaError):
+                    raise self._unavailable("fetch", exc) from exc
+                raise
+
+    def acknowledge(self, entries: Sequence[LogEntry]) -> None:
+        if not entries:
+            return
+        with self._lock:
+            if self._consumer is None:
+                return
+            consumer = self._consumer
+            try:
+                offsets = self._commit_offsets(self._take(entries), consumer.assignment())
+                if offsets:
+                    consumer.commit(offsets=offsets, timeout_ms=self._settings.request_timeout_ms)
+            except KafkaError as exc:
+                raise self._unavailable("acknowledge", exc) from exc
+
+    def reset(self) -> None:
+        with self._lock:
+            self._pending.clear()
+            if self._consumer is None:
+                return
+            try:
+                self._rewind(self._consumer)
+            except KafkaError as exc:
+                raise self._unavailable("reset", exc) from exc
+
+    def high_water(self) -> int:
+        with self._probe_lock:
+            try:
+                return self._read_high_water()
+            except KafkaError as exc:
+                self._close_probe()
+                raise self._unavailable("high_water", exc) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            consumer, self._consumer = self._consumer, None
+            self._pending.clear()
+            if consumer is not None:
+                try:
+                    consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
+                except Exception:
+                    log.warning("closing the Kafka consumer failed", exc_info=True)
+        with self._probe_lock:
+            self._close_probe()
+
+    # -- fetch ---------------------------------------------------------------------------
+
+    def _connected_consumer(self) -> Any:
+        if self._closed:
+            raise DependencyUnavailable("kafka", "the event log is closed")
+        if self._consumer is None:
+            s = self._settings
+            reason = _unreachable(s.bootstrap_servers, s.connect_timeout_s)
+            if reason is not None:
+                raise DependencyUnavailable(
+                    "kafka",
+                    f"no bootstrap server reachable ({reason})",
+                    {"bootstrap_servers": s.bootstrap_servers},
+                )
+            try:
+                consumer = _construct(
+                    KafkaConsumer,
+                    bootstrap_servers=s.bootstrap_servers,
+                    client_id=s.client_id,
+                    group_id=s.group_id,
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    session_timeout_ms=s.session_timeout_ms,
+                    heartbeat_interval_ms=s.heartbeat_interval_ms,
+                    max_poll_interval_ms=s.max_poll_interval_ms,
+                    metadata_max_age_ms=s.metadata_max_age_ms,
+                    request_timeout_ms=s.request_timeout_ms,
+                    bootstrap_timeout_ms=s.bootstrap_timeout_ms,
+                    check_crcs=s.check_crcs,
+                )
+            except KafkaError as exc:
+                raise self._unavailable("connect", exc) from exc
+            try:
+                consumer.subscribe(pattern=s.topic_pattern)
+            except BaseException:
+                consumer.close(autocommit=False)
+                raise
+            self._consumer = consumer
+        return self._consumer
+
+    def _fetch(self, consumer: Any, limit: int) -> list[LogEntry]:
+        s = self._settings
+        deadline = time.monotonic() + s.join_timeout_ms / 1000
+        out: list[LogEntry] = []
+        while len(out) < limit:
+            batch = consumer.poll(timeout_ms=s.poll_timeout_ms, max_records=limit - len(out))
+            out.extend(self._deliver(batch))
+            if len(out) >= limit:
+                break
+            if consumer.group_metadata().state != MemberState.STABLE:
+                if time.monotonic() < deadline:
+                    continue  # each poll drives the join
+                if out:
+                    break
+                raise KafkaTimeoutError(
+                    f"not a stable member of group {s.group_id!r} after {s.join_timeout_ms} ms"
+                )
+            if not self._waiting(consumer) or time.monotonic() >= deadline:
+                break
+        return out
+
+    def _deliver(self, batch: Mapping[Any, Sequence[Any]]) -> list[LogEntry]:
+        delivered = [
+            _Delivered(
+                entry=_decode(record),
+                partition=TopicPartition(record.topic, record.partition),
+                offset=record.offset,
+                leader_epoch=-1 if record.leader_epoch is None else record.leader_epoch,
+            )
+            for records in batch.values()
+            for record in records
+        ]
+        self._pending.extend(delivered)
+        return [d.entry for d in delivered]
+
+    def _waiting(self, consumer: Any) -> bool:
+        """Whether an owned partition holds records this member has not returned yet."""
+        assigned = list(consumer.assignment())
+        if not assigned:
+            return False
+        timeout_ms = self._settings.request_timeout_ms
+        positions: dict[Any, int | None] = {}
+        for partition in assigned:
+            try:
+                positions[partition] = consumer.position(partition, timeout_ms=timeout_ms)
+                # The last fetch response's high watermark answers "yes" without a round trip.
+                known_end = consumer.highwater(partition)
+            except IllegalStateError:
+                return True  # revoked while we looked: poll again
+            position = positions[partition]
+            if position is None or (known_end is not None and position < known_end):
+                return True
+        ends = consumer.end_offsets(assigned, timeout_ms=timeout_ms)
+        return any(
+            position is None or position < ends.get(partition, 0)
+            for partition, position in positions.items()
+        )
+
+    # -- acknowledge / reset --------------------------------------------------------------
+
+    def _take(self, entries: Sequence[LogEntry]) -> list[_Delivered]:
+        """Remove and return the pending deliveries of `entries`.
+
+        Matches the very objects `fetch` returned first; equal copies are matched by
+        position, oldest delivery first. Unknown entries (already acknowledged, or
+        dropped by a reset) match nothing.
+        """
+        wanted = {id(entry) for entry in entries}
+        taken: list[_Delivered] = []
+        kept: list[_Delivered] = []
+        for delivered in self._pending:
+            (taken if id(delivered.entry) in wanted else kept).append(delivered)
+        if len(taken) < len(entries):
+            found = {id(d.entry) for d in taken}
+            by_position = Counter(e.position for e in entries if id(e) not in found)
+            rest: list[_Delivered] = []
+            for delivered in kept:
+                if by_position[delivered.entry.position] > 0:
+                    by_position[delivered.entry.position] -= 1
+                    taken.append(delivered)
+                else:
+                    rest.append(delivered)
+            kept = rest
+        self._pending = kept
+        return taken
+
+    def _commit_offsets(self, acked: Sequence[_Delivered], assigned: Any) -> dict[Any, Any]:
+        """Per owned partition: the offset after the acknowledged events, held back to the
+        oldest event still pending there (a commit means "everything before is done")."""
+        offsets: dict[Any, Any] = {}
+        for partition in {d.partition for d in acked}:
+            if partition not in assigned:
+                continue  # revoked: its new owner delivers these events again
+            last = max((d for d in acked if d.partition == partition), key=lambda d: d.offset)
+            next_offset = last.offset + 1
+            pending = [d.offset for d in self._pending if d.partition == partition]
+            if pending and min(pending) < next_offset:
+                next_offset = min(pending)
+            offsets[partition] = OffsetAndMetadata(next_offset, "", last.leader_epoch)
+        return offsets
+
+    def _rewind(self, consumer: Any) -> None:
+        self._pending.clear()
+        timeout_ms = self._settings.request_timeout_ms
+        for partition in consumer.assignment():
+            committed = consumer.committed(partition, timeout_ms=timeout_ms)
+            try:
+                if committed is None:
+                    consumer.seek_to_beginning(partition)
+                else:
+                    consumer.seek(partition, committed)
+            except ValueError:
+                continue  # revoked meanwhile: its next owner starts at the committed offset
+
+    def _rewind_quietly(self, consumer: Any) -> None:
+        try:
+            self._rewind(consumer)
+        except Exception:
+            # Dropping the consumer is the last resort: a new one resumes at the
+            # committed offsets, which is exactly what the rewind wanted.
+            log.warning("rewinding the Kafka consumer failed; reconnecting", exc_info=True)
+            self._consumer = None
+            try:
+                consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
+            except Exception:
+                log.debug("closing the Kafka consumer failed", exc_info=True)
+
+    # -- high_water -----------------------------------------------------------------------
+
+    def _read_high_water(self) -> int:
+        s = self._settings
+        admin, probe = self._probe_clients()
+        partitions = [
+            TopicPartition(topic["name"], p["partition_index"])
+            for topic in admin.describe_topics()
+            if topic.get("error_code", 0) == 0 and self._pattern.match(topic["name"])
+            for p in topic.get("partitions", ())
+        ]
+        if not partitions:
+            return 0
+        ends = probe.end_offsets(partitions, timeout_ms=s.request_timeout_ms)
+        begins = probe.beginning_offsets(partitions, timeout_ms=s.request_timeout_ms)
+        last = {tp: ends[tp] - 1 for tp in partitions if ends[tp] > begins[tp]}
+        if not last:
+            return 0
+        probe.assign(list(last))
+        for partition, offset in last.items():
+            probe.seek(partition, offset)
+        newest = 0
+        remaining = set(last)
+        deadline = time.monotonic() + s.request_timeout_ms / 1000
+        while remaining:
+            if time.monotonic() >= deadline:
+                raise KafkaTimeoutError(f"could not read the last record of {sorted(remaining)}")
+            for records in probe.poll(timeout_ms=s.poll_timeout_ms).values():
+                for record in records:
+                    newest = max(newest, _position(record))
+                    remaining.discard(TopicPartition(record.topic, record.partition))
+        return newest
+
+    def _probe_clients(self) -> tuple[Any, Any]:
+        if self._closed:
+            raise DependencyUnavailable("kafka", "the event log is closed")
+        s = self._settings
+        if self._admin is None or self._probe is None:
+            self._close_probe()
+            reason = _unreachable(s.bootstrap_servers, s.connect_timeout_s)
+            if reason is not None:
+                raise DependencyUnavailable(
+                    "kafka",
+                    f"no bootstrap server reachable ({reason})",
+                    {"bootstrap_servers": s.bootstrap_servers},
+                )
+            common = {
+                "bootstrap_servers": s.bootstrap_servers,
+                "request_timeout_ms": s.request_timeout_ms,
+                "bootstrap_timeout_ms": s.bootstrap_timeout_ms,
+            }
+            self._admin = _construct(KafkaAdminClient, client_id=f"{s.client_id}-hw", **common)
+            self._probe = _construct(
+                KafkaConsumer,
+                client_id=f"{s.client_id}-hw",
+                group_id=None,
+                enable_auto_commit=False,
+                **common,
+            )
+        return self._admin, self._probe
+
+    def _close_probe(self) -> None:
+        probe, self._probe = self._probe, None
+        admin, self._admin = self._admin, None
+        try:
+            if probe is not None:
+                probe.close(autocommit=False)
+        except Exception:
+            log.debug("closing the Kafka probe consumer failed", exc_info=True)
+        try:
+            if admin is not None:
+                admin.close()
+        except Exception:
+            log.debug("closing the Kafka admin client failed", exc_info=True)
+
+    def _unavailable(self, operation: str, exc: KafkaError) -> DependencyUnavailable:
+        return DependencyUnavailable(
+            "kafka",
+            f"{operation} failed: {exc}",
+            {
+                "bootstrap_servers": self._settings.bootstrap_servers,
+                "group_id": self._settings.group_id,
+                "retriable": bool(exc.retriable),
+            },
+        )

@@ -1,0 +1,297 @@
+"""BM25 search over the OpenSearch indexes that `projector.adapters.opensearch_lexical` writes.
+
+User text goes into a `multi_match` query, which analyzes it with the index's query
+analyzer and never parses it: `title:"x" AND (y -z*)` is a bag of words, so no input can
+raise a syntax error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
+from opensearchpy.exceptions import OpenSearchException, TransportError
+
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.index import TAGS_BOOST, TITLE_BOOST, Candidate, SearchFilter
+from contracts.index_fields import (
+    BODY,
+    DOCUMENT_ID,
+    FACET_SEPARATOR,
+    FACETS,
+    GALAXY,
+    REVISION,
+    STATUS,
+    TAGS,
+    TITLE,
+    UPDATED_AT_MICROS,
+    VISIBILITY,
+)
+
+__all__ = ["DEFAULT_INDEX_PREFIX", "OpenSearchLexicalSearch"]
+
+DEFAULT_INDEX_PREFIX = "orrery"
+REQUEST_TIMEOUT_S = 10
+MAX_RETRIES = 2
+
+_ENGINE = "opensearch"
+_FIELDS = [f"{TITLE}^{TITLE_BOOST}", BODY, f"{TAGS}^{TAGS_BOOST}"]
+_GENERATION_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+_INDEX_PREFIX = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+# `index.max_result_window` (10 000 by default) caps one page; larger limits page on.
+_MAX_PAGE = 10_000
+# `index.max_terms_count` (65 536 by default) caps one `terms` query.
+_MAX_TERMS = 65_536
+_DOCVALUE_FIELDS = [DOCUMENT_ID, REVISION, UPDATED_AT_MICROS, STATUS]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+# Lucene counts every leaf clause of a query against `indices.query.bool.max_clause_count`
+# (1 024 by default): one per distinct query word and text field. Text with more distinct
+# words is cut to this many (in order) when the engine refuses the whole of it.
+_FALLBACK_WORDS = 300
+_WORD = re.compile(r"[^\W_]+")
+
+
+class OpenSearchLexicalSearch:
+    """`LexicalSearch` over the OpenSearch index `{index_prefix}-{generation_id}`.
+
+    Guarantees, beyond the port's:
+    - Query text is analyzed like the indexed text and matched as `most_fields` over
+      `title^TITLE_BOOST`, `body`, `tags^TAGS_BOOST` with `operator: or`: the score is the
+      sum of the per-field BM25 scores, as in tantivy; repeated words count once. Text with
+      no searchable token matches nothing; blank text means "filter only" (score 0.0,
+      ordered by `document_id`).
+    - Every filter is a non-scoring `bool.filter` clause, so a document's score is the same
+      with and without them. Filter values that are not valid Unicode match nothing.
+    - Order is score descending, then `document_id` ascending, done by the engine's sort,
+      so ties at the `limit` boundary are exact. Limits above 10 000 are fetched in pages
+      (`search_after`).
+    - Text with so many distinct words that the engine refuses the query (more than
+      `max_clause_count` clauses) is retried with its first 300 distinct words.
+    - An unknown generation raises `OrreryError(COVERAGE_UNAVAILABLE)`; an unreachable or
+      overloaded engine `DependencyUnavailable("opensearch", ...)`.
+    - No I/O at construction; the client uses a 10 s timeout and retries twice.
+    """
+
+    def __init__(self, client_url: str, *, index_prefix: str = DEFAULT_INDEX_PREFIX) -> None:
+        if not _INDEX_PREFIX.fullmatch(index_prefix):
+            raise ValueError(f"index prefix must match {_INDEX_PREFIX.pattern}: {index_prefix!r}")
+        self._prefix = index_prefix
+        self._client = OpenSearch(
+            hosts=[client_url],
+            timeout=REQUEST_TIMEOUT_S,
+            max_retries=MAX_RETRIES,
+            retry_on_timeout=True,
+        )
+
+    def search(
+        self, generation_id: str, query_text: str, filter: SearchFilter, limit: int
+    ) -> list[Candidate]:
+        if limit <= 0 or filter.matches_nothing():
+            return []
+        if not _GENERATION_ID.fullmatch(generation_id):
+            raise _unknown(generation_id)  # No index can have this name.
+        index = f"{self._prefix}-{generation_id}"
+        clauses = _filter_clauses(filter)
+        if not query_text.strip():
+            query: dict[str, Any] = {"bool": {"filter": clauses}} if clauses else {"match_all": {}}
+            return self._collect(index, generation_id, query, [{DOCUMENT_ID: "asc"}], limit)
+        # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
+        text = query_text.encode("utf-8", "replace").decode("utf-8")
+        sort = [{"_score": "desc"}, {DOCUMENT_ID: "asc"}]
+        try:
+            return self._collect(index, generation_id, _text_query(text, clauses), sort, limit)
+        except _TooManyClauses:
+            pass
+        words = list(dict.fromkeys(word.lower() for word in _WORD.findall(text)))
+        shorter = " ".join(words[:_FALLBACK_WORDS])
+        try:
+            return self._collect(index, generation_id, _text_query(shorter, clauses), sort, limit)
+        except _TooManyClauses as exc:
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                "query text has too many distinct words",
+                {"engine": _ENGINE, "generation_id": generation_id},
+            ) from exc
+
+    def close(self) -> None:
+        """Close the client's connections. The object is not used afterwards."""
+        self._client.close()
+
+    def _collect(
+        self,
+        index: str,
+        generation_id: str,
+        query: dict[str, Any],
+        sort: list[Any],
+        limit: int,
+    ) -> list[Candidate]:
+        scored = "_score" in sort[0]
+        candidates: list[Candidate] = []
+        search_after: list[Any] | None = None
+        while len(candidates) < limit:
+            size = min(limit - len(candidates), _MAX_PAGE)
+            body: dict[str, Any] = {
+                "size": size,
+                "query": query,
+                "sort": sort,
+                "track_total_hits": False,
+                "_source": False,
+                "docvalue_fields": _DOCVALUE_FIELDS,
+            }
+            if search_after is not None:
+                body["search_after"] = search_after
+            hits = self._search(index, generation_id, body)
+            candidates.extend(_candidate(hit, scored) for hit in hits)
+            if len(hits) < size:
+                break
+            search_after = hits[-1]["sort"]
+        return candidates
+
+    def _search(self, index: str, generation_id: str, body: dict[str, Any]) -> list[Any]:
+        try:
+            response = self._client.search(index=index, body=body)
+        except OpenSearchConnectionError as exc:
+            raise _unavailable(exc, generation_id) from exc
+        except TransportError as exc:
+            if exc.error == "index_not_found_exception":
+                raise _unknown(generation_id) from exc
+            if _is_too_many_clauses(exc):
+                raise _TooManyClauses from exc
+            status = exc.status_code
+            if not isinstance(status, int) or status in (401, 403, 429) or status >= 500:
+                raise _unavailable(exc, generation_id) from exc
+            raise OrreryError(
+                ErrorCode.INTERNAL,
+                f"search failed: {exc}",
+                {"engine": _ENGINE, "generation_id": generation_id},
+            ) from exc
+        except OpenSearchException as exc:
+            raise OrreryError(
+                ErrorCode.INTERNAL,
+                f"search failed: {exc}",
+                {"engine": _ENGINE, "generation_id": generation_id},
+            ) from exc
+        hits: list[Any] = response["hits"]["hits"]
+        return hits
+
+
+class _TooManyClauses(Exception):
+    """The engine refused a query for its number of clauses."""
+
+
+def _text_query(text: str, clauses: list[dict[str, Any]]) -> dict[str, Any]:
+    match = {
+        "multi_match": {
+            "query": text,
+            "fields": _FIELDS,
+            "type": "most_fields",
+            "operator": "or",
+            "zero_terms_query": "none",
+        }
+    }
+    return {"bool": {"must": [match], "filter": clauses}}
+
+
+def _filter_clauses(filter: SearchFilter) -> list[dict[str, Any]]:
+    """One non-scoring clause per restriction; all must hold."""
+    clauses: list[dict[str, Any]] = []
+    if filter.galaxy is not None:
+        clauses.append(_any_of(GALAXY, (filter.galaxy,)))
+    if filter.status is not None:
+        clauses.append(_any_of(STATUS, filter.status))
+    if filter.visibility is not None:
+        clauses.append(_any_of(VISIBILITY, filter.visibility))
+    if filter.updated_after is not None or filter.updated_before is not None:
+        # On integer microseconds: the date field is indexed at millisecond precision.
+        bounds: dict[str, int] = {}
+        if filter.updated_after is not None:
+            bounds["gte"] = _epoch_micros(filter.updated_after)
+        if filter.updated_before is not None:
+            bounds["lte"] = _epoch_micros(filter.updated_before)
+        clauses.append({"range": {UPDATED_AT_MICROS: bounds}})
+    for name, values in sorted(filter.facets.items()):
+        clauses.append(_any_of(FACETS, [f"{name}{FACET_SEPARATOR}{value}" for value in values]))
+    if filter.document_ids is not None:
+        clauses.append(_any_of(DOCUMENT_ID, filter.document_ids))
+    return clauses
+
+
+def _any_of(field: str, values: Sequence[str]) -> dict[str, Any]:
+    """Matches documents holding at least one of `values` in `field`.
+
+    A value that is not valid Unicode (a lone surrogate) is never stored: it matches nothing.
+    """
+    unique = [value for value in dict.fromkeys(values) if _is_unicode(value)]
+    if not unique:
+        return {"match_none": {}}
+    if len(unique) == 1:
+        return {"term": {field: unique[0]}}
+    if len(unique) <= _MAX_TERMS:
+        return {"terms": {field: unique}}
+    parts = [
+        {"terms": {field: unique[start : start + _MAX_TERMS]}}
+        for start in range(0, len(unique), _MAX_TERMS)
+    ]
+    return {"bool": {"should": parts, "minimum_should_match": 1}}
+
+
+def _is_unicode(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _epoch_micros(value: datetime) -> int:
+    """Microseconds since the Unix epoch; a naive datetime is taken as UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def _candidate(hit: dict[str, Any], scored: bool) -> Candidate:
+    fields = hit.get("fields") or {}
+    try:
+        document_id = fields[DOCUMENT_ID][0]
+        revision = fields[REVISION][0]
+        micros = fields[UPDATED_AT_MICROS][0]
+        status = fields[STATUS][0]
+    except (KeyError, IndexError) as exc:
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "index document lacks a field a candidate needs",
+            {"engine": _ENGINE, "_id": hit.get("_id"), "fields": sorted(fields)},
+        ) from exc
+    score = float(hit["_score"]) if scored and hit.get("_score") is not None else 0.0
+    return Candidate(
+        document_id=str(document_id),
+        revision=int(revision),
+        score=score,
+        updated_at=_EPOCH + int(micros) * _MICROSECOND,
+        status=str(status),
+    )
+
+
+def _is_too_many_clauses(exc: TransportError) -> bool:
+    """Lucene's `TooManyClauses` (or `TooManyNestedClauses`), reported as a 400 or a 500
+    `search_phase_execution_exception` depending on where the query was rewritten."""
+    info = str(exc.info)
+    return "too_many_clauses" in info or "too_many_nested_clauses" in info
+
+
+def _unknown(generation_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.COVERAGE_UNAVAILABLE,
+        f"no lexical index for generation {generation_id!r}",
+        {"engine": _ENGINE, "generation_id": generation_id},
+    )
+
+
+def _unavailable(exc: OpenSearchException, generation_id: str) -> DependencyUnavailable:
+    return DependencyUnavailable(_ENGINE, f"search failed: {exc}", {"generation_id": generation_id})

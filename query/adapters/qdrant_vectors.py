@@ -1,0 +1,256 @@
+"""Nearest-neighbour search over the Qdrant server collections the projector writes.
+
+Collection `f"{collection_prefix}-{generation_id}"`, named dense vector `"dense"`
+(cosine), payload as in `contracts.vector_payload` (written by
+`projector.adapters.qdrant_vectors`). Works against a server (`url`) and against
+qdrant-client's local mode (`path`: a directory or `":memory:"`; one client per path, so
+in one process share the projector's client through `client=`).
+
+Local mode is exact brute force in Python and ignores `SearchParams`; it is not sent
+there (qdrant-client would warn on every process's first query).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+import grpc  # type: ignore[import-untyped]
+import httpx
+from qdrant_client import QdrantClient, models
+from qdrant_client.common.client_exceptions import QdrantException
+from qdrant_client.http.exceptions import ApiException, UnexpectedResponse
+
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.index import Candidate, SearchFilter
+from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, STATUS, UPDATED_AT, VISIBILITY
+from contracts.vector_payload import (
+    RETURNED_FIELDS,
+    VECTOR_NAME,
+    best_first,
+    candidate_of,
+    check_generation_id,
+    check_query_vector,
+    facet_terms,
+    utc_instant,
+)
+
+__all__ = ["DEPENDENCY", "QdrantServerVectorSearch", "qdrant_filter"]
+
+DEPENDENCY = "qdrant"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+# What qdrant-client raises: HTTP errors and responses (`ApiException`), transport errors
+# (httpx, grpc), and in local mode plain `ValueError` / `RuntimeError` / `KeyError`.
+_DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    ApiException,
+    QdrantException,
+    httpx.HTTPError,
+    grpc.RpcError,
+    ValueError,
+    RuntimeError,
+    KeyError,
+    OSError,
+)
+
+
+class QdrantServerVectorSearch:
+    """Cosine nearest neighbours over one generation's Qdrant collection.
+
+    Construct with exactly one of `client` (taken over: `close` closes it), `url` (a
+    server) or `path` (local mode).
+
+    Guarantees (those of `query.ports.VectorSearch`):
+    - The filter is part of the engine request (`query_filter`, served by payload
+      indexes), never applied afterwards, so `limit` results come back whenever that
+      many documents match. It restricts and never changes scores. A filter with an
+      empty list returns [].
+    - At most `limit` candidates, best first, ties broken by `document_id` ascending
+      (also across the `limit` boundary); scores are cosine similarities clamped to
+      [-1, 1].
+    - Exact in local mode and on segments a server has not indexed yet; on HNSW
+      segments approximate with `ef = max(hnsw_ef, limit + 1)`.
+
+    Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
+    dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds,
+    unsafe generation id -> `INVALID_REQUEST`; any other failure -> `DependencyUnavailable`.
+    """
+
+    def __init__(
+        self,
+        client: QdrantClient | None = None,
+        *,
+        url: str | None = None,
+        path: str | None = None,
+        collection_prefix: str = "orrery",
+        hnsw_ef: int = 128,
+    ) -> None:
+        if not _NAME.fullmatch(collection_prefix):
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                "collection_prefix must be 1-128 letters, digits, '_', '.', '-'",
+                {"collection_prefix": collection_prefix},
+            )
+        self._client = _open_client(client, url=url, path=path)
+        options = self._client.init_options
+        self._local = options.get("location") == ":memory:" or options.get("path") is not None
+        self._prefix = collection_prefix
+        self._hnsw_ef = hnsw_ef
+
+    def search(
+        self,
+        generation_id: str,
+        vector: Sequence[float],
+        filter: SearchFilter,
+        limit: int,
+    ) -> list[Candidate]:
+        query_vector = check_query_vector(vector)
+        engine_filter = qdrant_filter(filter)
+        if limit <= 0 or filter.matches_nothing():
+            return []
+        check_generation_id(generation_id)
+        collection = f"{self._prefix}-{generation_id}"
+        points = self._top(collection, generation_id, query_vector, engine_filter, limit)
+        return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
+
+    def close(self) -> None:
+        """Close the client (shared with a projector index in local mode: close once)."""
+        self._client.close()
+
+    def _top(
+        self,
+        collection: str,
+        generation_id: str,
+        vector: list[float],
+        engine_filter: models.Filter | None,
+        limit: int,
+    ) -> list[models.ScoredPoint]:
+        """The best points, including every point tied with the `limit`-th one.
+
+        The engine orders ties arbitrarily, so one extra point is fetched: if it ties
+        with the last one kept, the tie group may continue and the fetch doubles.
+        """
+        fetch = limit + 1
+        while True:
+            params = None if self._local else models.SearchParams(hnsw_ef=max(self._hnsw_ef, fetch))
+            try:
+                response = self._client.query_points(
+                    collection,
+                    query=vector,
+                    using=VECTOR_NAME,
+                    query_filter=engine_filter,
+                    limit=fetch,
+                    with_payload=list(RETURNED_FIELDS),
+                    with_vectors=False,
+                    search_params=params,
+                )
+            except _DRIVER_ERRORS as error:
+                raise self._diagnose(error, collection, generation_id, len(vector)) from error
+            points = response.points
+            if len(points) < fetch or points[-1].score != points[limit - 1].score:
+                return points
+            fetch *= 2
+
+    def _diagnose(
+        self, error: BaseException, collection: str, generation_id: str, dimension: int
+    ) -> OrreryError:
+        """The `contracts.errors` form of a failed query.
+
+        A server names a dimension mismatch; local mode fails inside numpy instead, so on
+        an unrecognized error the collection's dimension is read back and compared.
+        """
+        if _is_not_found(error):
+            return _coverage_unavailable(generation_id)
+        message = str(error)
+        if "dimension error" not in message.lower():
+            try:
+                vectors = self._client.get_collection(collection).config.params.vectors
+            except _DRIVER_ERRORS as probe_error:
+                if _is_not_found(probe_error):
+                    return _coverage_unavailable(generation_id)
+                return DependencyUnavailable(DEPENDENCY, f"query {generation_id}: {message}")
+            params = vectors.get(VECTOR_NAME) if isinstance(vectors, Mapping) else None
+            if params is None or params.size == dimension:
+                return DependencyUnavailable(DEPENDENCY, f"query {generation_id}: {message}")
+        return OrreryError(
+            ErrorCode.EMBEDDER_MISMATCH,
+            f"query vector does not fit generation {generation_id!r}: {message}",
+            {"generation_id": generation_id, "got_dimension": dimension},
+        )
+
+
+def qdrant_filter(filter: SearchFilter) -> models.Filter | None:
+    """The engine filter equivalent to `filter` (None when it restricts nothing).
+
+    Every clause is a `must`; any-of lists are `MatchAny` on keyword indexes, facets are
+    matched as `"name=value"` strings, time bounds are inclusive datetime ranges in UTC
+    (naive bounds are `INVALID_REQUEST`).
+    """
+    must: list[models.Condition] = []
+    if filter.galaxy is not None:
+        must.append(models.FieldCondition(key=GALAXY, match=models.MatchValue(value=filter.galaxy)))
+    if filter.status is not None:
+        must.append(_any_of(STATUS, list(filter.status)))
+    if filter.visibility is not None:
+        must.append(_any_of(VISIBILITY, list(filter.visibility)))
+    if filter.updated_after is not None or filter.updated_before is not None:
+        after, before = filter.updated_after, filter.updated_before
+        must.append(
+            models.FieldCondition(
+                key=UPDATED_AT,
+                range=models.DatetimeRange(
+                    gte=None if after is None else utc_instant(after),
+                    lte=None if before is None else utc_instant(before),
+                ),
+            )
+        )
+    for name, values in sorted(filter.facets.items()):
+        must.append(_any_of(FACETS, facet_terms(name, values)))
+    if filter.document_ids is not None:
+        must.append(_any_of(DOCUMENT_ID, list(filter.document_ids)))
+    return models.Filter(must=must) if must else None
+
+
+def _any_of(field: str, values: list[str]) -> models.FieldCondition:
+    return models.FieldCondition(key=field, match=models.MatchAny(any=values))
+
+
+def _open_client(client: QdrantClient | None, *, url: str | None, path: str | None) -> QdrantClient:
+    if sum(option is not None for option in (client, url, path)) != 1:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST, "give exactly one of client, url or path (local mode)"
+        )
+    if client is not None:
+        return client
+    try:
+        if url is not None:
+            # No version probe at construction: it is a network call that only warns.
+            return QdrantClient(url=url, check_compatibility=False)
+        if path == ":memory:":
+            return QdrantClient(location=":memory:")
+        return QdrantClient(path=path)
+    except _DRIVER_ERRORS as error:  # local mode: the directory is locked by another client
+        raise DependencyUnavailable(DEPENDENCY, f"open client: {error}") from error
+
+
+def _is_not_found(error: BaseException) -> bool:
+    """Whether a driver error says the collection does not exist."""
+    if isinstance(error, UnexpectedResponse):
+        return error.status_code == 404
+    if isinstance(error, grpc.RpcError):
+        code = getattr(error, "code", None)
+        return callable(code) and code() == grpc.StatusCode.NOT_FOUND
+    message = str(error)
+    # Local mode: ValueError(f"Collection {name} not found").
+    return (
+        isinstance(error, ValueError)
+        and message.startswith("Collection ")
+        and message.endswith(" not found")
+    )
+
+
+def _coverage_unavailable(generation_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.COVERAGE_UNAVAILABLE,
+        f"no vector index for generation {generation_id!r}",
+        {"generation_id": generation_id},
+    )

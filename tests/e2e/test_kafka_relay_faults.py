@@ -1,0 +1,308 @@
+"""Outbox relay → Kafka → `KafkaEventLog` under faults, against the harness broker.
+
+"Kafka down" is a publisher pointed at a closed loopback port: the shared broker keeps
+running for the other tests. Every test uses its own topic prefix and consumer groups
+and drops them afterwards.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.errors import DependencyUnavailable
+from contracts.events import LogEntry
+from contracts.records import Record
+from ingest.adapters.kafka_publisher import (
+    POSITION_HEADER,
+    KafkaEventPublisher,
+    KafkaPublisherSettings,
+    topic_for,
+)
+from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
+from ingest.adapters.sqlite_store import SqliteRecordStore
+from ingest.entrypoints.relay import RelayLoop
+from ingest.model import Decision
+from ingest.relay import relay_outbox
+from ingest.relay_ports import EventPublisher
+from projector.adapters.kafka_log import KafkaEventLog, KafkaLogSettings
+from tests.conftest import require_server
+
+pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
+
+NS = "faults"
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rec(item: str, revision: int, body: str = "") -> Record:
+    return Record.model_validate(
+        {
+            "namespace": NS,
+            "snapshot_kind": "objects",
+            "item_id": item,
+            "revision": revision,
+            "text": {"title": f"{item} r{revision}", "body": body},
+        }
+    )
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@dataclass
+class KafkaRun:
+    """One test's canonical store, outbox reader, and uniquely named Kafka resources."""
+
+    bootstrap: str
+    tmp: Path
+    run: str = field(default_factory=lambda: f"orrery-e2e-{uuid.uuid4().hex[:12]}")
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.store = SqliteRecordStore(self.tmp / "orrery.sqlite")
+        self.source = SqliteOutboxReader(self.tmp / "orrery.sqlite")
+        self.closers += [self.store.close, self.source.close]
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.run}.records"
+
+    def write(self, records: list[Record]) -> set[tuple[str, int]]:
+        outcomes = self.store.write(records)
+        assert all(o.decision is Decision.ACCEPTED for o in outcomes)
+        return {(o.document_id, o.revision) for o in outcomes if o.document_id is not None}
+
+    def publisher(self, bootstrap: str | None = None, **overrides: Any) -> KafkaEventPublisher:
+        settings: dict[str, Any] = {
+            "topic_prefix": self.prefix,
+            "partitions": 3,
+            "replication_factor": 1,
+            "request_timeout_ms": 5_000,
+            "ack_timeout_ms": 10_000,
+            "bootstrap_timeout_ms": 3_000,
+            "connect_timeout_s": 1.0,
+            "attempts": 3,
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 0.2,
+        }
+        settings.update(overrides)
+        publisher = KafkaEventPublisher(
+            KafkaPublisherSettings(bootstrap or self.bootstrap, **settings)
+        )
+        self.closers.append(publisher.close)
+        return publisher
+
+    def log(self, group: str = "projector") -> KafkaEventLog:
+        group_id = f"{self.run}-{group}"
+        if group_id not in self.groups:
+            self.groups.append(group_id)
+        log = KafkaEventLog(
+            KafkaLogSettings(
+                self.bootstrap,
+                group_id=group_id,
+                topic_prefix=self.prefix,
+                session_timeout_ms=6_000,
+                heartbeat_interval_ms=1_000,
+                max_poll_interval_ms=10_000,
+                metadata_max_age_ms=1_000,
+                poll_timeout_ms=200,
+                join_timeout_ms=15_000,
+                request_timeout_ms=5_000,
+                bootstrap_timeout_ms=5_000,
+            )
+        )
+        self.closers.append(log.close)
+        return log
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            close()
+        from kafka import KafkaAdminClient  # after the adapters imported kafka quietly
+
+        admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5_000)
+        try:
+            topics = [t for t in admin.list_topics() if t.startswith(f"{self.prefix}.")]
+            if topics:
+                admin.delete_topics(topics, timeout_ms=5_000)
+            if self.groups:
+                admin.delete_groups(self.groups)
+        finally:
+            admin.close()
+
+
+@pytest.fixture
+def kafka_run(tmp_path: Path) -> Iterator[KafkaRun]:
+    run = KafkaRun(require_server("kafka"), tmp_path)
+    yield run
+    run.close()
+
+
+def read_all(log: KafkaEventLog, expected: int, timeout: float = 30.0) -> list[LogEntry]:
+    """Fetch until `expected` entries arrived (bounded), then check nothing else waits."""
+    entries: list[LogEntry] = []
+    deadline = time.monotonic() + timeout
+    while len(entries) < expected:
+        assert time.monotonic() < deadline, f"got {len(entries)} of {expected} entries"
+        entries.extend(log.fetch(100))
+    entries.extend(log.fetch(100))
+    return entries
+
+
+def test_events_written_while_kafka_is_down_are_published_once_it_is_back(
+    kafka_run: KafkaRun,
+) -> None:
+    expected = kafka_run.write([rec(f"doc-{i}", 1) for i in range(20)])
+    expected |= kafka_run.write([rec(f"doc-{i}", 2) for i in range(0, 20, 2)])
+    down = kafka_run.publisher(f"127.0.0.1:{closed_port()}", attempts=2)
+
+    with pytest.raises(DependencyUnavailable) as raised:
+        relay_outbox(source=kafka_run.source, publisher=down, batch_size=8)
+    assert raised.value.details["dependency"] == "kafka"
+    assert len(kafka_run.source.unpublished(1_000)) == 30
+
+    current: dict[str, EventPublisher] = {"publisher": down}
+    loop = RelayLoop(
+        lambda: relay_outbox(source=kafka_run.source, publisher=current["publisher"], batch_size=8),
+        poll_seconds=0.05,
+        initial_backoff_seconds=0.05,
+        max_backoff_seconds=0.3,
+    )
+    loop.start()
+    try:
+        wait_until(lambda: loop.status()["relay"]["consecutive_errors"] >= 3, 20, "relay failures")
+        status = loop.status()["relay"]
+        assert status["running"] and status["published"] == 0
+        assert "DependencyUnavailable" in status["last_error"]
+        expected |= kafka_run.write([rec(f"late-{i}", 1) for i in range(5)])
+        assert len(kafka_run.source.unpublished(1_000)) == 35
+
+        current["publisher"] = kafka_run.publisher()
+        loop.wake()
+        wait_until(lambda: not kafka_run.source.unpublished(1), 30, "the outbox to drain")
+    finally:
+        loop.stop(timeout=30)
+    status = loop.status()["relay"]
+    assert not status["running"]
+    assert status["published"] == 35 and status["consecutive_errors"] == 0
+
+    log = kafka_run.log()
+    entries = read_all(log, expected=35)
+    seen = {(e.event.document_id, e.event.revision) for e in entries}
+    assert seen == expected and len(seen) == 35  # none lost, none extra after dedupe
+    assert sorted({e.position for e in entries}) == list(range(1, 36))
+    assert log.high_water() == kafka_run.store.high_water() == 35
+    log.acknowledge(entries)
+
+
+def test_unacknowledged_entries_go_to_the_next_member_of_the_group(kafka_run: KafkaRun) -> None:
+    kafka_run.write([rec(f"doc-{i}", 1) for i in range(24)])
+    assert relay_outbox(source=kafka_run.source, publisher=kafka_run.publisher(), batch_size=50)
+    first = kafka_run.log("projector")
+    acknowledged = first.fetch(5)
+    assert acknowledged
+    first.acknowledge(acknowledged)
+    unacknowledged = read_all(first, expected=24 - len(acknowledged))
+    assert len(unacknowledged) == 24 - len(acknowledged)
+    first.close()  # a crash before acknowledging: nothing more is committed
+
+    second = kafka_run.log("projector")
+    again = read_all(second, expected=len(unacknowledged))
+    assert sorted(e.position for e in again) == sorted(e.position for e in unacknowledged)
+    assert not {e.position for e in again} & {e.position for e in acknowledged}
+    second.acknowledge(again)
+
+
+def test_relay_keeps_each_documents_order_across_three_partitions(kafka_run: KafkaRun) -> None:
+    documents = [f"doc-{i}" for i in range(12)]
+    revisions = 10
+    shuffle = random.Random(7)
+    for revision in range(1, revisions + 1):
+        batch = [rec(doc, revision, body=f"b{revision}") for doc in documents]
+        shuffle.shuffle(batch)
+        kafka_run.write(batch[:5])
+        kafka_run.write(batch[5:])
+    total = len(documents) * revisions
+    published = relay_outbox(source=kafka_run.source, publisher=kafka_run.publisher(), batch_size=7)
+    assert published == total
+
+    # What the broker holds: one partition per document, positions rising per partition.
+    raw = _read_partitions(kafka_run.bootstrap, topic_for(kafka_run.prefix, NS), total)
+    partition_of: dict[str, set[int]] = defaultdict(set)
+    for partition, records in raw.items():
+        positions = [int(dict(r.headers)[POSITION_HEADER]) for r in records]
+        assert positions == sorted(positions) and len(set(positions)) == len(positions)
+        for record in records:
+            partition_of[record.key.decode()].add(partition)
+    assert all(len(parts) == 1 for parts in partition_of.values())
+    assert len({p for parts in partition_of.values() for p in parts}) > 1
+
+    # What a projector sees: every document's revisions in order, positions rising.
+    entries = read_all(kafka_run.log(), expected=total)
+    assert len(entries) == total
+    by_document: dict[str, list[LogEntry]] = defaultdict(list)
+    for entry in entries:
+        by_document[entry.event.document_id].append(entry)
+    for doc_entries in by_document.values():
+        assert [e.event.revision for e in doc_entries] == list(range(1, revisions + 1))
+        assert [e.position for e in doc_entries] == sorted(e.position for e in doc_entries)
+
+
+def _read_partitions(bootstrap: str, topic: str, expected: int) -> dict[int, list[Any]]:
+    """Every record of `topic`, by partition, read without a group."""
+    from kafka import KafkaConsumer  # after the adapters imported kafka quietly
+    from kafka.structs import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        partitions = [
+            TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))
+        ]
+        assert len(partitions) == 3
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        records: dict[int, list[Any]] = defaultdict(list)
+        deadline = time.monotonic() + 30
+        while sum(len(r) for r in records.values()) < expected:
+            assert time.monotonic() < deadline, "timed out reading the topic"
+            for partition, batch in consumer.poll(timeout_ms=200).items():
+                records[partition.partition].extend(batch)
+        return dict(records)
+    finally:
+        consumer.close(autocommit=False)
+
+
+def test_log_reports_kafka_unavailable_instead_of_hanging(kafka_run: KafkaRun) -> None:
+    down = KafkaEventLog(
+        KafkaLogSettings(
+            f"127.0.0.1:{closed_port()}", group_id=f"{kafka_run.run}-down", connect_timeout_s=1.0
+        )
+    )
+    try:
+        for call in (lambda: down.fetch(10), down.high_water):
+            with pytest.raises(DependencyUnavailable) as raised:
+                call()
+            assert raised.value.details["dependency"] == "kafka"
+        down.reset()  # nothing fetched, nothing to rewind
+        down.acknowledge([])
+    finally:
+        down.close()
