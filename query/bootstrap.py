@@ -11,9 +11,10 @@ from query.adapters.memory_cache import MemoryCache
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.sqlite_routing import SqliteRecordReader, SqliteRouting
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
+from query.ports import Cache
 from query.service import QueryEmbeddingCache, QueryPorts
 
-__all__ = ["embedded_query_ports"]
+__all__ = ["embedded_query_ports", "server_query_ports"]
 
 
 def embedded_query_ports(
@@ -36,4 +37,34 @@ def embedded_query_ports(
         records=SqliteRecordReader(db_path),
         query_vectors=QueryEmbeddingCache(embedder),
         responses=MemoryCache() if cache_responses else None,
+    )
+
+
+def server_query_ports(
+    db_path: Path,
+    *,
+    embedder: Embedder,
+    opensearch_url: str,
+    opensearch_index_prefix: str,
+    qdrant: Any,
+    qdrant_collection_prefix: str,
+    redis_url: str | None,
+    cache_responses: bool = True,
+) -> QueryPorts:
+    """Query ports over the servers: OpenSearch, Qdrant (`qdrant` is a `QdrantClient`),
+    Redis for responses and query vectors (in-process when `redis_url` is None); routing
+    and payloads from the canonical SQLite database."""
+    # Imported here: the embedded deployment never loads these drivers.
+    from query.adapters.opensearch_lexical import OpenSearchLexicalSearch
+    from query.adapters.qdrant_vectors import QdrantServerVectorSearch
+    from query.adapters.redis_cache import RedisCache
+
+    shared: Cache = MemoryCache() if redis_url is None else RedisCache(redis_url)
+    return QueryPorts(
+        routing=SqliteRouting(db_path),
+        lexical=OpenSearchLexicalSearch(opensearch_url, index_prefix=opensearch_index_prefix),
+        vectors=QdrantServerVectorSearch(qdrant, collection_prefix=qdrant_collection_prefix),
+        records=SqliteRecordReader(db_path),
+        query_vectors=QueryEmbeddingCache(embedder, shared=None if redis_url is None else shared),
+        responses=shared if cache_responses else None,
     )

@@ -2,7 +2,11 @@
 
 Every engine runs every test. To add one, put a factory in `ENGINES` (and its marks, such
 as `servers`, in `ENGINE_MARKS`). A factory opens a fresh pair of adapters over the
-engine's storage for `workdir`; calling it again with the same `workdir` is a restart.
+engine's storage for `workdir`; calling it again with the same `workdir` is a restart
+(for a server engine: new clients on the same indexes). `LexicalPair.close` releases
+everything the factory opened.
+
+The last section checks that the engines agree with each other (BM25 order, analysis).
 """
 
 from __future__ import annotations
@@ -21,17 +25,21 @@ from hypothesis import strategies as st
 from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index import TITLE_BOOST, Candidate, IndexDocument, SearchFilter
+from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
 from projector.ports import LexicalIndex
+from query.adapters.opensearch_lexical import OpenSearchLexicalSearch
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from query.ports import LexicalSearch
 from tests.conformance.corpus import CORPUS, doc
+from tests.conftest import require_server
 
 
 @dataclass
 class LexicalPair:
     index: LexicalIndex
     search: LexicalSearch
+    close: Callable[[], None]
 
 
 EngineFactory = Callable[[Path], LexicalPair]
@@ -39,11 +47,29 @@ EngineFactory = Callable[[Path], LexicalPair]
 
 def _tantivy(workdir: Path) -> LexicalPair:
     index = TantivyLexicalIndex(workdir / "tantivy")
-    return LexicalPair(index=index, search=TantivyLexicalSearch(index.index_for))
+    return LexicalPair(index=index, search=TantivyLexicalSearch(index.index_for), close=index.close)
 
 
-ENGINES: dict[str, EngineFactory] = {"tantivy": _tantivy}
-ENGINE_MARKS: dict[str, Sequence[pytest.MarkDecorator]] = {}
+# One prefix per test run: every index this run creates is `orrery-test-<uuid8>-<generation>`.
+OPENSEARCH_PREFIX = f"orrery-test-{uuid.uuid4().hex[:8]}"
+
+
+def _opensearch(workdir: Path) -> LexicalPair:
+    url = require_server("opensearch")
+    # The default `wait_for` refresh policy, with a shorter interval than production's
+    # 1 s, so that each `apply` waits ~0.1 s instead of up to a second.
+    index = OpenSearchLexicalIndex(url, index_prefix=OPENSEARCH_PREFIX, refresh_interval="100ms")
+    search = OpenSearchLexicalSearch(url, index_prefix=OPENSEARCH_PREFIX)
+
+    def close() -> None:
+        index.close()
+        search.close()
+
+    return LexicalPair(index=index, search=search, close=close)
+
+
+ENGINES: dict[str, EngineFactory] = {"tantivy": _tantivy, "opensearch": _opensearch}
+ENGINE_MARKS: dict[str, Sequence[pytest.MarkDecorator]] = {"opensearch": [pytest.mark.servers]}
 
 
 class Lexical:
@@ -83,7 +109,7 @@ class Lexical:
         return [(c.document_id, c.revision) for c in self.query(text, limit=limit)]
 
     def restart(self) -> None:
-        self.index.close()
+        self.pair.close()
         self.pair = self._factory(self._workdir)
 
 
@@ -93,7 +119,7 @@ def lexical(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lexical]
     harness.index.create(harness.generation_id)
     yield harness
     harness.index.drop(harness.generation_id)
-    harness.index.close()
+    harness.pair.close()
 
 
 @pytest.fixture
@@ -125,6 +151,17 @@ def test_apply_is_visible_when_it_returns(lexical: Lexical) -> None:
 def test_unknown_generation_is_coverage_unavailable(lexical: Lexical) -> None:
     with pytest.raises(OrreryError) as raised:
         lexical.search.search(f"missing-{uuid.uuid4().hex[:8]}", "thermos", SearchFilter(), 10)
+    assert raised.value.code is ErrorCode.COVERAGE_UNAVAILABLE
+
+
+def test_writes_to_an_unknown_generation_are_coverage_unavailable(lexical: Lexical) -> None:
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(OrreryError) as raised:
+        lexical.index.apply(missing, [doc("m1", title="nowhere")], [])
+    assert raised.value.code is ErrorCode.COVERAGE_UNAVAILABLE
+    # Nothing was created on the way (a server engine must not auto-create the index).
+    with pytest.raises(OrreryError) as raised:
+        lexical.index.evidence(missing)
     assert raised.value.code is ErrorCode.COVERAGE_UNAVAILABLE
 
 
@@ -195,6 +232,14 @@ def test_unknown_words_match_nothing(corpus: Lexical) -> None:
 
 def test_repeated_words_count_once(corpus: Lexical) -> None:
     assert corpus.query("thermos thermos THERMOS") == corpus.query("thermos")
+
+
+def test_a_query_with_very_many_distinct_words_still_answers(corpus: Lexical) -> None:
+    # About 4 000 characters (the API's limit), far more words than an engine's clause
+    # limit; the words that count come first.
+    text = "thermos " + " ".join(f"q{n:x}" for n in range(800))
+    assert len(text) <= 4_096
+    assert corpus.ids(text) == corpus.ids("thermos")
 
 
 # -- text analysis ------------------------------------------------------------------
@@ -511,6 +556,19 @@ def test_delete_wins_a_tie_with_an_upsert_in_one_batch(lexical: Lexical) -> None
     assert lexical.pairs() == [("y2", 3)]
 
 
+def test_long_and_unusual_document_ids_are_kept_exactly(lexical: Lexical) -> None:
+    # 256 characters of 3 UTF-8 bytes each: longer than some engines' native ids.
+    long_id = "ü" + "中" * 255
+    odd_ids = [long_id, "~tilde", "with space/and:colon", "ÄÖÜ"]
+    lexical.apply([doc(document_id, title="oddity") for document_id in odd_ids])
+    assert set(lexical.ids("oddity")) == set(odd_ids)
+    assert lexical.id_set(SearchFilter(document_ids=(long_id, "~tilde"))) == {long_id, "~tilde"}
+    evidence = lexical.index.evidence(lexical.generation_id)
+    assert evidence.id_set_digest == id_set_digest([(document_id, 1) for document_id in odd_ids])
+    lexical.apply([doc(long_id, revision=2, title="changed")], [("~tilde", 1)])
+    assert lexical.pairs() == sorted([(long_id, 2), ("with space/and:colon", 1), ("ÄÖÜ", 1)])
+
+
 def test_evidence_is_the_digest_of_live_pairs(corpus: Lexical) -> None:
     corpus.apply([doc("d2", revision=4, title="kettle"), doc("d9", revision=2)], [("d4", 1)])
     expected = [("d1", 1), ("d2", 4), ("d3", 1), ("d5", 1), ("d9", 2)]
@@ -543,3 +601,104 @@ def test_searches_run_while_batches_are_applied(lexical: Lexical) -> None:
             reader.join()
     assert errors == []
     assert lexical.pairs("busy") == [(f"w{n}", 20) for n in range(10)]
+
+
+# -- the engines agree with each other ----------------------------------------------
+
+
+@pytest.fixture
+def both_engines(tmp_path: Path) -> Iterator[dict[str, Lexical]]:
+    """Every engine over one fresh generation each; skips if a server engine is down."""
+    engines: dict[str, Lexical] = {}
+    try:
+        for name, factory in ENGINES.items():
+            harness = Lexical(factory, tmp_path / name, f"agree-{uuid.uuid4().hex[:12]}")
+            harness.index.create(harness.generation_id)
+            engines[name] = harness
+        yield engines
+    finally:
+        for harness in engines.values():
+            harness.index.drop(harness.generation_id)
+            harness.pair.close()
+
+
+AGREEMENT_QUERIES = [
+    "red thermos",
+    "thermos",
+    "the red thermos kettle",
+    "kettle thermos",
+    "the",
+    "hose shed kitchen",
+    "Wo stand früher meine rote Thermoskanne?",
+]
+
+
+@pytest.mark.servers
+def test_bm25_order_and_scores_agree_across_engines(both_engines: dict[str, Lexical]) -> None:
+    for harness in both_engines.values():
+        harness.apply(CORPUS)
+    for text in AGREEMENT_QUERIES:
+        results = {name: harness.query(text, limit=3) for name, harness in both_engines.items()}
+        (reference_name, reference), *others = results.items()
+        for name, candidates in others:
+            assert [c.document_id for c in candidates] == [c.document_id for c in reference], (
+                f"{text!r}: {name} and {reference_name} disagree on the top 3"
+            )
+            for mine, theirs in zip(candidates, reference, strict=True):
+                assert mine.score == pytest.approx(theirs.score, rel=1e-3)
+
+
+# Texts that exercise the analyzer's corners: folding, case mapping, the token byte limit
+# (tokens of 40+ UTF-8 bytes are dropped) and separators.
+ANALYSIS_TEXTS = {
+    "a1": "Die Straße am Café Müller, ÆON œuvre ﬁx",
+    "a2": "İstanbul ΣΊΣΥΦΟΣ don't 3.14 x² ½",
+    "a3": "a" * 39 + " " + "b" * 40,
+    "a4": "é" * 19 + " " + "ê" * 20,
+    "a5": "中" * 13 + " " + "文" * 14,
+    "a6": "\U0001d400" * 9 + "aaa" + " " + "\U0001d401" * 10,
+    "a7": "left\ue000right under_score dash-word",
+    "a8": "Ⓐb a\u0915\u093f 中文字",
+}
+ANALYSIS_QUERIES = [
+    "strasse",
+    "CAFE",
+    "muller",
+    "aeon",
+    "oeuvre",
+    "fix",
+    "i\u0307stanbul",
+    "istanbul",
+    "İSTANBUL",
+    "σίσυφοσ",
+    "don",
+    "14",
+    "x2",
+    "½",
+    "a" * 39,
+    "b" * 40,
+    "e" * 19,
+    "ê" * 20,
+    "e" * 20,
+    "中" * 13,
+    "文" * 14,
+    "\U0001d400" * 9 + "AAA",
+    "\U0001d401" * 10,
+    "left",
+    "right",
+    "under",
+    "score",
+    "word",
+    "ab",
+    "a\u0915\u093f",
+    "中文字",
+]
+
+
+@pytest.mark.servers
+def test_text_analysis_agrees_across_engines(both_engines: dict[str, Lexical]) -> None:
+    for harness in both_engines.values():
+        harness.apply([doc(document_id, body=text) for document_id, text in ANALYSIS_TEXTS.items()])
+    for text in ANALYSIS_QUERIES:
+        found = {name: set(harness.ids(text)) for name, harness in both_engines.items()}
+        assert len(set(map(frozenset, found.values()))) == 1, f"{text!r}: {found}"

@@ -1,0 +1,630 @@
+"""BM25 indexes in OpenSearch: one index per generation, named `{index_prefix}-{generation_id}`.
+
+The text analyzer reproduces `contracts.index_fields.TEXT_ANALYZER` (what
+`projector.adapters.tantivy_lexical` registers in tantivy) with built-in OpenSearch
+components, no scripts:
+
+- tokens are maximal runs of Unicode alphanumerics (`\\p{IsAlphabetic}` or `\\p{N}`, which is
+  Rust's `char::is_alphanumeric`);
+- a token of `TEXT_TOKEN_MAX_BYTES` or more UTF-8 bytes is dropped. OpenSearch counts
+  UTF-16 units, not bytes, so char filters first append one private-use marker (U+E000) per
+  extra UTF-8 byte of every non-ASCII alphanumeric; the `length` filter then sees the byte
+  length, and the markers are removed again before lowercasing (an U+E000 in the text is a
+  separator, as in tantivy);
+- `İ` (U+0130) becomes `i̇` (Rust's full lowercase mapping; Java's simple mapping gives `i`),
+  then `lowercase` and `asciifolding`.
+
+Known divergence: characters that Java 17's Unicode 13 does not know (Unicode 14 and later
+additions, e.g. Vithkuqi, Toto, U+0870-U+088E) are separators here and letters in tantivy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
+from opensearchpy.exceptions import OpenSearchException, TransportError
+
+from contracts.digests import id_set_digest
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.index import IndexDocument
+from contracts.index_fields import (
+    BODY,
+    DOCUMENT_ID,
+    FACET_SEPARATOR,
+    FACETS,
+    GALAXY,
+    ITEM_ID,
+    REVISION,
+    RING,
+    STATUS,
+    TAGS,
+    TEXT_ANALYZER,
+    TEXT_FIELDS,
+    TEXT_TOKEN_MAX_BYTES,
+    TITLE,
+    UPDATED_AT,
+    UPDATED_AT_MICROS,
+    VISIBILITY,
+)
+from projector.ports import IndexEvidence
+
+__all__ = [
+    "DEFAULT_BULK_ACTIONS",
+    "DEFAULT_INDEX_PREFIX",
+    "DEFAULT_REFRESH_INTERVAL",
+    "OpenSearchLexicalIndex",
+    "RefreshPolicy",
+    "index_body",
+]
+
+DEFAULT_INDEX_PREFIX = "orrery"
+# Operations per `_bulk` request; an `apply` larger than this is sent in several requests.
+DEFAULT_BULK_ACTIONS = 1_000
+# How often OpenSearch refreshes on its own. With the `wait_for` policy, `apply` returns
+# after the next scheduled refresh: at most this long, on average half of it.
+DEFAULT_REFRESH_INTERVAL = "1s"
+REQUEST_TIMEOUT_S = 10
+MAX_RETRIES = 2
+
+RefreshPolicy = Literal["wait_for", "true"]
+
+_ENGINE = "opensearch"
+_QUERY_ANALYZER = f"{TEXT_ANALYZER}_query"
+# Index names must be lowercase and free of `\\/*?"<>|,# ` (so a name is never a pattern).
+_GENERATION_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+_INDEX_PREFIX = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_ALIAS = re.compile(r"[a-z0-9][a-z0-9._-]{0,199}")
+# OpenSearch rejects an `_id` longer than 512 bytes.
+_MAX_ID_BYTES = 512
+_HASHED_ID_MARK = "~"
+_SCROLL_KEEPALIVE = "1m"
+_SCROLL_PAGE = 5_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+# Bulk item statuses that leave the index as the port promises: a stale write (409, the
+# external version is not newer) and a delete of a document that is not there (404).
+_NO_OP_STATUSES = frozenset({409})
+_NO_OP_DELETE_STATUSES = frozenset({404, 409})
+
+_ALNUM = r"\p{IsAlphabetic}\p{N}"
+_MARKER = "\ue000"
+
+
+def _marker_filter(low: int, high: int, markers: int) -> dict[str, str]:
+    """Appends `markers` U+E000 after every alphanumeric in [low, high].
+
+    The range comes first in the class intersection: it is the cheap test, and fails for
+    every ASCII character.
+    """
+    return {
+        "type": "pattern_replace",
+        "pattern": rf"([\x{{{low:X}}}-\x{{{high:X}}}&&[{_ALNUM}]])",
+        "replacement": "$1" + _MARKER * markers,
+    }
+
+
+def _analysis() -> dict[str, Any]:
+    """The `analysis` settings: `TEXT_ANALYZER` and its query-side twin (deduplicated)."""
+    char_filters = ["orrery_marker_as_separator", "orrery_utf8_2", "orrery_utf8_3_4"]
+    token_filters = ["orrery_max_bytes", "orrery_unmark", "orrery_dotted_i", "lowercase"]
+    token_filters.append("asciifolding")
+    return {
+        "char_filter": {
+            "orrery_marker_as_separator": {
+                "type": "mapping",
+                "mappings": [f"{_MARKER} => \\u0020"],
+            },
+            "orrery_utf8_2": _marker_filter(0x80, 0x7FF, 1),
+            # 3 UTF-8 bytes in the BMP; a supplementary character (4 bytes) is already 2
+            # UTF-16 units, so both get 2 markers.
+            "orrery_utf8_3_4": _marker_filter(0x800, 0x10FFFF, 2),
+        },
+        "tokenizer": {
+            "orrery_alphanumeric_runs": {
+                "type": "pattern",
+                "pattern": rf"[^{_ALNUM}\x{{E000}}]+",
+            }
+        },
+        "filter": {
+            # tantivy's `remove_long(n)` keeps tokens shorter than n bytes.
+            "orrery_max_bytes": {"type": "length", "min": 0, "max": TEXT_TOKEN_MAX_BYTES - 1},
+            "orrery_unmark": {"type": "pattern_replace", "pattern": r"\x{E000}", "replacement": ""},
+            "orrery_dotted_i": {
+                "type": "pattern_replace",
+                "pattern": r"\x{130}",
+                "replacement": "i\u0307",
+            },
+            "orrery_unique": {"type": "unique", "only_on_same_position": False},
+        },
+        "analyzer": {
+            TEXT_ANALYZER: {
+                "type": "custom",
+                "char_filter": char_filters,
+                "tokenizer": "orrery_alphanumeric_runs",
+                "filter": token_filters,
+            },
+            # Repeated query words count once, as in tantivy.
+            _QUERY_ANALYZER: {
+                "type": "custom",
+                "char_filter": char_filters,
+                "tokenizer": "orrery_alphanumeric_runs",
+                "filter": [*token_filters, "orrery_unique"],
+            },
+        },
+    }
+
+
+def _mappings() -> dict[str, Any]:
+    text = {
+        "type": "text",
+        "analyzer": TEXT_ANALYZER,
+        "search_analyzer": _QUERY_ANALYZER,
+        "similarity": "BM25",
+    }
+    keyword = {"type": "keyword"}
+    properties: dict[str, Any] = {name: dict(text) for name in TEXT_FIELDS}
+    for name in (DOCUMENT_ID, ITEM_ID, GALAXY, RING, STATUS, VISIBILITY, FACETS):
+        properties[name] = dict(keyword)
+    properties[REVISION] = {"type": "long"}
+    # Millisecond precision, for outside readers; filters use the exact microseconds.
+    properties[UPDATED_AT] = {"type": "date", "format": "strict_date_optional_time"}
+    properties[UPDATED_AT_MICROS] = {"type": "long"}
+    return {
+        "dynamic": "strict",
+        "_meta": {"orrery": {"text_analyzer": TEXT_ANALYZER, "document": "index-document@1"}},
+        "properties": properties,
+    }
+
+
+def index_body(
+    *, shards: int = 1, replicas: int = 0, refresh_interval: str = DEFAULT_REFRESH_INTERVAL
+) -> dict[str, Any]:
+    """The body of `PUT /{index}` for one generation: settings, analysis, strict mapping."""
+    return {
+        "settings": {
+            "index": {
+                "number_of_shards": shards,
+                "number_of_replicas": replicas,
+                # Set explicitly, so a shard never goes "search idle" and skips refreshes.
+                "refresh_interval": refresh_interval,
+            },
+            "analysis": _analysis(),
+        },
+        "mappings": _mappings(),
+    }
+
+
+class OpenSearchLexicalIndex:
+    """`LexicalIndex` over OpenSearch, one index `{index_prefix}-{generation_id}` per generation.
+
+    Guarantees, beyond the port's:
+    - Revisions are OpenSearch external versions: an upsert is indexed with
+      `version_type=external` (applied only if its revision is newer than the stored one),
+      a delete with `version_type=external_gte` (applied only if its revision is at least
+      the stored one). Stale writes come back as 409 and are treated as the no-ops they are,
+      so replaying any batch, or a retry of a timed-out request, is harmless.
+    - A delete leaves a tombstone for `index.gc_deletes` (60 s by default): within that time
+      an upsert at a revision not newer than the delete's is refused too; after it, only
+      the projector's own state stops a stale upsert from resurrecting the document.
+    - Visibility: with `refresh="wait_for"` (the default) each bulk request returns after the
+      refresh that makes it searchable, so `apply` takes up to `refresh_interval` but makes
+      no extra segments; `refresh="true"` refreshes at once (low latency, one small segment
+      per call, more merging). An `apply` of more than `bulk_actions` operations is sent in
+      several requests followed by one explicit `_refresh`.
+    - `apply` is not atomic across documents (OpenSearch has no multi-document commit): if
+      it raises, some documents may be written; applying the same call again converges.
+    - Keywords and facet names are checked before anything is written (`INVALID_REQUEST`);
+      a document the engine rejects raises `INVALID_REQUEST` naming it, an overloaded or
+      unreachable engine `DependencyUnavailable("opensearch", ...)`.
+    - `_id` is the `document_id`, or `~` + its sha256 when it is longer than 512 bytes or
+      starts with `~`; the `document_id` field always holds the id itself.
+    - Generation ids must be lowercase (`[a-z0-9][a-z0-9._-]*`, index names cannot hold
+      capitals); an index that does not exist raises `OrreryError(COVERAGE_UNAVAILABLE)`.
+      `apply` checks that the index exists first, so that OpenSearch does not auto-create
+      a dropped generation (a `drop` racing that check can still lose).
+    - No I/O at construction; the client uses a 10 s timeout and retries twice.
+    """
+
+    def __init__(
+        self,
+        client_url: str,
+        *,
+        index_prefix: str = DEFAULT_INDEX_PREFIX,
+        refresh: RefreshPolicy = "wait_for",
+        shards: int = 1,
+        replicas: int = 0,
+        refresh_interval: str = DEFAULT_REFRESH_INTERVAL,
+        bulk_actions: int = DEFAULT_BULK_ACTIONS,
+    ) -> None:
+        if not _INDEX_PREFIX.fullmatch(index_prefix):
+            raise ValueError(f"index prefix must match {_INDEX_PREFIX.pattern}: {index_prefix!r}")
+        if refresh not in ("wait_for", "true"):
+            raise ValueError(f"refresh must be 'wait_for' or 'true', not {refresh!r}")
+        if bulk_actions < 1:
+            raise ValueError("bulk_actions must be positive")
+        self._prefix = index_prefix
+        self._refresh: RefreshPolicy = refresh
+        self._bulk_actions = bulk_actions
+        self._body = index_body(shards=shards, replicas=replicas, refresh_interval=refresh_interval)
+        self._client = OpenSearch(
+            hosts=[client_url],
+            timeout=REQUEST_TIMEOUT_S,
+            max_retries=MAX_RETRIES,
+            retry_on_timeout=True,
+        )
+
+    def index_name(self, generation_id: str) -> str:
+        """The OpenSearch index of `generation_id` (`INVALID_REQUEST` for an invalid id)."""
+        if not _GENERATION_ID.fullmatch(generation_id):
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                "generation id must be 1-128 of [a-z0-9._-], starting alphanumeric",
+                {"engine": _ENGINE, "generation_id": generation_id},
+            )
+        return f"{self._prefix}-{generation_id}"
+
+    # -- LexicalIndex ----------------------------------------------------------------
+
+    def create(self, generation_id: str) -> None:
+        index = self.index_name(generation_id)
+        try:
+            self._client.indices.create(index=index, body=self._body)
+        except TransportError as exc:
+            if exc.error == "resource_already_exists_exception":
+                return
+            raise _translate(exc, "cannot create index", generation_id) from exc
+        except OpenSearchException as exc:
+            raise _translate(exc, "cannot create index", generation_id) from exc
+
+    def apply(
+        self,
+        generation_id: str,
+        upserts: Sequence[IndexDocument],
+        deletes: Sequence[tuple[str, int]],
+    ) -> None:
+        _check_keywords(upserts, deletes)
+        index = self.index_name(generation_id)
+        operations = _newest_operations(upserts, deletes)
+        try:
+            if not self._client.indices.exists(index=index):
+                raise _unknown(generation_id)
+            if not operations:
+                return
+            chunks = list(_chunks(list(operations.values()), self._bulk_actions))
+            for chunk in chunks:
+                self._bulk(index, generation_id, chunk, self._refresh if len(chunks) == 1 else None)
+            if len(chunks) > 1:
+                self._client.indices.refresh(index=index)
+        except OpenSearchException as exc:
+            raise _translate(exc, "apply failed", generation_id) from exc
+
+    def evidence(self, generation_id: str) -> IndexEvidence:
+        index = self.index_name(generation_id)
+        try:
+            pairs = list(self._stored_pairs(index))
+        except OpenSearchException as exc:
+            raise _translate(exc, "cannot read index", generation_id) from exc
+        try:
+            digest = id_set_digest(pairs)
+        except ValueError as exc:
+            raise OrreryError(
+                ErrorCode.INTERNAL, str(exc), {"engine": _ENGINE, "generation_id": generation_id}
+            ) from exc
+        return IndexEvidence(document_count=len(pairs), id_set_digest=digest)
+
+    def drop(self, generation_id: str) -> None:
+        index = self.index_name(generation_id)
+        try:
+            self._client.indices.delete(index=index)
+        except TransportError as exc:
+            if exc.status_code == 404:
+                return
+            raise _translate(exc, "cannot delete index", generation_id) from exc
+        except OpenSearchException as exc:
+            raise _translate(exc, "cannot delete index", generation_id) from exc
+
+    def close(self) -> None:
+        """Close the client's connections. The object is not used afterwards."""
+        self._client.close()
+
+    # -- aliases ---------------------------------------------------------------------
+
+    def mirror_alias(self, alias: str, generation_id: str) -> None:
+        """Point `alias` at this generation's index, and at nothing else, atomically.
+
+        One `POST /_aliases` call removes `alias` from every index that holds it and adds it
+        to `{index_prefix}-{generation_id}`: readers of the alias never see zero or two
+        generations. Idempotent. The alias is only a mirror for outside readers; Orrery's
+        own routing record stays the live pointer.
+        """
+        if not _ALIAS.fullmatch(alias):
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                f"alias must match {_ALIAS.pattern}",
+                {"engine": _ENGINE, "alias": alias},
+            )
+        index = self.index_name(generation_id)
+        actions = [
+            {"remove": {"index": "*", "alias": alias}},
+            {"add": {"index": index, "alias": alias}},
+        ]
+        try:
+            self._client.indices.update_aliases(body={"actions": actions})
+        except OpenSearchException as exc:
+            raise _translate(exc, f"cannot point alias {alias!r}", generation_id) from exc
+
+    # -- internals -------------------------------------------------------------------
+
+    def _bulk(
+        self,
+        index: str,
+        generation_id: str,
+        operations: Sequence[_Operation],
+        refresh: RefreshPolicy | None,
+    ) -> None:
+        lines: list[dict[str, Any]] = []
+        for operation in operations:
+            if isinstance(operation, IndexDocument):
+                meta = {
+                    "_index": index,
+                    "_id": _engine_id(operation.document_id),
+                    "version": operation.revision,
+                    "version_type": "external",
+                }
+                lines.append({"index": meta})
+                lines.append(_source(operation))
+            else:
+                document_id, revision = operation
+                meta = {
+                    "_index": index,
+                    "_id": _engine_id(document_id),
+                    "version": revision,
+                    "version_type": "external_gte",
+                }
+                lines.append({"delete": meta})
+        params = {"refresh": refresh} if refresh is not None else {}
+        response = self._client.bulk(
+            body=lines, params={**params, "filter_path": "errors,items.*.status,items.*.error"}
+        )
+        if response.get("errors"):
+            _raise_item_errors(response.get("items", []), operations, generation_id)
+
+    def _stored_pairs(self, index: str) -> Iterator[tuple[str, int]]:
+        """`(document_id, revision)` of every document, read from doc values by scrolling."""
+        body = {
+            "size": _SCROLL_PAGE,
+            "sort": ["_doc"],
+            "_source": False,
+            "docvalue_fields": [DOCUMENT_ID, REVISION],
+            "query": {"match_all": {}},
+        }
+        page = self._client.search(index=index, body=body, params={"scroll": _SCROLL_KEEPALIVE})
+        scroll_id = page.get("_scroll_id")
+        try:
+            while True:
+                hits = page["hits"]["hits"]
+                for hit in hits:
+                    yield _stored_pair(hit)
+                if len(hits) < _SCROLL_PAGE or scroll_id is None:
+                    return
+                page = self._client.scroll(
+                    body={"scroll": _SCROLL_KEEPALIVE, "scroll_id": scroll_id}
+                )
+                scroll_id = page.get("_scroll_id", scroll_id)
+        finally:
+            # An abandoned scroll expires after its keep-alive anyway.
+            if scroll_id is not None:
+                with contextlib.suppress(OpenSearchException):
+                    self._client.clear_scroll(body={"scroll_id": [scroll_id]})
+
+
+# A pending operation on one document: the revision to write, or `(document_id, revision)`
+# to delete.
+_Operation = IndexDocument | tuple[str, int]
+
+
+def _newest_operations(
+    upserts: Sequence[IndexDocument], deletes: Sequence[tuple[str, int]]
+) -> dict[str, _Operation]:
+    """The one operation per document that wins by revision; a delete wins a tie."""
+    operations: dict[str, _Operation] = {}
+    for document in upserts:
+        current = operations.get(document.document_id)
+        if current is None or _revision(current) < document.revision:
+            operations[document.document_id] = document
+    for document_id, revision in deletes:
+        current = operations.get(document_id)
+        if current is None or _revision(current) <= revision:
+            operations[document_id] = (document_id, revision)
+    return operations
+
+
+def _revision(operation: _Operation) -> int:
+    return operation.revision if isinstance(operation, IndexDocument) else operation[1]
+
+
+def _document_id(operation: _Operation) -> str:
+    return operation.document_id if isinstance(operation, IndexDocument) else operation[0]
+
+
+def _chunks(operations: list[_Operation], size: int) -> Iterator[list[_Operation]]:
+    for start in range(0, len(operations), size):
+        yield operations[start : start + size]
+
+
+def _engine_id(document_id: str) -> str:
+    """The `_id` of a document: its id, unless too long for OpenSearch or ambiguous."""
+    if document_id.startswith(_HASHED_ID_MARK) or len(document_id.encode()) > _MAX_ID_BYTES:
+        return _HASHED_ID_MARK + hashlib.sha256(document_id.encode()).hexdigest()
+    return document_id
+
+
+def _epoch_micros(value: datetime) -> int:
+    """Microseconds since the Unix epoch; a naive datetime is taken as UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def _analyzed(text: str) -> str:
+    """`text` with anything that is not valid Unicode replaced by a separator ("?")."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _source(document: IndexDocument) -> dict[str, Any]:
+    updated_at = document.updated_at.astimezone(UTC)
+    source: dict[str, Any] = {
+        DOCUMENT_ID: document.document_id,
+        REVISION: document.revision,
+        ITEM_ID: document.item_id,
+        GALAXY: document.galaxy,
+        RING: document.ring,
+        STATUS: document.status,
+        UPDATED_AT: updated_at.isoformat(),
+        UPDATED_AT_MICROS: _epoch_micros(updated_at),
+        VISIBILITY: list(document.visibility),
+        FACETS: [
+            f"{name}{FACET_SEPARATOR}{value}"
+            for name, values in sorted(document.facets.items())
+            for value in values
+        ],
+    }
+    # Empty text fields are left out, as in tantivy, so that they do not count in the
+    # field's BM25 statistics.
+    if document.title:
+        source[TITLE] = _analyzed(document.title)
+    if document.body:
+        source[BODY] = _analyzed(document.body)
+    if document.tags:
+        source[TAGS] = [_analyzed(tag) for tag in document.tags]
+    return source
+
+
+def _raise_item_errors(
+    items: Iterable[dict[str, Any]], operations: Sequence[_Operation], generation_id: str
+) -> None:
+    """Raise for bulk items that failed, ignoring the statuses that mean "no-op"."""
+    rejected: list[dict[str, Any]] = []
+    unavailable = False
+    for item, operation in zip(items, operations, strict=False):
+        ((action, result),) = item.items()
+        status = int(result.get("status", 500))
+        if status < 300:
+            continue
+        allowed = _NO_OP_DELETE_STATUSES if action == "delete" else _NO_OP_STATUSES
+        if status in allowed:
+            continue
+        error = result.get("error") or {}
+        unavailable = unavailable or status == 429 or status >= 500
+        rejected.append(
+            {
+                "document_id": _document_id(operation),
+                "status": status,
+                "type": error.get("type", ""),
+                "reason": str(error.get("reason", ""))[:300],
+            }
+        )
+    if not rejected:
+        return
+    details = {"generation_id": generation_id, "documents": rejected[:20], "failed": len(rejected)}
+    if unavailable:
+        raise DependencyUnavailable(_ENGINE, f"{len(rejected)} bulk item(s) failed", details)
+    raise OrreryError(
+        ErrorCode.INVALID_REQUEST,
+        f"opensearch rejected {len(rejected)} document(s)",
+        {"engine": _ENGINE, **details},
+    )
+
+
+def _stored_pair(hit: dict[str, Any]) -> tuple[str, int]:
+    fields = hit.get("fields") or {}
+    document_ids = fields.get(DOCUMENT_ID) or []
+    revisions = fields.get(REVISION) or []
+    if not document_ids or not revisions:
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "index document lacks a document_id or revision",
+            {"engine": _ENGINE, "_id": hit.get("_id")},
+        )
+    return str(document_ids[0]), int(revisions[0])
+
+
+def _check_keywords(upserts: Iterable[IndexDocument], deletes: Iterable[tuple[str, int]]) -> None:
+    """Reject exact-match values the index cannot hold, before anything is written."""
+    for document in upserts:
+        for name in document.facets:
+            if FACET_SEPARATOR in name:
+                raise OrreryError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"facet name must not contain {FACET_SEPARATOR!r}",
+                    {"document_id": document.document_id, "facet": name},
+                )
+        keywords = [
+            document.document_id,
+            document.item_id,
+            document.galaxy,
+            document.ring,
+            document.status,
+            *document.visibility,
+            *(f"{name}{value}" for name, values in document.facets.items() for value in values),
+        ]
+        if not all(_is_unicode(value) for value in keywords):
+            raise _not_unicode(document.document_id)
+    for document_id, _revision in deletes:
+        if not _is_unicode(document_id):
+            raise _not_unicode(document_id)
+
+
+def _is_unicode(value: str) -> bool:
+    """False for strings with lone surrogates (stdlib `json` lets `"\\ud800"` through)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _not_unicode(document_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.INVALID_REQUEST,
+        "keyword values must be valid Unicode (no lone surrogates)",
+        {"document_id": document_id.encode("utf-8", "backslashreplace").decode("utf-8")},
+    )
+
+
+def _unknown(generation_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.COVERAGE_UNAVAILABLE,
+        f"no lexical index for generation {generation_id!r}",
+        {"engine": _ENGINE, "generation_id": generation_id},
+    )
+
+
+def _translate(exc: OpenSearchException, what: str, generation_id: str) -> OrreryError:
+    """The `contracts.errors` form of a driver error."""
+    if isinstance(exc, OpenSearchConnectionError):
+        return DependencyUnavailable(_ENGINE, f"{what}: {exc}", {"generation_id": generation_id})
+    if isinstance(exc, TransportError):
+        status = exc.status_code
+        if exc.error == "index_not_found_exception":
+            return _unknown(generation_id)
+        if not isinstance(status, int) or status in (401, 403, 429) or status >= 500:
+            return DependencyUnavailable(
+                _ENGINE, f"{what}: {exc}", {"generation_id": generation_id, "status": status}
+            )
+        if exc.error in ("invalid_alias_name_exception", "invalid_index_name_exception"):
+            return OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                f"{what}: {exc}",
+                {"engine": _ENGINE, "generation_id": generation_id},
+            )
+    return OrreryError(
+        ErrorCode.INTERNAL, f"{what}: {exc}", {"engine": _ENGINE, "generation_id": generation_id}
+    )
