@@ -107,6 +107,7 @@ def server_projector(
     kafka_session_timeout_ms: int,
     opensearch_url: str,
     opensearch_index_prefix: str,
+    opensearch_refresh_interval: str,
     qdrant: Any,
     qdrant_collection_prefix: str,
 ) -> ServerProjector:
@@ -128,7 +129,11 @@ def server_projector(
             heartbeat_interval_ms=max(1_000, kafka_session_timeout_ms // 6),
         )
     )
-    lexical = OpenSearchLexicalIndex(opensearch_url, index_prefix=opensearch_index_prefix)
+    lexical = OpenSearchLexicalIndex(
+        opensearch_url,
+        index_prefix=opensearch_index_prefix,
+        refresh_interval=opensearch_refresh_interval,
+    )
     vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
     step = functools.partial(
         project_batch,

@@ -41,6 +41,11 @@ class QuerySettings(BaseSettings):
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1_000)
     opensearch_url: str = "http://127.0.0.1:9200"
     opensearch_index_prefix: str = "orrery"
+    opensearch_refresh_interval: str = Field(
+        default="250ms",
+        description="Index refresh interval; writes wait for the next refresh (wait_for), "
+        "so this bounds freshness lag and how often one generation takes a batch.",
+    )
     qdrant_url: str | None = Field(
         default=None,
         description="A Qdrant server; unset = qdrant-client local mode under data_dir "

@@ -28,29 +28,72 @@ indexing threshold (10 MB of vectors by default, ~6.5k vectors at 384-d). Until 
 segment is searched by brute force, which qdrant-edge picks on its own, so search stays
 exact (the same results as `SearchParams(exact=True)`).
 
-**`EdgeShard.optimize()` holds the GIL for its whole run** (qdrant-edge-py 0.9: 4.5-6.5 s
-at 10k 384-d vectors, 13 s at 20k, 100+ s at 100k): in-process, every Python thread of
-the process stops meanwhile - searches, `apply`, an HTTP server. The engine itself would
-serve queries and updates concurrently. Hence two ways to optimize:
-- in-process (`optimize_if_needed`, `start_background_optimizer`): for a process that
-  serves nothing else, or when a pause of that length is acceptable;
-- `in_subprocess=True`: the shard is closed here, a child process loads, optimizes and
-  closes it, then it is reopened. This process keeps running; only that generation is
-  unavailable meanwhile (searches: `COVERAGE_UNAVAILABLE`, `apply`:
-  `DependencyUnavailable`, both retryable). Meant for a generation before it goes live.
+Optimizing without downtime. `EdgeShard.optimize()` holds the GIL for its whole run
+(qdrant-edge-py 0.9: 4.5-6.5 s at 10k 384-d vectors, 13 s at 20k, 100+ s at 100k), so
+run here it would stop every Python thread of the process. `optimize` therefore never
+runs it in this process; it copies, optimizes the copy in a child and swaps:
+
+1. Copy. Under the generation's write lock the live shard is flushed and its directory
+   copied file by file (holes kept) to `root/.<generation>.optimizing`. A copy of a
+   flushed shard, WAL included, loads like the original (qdrant-edge's snapshot calls
+   only consume snapshots a Qdrant server made; they cannot make one). From then on
+   every successful `apply` is also recorded in an in-memory journal (its resolved
+   upserts and deletes); the live shard keeps serving searches and taking writes.
+2. Optimize. A child process (`python -c`, niced) loads the copy, optimizes, flushes and
+   closes it. This process only waits for it, so its GIL stays free.
+3. Catch up. The optimized copy is loaded here and the journal replayed into it through
+   the write path of `apply` (idempotent on revisions): a few rounds without the write
+   lock, then the rest under it. It must then hold as many points as the live shard;
+   it is closed (flushed). `apply` waits from here to the end of the swap.
+4. Swap. The live shard is flushed, the gate of `shard_for` closes (new searches wait)
+   and the swap waits until no caller holds the live shard any more (below); the live
+   shard is closed, its directory renamed to `.<generation>.retired`, the copy renamed
+   into place and loaded, and the gate opens. The retired directory is deleted after.
+
+Pauses that remain (10k 384-d points, 2 busy CPUs, searches and writes running; the
+whole optimize 7-10 s): qdrant-edge holds the GIL in `load`, `flush` and `close` too,
+so each of those stalls the whole process briefly - the longest, the swap's `load`,
+~0.1 s, for which searches wait at the gate (0.12-0.21 s); `apply` waits for the copy
+(~0.2 s) and for the end of the catch-up plus the swap (0.23-0.39 s).
+
+A failure anywhere (copy, child exit status or signal, unexpected child output, replay,
+point count, swap) discards the copy and keeps the old shard (renamed back and reloaded
+if the swap had got that far), then `optimize` raises `DependencyUnavailable`. The old
+shard holds every write throughout, so the journal is simply dropped. An optimize is
+also abandoned when more than `max_journal_documents` are written meanwhile (the
+journal is held in memory) or an `apply` fails on the live shard (it may have changed
+it partially). A crash mid-swap leaves either the old directory at `.retired` and none
+in place (put back when the generation is next opened) or the optimized copy in place,
+complete with the journal; leftovers are removed when the generation is next opened.
+
+Draining callers. A qdrant-edge shard can be closed under a caller, who then fails with
+"not initialized", and `shard_for` hands shards out. So before closing a shard (swap,
+`drop`, `close`) the gate is closed and the closer waits until nothing else references
+the shard object: its CPython reference count drops to the closer's own references. A
+caller that fetches the shard per request, as `query.adapters.qdrant_edge_vectors`
+does, lets go when its request ends. One that keeps it longer than
+`_DRAIN_TIMEOUT_S` makes a swap give up (the old shard stays; a later optimize retries)
+and `drop` / `close` go ahead anyway.
+
+One optimize per generation at a time; `drop` and `close` cancel a running one (its
+child is killed) and wait for it to clean up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import gc
 import json
 import logging
 import math
+import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -99,17 +142,28 @@ _POINT_ID_NAMESPACE = uuid.UUID("5b0f2a71-3c4e-4d38-9f0e-6a1d2c7e8b90")
 _GENERATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 _CONFIG_FILE = "edge_config.json"
 _SCROLL_PAGE = 1_000
-# Run by `optimize(in_subprocess=True)` with the shard path as argv[1]; prints whether
-# segments changed.
+# Run by `optimize` in a child process with the copy's path as argv[1]; its last line of
+# output says whether segments changed. Niced: the HNSW build must not starve serving.
 _OPTIMIZE_SCRIPT = """
+import os
 import sys
 from qdrant_edge import EdgeShard
+os.nice(10)
 shard = EdgeShard.load(sys.argv[1])
 changed = shard.optimize()
 shard.flush()
 shard.close()
-print(changed)
+print("optimized" if changed else "unchanged")
 """
+# How often the optimizer looks at cancellation while its child runs.
+_CHILD_POLL_S = 0.1
+# How long closing a shard waits for callers still holding it (see the module docstring).
+_DRAIN_TIMEOUT_S = 5.0
+_COPY_CHUNK = 1 << 20
+# Catch-up without the write lock chases new writes this many rounds at most, and stops
+# early once at most `_CATCH_UP_SLACK` are left for the round under the lock.
+_CATCH_UP_ROUNDS = 3
+_CATCH_UP_SLACK = 32
 
 _PAYLOAD_INDEXES: dict[str, PayloadSchemaType | PayloadSchemaParams] = {
     "galaxy": KeywordIndexParams(is_tenant=True),
@@ -193,8 +247,77 @@ def payload_of(document: IndexDocument) -> dict[str, Any]:
     }
 
 
+# Resolved writes of one `apply` call: the newest upsert per point, the highest delete
+# revision per point.
+_Writes = tuple[dict[uuid.UUID, IndexDocument], dict[uuid.UUID, int]]
+
+
+@dataclass
+class _OptimizeReport:
+    """Where one optimize spent its time, for the log."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    replayed: int = 0
+    searches_paused: float = 0.0
+
+    @contextlib.contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
+
+    def __str__(self) -> str:
+        phases = ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in self.seconds.items())
+        return (
+            f"{phases}; {self.replayed} writes replayed; "
+            f"searches paused {self.searches_paused * 1000:.1f} ms"
+        )
+
+
+class _Cancelled(Exception):
+    """The generation was dropped or the index closed while an optimize ran."""
+
+
+@dataclass
+class _Journal:
+    """The writes `apply` made to a live shard since it was copied for an optimize.
+
+    Appended under the generation's write lock; read by the catch-up without it (only
+    appended to; `invalidate` rebinds `entries` rather than clearing it in place).
+    """
+
+    limit: int
+    entries: list[_Writes] = field(default_factory=list)
+    documents: int = 0
+    # Why the journal cannot bring the copy up to date (the optimize is abandoned).
+    broken: str | None = None
+
+    def record(self, writes: _Writes) -> None:
+        if self.broken is not None:
+            return
+        self.documents += len(writes[0]) + len(writes[1])
+        if self.documents > self.limit:
+            self.invalidate(f"more than {self.limit} documents were written meanwhile")
+        else:
+            self.entries.append(writes)
+
+    def invalidate(self, reason: str) -> None:
+        if self.broken is None:
+            self.broken = reason
+        self.entries = []
+
+
 @dataclass
 class _Generation:
+    """One open shard and what coordinates its users.
+
+    `shard` is replaced only under `write_lock` with the gate closed, so writers (under
+    `write_lock`) and readers (through `reader_shard`) always get the current, open one.
+    """
+
     shard: EdgeShard
     dimension: int | None
     indexing_threshold_kb: int
@@ -202,6 +325,53 @@ class _Generation:
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One optimize at a time per shard; `drop` and `close` wait for a running one.
     optimize_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set by `drop` / `close`: a running optimize stops (kills its child) and cleans up.
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # Readers wait while `gated`; `closed` once the shard is closed for good.
+    gate: threading.Condition = field(default_factory=threading.Condition)
+    gated: bool = False
+    closed: bool = False
+    # Set while an optimize works on a copy: the writes the copy lacks.
+    journal: _Journal | None = None
+
+    def reader_shard(self) -> EdgeShard | None:
+        """The open shard (None once closed); waits while the gate is closed."""
+        with self.gate:
+            while self.gated:
+                self.gate.wait()
+            return None if self.closed else self.shard
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[bool]:
+        """Close the gate and wait for callers to let go of `shard`.
+
+        Yields whether they did within `_DRAIN_TIMEOUT_S`; the gate reopens on exit.
+        """
+        with self.gate:
+            self.gated = True
+        try:
+            yield self._drained(time.monotonic() + _DRAIN_TIMEOUT_S)
+        finally:
+            with self.gate:
+                self.gated = False
+                self.gate.notify_all()
+
+    def _drained(self, deadline: float) -> bool:
+        delay = 0.0002
+        collected = False
+        # Two references are ours: this attribute and getrefcount's argument. Any other is
+        # a caller still using the shard (readers hold it for the length of a request).
+        while sys.getrefcount(self.shard) > 2:
+            if time.monotonic() >= deadline:
+                return False
+            if not collected and time.monotonic() >= deadline - _DRAIN_TIMEOUT_S / 2:
+                # A reference may be stuck in a garbage cycle (an exception's traceback).
+                gc.collect()
+                collected = True
+                continue
+            time.sleep(delay)
+            delay = min(2 * delay, 0.005)
+        return True
 
 
 class QdrantEdgeVectorIndex:
@@ -218,21 +388,32 @@ class QdrantEdgeVectorIndex:
       anything else rejects the whole call with `EMBEDDER_MISMATCH` before any write.
     - `evidence` is read back from a full scroll of the shard.
     - Generations created by an earlier process are opened lazily on first use.
-    - HNSW is built by `optimize` / `optimize_if_needed` / `start_background_optimizer`;
-      until then (and for points written since) search is exact brute force.
+    - HNSW is built by `optimize` / `optimize_if_needed` / `start_background_optimizer`
+      in a child process, on a copy swapped in when done (module docstring): the
+      generation keeps serving and taking writes, none is lost, searches pause only
+      for the swap itself. Until then (and for points written since) search is exact.
+      A failed optimize leaves the generation as it was, every write included.
+    - A swap closes a shard only once every caller of `shard_for` has let go of it (it
+      gives up otherwise); searches arriving meanwhile wait and get the new shard.
+      `drop` and `close` wait up to `_DRAIN_TIMEOUT_S` for callers to let go.
 
     Thread-safe. Driver failures surface as `DependencyUnavailable`; an unknown
-    generation is `NOT_FOUND` (`shard_for` raises `KeyError` instead); a generation
-    being optimized in a child process is `DependencyUnavailable` (retryable).
+    generation is `NOT_FOUND` (`shard_for` raises `KeyError` instead).
     """
 
-    def __init__(self, root: Path | str, *, tuning: QdrantEdgeTuning | None = None) -> None:
+    def __init__(
+        self,
+        root: Path | str,
+        *,
+        tuning: QdrantEdgeTuning | None = None,
+        max_journal_documents: int = 50_000,
+    ) -> None:
+        """`max_journal_documents`: writes held in memory during one optimize, at most."""
         self._root = Path(root)
         self._tuning = tuning or QdrantEdgeTuning()
+        self._max_journal_documents = max_journal_documents
         self._lock = threading.RLock()
         self._generations: dict[str, _Generation] = {}
-        # Generations handed to an optimizer child process; closed here meanwhile.
-        self._away: set[str] = set()
         # Unindexed count at which optimize last changed nothing: retried only above it.
         self._idle_at: dict[str, int] = {}
         self._closed = False
@@ -272,7 +453,9 @@ class QdrantEdgeVectorIndex:
                     f"generation {generation_id!r} holds {generation.dimension}-d vectors",
                     {"expected": generation.dimension, "got": dimension},
                 )
-            self._ensure_payload_indexes(generation)
+            with generation.write_lock:
+                self._check_open(generation, generation_id)
+                self._ensure_payload_indexes(generation.shard)
 
     def apply(
         self,
@@ -296,81 +479,77 @@ class QdrantEdgeVectorIndex:
             delete_at[pid] = max(revision, delete_at.get(pid, revision))
         if not newest and not delete_at:
             return
+        writes = (newest, delete_at)
         with generation.write_lock, _translated(f"apply to {generation_id}"):
-            present = self._present_revisions(generation.shard, [*newest, *delete_at])
-            writes: dict[uuid.UUID, IndexDocument] = {}
-            revision_after = dict(present)
-            for pid, document in newest.items():
-                current = present.get(pid)
-                if current is None or current <= document.revision:
-                    writes[pid] = document
-                    revision_after[pid] = document.revision
-            removals: list[PointId] = []
-            for pid, revision in delete_at.items():
-                current = revision_after.get(pid)
-                if current is not None and current <= revision:
-                    writes.pop(pid, None)
-                    if pid in present:
-                        removals.append(pid)
-            if writes:
-                points = [
-                    Point(pid, _named_vector(document), payload_of(document))
-                    for pid, document in writes.items()
-                ]
-                generation.shard.update(UpdateOperation.upsert_points(points))
-            if removals:
-                generation.shard.update(UpdateOperation.delete_points(removals))
+            self._check_open(generation, generation_id)
+            journal = generation.journal
+            try:
+                _write(generation.shard, writes)
+            except BaseException:
+                if journal is not None:
+                    journal.invalidate("an apply failed on the live shard")
+                raise
+            if journal is not None:
+                journal.record(writes)
 
     def evidence(self, generation_id: str) -> IndexEvidence:
         """Count and `id_set_digest` of the `(document_id, revision)` pairs the shard holds."""
         generation = self._require(generation_id)
-        pairs = list(self._scroll_pairs(generation.shard, generation_id))
+        pairs = self._scroll_pairs(generation, generation_id)
         return IndexEvidence(document_count=len(pairs), id_set_digest=id_set_digest(pairs))
 
     def drop(self, generation_id: str) -> None:
-        """Close and delete the generation's shard (no-op if absent); waits for its optimize."""
+        """Close and delete the generation's shard (no-op if absent).
+
+        A running optimize of it is cancelled (its child killed) and waited for.
+        """
         _check_generation_id(generation_id)
         with self._lock:
-            self._raise_if_away(generation_id)
             self._idle_at.pop(generation_id, None)
             generation = self._generations.pop(generation_id, None)
             if generation is not None:
                 self._close_generation(generation_id, generation)
-            path = self._path(generation_id)
-            if path.exists():
-                shutil.rmtree(path)
+            for path in self._paths(generation_id):
+                _remove_tree(path)
 
     def close(self) -> None:
-        """Stop the optimizer, flush and close every open shard. Idempotent."""
+        """Stop the optimizer, cancel running optimizes, flush and close every shard.
+
+        Idempotent.
+        """
         self._stop.set()
-        optimizer = self._optimizer
-        if optimizer is not None and optimizer is not threading.current_thread():
-            optimizer.join()
         with self._lock:
             self._closed = True
             generations, self._generations = self._generations, {}
-            for generation_id, generation in generations.items():
-                self._close_generation(generation_id, generation)
+        for generation in generations.values():
+            generation.cancelled.set()
+        optimizer = self._optimizer
+        if optimizer is not None and optimizer is not threading.current_thread():
+            optimizer.join()
+        for generation_id, generation in generations.items():
+            self._close_generation(generation_id, generation)
 
     # -- query side and maintenance ----------------------------------------------------
 
     def shard_for(self, generation_id: str) -> EdgeShard:
         """The open shard of `generation_id`, for the query side in this process.
 
-        Raises `KeyError` if the generation does not exist, `DependencyUnavailable` while
-        a child process optimizes it. Callers fetch the shard per request: the object
-        changes when the generation is reopened.
+        Raises `KeyError` if the generation does not exist. Waits while a swap replaces
+        the shard (~0.1 s at 10k points). Callers must fetch the shard per request and
+        drop it when the request ends: the object changes when the generation is
+        swapped, and a swap waits (up to `_DRAIN_TIMEOUT_S`) for every holder to let go.
         """
         generation = self._get(generation_id)
-        if generation is None:
+        shard = None if generation is None else generation.reader_shard()
+        if shard is None:
             raise KeyError(generation_id)
-        return generation.shard
+        return shard
 
     def unindexed_count(self, generation_id: str) -> int:
         """Points of the generation not yet covered by an HNSW graph."""
-        generation = self._require(generation_id)
+        shard = self._reader(generation_id)
         with _translated(f"info of {generation_id}"):
-            info = generation.shard.info()
+            info = shard.info()
             return max(0, info.points_count - info.indexed_vectors_count)
 
     def optimize_needed(self, generation_id: str, *, min_unindexed: int = 1_000) -> bool:
@@ -389,56 +568,44 @@ class QdrantEdgeVectorIndex:
             and unindexed > self._idle_at.get(generation_id, -1)
         )
 
-    def optimize(self, generation_id: str, *, in_subprocess: bool = False) -> bool:
-        """Merge segments and build HNSW now; returns whether segments changed.
+    def optimize(self, generation_id: str) -> bool:
+        """Merge segments and build HNSW (copy, child process, swap); whether they changed.
 
-        Blocks until done. In-process it holds the GIL throughout (see the module
-        docstring); with `in_subprocess` the generation is unavailable instead. Returns
-        False without waiting if another optimize of the generation is running.
+        Blocks the calling thread until done; every other thread keeps running and the
+        generation keeps serving searches and taking writes (see the module docstring).
+        Returns False at once if another optimize of the generation is running, and
+        False if the generation is dropped or the index closed meanwhile. On failure the
+        generation keeps its old shard with every write, and `DependencyUnavailable` is
+        raised.
         """
-        if in_subprocess:
-            changed = self._optimize_in_subprocess(generation_id)
-        else:
-            generation = self._require(generation_id)
-            if not generation.optimize_lock.acquire(blocking=False):
-                return False
-            try:
-                if self._generations.get(generation_id) is not generation:
-                    return False  # dropped or closed meanwhile
-                with _translated(f"optimize {generation_id}"):
-                    changed = generation.shard.optimize()
-            finally:
-                generation.optimize_lock.release()
+        generation = self._require(generation_id)
+        if not generation.optimize_lock.acquire(blocking=False):
+            return False
+        try:
+            changed = self._copy_optimize_swap(generation_id, generation)
+        except _Cancelled:
+            return False
+        finally:
+            generation.optimize_lock.release()
         if changed:
             self._idle_at.pop(generation_id, None)
         else:
             self._idle_at[generation_id] = self.unindexed_count(generation_id)
         return changed
 
-    def optimize_if_needed(
-        self,
-        generation_id: str,
-        *,
-        min_unindexed: int = 1_000,
-        in_subprocess: bool = False,
-    ) -> bool:
+    def optimize_if_needed(self, generation_id: str, *, min_unindexed: int = 1_000) -> bool:
         """`optimize` when `optimize_needed`; returns whether segments changed."""
         if not self.optimize_needed(generation_id, min_unindexed=min_unindexed):
             return False
-        return self.optimize(generation_id, in_subprocess=in_subprocess)
+        return self.optimize(generation_id)
 
     def start_background_optimizer(
-        self,
-        interval_s: float = 5.0,
-        *,
-        min_unindexed: int = 1_000,
-        in_subprocess: bool = False,
+        self, interval_s: float = 5.0, *, min_unindexed: int = 1_000
     ) -> None:
         """Every `interval_s`, `optimize_if_needed` each open generation, one at a time.
 
-        A daemon thread; `close()` stops it (waiting for a running optimize). A second
-        call while it runs does nothing. Mind the module docstring: in-process, each
-        optimize pauses the whole process.
+        A daemon thread; `close()` stops it (cancelling a running optimize). A second
+        call while it runs does nothing. Failures are logged and retried next round.
         """
         with self._lock:
             if self._closed:
@@ -448,15 +615,15 @@ class QdrantEdgeVectorIndex:
             self._stop.clear()
             self._optimizer = threading.Thread(
                 target=self._optimize_loop,
-                args=(interval_s, min_unindexed, in_subprocess),
+                args=(interval_s, min_unindexed),
                 name="qdrant-edge-optimizer",
                 daemon=True,
             )
             self._optimizer.start()
 
-    # -- internals ------------------------------------------------------------------
+    # -- optimize: copy, child, catch up, swap ------------------------------------------
 
-    def _optimize_loop(self, interval_s: float, min_unindexed: int, in_subprocess: bool) -> None:
+    def _optimize_loop(self, interval_s: float, min_unindexed: int) -> None:
         while not self._stop.wait(interval_s):
             with self._lock:
                 generation_ids = list(self._generations)
@@ -464,55 +631,230 @@ class QdrantEdgeVectorIndex:
                 if self._stop.is_set():
                     return
                 try:
-                    if self.optimize_if_needed(
-                        generation_id, min_unindexed=min_unindexed, in_subprocess=in_subprocess
-                    ):
-                        _log.info("optimized qdrant-edge generation %s", generation_id)
+                    self.optimize_if_needed(generation_id, min_unindexed=min_unindexed)
                 except OrreryError as error:
-                    if error.code is not ErrorCode.NOT_FOUND:
+                    if error.code is not ErrorCode.NOT_FOUND and not self._stop.is_set():
                         _log.warning("optimizing %s failed: %s", generation_id, error.message)
 
-    def _optimize_in_subprocess(self, generation_id: str) -> bool:
-        with self._lock:
-            generation = self._require(generation_id)
-            if generation.optimize_lock.locked():
-                return False
-            self._away.add(generation_id)
-            del self._generations[generation_id]
-            self._close_generation(generation_id, generation)
+    def _copy_optimize_swap(self, generation_id: str, generation: _Generation) -> bool:
+        live, staging, _ = self._paths(generation_id)
+        report = _OptimizeReport()
+        _remove_tree(staging)
         try:
-            result = subprocess.run(
-                [sys.executable, "-c", _OPTIMIZE_SCRIPT, str(self._path(generation_id))],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            with report.timing("copy"):
+                self._copy_live_shard(generation_id, generation, live, staging)
+            with report.timing("child"):
+                changed = self._optimize_in_child(generation_id, generation, staging)
+            if changed:
+                self._catch_up_and_swap(generation_id, generation, report)
+                _log.info("optimized qdrant-edge generation %s: %s", generation_id, report)
+            return changed
         finally:
-            with self._lock:
-                self._away.discard(generation_id)
-                if not self._closed:
-                    self._open(generation_id)
-        if result.returncode != 0:
-            raise DependencyUnavailable(
-                DEPENDENCY,
-                f"optimize {generation_id} in a subprocess failed: {result.stderr.strip()}",
-            )
-        return result.stdout.strip().endswith("True")
+            with generation.write_lock:
+                generation.journal = None
+            _remove_tree(staging)
 
-    def _raise_if_away(self, generation_id: str) -> None:
-        if generation_id in self._away:
+    def _copy_live_shard(
+        self, generation_id: str, generation: _Generation, live: Path, staging: Path
+    ) -> None:
+        """Step 1: flush and copy the shard; journal every write from then on."""
+        with generation.write_lock:
+            self._check_not_cancelled(generation)
+            with _translated(f"flush {generation_id}"):
+                generation.shard.flush()
+            try:
+                shutil.copytree(live, staging, copy_function=_copy_file_keeping_holes)
+            except (OSError, shutil.Error) as error:
+                raise DependencyUnavailable(
+                    DEPENDENCY, f"copy {generation_id} to optimize it: {error}"
+                ) from error
+            generation.journal = _Journal(self._max_journal_documents)
+
+    def _optimize_in_child(
+        self, generation_id: str, generation: _Generation, staging: Path
+    ) -> bool:
+        """Step 2: a child process optimizes the copy; whether segments changed."""
+        process = subprocess.Popen(
+            [sys.executable, "-c", _OPTIMIZE_SCRIPT, str(staging)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            while True:
+                try:
+                    stdout, stderr = process.communicate(timeout=_CHILD_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    self._check_not_cancelled(generation)
+                    self._check_journal(generation, generation_id)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                process.communicate()
+        if process.returncode != 0:
+            status = (
+                f"was killed by signal {-process.returncode}"
+                if process.returncode < 0
+                else f"exited with status {process.returncode}"
+            )
             raise DependencyUnavailable(
                 DEPENDENCY,
-                f"generation {generation_id!r} is being optimized by a child process",
-                {"generation_id": generation_id, "retryable": True},
+                f"the optimizer child of {generation_id} {status}: {stderr.strip()[-2000:]}",
             )
+        outcome = stdout.strip().rsplit("\n", 1)[-1]
+        if outcome not in ("optimized", "unchanged"):
+            raise DependencyUnavailable(
+                DEPENDENCY, f"the optimizer child of {generation_id} printed {stdout[-200:]!r}"
+            )
+        return outcome == "optimized"
+
+    def _catch_up_and_swap(
+        self, generation_id: str, generation: _Generation, report: _OptimizeReport
+    ) -> None:
+        """Steps 3 and 4: replay the journal into the optimized copy, then swap it in."""
+        live, staging, retired = self._paths(generation_id)
+        journal = generation.journal
+        assert journal is not None  # set by _copy_live_shard, cleared only after us
+        with report.timing("catch_up"):
+            staged = _load_shard(staging, f"load optimized {generation_id}")
+        staged_open = True
+        try:
+            replayed = 0
+            with report.timing("catch_up"):
+                for _ in range(_CATCH_UP_ROUNDS):
+                    end = len(journal.entries)
+                    replayed = _replay(staged, journal, replayed, generation_id, end)
+                    if len(journal.entries) - replayed <= _CATCH_UP_SLACK:
+                        break
+            with generation.write_lock, report.timing("writes_blocked"):
+                self._check_not_cancelled(generation)
+                replayed = _replay(staged, journal, replayed, generation_id)
+                report.replayed = replayed
+                self._ensure_payload_indexes(staged)
+                with _translated(f"check optimized {generation_id}"):
+                    expected = generation.shard.info().points_count
+                    got = staged.info().points_count
+                    if got != expected:
+                        raise DependencyUnavailable(
+                            DEPENDENCY,
+                            f"optimized copy of {generation_id} holds {got} points, "
+                            f"the live shard {expected}",
+                        )
+                    staged_open = False
+                    staged.close()  # flushes
+                report.searches_paused = self._swap(
+                    generation_id, generation, live, staging, retired
+                )
+                generation.journal = None
+        finally:
+            if staged_open:
+                with contextlib.suppress(Exception):  # the driver raises bare Exception
+                    staged.close()
+        _remove_tree(retired)
+
+    def _swap(
+        self,
+        generation_id: str,
+        generation: _Generation,
+        live: Path,
+        staging: Path,
+        retired: Path,
+    ) -> float:
+        """Put the closed, caught-up copy at `staging` in place; the seconds searches waited.
+
+        Called under the write lock. Searches wait at the gate meanwhile. On failure the
+        old directory is put back and reopened (it holds every write), then raises.
+        """
+        _remove_tree(retired)
+        with _translated(f"flush {generation_id} for the swap"):
+            generation.shard.flush()  # before the gate closes: `close` has little left to do
+        paused_from = time.perf_counter()
+        with generation.exclusive() as drained:
+            if not drained:
+                raise DependencyUnavailable(
+                    DEPENDENCY,
+                    f"swap of optimized {generation_id} given up: a caller held the shard "
+                    f"for more than {_DRAIN_TIMEOUT_S} s",
+                )
+            try:
+                generation.shard.close()
+            except Exception as error:  # the driver raises bare Exception
+                if _answers(generation.shard):
+                    raise DependencyUnavailable(
+                        DEPENDENCY, f"close {generation_id} for the swap: {error}"
+                    ) from error
+                self._restore(generation_id, generation, live, staging, retired)
+                raise DependencyUnavailable(
+                    DEPENDENCY, f"close {generation_id} for the swap: {error}"
+                ) from error
+            try:
+                live.rename(retired)
+                staging.rename(live)
+                generation.shard = _load_shard(live, f"load optimized {generation_id}")
+            except (OSError, OrreryError) as error:
+                self._restore(generation_id, generation, live, staging, retired)
+                raise DependencyUnavailable(
+                    DEPENDENCY, f"swap in optimized {generation_id}: {error}"
+                ) from error
+        return time.perf_counter() - paused_from
+
+    @staticmethod
+    def _restore(
+        generation_id: str, generation: _Generation, live: Path, staging: Path, retired: Path
+    ) -> None:
+        """Undo a failed swap: the old directory back in place, its shard reopened.
+
+        If even that fails the generation is marked closed; its next use reopens it from
+        disk (`_open`), which also finishes putting the directories back.
+        """
+        try:
+            if retired.exists():
+                if live.exists():
+                    live.rename(staging)
+                retired.rename(live)
+            generation.shard = _load_shard(live, f"reopen {generation_id}")
+        except (OSError, OrreryError) as error:
+            generation.closed = True
+            _log.error(
+                "reopening %s after a failed swap failed (retried on next use): %s",
+                generation_id,
+                error,
+            )
+
+    @staticmethod
+    def _check_not_cancelled(generation: _Generation) -> None:
+        if generation.cancelled.is_set() or generation.closed:
+            raise _Cancelled
+
+    @staticmethod
+    def _check_journal(generation: _Generation, generation_id: str) -> None:
+        journal = generation.journal
+        if journal is not None and journal.broken is not None:
+            raise DependencyUnavailable(
+                DEPENDENCY, f"optimize of {generation_id} abandoned: {journal.broken}"
+            )
+
+    # -- internals ------------------------------------------------------------------
 
     def _path(self, generation_id: str) -> Path:
         return self._root / generation_id
 
+    def _paths(self, generation_id: str) -> tuple[Path, Path, Path]:
+        """Live, staging (copy being optimized) and retired (old, during a swap) dirs.
+
+        Generation ids never start with '.', so the last two never name a generation.
+        """
+        return (
+            self._root / generation_id,
+            self._root / f".{generation_id}.optimizing",
+            self._root / f".{generation_id}.retired",
+        )
+
     def _get(self, generation_id: str) -> _Generation | None:
         generation = self._generations.get(generation_id)
-        if generation is not None:
+        if generation is not None and not generation.closed:
             return generation
         with self._lock:
             return self._open(generation_id)
@@ -520,12 +862,20 @@ class QdrantEdgeVectorIndex:
     def _require(self, generation_id: str) -> _Generation:
         generation = self._get(generation_id)
         if generation is None:
-            raise OrreryError(
-                ErrorCode.NOT_FOUND,
-                f"vector index generation {generation_id!r} does not exist",
-                {"generation_id": generation_id},
-            )
+            raise _not_found(generation_id)
         return generation
+
+    def _reader(self, generation_id: str) -> EdgeShard:
+        shard = self._require(generation_id).reader_shard()
+        if shard is None:
+            raise _not_found(generation_id)
+        return shard
+
+    @staticmethod
+    def _check_open(generation: _Generation, generation_id: str) -> None:
+        """Under the write lock: the generation was not dropped or closed meanwhile."""
+        if generation.closed:
+            raise _not_found(generation_id)
 
     def _open(self, generation_id: str) -> _Generation | None:
         """The generation, loading its shard from disk if needed; None if there is none."""
@@ -534,13 +884,17 @@ class QdrantEdgeVectorIndex:
             raise OrreryError(ErrorCode.INTERNAL, "vector index is closed")
         generation = self._generations.get(generation_id)
         if generation is not None:
-            return generation
-        self._raise_if_away(generation_id)
+            if not generation.closed:
+                return generation
+            # A swap failed and could not reopen the old shard: once its optimize has
+            # finished, start over from disk.
+            with generation.optimize_lock:
+                del self._generations[generation_id]
+        self._recover(generation_id)
         path = self._path(generation_id)
         if not (path / _CONFIG_FILE).is_file():
             return None
-        with _translated(f"load {generation_id}"):
-            shard = EdgeShard.load(str(path))
+        shard = _load_shard(path, f"load {generation_id}")
         config = _stored_config(path)
         generation = _Generation(
             shard=shard,
@@ -550,23 +904,34 @@ class QdrantEdgeVectorIndex:
         self._generations[generation_id] = generation
         return generation
 
-    def _ensure_payload_indexes(self, generation: _Generation) -> None:
+    def _recover(self, generation_id: str) -> None:
+        """Clean up after an optimize interrupted by a crash (no optimize of it runs now).
+
+        Between the two renames of a swap only `.retired` holds the shard: put it back.
+        """
+        live, staging, retired = self._paths(generation_id)
+        if (retired / _CONFIG_FILE).is_file() and not (live / _CONFIG_FILE).is_file():
+            _remove_tree(live)
+            retired.rename(live)
+            _log.warning("put %s back from an interrupted optimize", generation_id)
+        _remove_tree(staging)
+        _remove_tree(retired)
+
+    def _ensure_payload_indexes(self, shard: EdgeShard) -> None:
         with _translated("create payload indexes"):
-            present = generation.shard.info().payload_schema
+            present = shard.info().payload_schema
             for name, schema in _PAYLOAD_INDEXES.items():
                 if name not in present:
-                    generation.shard.update(UpdateOperation.create_field_index(name, schema))
+                    shard.update(UpdateOperation.create_field_index(name, schema))
 
-    @staticmethod
-    def _present_revisions(shard: EdgeShard, pids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
-        ids: list[PointId] = list(pids)
-        records = shard.retrieve(ids, with_payload=["revision"], with_vector=False)
-        return {_as_uuid(record.id): int((record.payload or {})["revision"]) for record in records}
-
-    @staticmethod
-    def _scroll_pairs(shard: EdgeShard, generation_id: str) -> Iterator[tuple[str, int]]:
+    def _scroll_pairs(self, generation: _Generation, generation_id: str) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)`; the shard is fetched per page, never held."""
+        pairs: list[tuple[str, int]] = []
         offset: PointId | None = None
         while True:
+            shard = generation.reader_shard()
+            if shard is None:
+                raise _not_found(generation_id)
             with _translated(f"scroll {generation_id}"):
                 records, offset = shard.scroll(
                     ScrollRequest(
@@ -576,20 +941,151 @@ class QdrantEdgeVectorIndex:
                         with_vector=False,
                     )
                 )
+            del shard
             for record in records:
                 payload = record.payload or {}
-                yield str(payload["document_id"]), int(payload["revision"])
+                pairs.append((str(payload["document_id"]), int(payload["revision"])))
             if offset is None:
-                return
+                return pairs
 
     @staticmethod
     def _close_generation(generation_id: str, generation: _Generation) -> None:
-        with generation.optimize_lock, generation.write_lock:
+        """Cancel its optimize, wait for it and for readers, then flush and close."""
+        generation.cancelled.set()
+        with generation.optimize_lock, generation.write_lock, generation.exclusive() as drained:
+            if not drained:
+                _log.warning("closing %s while a caller still holds its shard", generation_id)
+            if generation.closed:
+                return
+            generation.closed = True
             try:
                 generation.shard.flush()
                 generation.shard.close()
             except Exception as error:  # the driver raises bare Exception
                 _log.warning("closing qdrant-edge generation %s: %s", generation_id, error)
+
+
+def _write(shard: EdgeShard, writes: _Writes) -> None:
+    """Apply resolved upserts, then deletes, to `shard` under the revision rules.
+
+    The write path of `apply` and of the journal replay; idempotent.
+    """
+    newest, delete_at = writes
+    present = _present_revisions(shard, [*newest, *delete_at])
+    upserted: dict[uuid.UUID, IndexDocument] = {}
+    revision_after = dict(present)
+    for pid, document in newest.items():
+        current = present.get(pid)
+        if current is None or current <= document.revision:
+            upserted[pid] = document
+            revision_after[pid] = document.revision
+    removals: list[PointId] = []
+    for pid, revision in delete_at.items():
+        current = revision_after.get(pid)
+        if current is not None and current <= revision:
+            upserted.pop(pid, None)
+            if pid in present:
+                removals.append(pid)
+    if upserted:
+        points = [
+            Point(pid, _named_vector(document), payload_of(document))
+            for pid, document in upserted.items()
+        ]
+        shard.update(UpdateOperation.upsert_points(points))
+    if removals:
+        shard.update(UpdateOperation.delete_points(removals))
+
+
+def _present_revisions(shard: EdgeShard, pids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    ids: list[PointId] = list(pids)
+    records = shard.retrieve(ids, with_payload=["revision"], with_vector=False)
+    return {_as_uuid(record.id): int((record.payload or {})["revision"]) for record in records}
+
+
+def _replay(
+    shard: EdgeShard, journal: _Journal, start: int, generation_id: str, end: int | None = None
+) -> int:
+    """Write journal entries `start` to `end` (default: all) into `shard`; returns `end`."""
+    entries = journal.entries
+    position = start
+    while True:
+        if journal.broken is not None:
+            raise DependencyUnavailable(
+                DEPENDENCY, f"optimize of {generation_id} abandoned: {journal.broken}"
+            )
+        if position >= (len(entries) if end is None else end):
+            return position
+        with _translated(f"replay writes into optimized {generation_id}"):
+            _write(shard, entries[position])
+        position += 1
+
+
+def _load_shard(path: Path, action: str) -> EdgeShard:
+    with _translated(action):
+        return EdgeShard.load(str(path))
+
+
+def _answers(shard: EdgeShard) -> bool:
+    """Whether `shard` is still open (after a failed close)."""
+    try:
+        shard.info()
+    except Exception:  # the driver raises bare Exception
+        return False
+    return True
+
+
+def _remove_tree(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+
+
+def _copy_file_keeping_holes(source: str, target: str) -> str:
+    """Copy a file, leaving its holes unwritten (qdrant-edge preallocates 32 MiB files).
+
+    `shutil.copy2` would write the zeros out: ~4x the disk of a small shard.
+    """
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        size = os.fstat(reader.fileno()).st_size
+        for start, end in _data_ranges(reader.fileno(), size):
+            position = start
+            while position < end:
+                chunk = os.pread(reader.fileno(), min(_COPY_CHUNK, end - position), position)
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                while view:
+                    written = os.pwrite(writer.fileno(), view, position)
+                    view = view[written:]
+                    position += written
+        os.ftruncate(writer.fileno(), size)
+    shutil.copymode(source, target)
+    return target
+
+
+def _data_ranges(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """`(start, end)` of the parts of a file holding data; all of it if the OS can't tell."""
+    position = 0
+    while position < size:
+        try:
+            start = os.lseek(fd, position, os.SEEK_DATA)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # only a hole is left
+                return
+            if position == 0:  # SEEK_DATA unsupported here
+                yield 0, size
+                return
+            raise
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        yield start, end
+        position = end
+
+
+def _not_found(generation_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.NOT_FOUND,
+        f"vector index generation {generation_id!r} does not exist",
+        {"generation_id": generation_id},
+    )
 
 
 def _check_generation_id(generation_id: str) -> None:

@@ -6,9 +6,10 @@ import json
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import uvicorn
@@ -55,55 +56,149 @@ def _progress() -> Progress:
     )
 
 
-@app.command()
-def serve(
-    data_dir: DataDir = None,
-    host: Annotated[str | None, typer.Option(help="Bind address [ORRERY_HOST]")] = None,
-    port: Annotated[int | None, typer.Option(help="Port [ORRERY_PORT]")] = None,
-    sample: Annotated[bool, typer.Option("--sample", help="Load the sample corpus")] = False,
-) -> None:
-    """Run the embedded stack: ingest API, projector loop and query worker, one process."""
-    from query.entrypoints.embedded import EmbeddedStack
+Mode = Annotated[
+    str | None,
+    typer.Option("--mode", help="embedded (default) or servers [ORRERY_MODE]"),
+]
+Host = Annotated[str | None, typer.Option(help="Bind address [ORRERY_HOST]")]
+Port = Annotated[int | None, typer.Option(help="Port [ORRERY_PORT]")]
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = _settings(data_dir=data_dir, host=host, port=port)
+
+def _check_bind(settings: QuerySettings) -> None:
     if not settings.api_keys and settings.host not in ("127.0.0.1", "localhost", "::1"):
         console.print(
             f"[red]refusing to bind {settings.host}: no API keys are configured "
             "(set ORRERY_API_KEYS=key=namespace[/galaxy],…)"
         )
         raise typer.Exit(2)
-    stack = EmbeddedStack.open(settings)
-    stack.start()
-    if sample:
-        outcome = write_records(sample_records(), store=stack.store, on_commit=stack.loop.wake)
-        console.print(
-            f"sample corpus: {outcome.accepted} records written, "
-            f"{outcome.rejected} already present (namespace {SAMPLE_NAMESPACE!r})"
+
+
+def _serve_http(app: Any, settings: QuerySettings) -> None:
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.Server(config).run()
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+@app.command()
+def serve(
+    data_dir: DataDir = None,
+    host: Host = None,
+    port: Port = None,
+    mode: Mode = None,
+    sample: Annotated[bool, typer.Option("--sample", help="Load the sample corpus")] = False,
+    roles: Annotated[
+        str | None,
+        typer.Option(help="servers mode: a subset of ingest,relay,projector,query (default all)"),
+    ] = None,
+) -> None:
+    """Run every role in one process: ingest API, relay/projector loop and query worker
+    (embedded: SQLite + tantivy + qdrant-edge; servers: Kafka + OpenSearch + Qdrant +
+    Redis)."""
+    _logging()
+    settings = _settings(data_dir=data_dir, host=host, port=port, mode=mode)
+    _check_bind(settings)
+    if settings.mode == "servers":
+        from query.entrypoints.servers import Role, ServerStack
+
+        servers = ServerStack.open(settings, frozenset(Role))
+        store, wake, app_ = (
+            servers.store,
+            servers.relay.wake if servers.relay else None,
+            servers.app,
         )
-    base = f"http://{settings.host}:{settings.port}"
-    example = sample_queries()[0]
-    body = json.dumps(
-        {
-            "namespace": SAMPLE_NAMESPACE,
-            "scope_ref": example["scope_ref"],
-            "query_text": example["query_text"],
-            "result_limit": 3,
-        },
-        ensure_ascii=False,
-    )
-    console.print(f"[bold green]Orrery is serving on {base}[/]  (data: {settings.data_dir})")
-    console.print(f"  readiness: curl {base}/v1/readiness")
-    console.print(
-        f"  query:     curl -s {base}/v1/external/retrieve/topk_records "
-        f"-H 'content-type: application/json' -d '{body}'"
-    )
-    config = uvicorn.Config(stack.app, host=settings.host, port=settings.port, log_level="warning")
-    server = uvicorn.Server(config)
+        start, close = servers.start, servers.close
+    else:
+        from query.entrypoints.embedded import EmbeddedStack
+
+        embedded = EmbeddedStack.open(settings)
+        store, wake, app_ = embedded.store, embedded.loop.wake, embedded.app
+        start, close = embedded.start, embedded.close
+    assert store is not None and app_ is not None
+    start()
     try:
-        server.run()
+        if sample:
+            outcome = write_records(sample_records(), store=store, on_commit=wake)
+            console.print(
+                f"sample corpus: {outcome.accepted} records written, "
+                f"{outcome.rejected} already present (namespace {SAMPLE_NAMESPACE!r})"
+            )
+        base = f"http://{settings.host}:{settings.port}"
+        example = sample_queries()[0]
+        body = json.dumps(
+            {
+                "namespace": SAMPLE_NAMESPACE,
+                "scope_ref": example["scope_ref"],
+                "query_text": example["query_text"],
+                "result_limit": 3,
+            },
+            ensure_ascii=False,
+        )
+        console.print(
+            f"[bold green]Orrery ({settings.mode}) is serving on {base}[/]  "
+            f"(data: {settings.data_dir})"
+        )
+        console.print(f"  readiness: curl {base}/v1/readiness")
+        console.print(
+            f"  query:     curl -s {base}/v1/external/retrieve/topk_records "
+            f"-H 'content-type: application/json' -d '{body}'"
+        )
+        _serve_http(app_, settings)
+    finally:
+        close()
+
+
+def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> None:
+    from query.entrypoints.servers import Role, ServerStack
+
+    stack = ServerStack.open(settings, frozenset(Role(r) for r in role_names))
+    stack.start()
+    try:
+        if http:
+            assert stack.app is not None
+            _serve_http(stack.app, settings)
+        else:
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+            console.print(f"orrery {', '.join(role_names)} running (server mode); Ctrl-C stops")
+            stop.wait()
     finally:
         stack.close()
+
+
+@app.command()
+def relay(data_dir: DataDir = None) -> None:
+    """Server mode: publish the canonical outbox to Kafka (marks rows after the ack)."""
+    _logging()
+    _run_role(["relay"], _settings(data_dir=data_dir, mode="servers"), http=False)
+
+
+@app.command()
+def project(data_dir: DataDir = None) -> None:
+    """Server mode: consume Kafka into OpenSearch + Qdrant generations."""
+    _logging()
+    _run_role(["projector"], _settings(data_dir=data_dir, mode="servers"), http=False)
+
+
+@app.command("query-worker")
+def query_worker(data_dir: DataDir = None, host: Host = None, port: Port = None) -> None:
+    """Server mode: the stateless HTTP query worker."""
+    _logging()
+    settings = _settings(data_dir=data_dir, host=host, port=port, mode="servers")
+    _check_bind(settings)
+    _run_role(["query"], settings, http=True)
+
+
+@app.command("ingest-api")
+def ingest_api(data_dir: DataDir = None, host: Host = None, port: Port = None) -> None:
+    """Server mode: the write API (`POST /v1/records`) over the canonical store."""
+    _logging()
+    settings = _settings(data_dir=data_dir, host=host, port=port, mode="servers")
+    _check_bind(settings)
+    _run_role(["ingest"], settings, http=True)
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:

@@ -45,15 +45,22 @@ class Server:
     def topk(self, **body: Any) -> httpx.Response:
         return self.client.post("/v1/external/retrieve/topk_records", json=body)
 
-    def wait_projected(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Block until the projector applied everything on the log."""
+    def wait_projected(
+        self, timeout: float = 60.0, *, documents: dict[tuple[str, str], int] | None = None
+    ) -> dict[str, Any]:
+        """Block until the projector applied everything on the log (and, when given, each
+        `(namespace, snapshot_kind)` scope holds exactly that many live documents)."""
         deadline = time.monotonic() + timeout
         while True:
             ready = self.client.get("/v1/readiness").json()
+            counts = {
+                (s["namespace"], s["snapshot_kind"]): s["document_count"] for s in ready["scopes"]
+            }
             if (
                 ready["scopes"]
                 and ready["ready"]
                 and all(s["applied_position"] >= ready["log_high_water"] for s in ready["scopes"])
+                and (documents is None or all(counts.get(k) == n for k, n in documents.items()))
             ):
                 return dict(ready)
             if time.monotonic() > deadline:
@@ -61,16 +68,19 @@ class Server:
             time.sleep(0.05)
 
 
-def start_server(data_dir: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+def start_server(
+    data_dir: Path, *extra: str, env: dict[str, str] | None = None, command: str = "serve"
+) -> Server:
+    """Start an `orrery` HTTP command on a free port and wait until /healthz answers."""
     port = free_port()
-    log_path = data_dir.parent / f"serve-{port}.log"
+    log_path = data_dir.parent / f"{command}-{port}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "query.entrypoints.cli",
-                "serve",
+                command,
                 "--data-dir",
                 str(data_dir),
                 "--port",

@@ -1,0 +1,223 @@
+"""How a document is stored as a point in a Qdrant-family engine, and read back.
+
+The contract between the projector's vector adapters (which write points) and the query's
+vector adapters (which filter on and read their payload), for every Qdrant engine
+(qdrant-edge, a Qdrant server, qdrant-client's local mode). Keeping it in one place is
+what makes a generation written by one adapter readable by the others' query side, and
+makes their filter semantics the same. Pure: stdlib and pydantic only, no I/O.
+
+Point id: `point_id(document_id)`. One named dense vector, `VECTOR_NAME`, cosine.
+
+Payload of a point (`payload_of`):
+
+| field         | value                                   | payload index (`PAYLOAD_INDEXES`) |
+|---------------|-----------------------------------------|-----------------------------------|
+| `document_id` | the document id                         | keyword                           |
+| `revision`    | int                                     | integer                           |
+| `item_id`     | str                                     | -                                 |
+| `galaxy`      | str                                     | keyword (tenant)                  |
+| `ring`        | str                                     | -                                 |
+| `status`      | str                                     | keyword                           |
+| `visibility`  | list of labels                          | keyword                           |
+| `facets`      | sorted list of `"name=value"` strings   | keyword                           |
+| `updated_at`  | RFC 3339 UTC with microseconds (`…Z`)   | datetime                          |
+
+`updated_at` is compared as a datetime: Qdrant keeps datetimes as integer microseconds
+since the epoch, the resolution of Python's `datetime`, so inclusive range bounds written
+with `utc_timestamp` are exact (a float epoch would round at microsecond scale).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from contracts.errors import ErrorCode, OrreryError
+from contracts.index import Candidate, IndexDocument
+from contracts.index_fields import (
+    DOCUMENT_ID,
+    FACET_SEPARATOR,
+    FACETS,
+    GALAXY,
+    ITEM_ID,
+    REVISION,
+    RING,
+    STATUS,
+    UPDATED_AT,
+    VISIBILITY,
+)
+
+__all__ = [
+    "PAYLOAD_INDEXES",
+    "POINT_ID_NAMESPACE",
+    "RETURNED_FIELDS",
+    "TENANT_FIELD",
+    "VECTOR_NAME",
+    "PayloadIndexKind",
+    "best_first",
+    "candidate_of",
+    "check_generation_id",
+    "check_query_vector",
+    "check_vector",
+    "facet_terms",
+    "payload_of",
+    "point_id",
+    "utc_instant",
+    "utc_timestamp",
+]
+
+VECTOR_NAME = "dense"
+"""The name of the one dense (cosine) vector of every point."""
+
+POINT_ID_NAMESPACE = uuid.UUID("5b0f2a71-3c4e-4d38-9f0e-6a1d2c7e8b90")
+"""Maps non-UUID document ids to point ids. Fixed forever: changing it re-keys every
+collection and shard built before the change."""
+
+PayloadIndexKind = Literal["keyword", "integer", "datetime"]
+
+PAYLOAD_INDEXES: Mapping[str, PayloadIndexKind] = {
+    GALAXY: "keyword",
+    STATUS: "keyword",
+    VISIBILITY: "keyword",
+    FACETS: "keyword",
+    DOCUMENT_ID: "keyword",
+    REVISION: "integer",
+    UPDATED_AT: "datetime",
+}
+"""The payload fields queries filter on and the kind of index each one gets."""
+
+TENANT_FIELD = GALAXY
+"""The keyword field that isolates tenants (engines that can co-locate by tenant do)."""
+
+RETURNED_FIELDS: tuple[str, ...] = (DOCUMENT_ID, REVISION, STATUS, UPDATED_AT)
+"""The payload fields a search reads back to build a `Candidate`."""
+
+_GENERATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+def check_generation_id(generation_id: str) -> None:
+    """Reject generation ids unsafe as a directory or collection name (`INVALID_REQUEST`)."""
+    if not _GENERATION_ID.fullmatch(generation_id):
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            "generation ids are 1-128 letters, digits, '_', '.', '-', starting with a letter "
+            "or digit",
+            {"generation_id": generation_id},
+        )
+
+
+def point_id(document_id: str) -> uuid.UUID:
+    """The point id of a document: its UUID if it is a canonical UUID string, else uuid5.
+
+    Only the canonical lowercase form is taken as is, so that two distinct strings (say
+    upper- and lowercase spellings) can never share a point.
+    """
+    try:
+        parsed = uuid.UUID(document_id)
+    except ValueError:
+        return uuid.uuid5(POINT_ID_NAMESPACE, document_id)
+    if str(parsed) == document_id:
+        return parsed
+    return uuid.uuid5(POINT_ID_NAMESPACE, document_id)
+
+
+def utc_instant(value: datetime) -> datetime:
+    """`value` in UTC; a naive datetime is rejected with `INVALID_REQUEST` (no instant)."""
+    if value.tzinfo is None:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            "timestamps must carry a timezone",
+            {"value": value.isoformat()},
+        )
+    return value.astimezone(UTC)
+
+
+def utc_timestamp(value: datetime) -> str:
+    """RFC 3339 in UTC with microseconds, the form `updated_at` is stored and compared in.
+
+    A naive datetime is rejected with `INVALID_REQUEST`.
+    """
+    return utc_instant(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def facet_terms(name: str, values: Iterable[str]) -> list[str]:
+    """The `facets` payload strings of one facet name's values."""
+    return [f"{name}{FACET_SEPARATOR}{value}" for value in values]
+
+
+def payload_of(document: IndexDocument) -> dict[str, Any]:
+    """The payload stored with a document's point (see the module docstring)."""
+    return {
+        DOCUMENT_ID: document.document_id,
+        REVISION: document.revision,
+        ITEM_ID: document.item_id,
+        GALAXY: document.galaxy,
+        RING: document.ring,
+        STATUS: document.status,
+        UPDATED_AT: utc_timestamp(document.updated_at),
+        VISIBILITY: list(document.visibility),
+        FACETS: sorted(
+            term for name, values in document.facets.items() for term in facet_terms(name, values)
+        ),
+    }
+
+
+def check_vector(document: IndexDocument, dimension: int | None) -> None:
+    """Reject a document whose vector cannot be stored: `EMBEDDER_MISMATCH`.
+
+    Missing, of another dimension than `dimension` (unchecked when None), non-finite, or
+    all zeros (cosine is undefined for it).
+    """
+    vector = document.vector
+    problem: str | None = None
+    if vector is None:
+        problem = "has no vector"
+    elif dimension is not None and len(vector) != dimension:
+        problem = f"has a {len(vector)}-d vector, the generation holds {dimension}-d vectors"
+    elif not all(math.isfinite(x) for x in vector):
+        problem = "has a vector with non-finite values"
+    elif not any(vector):
+        problem = "has an all-zero vector (cosine is undefined)"
+    if problem is not None:
+        raise OrreryError(
+            ErrorCode.EMBEDDER_MISMATCH,
+            f"document {document.document_id!r} {problem}",
+            {
+                "document_id": document.document_id,
+                "expected_dimension": dimension,
+                "got_dimension": None if vector is None else len(vector),
+            },
+        )
+
+
+def check_query_vector(vector: Sequence[float]) -> list[float]:
+    """The query vector as floats; empty, non-finite or all-zero is `INVALID_REQUEST`."""
+    values = [float(x) for x in vector]
+    if not values or not all(math.isfinite(x) for x in values):
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector must be finite numbers")
+    if not any(values):
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector is all zeros")
+    return values
+
+
+def candidate_of(payload: Mapping[str, Any], score: float) -> Candidate:
+    """The candidate of a scored point; the score is clamped to [-1, 1].
+
+    Engines compute cosine in float32, which can land a hair outside the range.
+    """
+    return Candidate(
+        document_id=str(payload[DOCUMENT_ID]),
+        revision=int(payload[REVISION]),
+        score=min(1.0, max(-1.0, float(score))),
+        updated_at=datetime.fromisoformat(str(payload[UPDATED_AT])),
+        status=str(payload[STATUS]),
+    )
+
+
+def best_first(candidates: Iterable[Candidate], limit: int) -> list[Candidate]:
+    """The best `limit` candidates: score descending, ties by `document_id` ascending."""
+    return sorted(candidates, key=lambda c: (-c.score, c.document_id))[: max(0, limit)]

@@ -1,0 +1,558 @@
+"""A Qdrant server as the projector's vector index: one collection per generation.
+
+The collection of generation `g` is `f"{collection_prefix}-{g}"`, with one named dense
+vector `"dense"` (cosine) and payload indexes on the filter fields. Points and payload
+are those of the embedded qdrant-edge adapter (`contracts.vector_payload`), so the two
+engines answer the same queries the same way and one conformance suite covers both.
+
+The same class runs against qdrant-client's *local mode* (`path=` a directory, or
+`":memory:"`), the stand-in for a server where none runs (CI). Local mode is exact brute
+force in Python (100-1000x slower than a server), accepts `create_payload_index` and
+ignores it, holds a lock on its directory (one client per path, a second one raises),
+and is not thread-safe. Use it for contract tests only.
+
+Revisions: `apply` reads the present revisions of the batch's points and skips stale
+upserts, and then writes with server-side guards, all in one `batch_update_points`:
+- every upsert carries `update_filter: revision <= r` (Qdrant >= 1.16 "conditional
+  upsert"): an existing point is only replaced by a revision at least as new, a missing
+  point is inserted;
+- every delete is a filter `has_id AND revision <= r`.
+So a concurrent writer cannot make an older revision replace a newer one. What remains
+racy is *resurrection*: Qdrant keeps no tombstones, so an upsert at revision 2 that
+reaches the server after another writer's delete at revision 3 inserts the document
+again. Orrery avoids concurrent writers per document (the log is keyed by document id,
+so one projector owns a document at a time); this adapter also serializes its own
+`apply` calls per generation.
+
+Aliases: `mirror_alias` points a native alias at a generation with one atomic
+`update_collection_aliases` (delete + create). Orrery's live pointer is its own routing
+record; the alias is a mirror for outside readers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import uuid
+import warnings
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import grpc  # type: ignore[import-untyped]
+import httpx
+from qdrant_client import QdrantClient, models
+from qdrant_client.common.client_exceptions import QdrantException
+from qdrant_client.http.exceptions import ApiException, UnexpectedResponse
+
+from contracts.digests import id_set_digest
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.index import IndexDocument
+from contracts.index_fields import DOCUMENT_ID, REVISION
+from contracts.vector_payload import (
+    PAYLOAD_INDEXES,
+    TENANT_FIELD,
+    VECTOR_NAME,
+    PayloadIndexKind,
+    check_generation_id,
+    check_vector,
+    payload_of,
+    point_id,
+)
+from projector.ports import IndexEvidence
+
+__all__ = ["DEPENDENCY", "QdrantServerVectorIndex", "open_qdrant_client"]
+
+_log = logging.getLogger(__name__)
+
+DEPENDENCY = "qdrant"
+_SCROLL_PAGE = 1_000
+# Collection and alias names: what Qdrant accepts, kept to a portable subset.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_SCHEMAS: Mapping[PayloadIndexKind, models.PayloadSchemaType] = {
+    "keyword": models.PayloadSchemaType.KEYWORD,
+    "integer": models.PayloadSchemaType.INTEGER,
+    "datetime": models.PayloadSchemaType.DATETIME,
+}
+# What qdrant-client raises: HTTP errors and responses (`ApiException`), transport errors
+# (httpx, grpc), and in local mode plain `ValueError` / `RuntimeError` / `KeyError`.
+_DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    ApiException,
+    QdrantException,
+    httpx.HTTPError,
+    grpc.RpcError,
+    ValueError,
+    RuntimeError,
+    KeyError,
+    OSError,
+)
+
+
+class QdrantServerVectorIndex:
+    """Vector indexes in a Qdrant server (or qdrant-client local mode), one collection each.
+
+    Construct with exactly one of `client` (taken over: `close` closes it), `url` (a
+    server) or `path` (local mode: a directory, or `":memory:"`). Collections are named
+    `f"{collection_prefix}-{generation_id}"` and generation ids may contain '-', so two
+    deployments sharing a server need prefixes that do not nest (not `a` and `a-b`).
+
+    Guarantees (those of `projector.ports.VectorIndex`):
+    - `apply` is one `batch_update_points(wait=True)`: visible to searches when it
+      returns. The server applies its operations in order; should it fail half-way,
+      re-applying the same call converges (every operation is idempotent).
+    - An upsert never replaces a newer revision already present; a delete at revision r
+      removes the document only if its present revision is <= r. Within one call a
+      document's upserts are resolved first (highest revision wins), then its deletes.
+      Both are enforced by the server per point (see the module docstring for the one
+      race left with concurrent writers of the same document).
+    - Every upserted vector has the generation's dimension, is finite and non-zero;
+      anything else rejects the whole call with `EMBEDDER_MISMATCH` before any write.
+    - `create` is idempotent and rejects another dimension for an existing generation
+      (`EMBEDDER_MISMATCH`); it (re)creates missing payload indexes.
+    - `evidence` is read back from a full scroll of the collection.
+    - Generations created by an earlier process or another worker are used as found.
+
+    Thread-safe against a server (local mode is not). Driver failures surface as
+    `DependencyUnavailable`; an unknown generation is `NOT_FOUND`; after `close`, every
+    call is `INTERNAL`.
+    """
+
+    def __init__(
+        self,
+        client: QdrantClient | None = None,
+        *,
+        url: str | None = None,
+        path: str | None = None,
+        collection_prefix: str = "orrery",
+    ) -> None:
+        if not _NAME.fullmatch(collection_prefix):
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                "collection_prefix must be 1-128 letters, digits, '_', '.', '-'",
+                {"collection_prefix": collection_prefix},
+            )
+        self._client = _open_client(client, url=url, path=path)
+        self._local = _is_local(self._client)
+        self._prefix = collection_prefix
+        self._lock = threading.Lock()
+        self._dimensions: dict[str, int] = {}
+        self._write_locks: dict[str, threading.Lock] = {}
+        self._closed = False
+
+    # -- VectorIndex -----------------------------------------------------------------
+
+    def create(self, generation_id: str, dimension: int) -> None:
+        """Create the generation's collection (no-op if it exists with the same dimension)."""
+        if dimension <= 0:
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST, "dimension must be positive", {"dimension": dimension}
+            )
+        name = self.collection_name(generation_id)
+        self._check_open()
+        with _translated(f"create {generation_id}", generation_id):
+            # Qdrant resolves aliases wherever a collection name goes: an alias named like
+            # this collection would send the generation's writes to another collection.
+            for alias in self._client.get_aliases().aliases:
+                if alias.alias_name == name:
+                    raise OrreryError(
+                        ErrorCode.INVALID_REQUEST,
+                        f"{name!r} is an alias of {alias.collection_name!r}, not a collection",
+                        {"generation_id": generation_id, "alias": name},
+                    )
+            info = self._info(name)
+            if info is None:
+                try:
+                    self._client.create_collection(
+                        name,
+                        vectors_config={
+                            VECTOR_NAME: models.VectorParams(
+                                size=dimension, distance=models.Distance.COSINE
+                            )
+                        },
+                    )
+                except _DRIVER_ERRORS as error:
+                    if "already exists" not in str(error):
+                        raise
+                    # Another worker created it meanwhile: check what it created.
+                    info = self._info(name)
+            present = _dense_dimension(info, generation_id) if info is not None else dimension
+            if present != dimension:
+                raise OrreryError(
+                    ErrorCode.EMBEDDER_MISMATCH,
+                    f"generation {generation_id!r} holds {present}-d vectors",
+                    {"expected": present, "got": dimension},
+                )
+            indexed = set(info.payload_schema) if info is not None else set()
+            self._create_payload_indexes(name, indexed)
+        with self._lock:
+            self._dimensions[generation_id] = dimension
+
+    def apply(
+        self,
+        generation_id: str,
+        upserts: Sequence[IndexDocument],
+        deletes: Sequence[tuple[str, int]],
+    ) -> None:
+        """Write upserts, then deletes, in one request; stale ones are skipped."""
+        name = self.collection_name(generation_id)
+        dimension = self._dimension(generation_id)
+        for document in upserts:
+            check_vector(document, dimension)
+        newest: dict[uuid.UUID, IndexDocument] = {}
+        for document in upserts:
+            pid = point_id(document.document_id)
+            kept = newest.get(pid)
+            if kept is None or kept.revision <= document.revision:
+                newest[pid] = document
+        delete_at: dict[uuid.UUID, int] = {}
+        for document_id, revision in deletes:
+            pid = point_id(document_id)
+            delete_at[pid] = max(revision, delete_at.get(pid, revision))
+        if not newest and not delete_at:
+            return
+        with self._write_lock(generation_id):
+            with _translated(f"read revisions of {generation_id}", generation_id):
+                present = self._present_revisions(name, list(newest))
+            writes: dict[uuid.UUID, IndexDocument] = {}
+            for pid, document in newest.items():
+                stale = present.get(pid, document.revision) > document.revision
+                deleted_in_call = delete_at.get(pid, document.revision - 1) >= document.revision
+                if not stale and not deleted_in_call:
+                    writes[pid] = document
+            operations: list[models.UpdateOperation] = [
+                *_upsert_operations(writes),
+                *_delete_operations(delete_at),
+            ]
+            if not operations:
+                return
+            with _translated(f"apply to {generation_id}", generation_id):
+                self._client.batch_update_points(name, operations, wait=True)
+
+    def evidence(self, generation_id: str) -> IndexEvidence:
+        """Count and `id_set_digest` of the `(document_id, revision)` pairs the collection holds."""
+        name = self.collection_name(generation_id)
+        self._check_open()
+        pairs: list[tuple[str, int]] = []
+        offset: models.ExtendedPointId | None = None
+        while True:
+            with _translated(f"scroll {generation_id}", generation_id):
+                records, next_offset = self._client.scroll(
+                    name,
+                    limit=_SCROLL_PAGE,
+                    offset=offset,
+                    with_payload=[DOCUMENT_ID, REVISION],
+                    with_vectors=False,
+                )
+            for record in records:
+                payload = record.payload or {}
+                pairs.append((str(payload[DOCUMENT_ID]), int(payload[REVISION])))
+            if next_offset is None:
+                break
+            offset = next_offset
+        return IndexEvidence(document_count=len(pairs), id_set_digest=id_set_digest(pairs))
+
+    def drop(self, generation_id: str) -> None:
+        """Delete the generation's collection and its aliases (no-op if absent)."""
+        name = self.collection_name(generation_id)
+        self._check_open()
+        with self._lock:
+            self._dimensions.pop(generation_id, None)
+        with _translated(f"drop {generation_id}"):
+            try:
+                self._client.delete_collection(name)
+            except _DRIVER_ERRORS as error:
+                if not _is_not_found(error):
+                    raise
+
+    def close(self) -> None:
+        """Close the client. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._client.close()
+        except _DRIVER_ERRORS as error:
+            _log.warning("closing the qdrant client: %s", error)
+
+    # -- aliases and names -------------------------------------------------------------
+
+    def collection_name(self, generation_id: str) -> str:
+        """The collection that holds `generation_id` (`INVALID_REQUEST` for unsafe ids)."""
+        check_generation_id(generation_id)
+        return f"{self._prefix}-{generation_id}"
+
+    def mirror_alias(self, alias: str, generation_id: str) -> None:
+        """Point the native alias `alias` at the generation's collection, atomically.
+
+        One `update_collection_aliases` call (delete + create): readers of the alias see
+        the previous collection or this one, never none. An unknown generation is
+        `NOT_FOUND`; an alias named like an existing collection is `INVALID_REQUEST`.
+        """
+        _check_alias(alias)
+        name = self.collection_name(generation_id)
+        self._check_open()
+        operations: list[models.AliasOperations] = [
+            models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias)),
+            models.CreateAliasOperation(
+                create_alias=models.CreateAlias(collection_name=name, alias_name=alias)
+            ),
+        ]
+        try:
+            with _translated(f"point alias {alias} at {generation_id}", generation_id):
+                self._client.update_collection_aliases(change_aliases_operations=operations)
+        except DependencyUnavailable as error:
+            if "already exists" not in error.message:
+                raise
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                f"alias {alias!r} is the name of an existing collection",
+                {"alias": alias},
+            ) from error
+
+    def resolve_alias(self, alias: str) -> str | None:
+        """The generation `alias` points at; None if it does not exist or points elsewhere.
+
+        "Elsewhere" is any collection that is not one of this prefix's generations.
+        """
+        self._check_open()
+        with _translated(f"read alias {alias}"):
+            aliases = self._client.get_aliases().aliases
+        marker = f"{self._prefix}-"
+        for description in aliases:
+            if description.alias_name == alias:
+                collection = description.collection_name
+                return collection[len(marker) :] if collection.startswith(marker) else None
+        return None
+
+    # -- internals ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OrreryError(ErrorCode.INTERNAL, "vector index is closed")
+
+    def _info(self, name: str) -> models.CollectionInfo | None:
+        """The collection's info, None if it does not exist (other errors propagate)."""
+        try:
+            return self._client.get_collection(name)
+        except _DRIVER_ERRORS as error:
+            if _is_not_found(error):
+                return None
+            raise
+
+    def _dimension(self, generation_id: str) -> int:
+        """The generation's dimension: remembered from `create`, else read from the engine."""
+        self._check_open()
+        with self._lock:
+            dimension = self._dimensions.get(generation_id)
+        if dimension is not None:
+            return dimension
+        with _translated(f"read {generation_id}", generation_id):
+            info = self._info(self.collection_name(generation_id))
+        if info is None:
+            raise _not_found(generation_id)
+        dimension = _dense_dimension(info, generation_id)
+        with self._lock:
+            self._dimensions[generation_id] = dimension
+        return dimension
+
+    def _write_lock(self, generation_id: str) -> threading.Lock:
+        with self._lock:
+            return self._write_locks.setdefault(generation_id, threading.Lock())
+
+    def _create_payload_indexes(self, name: str, indexed: set[str]) -> None:
+        for field, kind in PAYLOAD_INDEXES.items():
+            if field in indexed:
+                continue
+            schema: models.PayloadSchemaType | models.KeywordIndexParams = _SCHEMAS[kind]
+            if field == TENANT_FIELD:
+                schema = models.KeywordIndexParams(
+                    type=models.KeywordIndexType.KEYWORD, is_tenant=True
+                )
+            with warnings.catch_warnings():
+                if self._local:
+                    # Local mode warns that payload indexes do nothing there; we know.
+                    warnings.simplefilter("ignore", UserWarning)
+                self._client.create_payload_index(name, field, field_schema=schema, wait=True)
+
+    def _present_revisions(self, name: str, pids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+        if not pids:
+            return {}
+        records = self._client.retrieve(
+            name, [str(pid) for pid in pids], with_payload=[REVISION], with_vectors=False
+        )
+        return {
+            uuid.UUID(str(record.id)): int((record.payload or {})[REVISION]) for record in records
+        }
+
+
+def open_qdrant_client(*, url: str | None = None, path: str | None = None) -> QdrantClient:
+    """A client for the server at `url`, or local mode on `path` (a directory or `":memory:"`).
+
+    Exactly one of the two (`INVALID_REQUEST` otherwise). No network call here (no
+    version probe); a local directory already open in another client is
+    `DependencyUnavailable`. Share the result between `QdrantServerVectorIndex` and the
+    query side's `QdrantServerVectorSearch` in one process: local mode allows one client
+    per path. Local mode is not thread-safe, so a local client comes wrapped: every call
+    is serialized by one lock (the projector writes while query threads search).
+    """
+    client = _open_client(None, url=url, path=path)
+    if url is None:
+        return cast(QdrantClient, _SerializedClient(client))
+    return client
+
+
+class _SerializedClient:
+    """Forwards to a client, one call at a time (qdrant-client's local mode keeps plain
+    Python structures that concurrent calls would corrupt)."""
+
+    def __init__(self, client: QdrantClient) -> None:
+        self._client = client
+        self._lock = threading.RLock()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return attribute(*args, **kwargs)
+
+        return call
+
+
+def _open_client(client: QdrantClient | None, *, url: str | None, path: str | None) -> QdrantClient:
+    if sum(option is not None for option in (client, url, path)) != 1:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST, "give exactly one of client, url or path (local mode)"
+        )
+    if client is not None:
+        return client
+    try:
+        if url is not None:
+            # No version probe at construction: it is a network call that only warns.
+            return QdrantClient(url=url, check_compatibility=False)
+        if path == ":memory:":
+            return QdrantClient(location=":memory:")
+        return QdrantClient(path=path)
+    except _DRIVER_ERRORS as error:  # local mode: the directory is locked by another client
+        raise DependencyUnavailable(DEPENDENCY, f"open client: {error}") from error
+
+
+def _is_local(client: QdrantClient) -> bool:
+    options = client.init_options
+    return options.get("location") == ":memory:" or options.get("path") is not None
+
+
+def _check_alias(alias: str) -> None:
+    if not _NAME.fullmatch(alias):
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            "aliases are 1-128 letters, digits, '_', '.', '-'",
+            {"alias": alias},
+        )
+
+
+def _dense_dimension(info: models.CollectionInfo, generation_id: str) -> int:
+    vectors = info.config.params.vectors
+    params = vectors.get(VECTOR_NAME) if isinstance(vectors, Mapping) else None
+    if params is None:
+        raise OrreryError(
+            ErrorCode.EMBEDDER_MISMATCH,
+            f"collection of generation {generation_id!r} has no {VECTOR_NAME!r} vector",
+            {"generation_id": generation_id},
+        )
+    return int(params.size)
+
+
+def _revision_at_most(revision: int) -> models.FieldCondition:
+    return models.FieldCondition(key=REVISION, range=models.Range(lte=revision))
+
+
+def _upsert_operations(writes: Mapping[uuid.UUID, IndexDocument]) -> list[models.UpsertOperation]:
+    """One conditional upsert per distinct revision: replaces only older-or-equal points."""
+    by_revision: dict[int, list[models.PointStruct]] = defaultdict(list)
+    for pid, document in writes.items():
+        assert document.vector is not None  # checked by check_vector
+        by_revision[document.revision].append(
+            models.PointStruct(
+                id=str(pid),
+                vector={VECTOR_NAME: list(document.vector)},
+                payload=payload_of(document),
+            )
+        )
+    return [
+        models.UpsertOperation(
+            upsert=models.PointsList(
+                points=points, update_filter=models.Filter(must=[_revision_at_most(revision)])
+            )
+        )
+        for revision, points in sorted(by_revision.items())
+    ]
+
+
+def _delete_operations(delete_at: Mapping[uuid.UUID, int]) -> list[models.DeleteOperation]:
+    """One filtered delete per distinct revision: removes only older-or-equal points."""
+    by_revision: dict[int, list[models.ExtendedPointId]] = defaultdict(list)
+    for pid, revision in delete_at.items():
+        by_revision[revision].append(str(pid))
+    return [
+        models.DeleteOperation(
+            delete=models.FilterSelector(
+                filter=models.Filter(
+                    must=[models.HasIdCondition(has_id=pids), _revision_at_most(revision)]
+                )
+            )
+        )
+        for revision, pids in sorted(by_revision.items())
+    ]
+
+
+def _is_not_found(error: BaseException) -> bool:
+    """Whether a driver error says the collection (or alias target) does not exist."""
+    if isinstance(error, UnexpectedResponse):
+        return error.status_code == 404
+    if isinstance(error, grpc.RpcError):
+        code = getattr(error, "code", None)
+        return callable(code) and code() == grpc.StatusCode.NOT_FOUND
+    message = str(error)
+    # Local mode: ValueError(f"Collection {name} not found").
+    return (
+        isinstance(error, ValueError)
+        and message.startswith("Collection ")
+        and message.endswith(" not found")
+    )
+
+
+def _not_found(generation_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.NOT_FOUND,
+        f"vector index generation {generation_id!r} does not exist",
+        {"generation_id": generation_id},
+    )
+
+
+@contextlib.contextmanager
+def _translated(action: str, generation_id: str | None = None) -> Iterator[None]:
+    """Turn qdrant-client, httpx and grpc errors into `contracts.errors`.
+
+    A missing collection is `NOT_FOUND` when `generation_id` names the one concerned; a
+    vector the engine finds of the wrong dimension is `EMBEDDER_MISMATCH`; anything else
+    is `DependencyUnavailable`.
+    """
+    try:
+        yield
+    except OrreryError:
+        raise
+    except _DRIVER_ERRORS as error:
+        if generation_id is not None and _is_not_found(error):
+            raise _not_found(generation_id) from error
+        message = str(error)
+        if "dimension error" in message.lower():
+            raise OrreryError(
+                ErrorCode.EMBEDDER_MISMATCH, f"{action}: {message}", {"engine": DEPENDENCY}
+            ) from error
+        raise DependencyUnavailable(DEPENDENCY, f"{action}: {message}") from error

@@ -1,0 +1,199 @@
+"""Composition root of the server deployment: Kafka, OpenSearch, Qdrant, Redis.
+
+Roles run as separate processes (`orrery ingest-api`, `orrery relay`, `orrery project`,
+`orrery query-worker`) or together (`orrery serve --mode servers`). The canonical SQLite
+database under `data_dir` holds records, outbox and the generation registry; every role
+of one host shares it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+
+from contracts.auth import parse_api_keys
+from contracts.embedding import Embedder
+from ingest.bootstrap import canonical_db_path, embedded_store, kafka_relay_step
+from ingest.entrypoints.http import create_router
+from ingest.entrypoints.relay import RelayLoop
+from ingest.ports import RecordStore
+from projector.bootstrap import ServerProjector, default_embedder, server_projector
+from projector.entrypoints.worker import ProjectorLoop
+from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
+from query.bootstrap import server_query_ports
+from query.entrypoints.http import create_app, install_error_handlers
+from query.service import QueryLimits
+from query.settings import QuerySettings
+
+__all__ = ["Role", "ServerStack"]
+
+log = logging.getLogger("orrery")
+
+
+class Role(StrEnum):
+    INGEST = "ingest"
+    RELAY = "relay"
+    PROJECTOR = "projector"
+    QUERY = "query"
+
+
+def qdrant_client(settings: QuerySettings) -> Any:
+    """A qdrant-client for the configured server, or local mode under `data_dir`."""
+    from projector.adapters.qdrant_vectors import open_qdrant_client
+
+    if settings.qdrant_url:
+        return open_qdrant_client(url=settings.qdrant_url)
+    return open_qdrant_client(path=str(settings.data_dir / "qdrant-local"))
+
+
+@dataclass(slots=True)
+class ServerStack:
+    """The roles of one server-mode process, started and stopped together."""
+
+    settings: QuerySettings
+    roles: frozenset[Role]
+    app: FastAPI | None = None
+    store: RecordStore | None = None
+    relay: RelayLoop | None = None
+    projector: ServerProjector | None = None
+    projector_loop: ProjectorLoop | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    @classmethod
+    def open(
+        cls,
+        settings: QuerySettings,
+        roles: frozenset[Role],
+        *,
+        embedder: Embedder | None = None,
+    ) -> ServerStack:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        db_path = canonical_db_path(settings.data_dir)
+        stack = cls(settings, roles)
+        grants = parse_api_keys(settings.api_keys)
+        # The canonical store creates the schema every other role reads.
+        store = embedded_store(settings.data_dir)
+        stack.closers.append(store.close)
+        if Role.INGEST in roles:
+            stack.store = store
+        if Role.RELAY in roles:
+            step, close = kafka_relay_step(
+                settings.data_dir,
+                bootstrap_servers=settings.kafka_bootstrap,
+                topic_prefix=settings.kafka_topic_prefix,
+                partitions=settings.kafka_partitions,
+                batch_size=settings.relay_batch_size,
+            )
+            stack.relay = RelayLoop(step, poll_seconds=settings.projector_poll_seconds * 4)
+            stack.closers.append(close)
+        needs_embedder = Role.PROJECTOR in roles or Role.QUERY in roles
+        if needs_embedder and embedder is None:
+            embedder = default_embedder(settings.embedder_threads)
+        shared_qdrant = None
+        if Role.PROJECTOR in roles or Role.QUERY in roles:
+            shared_qdrant = qdrant_client(settings)
+        if Role.PROJECTOR in roles:
+            assert embedder is not None
+            stack.projector = server_projector(
+                db_path,
+                embedder=embedder,
+                batch_size=settings.projector_batch_size,
+                kafka_bootstrap=settings.kafka_bootstrap,
+                kafka_topic_prefix=settings.kafka_topic_prefix,
+                kafka_group=settings.kafka_group,
+                kafka_session_timeout_ms=settings.kafka_session_timeout_ms,
+                opensearch_url=settings.opensearch_url,
+                opensearch_index_prefix=settings.opensearch_index_prefix,
+                opensearch_refresh_interval=settings.opensearch_refresh_interval,
+                qdrant=shared_qdrant,
+                qdrant_collection_prefix=settings.qdrant_collection_prefix,
+            )
+            stack.projector_loop = ProjectorLoop(
+                stack.projector.step, poll_seconds=settings.projector_poll_seconds
+            )
+            stack.closers.append(stack.projector.close)
+        routers: list[APIRouter] = []
+        if Role.INGEST in roles:
+            wake = stack.relay.wake if stack.relay is not None else None
+            routers.append(
+                create_router(
+                    store=store,
+                    grants=grants,
+                    max_batch=settings.max_batch,
+                    vector_dimension=None if embedder is None else embedder.dimension,
+                    on_commit=wake,
+                )
+            )
+        if Role.QUERY in roles:
+            assert embedder is not None
+            ports = server_query_ports(
+                db_path,
+                embedder=embedder,
+                opensearch_url=settings.opensearch_url,
+                opensearch_index_prefix=settings.opensearch_index_prefix,
+                qdrant=shared_qdrant,
+                qdrant_collection_prefix=settings.qdrant_collection_prefix,
+                redis_url=settings.redis_url,
+                cache_responses=settings.cache_responses,
+            )
+            routing = ports.routing
+            assert isinstance(routing, SqliteRouting)
+            stack.app = create_app(
+                ports=ports,
+                limits=QueryLimits(
+                    max_result_limit=settings.max_result_limit,
+                    candidate_depth=settings.candidate_depth,
+                    freshness_half_life_days=settings.freshness_half_life_days,
+                    response_ttl_seconds=settings.response_ttl_seconds,
+                ),
+                grants=grants,
+                routers=routers,
+                document_ids=functools.partial(generation_document_ids, routing),
+                status=stack.status,
+            )
+        elif routers:
+            stack.app = _ingest_only_app(routers)
+        if not grants and stack.app is not None:
+            log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
+        return stack
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": "servers", "roles": sorted(self.roles)}
+        if self.projector_loop is not None:
+            out.update(self.projector_loop.status())
+        if self.relay is not None:
+            out.update(self.relay.status())
+        return out
+
+    def start(self) -> None:
+        if self.relay is not None:
+            self.relay.start()
+        if self.projector_loop is not None:
+            self.projector_loop.start()
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.stop()
+        if self.projector_loop is not None:
+            self.projector_loop.stop()
+        for close in reversed(self.closers):
+            close()
+
+
+def _ingest_only_app(routers: list[APIRouter]) -> FastAPI:
+    app = FastAPI(title="Orrery ingest", version="0.1.0")
+    install_error_handlers(app)
+
+    @app.get("/healthz", tags=["ops"])
+    async def get_healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    for router in routers:
+        app.include_router(router)
+    return app
