@@ -87,8 +87,12 @@ def test_same_answers_as_embedded(pair: tuple[Server, Server]) -> None:
 
 def test_plan_names_server_indexes_and_redis_cache(pair: tuple[Server, Server]) -> None:
     servers, _ = pair
-    body = {"namespace": NS, "scope_ref": SCOPE, "query_text": "blue case nightstand",
-            "result_limit": 2}
+    body = {
+        "namespace": NS,
+        "scope_ref": SCOPE,
+        "query_text": "blue case nightstand",
+        "result_limit": 2,
+    }
     first = servers.topk(**body).json()
     second = servers.topk(**body).json()
     assert first["query_plan"]["cache"] in {"miss", "hit"}
@@ -101,17 +105,27 @@ def test_plan_names_server_indexes_and_redis_cache(pair: tuple[Server, Server]) 
 
 def test_writes_flow_through_kafka(pair: tuple[Server, Server]) -> None:
     servers, _ = pair
-    assert servers.post_records([rec("fact:kafka-flow", title="Bicycle pump",
-                                     body="The bicycle pump hangs in the garage.")]
-                                ).status_code == 200
+    assert (
+        servers.post_records(
+            [
+                rec(
+                    "fact:kafka-flow",
+                    title="Bicycle pump",
+                    body="The bicycle pump hangs in the garage.",
+                )
+            ]
+        ).status_code
+        == 200
+    )
     servers.wait_projected(timeout=60, documents={(NS, "objects"): len(CORPUS) + 1})
     assert top_ids(servers, query_text="bicycle pump garage")[0] == "fact:kafka-flow"
 
 
 def test_redis_down_answers_uncached(tmp_path: Path) -> None:
     tag = uuid.uuid4().hex[:8]
-    srv = start_server(tmp_path / "data",
-                       env=server_env(tag, ORRERY_REDIS_URL="redis://127.0.0.1:1/0"))
+    srv = start_server(
+        tmp_path / "data", env=server_env(tag, ORRERY_REDIS_URL="redis://127.0.0.1:1/0")
+    )
     try:
         assert srv.post_records(CORPUS).status_code == 200
         srv.wait_projected(timeout=120, documents=EXPECTED)
@@ -123,13 +137,15 @@ def test_redis_down_answers_uncached(tmp_path: Path) -> None:
         srv.stop()
 
 
-def _spawn(command: list[str], data_dir: Path, env: dict[str, str], log: Path
-           ) -> subprocess.Popen[bytes]:
+def _spawn(
+    command: list[str], data_dir: Path, env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
     with log.open("ab") as handle:
         return subprocess.Popen(
-            [sys.executable, "-m", "query.entrypoints.cli", *command, "--data-dir",
-             str(data_dir)],
-            stdout=handle, stderr=subprocess.STDOUT, env={**os.environ, **env},
+            [sys.executable, "-m", "query.entrypoints.cli", *command, "--data-dir", str(data_dir)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
         )
 
 
@@ -137,7 +153,8 @@ def _canonical_digest(data_dir: Path) -> tuple[int, str]:
     with sqlite3.connect(data_dir / "orrery.sqlite") as conn:
         rows = conn.execute(
             "SELECT document_id, revision FROM heads WHERE namespace = ? AND "
-            "snapshot_kind = 'objects' AND deleted = 0", (NS,)
+            "snapshot_kind = 'objects' AND deleted = 0",
+            (NS,),
         ).fetchall()
     return len(rows), id_set_digest((str(d), int(r)) for d, r in rows)
 
@@ -152,8 +169,10 @@ def test_separate_processes_and_projector_crash(tmp_path: Path) -> None:
     relay = _spawn(["relay"], data_dir, env, tmp_path / "relay.log")
     worker = start_server(data_dir, "--roles", "projector,query", env=env)
     try:
-        batch = [rec(f"fact:bulk-{i}", title=f"bulk item {i}", body=f"bulk body number {i}")
-                 for i in range(600)]
+        batch = [
+            rec(f"fact:bulk-{i}", title=f"bulk item {i}", body=f"bulk body number {i}")
+            for i in range(600)
+        ]
         for start in range(0, len(batch), 200):
             assert ingest.post_records(batch[start : start + 200]).status_code == 200
         deletes = []
@@ -176,10 +195,12 @@ def test_separate_processes_and_projector_crash(tmp_path: Path) -> None:
         from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
         from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 
-        lexical = OpenSearchLexicalIndex(require_server("opensearch"),
-                                         index_prefix=f"orrery-test-{tag}")
-        vectors = QdrantServerVectorIndex(path=str(data_dir / "qdrant-local"),
-                                          collection_prefix=f"orrery-test-{tag}")
+        lexical = OpenSearchLexicalIndex(
+            require_server("opensearch"), index_prefix=f"orrery-test-{tag}"
+        )
+        vectors = QdrantServerVectorIndex(
+            path=str(data_dir / "qdrant-local"), collection_prefix=f"orrery-test-{tag}"
+        )
         try:
             for evidence in (lexical.evidence(generation), vectors.evidence(generation)):
                 assert evidence.document_count == expected_count
