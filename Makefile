@@ -33,7 +33,7 @@ servers-up: venv
 servers-down:
 	$(PY) tests/harness/servers.py down
 
-test: venv servers-up
+test: venv check servers-up
 	$(VENV)/bin/pytest -q tests
 
 test-unit: venv

@@ -31,7 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)
 
 DataDir = Annotated[
     Path | None,
