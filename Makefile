@@ -34,7 +34,7 @@ servers-down:
 	$(PY) tests/harness/servers.py down
 
 test: venv check servers-up
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q tests -m "not measurement"
 
 test-unit: venv
 	$(VENV)/bin/pytest -q tests/unit tests/conformance -m "not servers"
@@ -59,6 +59,7 @@ schemas: venv
 	$(PY) -m contracts.export_schemas docs/schemas
 
 bench: venv
+	$(VENV)/bin/pytest -q -s tests -m measurement
 	$(PY) bench/topk.py
 
 clean:

@@ -71,9 +71,11 @@ Draining callers. A qdrant-edge shard can be closed under a caller, who then fai
 `drop`, `close`) the gate is closed and the closer waits until nothing else references
 the shard object: its CPython reference count drops to the closer's own references. A
 caller that fetches the shard per request, as `query.adapters.qdrant_edge_vectors`
-does, lets go when its request ends. One that keeps it longer than
-`_DRAIN_TIMEOUT_S` makes a swap give up (the old shard stays; a later optimize retries)
-and `drop` / `close` go ahead anyway.
+does, lets go when its request ends. A reference held by garbage (the frames of a failed
+search, kept in a cycle by its stored exception) goes with one `gc.collect()` after
+`_DRAIN_COLLECT_AFTER_S`. A caller that keeps the shard longer than `_DRAIN_TIMEOUT_S`
+makes a swap give up (the old shard stays; a later optimize retries) and `drop` /
+`close` go ahead anyway.
 
 One optimize per generation at a time; `drop` and `close` cancel a running one (its
 child is killed) and wait for it to clean up.
@@ -159,6 +161,8 @@ print("optimized" if changed else "unchanged")
 _CHILD_POLL_S = 0.1
 # How long closing a shard waits for callers still holding it (see the module docstring).
 _DRAIN_TIMEOUT_S = 5.0
+# After this long a garbage collection runs once, in case the holder is cyclic garbage.
+_DRAIN_COLLECT_AFTER_S = 0.05
 _COPY_CHUNK = 1 << 20
 # Catch-up without the write lock chases new writes this many rounds at most, and stops
 # early once at most `_CATCH_UP_SLACK` are left for the round under the lock.
@@ -357,17 +361,20 @@ class _Generation:
                 self.gate.notify_all()
 
     def _drained(self, deadline: float) -> bool:
+        """Whether every other reference to `shard` is gone before `deadline`."""
+        collect_at: float | None = time.monotonic() + _DRAIN_COLLECT_AFTER_S
         delay = 0.0002
-        collected = False
         # Two references are ours: this attribute and getrefcount's argument. Any other is
         # a caller still using the shard (readers hold it for the length of a request).
         while sys.getrefcount(self.shard) > 2:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now >= deadline:
                 return False
-            if not collected and time.monotonic() >= deadline - _DRAIN_TIMEOUT_S / 2:
-                # A reference may be stuck in a garbage cycle (an exception's traceback).
+            if collect_at is not None and now >= collect_at:
+                # Longer than a search: the reference may be garbage in a cycle, such as
+                # the frames of a failed search kept by its stored exception.
                 gc.collect()
-                collected = True
+                collect_at = None
                 continue
             time.sleep(delay)
             delay = min(2 * delay, 0.005)
@@ -498,6 +505,10 @@ class QdrantEdgeVectorIndex:
         pairs = self._scroll_pairs(generation, generation_id)
         return IndexEvidence(document_count=len(pairs), id_set_digest=id_set_digest(pairs))
 
+    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the shard holds, from a full scroll."""
+        return self._scroll_pairs(self._require(generation_id), generation_id)
+
     def drop(self, generation_id: str) -> None:
         """Close and delete the generation's shard (no-op if absent).
 
@@ -621,7 +632,7 @@ class QdrantEdgeVectorIndex:
             )
             self._optimizer.start()
 
-    # -- optimize: copy, child, catch up, swap ------------------------------------------
+    # -- optimize: copy, child, catch up, swap -------------------------------------
 
     def _optimize_loop(self, interval_s: float, min_unindexed: int) -> None:
         while not self._stop.wait(interval_s):
