@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.records import Record
 
-__all__ = ["LogEntry", "RecordChanged"]
+__all__ = ["POSITION_HEADER", "LogEntry", "RecordChanged", "topic_for", "topic_pattern"]
 
 
 class RecordChanged(BaseModel):
@@ -38,3 +40,19 @@ class LogEntry(BaseModel):
 
     position: int = Field(ge=1)
     event: RecordChanged
+
+
+# The Kafka wire format of the event log (server mode): one topic per namespace, the
+# document id as key (so a document's events keep their order), the `RecordChanged`
+# JSON as value, and the outbox position in this header as ASCII digits.
+POSITION_HEADER = "orrery-position"
+
+
+def topic_for(topic_prefix: str, namespace: str) -> str:
+    """The topic that carries a namespace's events."""
+    return f"{topic_prefix}.{namespace}"
+
+
+def topic_pattern(topic_prefix: str) -> str:
+    """A regular expression matching every namespace topic under `topic_prefix`."""
+    return "^" + re.escape(topic_prefix) + r"\..+"

@@ -28,6 +28,7 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from contracts.errors import DependencyUnavailable
+from contracts.events import POSITION_HEADER, topic_for
 from ingest.relay_ports import OutboxRow
 
 with warnings.catch_warnings():
@@ -42,21 +43,10 @@ with warnings.catch_warnings():
     from kafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
     from kafka.net.compat import KafkaNetClient
 
-__all__ = [
-    "POSITION_HEADER",
-    "KafkaEventPublisher",
-    "KafkaPublisherSettings",
-    "topic_for",
-]
+__all__ = ["KafkaEventPublisher", "KafkaPublisherSettings"]
 
-POSITION_HEADER = "orrery-position"
 
 log = logging.getLogger("orrery.relay")
-
-
-def topic_for(topic_prefix: str, namespace: str) -> str:
-    """The topic that carries one namespace's events."""
-    return f"{topic_prefix}.{namespace}"
 
 
 @dataclass(frozen=True, slots=True)

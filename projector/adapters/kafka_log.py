@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.events import LogEntry, RecordChanged
+from contracts.events import POSITION_HEADER, LogEntry, RecordChanged, topic_pattern
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas with importlib.resources.read_text and
@@ -39,7 +39,6 @@ with warnings.catch_warnings():
 __all__ = ["POSITION_HEADER", "KafkaEventLog", "KafkaLogSettings"]
 
 # Written by ingest.adapters.kafka_publisher (the packages share no code).
-POSITION_HEADER = "orrery-position"
 
 log = logging.getLogger("orrery.projector")
 
@@ -83,7 +82,7 @@ class KafkaLogSettings:
     @property
     def topic_pattern(self) -> str:
         """The regular expression of the topics read: every namespace under the prefix."""
-        return "^" + re.escape(self.topic_prefix) + r"\..+"
+        return topic_pattern(self.topic_prefix)
 
 
 @dataclass(frozen=True, slots=True)

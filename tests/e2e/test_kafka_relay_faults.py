@@ -20,14 +20,9 @@ from typing import Any
 import pytest
 
 from contracts.errors import DependencyUnavailable
-from contracts.events import LogEntry
+from contracts.events import POSITION_HEADER, LogEntry, topic_for
 from contracts.records import Record
-from ingest.adapters.kafka_publisher import (
-    POSITION_HEADER,
-    KafkaEventPublisher,
-    KafkaPublisherSettings,
-    topic_for,
-)
+from ingest.adapters.kafka_publisher import KafkaEventPublisher, KafkaPublisherSettings
 from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.entrypoints.relay import RelayLoop
