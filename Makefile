@@ -6,14 +6,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DATA_DIR ?= ./orrery-data
 export ORRERY_SERVERS_DIR ?= /tmp/orrery-servers
+SCIFACT ?= ../shared/data/scifact
 
-.PHONY: help venv run test test-unit check lint format typecheck imports bench schemas servers-up servers-down clean
+.PHONY: help venv run test test-unit check lint format typecheck imports bench bench-quality schemas servers-up servers-down clean
 
 help:
 	@echo "make run        embedded stack with the sample corpus on http://127.0.0.1:8080"
 	@echo "make test       venv + local servers + the whole test suite"
 	@echo "make check      ruff, mypy (strict) and import-linter"
 	@echo "make bench      benchmarks (writes docs/bench/)"
+	@echo "make bench-quality  nDCG@10 / Recall@100 on SciFact over HTTP (SCIFACT=dir)"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found"; exit 1; }
@@ -54,6 +56,9 @@ typecheck: venv
 
 imports: venv
 	$(VENV)/bin/lint-imports
+
+bench-quality: venv
+	$(PY) bench/quality.py $(SCIFACT)
 
 schemas: venv
 	$(PY) -m contracts.export_schemas docs/schemas

@@ -30,6 +30,7 @@ class ErrorCode(StrEnum):
     INVALID_REQUEST = "invalid_request"
     UNKNOWN_FIELD = "unknown_field"
     UNKNOWN_SCOPE = "unknown_scope"
+    UNKNOWN_PROFILE = "unknown_profile"
     EMPTY_QUERY = "empty_query"
     RESULT_LIMIT_EXCEEDED = "result_limit_exceeded"
     BATCH_TOO_LARGE = "batch_too_large"
@@ -40,6 +41,8 @@ class ErrorCode(StrEnum):
     EMBEDDER_MISMATCH = "embedder_mismatch"
     SCOPE_NOT_READY = "scope_not_ready"
     COVERAGE_UNAVAILABLE = "coverage_unavailable"
+    INVALID_STATE = "invalid_state"
+    NOT_CAUGHT_UP = "not_caught_up"
     DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     INTERNAL = "internal"
@@ -50,6 +53,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_REQUEST: 422,
     ErrorCode.UNKNOWN_FIELD: 422,
     ErrorCode.UNKNOWN_SCOPE: 404,
+    ErrorCode.UNKNOWN_PROFILE: 422,
     ErrorCode.EMPTY_QUERY: 422,
     ErrorCode.RESULT_LIMIT_EXCEEDED: 422,
     ErrorCode.BATCH_TOO_LARGE: 413,
@@ -60,6 +64,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.EMBEDDER_MISMATCH: 422,
     ErrorCode.SCOPE_NOT_READY: 503,
     ErrorCode.COVERAGE_UNAVAILABLE: 503,
+    ErrorCode.INVALID_STATE: 409,
+    ErrorCode.NOT_CAUGHT_UP: 409,
     ErrorCode.DEPENDENCY_UNAVAILABLE: 503,
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.INTERNAL: 500,

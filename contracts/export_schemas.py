@@ -9,10 +9,12 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from contracts.admin import GenerationView, PromoteReport
 from contracts.errors import ErrorResponse
 from contracts.events import LogEntry
-from contracts.generations import GenerationDescriptor
+from contracts.generations import EvidenceCheck, GenerationDescriptor
 from contracts.ingest_api import WriteResponse
+from contracts.profiles import ProfileSet
 from contracts.records import Record
 from contracts.topk import RetrieveRequest, RetrieveResponse, TopKRequest, TopKResponse
 
@@ -21,11 +23,15 @@ MODELS: dict[str, type[BaseModel]] = {
     "write_response": WriteResponse,
     "log_entry": LogEntry,
     "generation_descriptor": GenerationDescriptor,
+    "evidence_check": EvidenceCheck,
+    "admin_generation_view": GenerationView,
+    "admin_promote_report": PromoteReport,
     "topk_request": TopKRequest,
     "topk_response": TopKResponse,
     "retrieve_request": RetrieveRequest,
     "retrieve_response": RetrieveResponse,
     "error_response": ErrorResponse,
+    "fusion_profiles": ProfileSet,
 }
 
 

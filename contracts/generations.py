@@ -1,21 +1,48 @@
-"""Generation descriptors and the live pointer.
+"""Generation descriptors, their lifecycle, the live pointer and completeness evidence.
 
 A generation is one complete projection of a `(namespace, snapshot_kind)` scope into one
 lexical and one vector index. Its descriptor names everything needed to compare it:
-engines and index names, embedder, schema digest, and the evidence of what it holds.
+engines and index names, embedder, schema digest, the canonical snapshot it was built
+from, the evidence of what it holds and what the builder did.
+
+A descriptor is content-addressed: `descriptor_digest` is sha256 over the canonical JSON
+of every other field, so it is the descriptor's identity and any change (a new state, a
+new evidence figure) makes a new descriptor with a new digest. The registry keeps the
+newest descriptor of each generation; the state history inside it tells how it got there.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["GenerationDescriptor", "GenerationState", "LivePointer", "Topology"]
+from contracts.digests import sha256_json
+
+__all__ = [
+    "BuildReceipt",
+    "CoverageFallback",
+    "EngineEvidence",
+    "EvidenceCheck",
+    "GenerationDescriptor",
+    "GenerationState",
+    "LivePointer",
+    "SourceManifest",
+    "StateChange",
+    "Topology",
+]
 
 
 class GenerationState(StrEnum):
+    """`building → sealed → verified → live → retired`, and `failed` from any but retired.
+
+    Every state but `retired` and `failed` takes the log's writes (the projector writes
+    to all of them), so a sealed or verified generation stays as fresh as the live one
+    and a promote or a rollback loses nothing.
+    """
+
     BUILDING = "building"
     SEALED = "sealed"
     VERIFIED = "verified"
@@ -25,7 +52,7 @@ class GenerationState(StrEnum):
 
 
 class Topology(BaseModel):
-    """Where a generation lives: engines and their index names."""
+    """Where a generation lives: engines and their index (collection, directory) names."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -37,11 +64,74 @@ class Topology(BaseModel):
     replicas: int = 1
 
 
-class GenerationDescriptor(BaseModel):
-    """What a generation is and what it holds as of `applied_position`.
+class SourceManifest(BaseModel):
+    """The canonical snapshot a generation was built from.
 
-    `document_count` and `id_set_digest` (sha256 over sorted `(document_id, revision)` of
-    live documents) are the completeness evidence an engine's read-back must match.
+    `high_water` is the log position the snapshot reflects; `document_count` and
+    `id_set_digest` describe the canonical store's live documents of the scope at that
+    position (sha256 over sorted `(document_id, revision)`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    namespace: str
+    snapshot_kind: str
+    high_water: int
+    document_count: int
+    id_set_digest: str
+
+    @property
+    def manifest_id(self) -> str:
+        """The manifest's digest: its identity."""
+        return sha256_json(self.model_dump(mode="json"))
+
+
+class BuildReceipt(BaseModel):
+    """What the builder did.
+
+    `written`: snapshot documents written to both engines; `skipped`: snapshot documents
+    the generation already held at the same or a newer revision (the dual write got
+    there first); `failed`: documents that could not be written (a build with failures
+    never seals). `durations_s` has `snapshot`, `load`, `catch_up`, `seal`, `total`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    snapshot_documents: int
+    written: int
+    skipped: int
+    failed: int
+    batches: int
+    high_water: int
+    caught_up_to: int
+    durations_s: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        return sha256_json(self.model_dump(mode="json"))
+
+
+class StateChange(BaseModel):
+    """One entry of a generation's state history."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state: GenerationState
+    at: datetime
+    position: int = 0
+    reason: str = ""
+
+
+class GenerationDescriptor(BaseModel):
+    """What a generation is, what it was built from, and what it holds as of a position.
+
+    `document_count` and `id_set_digest` are the expected evidence as of
+    `applied_position`: frozen when the generation is sealed (from the registry's
+    per-generation document table, after the coverage check against the canonical
+    store). A generation keeps taking the log's writes after that, so evidence read back
+    later is compared with the registry at the position it is read at (see
+    `projector.generations`). `source_manifest` and `build_receipt` are absent for a
+    scope's first generation, which the projector creates live from the log itself.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -59,6 +149,23 @@ class GenerationDescriptor(BaseModel):
     id_set_digest: str = ""
     applied_position: int = 0
     profile: str = Field(default="weighted@1")
+    source_manifest: SourceManifest | None = None
+    source_manifest_id: str = ""
+    build_receipt: BuildReceipt | None = None
+    build_receipt_digest: str = ""
+    history: tuple[StateChange, ...] = ()
+    descriptor_digest: str = ""
+
+    def computed_digest(self) -> str:
+        """sha256 over the canonical JSON of every field but `descriptor_digest`."""
+        return sha256_json(self.model_dump(mode="json", exclude={"descriptor_digest"}))
+
+    def with_digest(self) -> GenerationDescriptor:
+        """This descriptor with `descriptor_digest` set to its content digest."""
+        return self.model_copy(update={"descriptor_digest": self.computed_digest()})
+
+    def digest_is_valid(self) -> bool:
+        return bool(self.descriptor_digest) and self.descriptor_digest == self.computed_digest()
 
 
 class LivePointer(BaseModel):
@@ -70,3 +177,64 @@ class LivePointer(BaseModel):
     snapshot_kind: str
     generation_id: str
     switched_at: datetime
+
+
+class EngineEvidence(BaseModel):
+    """One engine's read-back of a generation compared with the expected document set.
+
+    `missing`: expected but absent; `unexpected`: present but not expected; `stale`:
+    present at another revision; `duplicates`: ids the engine holds more than once. The
+    id lists are bounded samples (sorted); the `*_count` fields are exact.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: str
+    document_count: int
+    id_set_digest: str
+    matches: bool
+    missing_count: int = 0
+    unexpected_count: int = 0
+    stale_count: int = 0
+    duplicates: int = 0
+    missing: tuple[str, ...] = ()
+    unexpected: tuple[str, ...] = ()
+    stale: tuple[str, ...] = ()
+
+
+class EvidenceCheck(BaseModel):
+    """The outcome of reading a generation's evidence back from every engine.
+
+    `expected_*` is what the registry says the generation holds at `applied_position`
+    (its descriptor's evidence as of that position), read consistently with the
+    engines (no write committed in between). `coverage` compares that set with the
+    canonical store's live documents at the same position (`verify` only). `ok` means
+    every engine matched (and coverage, when checked, matched too).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    generation_id: str
+    kind: Literal["verify", "eligibility"]
+    checked_at: datetime
+    state: GenerationState
+    applied_position: int
+    commit_seq: int
+    expected_count: int
+    expected_digest: str
+    engines: tuple[EngineEvidence, ...]
+    coverage: EngineEvidence | None = None
+    ok: bool
+    reason: str = ""
+    seconds: float = 0.0
+
+
+class CoverageFallback(BaseModel):
+    """Declared in `query_plan.fallback` when a query was not answered by the live
+    generation because it was not eligible, and a configured fallback answered it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: Literal["previous_verified"]
+    live_generation_id: str
+    reason: str

@@ -7,18 +7,44 @@ proven identical by one conformance suite.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
+from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.index_fields import BODY, TAGS, TITLE
 from contracts.records import AwareDatetime, Record
 
-__all__ = ["TITLE_BOOST", "Candidate", "IndexDocument", "SearchFilter", "to_index_document"]
+__all__ = [
+    "DEFAULT_FIELD_BOOSTS",
+    "TITLE_BOOST",
+    "Candidate",
+    "IndexDocument",
+    "SearchFilter",
+    "field_boosts",
+    "to_index_document",
+]
 
 # Title matches count this many times a body match (BM25 field boost).
 TITLE_BOOST = 2.0
 # Tags count like the body by default.
 TAGS_BOOST = 1.0
+# The boost of each text field when a query names none (a fusion profile may).
+DEFAULT_FIELD_BOOSTS: Mapping[str, float] = MappingProxyType(
+    {TITLE: TITLE_BOOST, BODY: 1.0, TAGS: TAGS_BOOST}
+)
+
+
+def field_boosts(overrides: Mapping[str, float] | None) -> dict[str, float]:
+    """The boost of every text field: the defaults with `overrides` applied. Fields
+    boosted 0 are left out; an unknown field name raises `ValueError`."""
+    boosts = dict(DEFAULT_FIELD_BOOSTS)
+    for name, boost in (overrides or {}).items():
+        if name not in boosts:
+            raise ValueError(f"unknown text field {name!r}")
+        boosts[name] = float(boost)
+    return {name: boost for name, boost in boosts.items() if boost > 0.0}
 
 
 class IndexDocument(BaseModel):

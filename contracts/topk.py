@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.generations import CoverageFallback
 from contracts.records import AwareDatetime
 
 __all__ = [
@@ -65,12 +66,23 @@ class QueryFilters(_Strict):
 
 
 class Ranking(_Strict):
-    """Fusion weights. Each component is normalized to [0, 1] before weighting."""
+    """Weight overrides of the fusion profile. Each component is normalized to [0, 1]
+    before weighting.
 
-    lexical_weight: float = Field(default=1.0, ge=0.0, le=100.0)
-    vector_weight: float = Field(default=1.0, ge=0.0, le=100.0)
-    freshness_weight: float = Field(default=0.15, ge=0.0, le=100.0)
-    metadata_weight: float = Field(default=0.25, ge=0.0, le=100.0)
+    A weight left out (or null) keeps the profile's; a weight given replaces it, and the
+    response then names a derived profile id (`weighted@2+w:3f9a1c2b`). `rrf` profiles
+    take only `lexical_weight` and `vector_weight` (a positive freshness or metadata
+    weight is refused).
+    """
+
+    lexical_weight: float | None = Field(default=None, ge=0.0, le=100.0)
+    vector_weight: float | None = Field(default=None, ge=0.0, le=100.0)
+    freshness_weight: float | None = Field(default=None, ge=0.0, le=100.0)
+    metadata_weight: float | None = Field(default=None, ge=0.0, le=100.0)
+
+    def overrides(self) -> dict[str, float]:
+        """The weights the client gave, by field name."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class Include(_Strict):
@@ -88,6 +100,12 @@ class TopKRequest(_Strict):
     result_limit: int = Field(default=10, ge=1)
     response_mode: Literal["structured_records"] = "structured_records"
     filters: QueryFilters = Field(default_factory=QueryFilters)
+    profile: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Fusion profile id (e.g. 'rrf@1'); None = the server's "
+        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile).",
+    )
     ranking: Ranking = Field(default_factory=Ranking)
     include: Include = Field(default_factory=Include)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
@@ -123,6 +141,15 @@ class LatencyMs(BaseModel):
 
 
 class QueryPlan(BaseModel):
+    """How an answer was made.
+
+    `candidate_count`: distinct candidates both sources returned together;
+    `reranked_count`: candidates the fusion profile scored; `candidate_depth`: the
+    larger of the per-source depths in `candidate_depths`; `source_counts`: candidates
+    each source returned; `rescored_count`: missing components looked up exactly by id
+    (profiles with `missing: rescore`).
+    """
+
     candidate_scope_mode: Literal["scope_ref", "allowed_doc_ids"]
     candidate_count: int
     indexes_used: list[str]
@@ -133,6 +160,14 @@ class QueryPlan(BaseModel):
     profile: str
     cache: Literal["hit", "miss", "unavailable", "disabled"] = "disabled"
     candidate_depth: int
+    candidate_depths: dict[str, int] = Field(default_factory=dict)
+    source_counts: dict[str, int] = Field(default_factory=dict)
+    rescored_count: int = 0
+    fallback: CoverageFallback | None = Field(
+        default=None,
+        description="Set when the live generation was not eligible and the configured "
+        "coverage fallback answered instead",
+    )
 
 
 class TopKResponse(BaseModel):
@@ -153,6 +188,12 @@ class RetrieveRequest(_Strict):
     query_text: str = Field(default="", max_length=4_096)
     limit: int = Field(default=10, ge=1)
     filters: QueryFilters = Field(default_factory=QueryFilters)
+    profile: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Fusion profile id (e.g. 'rrf@1'); None = the server's "
+        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile).",
+    )
     ranking: Ranking = Field(default_factory=Ranking)
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)

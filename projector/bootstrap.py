@@ -6,27 +6,58 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contracts.embedding import Embedder
+from contracts.generations import Topology
+from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
+from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
-from projector.ports import EventLog, LexicalIndex, VectorIndex
-from projector.service import BatchReport, project_batch
+from projector.generations import GenerationAdmin, GenerationOptions, GenerationPorts
+from projector.ports import AliasMirror, EngineReadback, EventLog
+from projector.service import BatchReport, project_batch, schema_digest
+
+if TYPE_CHECKING:
+    from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
+    from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 
 __all__ = [
     "EmbeddedProjector",
     "ServerProjector",
     "default_embedder",
+    "embedded_generation_admin",
     "embedded_projector",
+    "operator_lock",
+    "server_generation_admin",
     "server_projector",
+    "writer_lock_path",
 ]
 
 LEXICAL_ENGINE = "tantivy"
 VECTOR_ENGINE = "qdrant-edge"
 CONSUMER = "projector"
+
+
+def writer_lock_path(data_dir: Path) -> Path:
+    """The generation writer lock shared by every process working on `data_dir`."""
+    return data_dir / "generations.lock"
+
+
+def operator_lock(data_dir: Path) -> OperatorLock:
+    """The lock that lets one process at a time open `data_dir`'s embedded engines."""
+    return OperatorLock(data_dir / "operator.lock")
+
+
+def _embedded_topology(generation_id: str) -> Topology:
+    return Topology(
+        lexical_engine=LEXICAL_ENGINE,
+        lexical_index=f"generations/lexical/{generation_id}",
+        vector_engine=VECTOR_ENGINE,
+        vector_index=f"generations/vectors/{generation_id}",
+    )
 
 
 @dataclass(slots=True)
@@ -39,12 +70,14 @@ class EmbeddedProjector:
     vectors: QdrantEdgeVectorIndex
     embedder: Embedder
     step: Callable[[], BatchReport]
+    lock: FileWriterLock
 
     def close(self) -> None:
         self.vectors.close()
         self.lexical.close()
         self.log.close()
         self.state.close()
+        self.lock.close()
 
 
 def default_embedder(threads: int = 2) -> Embedder:
@@ -62,6 +95,7 @@ def embedded_projector(
     log = SqliteOutboxLog(db_path, start_after=state.position(CONSUMER))
     lexical = TantivyLexicalIndex(data_dir / "generations" / "lexical")
     vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
+    lock = FileWriterLock(writer_lock_path(data_dir))
     step = functools.partial(
         project_batch,
         log=log,
@@ -74,8 +108,49 @@ def embedded_projector(
         vector_engine=VECTOR_ENGINE,
         consumer=CONSUMER,
         batch_size=batch_size,
+        lock=lock,
+        topology=_embedded_topology,
     )
-    return EmbeddedProjector(state, log, lexical, vectors, embedder, step)
+    return EmbeddedProjector(state, log, lexical, vectors, embedder, step, lock)
+
+
+def embedded_generation_admin(
+    projector: EmbeddedProjector,
+    db_path: Path,
+    *,
+    drive_log: Callable[[], bool] | None,
+    options: GenerationOptions,
+) -> GenerationAdmin:
+    """The lifecycle over the embedded projector's own engines and registry.
+
+    tantivy and qdrant-edge have no native aliases: promote records that it skipped them.
+    """
+    return GenerationAdmin(
+        GenerationPorts(
+            registry=projector.state,
+            contents=projector.state,
+            maintenance=projector.state,
+            evidence_log=projector.state,
+            cache=projector.state,
+            snapshot=SqliteCanonicalSnapshot(db_path),
+            lexical=projector.lexical,
+            vectors=projector.vectors,
+            lexical_readback=projector.lexical,
+            vector_readback=projector.vectors,
+            lock=projector.lock,
+            embedder=projector.embedder,
+            lexical_engine=LEXICAL_ENGINE,
+            vector_engine=VECTOR_ENGINE,
+            schema_digest=schema_digest(
+                LEXICAL_ENGINE, VECTOR_ENGINE, projector.embedder.embedder_id
+            ),
+            topology=_embedded_topology,
+            alias_name=lambda _engine, namespace, kind: f"live.{namespace}.{kind}",
+            aliases={LEXICAL_ENGINE: None, VECTOR_ENGINE: None},
+            drive_log=drive_log,
+            options=options,
+        )
+    )
 
 
 @dataclass(slots=True)
@@ -84,21 +159,24 @@ class ServerProjector:
 
     state: SqliteProjectorState
     log: EventLog
-    lexical: LexicalIndex
-    vectors: VectorIndex
+    lexical: OpenSearchLexicalIndex
+    vectors: QdrantServerVectorIndex
     embedder: Embedder
     step: Callable[[], BatchReport]
+    lock: FileWriterLock
 
     def close(self) -> None:
         self.log.close()
         self.vectors.close()
         self.lexical.close()
         self.state.close()
+        self.lock.close()
 
 
 def server_projector(
     db_path: Path,
     *,
+    lock_path: Path,
     embedder: Embedder,
     batch_size: int,
     kafka_bootstrap: str,
@@ -135,6 +213,11 @@ def server_projector(
         refresh_interval=opensearch_refresh_interval,
     )
     vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
+    lock = FileWriterLock(lock_path)
+
+    def topology(generation_id: str) -> Topology:
+        return _server_topology(lexical, vectors, generation_id)
+
     step = functools.partial(
         project_batch,
         log=log,
@@ -147,5 +230,101 @@ def server_projector(
         vector_engine="qdrant",
         consumer=kafka_group,
         batch_size=batch_size,
+        lock=lock,
+        topology=topology,
     )
-    return ServerProjector(state, log, lexical, vectors, embedder, step)
+    return ServerProjector(state, log, lexical, vectors, embedder, step, lock)
+
+
+def _server_topology(
+    lexical: OpenSearchLexicalIndex, vectors: QdrantServerVectorIndex, generation_id: str
+) -> Topology:
+    return Topology(
+        lexical_engine="opensearch",
+        lexical_index=lexical.index_name(generation_id),
+        vector_engine="qdrant",
+        vector_index=vectors.collection_name(generation_id),
+    )
+
+
+def server_generation_admin(
+    db_path: Path,
+    *,
+    projector: ServerProjector | None,
+    embedder: Embedder,
+    lock_path: Path,
+    opensearch_url: str,
+    opensearch_index_prefix: str,
+    opensearch_refresh_interval: str,
+    qdrant: Any,
+    qdrant_collection_prefix: str,
+    drive_log: Callable[[], bool] | None,
+    options: GenerationOptions,
+) -> tuple[GenerationAdmin, Callable[[], None]]:
+    """The lifecycle over OpenSearch and Qdrant, and the function that closes what it
+    opened. Uses the projector's engines and registry when this process runs one, else
+    opens its own (`qdrant` is the process's shared `QdrantClient`, left open). Promote
+    mirrors both engines' native aliases `{prefix}-live.{namespace}.{kind}` (lowercase
+    for OpenSearch)."""
+    from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
+    from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
+
+    closers: list[Callable[[], None]] = []
+    if projector is not None:
+        state, lexical, vectors, lock = (
+            projector.state,
+            projector.lexical,
+            projector.vectors,
+            projector.lock,
+        )
+    else:
+        state = SqliteProjectorState(db_path)
+        lexical = OpenSearchLexicalIndex(
+            opensearch_url,
+            index_prefix=opensearch_index_prefix,
+            refresh_interval=opensearch_refresh_interval,
+        )
+        vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
+        lock = FileWriterLock(lock_path)
+        closers += [lexical.close, state.close, lock.close]
+
+    def alias_name(engine: str, namespace: str, kind: str) -> str:
+        if engine == "opensearch":
+            return f"{opensearch_index_prefix}-live.{namespace}.{kind}".lower()
+        return f"{qdrant_collection_prefix}-live.{namespace}.{kind}"
+
+    lexical_mirror: AliasMirror = lexical
+    vector_mirror: AliasMirror = vectors
+    lexical_readback: EngineReadback = lexical
+    vector_readback: EngineReadback = vectors
+    admin = GenerationAdmin(
+        GenerationPorts(
+            registry=state,
+            contents=state,
+            maintenance=state,
+            evidence_log=state,
+            cache=state,
+            snapshot=SqliteCanonicalSnapshot(db_path),
+            lexical=lexical,
+            vectors=vectors,
+            lexical_readback=lexical_readback,
+            vector_readback=vector_readback,
+            lock=lock,
+            embedder=embedder,
+            lexical_engine="opensearch",
+            vector_engine="qdrant",
+            schema_digest=schema_digest("opensearch", "qdrant", embedder.embedder_id),
+            topology=lambda generation_id: _server_topology(lexical, vectors, generation_id),
+            alias_name=alias_name,
+            aliases={"opensearch": lexical_mirror, "qdrant": vector_mirror},
+            drive_log=drive_log,
+            options=options,
+        )
+    )
+
+    def close() -> None:
+        admin.close()
+        for closer in closers:
+            closer()
+
+    return admin, close

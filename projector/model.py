@@ -1,14 +1,38 @@
-"""Pure projection logic: which events of a batch change a generation, and how."""
+"""Pure projection logic: which events of a batch change a generation, and how; the
+generation lifecycle; comparing read-back evidence with what is expected."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
+from contracts.digests import id_set_digest
+from contracts.errors import ErrorCode, OrreryError
 from contracts.events import RecordChanged
+from contracts.generations import (
+    EngineEvidence,
+    GenerationDescriptor,
+    GenerationState,
+    StateChange,
+)
 from contracts.records import Record
 
-__all__ = ["BatchPlan", "plan_batch"]
+__all__ = [
+    "ALLOWED_TRANSITIONS",
+    "WRITABLE_STATES",
+    "BatchPlan",
+    "PairDiff",
+    "diff_pairs",
+    "engine_evidence",
+    "gc_plan",
+    "last_live_at",
+    "mismatch_reason",
+    "plan_batch",
+    "rollback_target",
+    "transition",
+]
 
 
 @dataclass(slots=True)
@@ -55,3 +79,212 @@ def plan_batch(events: Sequence[RecordChanged], current: Mapping[str, int]) -> B
             plan.upserts[doc_id] = record
         plan.revisions[doc_id] = (record.revision, record.deleted)
     return plan
+
+
+# -- generations -------------------------------------------------------------------------
+
+# Which state may follow which. `live → verified` is the demotion of the old live
+# generation by a promote or rollback; `failed` is reachable from every state that still
+# takes writes (a failed verify, an aborted or crashed build).
+ALLOWED_TRANSITIONS: Mapping[GenerationState, frozenset[GenerationState]] = {
+    GenerationState.BUILDING: frozenset({GenerationState.SEALED, GenerationState.FAILED}),
+    GenerationState.SEALED: frozenset(
+        {GenerationState.VERIFIED, GenerationState.FAILED, GenerationState.RETIRED}
+    ),
+    GenerationState.VERIFIED: frozenset(
+        {GenerationState.LIVE, GenerationState.FAILED, GenerationState.RETIRED}
+    ),
+    GenerationState.LIVE: frozenset({GenerationState.VERIFIED, GenerationState.FAILED}),
+    GenerationState.FAILED: frozenset({GenerationState.RETIRED}),
+    GenerationState.RETIRED: frozenset(),
+}
+
+# States whose generations receive the log's writes (the projector's write targets).
+WRITABLE_STATES: frozenset[GenerationState] = frozenset(
+    {
+        GenerationState.BUILDING,
+        GenerationState.SEALED,
+        GenerationState.VERIFIED,
+        GenerationState.LIVE,
+    }
+)
+
+# How many differing ids a check reports per kind of difference.
+DIFF_SAMPLE = 20
+
+
+def transition(
+    descriptor: GenerationDescriptor,
+    to: GenerationState,
+    *,
+    at: datetime,
+    position: int,
+    reason: str = "",
+    **updates: Any,
+) -> GenerationDescriptor:
+    """The descriptor after moving to `to`: state, one history entry, `updates`, and a
+    new content digest. Raises `INVALID_STATE` for a move `ALLOWED_TRANSITIONS` forbids."""
+    if to not in ALLOWED_TRANSITIONS[descriptor.state]:
+        raise OrreryError(
+            ErrorCode.INVALID_STATE,
+            f"generation {descriptor.generation_id} is {descriptor.state.value}; it cannot "
+            f"become {to.value}",
+            {
+                "generation_id": descriptor.generation_id,
+                "state": descriptor.state.value,
+                "requested": to.value,
+            },
+        )
+    entry = StateChange(state=to, at=at, position=position, reason=reason)
+    changed = descriptor.model_copy(
+        update={**updates, "state": to, "history": (*descriptor.history, entry)}
+    )
+    # Round-trip so nested models in `updates` are validated like stored ones.
+    return GenerationDescriptor.model_validate(changed.model_dump()).with_digest()
+
+
+@dataclass(frozen=True, slots=True)
+class PairDiff:
+    """How an observed `(document_id, revision)` multiset differs from an expected set."""
+
+    count: int
+    digest: str
+    missing: tuple[str, ...]
+    unexpected: tuple[str, ...]
+    stale: tuple[str, ...]
+    missing_count: int
+    unexpected_count: int
+    stale_count: int
+    duplicates: int
+
+    @property
+    def matches(self) -> bool:
+        return not (
+            self.missing_count or self.unexpected_count or self.stale_count or self.duplicates
+        )
+
+
+def diff_pairs(
+    expected: Mapping[str, int],
+    observed: Iterable[tuple[str, int]],
+    *,
+    sample: int = DIFF_SAMPLE,
+    expected_digest: str | None = None,
+) -> PairDiff:
+    """Compare what an engine (or the canonical store) holds with what is expected.
+
+    `count` and `digest` describe `observed` itself (the digest over its distinct ids,
+    keeping the highest revision of a duplicated id). Samples are the smallest ids.
+    `expected_digest` (the `id_set_digest` of `expected`, when the caller has it) is
+    reused when the sets are equal instead of hashing the same set again.
+    """
+    seen: dict[str, int] = {}
+    duplicates = 0
+    for document_id, revision in observed:
+        held = seen.get(document_id)
+        if held is not None:
+            duplicates += 1
+            revision = max(revision, held)
+        seen[document_id] = revision
+    missing = sorted(d for d in expected if d not in seen)
+    unexpected = sorted(d for d in seen if d not in expected)
+    stale = sorted(d for d, r in seen.items() if d in expected and expected[d] != r)
+    equal = not (missing or unexpected or stale)
+    return PairDiff(
+        count=len(seen) + duplicates,
+        digest=expected_digest if equal and expected_digest else id_set_digest(seen.items()),
+        missing=tuple(missing[:sample]),
+        unexpected=tuple(unexpected[:sample]),
+        stale=tuple(stale[:sample]),
+        missing_count=len(missing),
+        unexpected_count=len(unexpected),
+        stale_count=len(stale),
+        duplicates=duplicates,
+    )
+
+
+def engine_evidence(engine: str, diff: PairDiff) -> EngineEvidence:
+    return EngineEvidence(
+        engine=engine,
+        document_count=diff.count,
+        id_set_digest=diff.digest,
+        matches=diff.matches,
+        missing_count=diff.missing_count,
+        unexpected_count=diff.unexpected_count,
+        stale_count=diff.stale_count,
+        duplicates=diff.duplicates,
+        missing=diff.missing,
+        unexpected=diff.unexpected,
+        stale=diff.stale,
+    )
+
+
+def mismatch_reason(evidence: Sequence[EngineEvidence]) -> str:
+    """One line naming every engine that did not match, and how."""
+    parts = []
+    for item in evidence:
+        if item.matches:
+            continue
+        what = [
+            f"{n} {label}"
+            for n, label in (
+                (item.missing_count, "missing"),
+                (item.unexpected_count, "unexpected"),
+                (item.stale_count, "at another revision"),
+                (item.duplicates, "duplicated"),
+            )
+            if n
+        ]
+        parts.append(f"{item.engine}: {', '.join(what)}")
+    return "; ".join(parts)
+
+
+def last_live_at(descriptor: GenerationDescriptor) -> datetime | None:
+    """When the generation last became live (None if it never was)."""
+    times = [c.at for c in descriptor.history if c.state is GenerationState.LIVE]
+    return max(times) if times else None
+
+
+def rollback_target(
+    candidates: Sequence[GenerationDescriptor], live_generation_id: str | None
+) -> GenerationDescriptor | None:
+    """The generation a rollback returns to: among the scope's verified generations
+    other than the live one, the one that was live most recently; else the newest."""
+    verified = [
+        d
+        for d in candidates
+        if d.state is GenerationState.VERIFIED and d.generation_id != live_generation_id
+    ]
+    if not verified:
+        return None
+    return max(
+        verified,
+        key=lambda d: (last_live_at(d) is not None, last_live_at(d) or d.created_at, d.created_at),
+    )
+
+
+def gc_plan(
+    generations: Sequence[tuple[GenerationDescriptor, bool]], keep: int
+) -> tuple[list[str], list[str]]:
+    """`(drop, keep)` generation ids for `gc --keep N`.
+
+    `generations` are `(descriptor, indexes already dropped)`. Per scope, the `keep`
+    newest retired generations keep their engine indexes; older retired and all failed
+    generations lose them. Nothing that still takes writes is touched.
+    """
+    drop: list[str] = []
+    kept: list[str] = []
+    by_scope: dict[tuple[str, str], list[GenerationDescriptor]] = {}
+    for descriptor, dropped in generations:
+        if dropped:
+            continue
+        if descriptor.state is GenerationState.FAILED:
+            drop.append(descriptor.generation_id)
+        elif descriptor.state is GenerationState.RETIRED:
+            key = (descriptor.namespace, descriptor.snapshot_kind)
+            by_scope.setdefault(key, []).append(descriptor)
+    for retired in by_scope.values():
+        retired.sort(key=lambda d: d.created_at, reverse=True)
+        kept.extend(d.generation_id for d in retired[:keep])
+        drop.extend(d.generation_id for d in retired[keep:])
+    return sorted(drop), sorted(kept)

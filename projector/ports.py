@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from contracts.admin import GenerationRow
 from contracts.events import LogEntry
-from contracts.generations import GenerationDescriptor
+from contracts.generations import EvidenceCheck, GenerationDescriptor, GenerationState, Topology
 from contracts.index import IndexDocument
+from contracts.records import Record
 
 __all__ = [
+    "AliasMirror",
+    "CanonicalSnapshot",
+    "EngineReadback",
     "EventLog",
+    "EvidenceLog",
+    "GenerationContents",
+    "GenerationMaintenance",
+    "GenerationRegistry",
     "IndexEvidence",
     "LexicalIndex",
     "ProjectionState",
+    "RegistrySnapshot",
+    "SnapshotKeys",
     "VectorCache",
     "VectorIndex",
+    "WriterLock",
 ]
 
 
@@ -139,6 +154,7 @@ class ProjectionState(Protocol):
         vector_engine: str,
         schema_digest: str,
         make_live: bool,
+        topology: Callable[[str], Topology] | None = None,
     ) -> GenerationDescriptor: ...
 
 
@@ -148,3 +164,176 @@ class VectorCache(Protocol):
     def cached_vectors(self, keys: Iterable[str]) -> dict[str, tuple[float, ...]]: ...
 
     def store_vectors(self, vectors: Mapping[str, Sequence[float]]) -> None: ...
+
+
+# -- generations ---------------------------------------------------------------------------
+
+
+class EngineReadback(Protocol):
+    """Reads back what an engine holds for a generation.
+
+    Guarantees: every `(document_id, revision)` pair comes from the engine itself (a
+    scroll or a full search), never from bookkeeping; an id the engine holds twice is
+    returned twice; order unspecified. An unknown generation raises `NOT_FOUND` or
+    `COVERAGE_UNAVAILABLE`.
+    """
+
+    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]: ...
+
+
+class AliasMirror(Protocol):
+    """A native alias an engine keeps for outside readers (OpenSearch, Qdrant).
+
+    Guarantees: after `mirror_alias` returns, `alias` names this generation's index and
+    nothing else; readers of the alias never see zero or two indexes.
+    """
+
+    def mirror_alias(self, alias: str, generation_id: str) -> None: ...
+
+
+class WriterLock(Protocol):
+    """Mutual exclusion of everything that writes a generation's indexes and registry rows
+    (projector batches, snapshot loads) and of consistent evidence reads.
+
+    Guarantees: while `hold()` is entered no other holder — thread or process of this
+    host — is inside it; re-entrant within one thread.
+    """
+
+    def hold(self) -> AbstractContextManager[None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotKeys:
+    """The canonical store's live documents of one scope at log position `high_water`."""
+
+    high_water: int
+    keys: list[tuple[str, int]]
+
+
+class CanonicalSnapshot(Protocol):
+    """Reads the canonical record store (records, heads, outbox) for builds and checks.
+
+    Guarantees: `snapshot_keys` is one consistent read (every event up to `high_water`
+    and none after it); `records` returns exactly the requested revisions (revisions are
+    never rewritten); `live_pairs_at(p)` is the scope's live set after applying every
+    event with position <= p.
+    """
+
+    def snapshot_keys(self, namespace: str, snapshot_kind: str) -> SnapshotKeys: ...
+
+    def records(self, keys: Sequence[tuple[str, int]]) -> list[Record]: ...
+
+    def live_pairs_at(
+        self, namespace: str, snapshot_kind: str, position: int
+    ) -> list[tuple[str, int]]: ...
+
+    def high_water(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrySnapshot:
+    """The registry's live `(document_id, revision)` set of one generation, read in one
+    transaction with its `applied_position` and `commit_seq`."""
+
+    generation_id: str
+    state: GenerationState
+    pairs: dict[str, int]
+    applied_position: int
+    commit_seq: int
+
+
+class GenerationRegistry(Protocol):
+    """Generation rows, descriptors and live pointers.
+
+    Guarantees: `save_descriptor` and `switch_live` are compare-and-set (they raise
+    `INVALID_STATE` and change nothing when the generation's state, or the scope's live
+    generation, is not the expected one); `switch_live` moves the pointer and both
+    descriptors in one transaction, so a reader sees the old or the new live generation,
+    never none or two.
+    """
+
+    def begin_generation(
+        self,
+        namespace: str,
+        snapshot_kind: str,
+        *,
+        embedder_id: str,
+        embedder_dim: int,
+        schema_digest: str,
+        topology: Callable[[str], Topology],
+        at: datetime,
+    ) -> GenerationDescriptor:
+        """Register a new generation in state `building` (it takes writes at once)."""
+
+    def generation(self, generation_id: str) -> tuple[GenerationRow, GenerationDescriptor]:
+        """The row and the stored descriptor; `NOT_FOUND` for an unknown id."""
+
+    def generation_rows(
+        self, namespace: str | None = None, snapshot_kind: str | None = None
+    ) -> list[tuple[GenerationRow, GenerationDescriptor]]: ...
+
+    def save_descriptor(
+        self, descriptor: GenerationDescriptor, *, expect: frozenset[GenerationState]
+    ) -> None: ...
+
+    def switch_live(
+        self,
+        promoted: GenerationDescriptor,
+        demoted: GenerationDescriptor | None,
+        *,
+        expected_live: str | None,
+        at: datetime,
+    ) -> None:
+        """Point the scope at `promoted` (verified → live) if its live generation is still
+        `expected_live`, and store `demoted` (that generation, live → verified) — one
+        transaction."""
+
+
+class GenerationContents(Protocol):
+    """Per-generation document bookkeeping outside the projector's batches.
+
+    Guarantees: `record_documents` keeps the newer revision per document (a write at an
+    older or equal revision changes nothing) and counts as a commit (`commit_seq`
+    moves); `mark_applied` never lowers a position; `registry_pairs` is one consistent
+    read.
+    """
+
+    def revisions(self, generation_id: str, document_ids: Sequence[str]) -> dict[str, int]: ...
+
+    def record_documents(
+        self, generation_id: str, changes: Mapping[str, tuple[int, bool]]
+    ) -> None: ...
+
+    def mark_applied(self, generation_id: str, position: int) -> None: ...
+
+    def registry_pairs(self, generation_id: str) -> RegistrySnapshot: ...
+
+    def commit_seq(self, generation_id: str) -> int: ...
+
+
+class GenerationMaintenance(Protocol):
+    """Build heartbeats, orphaned builds and dropped indexes."""
+
+    def heartbeat(self, generation_id: str) -> None: ...
+
+    def fail_orphaned_builds(self, reason: str, *, older_than: datetime | None) -> list[str]:
+        """Mark `building` generations failed (all, or those whose last heartbeat is older
+        than `older_than`); returns their ids."""
+
+    def mark_indexes_dropped(self, generation_id: str) -> None: ...
+
+
+class EvidenceLog(Protocol):
+    """Evidence checks per generation, newest last.
+
+    Guarantees: a recorded check is never changed; `checks_since` returns checks in the
+    order they were recorded, with their sequence numbers.
+    """
+
+    def record_check(self, check: EvidenceCheck) -> None: ...
+
+    def latest_checks(self, generation_id: str, limit: int = 5) -> list[EvidenceCheck]: ...
+
+    def checks_since(self, sequence: int) -> list[tuple[int, EvidenceCheck]]: ...

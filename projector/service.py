@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from contracts.digests import sha256_json
 from contracts.embedding import Embedder, embedding_text, text_digest
 from contracts.events import LogEntry
+from contracts.generations import Topology
 from contracts.index import IndexDocument, to_index_document
 from contracts.records import Record
 from projector.model import plan_batch
-from projector.ports import EventLog, LexicalIndex, ProjectionState, VectorCache, VectorIndex
+from projector.ports import (
+    EventLog,
+    LexicalIndex,
+    ProjectionState,
+    VectorCache,
+    VectorIndex,
+    WriterLock,
+)
 
 __all__ = ["BatchReport", "embed_records", "project_batch"]
 
@@ -81,13 +90,19 @@ def project_batch(
     vector_engine: str,
     consumer: str = "projector",
     batch_size: int = 512,
+    lock: WriterLock | None = None,
+    topology: Callable[[str], Topology] | None = None,
 ) -> BatchReport:
     """Apply the next batch of the log to each generation that takes writes.
 
     Idempotent on `(document_id, revision)`: the indexes are written first, then the
     position and revisions commit together, so a crash in between replays the batch
     and converges to the same state. The first event of a scope with no generation
-    creates its first generation and makes it live.
+    creates its first generation (engine indexes named by `topology`) and makes it live.
+
+    With a `lock`, reading the write targets and their revisions, writing the indexes
+    and committing happen inside it, so a snapshot load or an evidence check never
+    interleaves with a batch; new texts are embedded before it is taken.
     """
     started = time.perf_counter()
     report = BatchReport(position=state.position(consumer))
@@ -95,26 +110,40 @@ def project_batch(
     if not entries:
         return report
     try:
-        changes = _apply_entries(
-            entries,
-            report,
-            state=state,
-            lexical=lexical,
-            vectors=vectors,
-            embedder=embedder,
-            cache=cache,
-            lexical_engine=lexical_engine,
-            vector_engine=vector_engine,
-        )
-        report.events = len(entries)
-        report.position = max(report.position, max(e.position for e in entries))
-        state.commit(consumer, report.position, changes)
+        _, report.embedded = embed_records(_newest_upserts(entries), embedder=embedder, cache=cache)
+        with lock.hold() if lock is not None else contextlib.nullcontext():
+            changes = _apply_entries(
+                entries,
+                report,
+                state=state,
+                lexical=lexical,
+                vectors=vectors,
+                embedder=embedder,
+                cache=cache,
+                lexical_engine=lexical_engine,
+                vector_engine=vector_engine,
+                topology=topology,
+            )
+            report.events = len(entries)
+            report.position = max(report.position, max(e.position for e in entries))
+            state.commit(consumer, report.position, changes)
     except BaseException:
         log.reset()  # nothing committed: deliver the same entries again
         raise
     log.acknowledge(entries)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _newest_upserts(entries: Sequence[LogEntry]) -> list[Record]:
+    """The newest revision of each document in the batch, if it is not a tombstone."""
+    newest: dict[str, Record] = {}
+    for entry in entries:
+        record = entry.event.record
+        held = newest.get(record.doc_id)
+        if held is None or record.revision > held.revision:
+            newest[record.doc_id] = record
+    return [r for r in newest.values() if not r.deleted]
 
 
 def _apply_entries(
@@ -128,6 +157,7 @@ def _apply_entries(
     cache: VectorCache,
     lexical_engine: str,
     vector_engine: str,
+    topology: Callable[[str], Topology] | None,
 ) -> dict[str, dict[str, tuple[int, bool]]]:
     by_scope: dict[tuple[str, str], list[LogEntry]] = defaultdict(list)
     for entry in entries:
@@ -146,6 +176,7 @@ def _apply_entries(
                 vector_engine=vector_engine,
                 schema_digest=schema_digest(lexical_engine, vector_engine, embedder.embedder_id),
                 make_live=True,
+                topology=topology,
             )
             lexical.create(descriptor.generation_id)
             vectors.create(descriptor.generation_id, embedder.dimension)

@@ -12,9 +12,40 @@ from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.sqlite_routing import SqliteRecordReader, SqliteRouting
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from query.ports import Cache
-from query.service import QueryEmbeddingCache, QueryPorts
+from query.profiles import ProfileRegistry, parse_profiles
+from query.service import QueryEmbeddingCache, QueryLimits, QueryPorts
+from query.settings import QuerySettings
 
-__all__ = ["embedded_query_ports", "server_query_ports"]
+__all__ = ["embedded_query_ports", "profile_registry", "query_limits", "server_query_ports"]
+
+
+def profile_registry(settings: QuerySettings) -> ProfileRegistry:
+    """Built-in profiles plus `ORRERY_PROFILES` (inline JSON when it starts with `{` or
+    `[`, else the path of a JSON file), defaulting to `ORRERY_DEFAULT_PROFILE`.
+
+    Raises `ValueError` (at startup) for unreadable or invalid profiles or an unknown
+    default.
+    """
+    source = settings.profiles.strip()
+    if source and source[0] not in "{[":
+        try:
+            source = Path(source).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"ORRERY_PROFILES: cannot read {source!r}: {exc}") from exc
+    return ProfileRegistry(parse_profiles(source).profiles, default=settings.default_profile)
+
+
+def query_limits(settings: QuerySettings) -> QueryLimits:
+    """The query worker's limits, depths and fusion profiles from its settings."""
+    return QueryLimits(
+        max_result_limit=settings.max_result_limit,
+        candidate_depth=settings.candidate_depth,
+        lexical_depth=settings.lexical_candidate_depth,
+        vector_depth=settings.vector_candidate_depth,
+        freshness_half_life_days=settings.freshness_half_life_days,
+        response_ttl_seconds=settings.response_ttl_seconds,
+        profiles=profile_registry(settings),
+    )
 
 
 def embedded_query_ports(

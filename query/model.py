@@ -1,15 +1,17 @@
-"""Pure query logic: scope refs, fusion math, freshness and metadata components."""
+"""Pure query logic: scope refs, and the fusion entry points kept for older callers
+(the fusion math lives in `query.fusion`, the profiles in `query.profiles`)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index import Candidate
+from contracts.profiles import DEFAULT_STATUS_BOOSTS
 from contracts.topk import Ranking
+from query.fusion import FusedCandidate, freshness, fuse, min_max
+from query.profiles import BUILTIN_PROFILES, derive_profile
 
 __all__ = [
     "BUILTIN_SCOPES",
@@ -30,20 +32,6 @@ BUILTIN_SCOPES: Mapping[str, str] = {
     "midterm:current": "midterm",
 }
 
-# The metadata component: how much a record's status is worth, in [0, 1]. Statuses not
-# listed score `OTHER_STATUS_BOOST`.
-DEFAULT_STATUS_BOOSTS: Mapping[str, float] = {
-    "active": 1.0,
-    "confirmed": 1.0,
-    "candidate": 0.6,
-    "uncertain": 0.4,
-    "superseded": 0.1,
-    "archived": 0.1,
-}
-OTHER_STATUS_BOOST = 0.3
-
-PROFILE_ID = "weighted@1"
-
 
 def resolve_scope_ref(scope_ref: str) -> str:
     """The snapshot kind a scope ref reads, or `unknown_scope`."""
@@ -57,33 +45,6 @@ def resolve_scope_ref(scope_ref: str) -> str:
     return kind
 
 
-def min_max(scores: Mapping[str, float]) -> dict[str, float]:
-    """Scale scores to [0, 1]; a single distinct value scales to 1.0."""
-    if not scores:
-        return {}
-    low, high = min(scores.values()), max(scores.values())
-    if high - low <= 1e-12:
-        return dict.fromkeys(scores, 1.0)
-    return {key: (value - low) / (high - low) for key, value in scores.items()}
-
-
-def freshness(updated_at: datetime, now: datetime, half_life_days: float) -> float:
-    """Exponential decay: 1.0 now, 0.5 after one half-life; future times count as now."""
-    age_days = max(0.0, (now - updated_at).total_seconds() / 86_400.0)
-    return math.exp(-math.log(2.0) * age_days / half_life_days)
-
-
-@dataclass(frozen=True, slots=True)
-class FusedCandidate:
-    document_id: str
-    revision: int
-    score: float
-    lexical: float
-    vector: float
-    freshness: float
-    metadata: float
-
-
 def fuse_weighted(
     lexical: Sequence[Candidate],
     vector: Sequence[Candidate],
@@ -93,37 +54,13 @@ def fuse_weighted(
     half_life_days: float = 30.0,
     status_boosts: Mapping[str, float] = DEFAULT_STATUS_BOOSTS,
 ) -> list[FusedCandidate]:
-    """Weighted sum of min-max normalized lexical and vector scores plus freshness and
-    metadata, divided by the sum of weights (so scores lie in [0, 1]).
-
-    A candidate found by one source only scores 0 for the other. Ties break on
-    `document_id` ascending, so the order is deterministic.
+    """`weighted@1` with `ranking`'s weights applied: min-max normalized lexical and
+    vector scores plus freshness and metadata, divided by the sum of weights (scores lie
+    in [0, 1]). A candidate found by one source only scores 0 for the other; ties break
+    on `document_id` ascending.
     """
-    weights = (
-        ranking.lexical_weight,
-        ranking.vector_weight,
-        ranking.freshness_weight,
-        ranking.metadata_weight,
+    base = next(p for p in BUILTIN_PROFILES if p.id == "weighted@1")
+    profile = derive_profile(base, ranking.overrides()).model_copy(
+        update={"status_boosts": dict(status_boosts)}
     )
-    total = sum(weights)
-    if total <= 0.0:
-        raise OrreryError(ErrorCode.INVALID_REQUEST, "at least one ranking weight must be positive")
-    lex = min_max({c.document_id: c.score for c in lexical})
-    vec = min_max({c.document_id: c.score for c in vector})
-    seen: dict[str, Candidate] = {}
-    for candidate in (*lexical, *vector):
-        held = seen.get(candidate.document_id)
-        if held is None or candidate.revision > held.revision:
-            seen[candidate.document_id] = candidate
-    fused: list[FusedCandidate] = []
-    for doc_id, candidate in seen.items():
-        parts = (
-            lex.get(doc_id, 0.0),
-            vec.get(doc_id, 0.0),
-            freshness(candidate.updated_at, now, half_life_days),
-            status_boosts.get(candidate.status, OTHER_STATUS_BOOST),
-        )
-        score = sum(w * p for w, p in zip(weights, parts, strict=True)) / total
-        fused.append(FusedCandidate(doc_id, candidate.revision, score, *parts))
-    fused.sort(key=lambda f: (-f.score, f.document_id))
-    return fused
+    return fuse(profile, lexical, vector, now=now, half_life_days=half_life_days)

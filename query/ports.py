@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from contracts.generations import CoverageFallback, EvidenceCheck
 from contracts.index import Candidate, SearchFilter
 
 __all__ = [
     "Cache",
+    "EvidenceSource",
     "LexicalSearch",
     "RecordReader",
     "Route",
+    "RouteAdmission",
     "Routing",
     "ScopeReadiness",
     "StoredRecord",
@@ -26,11 +30,19 @@ class LexicalSearch(Protocol):
 
     Guarantees: `filter` restricts before scoring and never changes scores; at most
     `limit` candidates, best first, ties broken by `document_id` ascending; an empty
-    `query_text` returns filter matches scored 0.0.
+    `query_text` returns filter matches scored 0.0. `field_boosts` replaces the default
+    boost (`contracts.index.DEFAULT_FIELD_BOOSTS`) of each text field it names; a boost
+    of 0 leaves that field out.
     """
 
     def search(
-        self, generation_id: str, query_text: str, filter: SearchFilter, limit: int
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        limit: int,
+        *,
+        field_boosts: Mapping[str, float] | None = None,
     ) -> list[Candidate]: ...
 
 
@@ -51,7 +63,11 @@ class VectorSearch(Protocol):
 
 
 class Route(BaseModel):
-    """Where a scope's queries go now."""
+    """Where a scope's queries go now.
+
+    `state` and `descriptor_digest` are the generation's registry row; `fallback` is set
+    when the eligibility gate routed to another generation than the live one.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -62,6 +78,9 @@ class Route(BaseModel):
     commit_seq: int
     embedder_id: str
     document_count: int
+    state: str = "live"
+    descriptor_digest: str = ""
+    fallback: CoverageFallback | None = None
 
 
 class ScopeReadiness(BaseModel):
@@ -73,6 +92,7 @@ class ScopeReadiness(BaseModel):
     state: str
     document_count: int
     applied_position: int
+    descriptor_digest: str = ""
 
 
 class Routing(Protocol):
@@ -86,6 +106,37 @@ class Routing(Protocol):
     def scopes(self) -> list[ScopeReadiness]: ...
 
     def log_high_water(self) -> int: ...
+
+    def fallback_routes(self, namespace: str, snapshot_kind: str, exclude: str) -> list[Route]:
+        """The scope's verified generations other than `exclude`, the one most recently
+        live first (then newest first)."""
+
+    def oldest_unapplied_at(self, position: int) -> datetime | None:
+        """When the oldest event after `position` was written (None: nothing waits)."""
+
+
+class RouteAdmission(Protocol):
+    """Replica eligibility on the query path.
+
+    Guarantees: `admit` returns a route to a generation whose evidence matched (the
+    given one, or a declared fallback with `fallback` set) or raises
+    `coverage_unavailable`; it never returns an ineligible route.
+    """
+
+    def admit(self, route: Route, scope_ref: str) -> Route: ...
+
+
+class EvidenceSource(Protocol):
+    """Reads a generation back from its engines and compares it with the registry.
+
+    Guarantees: `check` never reports a match that the engines do not hold (it reads
+    them back, consistently with the registry) and records its outcome; `checks_since`
+    returns every check recorded after `sequence` (by any process), oldest first.
+    """
+
+    def check(self, generation_id: str) -> EvidenceCheck: ...
+
+    def checks_since(self, sequence: int) -> list[tuple[int, EvidenceCheck]]: ...
 
 
 class StoredRecord(BaseModel):

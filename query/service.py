@@ -16,6 +16,7 @@ from contracts.digests import sha256_hex, sha256_json
 from contracts.embedding import Embedder
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
+from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
     CandidateOut,
@@ -30,8 +31,18 @@ from contracts.topk import (
     TopKResponse,
     TopKResult,
 )
-from query.model import PROFILE_ID, FusedCandidate, fuse_weighted, resolve_scope_ref
-from query.ports import Cache, LexicalSearch, RecordReader, Route, Routing, VectorSearch
+from query.fusion import FusedCandidate, Rescored, fuse
+from query.model import resolve_scope_ref
+from query.ports import (
+    Cache,
+    LexicalSearch,
+    RecordReader,
+    Route,
+    RouteAdmission,
+    Routing,
+    VectorSearch,
+)
+from query.profiles import ProfileRegistry
 
 __all__ = ["Principal", "QueryEmbeddingCache", "QueryLimits", "QueryPorts", "topk_records"]
 
@@ -48,11 +59,29 @@ class Principal:
 
 @dataclass(frozen=True, slots=True)
 class QueryLimits:
+    """Per-worker query configuration.
+
+    Candidates fetched per source: the profile's depth for that source, else
+    `lexical_depth` / `vector_depth`, else `candidate_depth` — and never fewer than the
+    request's result limit, nor, for an `rrf` profile, than its `rank_window` (so every
+    rank inside the window is known).
+    """
+
     max_result_limit: int = 100
     candidate_depth: int = 100
     freshness_half_life_days: float = 30.0
     response_ttl_seconds: float = 300.0
     embedding_ttl_seconds: float = 86_400.0
+    lexical_depth: int | None = None
+    vector_depth: int | None = None
+    profiles: ProfileRegistry = field(default_factory=ProfileRegistry)
+
+    def depths(self, profile: FusionProfile, limit: int) -> dict[str, int]:
+        """Candidates to fetch from each source for `profile` and a result limit."""
+        lexical = profile.lexical_depth or self.lexical_depth or self.candidate_depth
+        vector = profile.vector_depth or self.vector_depth or self.candidate_depth
+        floor = max(limit, profile.rank_window if isinstance(profile, RrfProfile) else 0)
+        return {"lexical": max(lexical, floor), "vector": max(vector, floor)}
 
 
 class QueryEmbeddingCache:
@@ -124,10 +153,16 @@ class QueryPorts:
     query_vectors: QueryEmbeddingCache
     responses: Cache | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    eligibility: RouteAdmission | None = None
 
 
 class _Stopwatch:
-    """Stage timings and the deadline shared by all stages of one request."""
+    """Stage timings and the deadline shared by all stages of one request.
+
+    Every stage ends with `lap`, which raises `DEADLINE_EXCEEDED` once the deadline has
+    passed, so no stage starts late and no partial result leaves: the error carries the
+    plan so far instead (`details.query_plan`: what `plan` holds, plus `latency_ms`).
+    """
 
     def __init__(self, timeout_seconds: float) -> None:
         self.start = time.perf_counter()
@@ -137,6 +172,7 @@ class _Stopwatch:
             ("scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize"),
             0.0,
         )
+        self.plan: dict[str, Any] = {}
         self._mark = self.start
 
     def lap(self, stage: str) -> None:
@@ -147,7 +183,16 @@ class _Stopwatch:
             raise OrreryError(
                 ErrorCode.DEADLINE_EXCEEDED,
                 f"the request exceeded timeout_seconds={self.timeout_seconds} during {stage}",
-                {"stage": stage, "latency_ms": self.latency().model_dump()},
+                {
+                    "stage": stage,
+                    "timeout_seconds": self.timeout_seconds,
+                    "latency_ms": self.latency().model_dump(),
+                    "query_plan": {
+                        **self.plan,
+                        "completed_stages": [s for s, ms in self.stages.items() if ms > 0.0],
+                        "latency_ms": self.latency().model_dump(),
+                    },
+                },
             )
 
     def latency(self) -> LatencyMs:
@@ -191,10 +236,14 @@ def _search_filter(
 @dataclass(slots=True)
 class _Ranked:
     route: Route
+    profile: FusionProfile
+    depths: dict[str, int]
     fused: list[FusedCandidate]
     candidate_count: int
     indexes_used: list[str]
     watch: _Stopwatch
+    source_counts: dict[str, int] = field(default_factory=dict)
+    rescored_count: int = 0
     cached: bool = False
 
 
@@ -205,13 +254,14 @@ def _rank(
     scope_ref: str,
     query_text: str,
     filters: QueryFilters,
+    profile_id: str | None,
     ranking: Ranking,
     limit: int,
     allowed_doc_ids: Sequence[str] | None,
     timeout_seconds: float,
     ports: QueryPorts,
     limits: QueryLimits,
-    cache_probe: Callable[[Route, _Stopwatch], bool] | None = None,
+    cache_probe: Callable[[Route, FusionProfile, _Stopwatch], bool] | None = None,
 ) -> _Ranked:
     watch = _Stopwatch(timeout_seconds)
     if limit > limits.max_result_limit:
@@ -226,6 +276,9 @@ def _rank(
             ErrorCode.EMPTY_QUERY, "query_text is empty and no filter narrows the scope"
         )
     galaxy = _authorize(principal, namespace, filters)
+    profile = limits.profiles.resolve(profile_id, ranking)
+    depths = limits.depths(profile, limit)
+    watch.plan.update(profile=profile.id, candidate_depths=depths)
     kind = resolve_scope_ref(scope_ref)
     route = ports.routing.route(namespace, kind)
     if route is None:
@@ -234,6 +287,8 @@ def _rank(
             f"scope {scope_ref!r} of namespace {namespace!r} has no live generation yet",
             {"scope_ref": scope_ref, "namespace": namespace},
         )
+    if ports.eligibility is not None:
+        route = ports.eligibility.admit(route, scope_ref)
     if route.embedder_id != ports.query_vectors.embedder_id:
         raise OrreryError(
             ErrorCode.EMBEDDER_MISMATCH,
@@ -241,48 +296,119 @@ def _rank(
             f"worker embeds with {ports.query_vectors.embedder_id}",
         )
     search_filter = _search_filter(filters, galaxy, allowed_doc_ids)
-    depth = max(limits.candidate_depth, limit)
+    watch.plan.update(generation_id=route.generation_id, applied_position=route.applied_position)
     watch.lap("scope_resolve")
-    if cache_probe is not None and cache_probe(route, watch):
+    if cache_probe is not None and cache_probe(route, profile, watch):
         return _Ranked(
-            route=route, fused=[], candidate_count=0, indexes_used=[], watch=watch, cached=True
+            route=route,
+            profile=profile,
+            depths=depths,
+            fused=[],
+            candidate_count=0,
+            indexes_used=[],
+            watch=watch,
+            cached=True,
         )
 
-    use_vector = bool(text) and ranking.vector_weight > 0.0
+    use_vector = bool(text) and profile.vector_weight > 0.0
     query_vector = ports.query_vectors.vector(text) if use_vector else None
     watch.lap("candidate_fetch")
 
     indexes_used: list[str] = []
     lexical: list[Candidate] = []
     vector: list[Candidate] = []
-    if ranking.lexical_weight > 0.0 or not use_vector:
-        lexical = ports.lexical.search(route.generation_id, text, search_filter, depth)
+    if profile.lexical_weight > 0.0 or not use_vector:
+        lexical = ports.lexical.search(
+            route.generation_id,
+            text,
+            search_filter,
+            depths["lexical"],
+            field_boosts=profile.lexical_boosts(),
+        )
         indexes_used.append("bm25" if text else "filter")
     if query_vector is not None:
-        vector = ports.vectors.search(route.generation_id, query_vector, search_filter, depth)
+        vector = ports.vectors.search(
+            route.generation_id, query_vector, search_filter, depths["vector"]
+        )
         indexes_used.append("vector")
-    if search_filter != SearchFilter() or ranking.metadata_weight > 0.0:
+    if search_filter != SearchFilter() or (
+        isinstance(profile, WeightedProfile) and profile.metadata_weight > 0.0
+    ):
         indexes_used.append("metadata")
+    source_counts = {"lexical": len(lexical), "vector": len(vector)}
+    watch.plan.update(indexes_used=indexes_used, source_counts=source_counts)
     watch.lap("index_search")
 
-    fused = fuse_weighted(
+    rescored: Rescored | None = None
+    if isinstance(profile, WeightedProfile) and profile.missing == "rescore" and text:
+        rescored = _rescore(
+            route.generation_id, text, query_vector, search_filter, lexical, vector, ports, profile
+        )
+    fused = fuse(
+        profile,
         lexical,
         vector,
-        ranking=ranking,
         now=ports.clock(),
         half_life_days=limits.freshness_half_life_days,
+        rescored=rescored,
     )
+    rescored_count = 0 if rescored is None else rescored.looked_up
+    watch.plan.update(candidate_count=len(fused), rescored_count=rescored_count)
     watch.lap("rerank")
     return _Ranked(
         route=route,
+        profile=profile,
+        depths=depths,
         fused=fused,
         candidate_count=len(fused),
         indexes_used=indexes_used,
         watch=watch,
+        source_counts=source_counts,
+        rescored_count=rescored_count,
     )
 
 
-def _plan(ranked: _Ranked, mode: str, depth: int, cache: str = "disabled") -> QueryPlan:
+def _rescore(
+    generation_id: str,
+    text: str,
+    query_vector: Sequence[float] | None,
+    search_filter: SearchFilter,
+    lexical: Sequence[Candidate],
+    vector: Sequence[Candidate],
+    ports: QueryPorts,
+    profile: FusionProfile,
+) -> Rescored:
+    """Exact scores of each source's candidates in the other source, fetched by id.
+
+    Both ports restrict before scoring and never change scores, so an id filter returns
+    each listed document's own score (lexical: its BM25 under the profile's field boosts,
+    absent when no term matches; vectors: its cosine, computed exactly because so few
+    points pass the filter). Two extra engine calls at most, each bounded by the
+    candidate depth.
+    """
+    lexical_ids = {c.document_id for c in lexical}
+    vector_ids = {c.document_id for c in vector}
+    only_vector = sorted(vector_ids - lexical_ids)
+    only_lexical = sorted(lexical_ids - vector_ids)
+    lexical_scores: dict[str, float] = {}
+    vector_scores: dict[str, float] = {}
+    looked_up = 0
+    if lexical_ids and only_vector:
+        by_id = search_filter.model_copy(update={"document_ids": tuple(only_vector)})
+        found = ports.lexical.search(
+            generation_id, text, by_id, len(only_vector), field_boosts=profile.lexical_boosts()
+        )
+        lexical_scores = {c.document_id: c.score for c in found}
+        looked_up += len(only_vector)
+    if query_vector is not None and vector_ids and only_lexical:
+        by_id = search_filter.model_copy(update={"document_ids": tuple(only_lexical)})
+        found = ports.vectors.search(generation_id, query_vector, by_id, len(only_lexical))
+        vector_scores = {c.document_id: c.score for c in found}
+        looked_up += len(only_lexical)
+    return Rescored(lexical=lexical_scores, vector=vector_scores, looked_up=looked_up)
+
+
+def _plan(ranked: _Ranked, mode: str, cache: str = "disabled") -> QueryPlan:
     return QueryPlan(
         candidate_scope_mode="allowed_doc_ids" if mode == "allowed_doc_ids" else "scope_ref",
         candidate_count=ranked.candidate_count,
@@ -291,18 +417,27 @@ def _plan(ranked: _Ranked, mode: str, depth: int, cache: str = "disabled") -> Qu
         latency_ms=ranked.watch.latency(),
         generation_id=ranked.route.generation_id,
         applied_position=ranked.route.applied_position,
-        profile=PROFILE_ID,
+        profile=ranked.profile.id,
         cache=cache,
-        candidate_depth=depth,
+        candidate_depth=max(ranked.depths.values()),
+        candidate_depths=ranked.depths,
+        source_counts=ranked.source_counts,
+        rescored_count=ranked.rescored_count,
+        fallback=ranked.route.fallback,
     )
 
 
-def _response_key(request: TopKRequest, principal: Principal, route: Route) -> str:
+def _response_key(
+    request: TopKRequest, principal: Principal, route: Route, profile: FusionProfile
+) -> str:
     """Everything a response depends on: the generation and the writes it reflects
     (`commit_seq` counts its committed batches, so it moves even when partitions
-    deliver positions out of order),
-    the caller's reach, and the normalized request (minus what does not change results)."""
-    normalized = request.model_dump(mode="json", exclude={"client_request_id", "timeout_seconds"})
+    deliver positions out of order), the caller's reach, the normalized request (minus
+    what does not change results) and the full recipe of the profile it resolved to (so
+    a changed server default or operator profile never serves an old ranking)."""
+    normalized = request.model_dump(
+        mode="json", exclude={"client_request_id", "timeout_seconds", "profile", "ranking"}
+    )
     return "topk:" + sha256_json(
         {
             "generation_id": route.generation_id,
@@ -310,6 +445,7 @@ def _response_key(request: TopKRequest, principal: Principal, route: Route) -> s
             "commit_seq": route.commit_seq,
             "principal": [principal.namespace, principal.galaxy],
             "request": normalized,
+            "profile": profile.model_dump(mode="json"),
         }
     )
 
@@ -328,11 +464,11 @@ def topk_records(
     cached: TopKResponse | None = None
     cache_key = ""
 
-    def probe(route: Route, watch: _Stopwatch) -> bool:
+    def probe(route: Route, profile: FusionProfile, watch: _Stopwatch) -> bool:
         nonlocal cache_state, cached, cache_key
         if ports.responses is None:
             return False
-        cache_key = _response_key(request, principal, route)
+        cache_key = _response_key(request, principal, route, profile)
         try:
             raw = ports.responses.get(cache_key)
         except DependencyUnavailable as exc:
@@ -351,6 +487,7 @@ def topk_records(
         scope_ref=request.scope_ref,
         query_text=request.query_text,
         filters=request.filters,
+        profile_id=request.profile,
         ranking=request.ranking,
         limit=request.result_limit,
         allowed_doc_ids=None,
@@ -359,7 +496,6 @@ def topk_records(
         limits=limits,
         cache_probe=probe,
     )
-    depth = max(limits.candidate_depth, request.result_limit)
     if cached is not None:
         plan = None
         if cached.query_plan is not None:
@@ -407,12 +543,10 @@ def topk_records(
     response = TopKResponse(
         scope_ref=request.scope_ref,
         generation_id=ranked.route.generation_id,
-        profile=PROFILE_ID,
+        profile=ranked.profile.id,
         client_request_id=request.client_request_id,
         results=results,
-        query_plan=_plan(ranked, "scope_ref", depth, cache_state)
-        if request.include.query_plan
-        else None,
+        query_plan=_plan(ranked, "scope_ref", cache_state) if request.include.query_plan else None,
     )
     if ports.responses is not None and cache_state == "miss":
         try:
@@ -436,6 +570,7 @@ def retrieve(
         scope_ref=request.scope_ref,
         query_text=request.query_text,
         filters=request.filters,
+        profile_id=request.profile,
         ranking=request.ranking,
         limit=request.limit,
         allowed_doc_ids=request.allowed_doc_ids,
@@ -448,7 +583,7 @@ def retrieve(
     return RetrieveResponse(
         scope_ref=request.scope_ref,
         generation_id=ranked.route.generation_id,
-        profile=PROFILE_ID,
+        profile=ranked.profile.id,
         candidates=[
             CandidateOut(
                 rank=rank,
@@ -459,7 +594,7 @@ def retrieve(
             )
             for rank, c in enumerate(top, start=1)
         ],
-        query_plan=_plan(ranked, mode, max(limits.candidate_depth, request.limit)),
+        query_plan=_plan(ranked, mode),
     )
 
 

@@ -23,7 +23,23 @@ class QuerySettings(BaseSettings):
     api_keys: str = Field(default="", description="key=namespace[/galaxy],…")
     max_batch: int = Field(default=1_000, ge=1, le=100_000)
     max_result_limit: int = Field(default=100, ge=1, le=1_000)
-    candidate_depth: int = Field(default=100, ge=1, le=10_000)
+    candidate_depth: int = Field(
+        default=100, ge=1, le=10_000, description="Candidates fetched per source"
+    )
+    lexical_candidate_depth: int | None = Field(
+        default=None, ge=1, le=10_000, description="Lexical candidates; None = candidate_depth"
+    )
+    vector_candidate_depth: int | None = Field(
+        default=None, ge=1, le=10_000, description="Vector candidates; None = candidate_depth"
+    )
+    default_profile: str = Field(
+        default="weighted@2", description="Fusion profile of requests that name none"
+    )
+    profiles: str = Field(
+        default="",
+        description="Operator fusion profiles: JSON ({'profiles': [...]} or a list), or "
+        "the path of a file holding it (see contracts/profiles.py)",
+    )
     freshness_half_life_days: float = Field(default=30.0, gt=0.0)
     projector_batch_size: int = Field(default=512, ge=1, le=100_000)
     projector_poll_seconds: float = Field(default=0.05, gt=0.0)
@@ -54,3 +70,34 @@ class QuerySettings(BaseSettings):
     qdrant_collection_prefix: str = "orrery"
     redis_url: str | None = Field(default=None, description="unset = in-process cache")
     relay_batch_size: int = Field(default=500, ge=1, le=100_000)
+
+    # Generations (`orrery gen …`, the admin API, replica eligibility).
+    admin_key: str = Field(
+        default="", description="Key of the admin API (/v1/admin/…); unset = the API is off"
+    )
+    coverage_fallback: Literal["none", "previous_verified"] = Field(
+        default="none",
+        description="When the live generation is not eligible: fail with 503 "
+        "coverage_unavailable (none), or answer from the previous verified generation and "
+        "declare it in query_plan.fallback",
+    )
+    eligibility_interval_seconds: float = Field(
+        default=60.0,
+        gt=0.0,
+        description="How often each routed generation's evidence is re-checked (a full "
+        "read-back of every engine: seconds of CPU at 100k documents)",
+    )
+    promote_max_lag_events: int = Field(
+        default=1_000, ge=0, description="A promote is refused further behind the log"
+    )
+    gen_build_batch_size: int = Field(default=1_000, ge=1, le=100_000)
+    gen_build_pause_seconds: float = Field(
+        default=0.0, ge=0.0, description="Pause between snapshot batches of a build"
+    )
+    gen_catch_up_timeout_seconds: float = Field(default=600.0, gt=0.0)
+    gen_build_switch_interval_seconds: float | None = Field(
+        default=0.001,
+        gt=0.0,
+        description="Interpreter thread switch interval while a build runs in the server "
+        "(shorter: queries wait less behind the CPU-bound build); unset = unchanged",
+    )

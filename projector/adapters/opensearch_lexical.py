@@ -319,6 +319,14 @@ class OpenSearchLexicalIndex:
             ) from exc
         return IndexEvidence(document_count=len(pairs), id_set_digest=digest)
 
+    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the index holds, scrolled from doc values."""
+        index = self.index_name(generation_id)
+        try:
+            return list(self._stored_pairs(index))
+        except OpenSearchException as exc:
+            raise _translate(exc, "cannot read index", generation_id) from exc
+
     def drop(self, generation_id: str) -> None:
         index = self.index_name(generation_id)
         try:

@@ -232,6 +232,11 @@ class QdrantServerVectorIndex:
 
     def evidence(self, generation_id: str) -> IndexEvidence:
         """Count and `id_set_digest` of the `(document_id, revision)` pairs the collection holds."""
+        pairs = self.stored_pairs(generation_id)
+        return IndexEvidence(document_count=len(pairs), id_set_digest=id_set_digest(pairs))
+
+    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the collection holds, from a full scroll."""
         name = self.collection_name(generation_id)
         self._check_open()
         pairs: list[tuple[str, int]] = []
@@ -251,7 +256,7 @@ class QdrantServerVectorIndex:
             if next_offset is None:
                 break
             offset = next_offset
-        return IndexEvidence(document_count=len(pairs), id_set_digest=id_set_digest(pairs))
+        return pairs
 
     def drop(self, generation_id: str) -> None:
         """Delete the generation's collection and its aliases (no-op if absent)."""

@@ -1,25 +1,38 @@
 """SQLite projector state: log positions, generation registry, per-generation document
-revisions, live pointers and the vector cache — all in one database so that a batch's
-position and its bookkeeping commit in one transaction.
+revisions, live pointers, evidence checks and the vector cache — all in one database so
+that a batch's position and its bookkeeping commit in one transaction.
 
-Query workers read `generations`, `live_pointers` and `projector_positions` (see
-`query.adapters.sqlite_routing`); the table layout is part of the embedded format.
+Query workers read `generations`, `live_pointers`, `projector_positions` and
+`generation_checks` (see `query.adapters.sqlite_routing`); the table layout is part of
+the embedded format. `generations.state` always equals the state inside
+`descriptor_json`, and `descriptor_digest` that descriptor's content digest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
+from contracts.admin import GenerationRow
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.generations import GenerationDescriptor, GenerationState, LivePointer, Topology
+from contracts.generations import (
+    EvidenceCheck,
+    GenerationDescriptor,
+    GenerationState,
+    LivePointer,
+    StateChange,
+    Topology,
+)
+from projector.model import WRITABLE_STATES, transition
+from projector.ports import RegistrySnapshot
 
 __all__ = ["STATE_SCHEMA", "SqliteProjectorState"]
 
@@ -38,7 +51,10 @@ CREATE TABLE IF NOT EXISTS generations (
     descriptor_json TEXT NOT NULL,
     document_count INTEGER NOT NULL DEFAULT 0,
     applied_position INTEGER NOT NULL DEFAULT 0,
-    commit_seq     INTEGER NOT NULL DEFAULT 0
+    commit_seq     INTEGER NOT NULL DEFAULT 0,
+    descriptor_digest TEXT NOT NULL DEFAULT '',
+    heartbeat_at   TEXT,
+    indexes_dropped INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS live_pointers (
     namespace     TEXT NOT NULL,
@@ -54,19 +70,52 @@ CREATE TABLE IF NOT EXISTS generation_documents (
     deleted       INTEGER NOT NULL,
     PRIMARY KEY (generation_id, document_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS generation_checks (
+    seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    generation_id TEXT NOT NULL,
+    kind          TEXT NOT NULL,
+    ok            INTEGER NOT NULL,
+    checked_at    TEXT NOT NULL,
+    check_json    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS generation_checks_by_generation
+    ON generation_checks (generation_id, seq);
 CREATE TABLE IF NOT EXISTS vector_cache (
     cache_key   TEXT PRIMARY KEY,
     dimension   INTEGER NOT NULL,
     vector      BLOB NOT NULL
 ) WITHOUT ROWID;
 """
+# Columns added after the first release of the format, with their definitions.
+_ADDED_COLUMNS = {
+    "descriptor_digest": "TEXT NOT NULL DEFAULT ''",
+    "heartbeat_at": "TEXT",
+    "indexes_dropped": "INTEGER NOT NULL DEFAULT 0",
+}
+_WRITABLE = tuple(sorted(state.value for state in WRITABLE_STATES))
+_WRITABLE_SQL = ",".join(f"'{state}'" for state in _WRITABLE)
+# Evidence checks kept per generation.
+_CHECKS_KEPT = 50
+_ROW_COLUMNS = (
+    "g.generation_id, g.namespace, g.snapshot_kind, g.state, g.descriptor_json, "
+    "g.document_count, g.applied_position, g.commit_seq, g.descriptor_digest, "
+    "g.heartbeat_at, g.indexes_dropped, p.generation_id IS NOT NULL"
+)
+_ROW_FROM = (
+    "generations g LEFT JOIN live_pointers p ON p.generation_id = g.generation_id "
+    "AND p.namespace = g.namespace AND p.snapshot_kind = g.snapshot_kind"
+)
 
 
 class SqliteProjectorState:
     """Projector bookkeeping in SQLite.
 
     Guarantees: `commit` stores the consumer position and every generation's document
-    revisions in one transaction; the live pointer is one row, replaced atomically.
+    revisions in one transaction; the live pointer is one row, replaced atomically
+    together with the descriptors of the generations it moves between; descriptor
+    writes are compare-and-set on the state. Implements `ProjectionState`,
+    `GenerationRegistry`, `GenerationContents`, `GenerationMaintenance`, `EvidenceLog`
+    and `VectorCache`.
     """
 
     def __init__(self, path: Path) -> None:
@@ -79,8 +128,17 @@ class SqliteProjectorState:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(STATE_SCHEMA)
+            self._add_missing_columns()
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
+
+    def _add_missing_columns(self) -> None:
+        present = {str(row[1]) for row in self._conn.execute("PRAGMA table_info(generations)")}
+        for name, definition in _ADDED_COLUMNS.items():
+            if name not in present:
+                # Another process may add it at the same moment.
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self._conn.execute(f"ALTER TABLE generations ADD COLUMN {name} {definition}")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -151,8 +209,8 @@ class SqliteProjectorState:
             )
             # Generations that saw no event in this batch are still caught up to it.
             conn.execute(
-                "UPDATE generations SET applied_position = ? WHERE state IN ('live', "
-                "'building') AND applied_position < ?",
+                f"UPDATE generations SET applied_position = ? WHERE state IN ({_WRITABLE_SQL})"
+                " AND applied_position < ?",
                 (position, position),
             )
 
@@ -168,41 +226,39 @@ class SqliteProjectorState:
         vector_engine: str,
         schema_digest: str,
         make_live: bool,
+        topology: Callable[[str], Topology] | None = None,
     ) -> GenerationDescriptor:
-        """Register a new generation (`live` at once when `make_live`, else `building`)."""
+        """Register a new generation (`live` at once when `make_live`, else `building`).
+
+        `topology` names the generation's engine indexes; by default both are named
+        like the generation.
+        """
         now = datetime.now(UTC)
+
+        def default_topology(generation_id: str) -> Topology:
+            return Topology(
+                lexical_engine=lexical_engine,
+                lexical_index=generation_id,
+                vector_engine=vector_engine,
+                vector_index=generation_id,
+            )
+
+        state = GenerationState.LIVE if make_live else GenerationState.BUILDING
+        reason = "first generation of the scope, made live by the projector" if make_live else ""
         with self._transaction() as conn:
-            seq = conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM generations").fetchone()[0]
-            generation_id = f"g{seq}"
-            state = GenerationState.LIVE if make_live else GenerationState.BUILDING
-            descriptor = GenerationDescriptor(
-                generation_id=generation_id,
-                namespace=namespace,
-                snapshot_kind=snapshot_kind,
+            descriptor = self._insert_generation(
+                conn,
+                namespace,
+                snapshot_kind,
                 state=state,
-                created_at=now,
+                reason=reason,
+                at=now,
                 embedder_id=embedder_id,
                 embedder_dim=embedder_dim,
-                topology=Topology(
-                    lexical_engine=lexical_engine,
-                    lexical_index=generation_id,
-                    vector_engine=vector_engine,
-                    vector_index=generation_id,
-                ),
                 schema_digest=schema_digest,
+                topology=topology or default_topology,
             )
-            conn.execute(
-                "INSERT INTO generations (seq, generation_id, namespace, snapshot_kind, state,"
-                " descriptor_json) VALUES (?,?,?,?,?,?)",
-                (
-                    seq,
-                    generation_id,
-                    namespace,
-                    snapshot_kind,
-                    state.value,
-                    descriptor.model_dump_json(),
-                ),
-            )
+            generation_id = descriptor.generation_id
             if make_live:
                 conn.execute(
                     "INSERT INTO live_pointers VALUES (?,?,?,?) ON CONFLICT(namespace, "
@@ -212,12 +268,57 @@ class SqliteProjectorState:
                 )
         return descriptor
 
+    def _insert_generation(
+        self,
+        conn: sqlite3.Connection,
+        namespace: str,
+        snapshot_kind: str,
+        *,
+        state: GenerationState,
+        reason: str,
+        at: datetime,
+        embedder_id: str,
+        embedder_dim: int,
+        schema_digest: str,
+        topology: Callable[[str], Topology],
+    ) -> GenerationDescriptor:
+        seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM generations").fetchone()[0])
+        generation_id = f"g{seq}"
+        descriptor = GenerationDescriptor(
+            generation_id=generation_id,
+            namespace=namespace,
+            snapshot_kind=snapshot_kind,
+            state=state,
+            created_at=at,
+            embedder_id=embedder_id,
+            embedder_dim=embedder_dim,
+            topology=topology(generation_id),
+            schema_digest=schema_digest,
+            history=(StateChange(state=state, at=at, reason=reason),),
+        ).with_digest()
+        conn.execute(
+            "INSERT INTO generations (seq, generation_id, namespace, snapshot_kind, state,"
+            " descriptor_json, descriptor_digest, heartbeat_at) VALUES (?,?,?,?,?,?,?,?)",
+            (
+                seq,
+                generation_id,
+                namespace,
+                snapshot_kind,
+                state.value,
+                descriptor.model_dump_json(),
+                descriptor.descriptor_digest,
+                at.isoformat(),
+            ),
+        )
+        return descriptor
+
     def write_targets(self, namespace: str, snapshot_kind: str) -> list[str]:
-        """Generations that receive new events for a scope: the live one and builds."""
+        """Generations that receive new events for a scope: every one that is building,
+        sealed, verified or live (so a promote or a rollback loses nothing)."""
         with self._lock:
             rows = self._conn.execute(
                 "SELECT generation_id FROM generations WHERE namespace = ? AND "
-                "snapshot_kind = ? AND state IN ('live', 'building') ORDER BY seq",
+                f"snapshot_kind = ? AND state IN ({_WRITABLE_SQL}) ORDER BY seq",
                 (namespace, snapshot_kind),
             ).fetchall()
         return [str(r[0]) for r in rows]
@@ -263,7 +364,7 @@ class SqliteProjectorState:
                 "document_count": len(pairs),
                 "id_set_digest": id_set_digest((str(d), int(r)) for d, r in pairs),
             }
-        )
+        ).with_digest()
 
     def generations(self) -> list[tuple[str, str, str, str]]:
         """`(generation_id, namespace, snapshot_kind, state)` of every generation."""
@@ -273,6 +374,285 @@ class SqliteProjectorState:
                 "ORDER BY seq"
             ).fetchall()
         return [(str(a), str(b), str(c), str(d)) for a, b, c, d in rows]
+
+    # -- GenerationRegistry ------------------------------------------------------------
+    def begin_generation(
+        self,
+        namespace: str,
+        snapshot_kind: str,
+        *,
+        embedder_id: str,
+        embedder_dim: int,
+        schema_digest: str,
+        topology: Callable[[str], Topology],
+        at: datetime,
+    ) -> GenerationDescriptor:
+        with self._transaction() as conn:
+            return self._insert_generation(
+                conn,
+                namespace,
+                snapshot_kind,
+                state=GenerationState.BUILDING,
+                reason="build started",
+                at=at,
+                embedder_id=embedder_id,
+                embedder_dim=embedder_dim,
+                schema_digest=schema_digest,
+                topology=topology,
+            )
+
+    def generation(self, generation_id: str) -> tuple[GenerationRow, GenerationDescriptor]:
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_ROW_COLUMNS} FROM {_ROW_FROM} WHERE g.generation_id = ?",
+                (generation_id,),
+            ).fetchall()
+        if not rows:
+            raise OrreryError(
+                ErrorCode.NOT_FOUND,
+                f"generation {generation_id!r} does not exist",
+                {"generation_id": generation_id},
+            )
+        return _row(rows[0])
+
+    def generation_rows(
+        self, namespace: str | None = None, snapshot_kind: str | None = None
+    ) -> list[tuple[GenerationRow, GenerationDescriptor]]:
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_ROW_COLUMNS} FROM {_ROW_FROM} WHERE (? IS NULL OR g.namespace = ?) "
+                "AND (? IS NULL OR g.snapshot_kind = ?) ORDER BY g.seq",
+                (namespace, namespace, snapshot_kind, snapshot_kind),
+            ).fetchall()
+        return [_row(row) for row in rows]
+
+    def save_descriptor(
+        self, descriptor: GenerationDescriptor, *, expect: frozenset[GenerationState]
+    ) -> None:
+        with self._transaction() as conn:
+            self._save_locked(conn, descriptor, expect)
+
+    def switch_live(
+        self,
+        promoted: GenerationDescriptor,
+        demoted: GenerationDescriptor | None,
+        *,
+        expected_live: str | None,
+        at: datetime,
+    ) -> None:
+        namespace, kind = promoted.namespace, promoted.snapshot_kind
+        with self._transaction() as conn:
+            row = conn.execute(
+                "SELECT generation_id FROM live_pointers WHERE namespace = ? AND snapshot_kind = ?",
+                (namespace, kind),
+            ).fetchone()
+            current = None if row is None else str(row[0])
+            if current != expected_live:
+                raise OrreryError(
+                    ErrorCode.INVALID_STATE,
+                    f"the live generation of {namespace}/{kind} changed meanwhile "
+                    f"(now {current}); nothing was switched",
+                    {"namespace": namespace, "snapshot_kind": kind, "live": current},
+                )
+            self._save_locked(conn, promoted, frozenset({GenerationState.VERIFIED}))
+            if demoted is not None:
+                self._save_locked(conn, demoted, frozenset({GenerationState.LIVE}))
+            conn.execute(
+                "INSERT INTO live_pointers VALUES (?,?,?,?) ON CONFLICT(namespace, "
+                "snapshot_kind) DO UPDATE SET generation_id = excluded.generation_id, "
+                "switched_at = excluded.switched_at",
+                (namespace, kind, promoted.generation_id, at.isoformat()),
+            )
+
+    def _save_locked(
+        self,
+        conn: sqlite3.Connection,
+        descriptor: GenerationDescriptor,
+        expect: frozenset[GenerationState],
+    ) -> None:
+        if not descriptor.digest_is_valid():
+            raise OrreryError(
+                ErrorCode.INTERNAL,
+                "refusing to store a descriptor whose digest does not match its content",
+                {"generation_id": descriptor.generation_id},
+            )
+        states = sorted(state.value for state in expect)
+        marks = ",".join("?" * len(states))
+        cursor = conn.execute(
+            "UPDATE generations SET state = ?, descriptor_json = ?, descriptor_digest = ? "
+            f"WHERE generation_id = ? AND state IN ({marks})",
+            (
+                descriptor.state.value,
+                descriptor.model_dump_json(),
+                descriptor.descriptor_digest,
+                descriptor.generation_id,
+                *states,
+            ),
+        )
+        if cursor.rowcount == 1:
+            return
+        row = conn.execute(
+            "SELECT state FROM generations WHERE generation_id = ?", (descriptor.generation_id,)
+        ).fetchone()
+        if row is None:
+            raise OrreryError(
+                ErrorCode.NOT_FOUND,
+                f"generation {descriptor.generation_id!r} does not exist",
+                {"generation_id": descriptor.generation_id},
+            )
+        raise OrreryError(
+            ErrorCode.INVALID_STATE,
+            f"generation {descriptor.generation_id} is {row[0]}, expected one of "
+            f"{', '.join(states)}; nothing was changed",
+            {"generation_id": descriptor.generation_id, "state": str(row[0]), "expected": states},
+        )
+
+    # -- GenerationContents ------------------------------------------------------------
+    def record_documents(self, generation_id: str, changes: Mapping[str, tuple[int, bool]]) -> None:
+        with self._transaction() as conn:
+            conn.executemany(
+                "INSERT INTO generation_documents VALUES (?,?,?,?) "
+                "ON CONFLICT(generation_id, document_id) DO UPDATE SET "
+                "revision = excluded.revision, deleted = excluded.deleted "
+                "WHERE excluded.revision > generation_documents.revision",
+                [(generation_id, d, rev, int(dead)) for d, (rev, dead) in changes.items()],
+            )
+            conn.execute(
+                "UPDATE generations SET commit_seq = commit_seq + 1, document_count = "
+                "(SELECT COUNT(*) FROM generation_documents WHERE generation_id = ? "
+                "AND deleted = 0) WHERE generation_id = ?",
+                (generation_id, generation_id),
+            )
+
+    def mark_applied(self, generation_id: str, position: int) -> None:
+        with self._transaction() as conn:
+            conn.execute(
+                "UPDATE generations SET applied_position = MAX(applied_position, ?) "
+                "WHERE generation_id = ?",
+                (position, generation_id),
+            )
+
+    def registry_pairs(self, generation_id: str) -> RegistrySnapshot:
+        # One read transaction: the pairs and the row belong to the same commit.
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN")
+                try:
+                    row = self._conn.execute(
+                        "SELECT state, applied_position, commit_seq FROM generations "
+                        "WHERE generation_id = ?",
+                        (generation_id,),
+                    ).fetchone()
+                    pairs = self._conn.execute(
+                        "SELECT document_id, revision FROM generation_documents "
+                        "WHERE generation_id = ? AND deleted = 0",
+                        (generation_id,),
+                    ).fetchall()
+                finally:
+                    self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise DependencyUnavailable("sqlite", str(exc)) from exc
+        if row is None:
+            raise OrreryError(
+                ErrorCode.NOT_FOUND,
+                f"generation {generation_id!r} does not exist",
+                {"generation_id": generation_id},
+            )
+        return RegistrySnapshot(
+            generation_id=generation_id,
+            state=GenerationState(str(row[0])),
+            pairs={str(d): int(r) for d, r in pairs},
+            applied_position=int(row[1]),
+            commit_seq=int(row[2]),
+        )
+
+    def commit_seq(self, generation_id: str) -> int:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT commit_seq FROM generations WHERE generation_id = ?", (generation_id,)
+            ).fetchone()
+        return -1 if row is None else int(row[0])
+
+    # -- GenerationMaintenance ---------------------------------------------------------
+    def heartbeat(self, generation_id: str) -> None:
+        with self._transaction() as conn:
+            conn.execute(
+                "UPDATE generations SET heartbeat_at = ? WHERE generation_id = ?",
+                (datetime.now(UTC).isoformat(), generation_id),
+            )
+
+    def fail_orphaned_builds(self, reason: str, *, older_than: datetime | None) -> list[str]:
+        now = datetime.now(UTC)
+        failed: list[str] = []
+        with self._transaction() as conn:
+            rows = conn.execute(
+                "SELECT descriptor_json, heartbeat_at, applied_position FROM generations "
+                "WHERE state = 'building' ORDER BY seq"
+            ).fetchall()
+            for body, heartbeat, applied in rows:
+                seen = None if heartbeat is None else datetime.fromisoformat(str(heartbeat))
+                if older_than is not None and seen is not None and seen >= older_than:
+                    continue
+                descriptor = GenerationDescriptor.model_validate_json(str(body))
+                dead = transition(
+                    descriptor,
+                    GenerationState.FAILED,
+                    at=now,
+                    position=int(applied),
+                    reason=reason,
+                )
+                self._save_locked(conn, dead, frozenset({GenerationState.BUILDING}))
+                failed.append(descriptor.generation_id)
+        return failed
+
+    def mark_indexes_dropped(self, generation_id: str) -> None:
+        with self._transaction() as conn:
+            conn.execute(
+                "UPDATE generations SET indexes_dropped = 1 WHERE generation_id = ?",
+                (generation_id,),
+            )
+            # The engines no longer hold it: its document table is garbage too.
+            conn.execute(
+                "DELETE FROM generation_documents WHERE generation_id = ?", (generation_id,)
+            )
+
+    # -- EvidenceLog -------------------------------------------------------------------
+    def record_check(self, check: EvidenceCheck) -> None:
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO generation_checks (generation_id, kind, ok, checked_at, "
+                "check_json) VALUES (?,?,?,?,?)",
+                (
+                    check.generation_id,
+                    check.kind,
+                    int(check.ok),
+                    check.checked_at.isoformat(),
+                    check.model_dump_json(),
+                ),
+            )
+            conn.execute(
+                "DELETE FROM generation_checks WHERE generation_id = ? AND seq NOT IN "
+                "(SELECT seq FROM generation_checks WHERE generation_id = ? "
+                "ORDER BY seq DESC LIMIT ?)",
+                (check.generation_id, check.generation_id, _CHECKS_KEPT),
+            )
+
+    def latest_checks(self, generation_id: str, limit: int = 5) -> list[EvidenceCheck]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT check_json FROM generation_checks WHERE generation_id = ? "
+                "ORDER BY seq DESC LIMIT ?",
+                (generation_id, limit),
+            ).fetchall()
+        return [EvidenceCheck.model_validate_json(str(r[0])) for r in rows]
+
+    def checks_since(self, sequence: int) -> list[tuple[int, EvidenceCheck]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT seq, check_json FROM generation_checks WHERE seq > ? ORDER BY seq",
+                (sequence,),
+            ).fetchall()
+        return [(int(seq), EvidenceCheck.model_validate_json(str(body))) for seq, body in rows]
 
     # -- vector cache ----------------------------------------------------------------
     def cached_vectors(self, keys: Iterable[str]) -> dict[str, tuple[float, ...]]:
@@ -303,3 +683,25 @@ class SqliteProjectorState:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _row(row: Sequence[object]) -> tuple[GenerationRow, GenerationDescriptor]:
+    (gid, ns, kind, state, body, count, applied, seq, digest, heartbeat, dropped, live) = row
+    descriptor = GenerationDescriptor.model_validate_json(str(body))
+    return (
+        GenerationRow(
+            generation_id=str(gid),
+            namespace=str(ns),
+            snapshot_kind=str(kind),
+            state=GenerationState(str(state)),
+            live=bool(live),
+            created_at=descriptor.created_at,
+            document_count=int(str(count)),
+            applied_position=int(str(applied)),
+            commit_seq=int(str(seq)),
+            descriptor_digest=str(digest) or descriptor.computed_digest(),
+            indexes_dropped=bool(dropped),
+            heartbeat_at=None if heartbeat is None else datetime.fromisoformat(str(heartbeat)),
+        ),
+        descriptor,
+    )

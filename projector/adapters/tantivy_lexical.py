@@ -195,6 +195,14 @@ class TantivyLexicalIndex:
             ) from exc
         return IndexEvidence(document_count=len(pairs), id_set_digest=digest)
 
+    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the index holds, from its stored fields."""
+        index = self._require(generation_id).index
+        try:
+            return _stored_pairs(index.searcher())
+        except _DRIVER_ERRORS as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
+
     def drop(self, generation_id: str) -> None:
         path = self._path(generation_id)
         # The registry stays locked so that no one reopens the directory while it goes.

@@ -8,7 +8,7 @@ raise a syntax error.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,17 +17,14 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import OpenSearchException, TransportError
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import TAGS_BOOST, TITLE_BOOST, Candidate, SearchFilter
+from contracts.index import Candidate, SearchFilter, field_boosts
 from contracts.index_fields import (
-    BODY,
     DOCUMENT_ID,
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
     REVISION,
     STATUS,
-    TAGS,
-    TITLE,
     UPDATED_AT_MICROS,
     VISIBILITY,
 )
@@ -39,7 +36,6 @@ REQUEST_TIMEOUT_S = 10
 MAX_RETRIES = 2
 
 _ENGINE = "opensearch"
-_FIELDS = [f"{TITLE}^{TITLE_BOOST}", BODY, f"{TAGS}^{TAGS_BOOST}"]
 _GENERATION_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 _INDEX_PREFIX = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 # `index.max_result_window` (10 000 by default) caps one page; larger limits page on.
@@ -60,9 +56,10 @@ class OpenSearchLexicalSearch:
     """`LexicalSearch` over the OpenSearch index `{index_prefix}-{generation_id}`.
 
     Guarantees, beyond the port's:
-    - Query text is analyzed like the indexed text and matched as `most_fields` over
-      `title^TITLE_BOOST`, `body`, `tags^TAGS_BOOST` with `operator: or`: the score is the
-      sum of the per-field BM25 scores, as in tantivy; repeated words count once. Text with
+    - Query text is analyzed like the indexed text and matched as `most_fields` over the
+      text fields boosted as `field_boosts` says (default `DEFAULT_FIELD_BOOSTS`:
+      `title^TITLE_BOOST`, `body`, `tags`) with `operator: or`: the score is the sum of
+      the per-field BM25 scores, as in tantivy; repeated words count once. Text with
       no searchable token matches nothing; blank text means "filter only" (score 0.0,
       ordered by `document_id`).
     - Every filter is a non-scoring `bool.filter` clause, so a document's score is the same
@@ -89,8 +86,15 @@ class OpenSearchLexicalSearch:
         )
 
     def search(
-        self, generation_id: str, query_text: str, filter: SearchFilter, limit: int
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        limit: int,
+        *,
+        field_boosts: Mapping[str, float] | None = None,
     ) -> list[Candidate]:
+        fields = _fields(field_boosts)
         if limit <= 0 or filter.matches_nothing():
             return []
         if not _GENERATION_ID.fullmatch(generation_id):
@@ -103,14 +107,20 @@ class OpenSearchLexicalSearch:
         # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
         text = query_text.encode("utf-8", "replace").decode("utf-8")
         sort = [{"_score": "desc"}, {DOCUMENT_ID: "asc"}]
+        if not fields:
+            return []
         try:
-            return self._collect(index, generation_id, _text_query(text, clauses), sort, limit)
+            return self._collect(
+                index, generation_id, _text_query(text, clauses, fields), sort, limit
+            )
         except _TooManyClauses:
             pass
         words = list(dict.fromkeys(word.lower() for word in _WORD.findall(text)))
         shorter = " ".join(words[:_FALLBACK_WORDS])
         try:
-            return self._collect(index, generation_id, _text_query(shorter, clauses), sort, limit)
+            return self._collect(
+                index, generation_id, _text_query(shorter, clauses, fields), sort, limit
+            )
         except _TooManyClauses as exc:
             raise OrreryError(
                 ErrorCode.INVALID_REQUEST,
@@ -184,11 +194,20 @@ class _TooManyClauses(Exception):
     """The engine refused a query for its number of clauses."""
 
 
-def _text_query(text: str, clauses: list[dict[str, Any]]) -> dict[str, Any]:
+def _fields(overrides: Mapping[str, float] | None) -> list[str]:
+    """`multi_match` fields with their boosts (`name^boost`; fields boosted 0 left out)."""
+    try:
+        boosts = field_boosts(overrides)
+    except ValueError as exc:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+    return [name if boost == 1.0 else f"{name}^{boost}" for name, boost in boosts.items()]
+
+
+def _text_query(text: str, clauses: list[dict[str, Any]], fields: list[str]) -> dict[str, Any]:
     match = {
         "multi_match": {
             "query": text,
-            "fields": _FIELDS,
+            "fields": fields,
             "type": "most_fields",
             "operator": "or",
             "zero_terms_query": "none",

@@ -11,12 +11,16 @@ import json
 import sqlite3
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from contracts.errors import DependencyUnavailable
 from query.ports import Route, ScopeReadiness, StoredRecord
 
 __all__ = ["SqliteRecordReader", "SqliteRouting", "generation_document_ids"]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class _Reader:
@@ -48,32 +52,38 @@ class _Reader:
 class SqliteRouting(_Reader):
     """`Routing` over the embedded registry tables."""
 
+    _ROUTE_COLUMNS = (
+        "g.generation_id, g.applied_position, g.descriptor_json, g.document_count, "
+        "g.commit_seq, g.state, g.descriptor_digest"
+    )
+
     def route(self, namespace: str, snapshot_kind: str) -> Route | None:
         rows = self._query(
-            "SELECT g.generation_id, g.applied_position, g.descriptor_json, g.document_count, "
-            "g.commit_seq "
+            f"SELECT {self._ROUTE_COLUMNS} "
             "FROM live_pointers p JOIN generations g ON g.generation_id = p.generation_id "
             "WHERE p.namespace = ? AND p.snapshot_kind = ?",
             (namespace, snapshot_kind),
         )
         if not rows:
             return None
-        generation_id, applied, descriptor_json, count, commit_seq = rows[0]
-        descriptor = json.loads(str(descriptor_json))
-        return Route(
-            namespace=namespace,
-            snapshot_kind=snapshot_kind,
-            generation_id=str(generation_id),
-            applied_position=int(str(applied)),
-            commit_seq=int(str(commit_seq)),
-            embedder_id=str(descriptor["embedder_id"]),
-            document_count=int(str(count)),
+        return _route(namespace, snapshot_kind, rows[0])[0]
+
+    def fallback_routes(self, namespace: str, snapshot_kind: str, exclude: str) -> list[Route]:
+        rows = self._query(
+            f"SELECT {self._ROUTE_COLUMNS} FROM generations g WHERE g.namespace = ? AND "
+            "g.snapshot_kind = ? AND g.state = 'verified' AND g.generation_id != ? "
+            "ORDER BY g.seq DESC",
+            (namespace, snapshot_kind, exclude),
         )
+        routes = [_route(namespace, snapshot_kind, row) for row in rows]
+        # Most recently live first, then never-live ones newest first (a stable sort).
+        routes.sort(key=lambda pair: (pair[1] is not None, pair[1] or _EPOCH), reverse=True)
+        return [route for route, _ in routes]
 
     def scopes(self) -> list[ScopeReadiness]:
         rows = self._query(
             "SELECT p.namespace, p.snapshot_kind, g.generation_id, g.state, g.document_count,"
-            " g.applied_position FROM live_pointers p JOIN generations g "
+            " g.applied_position, g.descriptor_digest FROM live_pointers p JOIN generations g "
             "ON g.generation_id = p.generation_id ORDER BY p.namespace, p.snapshot_kind"
         )
         return [
@@ -84,9 +94,17 @@ class SqliteRouting(_Reader):
                 state=str(state),
                 document_count=int(str(count)),
                 applied_position=int(str(applied)),
+                descriptor_digest=str(digest or ""),
             )
-            for ns, kind, gen, state, count, applied in rows
+            for ns, kind, gen, state, count, applied, digest in rows
         ]
+
+    def oldest_unapplied_at(self, position: int) -> datetime | None:
+        rows = self._query(
+            "SELECT created_at FROM outbox WHERE position > ? ORDER BY position LIMIT 1",
+            (position,),
+        )
+        return datetime.fromisoformat(str(rows[0][0])) if rows else None
 
     def log_high_water(self) -> int:
         rows = self._query("SELECT COALESCE(MAX(position), 0) FROM outbox")
@@ -102,14 +120,13 @@ class SqliteRecordReader(_Reader):
     )
 
     def fetch(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredRecord]:
+        # One primary-key lookup per key: an OR of compound conditions makes SQLite scan
+        # the whole table (measured: 20 ms for 10 keys at 100k records).
         out: dict[tuple[str, int], StoredRecord] = {}
-        for start in range(0, len(keys), 400):
-            chunk = keys[start : start + 400]
-            clause = " OR ".join("(document_id = ? AND revision = ?)" for _ in chunk)
-            params = [v for key in chunk for v in key]
-            for row in self._query(f"SELECT {self._COLUMNS} FROM records WHERE {clause}", params):
-                stored = _stored(row)
-                out[(stored.document_id, stored.revision)] = stored
+        sql = f"SELECT {self._COLUMNS} FROM records WHERE document_id = ? AND revision = ?"
+        for key in keys:
+            for row in self._query(sql, key):
+                out[key] = _stored(row)
         return out
 
     def heads(self, namespace: str, document_ids: Sequence[str]) -> list[StoredRecord]:
@@ -118,14 +135,44 @@ class SqliteRecordReader(_Reader):
             chunk = list(document_ids[start : start + 500])
             marks = ",".join("?" * len(chunk))
             cols = ", ".join(f"r.{c.strip()}" for c in self._COLUMNS.split(","))
+            # `+h.namespace` keeps SQLite on the primary key: planned on the scope index
+            # it walks every head of the namespace (61 ms for 10 ids at 100k).
             rows = self._query(
                 f"SELECT {cols} FROM heads h JOIN records r ON r.document_id = h.document_id "
-                f"AND r.revision = h.revision WHERE h.namespace = ? AND h.deleted = 0 "
+                f"AND r.revision = h.revision WHERE +h.namespace = ? AND h.deleted = 0 "
                 f"AND h.document_id IN ({marks})",
                 [namespace, *chunk],
             )
             out.extend(_stored(row) for row in rows)
         return out
+
+
+def _route(
+    namespace: str, snapshot_kind: str, row: tuple[object, ...]
+) -> tuple[Route, datetime | None]:
+    """The route of a generations row, and when it last became live (None if never)."""
+    generation_id, applied, descriptor_json, count, commit_seq, state, digest = row
+    descriptor: dict[str, Any] = json.loads(str(descriptor_json))
+    live_at = max(
+        (
+            datetime.fromisoformat(str(c["at"]))
+            for c in descriptor.get("history", ())
+            if c.get("state") == "live"
+        ),
+        default=None,
+    )
+    route = Route(
+        namespace=namespace,
+        snapshot_kind=snapshot_kind,
+        generation_id=str(generation_id),
+        applied_position=int(str(applied)),
+        commit_seq=int(str(commit_seq)),
+        embedder_id=str(descriptor["embedder_id"]),
+        document_count=int(str(count)),
+        state=str(state),
+        descriptor_digest=str(digest or ""),
+    )
+    return route, live_at
 
 
 def _stored(row: tuple[object, ...]) -> StoredRecord:

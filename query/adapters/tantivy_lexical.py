@@ -6,25 +6,22 @@ The query is built from analyzed tokens, never parsed: user text such as
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import tantivy
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import TAGS_BOOST, TITLE_BOOST, Candidate, SearchFilter
+from contracts.index import Candidate, SearchFilter, field_boosts
 from contracts.index_fields import (
-    BODY,
     DOCUMENT_ID,
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
     REVISION,
     STATUS,
-    TAGS,
     TEXT_TOKEN_MAX_BYTES,
-    TITLE,
     UPDATED_AT,
     UPDATED_AT_MICROS,
     VISIBILITY,
@@ -32,11 +29,6 @@ from contracts.index_fields import (
 
 __all__ = ["TantivyLexicalSearch"]
 
-_FIELD_BOOSTS: tuple[tuple[str, float], ...] = (
-    (TITLE, TITLE_BOOST),
-    (BODY, 1.0),
-    (TAGS, TAGS_BOOST),
-)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 # Below this many values a disjunction of term queries beats a term-set query (which
@@ -68,9 +60,10 @@ class TantivyLexicalSearch:
 
     Guarantees, beyond the port's:
     - Query text is analyzed like the indexed text (lowercase, ASCII folding) and becomes
-      an OR of per-field term queries (title boosted by `TITLE_BOOST`, tags by
-      `TAGS_BOOST`); repeated words count once. Text with no searchable token (only
-      punctuation) matches nothing; blank text means "filter only".
+      an OR of per-field term queries, each field boosted as `field_boosts` says (default
+      `DEFAULT_FIELD_BOOSTS`: title ×`TITLE_BOOST`); repeated words count once. Text with
+      no searchable token (only punctuation) matches nothing; blank text means "filter
+      only".
     - Filters are wrapped in a zero constant score, so a document's score is the same
       with and without them. Filter values that are not valid Unicode match nothing.
     - Ties at the `limit` boundary are resolved by `document_id` exactly, not by the
@@ -84,8 +77,15 @@ class TantivyLexicalSearch:
         self._analyzer = _text_analyzer()
 
     def search(
-        self, generation_id: str, query_text: str, filter: SearchFilter, limit: int
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        limit: int,
+        *,
+        field_boosts: Mapping[str, float] | None = None,
     ) -> list[Candidate]:
+        boosts = _boosts(field_boosts)
         if limit <= 0 or filter.matches_nothing():
             return []  # tantivy panics on a zero limit.
         index = self._index(generation_id)
@@ -98,9 +98,9 @@ class TantivyLexicalSearch:
             # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
             text = query_text.encode("utf-8", "replace").decode("utf-8")
             terms = list(dict.fromkeys(self._analyzer.analyze(text)))
-            if not terms:
+            if not terms or not boosts:
                 return []
-            query = _text_query(schema, terms)
+            query = _text_query(schema, terms, boosts)
             if restriction is not None:
                 query = tantivy.Query.boolean_query(
                     [
@@ -125,10 +125,19 @@ class TantivyLexicalSearch:
             ) from exc
 
 
-def _text_query(schema: tantivy.Schema, terms: list[str]) -> tantivy.Query:
+def _boosts(overrides: Mapping[str, float] | None) -> dict[str, float]:
+    try:
+        return field_boosts(overrides)
+    except ValueError as exc:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
+
+
+def _text_query(
+    schema: tantivy.Schema, terms: list[str], boosts: Mapping[str, float]
+) -> tantivy.Query:
     clauses: list[tuple[tantivy.Occur, tantivy.Query]] = []
     for term in terms:
-        for field_name, boost in _FIELD_BOOSTS:
+        for field_name, boost in boosts.items():
             query = tantivy.Query.term_query(schema, field_name, term, index_option="freq")
             if boost != 1.0:
                 query = tantivy.Query.boost_query(query, boost)

@@ -21,6 +21,7 @@ from contracts.records import Record
 from ingest.bootstrap import embedded_store
 from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
 from ingest.service import write_records
+from query.entrypoints.gen_cli import gen_app, remove_server_file, write_server_file
 from query.settings import QuerySettings
 
 __all__ = ["app", "main"]
@@ -32,6 +33,7 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(stderr=True, soft_wrap=True)
+app.add_typer(gen_app, name="gen")
 
 DataDir = Annotated[
     Path | None,
@@ -145,8 +147,11 @@ def serve(
             f"  query:     curl -s {base}/v1/external/retrieve/topk_records "
             f"-H 'content-type: application/json' -d '{body}'"
         )
+        # `orrery gen` finds this server (and its admin API) through this file.
+        write_server_file(settings)
         _serve_http(app_, settings)
     finally:
+        remove_server_file(settings)
         close()
 
 

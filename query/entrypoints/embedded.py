@@ -7,6 +7,7 @@ meet; import-linter allows exactly these imports.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass
@@ -18,33 +19,91 @@ from contracts.embedding import Embedder
 from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.entrypoints.http import create_router
 from ingest.ports import RecordStore
-from projector.bootstrap import EmbeddedProjector, default_embedder, embedded_projector
+from projector.adapters.file_lock import OperatorLock
+from projector.bootstrap import (
+    EmbeddedProjector,
+    default_embedder,
+    embedded_generation_admin,
+    embedded_projector,
+    operator_lock,
+)
+from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
+from projector.generations import GenerationAdmin, GenerationOptions
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
-from query.bootstrap import embedded_query_ports
+from query.bootstrap import embedded_query_ports, query_limits
+from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.http import create_app
-from query.service import QueryLimits
 from query.settings import QuerySettings
 
-__all__ = ["EmbeddedStack"]
+__all__ = ["EmbeddedStack", "generation_options"]
+
+# A build that started in a process that is gone can never finish.
+ORPHANED_BUILD = "the builder stopped before sealing (its process ended)"
+
+
+def generation_options(settings: QuerySettings, *, ordered_log: bool = True) -> GenerationOptions:
+    """The lifecycle knobs from the settings (`ordered_log`: False with Kafka)."""
+    return GenerationOptions(
+        batch_size=settings.gen_build_batch_size,
+        pause_seconds=settings.gen_build_pause_seconds,
+        catch_up_timeout_seconds=settings.gen_catch_up_timeout_seconds,
+        max_promote_lag=settings.promote_max_lag_events,
+        ordered_log=ordered_log,
+        switch_interval_seconds=settings.gen_build_switch_interval_seconds,
+    )
+
+
+def eligibility_gate(
+    settings: QuerySettings, admin: GenerationAdmin, routing: SqliteRouting
+) -> EligibilityGate:
+    return EligibilityGate(
+        admin,
+        routing,
+        interval_seconds=settings.eligibility_interval_seconds,
+        fallback=settings.coverage_fallback,
+    )
+
 
 log = logging.getLogger("orrery")
 
 
 @dataclass(slots=True)
 class EmbeddedStack:
-    """Everything `orrery serve` runs, started and stopped as one unit."""
+    """Everything `orrery serve` runs, started and stopped as one unit.
+
+    The process holds the data directory's operator lock for its lifetime (qdrant-edge
+    and tantivy allow one process per generation directory), so a direct `orrery gen …`
+    refuses to run meanwhile and talks to this server's admin API instead. At start,
+    builds left `building` by a process that died are marked failed.
+    """
 
     settings: QuerySettings
     store: RecordStore
     projector: EmbeddedProjector
     loop: ProjectorLoop
     app: FastAPI
+    admin: GenerationAdmin
+    gate: EligibilityGate
+    lock: OperatorLock
 
     @classmethod
     def open(cls, settings: QuerySettings, *, embedder: Embedder | None = None) -> EmbeddedStack:
         data_dir = settings.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
+        lock = operator_lock(data_dir)
+        lock.acquire()
+        try:
+            return cls._open(settings, lock, embedder)
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _open(
+        cls, settings: QuerySettings, lock: OperatorLock, embedder: Embedder | None
+    ) -> EmbeddedStack:
+        data_dir = settings.data_dir
         db_path = canonical_db_path(data_dir)
         grants = parse_api_keys(settings.api_keys)
         embedder = embedder or default_embedder(settings.embedder_threads)
@@ -52,7 +111,17 @@ class EmbeddedStack:
         projector = embedded_projector(
             data_dir, db_path, embedder=embedder, batch_size=settings.projector_batch_size
         )
+        for generation_id in projector.state.fail_orphaned_builds(ORPHANED_BUILD, older_than=None):
+            log.warning("generation %s: %s; marked failed", generation_id, ORPHANED_BUILD)
         loop = ProjectorLoop(projector.step, poll_seconds=settings.projector_poll_seconds)
+
+        def wake_projector() -> bool:
+            loop.wake()
+            return False
+
+        admin = embedded_generation_admin(
+            projector, db_path, drive_log=wake_projector, options=generation_options(settings)
+        )
         ports = embedded_query_ports(
             db_path,
             embedder=embedder,
@@ -62,6 +131,13 @@ class EmbeddedStack:
         )
         routing = ports.routing
         assert isinstance(routing, SqliteRouting)
+        gate = eligibility_gate(settings, admin, routing)
+        ports = dataclasses.replace(
+            ports,
+            lexical=ReportingLexicalSearch(ports.lexical, gate),
+            vectors=ReportingVectorSearch(ports.vectors, gate),
+            eligibility=gate,
+        )
         ingest_router = create_router(
             store=store,
             grants=grants,
@@ -71,26 +147,26 @@ class EmbeddedStack:
         )
         app = create_app(
             ports=ports,
-            limits=QueryLimits(
-                max_result_limit=settings.max_result_limit,
-                candidate_depth=settings.candidate_depth,
-                freshness_half_life_days=settings.freshness_half_life_days,
-                response_ttl_seconds=settings.response_ttl_seconds,
-            ),
+            limits=query_limits(settings),
             grants=grants,
-            routers=[ingest_router],
+            routers=[ingest_router, create_admin_router(admin, admin_key=settings.admin_key)],
             document_ids=functools.partial(generation_document_ids, routing),
             status=loop.status,
+            eligibility=gate,
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
-        return cls(settings, store, projector, loop, app)
+        return cls(settings, store, projector, loop, app, admin, gate, lock)
 
     def start(self) -> None:
         self.loop.start()
         self.projector.vectors.start_background_optimizer(self.settings.optimize_interval_seconds)
+        self.gate.start()
 
     def close(self) -> None:
+        self.gate.close()
+        self.admin.close()
         self.loop.stop()
         self.projector.close()
         self.store.close()
+        self.lock.release()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Header, Request
@@ -24,6 +25,7 @@ from contracts.topk import (
     StoredRecordOut,
     TopKRequest,
 )
+from query.eligibility import EligibilityGate
 from query.model import resolve_scope_ref
 from query.ports import Routing
 from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
@@ -97,9 +99,11 @@ def create_app(
     routers: Sequence[APIRouter] = (),
     document_ids: Callable[[str], list[str]] | None = None,
     status: Callable[[], dict[str, Any]] | None = None,
+    eligibility: EligibilityGate | None = None,
 ) -> FastAPI:
-    """Build the app. `routers` adds other packages' routes (ingest in embedded mode);
-    `status` adds process-level facts (e.g. projector state) to readiness."""
+    """Build the app. `routers` adds other packages' routes (ingest in embedded mode, the
+    admin API); `status` adds process-level facts (e.g. projector state) to readiness;
+    `eligibility` adds each live generation's eligibility verdict to it."""
     app = FastAPI(title="Orrery", version="0.1.0")
     install_error_handlers(app)
 
@@ -188,7 +192,8 @@ def create_app(
 
     @app.get("/v1/readiness", tags=["ops"])
     async def get_readiness() -> JSONResponse:
-        return JSONResponse(await run_in_threadpool(readiness, ports.routing, status))
+        body = await run_in_threadpool(readiness, ports.routing, status, eligibility)
+        return JSONResponse(body)
 
     @app.get("/healthz", tags=["ops"])
     async def get_healthz() -> dict[str, str]:
@@ -204,20 +209,38 @@ def _check_namespace(who: Principal, namespace: str) -> None:
         raise OrreryError(ErrorCode.FORBIDDEN, f"this API key may not read namespace {namespace!r}")
 
 
-def readiness(routing: Routing, status: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
-    """Live generation per scope, log high-water, applied position and lag."""
+def readiness(
+    routing: Routing,
+    status: Callable[[], dict[str, Any]] | None,
+    eligibility: EligibilityGate | None = None,
+) -> dict[str, Any]:
+    """Per scope: the live generation, its descriptor digest and eligibility, the log
+    high-water, the applied position and the lag in events and in seconds (the age of the
+    oldest event not applied yet). Ready when every scope has no lag and is eligible."""
     high_water = routing.log_high_water()
+    now = datetime.now(UTC)
     scopes = []
     for scope in routing.scopes():
         entry = scope.model_dump(mode="json")
+        entry["log_high_water"] = high_water
         entry["lag_events"] = max(0, high_water - scope.applied_position)
+        oldest = routing.oldest_unapplied_at(scope.applied_position)
+        entry["lag_seconds"] = (
+            0.0 if oldest is None else round(max(0.0, (now - oldest).total_seconds()), 3)
+        )
+        if eligibility is not None:
+            verdict = eligibility.status(scope.generation_id)
+            entry["eligible"] = verdict["eligible"] and scope.state == "live"
+            entry["eligibility"] = verdict
         scopes.append(entry)
     body: dict[str, Any] = {
         "success": True,
         "log_high_water": high_water,
         "scopes": scopes,
-        "ready": all(s["lag_events"] == 0 for s in scopes),
+        "ready": all(s["lag_events"] == 0 and s.get("eligible", True) for s in scopes),
     }
+    if eligibility is not None:
+        body["coverage_fallback"] = eligibility.fallback
     if status is not None:
         body.update(status())
     return body

@@ -8,10 +8,12 @@ of one host shares it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -23,12 +25,21 @@ from ingest.bootstrap import canonical_db_path, embedded_store, kafka_relay_step
 from ingest.entrypoints.http import create_router
 from ingest.entrypoints.relay import RelayLoop
 from ingest.ports import RecordStore
-from projector.bootstrap import ServerProjector, default_embedder, server_projector
+from projector.bootstrap import (
+    ServerProjector,
+    default_embedder,
+    server_generation_admin,
+    server_projector,
+    writer_lock_path,
+)
+from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
+from projector.generations import ORPHANED_AFTER, GenerationAdmin
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
-from query.bootstrap import server_query_ports
+from query.bootstrap import query_limits, server_query_ports
+from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
+from query.entrypoints.embedded import eligibility_gate, generation_options
 from query.entrypoints.http import create_app, install_error_handlers
-from query.service import QueryLimits
 from query.settings import QuerySettings
 
 __all__ = ["Role", "ServerStack"]
@@ -63,6 +74,8 @@ class ServerStack:
     relay: RelayLoop | None = None
     projector: ServerProjector | None = None
     projector_loop: ProjectorLoop | None = None
+    admin: GenerationAdmin | None = None
+    gate: EligibilityGate | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
@@ -102,6 +115,7 @@ class ServerStack:
             assert embedder is not None
             stack.projector = server_projector(
                 db_path,
+                lock_path=writer_lock_path(settings.data_dir),
                 embedder=embedder,
                 batch_size=settings.projector_batch_size,
                 kafka_bootstrap=settings.kafka_bootstrap,
@@ -144,18 +158,50 @@ class ServerStack:
             )
             routing = ports.routing
             assert isinstance(routing, SqliteRouting)
+            loop = stack.projector_loop
+
+            def wake_projector() -> bool:
+                if loop is not None:
+                    loop.wake()
+                return False
+
+            stack.admin, close_admin = server_generation_admin(
+                db_path,
+                projector=stack.projector,
+                embedder=embedder,
+                lock_path=writer_lock_path(settings.data_dir),
+                opensearch_url=settings.opensearch_url,
+                opensearch_index_prefix=settings.opensearch_index_prefix,
+                opensearch_refresh_interval=settings.opensearch_refresh_interval,
+                qdrant=shared_qdrant,
+                qdrant_collection_prefix=settings.qdrant_collection_prefix,
+                drive_log=wake_projector,
+                options=generation_options(settings, ordered_log=False),
+            )
+            stack.closers.append(close_admin)
+            # Builds of other processes stay `building` while their heartbeat is fresh.
+            for generation_id in stack.admin.ports.maintenance.fail_orphaned_builds(
+                "the builder stopped before sealing (no heartbeat)",
+                older_than=datetime.now(UTC) - ORPHANED_AFTER,
+            ):
+                log.warning("generation %s: its builder is gone; marked failed", generation_id)
+            gate = eligibility_gate(settings, stack.admin, routing)
+            stack.gate = gate
+            ports = dataclasses.replace(
+                ports,
+                lexical=ReportingLexicalSearch(ports.lexical, gate),
+                vectors=ReportingVectorSearch(ports.vectors, gate),
+                eligibility=gate,
+            )
+            routers.append(create_admin_router(stack.admin, admin_key=settings.admin_key))
             stack.app = create_app(
                 ports=ports,
-                limits=QueryLimits(
-                    max_result_limit=settings.max_result_limit,
-                    candidate_depth=settings.candidate_depth,
-                    freshness_half_life_days=settings.freshness_half_life_days,
-                    response_ttl_seconds=settings.response_ttl_seconds,
-                ),
+                limits=query_limits(settings),
                 grants=grants,
                 routers=routers,
                 document_ids=functools.partial(generation_document_ids, routing),
                 status=stack.status,
+                eligibility=gate,
             )
         elif routers:
             stack.app = _ingest_only_app(routers)
@@ -176,8 +222,12 @@ class ServerStack:
             self.relay.start()
         if self.projector_loop is not None:
             self.projector_loop.start()
+        if self.gate is not None:
+            self.gate.start()
 
     def close(self) -> None:
+        if self.gate is not None:
+            self.gate.close()
         if self.relay is not None:
             self.relay.stop()
         if self.projector_loop is not None:

@@ -209,6 +209,31 @@ def test_title_match_counts_title_boost_times_a_body_match(lexical: Lexical) -> 
     assert first.score == pytest.approx(TITLE_BOOST * second.score, rel=1e-4)
 
 
+def test_field_boosts_replace_the_defaults(lexical: Lexical) -> None:
+    lexical.apply(
+        [
+            doc("in-title", title="lantern", body="shelf"),
+            doc("in-body", title="shelf", body="lantern"),
+        ]
+    )
+
+    def query(boosts: dict[str, float]) -> list[Candidate]:
+        return lexical.search.search(
+            lexical.generation_id, "lantern", SearchFilter(), 10, field_boosts=boosts
+        )
+
+    body_first = query({"title": 0.5, "body": 2.0})
+    assert [c.document_id for c in body_first] == ["in-body", "in-title"]
+    assert body_first[0].score == pytest.approx(4.0 * body_first[1].score, rel=1e-4)
+    even = query({"title": 1.0})
+    assert even[0].score == pytest.approx(even[1].score, rel=1e-4)
+    assert [c.document_id for c in query({"title": 0.0})] == ["in-body"]
+    assert query({"title": 0.0, "body": 0.0, "tags": 0.0}) == []
+    with pytest.raises(OrreryError) as err:
+        query({"abstract": 1.0})
+    assert err.value.code is ErrorCode.INVALID_REQUEST
+
+
 def test_tags_are_searchable(lexical: Lexical) -> None:
     lexical.apply([doc("t1", title="basket", tags=("Picnic", "summer")), doc("t2", title="x")])
     assert lexical.ids("picnic") == ["t1"]

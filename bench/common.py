@@ -1,0 +1,382 @@
+"""Shared helpers of the benchmarks: a real `orrery serve` on loopback, wire metering,
+latency summaries, machine facts and a global deadline.
+
+Benchmarks only ever talk to 127.0.0.1: the server is started here on a free loopback
+port, and every client is built with `trust_env=False` so no proxy variable can route a
+request elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import numpy as np
+
+__all__ = [
+    "LOOPBACK",
+    "REPO_ROOT",
+    "BenchTimeout",
+    "Exchange",
+    "ServeProcess",
+    "child_processes",
+    "deadline",
+    "exchange",
+    "free_port",
+    "git_facts",
+    "latency_summary",
+    "machine_facts",
+    "median",
+    "serve",
+    "source_digest",
+    "utc_now",
+    "write_json",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOOPBACK = "127.0.0.1"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Unavailable)\b")
+_SOURCE_PACKAGES = ("contracts", "ingest", "projector", "query")
+_PACKAGES = ("qdrant-edge-py", "tantivy", "onnxruntime", "fastapi", "uvicorn", "httpx")
+
+
+class BenchTimeout(Exception):
+    """The benchmark's global deadline passed."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Raise `BenchTimeout` in the main thread after `seconds` (SIGALRM), even while a
+    socket read blocks, so `finally` blocks still stop servers and delete temp dirs."""
+
+    def _expired(_signum: int, _frame: FrameType | None) -> None:
+        raise BenchTimeout(f"the benchmark exceeded its global timeout of {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServeProcess:
+    """One `orrery serve` child process on a loopback port, logging into `log_path`."""
+
+    data_dir: Path
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def client(self, timeout_s: float = 120.0) -> httpx.Client:
+        """A keep-alive client bound to this server; proxies from the environment ignored."""
+        return httpx.Client(base_url=self.base_url, timeout=timeout_s, trust_env=False)
+
+    def memory_kb(self) -> dict[str, int]:
+        """Current (`VmRSS`) and peak (`VmHWM`) resident set size from /proc, in KiB."""
+        out: dict[str, int] = {}
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0])
+        return out
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process (all its threads) used so far."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def log_problems(self, limit: int = 20) -> list[str]:
+        """The last `limit` ERROR lines and exception lines of the server log."""
+        lines = [
+            line
+            for line in self.log_text().splitlines()
+            if " ERROR " in line or _EXCEPTION_LINE.match(line)
+        ]
+        return lines[-limit:]
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL if needed; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+        return self.process.returncode
+
+
+def _start(
+    data_dir: Path, log_path: Path, env: Mapping[str, str], startup_s: float
+) -> ServeProcess:
+    port = free_port()
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
+    child_env.update({"ORRERY_HOST": LOOPBACK, "PYTHONUNBUFFERED": "1", **env})
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "query.entrypoints.cli",
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(port),
+            ],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+        )
+    server = ServeProcess(data_dir, port, process, log_path)
+    stop_at = time.monotonic() + startup_s
+    with server.client(timeout_s=5.0) as client:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"orrery serve exited at startup:\n{server.log_text()[-3000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if client.get("/healthz").status_code == 200:
+                    return server
+            if time.monotonic() > stop_at:
+                server.stop()
+                raise RuntimeError(f"orrery serve did not start:\n{server.log_text()[-3000:]}")
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def serve(
+    env: Mapping[str, str], *, keep_data: bool = False, startup_s: float = 120.0
+) -> Iterator[ServeProcess]:
+    """A fresh `orrery serve` on a fresh temp data dir; stopped and deleted on exit."""
+    root = Path(tempfile.mkdtemp(prefix="orrery-bench-"))
+    server: ServeProcess | None = None
+    try:
+        server = _start(root / "data", root / "serve.log", env, startup_s)
+        yield server
+    except BaseException:
+        if server is not None:
+            print(f"--- server log (tail) ---\n{server.log_text()[-6000:]}", file=sys.stderr)
+        raise
+    finally:
+        if server is not None:
+            server.stop()
+        if keep_data:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def child_processes(pid: int) -> list[dict[str, Any]]:
+    """Live child processes of `pid` (from /proc): pid, command line, peak RSS in KiB."""
+    out: list[dict[str, Any]] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != pid or fields[0] == "Z":
+                continue
+            child = int(stat.parent.name)
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            status = (stat.parent / "status").read_text()
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        peak = next(
+            (int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")),
+            0,
+        )
+        out.append({"pid": child, "command": command[:120], "VmHWM_kb": peak})
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One request/response pair as seen by the client.
+
+    Byte counts are HTTP/1.1 as framed on the wire: bodies exactly (`request.content`,
+    `response.content`; the server sends no content-encoding), headers rebuilt from the
+    request line / status line and `Name: value` lines (exact for HTTP/1.1 without
+    chunked encoding, which these JSON responses never use).
+    """
+
+    seconds: float
+    response: httpx.Response
+    sent_body: int
+    sent_headers: int
+    received_body: int
+    received_headers: int
+
+    @property
+    def sent(self) -> int:
+        return self.sent_body + self.sent_headers
+
+    @property
+    def received(self) -> int:
+        return self.received_body + self.received_headers
+
+    def json(self) -> Any:
+        return self.response.json()
+
+
+def exchange(
+    client: httpx.Client,
+    method: str,
+    url: str,
+    *,
+    body: Any = None,
+    content: bytes | None = None,
+    params: Mapping[str, str] | None = None,
+) -> Exchange:
+    """Send one request and time it until the whole response body has been read.
+
+    JSON bodies are encoded before the clock starts, so client-side encoding of large
+    requests is excluded from the latency; response decoding happens after it stops.
+    """
+    headers: dict[str, str] = {}
+    if body is not None:
+        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    if content is not None:
+        headers["content-type"] = "application/json"
+    request = client.build_request(method, url, content=content, params=params, headers=headers)
+    started = time.perf_counter()
+    response = client.send(request)
+    seconds = time.perf_counter() - started
+    if response.headers.get("content-encoding"):
+        raise RuntimeError("unexpected content-encoding: byte counts would be off")
+    return Exchange(
+        seconds=seconds,
+        response=response,
+        sent_body=len(request.content),
+        sent_headers=_request_head_bytes(request),
+        received_body=len(response.content),
+        received_headers=_response_head_bytes(response),
+    )
+
+
+def _request_head_bytes(request: httpx.Request) -> int:
+    line = len(request.method) + 1 + len(request.url.raw_path) + len(" HTTP/1.1\r\n")
+    return line + sum(len(k) + len(v) + 4 for k, v in request.headers.raw) + 2
+
+
+def _response_head_bytes(response: httpx.Response) -> int:
+    line = len(f"HTTP/1.1 {response.status_code} {response.reason_phrase}\r\n")
+    return line + sum(len(k) + len(v) + 4 for k, v in response.headers.raw) + 2
+
+
+def median(values: Sequence[float]) -> float:
+    return float(np.median(np.asarray(values, dtype=np.float64))) if values else float("nan")
+
+
+def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
+    """p50 / p95 / p99 / mean / min / max in milliseconds (linear-interpolated percentiles)."""
+    ms = np.asarray(seconds, dtype=np.float64) * 1000.0
+    p50, p95, p99 = np.percentile(ms, [50, 95, 99])
+    return {
+        "p50": round(float(p50), 3),
+        "p95": round(float(p95), 3),
+        "p99": round(float(p99), 3),
+        "mean": round(float(ms.mean()), 3),
+        "min": round(float(ms.min()), 3),
+        "max": round(float(ms.max()), 3),
+        "n": int(ms.size),
+    }
+
+
+def machine_facts() -> dict[str, Any]:
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    mem_kb = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    versions: dict[str, str] = {}
+    for package in _PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[package] = metadata.version(package)
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "packages": versions,
+    }
+
+
+def git_facts() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        result = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+        )
+        return result.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
+
+
+def source_digest() -> str:
+    """sha256 over the server's Python sources as they are on disk now (the tree may be
+    edited between runs; this names exactly what a server started now imports)."""
+    digest = hashlib.sha256()
+    for package in _SOURCE_PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,0 +1,546 @@
+"""Retrieval quality over the real HTTP path, on any BEIR-format dataset.
+
+    .venv/bin/python bench/quality.py DATASET_DIR [--out docs/bench/quality.json]
+        [--mode embedded|servers] [--split test] [--profile ID ...] [--profiles JSON|FILE]
+        [--data-dir DIR]
+
+1. Starts a real `orrery serve` on 127.0.0.1 (own temp data dir, or `--data-dir` to keep
+   or reuse one; `--mode servers` uses the local harness: Kafka, OpenSearch, Redis, with
+   names unique to this run, Qdrant through qdrant-client's local mode).
+2. Loads `corpus.jsonl` through `POST /v1/records`: `_id` -> `item_id`, `title` ->
+   `text.title`, `text` -> `text.body`, the row itself -> `payload`; every record gets
+   the same status and `updated_at`, so freshness and status cannot reorder anything.
+   Waits (progress bar) until the projector has embedded and indexed every document.
+3. Sends every query of `qrels/<split>.tsv` through `POST
+   /v1/external/retrieve/topk_records` (result_limit 100, no filters) once per run:
+   lexical only, vector only, `rrf@1`, `weighted@1`, `weighted@2`, the server's default
+   profile and any `--profile`.
+4. Reports nDCG@10 (graded gains, log2 discount, as BEIR/pytrec_eval) and Recall@100
+   (relevant = qrels score > 0), averaged over the queries with a relevant document;
+   prints a table, writes the JSON (`--out`) and a bar chart next to it (`.png`).
+
+Figures are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+if __package__ in (None, ""):  # run as `python bench/quality.py`: put the repo root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import LOOPBACK, REPO_ROOT, free_port, git_facts, machine_facts, utc_now
+
+__all__ = ["Dataset", "load_dataset", "main", "ndcg_at", "recall_at"]
+
+NAMESPACE = "beir"
+SNAPSHOT_KIND = "objects"
+SCOPE_REF = "longterm:objects:current"
+UPDATED_AT = "2020-01-01T00:00:00Z"
+BATCH = 500
+RESULT_LIMIT = 100
+QUERY_TIMEOUT_S = 30.0
+ZERO = {
+    "lexical_weight": 0.0,
+    "vector_weight": 0.0,
+    "freshness_weight": 0.0,
+    "metadata_weight": 0.0,
+}
+
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """A BEIR-format dataset: corpus rows, query texts by id, graded qrels by query."""
+
+    name: str
+    corpus: list[dict[str, Any]]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+def load_dataset(directory: Path, split: str = "test") -> Dataset:
+    """Read `corpus.jsonl`, `queries.jsonl` and `qrels/<split>.tsv` (header line
+    `query-id corpus-id score`, tab-separated). Only queries with at least one relevant
+    document (score > 0) and a text are kept."""
+    corpus = [json.loads(line) for line in _lines(directory / "corpus.jsonl")]
+    queries = {
+        str(row["_id"]): str(row["text"])
+        for row in map(json.loads, _lines(directory / "queries.jsonl"))
+    }
+    qrels: dict[str, dict[str, int]] = {}
+    for number, line in enumerate(_lines(directory / "qrels" / f"{split}.tsv")):
+        parts = line.split("\t")
+        if number == 0 and not parts[-1].strip().lstrip("-").isdigit():
+            continue  # the header
+        query_id, corpus_id, score = parts[0], parts[1], int(parts[2])
+        qrels.setdefault(query_id, {})[corpus_id] = score
+    kept = {
+        q: rels
+        for q, rels in qrels.items()
+        if q in queries and any(score > 0 for score in rels.values())
+    }
+    return Dataset(directory.resolve().name, corpus, queries, kept)
+
+
+def _lines(path: Path) -> Iterator[str]:
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                yield line.rstrip("\n")
+
+
+def ndcg_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int = 10) -> float:
+    """nDCG@k with gain = the graded relevance and discount 1/log2(rank + 1)."""
+    dcg = sum(relevant.get(doc, 0) / math.log2(rank + 2) for rank, doc in enumerate(ranked[:k]))
+    ideal = sorted((g for g in relevant.values() if g > 0), reverse=True)[:k]
+    idcg = sum(gain / math.log2(rank + 2) for rank, gain in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def recall_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int = 100) -> float:
+    """Share of the relevant documents (score > 0) within the first k."""
+    wanted = {doc for doc, gain in relevant.items() if gain > 0}
+    return len(wanted.intersection(ranked[:k])) / len(wanted) if wanted else 0.0
+
+
+def _record(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "namespace": NAMESPACE,
+        "snapshot_kind": SNAPSHOT_KIND,
+        "item_id": str(row["_id"]),
+        "revision": 1,
+        "payload_schema": "beir_corpus_v1",
+        "payload": dict(row),
+        "text": {"title": str(row.get("title") or ""), "body": str(row.get("text") or "")},
+        "metadata": {"status": "active", "updated_at": UPDATED_AT},
+    }
+
+
+# --------------------------------------------------------------------------- the server
+
+
+@dataclass
+class _Server:
+    process: subprocess.Popen[bytes]
+    client: httpx.Client
+    log_path: Path
+
+    def log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        return ""
+
+    def stop(self) -> None:
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+
+
+def _servers_env() -> dict[str, str]:
+    """Server mode on the local harness, with Kafka/OpenSearch/Qdrant names unique to
+    this run (as `tests/e2e/test_servers_http.py` does)."""
+    from tests.harness.servers import server_urls
+
+    urls = server_urls()
+    missing = [name for name, url in urls.items() if not url]
+    if missing:
+        raise SystemExit(f"harness servers not running: {missing} (make servers-up)")
+    tag = uuid.uuid4().hex[:8]
+    return {
+        "ORRERY_MODE": "servers",
+        "ORRERY_KAFKA_BOOTSTRAP": str(urls["kafka"]),
+        "ORRERY_OPENSEARCH_URL": str(urls["opensearch"]),
+        "ORRERY_REDIS_URL": str(urls["redis"]),
+        "ORRERY_KAFKA_TOPIC_PREFIX": f"orrery-bench-{tag}.records",
+        "ORRERY_KAFKA_GROUP": f"orrery-bench-{tag}",
+        "ORRERY_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        "ORRERY_OPENSEARCH_INDEX_PREFIX": f"orrery-bench-{tag}",
+        "ORRERY_QDRANT_COLLECTION_PREFIX": f"orrery-bench-{tag}",
+    }
+
+
+def _drop_server_resources(env: Mapping[str, str]) -> None:
+    """Delete the OpenSearch indexes, Kafka topics and consumer group named with this
+    run's prefixes (Qdrant's local-mode collections live in the data dir; Redis entries
+    expire)."""
+    prefix = env["ORRERY_OPENSEARCH_INDEX_PREFIX"]
+    with httpx.Client(base_url=env["ORRERY_OPENSEARCH_URL"], timeout=60, trust_env=False) as os_:
+        listed = os_.get(f"/_cat/indices/{prefix}-*", params={"format": "json", "h": "index"})
+        for row in listed.json() if listed.status_code == 200 else []:
+            os_.delete(f"/{row['index']}")
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=env["ORRERY_KAFKA_BOOTSTRAP"])
+    try:
+        topic_prefix = env["ORRERY_KAFKA_TOPIC_PREFIX"]
+        topics = [t for t in admin.list_topics() if t.startswith(topic_prefix)]
+        if topics:
+            admin.delete_topics(topics)
+        with contextlib.suppress(Exception):  # absent when no consumer ever joined
+            admin.delete_groups([env["ORRERY_KAFKA_GROUP"]])
+    finally:
+        admin.close()
+
+
+def _start(data_dir: Path, env: Mapping[str, str]) -> _Server:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = data_dir.parent / f"serve-{port}.log"
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
+    child_env.update({"PYTHONUNBUFFERED": "1", **env})
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "query.entrypoints.cli",
+                "serve",
+                "--data-dir",
+                str(data_dir),
+                "--host",
+                LOOPBACK,
+                "--port",
+                str(port),
+            ],
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env,
+        )
+    client = httpx.Client(base_url=f"http://{LOOPBACK}:{port}", timeout=120.0, trust_env=False)
+    server = _Server(process, client, log_path)
+    stop_at = time.monotonic() + 180
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"orrery serve exited at startup:\n{server.log_tail()}")
+        with contextlib.suppress(httpx.TransportError):
+            if client.get("/healthz").status_code == 200:
+                return server
+        if time.monotonic() > stop_at:
+            server.stop()
+            raise RuntimeError(f"orrery serve did not start:\n{server.log_tail()}")
+        time.sleep(0.1)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
+def _scope_count(ready: Mapping[str, Any]) -> int:
+    return sum(
+        int(s["document_count"])
+        for s in ready["scopes"]
+        if s["namespace"] == NAMESPACE and s["snapshot_kind"] == SNAPSHOT_KIND
+    )
+
+
+def _load(server: _Server, dataset: Dataset, timeout_s: float) -> dict[str, Any]:
+    """Write the corpus, then wait until the projector indexed all of it."""
+    records = [_record(row) for row in dataset.corpus]
+    total = len(records)
+    started = time.perf_counter()
+    accepted = 0
+    present = _scope_count(server.client.get("/v1/readiness").json())
+    with _progress() as progress:
+        task = progress.add_task("write records", total=total, rate="")
+        # A reused data dir that holds the whole corpus already is not written again.
+        for start in range(0, total if present < total else 0, BATCH):
+            chunk = records[start : start + BATCH]
+            response = server.client.post("/v1/records", json=chunk)
+            stale = response.status_code == 409  # every revision already stored
+            if response.status_code != 200 and not stale:
+                raise RuntimeError(
+                    f"POST /v1/records: {response.status_code} {response.text[:500]}"
+                )
+            accepted += 0 if stale else int(response.json()["accepted"])
+            progress.update(task, advance=len(chunk))
+        progress.update(task, completed=total)
+    written_s = time.perf_counter() - started
+    projected_at = time.perf_counter()
+    first = _scope_count(server.client.get("/v1/readiness").json())
+    with _progress() as progress:
+        task = progress.add_task("embed + index", total=total, rate="")
+        logged_at = 0.0
+        while True:
+            ready = server.client.get("/v1/readiness").json()
+            count = _scope_count(ready)
+            elapsed = time.perf_counter() - projected_at
+            rate = f"{max(0, count - first) / max(elapsed, 1e-9):.1f} docs/s"
+            progress.update(task, completed=count, rate=rate)
+            if not console.is_terminal and elapsed - logged_at >= 30.0:
+                # No live bar in a log file: one line every 30 s instead.
+                console.print(f"embed + index: {count:,}/{total:,} after {elapsed:.0f} s ({rate})")
+                logged_at = elapsed
+            if ready["ready"] and count >= total:
+                break
+            if elapsed > timeout_s:
+                raise RuntimeError(f"projection did not finish in {timeout_s:.0f} s: {ready}")
+            time.sleep(1.0)
+    projected_s = time.perf_counter() - projected_at
+    return {
+        "documents": total,
+        "accepted": accepted,
+        "already_present": total - accepted,
+        "write_seconds": round(written_s, 2),
+        "project_seconds": round(projected_s, 2),
+        "project_docs_per_second": round(accepted / projected_s, 2) if accepted else None,
+    }
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+def _runs(extra: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, request fields) of every run; `default` names no profile."""
+    runs: list[tuple[str, dict[str, Any]]] = [
+        ("lexical", {"profile": "weighted@1", "ranking": {**ZERO, "lexical_weight": 1.0}}),
+        ("vector", {"profile": "weighted@1", "ranking": {**ZERO, "vector_weight": 1.0}}),
+        ("rrf@1", {"profile": "rrf@1"}),
+        ("weighted@1", {"profile": "weighted@1"}),
+        ("weighted@2", {"profile": "weighted@2"}),
+        ("default", {}),
+    ]
+    runs += [(profile, {"profile": profile}) for profile in extra]
+    return runs
+
+
+def _evaluate(
+    server: _Server, dataset: Dataset, name: str, fields: Mapping[str, Any]
+) -> dict[str, Any]:
+    ndcg: list[float] = []
+    recall: list[float] = []
+    server_ms: list[float] = []
+    profiles: set[str] = set()
+    sources: set[str] = set()
+    cache_hits = 0
+    with _progress() as progress:
+        task = progress.add_task(f"{name:>12}", total=len(dataset.qrels), rate="")
+        for query_id, relevant in sorted(dataset.qrels.items()):
+            body = {
+                "namespace": NAMESPACE,
+                "scope_ref": SCOPE_REF,
+                "query_text": dataset.queries[query_id],
+                "result_limit": RESULT_LIMIT,
+                "timeout_seconds": QUERY_TIMEOUT_S,
+                **fields,
+            }
+            response = server.client.post("/v1/external/retrieve/topk_records", json=body)
+            if response.status_code != 200:
+                raise RuntimeError(
+                    f"{name} query {query_id}: {response.status_code} {response.text}"
+                )
+            answer = response.json()
+            profiles.add(answer["profile"])
+            server_ms.append(float(answer["query_plan"]["latency_ms"]["total"]))
+            cache_hits += answer["query_plan"]["cache"] == "hit"
+            sources.update(answer["query_plan"]["indexes_used"])
+            ranked = [result["item_id"] for result in answer["results"]]
+            ndcg.append(ndcg_at(ranked, relevant, 10))
+            recall.append(recall_at(ranked, relevant, RESULT_LIMIT))
+            progress.update(task, advance=1)
+    server_ms.sort()
+    return {
+        "name": name,
+        "profile": ", ".join(sorted(profiles)),
+        "request": dict(fields),
+        "sources": sorted(sources & {"bm25", "vector"}),
+        "ndcg@10": round(sum(ndcg) / len(ndcg), 4),
+        "recall@100": round(sum(recall) / len(recall), 4),
+        "queries": len(ndcg),
+        "server_ms_p50": round(server_ms[len(server_ms) // 2], 2),
+        "cache_hits": cache_hits,
+    }
+
+
+def _verdict(runs: Sequence[Mapping[str, Any]], target: float) -> dict[str, Any]:
+    by_name = {run["name"]: run for run in runs}
+    single = max(by_name["lexical"]["ndcg@10"], by_name["vector"]["ndcg@10"])
+    hybrids = [r for r in runs if r["sources"] == ["bm25", "vector"]]
+    return {
+        "target_default_ndcg@10": target,
+        "default_meets_target": by_name["default"]["ndcg@10"] >= target,
+        "hybrids_above_both_sources": {r["name"]: r["ndcg@10"] > single for r in hybrids},
+    }
+
+
+def _chart(path: Path, title: str, runs: Sequence[Mapping[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [
+        run["name"] if run["name"] != "default" else f"default\n({run['profile']})" for run in runs
+    ]
+    x = range(len(runs))
+    width = 0.38
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(runs)), 4.2))
+    bars_n = ax.bar(
+        [i - width / 2 for i in x], [r["ndcg@10"] for r in runs], width, label="nDCG@10"
+    )
+    bars_r = ax.bar(
+        [i + width / 2 for i in x], [r["recall@100"] for r in runs], width, label="Recall@100"
+    )
+    for bars in (bars_n, bars_r):
+        ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=2)
+    ax.set_xticks(list(x), labels, fontsize=8)
+    ax.set_ylim(0, 1.18)
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper center", ncols=2, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dataset", type=Path, help="a BEIR-format directory")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "quality.json")
+    parser.add_argument("--mode", choices=("embedded", "servers"), default="embedded")
+    parser.add_argument("--split", default="test")
+    parser.add_argument(
+        "--profile", action="append", default=[], help="another profile id to evaluate"
+    )
+    parser.add_argument(
+        "--profiles",
+        default="",
+        help="operator profiles for the server (ORRERY_PROFILES: JSON or a file path)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="embedded: keep (or reuse) the server's data here instead of a temp dir",
+    )
+    parser.add_argument(
+        "--target", type=float, default=0.73, help="nDCG@10 the default should reach"
+    )
+    parser.add_argument("--project-timeout", type=float, default=7_200.0)
+    args = parser.parse_args(argv)
+    if args.data_dir is not None and args.mode == "servers":
+        # Server-mode resources are named per run, so a kept data dir cannot be reused.
+        parser.error("--data-dir is for --mode embedded only")
+
+    dataset = load_dataset(args.dataset, args.split)
+    console.print(
+        f"{dataset.name}: {len(dataset.corpus):,} documents, {len(dataset.qrels):,} "
+        f"{args.split} queries with judgments; mode {args.mode}"
+    )
+    env = _servers_env() if args.mode == "servers" else {}
+    if args.profiles:
+        env["ORRERY_PROFILES"] = args.profiles
+    temp: Path | None = None
+    data_dir: Path = args.data_dir
+    if data_dir is None:
+        temp = Path(tempfile.mkdtemp(prefix="orrery-quality-"))
+        data_dir = temp / "data"
+    server = _start(data_dir, env)
+    try:
+        load = _load(server, dataset, args.project_timeout)
+        console.print(
+            f"loaded: {load['accepted']:,} written in {load['write_seconds']} s, projected in "
+            f"{load['project_seconds']} s ({load['project_docs_per_second']} docs/s)"
+        )
+        runs = [_evaluate(server, dataset, name, fields) for name, fields in _runs(args.profile)]
+    except BaseException:
+        console.print(f"[red]server log tail:[/]\n{server.log_tail()}")
+        raise
+    finally:
+        server.stop()
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+        if args.mode == "servers":
+            _drop_server_resources(env)
+
+    verdict = _verdict(runs, args.target)
+    result = {
+        "benchmark": "quality",
+        "created_at": utc_now(),
+        "dataset": dataset.name,
+        "split": args.split,
+        "mode": args.mode,
+        "corpus_size": len(dataset.corpus),
+        "queries": len(dataset.qrels),
+        "result_limit": RESULT_LIMIT,
+        "metrics": {
+            "ndcg@10": "graded gain, log2 discount, mean over queries with a relevant document",
+            "recall@100": "relevant (qrels > 0) in the first 100, over all relevant",
+            "server_ms_p50": "query_plan.latency_ms.total; the first run that needs a "
+            "query's vector pays its embedding; a run resolving to the same profile as an "
+            "earlier one is answered from the response cache (cache_hits)",
+        },
+        "load": load,
+        "runs": runs,
+        "verdict": verdict,
+        "machine": machine_facts(),
+        "git": git_facts(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    _chart(
+        args.out.with_suffix(".png"),
+        f"{dataset.name} ({args.split}, {len(dataset.qrels)} queries, {args.mode}) over HTTP",
+        runs,
+    )
+
+    table = Table(title=f"{dataset.name} {args.split} — {args.mode}")
+    for column in ("run", "profile", "nDCG@10", "Recall@100", "server p50 ms", "cache hits"):
+        table.add_column(column)
+    for run in runs:
+        table.add_row(
+            run["name"],
+            run["profile"],
+            f"{run['ndcg@10']:.4f}",
+            f"{run['recall@100']:.4f}",
+            f"{run['server_ms_p50']:.1f}",
+            str(run["cache_hits"]),
+        )
+    Console().print(table)
+    console.print(f"verdict: {json.dumps(verdict)}")
+    console.print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The operator API over generations: `/v1/admin/generations…` and `orrery gen …`.
+
+Every call needs the admin key (`ORRERY_ADMIN_KEY`), sent as `x-admin-key` or
+`Authorization: Bearer`. The same models are printed by `orrery gen … --json`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.generations import EvidenceCheck, GenerationDescriptor, GenerationState
+from contracts.records import Name
+
+__all__ = [
+    "BuildProgress",
+    "BuildRequest",
+    "GcReport",
+    "GcRequest",
+    "GenerationRow",
+    "GenerationView",
+    "PromoteReport",
+    "RollbackRequest",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BuildRequest(_Strict):
+    namespace: Name
+    snapshot_kind: Name
+
+
+class RollbackRequest(_Strict):
+    namespace: Name
+    snapshot_kind: Name
+
+
+class GcRequest(_Strict):
+    keep: int = Field(default=1, ge=0, le=1_000)
+
+
+class GenerationRow(BaseModel):
+    """One registry row: the facts that change with every write, next to the state."""
+
+    model_config = ConfigDict(frozen=True)
+
+    generation_id: str
+    namespace: str
+    snapshot_kind: str
+    state: GenerationState
+    live: bool
+    created_at: datetime
+    document_count: int
+    applied_position: int
+    commit_seq: int
+    descriptor_digest: str
+    indexes_dropped: bool = False
+    heartbeat_at: datetime | None = None
+
+
+class BuildProgress(BaseModel):
+    """A build running in this process (`phase`: snapshot, load, catch_up, seal, done,
+    failed, aborted)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    generation_id: str
+    phase: str
+    done: int
+    total: int
+    rate_per_s: float
+    elapsed_s: float
+    error: str | None = None
+
+
+class GenerationView(BaseModel):
+    """`orrery gen show`: the row, the full stored descriptor, recent evidence checks and
+    the running build (if it runs in the answering process)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    row: GenerationRow
+    descriptor: GenerationDescriptor
+    checks: list[EvidenceCheck] = Field(default_factory=list)
+    build: BuildProgress | None = None
+
+
+class PromoteReport(BaseModel):
+    """The outcome of a promote or a rollback: the pointer flip and the alias mirrors.
+
+    `flip_ms` times the one registry write that switched the pointer. `aliases` maps an
+    engine to what happened to its native alias (`"orrery-…: pointed at …"`, or
+    `"skipped: …"` for engines without aliases, or `"failed: …"` — the registry pointer
+    is the truth either way).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    action: Literal["promote", "rollback"]
+    namespace: str
+    snapshot_kind: str
+    generation_id: str
+    previous_generation_id: str | None
+    switched_at: datetime
+    flip_ms: float
+    lag_events: int
+    aliases: dict[str, str] = Field(default_factory=dict)
+
+
+class GcReport(BaseModel):
+    """Generations whose engine indexes `gc` dropped, and those it kept."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dropped: list[str]
+    kept: list[str]

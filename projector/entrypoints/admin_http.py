@@ -1,0 +1,198 @@
+"""The admin HTTP API over generations: `/v1/admin/generations…`.
+
+Every route needs the admin key (`ORRERY_ADMIN_KEY`) as `x-admin-key` or
+`Authorization: Bearer`: no key → 401 `unauthorized`, a wrong key → 403 `forbidden`, no
+admin key configured on the server → 403 (the API is off). Errors use the app's error
+handlers (`{"success": false, "error": {...}}`).
+
+| route | what |
+|---|---|
+| `GET  /v1/admin/generations[?namespace=&snapshot_kind=]` | registry rows |
+| `POST /v1/admin/generations/build` `{namespace, snapshot_kind}` | start a build (202) |
+| `GET  /v1/admin/generations/{id}` | row, descriptor, recent checks, build progress |
+| `POST /v1/admin/generations/{id}/verify` | read back and compare; `verified` true/false |
+| `POST /v1/admin/generations/{id}/promote` | flip the live pointer, mirror aliases |
+| `POST /v1/admin/generations/rollback` `{namespace, snapshot_kind}` | back to the previous |
+| `POST /v1/admin/generations/{id}/retire` | stop writing it; `gc` drops it later |
+| `POST /v1/admin/generations/{id}/abort` | stop a build (the generation fails) |
+| `POST /v1/admin/generations/gc` `{keep}` | drop indexes of retired/failed ones |
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
+
+from contracts.admin import BuildRequest, GcRequest, RollbackRequest
+from contracts.errors import ErrorCode, OrreryError
+from projector.generations import GenerationAdmin
+
+__all__ = ["ADMIN_PREFIX", "check_admin_key", "create_admin_router"]
+
+ADMIN_PREFIX = "/v1/admin/generations"
+M = TypeVar("M", bound=BaseModel)
+
+
+def check_admin_key(configured: str, x_admin_key: str | None, authorization: str | None) -> None:
+    """Raise `UNAUTHORIZED` without a presented key, `FORBIDDEN` for a wrong one or when
+    no admin key is configured."""
+    presented = x_admin_key
+    if presented is None and authorization is not None:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            presented = token.strip()
+    if presented is None:
+        raise OrreryError(
+            ErrorCode.UNAUTHORIZED, "send the admin key as 'x-admin-key' or 'Authorization: Bearer'"
+        )
+    if not configured:
+        raise OrreryError(
+            ErrorCode.FORBIDDEN, "the admin API is disabled: the server has no ORRERY_ADMIN_KEY"
+        )
+    if not hmac.compare_digest(configured.encode(), presented.encode()):
+        raise OrreryError(ErrorCode.FORBIDDEN, "the admin key is not valid")
+
+
+async def _body(request: Request, model: type[M]) -> M:
+    raw_bytes = await request.body()
+    try:
+        raw = json.loads(raw_bytes) if raw_bytes.strip() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise OrreryError(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {exc}") from exc
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        details = {
+            "errors": [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
+        }
+        code = (
+            ErrorCode.UNKNOWN_FIELD
+            if any(e["type"] == "extra_forbidden" for e in errors)
+            else ErrorCode.INVALID_REQUEST
+        )
+        raise OrreryError(code, "the request is invalid", details) from exc
+
+
+def _ok(body: dict[str, Any], status: int = 200) -> JSONResponse:
+    return JSONResponse({"success": True, **body}, status_code=status)
+
+
+def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
+    """The admin routes over `admin`; blocking work runs in the thread pool."""
+    router = APIRouter(prefix=ADMIN_PREFIX, tags=["admin"])
+
+    def authorize(x_admin_key: str | None, authorization: str | None) -> None:
+        check_admin_key(admin_key, x_admin_key, authorization)
+
+    @router.get("")
+    async def list_generations(
+        namespace: str | None = None,
+        snapshot_kind: str | None = None,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        authorize(x_admin_key, authorization)
+        rows = await run_in_threadpool(admin.rows, namespace, snapshot_kind)
+        return _ok({"generations": [r.model_dump(mode="json") for r in rows]})
+
+    @router.post("/build")
+    async def build(
+        request: Request,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """Start a build in this process; poll `GET …/{id}` for its progress."""
+        authorize(x_admin_key, authorization)
+        body = await _body(request, BuildRequest)
+        descriptor = await run_in_threadpool(admin.start_build, body)
+        view = await run_in_threadpool(admin.view, descriptor.generation_id)
+        return _ok(view.model_dump(mode="json"), status=202)
+
+    @router.post("/rollback")
+    async def rollback(
+        request: Request,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        authorize(x_admin_key, authorization)
+        body = await _body(request, RollbackRequest)
+        report = await run_in_threadpool(admin.rollback, body)
+        return _ok({"report": report.model_dump(mode="json")})
+
+    @router.post("/gc")
+    async def gc(
+        request: Request,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        authorize(x_admin_key, authorization)
+        body = await _body(request, GcRequest)
+        report = await run_in_threadpool(admin.gc, body.keep)
+        return _ok({"report": report.model_dump(mode="json")})
+
+    @router.get("/{generation_id}")
+    async def show(
+        generation_id: str,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        authorize(x_admin_key, authorization)
+        view = await run_in_threadpool(admin.view, generation_id)
+        return _ok(view.model_dump(mode="json"))
+
+    @router.post("/{generation_id}/verify")
+    async def verify(
+        generation_id: str,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """200 either way: `verified` says whether the evidence matched."""
+        authorize(x_admin_key, authorization)
+        check = await run_in_threadpool(admin.verify, generation_id)
+        row = (await run_in_threadpool(admin.view, generation_id)).row
+        return _ok(
+            {
+                "verified": check.ok,
+                "state": row.state.value,
+                "check": check.model_dump(mode="json"),
+            }
+        )
+
+    @router.post("/{generation_id}/promote")
+    async def promote(
+        generation_id: str,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        authorize(x_admin_key, authorization)
+        report = await run_in_threadpool(admin.promote, generation_id)
+        return _ok({"report": report.model_dump(mode="json")})
+
+    @router.post("/{generation_id}/retire")
+    async def retire(
+        generation_id: str,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        authorize(x_admin_key, authorization)
+        descriptor = await run_in_threadpool(admin.retire, generation_id)
+        return _ok({"descriptor": descriptor.model_dump(mode="json")})
+
+    @router.post("/{generation_id}/abort")
+    async def abort(
+        generation_id: str,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        authorize(x_admin_key, authorization)
+        descriptor = await run_in_threadpool(admin.abort, generation_id)
+        return _ok({"descriptor": descriptor.model_dump(mode="json")})
+
+    return router

@@ -1,0 +1,1060 @@
+"""Use cases of the generation lifecycle: build, seal, verify, promote, roll back, retire,
+collect garbage — and the evidence check that query workers route by.
+
+Pure orchestration over ports; decisions (which transition is legal, how two document
+sets differ, which generation a rollback returns to) live in `projector.model`.
+
+How evidence is compared. Every generation that is building, sealed, verified or live
+takes the log's writes (the projector writes to all of them), so what it holds moves
+with the log. Its evidence is therefore always "as of a position": the registry's
+per-generation document table says which `(document_id, revision)` pairs the generation
+holds at its applied position, and a check reads every engine back and compares it with
+that table *at the same moment* — under the writer lock, which projector batches and
+snapshot loads hold while they write, so no write is half-done in between (an
+optimistic read without the lock is tried first and accepted only if it matches and no
+batch committed meanwhile). When the generation has taken no write since it was sealed,
+the table equals the sealed descriptor's `document_count` / `id_set_digest`, and verify
+checks that too. `verify` adds the coverage check: the table must equal the canonical
+store's live set at the same position (the log is ordered in the embedded deployment,
+so this is exact; with Kafka, partitions may lag, so it is retried for a while, each try
+at the registry's then position).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from contracts.admin import (
+    BuildProgress,
+    BuildRequest,
+    GcReport,
+    GenerationRow,
+    GenerationView,
+    PromoteReport,
+    RollbackRequest,
+)
+from contracts.digests import id_set_digest
+from contracts.embedding import Embedder
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.generations import (
+    BuildReceipt,
+    EngineEvidence,
+    EvidenceCheck,
+    GenerationDescriptor,
+    GenerationState,
+    SourceManifest,
+    Topology,
+)
+from contracts.index import IndexDocument, to_index_document
+from contracts.records import Record
+from projector.model import (
+    diff_pairs,
+    engine_evidence,
+    gc_plan,
+    mismatch_reason,
+    rollback_target,
+    transition,
+)
+from projector.ports import (
+    AliasMirror,
+    CanonicalSnapshot,
+    EngineReadback,
+    EvidenceLog,
+    GenerationContents,
+    GenerationMaintenance,
+    GenerationRegistry,
+    LexicalIndex,
+    RegistrySnapshot,
+    VectorCache,
+    VectorIndex,
+    WriterLock,
+)
+from projector.service import embed_records
+
+__all__ = [
+    "ORPHANED_AFTER",
+    "BuildAborted",
+    "BuildControl",
+    "BuildJobs",
+    "GenerationAdmin",
+    "GenerationOptions",
+    "GenerationPorts",
+    "check_evidence",
+    "verify_generation",
+]
+
+log = logging.getLogger("orrery.generations")
+
+_CHECKABLE = frozenset({GenerationState.SEALED, GenerationState.VERIFIED, GenerationState.LIVE})
+# Attempts per snapshot batch when an engine is unavailable, and the pause between them.
+_LOAD_ATTEMPTS = 3
+_LOAD_RETRY_S = 0.5
+# The loader looks at the registry every this many batches: an abort by another process
+# (the generation is no longer `building`) stops it.
+_STATE_POLL_BATCHES = 5
+# A running build refreshes its heartbeat at least this often; a build whose heartbeat is
+# older than `ORPHANED_AFTER` belongs to a process that is gone.
+_HEARTBEAT_S = 5.0
+ORPHANED_AFTER = timedelta(minutes=5)
+
+Progress = Callable[[str, int, int], None]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class BuildAborted(OrreryError):
+    """The build was cancelled, or its generation left `building` meanwhile."""
+
+    def __init__(self, generation_id: str, reason: str) -> None:
+        super().__init__(
+            ErrorCode.INVALID_STATE,
+            f"build of {generation_id} stopped: {reason}",
+            {"generation_id": generation_id, "reason": reason},
+        )
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class BuildControl:
+    """How a running build reports progress and learns that it should stop.
+
+    `progress(phase, done, total)` is called after every batch; `cancelled` is polled
+    between batches; `wait(seconds)` sleeps unless cancelled meanwhile.
+    """
+
+    progress: Progress = field(default=lambda _phase, _done, _total: None)
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def wait(self, seconds: float) -> None:
+        self.cancel_event.wait(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOptions:
+    """Knobs of the lifecycle (defaults are production values).
+
+    `batch_size`: snapshot documents per load batch; `pause_seconds`: a pause between
+    batches that leaves more room to serving (0 = none); `catch_up_timeout_seconds`: how
+    long a build waits for the projector; `max_promote_lag`: how many events a
+    generation may be behind the log's high water to be promoted;
+    `ordered_log`/`coverage_wait_seconds`: whether applied positions are prefixes of the
+    log (embedded) or how long coverage checks wait for lagging partitions (Kafka).
+    `switch_interval_seconds`: the interpreter's thread switch interval while a build runs
+    in a server (None: unchanged). A build is CPU-bound Python; with the default 5 ms a
+    query thread waits up to 5 ms at every hand-off between threads, so a shorter
+    interval keeps queries closer to their idle latency.
+    """
+
+    batch_size: int = 1_000
+    pause_seconds: float = 0.0
+    catch_up_timeout_seconds: float = 600.0
+    max_promote_lag: int = 1_000
+    ordered_log: bool = True
+    coverage_wait_seconds: float = 30.0
+    switch_interval_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationPorts:
+    """Everything the lifecycle use cases need, bound once by `projector.bootstrap`.
+
+    `registry` implements `GenerationRegistry`, `GenerationContents`,
+    `GenerationMaintenance`, `EvidenceLog` and `VectorCache` (one SQLite database);
+    `lexical` / `vectors` are the engines, read back through `lexical_readback` /
+    `vector_readback` (the same objects); `aliases` maps an engine name to its native
+    alias mirror (None: the engine has none), `alias_name(engine, namespace, kind)`
+    names a scope's alias. `drive_log` makes the projector apply
+    what is waiting (returns whether it applied anything) — a wake-up of the running
+    loop, or one batch run right here when no loop runs.
+    """
+
+    registry: GenerationRegistry
+    contents: GenerationContents
+    maintenance: GenerationMaintenance
+    evidence_log: EvidenceLog
+    cache: VectorCache
+    snapshot: CanonicalSnapshot
+    lexical: LexicalIndex
+    vectors: VectorIndex
+    lexical_readback: EngineReadback
+    vector_readback: EngineReadback
+    lock: WriterLock
+    embedder: Embedder
+    lexical_engine: str
+    vector_engine: str
+    schema_digest: str
+    topology: Callable[[str], Topology]
+    alias_name: Callable[[str, str, str], str]
+    aliases: dict[str, AliasMirror | None]
+    drive_log: Callable[[], bool] | None = None
+    clock: Callable[[], datetime] = _utc_now
+    options: GenerationOptions = field(default_factory=GenerationOptions)
+
+
+# -- evidence -------------------------------------------------------------------------------
+
+
+def _read_evidence(
+    generation_id: str, ports: GenerationPorts, progress: Progress
+) -> tuple[RegistrySnapshot, str, list[EngineEvidence], str]:
+    """Registry set and every engine's read-back compared with it, at one moment.
+
+    Returns `(registry snapshot, its id_set_digest, per-engine evidence, error)`;
+    `error` is set (and the evidence empty) when an engine could not be read. The
+    registry digest is computed once and reused for every engine that matches (hashing
+    every pair is the costly part of a check).
+    """
+    readbacks = (
+        (ports.lexical_engine, ports.lexical_readback),
+        (ports.vector_engine, ports.vector_readback),
+    )
+
+    def read() -> tuple[RegistrySnapshot, list[tuple[str, list[tuple[str, int]]]]]:
+        registry = ports.contents.registry_pairs(generation_id)
+        progress("registry", len(registry.pairs), len(registry.pairs))
+        observed = []
+        for engine, readback in readbacks:
+            pairs = readback.stored_pairs(generation_id)
+            progress(engine, len(pairs), len(registry.pairs))
+            observed.append((engine, pairs))
+        return registry, observed
+
+    def compare(
+        registry: RegistrySnapshot, observed: list[tuple[str, list[tuple[str, int]]]]
+    ) -> tuple[str, list[EngineEvidence]]:
+        digest = id_set_digest(registry.pairs.items())
+        return digest, [
+            engine_evidence(e, diff_pairs(registry.pairs, p, expected_digest=digest))
+            for e, p in observed
+        ]
+
+    try:
+        registry, observed = read()
+        digest, evidence = compare(registry, observed)
+        unchanged = ports.contents.commit_seq(generation_id) == registry.commit_seq
+        if unchanged and all(item.matches for item in evidence):
+            return registry, digest, evidence, ""
+        # A batch was (or may have been) mid-write: read again with writers held off.
+        with ports.lock.hold():
+            registry, observed = read()
+        digest, evidence = compare(registry, observed)
+        return registry, digest, evidence, ""
+    except OrreryError as exc:
+        registry = ports.contents.registry_pairs(generation_id)
+        digest = id_set_digest(registry.pairs.items())
+        return registry, digest, [], f"cannot read the generation back: {exc.message}"
+
+
+def check_evidence(
+    generation_id: str, *, ports: GenerationPorts, progress: Progress | None = None
+) -> EvidenceCheck:
+    """Read the generation back from every engine and compare with the registry at the
+    same position (see the module docstring); record and return the outcome.
+
+    Never raises for a mismatch or an unreadable engine: that is a failed check. A
+    generation that is not sealed, verified or live fails the check by its state.
+    """
+    started = time.perf_counter()
+    _, descriptor = ports.registry.generation(generation_id)
+    if descriptor.state not in _CHECKABLE:
+        registry = ports.contents.registry_pairs(generation_id)
+        check = _check(
+            generation_id,
+            "eligibility",
+            ports,
+            (registry, id_set_digest(registry.pairs.items())),
+            [],
+            None,
+            f"generation is {descriptor.state.value}",
+            started,
+        )
+    else:
+        registry, digest, evidence, error = _read_evidence(
+            generation_id, ports, progress or (lambda *_: None)
+        )
+        check = _check(
+            generation_id,
+            "eligibility",
+            ports,
+            (registry, digest),
+            evidence,
+            None,
+            error or mismatch_reason(evidence),
+            started,
+        )
+    ports.evidence_log.record_check(check)
+    return check
+
+
+def _check(
+    generation_id: str,
+    kind: str,
+    ports: GenerationPorts,
+    expected: tuple[RegistrySnapshot, str],
+    evidence: list[EngineEvidence],
+    coverage: EngineEvidence | None,
+    reason: str,
+    started: float,
+) -> EvidenceCheck:
+    registry, digest = expected
+    ok = bool(evidence) and not reason
+    return EvidenceCheck.model_validate(
+        {
+            "generation_id": generation_id,
+            "kind": kind,
+            "checked_at": ports.clock(),
+            "state": registry.state,
+            "applied_position": registry.applied_position,
+            "commit_seq": registry.commit_seq,
+            "expected_count": len(registry.pairs),
+            "expected_digest": digest,
+            "engines": evidence,
+            "coverage": coverage,
+            "ok": ok,
+            "reason": "" if ok else reason,
+            "seconds": round(time.perf_counter() - started, 4),
+        }
+    )
+
+
+def _coverage(
+    descriptor: GenerationDescriptor,
+    registry: RegistrySnapshot,
+    digest: str,
+    ports: GenerationPorts,
+) -> tuple[EngineEvidence, RegistrySnapshot, str]:
+    """The registry's set compared with the canonical store's live set at its position;
+    with an unordered log, retried (at the registry's then position) while older
+    positions may still be on their way. Returns the evidence and the registry snapshot
+    (and its digest) it was compared at."""
+    deadline = time.monotonic() + (
+        0.0 if ports.options.ordered_log else ports.options.coverage_wait_seconds
+    )
+    while True:
+        canonical = ports.snapshot.live_pairs_at(
+            descriptor.namespace, descriptor.snapshot_kind, registry.applied_position
+        )
+        diff = diff_pairs(registry.pairs, canonical, expected_digest=digest)
+        if diff.matches or time.monotonic() >= deadline:
+            return engine_evidence("canonical", diff), registry, digest
+        time.sleep(0.5)
+        registry = ports.contents.registry_pairs(descriptor.generation_id)
+        digest = id_set_digest(registry.pairs.items())
+
+
+def verify_generation(
+    generation_id: str, *, ports: GenerationPorts, progress: Progress | None = None
+) -> EvidenceCheck:
+    """Read the generation back from each engine, compare with its evidence, check its
+    coverage of the canonical store; `sealed → verified` on success, `→ failed` (reason
+    `verify_failed: …`, with the differing ids in the recorded check) on a mismatch. When
+    an engine cannot be read at all the check fails but the state stays (retry later).
+
+    Refuses (`INVALID_STATE`) a generation that is building, failed or retired.
+    """
+    started = time.perf_counter()
+    progress = progress or (lambda *_: None)
+    _, descriptor = ports.registry.generation(generation_id)
+    if descriptor.state not in _CHECKABLE:
+        raise OrreryError(
+            ErrorCode.INVALID_STATE,
+            f"generation {generation_id} is {descriptor.state.value}; only sealed, verified "
+            "and live generations can be verified",
+            {"generation_id": generation_id, "state": descriptor.state.value},
+        )
+    registry, digest, evidence, error = _read_evidence(generation_id, ports, progress)
+    coverage, _, _ = _coverage(descriptor, registry, digest, ports)
+    progress("coverage", coverage.document_count, len(registry.pairs))
+    reasons = [error] if error else []
+    mismatch = mismatch_reason([*evidence, coverage])
+    if mismatch:
+        reasons.append(mismatch)
+    if registry.applied_position == descriptor.applied_position and descriptor.id_set_digest:
+        expected = (descriptor.document_count, descriptor.id_set_digest)
+        if (len(registry.pairs), digest) != expected:
+            reasons.append("registry: the document table no longer equals the sealed evidence")
+    check = _check(
+        generation_id,
+        "verify",
+        ports,
+        (registry, digest),
+        evidence,
+        coverage,
+        "; ".join(reasons),
+        started,
+    )
+    ports.evidence_log.record_check(check)
+    _, current = ports.registry.generation(generation_id)
+    if check.ok and current.state is GenerationState.SEALED:
+        verified = transition(
+            current,
+            GenerationState.VERIFIED,
+            at=check.checked_at,
+            position=check.applied_position,
+            reason=f"evidence matched in {', '.join(e.engine for e in evidence)} and canonical",
+        )
+        ports.registry.save_descriptor(verified, expect=frozenset({GenerationState.SEALED}))
+    elif not check.ok and not error and current.state in _CHECKABLE:
+        # Only evidence fails a generation: an engine that could not be read (`error`)
+        # leaves the state alone; the recorded check says why it did not verify.
+        failed = transition(
+            current,
+            GenerationState.FAILED,
+            at=check.checked_at,
+            position=check.applied_position,
+            reason=f"verify_failed: {check.reason}",
+        )
+        ports.registry.save_descriptor(failed, expect=frozenset({current.state}))
+    return check
+
+
+# -- build ----------------------------------------------------------------------------------
+
+
+def start_build(request: BuildRequest, *, ports: GenerationPorts) -> GenerationDescriptor:
+    """Register a `building` generation and create its engine indexes.
+
+    Under the writer lock, so the projector's first batch that sees the new write target
+    finds its indexes in place. From here on the projector dual-writes to it.
+    """
+    with ports.lock.hold():
+        descriptor = ports.registry.begin_generation(
+            request.namespace,
+            request.snapshot_kind,
+            embedder_id=ports.embedder.embedder_id,
+            embedder_dim=ports.embedder.dimension,
+            schema_digest=ports.schema_digest,
+            topology=ports.topology,
+            at=ports.clock(),
+        )
+        try:
+            ports.lexical.create(descriptor.generation_id)
+            ports.vectors.create(descriptor.generation_id, ports.embedder.dimension)
+        except OrreryError as exc:
+            _fail(descriptor.generation_id, f"cannot create indexes: {exc.message}", ports)
+            raise
+    log.info("build of %s started", descriptor.generation_id)
+    return descriptor
+
+
+def run_build(
+    descriptor: GenerationDescriptor, *, ports: GenerationPorts, control: BuildControl
+) -> GenerationDescriptor:
+    """Bulk-load the canonical snapshot into a `building` generation, catch up with the
+    log and seal it. Returns the sealed descriptor.
+
+    The snapshot is the scope's live heads at one high-water position H, loaded in
+    batches; each batch is written under the writer lock and only where the generation
+    does not already hold the same or a newer revision (the dual write may have got
+    there first, with an upsert or a tombstone), so replays and races converge. Vectors
+    come from the records or the vector cache (nothing already embedded is embedded
+    again). The generation then reflects every event up to H; the projector's dual
+    writes carry it past H, and `seal` freezes its evidence once it caught up.
+
+    On cancellation or any error the generation is marked `failed` (never promotable)
+    and the error is raised; a crash leaves it `building` until the next start marks it
+    failed.
+    """
+    generation_id = descriptor.generation_id
+    started = time.perf_counter()
+    durations: dict[str, float] = {}
+    counters = {"written": 0, "skipped": 0, "failed": 0, "batches": 0}
+    try:
+        control.progress("snapshot", 0, 0)
+        keys = ports.snapshot.snapshot_keys(descriptor.namespace, descriptor.snapshot_kind)
+        manifest = SourceManifest(
+            namespace=descriptor.namespace,
+            snapshot_kind=descriptor.snapshot_kind,
+            high_water=keys.high_water,
+            document_count=len(keys.keys),
+            id_set_digest=id_set_digest(keys.keys),
+        )
+        durations["snapshot"] = time.perf_counter() - started
+        mark = time.perf_counter()
+        total = len(keys.keys)
+        control.progress("load", 0, total)
+        for start in range(0, total, ports.options.batch_size):
+            _check_running(generation_id, control, ports, counters["batches"])
+            chunk = keys.keys[start : start + ports.options.batch_size]
+            try:
+                written, skipped = _load_batch(generation_id, chunk, ports)
+            except OrreryError:
+                counters["failed"] += len(chunk)
+                raise
+            counters["written"] += written
+            counters["skipped"] += skipped
+            counters["batches"] += 1
+            ports.maintenance.heartbeat(generation_id)
+            control.progress("load", min(start + len(chunk), total), total)
+            if ports.options.pause_seconds > 0:
+                control.wait(ports.options.pause_seconds)
+        ports.contents.mark_applied(generation_id, keys.high_water)
+        durations["load"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        control.progress("catch_up", 0, 1)
+        _catch_up(generation_id, ports.snapshot.high_water(), control, ports)
+        control.progress("catch_up", 1, 1)
+        durations["catch_up"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        control.progress("seal", 0, 1)
+        sealed = _seal(generation_id, manifest, counters, durations, mark, started, ports)
+        control.progress("seal", 1, 1)
+        log.info(
+            "sealed %s: %d documents at position %d (%d written, %d skipped) in %.1fs",
+            generation_id,
+            sealed.document_count,
+            sealed.applied_position,
+            counters["written"],
+            counters["skipped"],
+            time.perf_counter() - started,
+        )
+        return sealed
+    except BaseException as exc:
+        reason = exc.reason if isinstance(exc, BuildAborted) else _describe(exc)
+        prefix = "aborted" if isinstance(exc, BuildAborted) else "build failed"
+        _fail(generation_id, f"{prefix}: {reason}", ports)
+        raise
+
+
+def _describe(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, OrreryError) else f"{type(exc).__name__}: {exc}"
+
+
+def _check_running(
+    generation_id: str, control: BuildControl, ports: GenerationPorts, batches: int
+) -> None:
+    if control.cancelled():
+        raise BuildAborted(generation_id, "cancelled")
+    if batches % _STATE_POLL_BATCHES == 0:
+        _, current = ports.registry.generation(generation_id)
+        if current.state is not GenerationState.BUILDING:
+            raise BuildAborted(generation_id, f"the generation became {current.state.value}")
+
+
+def _load_batch(
+    generation_id: str, keys: Sequence[tuple[str, int]], ports: GenerationPorts
+) -> tuple[int, int]:
+    """Write one batch of snapshot records; returns `(written, skipped)`."""
+    records: list[Record] = ports.snapshot.records(keys)
+    vectors, _ = embed_records(records, embedder=ports.embedder, cache=ports.cache)
+    documents = {r.doc_id: to_index_document(r, vectors[r.doc_id]) for r in records}
+    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+        try:
+            with ports.lock.hold():
+                held = ports.contents.revisions(generation_id, list(documents))
+                fresh: list[IndexDocument] = [
+                    d for d in documents.values() if held.get(d.document_id, 0) < d.revision
+                ]
+                if fresh:
+                    ports.lexical.apply(generation_id, fresh, [])
+                    ports.vectors.apply(generation_id, fresh, [])
+                    ports.contents.record_documents(
+                        generation_id, {d.document_id: (d.revision, False) for d in fresh}
+                    )
+            return len(fresh), len(documents) - len(fresh)
+        except DependencyUnavailable as exc:
+            if attempt == _LOAD_ATTEMPTS:
+                raise
+            log.warning("snapshot batch of %s failed (%s); retrying", generation_id, exc.message)
+            time.sleep(_LOAD_RETRY_S * attempt)
+    raise AssertionError("unreachable")
+
+
+def _catch_up(
+    generation_id: str, target: int, control: BuildControl, ports: GenerationPorts
+) -> int:
+    """Wait until the generation's applied position reaches `target` (the log's high
+    water after the snapshot load), driving the projector meanwhile."""
+    deadline = time.monotonic() + ports.options.catch_up_timeout_seconds
+    beat = 0.0
+    while True:
+        if time.monotonic() - beat > _HEARTBEAT_S:
+            ports.maintenance.heartbeat(generation_id)
+            beat = time.monotonic()
+        row, current = ports.registry.generation(generation_id)
+        if current.state is not GenerationState.BUILDING:
+            raise BuildAborted(generation_id, f"the generation became {current.state.value}")
+        if row.applied_position >= target:
+            return row.applied_position
+        if control.cancelled():
+            raise BuildAborted(generation_id, "cancelled")
+        if time.monotonic() > deadline:
+            raise OrreryError(
+                ErrorCode.NOT_CAUGHT_UP,
+                f"{generation_id} did not catch up with position {target} within "
+                f"{ports.options.catch_up_timeout_seconds:.0f}s (is a projector running?)",
+                {"generation_id": generation_id, "applied_position": row.applied_position},
+            )
+        applied = ports.drive_log() if ports.drive_log is not None else False
+        if not applied:
+            control.wait(0.05)
+
+
+def _seal(
+    generation_id: str,
+    manifest: SourceManifest,
+    counters: dict[str, int],
+    durations: dict[str, float],
+    mark: float,
+    started: float,
+    ports: GenerationPorts,
+) -> GenerationDescriptor:
+    """Freeze the expected evidence at the applied position after a coverage check."""
+    _, current = ports.registry.generation(generation_id)
+    registry = ports.contents.registry_pairs(generation_id)
+    coverage, registry, digest = _coverage(
+        current, registry, id_set_digest(registry.pairs.items()), ports
+    )
+    if not coverage.matches:
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            f"{generation_id} does not cover the canonical store at position "
+            f"{registry.applied_position}: {mismatch_reason([coverage])}",
+            {"generation_id": generation_id, "coverage": coverage.model_dump(mode="json")},
+        )
+    durations["seal"] = time.perf_counter() - mark
+    durations["total"] = time.perf_counter() - started
+    receipt = BuildReceipt(
+        snapshot_documents=manifest.document_count,
+        written=counters["written"],
+        skipped=counters["skipped"],
+        failed=counters["failed"],
+        batches=counters["batches"],
+        high_water=manifest.high_water,
+        caught_up_to=registry.applied_position,
+        durations_s={k: round(v, 3) for k, v in durations.items()},
+    )
+    sealed = transition(
+        current,
+        GenerationState.SEALED,
+        at=ports.clock(),
+        position=registry.applied_position,
+        reason="snapshot loaded, caught up, coverage matched",
+        document_count=len(registry.pairs),
+        id_set_digest=digest,
+        applied_position=registry.applied_position,
+        source_manifest=manifest,
+        source_manifest_id=manifest.manifest_id,
+        build_receipt=receipt,
+        build_receipt_digest=receipt.digest,
+    )
+    ports.registry.save_descriptor(sealed, expect=frozenset({GenerationState.BUILDING}))
+    return sealed
+
+
+def _fail(generation_id: str, reason: str, ports: GenerationPorts) -> None:
+    """Mark a building generation failed; a no-op if it already left `building`."""
+    try:
+        row, current = ports.registry.generation(generation_id)
+        if current.state is not GenerationState.BUILDING:
+            return
+        failed = transition(
+            current,
+            GenerationState.FAILED,
+            at=ports.clock(),
+            position=row.applied_position,
+            reason=reason,
+        )
+        ports.registry.save_descriptor(failed, expect=frozenset({GenerationState.BUILDING}))
+        log.warning("%s marked failed: %s", generation_id, reason)
+    except OrreryError as exc:
+        log.warning("could not mark %s failed: %s", generation_id, exc.message)
+
+
+# -- promote, rollback, retire, gc --------------------------------------------------------
+
+
+def _live_of(
+    namespace: str, snapshot_kind: str, ports: GenerationPorts
+) -> tuple[GenerationRow, GenerationDescriptor] | None:
+    for row, descriptor in ports.registry.generation_rows(namespace, snapshot_kind):
+        if row.live:
+            return row, descriptor
+    return None
+
+
+def _switch(
+    action: str,
+    row: GenerationRow,
+    descriptor: GenerationDescriptor,
+    ports: GenerationPorts,
+) -> PromoteReport:
+    """Refuse unless verified, evidence-clean and caught up; flip the pointer in one
+    write; then mirror native aliases."""
+    generation_id = descriptor.generation_id
+    if descriptor.state is not GenerationState.VERIFIED:
+        raise OrreryError(
+            ErrorCode.INVALID_STATE,
+            f"generation {generation_id} is {descriptor.state.value}; only a verified "
+            f"generation can be made live",
+            {"generation_id": generation_id, "state": descriptor.state.value},
+        )
+    latest = ports.evidence_log.latest_checks(generation_id, 1)
+    if latest and not latest[0].ok:
+        raise OrreryError(
+            ErrorCode.INVALID_STATE,
+            f"the latest evidence check of {generation_id} failed: {latest[0].reason}",
+            {"generation_id": generation_id, "check": latest[0].model_dump(mode="json")},
+        )
+    lag = max(0, ports.snapshot.high_water() - row.applied_position)
+    if lag > ports.options.max_promote_lag:
+        raise OrreryError(
+            ErrorCode.NOT_CAUGHT_UP,
+            f"generation {generation_id} is {lag} events behind the log (at most "
+            f"{ports.options.max_promote_lag} allowed)",
+            {"generation_id": generation_id, "lag_events": lag},
+        )
+    at = ports.clock()
+    current = _live_of(descriptor.namespace, descriptor.snapshot_kind, ports)
+    demoted = None
+    previous = None
+    if current is not None:
+        previous = current[1].generation_id
+        if current[1].state is GenerationState.LIVE:
+            demoted = transition(
+                current[1],
+                GenerationState.VERIFIED,
+                at=at,
+                position=current[0].applied_position,
+                reason=f"{action}: {generation_id} became live",
+            )
+    promoted = transition(
+        descriptor,
+        GenerationState.LIVE,
+        at=at,
+        position=row.applied_position,
+        reason=action,
+    )
+    flip_started = time.perf_counter()
+    ports.registry.switch_live(promoted, demoted, expected_live=previous, at=at)
+    flip_ms = (time.perf_counter() - flip_started) * 1000.0
+    aliases = _mirror_aliases(descriptor, ports)
+    log.info(
+        "%s: %s/%s now reads %s",
+        action,
+        descriptor.namespace,
+        descriptor.snapshot_kind,
+        generation_id,
+    )
+    return PromoteReport(
+        action="promote" if action == "promote" else "rollback",
+        namespace=descriptor.namespace,
+        snapshot_kind=descriptor.snapshot_kind,
+        generation_id=generation_id,
+        previous_generation_id=previous,
+        switched_at=at,
+        flip_ms=round(flip_ms, 3),
+        lag_events=lag,
+        aliases=aliases,
+    )
+
+
+def _mirror_aliases(descriptor: GenerationDescriptor, ports: GenerationPorts) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for engine, mirror in ports.aliases.items():
+        alias = ports.alias_name(engine, descriptor.namespace, descriptor.snapshot_kind)
+        if mirror is None:
+            out[engine] = f"skipped: {engine} has no native aliases"
+            continue
+        try:
+            mirror.mirror_alias(alias, descriptor.generation_id)
+            out[engine] = f"{alias} -> {descriptor.generation_id}"
+        except OrreryError as exc:
+            log.warning("mirroring alias %s in %s failed: %s", alias, engine, exc.message)
+            out[engine] = f"failed: {exc.message}"
+    return out
+
+
+def promote_generation(generation_id: str, *, ports: GenerationPorts) -> PromoteReport:
+    """Make a verified generation live (see `_switch`); the old live one becomes
+    verified and keeps taking writes, so a rollback can return to it losslessly."""
+    row, descriptor = ports.registry.generation(generation_id)
+    return _switch("promote", row, descriptor, ports)
+
+
+def rollback_scope(request: RollbackRequest, *, ports: GenerationPorts) -> PromoteReport:
+    """Point the scope back at its previous verified generation (the one most recently
+    live, else the newest verified)."""
+    rows = ports.registry.generation_rows(request.namespace, request.snapshot_kind)
+    live = next((d.generation_id for r, d in rows if r.live), None)
+    target = rollback_target([d for _, d in rows], live)
+    if target is None:
+        raise OrreryError(
+            ErrorCode.INVALID_STATE,
+            f"{request.namespace}/{request.snapshot_kind} has no verified generation to roll "
+            "back to",
+            {"namespace": request.namespace, "snapshot_kind": request.snapshot_kind},
+        )
+    row = next(r for r, d in rows if d.generation_id == target.generation_id)
+    return _switch("rollback", row, target, ports)
+
+
+def retire_generation(generation_id: str, *, ports: GenerationPorts) -> GenerationDescriptor:
+    """`sealed | verified | failed → retired`: it stops taking writes; `gc` drops its
+    indexes. The live generation and running builds are refused."""
+    row, descriptor = ports.registry.generation(generation_id)
+    if descriptor.state is GenerationState.LIVE:
+        raise OrreryError(
+            ErrorCode.INVALID_STATE,
+            f"{generation_id} is live: promote another generation or roll back first",
+            {"generation_id": generation_id},
+        )
+    if descriptor.state is GenerationState.BUILDING:
+        raise OrreryError(
+            ErrorCode.INVALID_STATE,
+            f"{generation_id} is building: abort the build first",
+            {"generation_id": generation_id},
+        )
+    retired = transition(
+        descriptor,
+        GenerationState.RETIRED,
+        at=ports.clock(),
+        position=row.applied_position,
+        reason="retired by operator",
+    )
+    ports.registry.save_descriptor(retired, expect=frozenset({descriptor.state}))
+    return retired
+
+
+def gc_generations(keep: int, *, ports: GenerationPorts) -> GcReport:
+    """Drop the engine indexes of failed generations and of retired ones beyond the
+    `keep` newest per scope. Generations that take writes are never touched."""
+    rows = ports.registry.generation_rows()
+    drop, kept = gc_plan([(d, r.indexes_dropped) for r, d in rows], keep)
+    for generation_id in drop:
+        with ports.lock.hold():
+            ports.lexical.drop(generation_id)
+            ports.vectors.drop(generation_id)
+            ports.maintenance.mark_indexes_dropped(generation_id)
+        log.info("gc: dropped the indexes of %s", generation_id)
+    return GcReport(dropped=drop, kept=kept)
+
+
+# -- running builds -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Job:
+    generation_id: str
+    control: BuildControl
+    thread: threading.Thread | None = None
+    phase: str = "starting"
+    done: int = 0
+    total: int = 0
+    started: float = field(default_factory=time.monotonic)
+    load_started: float | None = None
+    error: str | None = None
+
+
+class BuildJobs:
+    """Builds running in this process, one daemon thread each.
+
+    Guarantees: `start` returns once the generation is registered (state `building`,
+    indexes created); `abort` cancels a build and waits for it to mark the generation
+    failed; `close` aborts every running build.
+    """
+
+    def __init__(self, ports: GenerationPorts) -> None:
+        self._ports = ports
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.Lock()
+        self._building = 0
+        self._saved_interval = sys.getswitchinterval()
+
+    def start(self, request: BuildRequest) -> GenerationDescriptor:
+        descriptor = start_build(request, ports=self._ports)
+        job = _Job(descriptor.generation_id, BuildControl())
+        job.control.progress = _job_progress(job)
+        job.thread = threading.Thread(
+            target=self._run,
+            args=(job, descriptor),
+            name=f"orrery-build-{descriptor.generation_id}",
+            daemon=True,
+        )
+        with self._lock:
+            self._jobs[descriptor.generation_id] = job
+        job.thread.start()
+        return descriptor
+
+    def _run(self, job: _Job, descriptor: GenerationDescriptor) -> None:
+        try:
+            with self._switch_interval():
+                run_build(descriptor, ports=self._ports, control=job.control)
+            job.phase = "done"
+        except BuildAborted as exc:
+            job.phase, job.error = "aborted", exc.reason
+        except Exception as exc:
+            job.phase, job.error = "failed", _describe(exc)
+            log.exception("build of %s failed", job.generation_id)
+
+    @contextlib.contextmanager
+    def _switch_interval(self) -> Iterator[None]:
+        """The configured switch interval while at least one build runs here."""
+        wanted = self._ports.options.switch_interval_seconds
+        if wanted is None:
+            yield
+            return
+        with self._lock:
+            if self._building == 0:
+                self._saved_interval = sys.getswitchinterval()
+                sys.setswitchinterval(wanted)
+            self._building += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._building -= 1
+                if self._building == 0:
+                    sys.setswitchinterval(self._saved_interval)
+
+    def progress(self, generation_id: str) -> BuildProgress | None:
+        with self._lock:
+            job = self._jobs.get(generation_id)
+        if job is None:
+            return None
+        elapsed = time.monotonic() - job.started
+        load_elapsed = time.monotonic() - (job.load_started or job.started)
+        rate = job.done / load_elapsed if job.phase == "load" and load_elapsed > 0 else 0.0
+        return BuildProgress(
+            generation_id=generation_id,
+            phase=job.phase,
+            done=job.done,
+            total=job.total,
+            rate_per_s=round(rate, 1),
+            elapsed_s=round(elapsed, 3),
+            error=job.error,
+        )
+
+    def running(self, generation_id: str) -> bool:
+        with self._lock:
+            job = self._jobs.get(generation_id)
+        return job is not None and job.thread is not None and job.thread.is_alive()
+
+    def abort(self, generation_id: str, *, timeout: float = 60.0) -> bool:
+        """Cancel a build running here; returns False if none runs here."""
+        with self._lock:
+            job = self._jobs.get(generation_id)
+        if job is None or job.thread is None or not job.thread.is_alive():
+            return False
+        job.control.cancel_event.set()
+        job.thread.join(timeout)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.control.cancel_event.set()
+        for job in jobs:
+            if job.thread is not None:
+                job.thread.join(timeout)
+
+
+def _job_progress(job: _Job) -> Progress:
+    """A progress callback that records into `job` (the rate is over the load phase)."""
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase == "load" and job.load_started is None:
+            job.load_started = time.monotonic()
+        job.phase, job.done, job.total = phase, done, total
+
+    return progress
+
+
+# -- the facade the CLI and the admin API call --------------------------------------------
+
+
+@dataclass(slots=True)
+class GenerationAdmin:
+    """Every operator action over generations, bound to one deployment's ports.
+
+    The admin HTTP API (`projector.entrypoints.admin_http`) and a direct `orrery gen`
+    call the same methods; builds started with `start_build` run in this process.
+    """
+
+    ports: GenerationPorts
+    jobs: BuildJobs = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.jobs = BuildJobs(self.ports)
+
+    def rows(
+        self, namespace: str | None = None, snapshot_kind: str | None = None
+    ) -> list[GenerationRow]:
+        return [row for row, _ in self.ports.registry.generation_rows(namespace, snapshot_kind)]
+
+    def view(self, generation_id: str) -> GenerationView:
+        row, descriptor = self.ports.registry.generation(generation_id)
+        return GenerationView(
+            row=row,
+            descriptor=descriptor,
+            checks=self.ports.evidence_log.latest_checks(generation_id, 5),
+            build=self.jobs.progress(generation_id),
+        )
+
+    def build(self, request: BuildRequest, control: BuildControl) -> GenerationDescriptor:
+        """Build in the calling thread (the direct CLI): start, load, catch up, seal."""
+        descriptor = start_build(request, ports=self.ports)
+        return run_build(descriptor, ports=self.ports, control=control)
+
+    def start_build(self, request: BuildRequest) -> GenerationDescriptor:
+        return self.jobs.start(request)
+
+    def abort(self, generation_id: str) -> GenerationDescriptor:
+        """Stop a build: cancel it if it runs here, else mark it failed (a builder in
+        another process notices within a few batches and stops)."""
+        _, descriptor = self.ports.registry.generation(generation_id)
+        if descriptor.state is not GenerationState.BUILDING:
+            raise OrreryError(
+                ErrorCode.INVALID_STATE,
+                f"{generation_id} is {descriptor.state.value}, not building",
+                {"generation_id": generation_id, "state": descriptor.state.value},
+            )
+        if not self.jobs.abort(generation_id):
+            _fail(generation_id, "aborted by operator", self.ports)
+        _, descriptor = self.ports.registry.generation(generation_id)
+        if descriptor.state is GenerationState.BUILDING:
+            raise OrreryError(
+                ErrorCode.INVALID_STATE,
+                f"{generation_id} is still building",
+                {"generation_id": generation_id},
+            )
+        return descriptor
+
+    def verify(self, generation_id: str, progress: Progress | None = None) -> EvidenceCheck:
+        return verify_generation(generation_id, ports=self.ports, progress=progress)
+
+    def check(self, generation_id: str) -> EvidenceCheck:
+        return check_evidence(generation_id, ports=self.ports)
+
+    def promote(self, generation_id: str) -> PromoteReport:
+        return promote_generation(generation_id, ports=self.ports)
+
+    def rollback(self, request: RollbackRequest) -> PromoteReport:
+        return rollback_scope(request, ports=self.ports)
+
+    def retire(self, generation_id: str) -> GenerationDescriptor:
+        return retire_generation(generation_id, ports=self.ports)
+
+    def gc(self, keep: int) -> GcReport:
+        return gc_generations(keep, ports=self.ports)
+
+    def checks_since(self, sequence: int) -> list[tuple[int, EvidenceCheck]]:
+        return self.ports.evidence_log.checks_since(sequence)
+
+    def close(self) -> None:
+        """Abort builds running here (their generations fail) and close the snapshot."""
+        self.jobs.close()
+        self.ports.snapshot.close()

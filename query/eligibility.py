@@ -1,0 +1,350 @@
+"""Replica eligibility: a query worker routes only to generations whose engines' evidence
+matched their registry evidence — never to one that is merely open or healthy.
+
+The gate keeps one verdict per generation, from an evidence check (`EvidenceSource.check`:
+every engine read back and compared with the registry at the same position). Verdicts
+are cached: a full read-back scrolls every document, so it runs on a schedule
+(`interval_seconds`), after errors (`suspect`) and once on first use, never per query.
+Checks recorded by other processes after this gate started (e.g. an operator's
+`orrery gen verify`) are taken over within a second. A check recorded before the gate
+started is never trusted: an engine may have been changed while no worker watched.
+
+When the live generation is not eligible, `admit` either raises `503
+coverage_unavailable` naming the scope and the generation, or — only when configured
+(`fallback="previous_verified"`) — routes to the scope's previous verified generation
+that is eligible, and the route (so `query_plan.fallback`) says so. Never a silently
+partial answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from contracts.errors import ErrorCode, OrreryError
+from contracts.generations import CoverageFallback, EvidenceCheck
+from contracts.index import Candidate, SearchFilter
+from query.ports import EvidenceSource, LexicalSearch, Route, Routing, VectorSearch
+
+__all__ = [
+    "EligibilityGate",
+    "FallbackPolicy",
+    "ReportingLexicalSearch",
+    "ReportingVectorSearch",
+    "Verdict",
+]
+
+log = logging.getLogger("orrery.eligibility")
+
+FallbackPolicy = Literal["none", "previous_verified"]
+# States whose generations can never be eligible, whatever their engines hold.
+_DEAD_STATES = frozenset({"failed", "retired", "building"})
+_TICK_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Whether a generation may be queried, from one evidence check."""
+
+    generation_id: str
+    eligible: bool
+    checked_at: datetime
+    reason: str
+    applied_position: int
+    commit_seq: int
+
+    @classmethod
+    def of(cls, check: EvidenceCheck) -> Verdict:
+        return cls(
+            generation_id=check.generation_id,
+            eligible=check.ok,
+            checked_at=check.checked_at,
+            reason=check.reason,
+            applied_position=check.applied_position,
+            commit_seq=check.commit_seq,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "eligible": self.eligible,
+            "checked_at": self.checked_at.isoformat(),
+            "reason": self.reason,
+            "checked_position": self.applied_position,
+        }
+
+
+class EligibilityGate:
+    """Admits routes to eligible generations only (see the module docstring).
+
+    Guarantees: `admit` returns the live route only if its latest verdict is eligible
+    and its registry state is not failed/retired; without any verdict yet it checks
+    first (one check per generation at a time; concurrent callers wait for it, at most
+    `first_check_wait_seconds`). A failing or unreadable check is an ineligible verdict,
+    never an exception of `admit` other than `coverage_unavailable`. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        source: EvidenceSource,
+        routing: Routing,
+        *,
+        interval_seconds: float = 60.0,
+        fallback: FallbackPolicy = "none",
+        first_check_wait_seconds: float = 30.0,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._source = source
+        self._routing = routing
+        self._interval = interval_seconds
+        self._fallback = fallback
+        self._first_wait = first_check_wait_seconds
+        self._clock = clock
+        self._started_at = clock()
+        self._lock = threading.Lock()
+        self._verdicts: dict[str, Verdict] = {}
+        self._inflight: dict[str, threading.Event] = {}
+        self._due: set[str] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sequence = self._latest_sequence()
+
+    @property
+    def fallback(self) -> FallbackPolicy:
+        return self._fallback
+
+    # -- the query path ----------------------------------------------------------------
+
+    def admit(self, route: Route, scope_ref: str) -> Route:
+        """`route` if its generation is eligible; else the declared fallback; else 503."""
+        verdict = self._verdict_of(route)
+        if verdict.eligible:
+            return route
+        if self._fallback == "previous_verified":
+            for candidate in self._routing.fallback_routes(
+                route.namespace, route.snapshot_kind, route.generation_id
+            ):
+                if self._verdict_of(candidate).eligible:
+                    return candidate.model_copy(
+                        update={
+                            "fallback": CoverageFallback(
+                                policy="previous_verified",
+                                live_generation_id=route.generation_id,
+                                reason=verdict.reason,
+                            )
+                        }
+                    )
+        raise OrreryError(
+            ErrorCode.COVERAGE_UNAVAILABLE,
+            f"no eligible generation covers scope {scope_ref!r} of namespace "
+            f"{route.namespace!r}: generation {route.generation_id} is not eligible "
+            f"({verdict.reason})",
+            {
+                "namespace": route.namespace,
+                "scope_ref": scope_ref,
+                "snapshot_kind": route.snapshot_kind,
+                "generation_id": route.generation_id,
+                "reason": verdict.reason,
+                "checked_at": verdict.checked_at.isoformat(),
+                "fallback": self._fallback,
+            },
+        )
+
+    def _verdict_of(self, route: Route) -> Verdict:
+        if route.state in _DEAD_STATES:
+            return Verdict(
+                route.generation_id,
+                False,
+                self._clock(),
+                f"generation is {route.state}",
+                route.applied_position,
+                route.commit_seq,
+            )
+        return self._verdict(route.generation_id)
+
+    def _verdict(self, generation_id: str) -> Verdict:
+        with self._lock:
+            verdict = self._verdicts.get(generation_id)
+        if verdict is not None:
+            return verdict
+        self._take_over_recorded()
+        with self._lock:
+            verdict = self._verdicts.get(generation_id)
+        if verdict is not None:
+            return verdict
+        return self._check_now(generation_id, wait=self._first_wait)
+
+    def suspect(self, generation_id: str) -> None:
+        """An engine failed for this generation: re-check it soon (not on this thread)."""
+        with self._lock:
+            self._due.add(generation_id)
+        self._wake.set()
+
+    # -- readiness ---------------------------------------------------------------------
+
+    def status(self, generation_id: str) -> dict[str, Any]:
+        """The cached verdict as JSON (`eligible: null` while none exists: a check is
+        then scheduled)."""
+        with self._lock:
+            verdict = self._verdicts.get(generation_id)
+            if verdict is None:
+                self._due.add(generation_id)
+        if verdict is None:
+            self._wake.set()
+            return {"eligible": None, "checked_at": None, "reason": "not checked yet"}
+        return verdict.as_dict()
+
+    # -- checks ------------------------------------------------------------------------
+
+    def _check_now(self, generation_id: str, *, wait: float) -> Verdict:
+        """Run one check (or wait for the one already running) and cache its verdict."""
+        with self._lock:
+            running = self._inflight.get(generation_id)
+            if running is None:
+                done = threading.Event()
+                self._inflight[generation_id] = done
+        if running is not None:
+            running.wait(wait)
+            with self._lock:
+                verdict = self._verdicts.get(generation_id)
+            return verdict or Verdict(
+                generation_id, False, self._clock(), "eligibility not established yet", 0, 0
+            )
+        try:
+            try:
+                verdict = Verdict.of(self._source.check(generation_id))
+            except OrreryError as exc:
+                verdict = Verdict(
+                    generation_id, False, self._clock(), f"check failed: {exc.message}", 0, 0
+                )
+            if not verdict.eligible:
+                log.warning("generation %s is not eligible: %s", generation_id, verdict.reason)
+            with self._lock:
+                self._verdicts[generation_id] = verdict
+            return verdict
+        finally:
+            with self._lock:
+                self._inflight.pop(generation_id, None)
+            done.set()
+
+    def _latest_sequence(self) -> int:
+        try:
+            recorded = self._source.checks_since(0)
+        except OrreryError:
+            return 0
+        return recorded[-1][0] if recorded else 0
+
+    def _take_over_recorded(self) -> None:
+        """Adopt checks other processes recorded since the last look (and after start)."""
+        try:
+            recorded = self._source.checks_since(self._sequence)
+        except OrreryError as exc:
+            log.debug("cannot read recorded checks: %s", exc.message)
+            return
+        with self._lock:
+            for sequence, check in recorded:
+                self._sequence = max(self._sequence, sequence)
+                if check.checked_at < self._started_at:
+                    continue
+                held = self._verdicts.get(check.generation_id)
+                if held is None or held.checked_at <= check.checked_at:
+                    self._verdicts[check.generation_id] = Verdict.of(check)
+
+    # -- schedule ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Check every live generation now, then keep verdicts fresh in a daemon thread."""
+        self._thread = threading.Thread(target=self._run, name="orrery-eligibility", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(30.0)
+
+    def _run(self) -> None:
+        self._round(initial=True)
+        while not self._stop.is_set():
+            self._wake.wait(_TICK_SECONDS)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self._round(initial=False)
+
+    def _round(self, *, initial: bool) -> None:
+        try:
+            self._take_over_recorded()
+            now = self._clock()
+            live = {scope.generation_id for scope in self._routing.scopes()}
+            with self._lock:
+                due = set(self._due)
+                self._due.clear()
+                for generation_id, verdict in self._verdicts.items():
+                    if (now - verdict.checked_at).total_seconds() >= self._interval:
+                        due.add(generation_id)
+                due |= {g for g in live if g not in self._verdicts}
+            for generation_id in sorted(due):
+                if self._stop.is_set():
+                    return
+                self._check_now(generation_id, wait=0.0)
+        except OrreryError as exc:
+            log.warning("eligibility round failed: %s", exc.message)
+        except Exception:
+            log.exception("eligibility round failed")
+        if initial:
+            log.info("eligibility: first round done")
+
+
+class ReportingLexicalSearch:
+    """A `LexicalSearch` that makes the gate re-check a generation whose engine failed."""
+
+    def __init__(self, inner: LexicalSearch, gate: EligibilityGate) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def search(
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        limit: int,
+        *,
+        field_boosts: Mapping[str, float] | None = None,
+    ) -> list[Candidate]:
+        try:
+            return self._inner.search(
+                generation_id, query_text, filter, limit, field_boosts=field_boosts
+            )
+        except OrreryError as exc:
+            _report(self._gate, generation_id, exc)
+            raise
+
+
+class ReportingVectorSearch:
+    """A `VectorSearch` that makes the gate re-check a generation whose engine failed."""
+
+    def __init__(self, inner: VectorSearch, gate: EligibilityGate) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def search(
+        self,
+        generation_id: str,
+        vector: Sequence[float],
+        filter: SearchFilter,
+        limit: int,
+    ) -> list[Candidate]:
+        try:
+            return self._inner.search(generation_id, vector, filter, limit)
+        except OrreryError as exc:
+            _report(self._gate, generation_id, exc)
+            raise
+
+
+def _report(gate: EligibilityGate, generation_id: str, exc: OrreryError) -> None:
+    if exc.code in (ErrorCode.COVERAGE_UNAVAILABLE, ErrorCode.DEPENDENCY_UNAVAILABLE):
+        gate.suspect(generation_id)

@@ -1,0 +1,247 @@
+"""Pure fusion math: normalizations, the weighted and the reciprocal-rank fusion of
+lexical and vector candidates, and the freshness and metadata components.
+
+Every function here is deterministic: equal inputs give equal outputs, and ties break
+on `document_id` ascending.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from contracts.errors import ErrorCode, OrreryError
+from contracts.index import Candidate
+from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
+
+__all__ = [
+    "FusedCandidate",
+    "Rescored",
+    "competition_ranks",
+    "freshness",
+    "fuse",
+    "fuse_rrf",
+    "fuse_weighted_profile",
+    "min_max",
+    "normalize",
+    "z_score",
+]
+
+# Spreads closer than this are "constant" (BM25 and cosine scores differ far more).
+_FLAT = 1e-12
+
+
+def min_max(scores: Mapping[str, float]) -> dict[str, float]:
+    """Scale scores to [0, 1] (lowest 0, highest 1).
+
+    Fewer than two distinct values (one candidate, or all equal) scale to 1.0: a source
+    that found them but cannot tell them apart ranks them all first.
+    """
+    if not scores:
+        return {}
+    low, high = min(scores.values()), max(scores.values())
+    if high - low <= _FLAT:
+        return dict.fromkeys(scores, 1.0)
+    return {key: (value - low) / (high - low) for key, value in scores.items()}
+
+
+def z_score(scores: Mapping[str, float]) -> dict[str, float]:
+    """Standardize, then map the window `mean ± 3·std` linearly onto [0, 1]; values
+    beyond it clip to 0 or 1 (distribution-based score fusion). Unlike min-max, the
+    result depends on the whole score distribution, not on its two extremes.
+
+    Fewer than two distinct values scale to 1.0, as with `min_max`.
+    """
+    if not scores:
+        return {}
+    values = list(scores.values())
+    mean = math.fsum(values) / len(values)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+    if std <= _FLAT:
+        return dict.fromkeys(scores, 1.0)
+    low = mean - 3.0 * std
+    return {key: min(1.0, max(0.0, (value - low) / (6.0 * std))) for key, value in scores.items()}
+
+
+_NORMALIZERS: Mapping[str, Callable[[Mapping[str, float]], dict[str, float]]] = {
+    "min_max": min_max,
+    "z_score": z_score,
+}
+
+
+def normalize(scores: Mapping[str, float], method: str) -> dict[str, float]:
+    """`min_max` or `z_score` of `scores`; each result lies in [0, 1]."""
+    return _NORMALIZERS[method](scores)
+
+
+def freshness(updated_at: datetime, now: datetime, half_life_days: float) -> float:
+    """Exponential decay: 1.0 now, 0.5 after one half-life; future times count as now."""
+    age_days = max(0.0, (now - updated_at).total_seconds() / 86_400.0)
+    return math.exp(-math.log(2.0) * age_days / half_life_days)
+
+
+def competition_ranks(candidates: Sequence[Candidate]) -> dict[str, int]:
+    """1-based ranks in a best-first list; equal scores share the best rank ("1224").
+
+    A document listed twice keeps its first (best) rank.
+    """
+    ranks: dict[str, int] = {}
+    previous: float | None = None
+    rank = 0
+    for position, candidate in enumerate(candidates, start=1):
+        if previous is None or candidate.score != previous:
+            rank = position
+            previous = candidate.score
+        ranks.setdefault(candidate.document_id, rank)
+    return ranks
+
+
+@dataclass(frozen=True, slots=True)
+class FusedCandidate:
+    """One fused candidate: its score and the normalized components it came from.
+
+    For `weighted` profiles the components are the normalized lexical and vector scores,
+    freshness and the status boost; for `rrf` profiles lexical and vector are the
+    scaled reciprocal ranks `(k+1)/(k+rank)` and freshness and metadata are 0.0.
+    """
+
+    document_id: str
+    revision: int
+    score: float
+    lexical: float
+    vector: float
+    freshness: float
+    metadata: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rescored:
+    """Exact scores of candidates in the source that did not return them, by document id.
+
+    A document looked up but absent from `lexical` matched no query term (BM25 0.0).
+    `looked_up` counts the (document, source) pairs that were looked up.
+    """
+
+    lexical: Mapping[str, float] = field(default_factory=dict)
+    vector: Mapping[str, float] = field(default_factory=dict)
+    looked_up: int = 0
+
+
+def _union(lexical: Sequence[Candidate], vector: Sequence[Candidate]) -> dict[str, Candidate]:
+    """Each document once, at the highest revision either source saw."""
+    seen: dict[str, Candidate] = {}
+    for candidate in (*lexical, *vector):
+        held = seen.get(candidate.document_id)
+        if held is None or candidate.revision > held.revision:
+            seen[candidate.document_id] = candidate
+    return seen
+
+
+def _sorted(fused: list[FusedCandidate]) -> list[FusedCandidate]:
+    fused.sort(key=lambda f: (-f.score, f.document_id))
+    return fused
+
+
+def fuse_weighted_profile(
+    profile: WeightedProfile,
+    lexical: Sequence[Candidate],
+    vector: Sequence[Candidate],
+    *,
+    now: datetime,
+    half_life_days: float,
+    rescored: Rescored | None = None,
+) -> list[FusedCandidate]:
+    """`Σ weight·component / Σ weight` over lexical, vector, freshness and metadata;
+    every score lies in [0, 1]. Best first, ties on `document_id` ascending.
+
+    Each source's scores are normalized over the candidates it returned; with
+    `missing="rescore"` and `rescored` given, a source's scores are first completed with
+    the exact scores of the other source's candidates and normalized over the union.
+    A candidate with no score from a source gets 0.0 for it. `half_life_days` applies
+    when the profile names none. Raises `INVALID_REQUEST` when every weight is zero.
+    """
+    weights = (
+        profile.lexical_weight,
+        profile.vector_weight,
+        profile.freshness_weight,
+        profile.metadata_weight,
+    )
+    total = math.fsum(weights)
+    if total <= 0.0:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "at least one ranking weight must be positive")
+    seen = _union(lexical, vector)
+    lex_raw = {c.document_id: c.score for c in lexical}
+    vec_raw = {c.document_id: c.score for c in vector}
+    if profile.missing == "rescore" and rescored is not None:
+        if lexical:
+            for doc_id in seen.keys() - lex_raw.keys():
+                lex_raw[doc_id] = rescored.lexical.get(doc_id, 0.0)
+        if vector:
+            for doc_id in seen.keys() - vec_raw.keys():
+                if doc_id in rescored.vector:
+                    vec_raw[doc_id] = rescored.vector[doc_id]
+    lex = normalize(lex_raw, profile.normalization)
+    vec = normalize(vec_raw, profile.normalization)
+    half_life = profile.freshness_half_life_days or half_life_days
+    fused: list[FusedCandidate] = []
+    for doc_id, candidate in seen.items():
+        parts = (
+            lex.get(doc_id, 0.0),
+            vec.get(doc_id, 0.0),
+            freshness(candidate.updated_at, now, half_life),
+            profile.status_boosts.get(candidate.status, profile.other_status_boost),
+        )
+        score = math.fsum(w * p for w, p in zip(weights, parts, strict=True)) / total
+        fused.append(FusedCandidate(doc_id, candidate.revision, score, *parts))
+    return _sorted(fused)
+
+
+def fuse_rrf(
+    profile: RrfProfile, lexical: Sequence[Candidate], vector: Sequence[Candidate]
+) -> list[FusedCandidate]:
+    """Reciprocal rank fusion over the sources' full ranks (`competition_ranks`).
+
+    A source adds `weight·(k+1)/(k+rank)` where the candidate's rank in it is at most
+    `rank_window`, nothing otherwise; the sum is divided by the sum of the weights, so a
+    candidate first in every weighted source scores 1.0 and every score lies in [0, 1].
+    Best first, ties on `document_id` ascending. Raises `INVALID_REQUEST` when both
+    weights are zero.
+    """
+    k = profile.rrf_k
+    total = profile.lexical_weight + profile.vector_weight
+    if total <= 0.0:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "at least one ranking weight must be positive")
+    lex_ranks = competition_ranks(lexical)
+    vec_ranks = competition_ranks(vector)
+
+    def reciprocal(rank: int | None) -> float:
+        if rank is None or rank > profile.rank_window:
+            return 0.0
+        return (k + 1.0) / (k + rank)
+
+    fused: list[FusedCandidate] = []
+    for doc_id, candidate in _union(lexical, vector).items():
+        lex = reciprocal(lex_ranks.get(doc_id))
+        vec = reciprocal(vec_ranks.get(doc_id))
+        score = (profile.lexical_weight * lex + profile.vector_weight * vec) / total
+        fused.append(FusedCandidate(doc_id, candidate.revision, score, lex, vec, 0.0, 0.0))
+    return _sorted(fused)
+
+
+def fuse(
+    profile: FusionProfile,
+    lexical: Sequence[Candidate],
+    vector: Sequence[Candidate],
+    *,
+    now: datetime,
+    half_life_days: float,
+    rescored: Rescored | None = None,
+) -> list[FusedCandidate]:
+    """Fuse with whichever kind `profile` is (see `fuse_weighted_profile`, `fuse_rrf`)."""
+    if isinstance(profile, RrfProfile):
+        return fuse_rrf(profile, lexical, vector)
+    return fuse_weighted_profile(
+        profile, lexical, vector, now=now, half_life_days=half_life_days, rescored=rescored
+    )

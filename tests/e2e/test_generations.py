@@ -1,0 +1,684 @@
+"""Generations end to end: build → verify → promote → rollback over the admin API and
+`orrery gen`, against a real `orrery serve` (embedded), plus the server-mode main flow.
+
+Records carry precomputed 384-d vectors (nothing is embedded but query texts), so builds
+are quick; slow builds (for mid-build aborts and kills) use a batch size and a pause.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from contracts.digests import id_set_digest
+from contracts.errors import ErrorCode, OrreryError
+from contracts.events import LogEntry
+from contracts.records import Record
+from tests.conftest import require_server
+from tests.e2e.conftest import Server, start_server
+from tests.fakes import FakeHashingEmbedder
+
+ADMIN_KEY = "test-admin-key"
+ADMIN = "/v1/admin/generations"
+NS = "gens"
+KIND = "objects"
+SCOPE = "longterm:objects:current"
+DIM = 384
+BASE_ENV = {"ORRERY_ADMIN_KEY": ADMIN_KEY, "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2"}
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def vectors(count: int, seed: int) -> list[list[float]]:
+    rng = np.random.default_rng(seed)
+    matrix = rng.standard_normal((count, DIM))
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    return [[round(float(x), 6) for x in row] for row in matrix]
+
+
+def records(
+    start: int, count: int, *, revision: int = 1, word: str = "item", namespace: str = NS
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "namespace": namespace,
+            "snapshot_kind": KIND,
+            "item_id": f"obj-{i}",
+            "revision": revision,
+            "payload": {"n": i, "revision": revision},
+            "text": {
+                "title": f"{word} number {i}",
+                "body": f"The {word} {i} rests in box {i % 7} on shelf {i % 3}.",
+            },
+            "metadata": {"status": "active", "updated_at": "2026-06-01T10:00:00Z"},
+            "vector": vector,
+        }
+        for i, vector in zip(
+            range(start, start + count), vectors(count, start + revision), strict=True
+        )
+    ]
+
+
+def tombstones(items: Sequence[int], revision: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "namespace": NS,
+            "snapshot_kind": KIND,
+            "item_id": f"obj-{i}",
+            "revision": revision,
+            "deleted": True,
+        }
+        for i in items
+    ]
+
+
+def start(data_dir: Path, **env: str) -> Server:
+    return start_server(data_dir, env={**BASE_ENV, **env})
+
+
+def admin_post(srv: Server, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    return srv.client.post(ADMIN + path, json=body or {}, headers={"x-admin-key": ADMIN_KEY})
+
+
+def admin_get(srv: Server, path: str = "") -> httpx.Response:
+    return srv.client.get(ADMIN + path, headers={"x-admin-key": ADMIN_KEY})
+
+
+def ok(response: httpx.Response, status: int = 200) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    return dict(response.json())
+
+
+def start_build(srv: Server, namespace: str = NS) -> str:
+    body = ok(admin_post(srv, "/build", {"namespace": namespace, "snapshot_kind": KIND}), 202)
+    return str(body["row"]["generation_id"])
+
+
+def wait_state(srv: Server, generation_id: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Poll until the generation left `building`; returns its view."""
+    deadline = time.monotonic() + timeout
+    while True:
+        view = ok(admin_get(srv, f"/{generation_id}"))
+        if view["row"]["state"] != "building":
+            return view
+        assert time.monotonic() < deadline, view
+        time.sleep(0.1)
+
+
+def wait_loading(srv: Server, generation_id: str, done: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        build = ok(admin_get(srv, f"/{generation_id}"))["build"] or {}
+        if build.get("phase") == "load" and build.get("done", 0) >= done:
+            return
+        assert build.get("phase") in (None, "starting", "snapshot", "load"), build
+        assert time.monotonic() < deadline, build
+        time.sleep(0.02)
+
+
+def build_sealed(srv: Server) -> str:
+    generation_id = start_build(srv)
+    view = wait_state(srv, generation_id)
+    assert view["row"]["state"] == "sealed", view["descriptor"]["history"]
+    return generation_id
+
+
+def verify(srv: Server, generation_id: str) -> dict[str, Any]:
+    return ok(admin_post(srv, f"/{generation_id}/verify"))
+
+
+def promote(srv: Server, generation_id: str) -> dict[str, Any]:
+    return dict(ok(admin_post(srv, f"/{generation_id}/promote"))["report"])
+
+
+def rollback(srv: Server, namespace: str = NS) -> dict[str, Any]:
+    body = {"namespace": namespace, "snapshot_kind": KIND}
+    return dict(ok(admin_post(srv, "/rollback", body))["report"])
+
+
+def topk(srv: Server, text: str, limit: int = 10, **extra: Any) -> httpx.Response:
+    return srv.topk(namespace=NS, scope_ref=SCOPE, query_text=text, result_limit=limit, **extra)
+
+
+def gen_cli(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    """Run `orrery gen ARGS --data-dir DATA_DIR --json`; returns (exit code, JSON or None)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "query.entrypoints.cli",
+            "gen",
+            *args,
+            "--data-dir",
+            str(data_dir),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ORRERY_ADMIN_KEY": ADMIN_KEY, **(env or {})},
+        timeout=180,
+    )
+    try:
+        body = json.loads(result.stdout) if result.stdout.strip() else None
+    except json.JSONDecodeError:
+        body = None
+    return result.returncode, body, result.stderr
+
+
+def canonical(data_dir: Path, namespace: str = NS) -> tuple[int, str]:
+    """The canonical store's live set of the scope: count and ID-set digest."""
+    with sqlite3.connect(data_dir / "orrery.sqlite") as conn:
+        rows = conn.execute(
+            "SELECT document_id, revision FROM heads WHERE namespace = ? AND snapshot_kind = ? "
+            "AND deleted = 0",
+            (namespace, KIND),
+        ).fetchall()
+    return len(rows), id_set_digest((str(d), int(r)) for d, r in rows)
+
+
+def live_generation(srv: Server) -> str:
+    ready = srv.client.get("/v1/readiness").json()
+    return str(next(s for s in ready["scopes"] if s["namespace"] == NS)["generation_id"])
+
+
+# -- main flow: HTTP + CLI ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start(tmp_path_factory.mktemp("generations") / "data")
+    try:
+        assert srv.post_records(records(0, 200)).status_code == 200
+        srv.wait_projected(documents={(NS, KIND): 200})
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_build_verify_promote_rollback_via_cli_and_http(flow: Server) -> None:
+    data_dir = flow.data_dir
+    first = live_generation(flow)
+    code, built, err = gen_cli(data_dir, "build", NS, KIND)
+    assert code == 0, err
+    generation_id = built["row"]["generation_id"]
+    assert built["row"]["state"] == "sealed" and generation_id != first
+    descriptor = built["descriptor"]
+    assert descriptor["document_count"] == 200
+    assert descriptor["source_manifest"]["document_count"] == 200
+    assert descriptor["source_manifest_id"] and descriptor["build_receipt_digest"]
+    assert descriptor["build_receipt"]["written"] + descriptor["build_receipt"]["skipped"] == 200
+
+    refused = admin_post(flow, f"/{generation_id}/promote")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
+
+    code, verified, err = gen_cli(data_dir, "verify", generation_id)
+    assert code == 0, err
+    assert verified["verified"] is True and verified["state"] == "verified"
+    check = verified["check"]
+    assert {e["engine"] for e in check["engines"]} == {"tantivy", "qdrant-edge"}
+    assert all(e["id_set_digest"] == check["expected_digest"] for e in check["engines"])
+    assert check["coverage"]["matches"] and check["expected_count"] == 200
+
+    code, promoted, err = gen_cli(data_dir, "promote", generation_id)
+    assert code == 0, err
+    report = promoted["report"]
+    assert report["generation_id"] == generation_id and report["previous_generation_id"] == first
+    assert all(v.startswith("skipped") for v in report["aliases"].values())
+
+    answer = ok(topk(flow, "item number 17"))
+    assert answer["generation_id"] == generation_id == answer["query_plan"]["generation_id"]
+    assert answer["results"][0]["item_id"] == "obj-17"
+    assert answer["query_plan"]["fallback"] is None
+
+    ready = flow.client.get("/v1/readiness").json()
+    scope = next(s for s in ready["scopes"] if s["namespace"] == NS)
+    view = ok(admin_get(flow, f"/{generation_id}"))
+    assert scope["generation_id"] == generation_id
+    assert scope["descriptor_digest"] == view["row"]["descriptor_digest"]
+    assert scope["eligible"] is True and scope["lag_events"] == 0
+    assert scope["lag_seconds"] == 0.0 and scope["log_high_water"] == ready["log_high_water"]
+
+    code, back, err = gen_cli(data_dir, "rollback", NS, KIND)
+    assert code == 0, err
+    assert back["report"]["generation_id"] == first
+    assert ok(topk(flow, "item number 17"))["generation_id"] == first
+
+    code, rows, err = gen_cli(data_dir, "list")
+    assert code == 0, err
+    states = {r["generation_id"]: (r["state"], r["live"]) for r in rows}
+    assert states[first] == ("live", True) and states[generation_id] == ("verified", False)
+    code, shown, err = gen_cli(data_dir, "show", generation_id)
+    assert code == 0, err
+    assert [c["state"] for c in shown["descriptor"]["history"]] == [
+        "building",
+        "sealed",
+        "verified",
+        "live",
+        "verified",
+    ]
+
+
+def test_admin_api_needs_the_admin_key(flow: Server) -> None:
+    assert flow.client.get(ADMIN).status_code == 401
+    wrong = flow.client.get(ADMIN, headers={"x-admin-key": "nope"})
+    assert wrong.status_code == 403 and wrong.json()["error"]["code"] == "forbidden"
+    assert flow.client.get(ADMIN, headers={"authorization": f"Bearer {ADMIN_KEY}"}).is_success
+
+
+def test_direct_cli_refuses_a_data_dir_a_server_operates(flow: Server) -> None:
+    from query.entrypoints.gen_cli import DirectAdmin
+    from query.settings import QuerySettings
+
+    settings = QuerySettings().model_copy(update={"data_dir": flow.data_dir})
+    with pytest.raises(OrreryError) as caught:
+        DirectAdmin.open(settings)
+    assert caught.value.code is ErrorCode.INVALID_STATE
+
+
+def test_flips_under_concurrent_query_load(flow: Server) -> None:
+    """2 threads x 1,000 queries while promote and rollback alternate 10 times each:
+    no failed or empty answer, and every answer names exactly one generation."""
+    rows = ok(admin_get(flow))["generations"]
+    live = next(r["generation_id"] for r in rows if r["live"] and r["namespace"] == NS)
+    verified = [r["generation_id"] for r in rows if r["state"] == "verified"]
+    if verified:
+        standby = verified[-1]
+    else:
+        standby = build_sealed(flow)
+        assert verify(flow, standby)["verified"]
+    failures: list[str] = []
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def load(seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client(base_url=f"http://127.0.0.1:{flow.port}", timeout=30) as client:
+            for _ in range(1_000):
+                i = rng.randrange(200)
+                response = client.post(
+                    "/v1/external/retrieve/topk_records",
+                    json={
+                        "namespace": NS,
+                        "scope_ref": SCOPE,
+                        "query_text": f"item number {i}",
+                        "result_limit": 5,
+                    },
+                )
+                body = response.json()
+                with lock:
+                    if response.status_code != 200:
+                        failures.append(f"{response.status_code}: {response.text[:200]}")
+                    elif not body["results"]:
+                        failures.append("empty")
+                    elif body["generation_id"] != body["query_plan"]["generation_id"] or (
+                        body["generation_id"] not in (live, standby)
+                    ):
+                        failures.append(f"generation {body['generation_id']}")
+                    else:
+                        seen[body["generation_id"]] = seen.get(body["generation_id"], 0) + 1
+
+    threads = [threading.Thread(target=load, args=(seed,)) for seed in (1, 2)]
+    for thread in threads:
+        thread.start()
+    flips = 0
+    try:
+        for _ in range(10):
+            assert promote(flow, standby)["generation_id"] == standby
+            time.sleep(0.05)
+            assert rollback(flow)["generation_id"] == live
+            time.sleep(0.05)
+            flips += 2
+    finally:
+        for thread in threads:
+            thread.join(120)
+        done.set()
+    assert flips == 20
+    assert failures == []
+    assert sum(seen.values()) == 2_000 and set(seen) == {live, standby}
+
+
+# -- dual write, aborts, crashes ------------------------------------------------------------
+
+
+def test_writes_during_a_build_reach_the_new_generation(tmp_path: Path) -> None:
+    srv = start(
+        tmp_path / "data",
+        ORRERY_GEN_BUILD_BATCH_SIZE="25",
+        ORRERY_GEN_BUILD_PAUSE_SECONDS="0.1",
+    )
+    try:
+        assert srv.post_records(records(0, 300)).status_code == 200
+        srv.wait_projected(documents={(NS, KIND): 300})
+        generation_id = start_build(srv)
+        wait_loading(srv, generation_id, 50)
+        # New documents, updates, deletes (of loaded and not yet loaded documents), a
+        # stale revision (409) and a re-upsert after a delete, all while it builds.
+        assert srv.post_records(records(300, 20, word="zebra")).status_code == 200
+        assert srv.post_records(records(0, 10, revision=2, word="giraffe")).status_code == 200
+        assert srv.post_records(tombstones([20, 21, 250, 251], revision=2)).status_code == 200
+        stale = srv.post_records(records(5, 1, revision=1))
+        assert stale.status_code == 409
+        assert srv.post_records(records(250, 1, revision=3, word="phoenix")).status_code == 200
+        view = wait_state(srv, generation_id)
+        assert view["row"]["state"] == "sealed", view["descriptor"]["history"]
+        check = verify(srv, generation_id)
+        assert check["verified"], check
+        count, digest = canonical(srv.data_dir)
+        assert check["check"]["expected_digest"] == digest and count == 300 + 20 - 3
+        promote(srv, generation_id)
+        answer = ok(topk(srv, "zebra number 310", limit=3))
+        assert answer["generation_id"] == generation_id
+        assert answer["results"][0]["item_id"] == "obj-310"
+        updated = ok(topk(srv, "giraffe number 3", limit=3))
+        assert updated["results"][0]["item_id"] == "obj-3"
+        assert updated["results"][0]["payload"]["revision"] == 2
+        reborn = ok(topk(srv, "phoenix number 250", limit=3))
+        assert reborn["results"][0]["item_id"] == "obj-250"
+        gone = ok(topk(srv, "item number 21", limit=50))
+        assert "obj-21" not in [r["item_id"] for r in gone["results"]]
+    finally:
+        srv.stop()
+
+
+def test_aborted_and_killed_builds_are_never_promotable(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    slow = {"ORRERY_GEN_BUILD_BATCH_SIZE": "20", "ORRERY_GEN_BUILD_PAUSE_SECONDS": "0.2"}
+    srv = start(data_dir, **slow)
+    try:
+        assert srv.post_records(records(0, 300)).status_code == 200
+        srv.wait_projected(documents={(NS, KIND): 300})
+        live = live_generation(srv)
+
+        aborted = start_build(srv)
+        wait_loading(srv, aborted, 20)
+        body = ok(admin_post(srv, f"/{aborted}/abort"))
+        assert body["descriptor"]["state"] == "failed"
+        refused = admin_post(srv, f"/{aborted}/promote")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
+        assert ok(topk(srv, "item number 5"))["generation_id"] == live
+
+        killed = start_build(srv)
+        wait_loading(srv, killed, 20)
+        srv.process.kill()  # SIGKILL, mid-build
+        srv.process.wait(30)
+        srv.client.close()
+    finally:
+        if srv.process.poll() is None:
+            srv.stop()
+    srv = start(data_dir)
+    try:
+        view = ok(admin_get(srv, f"/{killed}"))
+        assert view["row"]["state"] == "failed"
+        assert "builder stopped" in view["descriptor"]["history"][-1]["reason"]
+        refused = admin_post(srv, f"/{killed}/promote")
+        assert refused.status_code == 409
+        assert ok(topk(srv, "item number 5"))["generation_id"] == live
+        rebuilt = build_sealed(srv)
+        assert verify(srv, rebuilt)["verified"]
+        promote(srv, rebuilt)
+        answer = ok(topk(srv, "item number 5"))
+        assert answer["generation_id"] == rebuilt and answer["results"][0]["item_id"] == "obj-5"
+        report = ok(admin_post(srv, "/gc", {"keep": 0}))["report"]
+        assert set(report["dropped"]) == {aborted, killed}
+        assert not (data_dir / "generations" / "lexical" / killed).exists()
+    finally:
+        srv.stop()
+
+
+# -- a corrupted replica --------------------------------------------------------------------
+
+
+def _corrupt(data_dir: Path, generation_id: str, items: Sequence[int]) -> list[str]:
+    """Delete documents from the generation's tantivy index behind the registry's back."""
+    from projector.adapters.tantivy_lexical import TantivyLexicalIndex
+
+    doc_ids = [
+        Record(namespace=NS, snapshot_kind=KIND, item_id=f"obj-{i}", revision=1).doc_id
+        for i in items
+    ]
+    index = TantivyLexicalIndex(data_dir / "generations" / "lexical")
+    try:
+        index.apply(generation_id, [], [(d, 1) for d in doc_ids])
+    finally:
+        index.close()
+    return sorted(doc_ids)
+
+
+def test_a_corrupt_replica_is_bypassed_never_served_partially(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    srv = start(data_dir)
+    try:
+        assert srv.post_records(records(0, 60)).status_code == 200
+        srv.wait_projected(documents={(NS, KIND): 60})
+        previous = live_generation(srv)
+        generation_id = build_sealed(srv)
+        assert verify(srv, generation_id)["verified"]
+        promote(srv, generation_id)
+        full = ok(topk(srv, "", limit=100, filters={"status": ["active"]}))
+        assert len(full["results"]) == 60
+    finally:
+        srv.stop()
+    deleted = _corrupt(data_dir, generation_id, [3, 4, 5])
+
+    srv = start(data_dir)
+    try:
+        refused = topk(srv, "item number 7")
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "coverage_unavailable"
+        assert error["details"]["generation_id"] == generation_id
+        assert error["details"]["scope_ref"] == SCOPE and error["details"]["namespace"] == NS
+        ready = srv.client.get("/v1/readiness").json()
+        scope = next(s for s in ready["scopes"] if s["namespace"] == NS)
+        assert scope["eligible"] is False and ready["ready"] is False
+
+        code, result, err = gen_cli(data_dir, "verify", generation_id)
+        assert code == 1, err
+        assert result["verified"] is False and result["state"] == "failed"
+        tantivy = next(e for e in result["check"]["engines"] if e["engine"] == "tantivy")
+        assert tantivy["missing_count"] == 3 and list(tantivy["missing"]) == deleted
+        vector = next(e for e in result["check"]["engines"] if e["engine"] == "qdrant-edge")
+        assert vector["matches"]
+    finally:
+        srv.stop()
+
+    srv = start(data_dir, ORRERY_COVERAGE_FALLBACK="previous_verified")
+    try:
+        answer = ok(topk(srv, "", limit=100, filters={"status": ["active"]}))
+        assert answer["generation_id"] == previous
+        fallback = answer["query_plan"]["fallback"]
+        assert fallback["policy"] == "previous_verified"
+        assert fallback["live_generation_id"] == generation_id
+        assert len(answer["results"]) == 60  # never fewer
+        assert rollback(srv)["generation_id"] == previous
+        again = ok(topk(srv, "item number 7"))
+        assert again["generation_id"] == previous and again["query_plan"]["fallback"] is None
+    finally:
+        srv.stop()
+
+
+# -- duplicated and out-of-order delivery, in process ---------------------------------------
+
+
+class ChaoticLog:
+    """An `EventLog` that re-delivers old entries, duplicates and shuffles each batch
+    (what an at-least-once transport may do), over the real outbox log."""
+
+    def __init__(self, inner: Any, seed: int) -> None:
+        self._inner = inner
+        self._rng = random.Random(seed)
+        self._seen: list[LogEntry] = []
+
+    def fetch(self, limit: int) -> list[LogEntry]:
+        fresh = list(self._inner.fetch(limit))
+        if not fresh:
+            return []
+        replays = self._rng.sample(self._seen, min(len(self._seen), 5))
+        self._seen.extend(fresh)
+        batch = fresh + [self._rng.choice(fresh) for _ in range(3)] + replays
+        self._rng.shuffle(batch)
+        return batch
+
+    def acknowledge(self, entries: Sequence[LogEntry]) -> None:
+        self._inner.acknowledge(entries)
+
+    def reset(self) -> None:
+        self._inner.reset()
+
+    def high_water(self) -> int:
+        return int(self._inner.high_water())
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _record(i: int, revision: int, *, deleted: bool = False) -> Record:
+    return Record(
+        namespace=NS,
+        snapshot_kind=KIND,
+        item_id=f"obj-{i}",
+        revision=revision,
+        deleted=deleted,
+        text={"title": f"thing {i} rev {revision}", "body": f"body {i}"},
+    )
+
+
+def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
+    tmp_path: Path,
+) -> None:
+    from contracts.admin import BuildRequest
+    from ingest.adapters.sqlite_store import SqliteRecordStore
+    from projector.bootstrap import embedded_generation_admin, embedded_projector
+    from projector.generations import BuildControl, GenerationOptions
+    from projector.service import project_batch
+
+    data_dir = tmp_path / "data"
+    db = data_dir / "orrery.sqlite"
+    store = SqliteRecordStore(db)
+    projector = embedded_projector(data_dir, db, embedder=FakeHashingEmbedder(16), batch_size=40)
+    step: Callable[[], Any] = functools.partial(
+        project_batch,
+        log=ChaoticLog(projector.log, seed=7),
+        state=projector.state,
+        lexical=projector.lexical,
+        vectors=projector.vectors,
+        embedder=projector.embedder,
+        cache=projector.state,
+        lexical_engine="tantivy",
+        vector_engine="qdrant-edge",
+        batch_size=40,
+        lock=projector.lock,
+    )
+    admin = embedded_generation_admin(
+        projector, db, drive_log=None, options=GenerationOptions(batch_size=30)
+    )
+    rng = random.Random(3)
+    revisions = {i: 1 for i in range(200)}
+    try:
+        store.write([_record(i, 1) for i in range(200)])
+        while step().events:
+            pass
+        built: list[Any] = []
+        failure: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                built.append(
+                    admin.build(BuildRequest(namespace=NS, snapshot_kind=KIND), BuildControl())
+                )
+            except BaseException as exc:
+                failure.append(exc)
+
+        builder = threading.Thread(target=build)
+        builder.start()
+        rounds = 0
+        while builder.is_alive() and rounds < 2_000:
+            rounds += 1
+            batch: list[Record] = []
+            for i in rng.sample(range(220), 8):
+                current = revisions.get(i, 0)
+                if rng.random() < 0.2 and current:
+                    batch.append(_record(i, current))  # a revision conflict: refused
+                    continue
+                revisions[i] = current + 1
+                batch.append(_record(i, current + 1, deleted=rng.random() < 0.25))
+            store.write(batch)
+            step()
+        builder.join(60)
+        assert not failure, failure
+        assert built and built[0].state.value == "sealed"
+        while step().events:
+            pass
+        count, digest = canonical(data_dir)
+        for generation_id in (g for g in ("g1", built[0].generation_id)):
+            registry = projector.state.registry_pairs(generation_id)
+            assert id_set_digest(registry.pairs.items()) == digest
+            assert len(registry.pairs) == count
+            assert projector.lexical.evidence(generation_id).id_set_digest == digest
+            assert projector.vectors.evidence(generation_id).id_set_digest == digest
+        check = admin.verify(built[0].generation_id)
+        assert check.ok, check.reason
+    finally:
+        admin.close()
+        projector.close()
+        store.close()
+
+
+# -- server mode ----------------------------------------------------------------------------
+
+
+@pytest.mark.servers
+@pytest.mark.slow
+def test_server_mode_build_verify_promote_rollback(tmp_path: Path) -> None:
+    """The main flow over OpenSearch + Qdrant (qdrant-client local mode) + Kafka: the
+    same admin API, with native aliases mirrored on promote and rollback."""
+    from tests.e2e.test_servers_http import server_env
+
+    tag = uuid.uuid4().hex[:8]
+    opensearch = require_server("opensearch")
+    srv = start_server(tmp_path / "data", env={**server_env(tag), **BASE_ENV})
+    try:
+        assert srv.post_records(records(0, 120)).status_code == 200
+        srv.wait_projected(timeout=120, documents={(NS, KIND): 120})
+        first = live_generation(srv)
+        generation_id = build_sealed(srv)
+        check = verify(srv, generation_id)
+        assert check["verified"], check
+        assert {e["engine"] for e in check["check"]["engines"]} == {"opensearch", "qdrant"}
+        report = promote(srv, generation_id)
+        alias = f"orrery-test-{tag}-live.{NS}.{KIND}"
+        assert report["aliases"]["opensearch"] == f"{alias} -> {generation_id}"
+        assert report["aliases"]["qdrant"] == f"{alias} -> {generation_id}"
+        mirrored = httpx.get(f"{opensearch}/_alias/{alias}", timeout=10).json()
+        assert list(mirrored) == [f"orrery-test-{tag}-{generation_id}"]
+        answer = ok(topk(srv, "item number 17"))
+        assert answer["generation_id"] == generation_id
+        assert answer["results"][0]["item_id"] == "obj-17"
+        assert srv.post_records(records(500, 3, word="walrus")).status_code == 200
+        srv.wait_projected(timeout=60, documents={(NS, KIND): 123})
+        assert ok(topk(srv, "walrus number 501"))["results"][0]["item_id"] == "obj-501"
+        assert rollback(srv)["generation_id"] == first
+        back = ok(topk(srv, "walrus number 501"))
+        assert back["generation_id"] == first and back["results"][0]["item_id"] == "obj-501"
+        mirrored = httpx.get(f"{opensearch}/_alias/{alias}", timeout=10).json()
+        assert list(mirrored) == [f"orrery-test-{tag}-{first}"]
+    finally:
+        srv.stop()
+        httpx.delete(f"{opensearch}/orrery-test-{tag}-*", timeout=30)

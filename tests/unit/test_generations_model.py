@@ -1,0 +1,429 @@
+"""The generation lifecycle's pure logic: descriptors, transitions, diffs, rollback and
+gc choices; the eligibility gate and the admin key check with fakes."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from contracts.digests import id_set_digest
+from contracts.errors import ErrorCode, OrreryError
+from contracts.generations import (
+    BuildReceipt,
+    EvidenceCheck,
+    GenerationDescriptor,
+    GenerationState,
+    SourceManifest,
+    Topology,
+)
+from projector.entrypoints.admin_http import check_admin_key
+from projector.model import (
+    ALLOWED_TRANSITIONS,
+    WRITABLE_STATES,
+    diff_pairs,
+    engine_evidence,
+    gc_plan,
+    mismatch_reason,
+    rollback_target,
+    transition,
+)
+from query.eligibility import EligibilityGate
+from query.ports import Route, ScopeReadiness
+
+NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+S = GenerationState
+
+
+def descriptor(
+    generation_id: str = "g1",
+    state: GenerationState = S.BUILDING,
+    *,
+    created: datetime = NOW,
+    namespace: str = "ns",
+) -> GenerationDescriptor:
+    return GenerationDescriptor(
+        generation_id=generation_id,
+        namespace=namespace,
+        snapshot_kind="objects",
+        state=state,
+        created_at=created,
+        embedder_id="e@1",
+        embedder_dim=4,
+        topology=Topology(
+            lexical_engine="tantivy",
+            lexical_index=generation_id,
+            vector_engine="qdrant-edge",
+            vector_index=generation_id,
+        ),
+        schema_digest="s",
+    ).with_digest()
+
+
+# -- descriptors ---------------------------------------------------------------------------
+
+
+def test_descriptor_digest_is_its_content_identity() -> None:
+    first = descriptor()
+    assert first.digest_is_valid()
+    again = GenerationDescriptor.model_validate_json(first.model_dump_json())
+    assert again.descriptor_digest == first.descriptor_digest and again.digest_is_valid()
+    changed = first.model_copy(update={"document_count": 1})
+    assert not changed.digest_is_valid()
+    assert changed.with_digest().descriptor_digest != first.descriptor_digest
+
+
+def test_manifest_and_receipt_digests_are_deterministic() -> None:
+    manifest = SourceManifest(
+        namespace="ns", snapshot_kind="objects", high_water=7, document_count=2, id_set_digest="d"
+    )
+    assert manifest.manifest_id == manifest.model_copy().manifest_id
+    assert manifest.manifest_id != manifest.model_copy(update={"high_water": 8}).manifest_id
+    receipt = BuildReceipt(
+        snapshot_documents=2,
+        written=2,
+        skipped=0,
+        failed=0,
+        batches=1,
+        high_water=7,
+        caught_up_to=9,
+        durations_s={"load": 0.1},
+    )
+    assert receipt.digest == BuildReceipt.model_validate_json(receipt.model_dump_json()).digest
+
+
+# -- transitions ---------------------------------------------------------------------------
+
+
+def test_the_lifecycle_path_appends_history_and_re_digests() -> None:
+    current = descriptor()
+    seen = {current.descriptor_digest}
+    for state in (S.SEALED, S.VERIFIED, S.LIVE, S.VERIFIED, S.LIVE):
+        current = transition(current, state, at=NOW, position=3, reason=f"to {state}")
+        assert current.state is state and current.history[-1].state is state
+        assert current.digest_is_valid() and current.descriptor_digest not in seen
+        seen.add(current.descriptor_digest)
+    assert [c.state for c in current.history] == [S.SEALED, S.VERIFIED, S.LIVE, S.VERIFIED, S.LIVE]
+
+
+@pytest.mark.parametrize(
+    ("start", "to"),
+    [
+        (S.BUILDING, S.LIVE),
+        (S.BUILDING, S.VERIFIED),
+        (S.SEALED, S.LIVE),
+        (S.FAILED, S.VERIFIED),
+        (S.RETIRED, S.LIVE),
+        (S.LIVE, S.RETIRED),
+    ],
+)
+def test_forbidden_transitions_raise_invalid_state(start: S, to: S) -> None:
+    with pytest.raises(OrreryError) as caught:
+        transition(descriptor(state=start), to, at=NOW, position=0)
+    assert caught.value.code is ErrorCode.INVALID_STATE
+
+
+def test_every_writable_state_can_fail_and_nothing_leaves_retired() -> None:
+    for state in WRITABLE_STATES:
+        assert S.FAILED in ALLOWED_TRANSITIONS[state]
+    assert ALLOWED_TRANSITIONS[S.RETIRED] == frozenset()
+    assert S.RETIRED not in WRITABLE_STATES and S.FAILED not in WRITABLE_STATES
+
+
+def test_transition_updates_validate_nested_models() -> None:
+    manifest = SourceManifest(
+        namespace="ns", snapshot_kind="objects", high_water=1, document_count=0, id_set_digest="x"
+    )
+    sealed = transition(
+        descriptor(), S.SEALED, at=NOW, position=1, source_manifest=manifest, document_count=0
+    )
+    assert sealed.source_manifest == manifest and sealed.digest_is_valid()
+
+
+# -- diffs ---------------------------------------------------------------------------------
+
+
+def test_diff_pairs_names_every_kind_of_difference() -> None:
+    expected = {"a": 1, "b": 2, "c": 1, "d": 1}
+    observed = [("a", 1), ("b", 3), ("e", 1), ("c", 1), ("c", 1)]
+    diff = diff_pairs(expected, observed)
+    assert (diff.missing, diff.unexpected, diff.stale) == (("d",), ("e",), ("b",))
+    assert (diff.missing_count, diff.unexpected_count, diff.stale_count) == (1, 1, 1)
+    assert diff.duplicates == 1 and diff.count == 5 and not diff.matches
+    evidence = engine_evidence("tantivy", diff)
+    assert (
+        mismatch_reason([evidence])
+    ) == "tantivy: 1 missing, 1 unexpected, 1 at another revision, 1 duplicated"
+
+
+def test_diff_pairs_matches_and_digests_the_observed_set() -> None:
+    expected = {f"d{i}": i for i in range(100)}
+    diff = diff_pairs(expected, reversed(list(expected.items())))
+    assert diff.matches and diff.count == 100
+    assert diff.digest == id_set_digest(expected.items())
+    assert mismatch_reason([engine_evidence("x", diff)]) == ""
+
+
+def test_diff_samples_are_bounded_and_sorted() -> None:
+    diff = diff_pairs({f"d{i:03d}": 1 for i in range(50)}, [], sample=5)
+    assert diff.missing == ("d000", "d001", "d002", "d003", "d004")
+    assert diff.missing_count == 50
+
+
+# -- rollback and gc choices ---------------------------------------------------------------
+
+
+def test_rollback_returns_to_the_most_recently_live_verified_generation() -> None:
+    older = transition(
+        transition(
+            transition(descriptor("g1"), S.SEALED, at=NOW, position=0),
+            S.VERIFIED,
+            at=NOW,
+            position=0,
+        ),
+        S.LIVE,
+        at=NOW,
+        position=0,
+    )
+    older = transition(older, S.VERIFIED, at=NOW + timedelta(minutes=1), position=0)
+    recent = transition(
+        transition(
+            transition(
+                descriptor("g2", created=NOW + timedelta(seconds=1)), S.SEALED, at=NOW, position=0
+            ),
+            S.VERIFIED,
+            at=NOW,
+            position=0,
+        ),
+        S.LIVE,
+        at=NOW + timedelta(minutes=2),
+        position=0,
+    )
+    recent = transition(recent, S.VERIFIED, at=NOW + timedelta(minutes=3), position=0)
+    never = transition(
+        transition(
+            descriptor("g3", created=NOW + timedelta(hours=1)), S.SEALED, at=NOW, position=0
+        ),
+        S.VERIFIED,
+        at=NOW,
+        position=0,
+    )
+    live = descriptor("g4", S.LIVE)
+    target = rollback_target([older, recent, never, live], "g4")
+    assert target is not None and target.generation_id == "g2"
+    only_never = rollback_target([never, live], "g4")
+    assert only_never is not None and only_never.generation_id == "g3"
+    assert rollback_target([live], "g4") is None
+
+
+def test_gc_keeps_the_newest_retired_per_scope_and_drops_failed() -> None:
+    def retired(gid: str, minutes: int, namespace: str = "ns") -> GenerationDescriptor:
+        return descriptor(
+            gid, S.RETIRED, created=NOW + timedelta(minutes=minutes), namespace=namespace
+        )
+
+    generations = [
+        (retired("g1", 1), False),
+        (retired("g2", 2), False),
+        (retired("g3", 3), False),
+        (retired("g4", 4, "other"), False),
+        (descriptor("g5", S.FAILED), False),
+        (descriptor("g6", S.FAILED), True),  # already dropped
+        (descriptor("g7", S.VERIFIED), False),
+        (descriptor("g8", S.LIVE), False),
+    ]
+    drop, kept = gc_plan(generations, keep=1)
+    assert drop == ["g1", "g2", "g5"] and kept == ["g3", "g4"]
+    drop, kept = gc_plan(generations, keep=0)
+    assert drop == ["g1", "g2", "g3", "g4", "g5"] and kept == []
+
+
+# -- admin key -------------------------------------------------------------------------
+
+
+def test_admin_key_check() -> None:
+    check_admin_key("k", "k", None)
+    check_admin_key("k", None, "Bearer k")
+    for configured, header, code in (
+        ("k", None, ErrorCode.UNAUTHORIZED),
+        ("k", "wrong", ErrorCode.FORBIDDEN),
+        ("", "k", ErrorCode.FORBIDDEN),
+    ):
+        with pytest.raises(OrreryError) as caught:
+            check_admin_key(configured, header, None)
+        assert caught.value.code is code
+
+
+# -- the eligibility gate --------------------------------------------------------------
+
+
+def route(generation_id: str = "g2", state: str = "live") -> Route:
+    return Route(
+        namespace="ns",
+        snapshot_kind="objects",
+        generation_id=generation_id,
+        applied_position=5,
+        commit_seq=1,
+        embedder_id="e@1",
+        document_count=3,
+        state=state,
+    )
+
+
+def check(generation_id: str, ok: bool, at: datetime, reason: str = "") -> EvidenceCheck:
+    return EvidenceCheck(
+        generation_id=generation_id,
+        kind="eligibility",
+        checked_at=at,
+        state=S.LIVE,
+        applied_position=5,
+        commit_seq=1,
+        expected_count=3,
+        expected_digest="d",
+        engines=(),
+        ok=ok,
+        reason=reason or ("" if ok else "tantivy: 1 missing"),
+    )
+
+
+class FakeSource:
+    """Answers checks from a table; counts how often each generation was checked."""
+
+    def __init__(self, ok: dict[str, bool]) -> None:
+        self.ok = ok
+        self.calls: dict[str, int] = {}
+        self.recorded: list[tuple[int, EvidenceCheck]] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def check(self, generation_id: str) -> EvidenceCheck:
+        self.release.wait(5)
+        self.calls[generation_id] = self.calls.get(generation_id, 0) + 1
+        return check(generation_id, self.ok[generation_id], datetime.now(UTC))
+
+    def checks_since(self, sequence: int) -> list[tuple[int, EvidenceCheck]]:
+        return [(s, c) for s, c in self.recorded if s > sequence]
+
+
+class FakeRouting:
+    def __init__(self, fallbacks: list[Route]) -> None:
+        self.fallbacks = fallbacks
+
+    def route(self, namespace: str, snapshot_kind: str) -> Route | None:
+        return route()
+
+    def scopes(self) -> list[ScopeReadiness]:
+        return [
+            ScopeReadiness(
+                namespace="ns",
+                snapshot_kind="objects",
+                generation_id="g2",
+                state="live",
+                document_count=3,
+                applied_position=5,
+            )
+        ]
+
+    def log_high_water(self) -> int:
+        return 5
+
+    def fallback_routes(self, namespace: str, snapshot_kind: str, exclude: str) -> list[Route]:
+        return [r for r in self.fallbacks if r.generation_id != exclude]
+
+    def oldest_unapplied_at(self, position: int) -> datetime | None:
+        return None
+
+
+def test_gate_admits_an_eligible_generation_and_caches_the_verdict() -> None:
+    source = FakeSource({"g2": True})
+    gate = EligibilityGate(source, FakeRouting([]))
+    assert gate.admit(route(), "longterm:objects:current") == route()
+    assert gate.admit(route(), "longterm:objects:current") == route()
+    assert source.calls == {"g2": 1}
+    assert gate.status("g2")["eligible"] is True
+
+
+def test_gate_refuses_an_ineligible_generation_with_coverage_unavailable() -> None:
+    gate = EligibilityGate(FakeSource({"g2": False}), FakeRouting([route("g1", "verified")]))
+    with pytest.raises(OrreryError) as caught:
+        gate.admit(route(), "longterm:objects:current")
+    error = caught.value
+    assert error.code is ErrorCode.COVERAGE_UNAVAILABLE and error.http_status == 503
+    assert error.details["generation_id"] == "g2"
+    assert error.details["scope_ref"] == "longterm:objects:current"
+    assert "1 missing" in error.details["reason"]
+
+
+def test_gate_takes_the_declared_fallback_only_when_configured() -> None:
+    source = FakeSource({"g2": False, "g1": True})
+    gate = EligibilityGate(
+        source, FakeRouting([route("g1", "verified")]), fallback="previous_verified"
+    )
+    admitted = gate.admit(route(), "longterm:objects:current")
+    assert admitted.generation_id == "g1"
+    assert admitted.fallback is not None and admitted.fallback.live_generation_id == "g2"
+    assert admitted.fallback.policy == "previous_verified"
+
+
+def test_gate_fallback_never_routes_to_an_ineligible_generation() -> None:
+    gate = EligibilityGate(
+        FakeSource({"g2": False, "g1": False}),
+        FakeRouting([route("g1", "verified")]),
+        fallback="previous_verified",
+    )
+    with pytest.raises(OrreryError) as caught:
+        gate.admit(route(), "longterm:objects:current")
+    assert caught.value.code is ErrorCode.COVERAGE_UNAVAILABLE
+
+
+def test_gate_never_admits_a_failed_generation_whatever_its_evidence() -> None:
+    source = FakeSource({"g2": True})
+    gate = EligibilityGate(source, FakeRouting([]))
+    with pytest.raises(OrreryError):
+        gate.admit(route(state="failed"), "longterm:objects:current")
+    assert source.calls == {}
+
+
+def test_gate_checks_once_for_concurrent_first_queries() -> None:
+    source = FakeSource({"g2": True})
+    source.release.clear()
+    gate = EligibilityGate(source, FakeRouting([]))
+    results: list[str] = []
+
+    def ask() -> None:
+        results.append(gate.admit(route(), "s").generation_id)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    source.release.set()
+    for thread in threads:
+        thread.join(5)
+    assert results == ["g2"] * 4 and source.calls == {"g2": 1}
+
+
+def test_gate_adopts_checks_recorded_after_it_started_only() -> None:
+    source = FakeSource({"g2": True})
+    source.recorded = [(1, check("g2", True, NOW - timedelta(days=1)))]
+    gate = EligibilityGate(source, FakeRouting([]))
+    source.recorded.append((2, check("g2", False, datetime.now(UTC) + timedelta(seconds=1))))
+    with pytest.raises(OrreryError):
+        gate.admit(route(), "s")
+    assert source.calls == {}  # the recorded (newer) check was taken over, none run
+
+
+def test_gate_rechecks_suspects_in_the_background() -> None:
+    source = FakeSource({"g2": True})
+    gate = EligibilityGate(source, FakeRouting([]), interval_seconds=3600)
+    gate.admit(route(), "s")
+    source.ok["g2"] = False
+    gate.start()
+    try:
+        gate.suspect("g2")
+        deadline = datetime.now(UTC) + timedelta(seconds=10)
+        while gate.status("g2")["eligible"] and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.05)
+        assert gate.status("g2")["eligible"] is False
+    finally:
+        gate.close()
