@@ -66,6 +66,7 @@ schemas: venv
 bench: venv
 	$(VENV)/bin/pytest -q -s tests -m measurement
 	$(PY) bench/topk.py
+	$(PY) bench/generations.py --size 100000
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache
