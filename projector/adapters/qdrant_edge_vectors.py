@@ -99,7 +99,6 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +119,7 @@ from qdrant_edge import (
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
+from contracts.vector_payload import payload_of, point_id, utc_timestamp
 from projector.ports import IndexEvidence
 
 if TYPE_CHECKING:
@@ -138,9 +138,6 @@ _log = logging.getLogger(__name__)
 
 DEPENDENCY = "qdrant-edge"
 VECTOR_NAME = "dense"
-# Fixed forever: it maps non-UUID document ids to point ids, so changing it re-keys every
-# shard built before the change.
-_POINT_ID_NAMESPACE = uuid.UUID("5b0f2a71-3c4e-4d38-9f0e-6a1d2c7e8b90")
 _GENERATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 _CONFIG_FILE = "edge_config.json"
 _SCROLL_PAGE = 1_000
@@ -206,49 +203,6 @@ class QdrantEdgeTuning:
             optimizers=EdgeOptimizersConfig(indexing_threshold=self.indexing_threshold_kb),
             max_search_threads=self.max_search_threads,
         )
-
-
-def point_id(document_id: str) -> uuid.UUID:
-    """The point id of a document: its UUID if it is a canonical UUID string, else uuid5.
-
-    Only the canonical lowercase form is taken as is, so that two distinct strings (say
-    upper- and lowercase spellings) can never share a point.
-    """
-    try:
-        parsed = uuid.UUID(document_id)
-    except ValueError:
-        return uuid.uuid5(_POINT_ID_NAMESPACE, document_id)
-    if str(parsed) == document_id:
-        return parsed
-    return uuid.uuid5(_POINT_ID_NAMESPACE, document_id)
-
-
-def utc_timestamp(value: datetime) -> str:
-    """RFC 3339 in UTC with microseconds, the form `updated_at` is stored and compared in."""
-    if value.tzinfo is None:
-        raise OrreryError(
-            ErrorCode.INVALID_REQUEST,
-            "timestamps must carry a timezone",
-            {"value": value.isoformat()},
-        )
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def payload_of(document: IndexDocument) -> dict[str, Any]:
-    """The payload stored with a document's point (see the module docstring)."""
-    return {
-        "document_id": document.document_id,
-        "revision": document.revision,
-        "item_id": document.item_id,
-        "galaxy": document.galaxy,
-        "ring": document.ring,
-        "status": document.status,
-        "updated_at": utc_timestamp(document.updated_at),
-        "visibility": list(document.visibility),
-        "facets": sorted(
-            f"{name}={value}" for name, values in document.facets.items() for value in values
-        ),
-    }
 
 
 # Resolved writes of one `apply` call: the newest upsert per point, the highest delete
