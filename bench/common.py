@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,9 +41,11 @@ __all__ = [
     "ServeProcess",
     "child_processes",
     "deadline",
+    "drop_harness_resources",
     "exchange",
     "free_port",
     "git_facts",
+    "harness_servers_env",
     "latency_summary",
     "machine_facts",
     "median",
@@ -380,3 +383,52 @@ def utc_now() -> str:
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def harness_servers_env(label: str = "bench") -> dict[str, str]:
+    """`orrery serve` environment for server mode on the local harness
+    (`tests/harness/servers.py`): its Kafka, OpenSearch and Redis, with Kafka topics and
+    group, OpenSearch indexes and Qdrant collections named uniquely for this run.
+    Qdrant itself runs in qdrant-client's local mode under the data dir (no server).
+
+    Raises `SystemExit` naming the harness servers that are not running."""
+    from tests.harness.servers import server_urls
+
+    urls = server_urls()
+    missing = [name for name, url in urls.items() if not url]
+    if missing:
+        raise SystemExit(f"harness servers not running: {missing} (make servers-up)")
+    tag = f"orrery-{label}-{uuid.uuid4().hex[:8]}"
+    return {
+        "ORRERY_MODE": "servers",
+        "ORRERY_KAFKA_BOOTSTRAP": str(urls["kafka"]),
+        "ORRERY_OPENSEARCH_URL": str(urls["opensearch"]),
+        "ORRERY_REDIS_URL": str(urls["redis"]),
+        "ORRERY_KAFKA_TOPIC_PREFIX": f"{tag}.records",
+        "ORRERY_KAFKA_GROUP": tag,
+        "ORRERY_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        "ORRERY_OPENSEARCH_INDEX_PREFIX": tag,
+        "ORRERY_QDRANT_COLLECTION_PREFIX": tag,
+    }
+
+
+def drop_harness_resources(env: Mapping[str, str]) -> None:
+    """Delete the OpenSearch indexes, Kafka topics and consumer group that
+    `harness_servers_env` named for this run (Redis entries expire by themselves)."""
+    prefix = env["ORRERY_OPENSEARCH_INDEX_PREFIX"]
+    with httpx.Client(base_url=env["ORRERY_OPENSEARCH_URL"], timeout=60, trust_env=False) as os_:
+        listed = os_.get(f"/_cat/indices/{prefix}-*", params={"format": "json", "h": "index"})
+        for row in listed.json() if listed.status_code == 200 else []:
+            os_.delete(f"/{row['index']}")
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=env["ORRERY_KAFKA_BOOTSTRAP"])
+    try:
+        topic_prefix = env["ORRERY_KAFKA_TOPIC_PREFIX"]
+        topics = [t for t in admin.list_topics() if t.startswith(topic_prefix)]
+        if topics:
+            admin.delete_topics(topics)
+        with contextlib.suppress(Exception):  # absent when no consumer ever joined
+            admin.delete_groups([env["ORRERY_KAFKA_GROUP"]])
+    finally:
+        admin.close()

@@ -31,6 +31,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_FIELD = "unknown_field"
     UNKNOWN_SCOPE = "unknown_scope"
     UNKNOWN_PROFILE = "unknown_profile"
+    UNKNOWN_VOCABULARY = "unknown_vocabulary"
+    PHRASE_SET_TOO_LARGE = "phrase_set_too_large"
     EMPTY_QUERY = "empty_query"
     RESULT_LIMIT_EXCEEDED = "result_limit_exceeded"
     BATCH_TOO_LARGE = "batch_too_large"
@@ -45,6 +47,9 @@ class ErrorCode(StrEnum):
     NOT_CAUGHT_UP = "not_caught_up"
     DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    INVALID_CONTINUATION = "invalid_continuation"
+    EXPIRED_CONTINUATION = "expired_continuation"
+    GENERATION_UNAVAILABLE = "generation_unavailable"
     INTERNAL = "internal"
 
 
@@ -54,6 +59,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNKNOWN_FIELD: 422,
     ErrorCode.UNKNOWN_SCOPE: 404,
     ErrorCode.UNKNOWN_PROFILE: 422,
+    ErrorCode.UNKNOWN_VOCABULARY: 422,
+    ErrorCode.PHRASE_SET_TOO_LARGE: 422,
     ErrorCode.EMPTY_QUERY: 422,
     ErrorCode.RESULT_LIMIT_EXCEEDED: 422,
     ErrorCode.BATCH_TOO_LARGE: 413,
@@ -68,6 +75,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.NOT_CAUGHT_UP: 409,
     ErrorCode.DEPENDENCY_UNAVAILABLE: 503,
     ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.INVALID_CONTINUATION: 400,
+    ErrorCode.EXPIRED_CONTINUATION: 410,
+    ErrorCode.GENERATION_UNAVAILABLE: 410,
     ErrorCode.INTERNAL: 500,
 }
 

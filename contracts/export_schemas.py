@@ -14,6 +14,7 @@ from contracts.errors import ErrorResponse
 from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor
 from contracts.ingest_api import WriteResponse
+from contracts.phrases import VocabularySet
 from contracts.profiles import ProfileSet
 from contracts.records import Record
 from contracts.topk import RetrieveRequest, RetrieveResponse, TopKRequest, TopKResponse
@@ -32,6 +33,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "retrieve_response": RetrieveResponse,
     "error_response": ErrorResponse,
     "fusion_profiles": ProfileSet,
+    "vocabularies": VocabularySet,
 }
 
 

@@ -13,7 +13,7 @@ from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contracts.index_fields import BODY, TAGS, TITLE
+from contracts.index_fields import BODY, SOURCE_TEXT_FIELDS, TAGS, TEXT, TITLE
 from contracts.records import AwareDatetime, Record
 
 __all__ = [
@@ -30,20 +30,32 @@ __all__ = [
 TITLE_BOOST = 2.0
 # Tags count like the body by default.
 TAGS_BOOST = 1.0
-# The boost of each text field when a query names none (a fusion profile may).
+# The boost of each text field when a query names none (a fusion profile may). The
+# combined field `text` (title + body + tags) is not scored unless a profile boosts it.
 DEFAULT_FIELD_BOOSTS: Mapping[str, float] = MappingProxyType(
-    {TITLE: TITLE_BOOST, BODY: 1.0, TAGS: TAGS_BOOST}
+    {TITLE: TITLE_BOOST, BODY: 1.0, TAGS: TAGS_BOOST, TEXT: 0.0}
 )
 
 
-def field_boosts(overrides: Mapping[str, float] | None) -> dict[str, float]:
+def field_boosts(
+    overrides: Mapping[str, float] | None, *, combined_field: bool = True
+) -> dict[str, float]:
     """The boost of every text field: the defaults with `overrides` applied. Fields
-    boosted 0 are left out; an unknown field name raises `ValueError`."""
+    boosted 0 are left out; an unknown field name raises `ValueError`.
+
+    For an index without the combined field (`combined_field=False`: analyzer version 1),
+    a `text` boost is added to the boost of each field it combines, so that a profile
+    scoring `text` still finds what such an index holds.
+    """
     boosts = dict(DEFAULT_FIELD_BOOSTS)
     for name, boost in (overrides or {}).items():
         if name not in boosts:
             raise ValueError(f"unknown text field {name!r}")
         boosts[name] = float(boost)
+    if not combined_field:
+        spread = boosts.pop(TEXT)
+        for name in SOURCE_TEXT_FIELDS:
+            boosts[name] += spread
     return {name: boost for name, boost in boosts.items() if boost > 0.0}
 
 
@@ -99,9 +111,14 @@ class SearchFilter(BaseModel):
     - `updated_after` / `updated_before`: inclusive bounds on `updated_at`.
     - `facets`: for every name, the record has at least one of the listed values.
     - `document_ids`: the record is one of these (the generic API's `allowed_doc_ids`).
+    - `phrases`: all-of groups, any-of phrases per group: for every group, one of its
+      phrases occurs in a source text field (title, body, a tag) as a phrase — its tokens,
+      analyzed like indexed text, adjacent and in order (slop 0) within one value. Lexical
+      engines only: a vector engine given phrases raises (resolve them to
+      `document_ids` first, see `query.phrases`).
 
-    A field left as `None` (or an empty `facets`) does not restrict. An empty list
-    matches nothing.
+    A field left as `None` (or an empty `facets` / `phrases`) does not restrict. An empty
+    list (or an empty phrase group) matches nothing.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -113,9 +130,16 @@ class SearchFilter(BaseModel):
     updated_before: datetime | None = None
     facets: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     document_ids: tuple[str, ...] | None = None
+    phrases: tuple[tuple[str, ...], ...] = ()
 
     def matches_nothing(self) -> bool:
-        lists = [self.status, self.visibility, self.document_ids, *self.facets.values()]
+        lists = [
+            self.status,
+            self.visibility,
+            self.document_ids,
+            *self.facets.values(),
+            *self.phrases,
+        ]
         return any(values is not None and len(values) == 0 for values in lists)
 
 

@@ -2,39 +2,67 @@
 
 Stdlib only: engines build their schemas from these names in their own adapters.
 
-Text fields (`TEXT_FIELDS`) are analyzed by `TEXT_ANALYZER`: split on every character that
-is not alphanumeric, drop tokens longer than `TEXT_TOKEN_MAX_BYTES`, lowercase, fold to
-ASCII ("Früher" -> "fruher", "Straße" -> "strasse"). Query text must be analyzed the same
-way. Keyword fields hold exact values; `FACETS` holds one `name=value` term per facet value.
+Text fields (`TEXT_FIELDS`) are analyzed by the generation's text analyzer. Version 1
+(`TEXT_ANALYZER_V1`): split on every character that is not alphanumeric, drop tokens of
+`TEXT_TOKEN_MAX_BYTES` bytes or more, lowercase, fold to ASCII ("Früher" -> "fruher",
+"Straße" -> "strasse"). Version 2 (`text_analyzer_name(language)`, e.g.
+"orrery_text_v2_english") is version 1 followed by the Snowball stemmer of the
+namespace's language ("running", "runs" -> "run"; "none" = no stemming), and adds the
+combined field `TEXT` (title, body and tags in one field, so that one BM25 field can score
+a document). A generation records its analyzer in its index (and its schema digest); query
+text is analyzed with the analyzer of the generation it searches, never with a guess.
+Keyword fields hold exact values; `FACETS` holds one `name=value` term per facet value.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
 __all__ = [
     "BODY",
+    "DEFAULT_TEXT_ANALYZER",
+    "DEFAULT_TEXT_LANGUAGE",
     "DOCUMENT_ID",
     "FACETS",
     "FACET_SEPARATOR",
     "GALAXY",
     "ITEM_ID",
+    "NO_STEMMING",
     "REVISION",
     "RING",
+    "SOURCE_TEXT_FIELDS",
     "STATUS",
+    "STEMMER_LANGUAGES",
     "TAGS",
+    "TEXT",
     "TEXT_ANALYZER",
+    "TEXT_ANALYZER_V1",
     "TEXT_FIELDS",
     "TEXT_TOKEN_MAX_BYTES",
     "TITLE",
     "UPDATED_AT",
     "UPDATED_AT_MICROS",
     "VISIBILITY",
+    "TextLanguages",
+    "combined_text",
+    "has_combined_field",
+    "parse_text_languages",
+    "text_analyzer_language",
+    "text_analyzer_name",
 ]
 
 # Text fields, BM25-scored.
 TITLE = "title"
 BODY = "body"
 TAGS = "tags"
-TEXT_FIELDS = (TITLE, BODY, TAGS)
+# The record's own text fields.
+SOURCE_TEXT_FIELDS = (TITLE, BODY, TAGS)
+# Title, body and tags in one field (`combined_text`); analyzer version 2 and later.
+TEXT = "text"
+TEXT_FIELDS = (TITLE, BODY, TAGS, TEXT)
 
 # Keyword and numeric fields: identity, filters, what a candidate reports.
 DOCUMENT_ID = "document_id"
@@ -53,7 +81,111 @@ UPDATED_AT_MICROS = "updated_at_us"
 # A facet value is indexed as the single term f"{name}{FACET_SEPARATOR}{value}".
 FACET_SEPARATOR = "="
 
-# Name under which engines that register analyzers register the text analyzer; the
-# suffix is bumped whenever its behaviour changes, since that needs a new generation.
-TEXT_ANALYZER = "orrery_text_v1"
+# Names under which engines register the text analyzer; the version is bumped whenever
+# its behaviour changes, since that needs a new generation. Version 1 (no stemming, no
+# `TEXT` field) is still read, so that generations built before version 2 stay usable.
+TEXT_ANALYZER_V1 = "orrery_text_v1"
+TEXT_ANALYZER = "orrery_text_v2"
 TEXT_TOKEN_MAX_BYTES = 40
+
+# `language` value that means "no stemming" (version 2 without its last step).
+NO_STEMMING = "none"
+# Snowball stemmers that both tantivy (rust-stemmers) and OpenSearch (Lucene's `snowball`
+# filter) have, and that agree on the word forms `tests/conformance/test_lexical_index.py`
+# checks. They are not byte-identical: rust-stemmers follows a newer Snowball release
+# (English: 75 of SciFact's 35,711 distinct words stem differently, e.g. "biologists",
+# "added", "international"), so BM25 scores of such words differ slightly between the
+# embedded and the server deployment. Dutch is left out: its algorithms differ widely.
+STEMMER_LANGUAGES = frozenset(
+    {
+        "danish",
+        "english",
+        "finnish",
+        "french",
+        "german",
+        "hungarian",
+        "italian",
+        "norwegian",
+        "portuguese",
+        "romanian",
+        "russian",
+        "spanish",
+        "swedish",
+        "turkish",
+    }
+)
+# English: Orrery's benchmark corpora and most deployments are English; a namespace in
+# another language (or mixed, like the German+English sample) says so in the settings.
+DEFAULT_TEXT_LANGUAGE = "english"
+
+
+def _check_language(language: str) -> str:
+    if language != NO_STEMMING and language not in STEMMER_LANGUAGES:
+        known = ", ".join(sorted(STEMMER_LANGUAGES))
+        raise ValueError(f"unknown text language {language!r} (known: {NO_STEMMING}, {known})")
+    return language
+
+
+def text_analyzer_name(language: str) -> str:
+    """The analyzer of the current version for `language` ("orrery_text_v2_english",
+    "orrery_text_v2_none"); `ValueError` for a language without a stemmer here."""
+    return f"{TEXT_ANALYZER}_{_check_language(language)}"
+
+
+DEFAULT_TEXT_ANALYZER = text_analyzer_name(DEFAULT_TEXT_LANGUAGE)
+
+
+def text_analyzer_language(name: str) -> str | None:
+    """The stemming language of analyzer `name` (`NO_STEMMING` for none); None for version
+    1. `ValueError` for a name that is no analyzer of any version."""
+    if name == TEXT_ANALYZER_V1:
+        return None
+    prefix = f"{TEXT_ANALYZER}_"
+    if not name.startswith(prefix):
+        raise ValueError(f"unknown text analyzer {name!r}")
+    return _check_language(name[len(prefix) :])
+
+
+def has_combined_field(analyzer: str) -> bool:
+    """Whether an index analyzed by `analyzer` holds the `TEXT` field (version 2 on)."""
+    return text_analyzer_language(analyzer) is not None
+
+
+def combined_text(title: str, body: str, tags: Iterable[str]) -> str:
+    """The `TEXT` field of a document: its non-empty title, body and tags, one per line."""
+    return "\n".join(part for part in (title, body, *tags) if part)
+
+
+@dataclass(frozen=True, slots=True)
+class TextLanguages:
+    """The stemming language of each namespace (`ORRERY_NAMESPACE_LANGUAGES`), and of the
+    others (`ORRERY_DEFAULT_LANGUAGE`). Read when a generation is created: a generation
+    keeps the analyzer it was created with, so a changed setting takes effect with the
+    next generation of a scope (`orrery gen build`)."""
+
+    default: str = DEFAULT_TEXT_LANGUAGE
+    namespaces: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        _check_language(self.default)
+        for language in self.namespaces.values():
+            _check_language(language)
+
+    def language_for(self, namespace: str) -> str:
+        return self.namespaces.get(namespace, self.default)
+
+    def analyzer_for(self, namespace: str) -> str:
+        """The analyzer a new generation of `namespace` is created with."""
+        return text_analyzer_name(self.language_for(namespace))
+
+
+def parse_text_languages(namespaces: str, default: str = DEFAULT_TEXT_LANGUAGE) -> TextLanguages:
+    """`TextLanguages` from a JSON object `{"namespace": "language", ...}` (blank: none)
+    and the default language; `ValueError` naming what is wrong."""
+    mapping: object = json.loads(namespaces) if namespaces.strip() else {}
+    if not isinstance(mapping, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()
+    ):
+        raise ValueError('namespace languages must be a JSON object {"namespace": "language"}')
+    normalized = {k: v.strip().lower() for k, v in mapping.items()}
+    return TextLanguages(default.strip().lower(), MappingProxyType(normalized))

@@ -76,10 +76,12 @@ class _Profile(BaseModel):
         description="Vector candidates fetched (at least result_limit); "
         "None = ORRERY_VECTOR_CANDIDATE_DEPTH / ORRERY_CANDIDATE_DEPTH",
     )
-    field_boosts: dict[Literal["title", "body", "tags"], Weight] | None = Field(
+    field_boosts: dict[Literal["title", "body", "tags", "text"], Weight] | None = Field(
         default=None,
         description="BM25 boost per text field, replacing the default (title 2, body 1, "
-        "tags 1) of each field named; 0 leaves a field out",
+        "tags 1, text 0) of each field named; 0 leaves a field out. `text` is title, body "
+        "and tags in one field (generations with text analyzer v2 and later; on older "
+        "ones its boost applies to the three fields)",
     )
 
     def lexical_boosts(self) -> dict[str, float] | None:

@@ -12,11 +12,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.generations import CoverageFallback
+from contracts.phrases import PhrasePlan, PhrasePlanReport
 from contracts.records import AwareDatetime
 
 __all__ = [
     "MAX_RESULT_LIMIT",
     "CandidateOut",
+    "ContinuationPlan",
     "DocumentIdsResponse",
     "Include",
     "LatencyMs",
@@ -36,6 +38,19 @@ __all__ = [
 
 MAX_RESULT_LIMIT = 100
 MAX_ALLOWED_DOC_IDS = 100_000
+MAX_CURSOR_LENGTH = 4_096
+
+_PAGE_SIZE_DESCRIPTION = (
+    "Ask for pages: each page holds at most page_size results and `next_cursor` "
+    "continues (null on the last page). Replaces the result limit; giving both with "
+    "different values is refused. None = one page of the result limit, no cursor."
+)
+_CURSOR_DESCRIPTION = (
+    "`next_cursor` of the previous page. The rest of the request must be the same "
+    "(the cursor binds its fingerprint; only page_size, include, timeout_seconds and "
+    "client_request_id may change); the page continues on the generation the first "
+    "page used, even after a promote."
+)
 
 
 class _Strict(BaseModel):
@@ -107,9 +122,18 @@ class TopKRequest(_Strict):
         "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile).",
     )
     ranking: Ranking = Field(default_factory=Ranking)
+    phrase_plan: PhrasePlan | None = Field(
+        default=None,
+        description="Controlled-term phrase groups (request data, never query text): "
+        "required groups restrict every source before scoring (docs/query.md)",
+    )
     include: Include = Field(default_factory=Include)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
+    page_size: int | None = Field(default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION)
+    cursor: str | None = Field(
+        default=None, min_length=1, max_length=MAX_CURSOR_LENGTH, description=_CURSOR_DESCRIPTION
+    )
 
 
 class ScoreBreakdown(BaseModel):
@@ -140,6 +164,30 @@ class LatencyMs(BaseModel):
     total: float
 
 
+class ContinuationPlan(BaseModel):
+    """Where a paged answer stands.
+
+    `page` counts from 1; `offset` results came before this page; `window` is the
+    number of fused candidates the paged ranking reaches (the candidate window, fixed
+    by the first page: nothing beyond it is ever returned); `window_exhausted` says this
+    page reached its end (then `next_cursor` is null even if the scope holds more
+    matches). `generation_changed` is true when the pinned generation took writes since
+    the first page (search-after keeps going, but a document whose score moved across
+    the page boundary can then appear twice or not at all).
+    """
+
+    page: int
+    page_size: int
+    offset: int
+    window: int
+    window_exhausted: bool
+    generation_id: str
+    generation_changed: bool = False
+    expires_at: str | None = Field(
+        default=None, description="When `next_cursor` expires (ISO 8601), if there is one"
+    )
+
+
 class QueryPlan(BaseModel):
     """How an answer was made.
 
@@ -163,10 +211,21 @@ class QueryPlan(BaseModel):
     candidate_depths: dict[str, int] = Field(default_factory=dict)
     source_counts: dict[str, int] = Field(default_factory=dict)
     rescored_count: int = 0
+    phrase_plan: PhrasePlanReport | None = Field(
+        default=None, description="How the request's phrase plan resolved and matched"
+    )
     fallback: CoverageFallback | None = Field(
         default=None,
         description="Set when the live generation was not eligible and the configured "
         "coverage fallback answered instead",
+    )
+    pinned_generation: str | None = Field(
+        default=None,
+        description="The generation the scope ref (`…@g42`) or the cursor pinned; None = "
+        "the scope's live generation answered",
+    )
+    continuation: ContinuationPlan | None = Field(
+        default=None, description="Set for paged requests (page_size or cursor)"
     )
 
 
@@ -178,6 +237,9 @@ class TopKResponse(BaseModel):
     client_request_id: str | None = None
     results: list[TopKResult]
     query_plan: QueryPlan | None = None
+    next_cursor: str | None = Field(
+        default=None, description="Continues a paged request; null on the last page"
+    )
 
 
 class RetrieveRequest(_Strict):
@@ -195,9 +257,18 @@ class RetrieveRequest(_Strict):
         "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile).",
     )
     ranking: Ranking = Field(default_factory=Ranking)
+    phrase_plan: PhrasePlan | None = Field(
+        default=None,
+        description="Controlled-term phrase groups (request data, never query text): "
+        "required groups restrict every source before scoring (docs/query.md)",
+    )
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
+    page_size: int | None = Field(default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION)
+    cursor: str | None = Field(
+        default=None, min_length=1, max_length=MAX_CURSOR_LENGTH, description=_CURSOR_DESCRIPTION
+    )
 
 
 class CandidateOut(BaseModel):
@@ -215,6 +286,9 @@ class RetrieveResponse(BaseModel):
     profile: str
     candidates: list[CandidateOut]
     query_plan: QueryPlan
+    next_cursor: str | None = Field(
+        default=None, description="Continues a paged request; null on the last page"
+    )
 
 
 class DocumentIdsResponse(BaseModel):

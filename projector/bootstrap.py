@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contracts.embedding import Embedder
 from contracts.generations import Topology
+from contracts.index_fields import TextLanguages
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
+from projector.adapters.subprocess_bulk_load import SubprocessBulkLoader
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
-from projector.generations import GenerationAdmin, GenerationOptions, GenerationPorts
+from projector.generations import (
+    DeferredWrites,
+    GenerationAdmin,
+    GenerationOptions,
+    GenerationPorts,
+    LogHandover,
+)
 from projector.ports import AliasMirror, EngineReadback, EventLog
 from projector.service import BatchReport, project_batch, schema_digest
 
@@ -26,7 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EmbeddedProjector",
+    "EmbedderFactory",
     "ServerProjector",
+    "bulk_load_ports",
     "default_embedder",
     "embedded_generation_admin",
     "embedded_projector",
@@ -62,7 +75,8 @@ def _embedded_topology(generation_id: str) -> Topology:
 
 @dataclass(slots=True)
 class EmbeddedProjector:
-    """The embedded projector's parts; `step` applies one batch of the log."""
+    """The embedded projector's parts; `step` applies one batch of the log to every
+    generation that takes writes, except those `deferred` (loaded by a child process)."""
 
     state: SqliteProjectorState
     log: SqliteOutboxLog
@@ -71,6 +85,9 @@ class EmbeddedProjector:
     embedder: Embedder
     step: Callable[[], BatchReport]
     lock: FileWriterLock
+    data_dir: Path
+    deferred: DeferredWrites = field(default_factory=DeferredWrites)
+    text_languages: TextLanguages = field(default_factory=TextLanguages)
 
     def close(self) -> None:
         self.vectors.close()
@@ -88,18 +105,26 @@ def default_embedder(threads: int = 2) -> Embedder:
 
 
 def embedded_projector(
-    data_dir: Path, db_path: Path, *, embedder: Embedder, batch_size: int
+    data_dir: Path,
+    db_path: Path,
+    *,
+    embedder: Embedder,
+    batch_size: int,
+    text_languages: TextLanguages | None = None,
 ) -> EmbeddedProjector:
-    """SQLite outbox as the log, tantivy + qdrant-edge generation directories."""
+    """SQLite outbox as the log, tantivy + qdrant-edge generation directories; a new
+    generation's text is analyzed in its namespace's language (`text_languages`)."""
+    languages = text_languages or TextLanguages()
     state = SqliteProjectorState(db_path)
     log = SqliteOutboxLog(db_path, start_after=state.position(CONSUMER))
     lexical = TantivyLexicalIndex(data_dir / "generations" / "lexical")
     vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
     lock = FileWriterLock(writer_lock_path(data_dir))
+    deferred = DeferredWrites()
     step = functools.partial(
         project_batch,
         log=log,
-        state=state,
+        state=deferred.wrap(state),
         lexical=lexical,
         vectors=vectors,
         embedder=embedder,
@@ -110,8 +135,35 @@ def embedded_projector(
         batch_size=batch_size,
         lock=lock,
         topology=_embedded_topology,
+        dead_letters=state,
+        health=state,
+        text_languages=languages,
     )
-    return EmbeddedProjector(state, log, lexical, vectors, embedder, step, lock)
+    return EmbeddedProjector(
+        state, log, lexical, vectors, embedder, step, lock, data_dir, deferred, languages
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderFactory:
+    """How another process makes the same embedder: `factory` is `module:callable`,
+    called with `kwargs` (JSON values)."""
+
+    factory: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def create(self) -> Embedder:
+        module, _, name = self.factory.partition(":")
+        embedder: Embedder = getattr(importlib.import_module(module), name)(**self.kwargs)
+        return embedder
+
+
+def _child_embedder(embedder: Embedder) -> EmbedderFactory | None:
+    """The factory of the default embedder (one thread in a child); None for others."""
+    onnx = sys.modules.get("projector.adapters.onnx_embedder")
+    if onnx is not None and isinstance(embedder, onnx.OnnxMiniLMEmbedder):
+        return EmbedderFactory(f"{__name__}:default_embedder", {"threads": 1})
+    return None
 
 
 def embedded_generation_admin(
@@ -120,11 +172,28 @@ def embedded_generation_admin(
     *,
     drive_log: Callable[[], bool] | None,
     options: GenerationOptions,
+    embedder_factory: EmbedderFactory | None = None,
 ) -> GenerationAdmin:
     """The lifecycle over the embedded projector's own engines and registry.
 
-    tantivy and qdrant-edge have no native aliases: promote records that it skipped them.
+    Builds bulk-load in a child process (`SubprocessBulkLoader`, `options.child_nice`)
+    when `options.load_in_child` and the child can make the same embedder: the default
+    one, or the one `embedder_factory` names; else in this process. tantivy and
+    qdrant-edge have no native aliases: promote records that it skipped them.
     """
+    factory = embedder_factory or _child_embedder(projector.embedder)
+    loader = None
+    if options.load_in_child and factory is not None:
+        loader = SubprocessBulkLoader(
+            projector.data_dir,
+            db_path,
+            embedder_factory=factory.factory,
+            embedder_kwargs=factory.kwargs,
+            batch_size=options.batch_size,
+            pause_seconds=options.pause_seconds,
+            nice=options.child_nice,
+        )
+    state = projector.state
     return GenerationAdmin(
         GenerationPorts(
             registry=projector.state,
@@ -149,8 +218,74 @@ def embedded_generation_admin(
             aliases={LEXICAL_ENGINE: None, VECTOR_ENGINE: None},
             drive_log=drive_log,
             options=options,
+            bulk_loader=loader,
+            deferred=projector.deferred if loader is not None else None,
+            handover=LogHandover(
+                open_log=lambda position: SqliteOutboxLog(db_path, start_after=position),
+                applied_position=lambda: state.position(CONSUMER),
+            ),
+            text_languages=projector.text_languages,
         )
     )
+
+
+class _NoLock:
+    """The writer lock of a bulk-load child: it is its generation's only writer."""
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        yield
+
+
+def bulk_load_ports(
+    data_dir: Path,
+    db_path: Path,
+    *,
+    embedder_factory: str,
+    embedder_kwargs: dict[str, Any],
+    options: GenerationOptions,
+) -> tuple[GenerationPorts, Callable[[str], bool], Callable[[], None]]:
+    """What a bulk-load child (`projector.entrypoints.bulk_load`) works with: its own
+    registry connection, canonical snapshot and engine roots under `data_dir`; the
+    function that builds a generation's HNSW in place; and the one that closes it all.
+
+    No writer lock: while the child runs, the parent writes nothing to the generation
+    (`DeferredWrites`), and nothing else of the child's is shared.
+    """
+    embedder = EmbedderFactory(embedder_factory, embedder_kwargs).create()
+    state = SqliteProjectorState(db_path)
+    snapshot = SqliteCanonicalSnapshot(db_path)
+    lexical = TantivyLexicalIndex(data_dir / "generations" / "lexical")
+    vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
+    ports = GenerationPorts(
+        registry=state,
+        contents=state,
+        maintenance=state,
+        evidence_log=state,
+        cache=state,
+        snapshot=snapshot,
+        lexical=lexical,
+        vectors=vectors,
+        lexical_readback=lexical,
+        vector_readback=vectors,
+        lock=_NoLock(),
+        embedder=embedder,
+        lexical_engine=LEXICAL_ENGINE,
+        vector_engine=VECTOR_ENGINE,
+        schema_digest=schema_digest(LEXICAL_ENGINE, VECTOR_ENGINE, embedder.embedder_id),
+        topology=_embedded_topology,
+        alias_name=lambda _engine, namespace, kind: f"live.{namespace}.{kind}",
+        aliases={LEXICAL_ENGINE: None, VECTOR_ENGINE: None},
+        options=options,
+    )
+
+    def close() -> None:
+        vectors.close()
+        lexical.close()
+        snapshot.close()
+        state.close()
+
+    return ports, vectors.optimize_in_place, close
 
 
 @dataclass(slots=True)
@@ -188,6 +323,7 @@ def server_projector(
     opensearch_refresh_interval: str,
     qdrant: Any,
     qdrant_collection_prefix: str,
+    text_languages: TextLanguages | None = None,
 ) -> ServerProjector:
     """Kafka consumer group as the log; OpenSearch and Qdrant (a `QdrantClient`) as the
     indexes. `qdrant` is shared with the query side when both run in one process
@@ -232,6 +368,9 @@ def server_projector(
         batch_size=batch_size,
         lock=lock,
         topology=topology,
+        dead_letters=state,
+        health=state,
+        text_languages=text_languages or TextLanguages(),
     )
     return ServerProjector(state, log, lexical, vectors, embedder, step, lock)
 
@@ -260,6 +399,7 @@ def server_generation_admin(
     qdrant_collection_prefix: str,
     drive_log: Callable[[], bool] | None,
     options: GenerationOptions,
+    text_languages: TextLanguages | None = None,
 ) -> tuple[GenerationAdmin, Callable[[], None]]:
     """The lifecycle over OpenSearch and Qdrant, and the function that closes what it
     opened. Uses the projector's engines and registry when this process runs one, else
@@ -319,6 +459,7 @@ def server_generation_admin(
             aliases={"opensearch": lexical_mirror, "qdrant": vector_mirror},
             drive_log=drive_log,
             options=options,
+            text_languages=text_languages or TextLanguages(),
         )
     )
 

@@ -27,9 +27,10 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from contracts.admin import (
     BuildProgress,
@@ -43,6 +44,7 @@ from contracts.admin import (
 from contracts.digests import id_set_digest
 from contracts.embedding import Embedder
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.events import LogEntry
 from contracts.generations import (
     BuildReceipt,
     EngineEvidence,
@@ -53,12 +55,14 @@ from contracts.generations import (
     Topology,
 )
 from contracts.index import IndexDocument, to_index_document
+from contracts.index_fields import TextLanguages
 from contracts.records import Record
 from projector.model import (
     diff_pairs,
     engine_evidence,
     gc_plan,
     mismatch_reason,
+    plan_batch,
     rollback_target,
     transition,
 )
@@ -66,27 +70,34 @@ from projector.ports import (
     AliasMirror,
     CanonicalSnapshot,
     EngineReadback,
+    EventLog,
     EvidenceLog,
     GenerationContents,
     GenerationMaintenance,
     GenerationRegistry,
     LexicalIndex,
+    ProjectionState,
     RegistrySnapshot,
     VectorCache,
     VectorIndex,
     WriterLock,
 )
-from projector.service import embed_records
+from projector.service import analyzed_schema_digest, embed_records
 
 __all__ = [
     "ORPHANED_AFTER",
     "BuildAborted",
     "BuildControl",
     "BuildJobs",
+    "BulkLoad",
+    "BulkLoader",
+    "DeferredWrites",
     "GenerationAdmin",
     "GenerationOptions",
     "GenerationPorts",
+    "LogHandover",
     "check_evidence",
+    "load_snapshot",
     "verify_generation",
 ]
 
@@ -155,6 +166,9 @@ class GenerationOptions:
     in a server (None: unchanged). A build is CPU-bound Python; with the default 5 ms a
     query thread waits up to 5 ms at every hand-off between threads, so a shorter
     interval keeps queries closer to their idle latency.
+    `load_in_child`: where the deployment can (embedded), bulk-load in a child process
+    whose CPU priority is lowered by `child_nice`, so serving keeps the interpreter and
+    the CPUs (see `run_build`).
     """
 
     batch_size: int = 1_000
@@ -164,6 +178,136 @@ class GenerationOptions:
     ordered_log: bool = True
     coverage_wait_seconds: float = 30.0
     switch_interval_seconds: float | None = None
+    load_in_child: bool = True
+    child_nice: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class BulkLoad:
+    """What a bulk load did: the manifest it loaded (every live document of the scope at
+    `manifest.high_water`, nothing else), its counters (`written`, `skipped`, `failed`,
+    `batches`) and its phases' durations in seconds."""
+
+    manifest: SourceManifest
+    counters: dict[str, int]
+    durations: dict[str, float]
+
+
+class BulkLoader(Protocol):
+    """Bulk-loads a `building` generation's snapshot outside this process.
+
+    Guarantees: when `load` returns, the generation's engine indexes exist, hold exactly
+    the returned manifest's documents, are closed by whoever wrote them (this process may
+    open them now) and the registry's document table says the same; nothing but the
+    generation's own index directories and registry rows was written. `load` raises
+    `OrreryError` when the load failed or `control` was cancelled, and only once the
+    loader's process is gone. `heartbeat` is called every few seconds while it waits;
+    the lexical index is created with `text_analyzer`.
+    """
+
+    def load(
+        self,
+        descriptor: GenerationDescriptor,
+        control: BuildControl,
+        heartbeat: Callable[[], None],
+        *,
+        text_analyzer: str,
+    ) -> BulkLoad: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LogHandover:
+    """How a generation loaded by a `BulkLoader` catches up with the log here.
+
+    `open_log(p)`: a private reader of the log after position `p` (closed after use);
+    `applied_position()`: the position up to which the projector committed its batches
+    (stable while the writer lock is held). Needs an ordered log (the embedded outbox).
+    """
+
+    open_log: Callable[[int], EventLog]
+    applied_position: Callable[[], int]
+
+
+class DeferredWrites:
+    """Generations whose dual writes wait while another process bulk-loads them.
+
+    A qdrant-edge shard directory admits one process and a tantivy index one writer, so
+    while a child process writes a new generation the projector must not: `wrap(state)`
+    is the projector's `ProjectionState` with deferred generations left out of the write
+    targets. Their build replays what they missed from the log before `resume` (under
+    the writer lock, so no batch falls between the two). Per process and thread-safe:
+    the embedded deployment has one operating process per data directory.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+
+    def defer(self, generation_id: str) -> None:
+        with self._lock:
+            self._ids.add(generation_id)
+
+    def resume(self, generation_id: str) -> None:
+        with self._lock:
+            self._ids.discard(generation_id)
+
+    def deferred(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._ids)
+
+    def wrap(self, state: ProjectionState) -> ProjectionState:
+        return _DeferringState(state, self)
+
+
+class _DeferringState:
+    """A `ProjectionState` whose write targets leave out deferred generations."""
+
+    def __init__(self, inner: ProjectionState, deferred: DeferredWrites) -> None:
+        self._inner = inner
+        self._deferred = deferred
+
+    def position(self, consumer: str) -> int:
+        return self._inner.position(consumer)
+
+    def revisions(self, generation_id: str, document_ids: Sequence[str]) -> dict[str, int]:
+        return self._inner.revisions(generation_id, document_ids)
+
+    def commit(
+        self,
+        consumer: str,
+        position: int,
+        changes: Mapping[str, Mapping[str, tuple[int, bool]]],
+    ) -> None:
+        self._inner.commit(consumer, position, changes)
+
+    def write_targets(self, namespace: str, snapshot_kind: str) -> list[str]:
+        deferred = self._deferred.deferred()
+        return [g for g in self._inner.write_targets(namespace, snapshot_kind) if g not in deferred]
+
+    def create_generation(
+        self,
+        namespace: str,
+        snapshot_kind: str,
+        *,
+        embedder_id: str,
+        embedder_dim: int,
+        lexical_engine: str,
+        vector_engine: str,
+        schema_digest: str,
+        make_live: bool,
+        topology: Callable[[str], Topology] | None = None,
+    ) -> GenerationDescriptor:
+        return self._inner.create_generation(
+            namespace,
+            snapshot_kind,
+            embedder_id=embedder_id,
+            embedder_dim=embedder_dim,
+            lexical_engine=lexical_engine,
+            vector_engine=vector_engine,
+            schema_digest=schema_digest,
+            make_live=make_live,
+            topology=topology,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +319,13 @@ class GenerationPorts:
     `lexical` / `vectors` are the engines, read back through `lexical_readback` /
     `vector_readback` (the same objects); `aliases` maps an engine name to its native
     alias mirror (None: the engine has none), `alias_name(engine, namespace, kind)`
-    names a scope's alias. `drive_log` makes the projector apply
+    names a scope's alias. `text_languages` picks a new generation's text analyzer by its
+    namespace (recorded in its index and schema digest). `drive_log` makes the projector apply
     what is waiting (returns whether it applied anything) — a wake-up of the running
     loop, or one batch run right here when no loop runs.
+
+    With `bulk_loader`, `deferred` and `handover` (the embedded deployment), a build's
+    snapshot is loaded by another process (`run_build`); without them, in this one.
     """
 
     registry: GenerationRegistry
@@ -201,6 +349,10 @@ class GenerationPorts:
     drive_log: Callable[[], bool] | None = None
     clock: Callable[[], datetime] = _utc_now
     options: GenerationOptions = field(default_factory=GenerationOptions)
+    bulk_loader: BulkLoader | None = None
+    deferred: DeferredWrites | None = None
+    handover: LogHandover | None = None
+    text_languages: TextLanguages = field(default_factory=TextLanguages)
 
 
 # -- evidence -------------------------------------------------------------------------------
@@ -423,30 +575,131 @@ def verify_generation(
 # -- build ----------------------------------------------------------------------------------
 
 
+def _loads_elsewhere(request: BuildRequest, ports: GenerationPorts) -> bool:
+    """Whether this build's snapshot is loaded by `ports.bulk_loader` (another process).
+
+    Only while the scope has another generation taking writes: with none, the
+    projector's next event would create a new first generation instead.
+    """
+    if ports.bulk_loader is None or ports.deferred is None or ports.handover is None:
+        return False
+    return any(
+        d.state in _CHECKABLE or d.state is GenerationState.BUILDING
+        for _, d in ports.registry.generation_rows(request.namespace, request.snapshot_kind)
+    )
+
+
 def start_build(request: BuildRequest, *, ports: GenerationPorts) -> GenerationDescriptor:
     """Register a `building` generation and create its engine indexes.
 
     Under the writer lock, so the projector's first batch that sees the new write target
-    finds its indexes in place. From here on the projector dual-writes to it.
+    finds its indexes in place. From here on the projector dual-writes to it — unless its
+    snapshot is loaded by another process: then its writes are deferred (in the same
+    lock) and that process creates the indexes.
     """
+    elsewhere = _loads_elsewhere(request, ports)
+    text_analyzer = ports.text_languages.analyzer_for(request.namespace)
     with ports.lock.hold():
         descriptor = ports.registry.begin_generation(
             request.namespace,
             request.snapshot_kind,
             embedder_id=ports.embedder.embedder_id,
             embedder_dim=ports.embedder.dimension,
-            schema_digest=ports.schema_digest,
+            schema_digest=analyzed_schema_digest(ports.schema_digest, text_analyzer),
             topology=ports.topology,
             at=ports.clock(),
         )
-        try:
-            ports.lexical.create(descriptor.generation_id)
-            ports.vectors.create(descriptor.generation_id, ports.embedder.dimension)
-        except OrreryError as exc:
-            _fail(descriptor.generation_id, f"cannot create indexes: {exc.message}", ports)
-            raise
-    log.info("build of %s started", descriptor.generation_id)
+        if elsewhere:
+            assert ports.deferred is not None
+            ports.deferred.defer(descriptor.generation_id)
+        else:
+            try:
+                ports.lexical.create(descriptor.generation_id, text_analyzer=text_analyzer)
+                ports.vectors.create(descriptor.generation_id, ports.embedder.dimension)
+            except OrreryError as exc:
+                _fail(descriptor.generation_id, f"cannot create indexes: {exc.message}", ports)
+                raise
+    log.info(
+        "build of %s started%s",
+        descriptor.generation_id,
+        " (bulk load in a child process)" if elsewhere else "",
+    )
     return descriptor
+
+
+def load_snapshot(
+    descriptor: GenerationDescriptor, *, ports: GenerationPorts, control: BuildControl
+) -> BulkLoad:
+    """Load the scope's canonical snapshot into a `building` generation, in batches.
+
+    The snapshot is the scope's live heads at one high-water position H. Each batch is
+    written under the writer lock and only where the generation does not already hold
+    the same or a newer revision (a dual write may have got there first, with an upsert
+    or a tombstone), so replays and races converge. Vectors come from the records or
+    the vector cache (nothing already embedded is embedded again). Stops with
+    `BuildAborted` when cancelled or when the generation left `building`.
+    """
+    generation_id = descriptor.generation_id
+    started = time.perf_counter()
+    durations: dict[str, float] = {}
+    counters = {"written": 0, "skipped": 0, "failed": 0, "batches": 0}
+    control.progress("snapshot", 0, 0)
+    keys = ports.snapshot.snapshot_keys(descriptor.namespace, descriptor.snapshot_kind)
+    manifest = SourceManifest(
+        namespace=descriptor.namespace,
+        snapshot_kind=descriptor.snapshot_kind,
+        high_water=keys.high_water,
+        document_count=len(keys.keys),
+        id_set_digest=id_set_digest(keys.keys),
+    )
+    durations["snapshot"] = time.perf_counter() - started
+    mark = time.perf_counter()
+    counters["tombstones"] = _record_tombstones(generation_id, keys.tombstones, ports)
+    total = len(keys.keys)
+    control.progress("load", 0, total)
+    for start in range(0, total, ports.options.batch_size):
+        _check_running(generation_id, control, ports, counters["batches"])
+        chunk = keys.keys[start : start + ports.options.batch_size]
+        try:
+            written, skipped = _load_batch(generation_id, chunk, ports)
+        except OrreryError:
+            counters["failed"] += len(chunk)
+            raise
+        counters["written"] += written
+        counters["skipped"] += skipped
+        counters["batches"] += 1
+        ports.maintenance.heartbeat(generation_id)
+        control.progress("load", min(start + len(chunk), total), total)
+        if ports.options.pause_seconds > 0:
+            control.wait(ports.options.pause_seconds)
+    durations["load"] = time.perf_counter() - mark
+    return BulkLoad(manifest, counters, durations)
+
+
+def _record_tombstones(
+    generation_id: str, tombstones: Sequence[tuple[str, int]], ports: GenerationPorts
+) -> int:
+    """Record the snapshot's deletes in the generation before its documents load: an
+    upsert of an older revision delivered again later (a dual write racing the load, a
+    replay) is then skipped as stale, exactly as in a generation that saw the delete
+    event. A document such an upsert already wrote is deleted from the engines too.
+    Returns how many tombstones were recorded."""
+    recorded = 0
+    for start in range(0, len(tombstones), ports.options.batch_size):
+        chunk = dict(tombstones[start : start + ports.options.batch_size])
+        with ports.lock.hold():
+            held = ports.contents.revisions(generation_id, list(chunk))
+            newer = {d: r for d, r in chunk.items() if held.get(d, 0) < r}
+            present = [(d, r) for d, r in newer.items() if held.get(d, 0) > 0]
+            if present:
+                ports.lexical.apply(generation_id, [], present)
+                ports.vectors.apply(generation_id, [], present)
+            if newer:
+                ports.contents.record_documents(
+                    generation_id, {d: (r, True) for d, r in newer.items()}
+                )
+        recorded += len(newer)
+    return recorded
 
 
 def run_build(
@@ -455,55 +708,47 @@ def run_build(
     """Bulk-load the canonical snapshot into a `building` generation, catch up with the
     log and seal it. Returns the sealed descriptor.
 
-    The snapshot is the scope's live heads at one high-water position H, loaded in
-    batches; each batch is written under the writer lock and only where the generation
-    does not already hold the same or a newer revision (the dual write may have got
-    there first, with an upsert or a tombstone), so replays and races converge. Vectors
-    come from the records or the vector cache (nothing already embedded is embedded
-    again). The generation then reflects every event up to H; the projector's dual
-    writes carry it past H, and `seal` freezes its evidence once it caught up.
+    In this process (`load_snapshot`, the projector dual-writing meanwhile), or — when
+    `start_build` deferred the generation's writes — by `ports.bulk_loader` in a child
+    process, niced, so that serving keeps this process's interpreter and the CPUs; the
+    child also builds the vector index's HNSW graph. Then the hand-over (`_handover`):
+    this process opens the loaded indexes, replays the log from the snapshot's
+    high-water position (idempotent on `(document_id, revision)`), and under the writer
+    lock replays the rest up to the projector's position and lifts the deferral, so
+    from the next batch on the projector dual-writes as usual and nothing is lost.
+    Either way the generation then reflects every event up to H and beyond; `seal`
+    freezes its evidence once it caught up with the log.
 
     On cancellation or any error the generation is marked `failed` (never promotable)
     and the error is raised; a crash leaves it `building` until the next start marks it
-    failed.
+    failed (a child process exits when its parent does).
     """
     generation_id = descriptor.generation_id
     started = time.perf_counter()
-    durations: dict[str, float] = {}
-    counters = {"written": 0, "skipped": 0, "failed": 0, "batches": 0}
+    elsewhere = ports.deferred is not None and generation_id in ports.deferred.deferred()
     try:
-        control.progress("snapshot", 0, 0)
-        keys = ports.snapshot.snapshot_keys(descriptor.namespace, descriptor.snapshot_kind)
-        manifest = SourceManifest(
-            namespace=descriptor.namespace,
-            snapshot_kind=descriptor.snapshot_kind,
-            high_water=keys.high_water,
-            document_count=len(keys.keys),
-            id_set_digest=id_set_digest(keys.keys),
-        )
-        durations["snapshot"] = time.perf_counter() - started
-        mark = time.perf_counter()
-        total = len(keys.keys)
-        control.progress("load", 0, total)
-        for start in range(0, total, ports.options.batch_size):
-            _check_running(generation_id, control, ports, counters["batches"])
-            chunk = keys.keys[start : start + ports.options.batch_size]
+        if elsewhere:
+            assert ports.bulk_loader is not None
             try:
-                written, skipped = _load_batch(generation_id, chunk, ports)
-            except OrreryError:
-                counters["failed"] += len(chunk)
+                loaded = ports.bulk_loader.load(
+                    descriptor,
+                    control,
+                    lambda: ports.maintenance.heartbeat(generation_id),
+                    text_analyzer=ports.text_languages.analyzer_for(descriptor.namespace),
+                )
+            except OrreryError as exc:
+                if control.cancelled():
+                    raise BuildAborted(generation_id, "cancelled") from exc
                 raise
-            counters["written"] += written
-            counters["skipped"] += skipped
-            counters["batches"] += 1
-            ports.maintenance.heartbeat(generation_id)
-            control.progress("load", min(start + len(chunk), total), total)
-            if ports.options.pause_seconds > 0:
-                control.wait(ports.options.pause_seconds)
-        ports.contents.mark_applied(generation_id, keys.high_water)
-        durations["load"] = time.perf_counter() - mark
+        else:
+            loaded = load_snapshot(descriptor, ports=ports, control=control)
+            ports.contents.mark_applied(generation_id, loaded.manifest.high_water)
+        manifest, counters = loaded.manifest, dict(loaded.counters)
+        durations = dict(loaded.durations)
         mark = time.perf_counter()
         control.progress("catch_up", 0, 1)
+        if elsewhere:
+            _handover(generation_id, manifest.high_water, control, ports)
         _catch_up(generation_id, ports.snapshot.high_water(), control, ports)
         control.progress("catch_up", 1, 1)
         durations["catch_up"] = time.perf_counter() - mark
@@ -526,6 +771,96 @@ def run_build(
         prefix = "aborted" if isinstance(exc, BuildAborted) else "build failed"
         _fail(generation_id, f"{prefix}: {reason}", ports)
         raise
+    finally:
+        if elsewhere:
+            # Failed (no write target any more) or handed over (already resumed).
+            assert ports.deferred is not None
+            ports.deferred.resume(generation_id)
+
+
+# The hand-over replays without the writer lock this many rounds at most, and stops
+# early once at most `_HANDOVER_SLACK` events are left for the round under the lock.
+_HANDOVER_ROUNDS = 3
+_HANDOVER_SLACK = 256
+
+
+def _handover(
+    generation_id: str, high_water: int, control: BuildControl, ports: GenerationPorts
+) -> int:
+    """Bring a generation loaded elsewhere from `high_water` up to the projector's
+    position and lift its deferral (see `run_build`); returns that position."""
+    assert ports.handover is not None and ports.deferred is not None
+    _, descriptor = ports.registry.generation(generation_id)
+    scope = (descriptor.namespace, descriptor.snapshot_kind)
+    reader = ports.handover.open_log(high_water)
+    try:
+        position = high_water
+        for _ in range(_HANDOVER_ROUNDS):
+            if control.cancelled():
+                raise BuildAborted(generation_id, "cancelled")
+            position = _replay_log(generation_id, scope, reader, position, ports)
+            if ports.handover.applied_position() - position <= _HANDOVER_SLACK:
+                break
+        with ports.lock.hold():
+            _, current = ports.registry.generation(generation_id)
+            if current.state is not GenerationState.BUILDING:
+                raise BuildAborted(generation_id, f"the generation became {current.state.value}")
+            target = ports.handover.applied_position()
+            position = _replay_log(generation_id, scope, reader, position, ports, target)
+            if position < target:
+                # Never claim a position whose events it did not get.
+                raise OrreryError(
+                    ErrorCode.INTERNAL,
+                    f"the log read for {generation_id}'s hand-over ended at {position}, "
+                    f"the projector is at {target}",
+                    {"generation_id": generation_id},
+                )
+            ports.contents.mark_applied(generation_id, position)
+            ports.deferred.resume(generation_id)
+    finally:
+        reader.close()
+    log.info("%s handed over: replayed the log from %d to %d", generation_id, high_water, target)
+    return target
+
+
+def _replay_log(
+    generation_id: str,
+    scope: tuple[str, str],
+    reader: EventLog,
+    position: int,
+    ports: GenerationPorts,
+    target: int | None = None,
+) -> int:
+    """Apply the scope's events from `reader` to one generation until `target` (default:
+    the projector's position now); returns the position read up to."""
+    assert ports.handover is not None
+    goal = ports.handover.applied_position() if target is None else target
+    while position < goal:
+        entries = reader.fetch(ports.options.batch_size)
+        if not entries:
+            break
+        position = max(position, *(e.position or 0 for e in entries))
+        # Undecodable messages are the projector's to park (it reads the same log).
+        events = [
+            e.event
+            for e in entries
+            if isinstance(e, LogEntry)
+            and (e.event.record.namespace, e.event.record.snapshot_kind) == scope
+        ]
+        if not events:
+            continue
+        doc_ids = sorted({e.document_id for e in events})
+        plan = plan_batch(events, ports.contents.revisions(generation_id, doc_ids))
+        if not plan.revisions:
+            continue
+        upserts = list(plan.upserts.values())
+        vectors, _ = embed_records(upserts, embedder=ports.embedder, cache=ports.cache)
+        documents = [to_index_document(r, vectors[r.doc_id]) for r in upserts]
+        deletes = sorted(plan.deletes.items())
+        ports.lexical.apply(generation_id, documents, deletes)
+        ports.vectors.apply(generation_id, documents, deletes)
+        ports.contents.record_documents(generation_id, plan.revisions)
+    return position
 
 
 def _describe(exc: BaseException) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -14,11 +14,14 @@ from contracts.admin import GenerationRow
 from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor, GenerationState, Topology
 from contracts.index import IndexDocument
+from contracts.index_fields import DEFAULT_TEXT_ANALYZER
 from contracts.records import Record
 
 __all__ = [
     "AliasMirror",
     "CanonicalSnapshot",
+    "DeadLetter",
+    "DeadLetterBox",
     "EngineReadback",
     "EventLog",
     "EvidenceLog",
@@ -27,9 +30,11 @@ __all__ = [
     "GenerationRegistry",
     "IndexEvidence",
     "LexicalIndex",
+    "LogHealth",
     "ProjectionState",
     "RegistrySnapshot",
     "SnapshotKeys",
+    "Undecodable",
     "VectorCache",
     "VectorIndex",
     "WriterLock",
@@ -56,8 +61,11 @@ class LexicalIndex(Protocol):
     - `evidence` is computed from what the engine returns, not from bookkeeping.
     """
 
-    def create(self, generation_id: str) -> None:
-        """Create an empty index for `generation_id` (no-op if it exists)."""
+    def create(self, generation_id: str, *, text_analyzer: str = DEFAULT_TEXT_ANALYZER) -> None:
+        """Create an empty index for `generation_id` (no-op if it exists) whose text
+        fields use `text_analyzer` (`contracts.index_fields`); the index records it, so
+        that searches analyze query text the same way. `INVALID_REQUEST` for an unknown
+        analyzer."""
 
     def apply(
         self,
@@ -98,6 +106,25 @@ class VectorIndex(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """A message on the log that is not a valid `RecordChanged` event, as read.
+
+    `where` locates it on its transport (`kafka:<topic>/<partition>@<offset>`,
+    `outbox@<position>`) and is unique per log; `position` is its outbox position where
+    the transport itself defines it (an outbox row) and None on Kafka, where the
+    position header of a message that failed to decode is not trusted; `key`, `value`
+    and `headers` are the raw bytes; `reason` says what failed.
+    """
+
+    where: str
+    position: int | None
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...]
+    reason: str
+
+
 class EventLog(Protocol):
     """A log of `RecordChanged` events, consumed by one projector (group).
 
@@ -105,13 +132,15 @@ class EventLog(Protocol):
     log order per document (all events of one document keep their relative order);
     entries not acknowledged may be returned again after a restart (at-least-once).
     `LogEntry.position` is the event's outbox position in the canonical store, on
-    every transport.
+    every transport. A message that cannot be decoded comes back as an `Undecodable`
+    in its place — never skipped, never an exception that stalls the reader — and is
+    acknowledged like any entry once the caller kept it.
     """
 
-    def fetch(self, limit: int) -> list[LogEntry]:
+    def fetch(self, limit: int) -> list[LogEntry | Undecodable]:
         """The next entries (at most `limit`); an empty list when none are waiting."""
 
-    def acknowledge(self, entries: Sequence[LogEntry]) -> None:
+    def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
         """Mark entries consumed; called only after their effects were committed."""
 
     def reset(self) -> None:
@@ -120,7 +149,49 @@ class EventLog(Protocol):
     def high_water(self) -> int:
         """The newest position on the log (0 when empty)."""
 
+    def lag(self) -> int:
+        """How many messages on the log are not acknowledged yet by this reader (its
+        consumer group, on Kafka: over every partition of every topic it reads, not only
+        those this member owns). 0 means everything appended before the call was
+        applied. Raises `DependencyUnavailable` when the log cannot be read."""
+
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """An `Undecodable` message the projector parked instead of applying, and when."""
+
+    seq: int
+    consumer: str
+    message: Undecodable
+    parked_at: datetime
+
+
+class DeadLetterBox(Protocol):
+    """Where the projector parks messages it cannot decode.
+
+    Guarantees: `park` is durable when it returns and idempotent on
+    `(consumer, message.where)` (a replayed batch parks nothing twice); parked messages
+    are kept, raw bytes included, until an operator deletes them; `dead_letters` lists
+    them oldest first.
+    """
+
+    def park(self, consumer: str, messages: Sequence[Undecodable]) -> None: ...
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]: ...
+
+    def dead_letter_count(self) -> int: ...
+
+
+class LogHealth(Protocol):
+    """The projector's measured log lag, for readiness (read by query workers).
+
+    Guarantees: `record_lag` stores the lag measured while the consumer's committed
+    position was `position` (read before the lag); the newest measurement wins.
+    """
+
+    def record_lag(self, consumer: str, *, position: int, lag_events: int) -> None: ...
 
 
 class ProjectionState(Protocol):
@@ -204,10 +275,14 @@ class WriterLock(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class SnapshotKeys:
-    """The canonical store's live documents of one scope at log position `high_water`."""
+    """The canonical store's live documents of one scope at log position `high_water`,
+    and its deleted ones (`tombstones`: the revision of each document's delete), which a
+    generation built from the snapshot must hold so that an older upsert delivered again
+    later cannot bring a deleted document back."""
 
     high_water: int
     keys: list[tuple[str, int]]
+    tombstones: list[tuple[str, int]] = field(default_factory=list)
 
 
 class CanonicalSnapshot(Protocol):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -10,24 +11,32 @@ from dataclasses import dataclass, field
 
 from contracts.digests import sha256_json
 from contracts.embedding import Embedder, embedding_text, text_digest
+from contracts.errors import ErrorCode, OrreryError
 from contracts.events import LogEntry
 from contracts.generations import Topology
 from contracts.index import IndexDocument, to_index_document
+from contracts.index_fields import TextLanguages
 from contracts.records import Record
 from projector.model import plan_batch
 from projector.ports import (
+    DeadLetterBox,
     EventLog,
     LexicalIndex,
+    LogHealth,
     ProjectionState,
+    Undecodable,
     VectorCache,
     VectorIndex,
     WriterLock,
 )
 
-__all__ = ["BatchReport", "embed_records", "project_batch"]
+__all__ = ["BatchReport", "analyzed_schema_digest", "embed_records", "project_batch"]
+
+log_ = logging.getLogger("orrery.projector")
 
 # Bump when the index schema (fields, analyzers, payload indexes) changes.
-SCHEMA_VERSION = 1
+# 2: the combined `text` field; the text analyzer is named per generation.
+SCHEMA_VERSION = 2
 
 
 @dataclass(slots=True)
@@ -42,6 +51,8 @@ class BatchReport:
     position: int = 0
     generations_created: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    parked: int = 0
+    lag: int | None = None
 
 
 def schema_digest(lexical_engine: str, vector_engine: str, embedder_id: str) -> str:
@@ -53,6 +64,12 @@ def schema_digest(lexical_engine: str, vector_engine: str, embedder_id: str) -> 
             "embedder": embedder_id,
         }
     )
+
+
+def analyzed_schema_digest(base: str, text_analyzer: str) -> str:
+    """The schema digest of one generation: the deployment's (`schema_digest`) and the
+    text analyzer the generation was created with (its namespace's language)."""
+    return sha256_json({"schema": base, "text_analyzer": text_analyzer})
 
 
 def embed_records(
@@ -92,6 +109,9 @@ def project_batch(
     batch_size: int = 512,
     lock: WriterLock | None = None,
     topology: Callable[[str], Topology] | None = None,
+    dead_letters: DeadLetterBox | None = None,
+    health: LogHealth | None = None,
+    text_languages: TextLanguages | None = None,
 ) -> BatchReport:
     """Apply the next batch of the log to each generation that takes writes.
 
@@ -103,13 +123,29 @@ def project_batch(
     With a `lock`, reading the write targets and their revisions, writing the indexes
     and committing happen inside it, so a snapshot load or an evidence check never
     interleaves with a batch; new texts are embedded before it is taken.
+
+    Messages the log cannot decode are parked in `dead_letters` (idempotently, before
+    the commit, so a replay parks nothing twice), logged at ERROR and acknowledged with
+    the batch: the projector continues and nothing is dropped unseen. Without a
+    `dead_letters` box the batch fails instead (and is delivered again).
+
+    With `health`, the log's lag is measured after each batch and after an empty fetch
+    and recorded with the position committed at that moment (`BatchReport.lag`); a
+    failed measurement is logged and leaves the previous one in place.
     """
     started = time.perf_counter()
     report = BatchReport(position=state.position(consumer))
-    entries: list[LogEntry] = log.fetch(batch_size)
-    if not entries:
+    fetched = log.fetch(batch_size)
+    if not fetched:
+        _measure_lag(log, health, consumer, report)
         return report
+    entries = [e for e in fetched if isinstance(e, LogEntry)]
+    undecodable = [e for e in fetched if isinstance(e, Undecodable)]
     try:
+        if undecodable:
+            _park(undecodable, dead_letters, consumer)
+            report.parked = len(undecodable)
+            report.position = max(report.position, max((u.position or 0) for u in undecodable))
         _, report.embedded = embed_records(_newest_upserts(entries), embedder=embedder, cache=cache)
         with lock.hold() if lock is not None else contextlib.nullcontext():
             changes = _apply_entries(
@@ -123,16 +159,53 @@ def project_batch(
                 lexical_engine=lexical_engine,
                 vector_engine=vector_engine,
                 topology=topology,
+                text_languages=text_languages if text_languages is not None else TextLanguages(),
             )
-            report.events = len(entries)
-            report.position = max(report.position, max(e.position for e in entries))
+            report.events = len(fetched)
+            if entries:
+                report.position = max(report.position, max(e.position for e in entries))
             state.commit(consumer, report.position, changes)
     except BaseException:
         log.reset()  # nothing committed: deliver the same entries again
         raise
-    log.acknowledge(entries)
+    log.acknowledge(fetched)
+    _measure_lag(log, health, consumer, report)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _park(messages: Sequence[Undecodable], box: DeadLetterBox | None, consumer: str) -> None:
+    for message in messages:
+        log_.error(
+            "undecodable event at %s (position %s, %d bytes): %s — %s",
+            message.where,
+            message.position,
+            len(message.value),
+            message.reason,
+            "parked as a dead letter" if box is not None else "no dead-letter box: retrying",
+        )
+    if box is None:
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            f"{len(messages)} undecodable event(s) and no dead-letter box, first at "
+            f"{messages[0].where}: {messages[0].reason}",
+            {"where": [m.where for m in messages]},
+        )
+    box.park(consumer, messages)
+
+
+def _measure_lag(
+    log: EventLog, health: LogHealth | None, consumer: str, report: BatchReport
+) -> None:
+    if health is None:
+        return
+    try:
+        # The position first: a lag of 0 then covers every event up to it.
+        position = report.position
+        report.lag = log.lag()
+        health.record_lag(consumer, position=position, lag_events=report.lag)
+    except OrreryError:
+        log_.warning("measuring the event log's lag failed", exc_info=True)
 
 
 def _newest_upserts(entries: Sequence[LogEntry]) -> list[Record]:
@@ -158,6 +231,7 @@ def _apply_entries(
     lexical_engine: str,
     vector_engine: str,
     topology: Callable[[str], Topology] | None,
+    text_languages: TextLanguages,
 ) -> dict[str, dict[str, tuple[int, bool]]]:
     by_scope: dict[tuple[str, str], list[LogEntry]] = defaultdict(list)
     for entry in entries:
@@ -167,6 +241,8 @@ def _apply_entries(
     for (namespace, kind), scoped in by_scope.items():
         targets = state.write_targets(namespace, kind)
         if not targets:
+            text_analyzer = text_languages.analyzer_for(namespace)
+            base_digest = schema_digest(lexical_engine, vector_engine, embedder.embedder_id)
             descriptor = state.create_generation(
                 namespace,
                 kind,
@@ -174,11 +250,11 @@ def _apply_entries(
                 embedder_dim=embedder.dimension,
                 lexical_engine=lexical_engine,
                 vector_engine=vector_engine,
-                schema_digest=schema_digest(lexical_engine, vector_engine, embedder.embedder_id),
+                schema_digest=analyzed_schema_digest(base_digest, text_analyzer),
                 make_live=True,
                 topology=topology,
             )
-            lexical.create(descriptor.generation_id)
+            lexical.create(descriptor.generation_id, text_analyzer=text_analyzer)
             vectors.create(descriptor.generation_id, embedder.dimension)
             report.generations_created.append(descriptor.generation_id)
             targets = [descriptor.generation_id]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,12 +12,55 @@ from query.adapters.memory_cache import MemoryCache
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.sqlite_routing import SqliteRecordReader, SqliteRouting
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
+from query.cursors import CursorCodec, parse_cursor_keys
+from query.phrases import VocabularyRegistry, parse_vocabularies
 from query.ports import Cache
 from query.profiles import ProfileRegistry, parse_profiles
+from query.scopes import ScopeRegistry, ScopeResolver, parse_scopes
 from query.service import QueryEmbeddingCache, QueryLimits, QueryPorts
 from query.settings import QuerySettings
 
-__all__ = ["embedded_query_ports", "profile_registry", "query_limits", "server_query_ports"]
+__all__ = [
+    "cursor_codec",
+    "embedded_query_ports",
+    "profile_registry",
+    "query_limits",
+    "scope_registry",
+    "server_query_ports",
+    "vocabulary_registry",
+]
+
+log = logging.getLogger("orrery.query")
+
+
+def _json_or_file(value: str, setting: str) -> str:
+    source = value.strip()
+    if source and source[0] not in "{[":
+        try:
+            return Path(source).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"{setting}: cannot read {source!r}: {exc}") from exc
+    return source
+
+
+def scope_registry(settings: QuerySettings) -> ScopeRegistry:
+    """Built-in scope refs plus `ORRERY_SCOPES` (inline JSON when it starts with `{`,
+    else the path of a JSON file). Raises `ValueError` at startup when invalid."""
+    return parse_scopes(_json_or_file(settings.scopes, "ORRERY_SCOPES"))
+
+
+def cursor_codec(settings: QuerySettings) -> CursorCodec:
+    """Continuation cursors signed with `ORRERY_CURSOR_KEYS` (the first key signs, all
+    verify); without keys, a random key of this process, with a warning: its cursors
+    fail (`invalid_continuation`) on any other worker and after a restart."""
+    keys = parse_cursor_keys(settings.cursor_keys)
+    if keys:
+        return CursorCodec(keys, ttl_seconds=settings.cursor_ttl_seconds)
+    log.warning(
+        "ORRERY_CURSOR_KEYS is unset: continuation cursors are signed with a random key of "
+        "this process (set shared keys when several query workers serve one API)"
+    )
+    return CursorCodec.ephemeral(ttl_seconds=settings.cursor_ttl_seconds)
 
 
 def profile_registry(settings: QuerySettings) -> ProfileRegistry:
@@ -26,13 +70,20 @@ def profile_registry(settings: QuerySettings) -> ProfileRegistry:
     Raises `ValueError` (at startup) for unreadable or invalid profiles or an unknown
     default.
     """
-    source = settings.profiles.strip()
-    if source and source[0] not in "{[":
-        try:
-            source = Path(source).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"ORRERY_PROFILES: cannot read {source!r}: {exc}") from exc
+    source = _json_or_file(settings.profiles, "ORRERY_PROFILES")
     return ProfileRegistry(parse_profiles(source).profiles, default=settings.default_profile)
+
+
+def vocabulary_registry(settings: QuerySettings) -> VocabularyRegistry:
+    """The phrase-plan vocabularies of `ORRERY_VOCABULARIES` (inline JSON when it starts
+    with `{`, else the path of a JSON file) and the vector restriction's bound.
+
+    Raises `ValueError` (at startup) for unreadable or invalid vocabularies.
+    """
+    source = _json_or_file(settings.vocabularies, "ORRERY_VOCABULARIES")
+    return VocabularyRegistry(
+        parse_vocabularies(source), max_documents=settings.phrase_max_documents
+    )
 
 
 def query_limits(settings: QuerySettings) -> QueryLimits:
@@ -45,6 +96,8 @@ def query_limits(settings: QuerySettings) -> QueryLimits:
         freshness_half_life_days=settings.freshness_half_life_days,
         response_ttl_seconds=settings.response_ttl_seconds,
         profiles=profile_registry(settings),
+        paging_depth=settings.paging_candidate_depth,
+        vocabularies=vocabulary_registry(settings),
     )
 
 
@@ -55,19 +108,25 @@ def embedded_query_ports(
     lexical_index_provider: Callable[[str], Any],
     vector_shard_provider: Callable[[str], Any],
     cache_responses: bool = True,
+    scopes: ScopeRegistry | None = None,
+    cursors: CursorCodec | None = None,
 ) -> QueryPorts:
     """Query ports over the embedded stack.
 
     tantivy indexes and qdrant-edge shards are opened once per process by the
-    projector's adapters; the query side reads the same objects through providers.
+    projector's adapters; the query side reads the same objects through providers
+    (`lexical_index_provider(generation_id)` -> `(tantivy.Index, text analyzer name)`).
     """
+    routing = SqliteRouting(db_path)
     return QueryPorts(
-        routing=SqliteRouting(db_path),
+        routing=routing,
         lexical=TantivyLexicalSearch(lexical_index_provider),
         vectors=QdrantEdgeVectorSearch(vector_shard_provider),
         records=SqliteRecordReader(db_path),
         query_vectors=QueryEmbeddingCache(embedder),
         responses=MemoryCache() if cache_responses else None,
+        scopes=ScopeResolver(routing, scopes),
+        cursors=cursors,
     )
 
 
@@ -81,6 +140,8 @@ def server_query_ports(
     qdrant_collection_prefix: str,
     redis_url: str | None,
     cache_responses: bool = True,
+    scopes: ScopeRegistry | None = None,
+    cursors: CursorCodec | None = None,
 ) -> QueryPorts:
     """Query ports over the servers: OpenSearch, Qdrant (`qdrant` is a `QdrantClient`),
     Redis for responses and query vectors (in-process when `redis_url` is None); routing
@@ -91,11 +152,14 @@ def server_query_ports(
     from query.adapters.redis_cache import RedisCache
 
     shared: Cache = MemoryCache() if redis_url is None else RedisCache(redis_url)
+    routing = SqliteRouting(db_path)
     return QueryPorts(
-        routing=SqliteRouting(db_path),
+        routing=routing,
         lexical=OpenSearchLexicalSearch(opensearch_url, index_prefix=opensearch_index_prefix),
         vectors=QdrantServerVectorSearch(qdrant, collection_prefix=qdrant_collection_prefix),
         records=SqliteRecordReader(db_path),
         query_vectors=QueryEmbeddingCache(embedder, shared=None if redis_url is None else shared),
         responses=shared if cache_responses else None,
+        scopes=ScopeResolver(routing, scopes, shared=None if redis_url is None else shared),
+        cursors=cursors,
     )

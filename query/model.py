@@ -1,17 +1,18 @@
 """Pure query logic: scope refs, and the fusion entry points kept for older callers
-(the fusion math lives in `query.fusion`, the profiles in `query.profiles`)."""
+(the scope registry lives in `query.scopes`, the fusion math in `query.fusion`, the
+profiles in `query.profiles`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from contracts.errors import ErrorCode, OrreryError
 from contracts.index import Candidate
 from contracts.profiles import DEFAULT_STATUS_BOOSTS
 from contracts.topk import Ranking
 from query.fusion import FusedCandidate, freshness, fuse, min_max
 from query.profiles import BUILTIN_PROFILES, derive_profile
+from query.scopes import BUILTIN_SCOPES, ScopeRegistry
 
 __all__ = [
     "BUILTIN_SCOPES",
@@ -23,26 +24,13 @@ __all__ = [
     "resolve_scope_ref",
 ]
 
-# Scope refs known to every namespace, each naming one snapshot kind's live generation.
-BUILTIN_SCOPES: Mapping[str, str] = {
-    "longterm:objects:current": "objects",
-    "longterm:conflicts:current": "conflicts",
-    "longterm:archive:current": "archive",
-    "graph:current": "graph",
-    "midterm:current": "midterm",
-}
 
-
-def resolve_scope_ref(scope_ref: str) -> str:
-    """The snapshot kind a scope ref reads, or `unknown_scope`."""
-    kind = BUILTIN_SCOPES.get(scope_ref)
-    if kind is None:
-        raise OrreryError(
-            ErrorCode.UNKNOWN_SCOPE,
-            f"unknown scope_ref {scope_ref!r}",
-            {"scope_ref": scope_ref, "known": sorted(BUILTIN_SCOPES)},
-        )
-    return kind
+def resolve_scope_ref(
+    scope_ref: str, namespace: str = "", registry: ScopeRegistry | None = None
+) -> str:
+    """The snapshot kind a scope ref (pinned or not) reads in `namespace`, or
+    `unknown_scope` (built-in refs only unless a registry is given; see `query.scopes`)."""
+    return (registry or ScopeRegistry()).target(namespace, scope_ref).snapshot_kind
 
 
 def fuse_weighted(

@@ -15,6 +15,7 @@ __all__ = [
     "Cache",
     "EvidenceSource",
     "LexicalSearch",
+    "ProjectorLogStatus",
     "RecordReader",
     "Route",
     "RouteAdmission",
@@ -95,6 +96,24 @@ class ScopeReadiness(BaseModel):
     descriptor_digest: str = ""
 
 
+class ProjectorLogStatus(BaseModel):
+    """The projector's last measurement of its event log (see `Routing.log_status`).
+
+    `lag_events` messages on the log were not acknowledged by `consumer` when it had
+    committed up to `position`; a measurement with `position` below the log's high
+    water predates the newest events, so it cannot vouch for them. `dead_letters` counts
+    the undecodable messages parked so far.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    consumer: str
+    position: int
+    lag_events: int
+    measured_at: datetime
+    dead_letters: int = 0
+
+
 class Routing(Protocol):
     """The live pointer per `(namespace, snapshot_kind)`, read by query workers.
 
@@ -102,6 +121,12 @@ class Routing(Protocol):
     """
 
     def route(self, namespace: str, snapshot_kind: str) -> Route | None: ...
+
+    def generation(self, generation_id: str) -> Route | None:
+        """The route to one generation in whatever state it is (`state` says which; its
+        own `namespace` and `snapshot_kind`), or None when the registry has no such
+        generation or its indexes were dropped. Reads one registry row: cheap enough for
+        every query (pins, cursors, cached scope resolutions)."""
 
     def scopes(self) -> list[ScopeReadiness]: ...
 
@@ -113,6 +138,9 @@ class Routing(Protocol):
 
     def oldest_unapplied_at(self, position: int) -> datetime | None:
         """When the oldest event after `position` was written (None: nothing waits)."""
+
+    def log_status(self) -> ProjectorLogStatus | None:
+        """The newest lag measurement of any projector consumer (None: none recorded)."""
 
 
 class RouteAdmission(Protocol):

@@ -53,8 +53,27 @@ BUILTIN_PROFILES: tuple[FusionProfile, ...] = (
         rrf_k=60.0,
         rank_window=100,
     ),
+    WeightedProfile(
+        id="weighted@3",
+        description="weighted@2 with BM25 over the combined text field (title, body and "
+        "tags as one field, stemmed by the generation's analyzer) instead of three fields",
+        lexical_weight=1.0,
+        vector_weight=1.0,
+        freshness_weight=0.15,
+        metadata_weight=0.25,
+        missing="rescore",
+        field_boosts={"title": 0.0, "body": 0.0, "tags": 0.0, "text": 1.0},
+    ),
+    RrfProfile(
+        id="rrf@2",
+        description="rrf@1 with BM25 over the combined text field (title, body and tags "
+        "as one field)",
+        rrf_k=60.0,
+        rank_window=100,
+        field_boosts={"title": 0.0, "body": 0.0, "tags": 0.0, "text": 1.0},
+    ),
 )
-DEFAULT_PROFILE_ID = "weighted@2"
+DEFAULT_PROFILE_ID = "weighted@3"
 
 _RRF_WEIGHTS = frozenset({"lexical_weight", "vector_weight"})
 

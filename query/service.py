@@ -16,10 +16,12 @@ from contracts.digests import sha256_hex, sha256_json
 from contracts.embedding import Embedder
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
+from contracts.phrases import PhrasePlan, PhrasePlanReport
 from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
     CandidateOut,
+    ContinuationPlan,
     LatencyMs,
     QueryFilters,
     QueryPlan,
@@ -31,8 +33,9 @@ from contracts.topk import (
     TopKResponse,
     TopKResult,
 )
+from query.cursors import SORT, CursorCodec, CursorPosition, paginate
 from query.fusion import FusedCandidate, Rescored, fuse
-from query.model import resolve_scope_ref
+from query.phrases import VocabularyRegistry
 from query.ports import (
     Cache,
     LexicalSearch,
@@ -43,6 +46,7 @@ from query.ports import (
     VectorSearch,
 )
 from query.profiles import ProfileRegistry
+from query.scopes import ScopeResolver, merge_filters
 
 __all__ = ["Principal", "QueryEmbeddingCache", "QueryLimits", "QueryPorts", "topk_records"]
 
@@ -75,11 +79,17 @@ class QueryLimits:
     lexical_depth: int | None = None
     vector_depth: int | None = None
     profiles: ProfileRegistry = field(default_factory=ProfileRegistry)
+    vocabularies: VocabularyRegistry = field(default_factory=VocabularyRegistry)
+    paging_depth: int | None = None
 
-    def depths(self, profile: FusionProfile, limit: int) -> dict[str, int]:
-        """Candidates to fetch from each source for `profile` and a result limit."""
+    def depths(self, profile: FusionProfile, limit: int, *, paged: bool = False) -> dict[str, int]:
+        """Candidates to fetch from each source for `profile` and a result limit; a
+        paged request's first page fetches `paging_depth` per source when it is set
+        (every later page reuses the first page's depths: they are its window)."""
         lexical = profile.lexical_depth or self.lexical_depth or self.candidate_depth
         vector = profile.vector_depth or self.vector_depth or self.candidate_depth
+        if paged and self.paging_depth is not None:
+            lexical = vector = self.paging_depth
         floor = max(limit, profile.rank_window if isinstance(profile, RrfProfile) else 0)
         return {"lexical": max(lexical, floor), "vector": max(vector, floor)}
 
@@ -154,6 +164,8 @@ class QueryPorts:
     responses: Cache | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
     eligibility: RouteAdmission | None = None
+    scopes: ScopeResolver | None = None
+    cursors: CursorCodec | None = None
 
 
 class _Stopwatch:
@@ -234,6 +246,142 @@ def _search_filter(
 
 
 @dataclass(slots=True)
+class _Paging:
+    """A paged request (page_size or cursor): its cursor codec, the fingerprint
+    material, the page size and, past page 1, the position its cursor carried.
+
+    Every page ranks with page 1's depths and ranking time, on page 1's generation, so
+    re-running the ranking reproduces page 1's order (as long as the generation took no
+    writes: `generation_changed` says when it did).
+    """
+
+    codec: CursorCodec
+    material: dict[str, Any]
+    page_size: int
+    position: CursorPosition | None
+    depths: dict[str, int]
+    ranked_at: datetime
+    items: list[FusedCandidate] = field(default_factory=list)
+    next_position: CursorPosition | None = None
+    next_cursor: str | None = None
+    continuation: ContinuationPlan | None = None
+
+    def cache_key(self) -> dict[str, Any]:
+        """What a page's response depends on beyond the request: where it starts."""
+        return {
+            "page_size": self.page_size,
+            "depths": dict(sorted(self.depths.items())),
+            "position": None if self.position is None else self.position.as_json(),
+        }
+
+
+# Request fields a cursor does not bind: they may change from page to page (page size,
+# presentation, deadline, id), or it binds them in another form (text digest, merged
+# filters, the resolved profile). Every other field — present or added later — is bound.
+_UNBOUND = frozenset(
+    {
+        "cursor",
+        "page_size",
+        "result_limit",
+        "limit",
+        "include",
+        "timeout_seconds",
+        "client_request_id",
+        "query_text",
+        "filters",
+        "profile",
+        "ranking",
+        "allowed_doc_ids",
+    }
+)
+
+
+def _bound_fields(request: TopKRequest | RetrieveRequest) -> dict[str, Any]:
+    return request.model_dump(mode="json", exclude=set(_UNBOUND))
+
+
+def _fingerprint_material(
+    endpoint: str,
+    bound: dict[str, Any],
+    text: str,
+    filters: QueryFilters,
+    galaxy: str | None,
+    allowed_doc_ids: Sequence[str] | None,
+    profile: FusionProfile,
+) -> dict[str, Any]:
+    """The invariant request a cursor binds (privacy-safe: digests, never the text);
+    any-of lists are sorted, so their order does not matter."""
+    raw = filters.model_dump(mode="json", exclude={"galaxy"})
+    normalized = {
+        **raw,
+        "status": None if raw["status"] is None else sorted(raw["status"]),
+        "visibility": None if raw["visibility"] is None else sorted(raw["visibility"]),
+        "facets": {k: sorted(v) for k, v in sorted(raw["facets"].items())},
+    }
+    return {
+        "endpoint": endpoint,
+        "request": bound,
+        "filters": normalized,
+        "galaxy": galaxy,
+        "allowed_doc_ids": None
+        if allowed_doc_ids is None
+        else sha256_json(sorted(set(allowed_doc_ids))),
+        "profile": profile.id,
+        "profile_recipe": sha256_json(profile.model_dump(mode="json")),
+        "query_text": sha256_hex(text.encode()),
+        "sort": SORT,
+    }
+
+
+def _page_size(page_size: int | None, limit: int, limit_given: bool) -> int:
+    if page_size is None:
+        return limit
+    if limit_given and limit != page_size:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            "page_size replaces the result limit: give one of them (or the same value)",
+            {"page_size": page_size, "limit": limit},
+        )
+    return page_size
+
+
+def _finish_page(paging: _Paging, fused: list[FusedCandidate], route: Route, now: datetime) -> None:
+    """Cut this page out of the fused window and issue the next cursor, if any."""
+    position = paging.position
+    after = None if position is None else (position.after_score, position.after_document_id)
+    page = paginate(fused, paging.page_size, after)
+    paging.items = list(page.items)
+    first_seq = route.commit_seq if position is None else position.commit_seq
+    number = 1 if position is None else position.page + 1
+    expires: datetime | None = None
+    if page.has_more and paging.items:
+        last = paging.items[-1]
+        paging.next_position = CursorPosition(
+            generation_id=route.generation_id,
+            commit_seq=first_seq,
+            ranked_at=paging.ranked_at,
+            depths=paging.depths,
+            page=number,
+            offset=page.offset + len(paging.items),
+            after_score=last.score,
+            after_document_id=last.document_id,
+        )
+        paging.next_cursor, expires = paging.codec.issue(
+            paging.next_position, paging.material, now=now
+        )
+    paging.continuation = ContinuationPlan(
+        page=number,
+        page_size=paging.page_size,
+        offset=page.offset,
+        window=page.window,
+        window_exhausted=not page.has_more,
+        generation_id=route.generation_id,
+        generation_changed=route.commit_seq != first_seq,
+        expires_at=None if expires is None else expires.isoformat(),
+    )
+
+
+@dataclass(slots=True)
 class _Ranked:
     route: Route
     profile: FusionProfile
@@ -245,6 +393,19 @@ class _Ranked:
     source_counts: dict[str, int] = field(default_factory=dict)
     rescored_count: int = 0
     cached: bool = False
+    paging: _Paging | None = None
+    pinned_generation: str | None = None
+    phrase_plan: PhrasePlanReport | None = None
+
+    def top(self, limit: int) -> list[FusedCandidate]:
+        """This answer's candidates: the page of a paged request, else the top `limit`."""
+        return self.fused[:limit] if self.paging is None else self.paging.items
+
+    def first_rank(self) -> int:
+        """The rank of this answer's first result (pages continue their ranks)."""
+        if self.paging is None or self.paging.continuation is None:
+            return 1
+        return self.paging.continuation.offset + 1
 
 
 def _rank(
@@ -261,7 +422,12 @@ def _rank(
     timeout_seconds: float,
     ports: QueryPorts,
     limits: QueryLimits,
-    cache_probe: Callable[[Route, FusionProfile, _Stopwatch], bool] | None = None,
+    cache_probe: Callable[[Route, FusionProfile, _Stopwatch, dict[str, Any]], bool] | None = None,
+    endpoint: str = "topk",
+    page_size: int | None = None,
+    cursor: str | None = None,
+    bound: dict[str, Any] | None = None,
+    phrase_plan: PhrasePlan | None = None,
 ) -> _Ranked:
     watch = _Stopwatch(timeout_seconds)
     if limit > limits.max_result_limit:
@@ -271,34 +437,83 @@ def _rank(
             {"max_result_limit": limits.max_result_limit},
         )
     text = query_text.strip()
-    if not text and filters.is_empty() and allowed_doc_ids is None:
+    galaxy = _authorize(principal, namespace, filters)
+    phrases = limits.vocabularies.resolve(namespace, phrase_plan)
+    profile = limits.profiles.resolve(profile_id, ranking)
+    resolver = ports.scopes or ScopeResolver(ports.routing)
+    target = resolver.target(namespace, scope_ref)
+    # A scope's fixed filters narrow like the request's own.
+    filters = merge_filters(filters, target.definition.filters)
+    if not text and filters.is_empty() and allowed_doc_ids is None and not phrases.narrows:
         raise OrreryError(
             ErrorCode.EMPTY_QUERY, "query_text is empty and no filter narrows the scope"
         )
-    galaxy = _authorize(principal, namespace, filters)
-    profile = limits.profiles.resolve(profile_id, ranking)
-    depths = limits.depths(profile, limit)
-    watch.plan.update(profile=profile.id, candidate_depths=depths)
-    kind = resolve_scope_ref(scope_ref)
-    route = ports.routing.route(namespace, kind)
-    if route is None:
-        raise OrreryError(
-            ErrorCode.SCOPE_NOT_READY,
-            f"scope {scope_ref!r} of namespace {namespace!r} has no live generation yet",
-            {"scope_ref": scope_ref, "namespace": namespace},
+    now = ports.clock()
+    paging: _Paging | None = None
+    if page_size is not None or cursor is not None:
+        if ports.cursors is None:
+            raise OrreryError(ErrorCode.INVALID_REQUEST, "this worker does not page")
+        material = _fingerprint_material(
+            endpoint,
+            bound or {"namespace": namespace, "scope_ref": scope_ref},
+            text,
+            filters,
+            galaxy,
+            allowed_doc_ids,
+            profile,
         )
+        if phrases.active:
+            material["phrase_plan"] = phrases.fingerprint
+        position = None
+        if cursor is not None:
+            position = ports.cursors.open(cursor, material, now=now)
+        paging = _Paging(
+            codec=ports.cursors,
+            material=material,
+            page_size=limit,
+            position=position,
+            depths=dict(position.depths)
+            if position is not None
+            else limits.depths(profile, limit, paged=True),
+            ranked_at=now if position is None else position.ranked_at,
+        )
+    depths = limits.depths(profile, limit) if paging is None else paging.depths
+    watch.plan.update(profile=profile.id, candidate_depths=depths)
+    cursor_generation = (
+        None if paging is None or paging.position is None else (paging.position.generation_id)
+    )
+    route = resolver.route(namespace, target, generation_id=cursor_generation)
+    pinned = target.pinned_generation or cursor_generation
     if ports.eligibility is not None:
-        route = ports.eligibility.admit(route, scope_ref)
+        admitted = ports.eligibility.admit(route, scope_ref)
+        if pinned is not None and admitted.generation_id != route.generation_id:
+            # A pin or a cursor reads its generation or nothing: never another one.
+            raise OrreryError(
+                ErrorCode.COVERAGE_UNAVAILABLE,
+                f"pinned generation {route.generation_id} is not eligible; a pinned "
+                "request takes no fallback",
+                {"generation_id": route.generation_id, "scope_ref": scope_ref},
+            )
+        route = admitted
+    if pinned is not None:
+        watch.plan.update(pinned_generation=pinned)
     if route.embedder_id != ports.query_vectors.embedder_id:
         raise OrreryError(
             ErrorCode.EMBEDDER_MISMATCH,
             f"generation {route.generation_id} was built with {route.embedder_id}, this "
             f"worker embeds with {ports.query_vectors.embedder_id}",
         )
-    search_filter = _search_filter(filters, galaxy, allowed_doc_ids)
+    search_filter = phrases.restrict(_search_filter(filters, galaxy, allowed_doc_ids))
+    lexical_text = phrases.lexical_text(text)
     watch.plan.update(generation_id=route.generation_id, applied_position=route.applied_position)
     watch.lap("scope_resolve")
-    if cache_probe is not None and cache_probe(route, profile, watch):
+    fixed = target.definition.filters
+    extra_key = {
+        "scope_filters": None if fixed is None else fixed.model_dump(mode="json"),
+        "page": None if paging is None else paging.cache_key(),
+        "phrase_plan": phrases.fingerprint,
+    }
+    if cache_probe is not None and cache_probe(route, profile, watch, extra_key):
         return _Ranked(
             route=route,
             profile=profile,
@@ -308,6 +523,8 @@ def _rank(
             indexes_used=[],
             watch=watch,
             cached=True,
+            paging=paging,
+            pinned_generation=pinned,
         )
 
     use_vector = bool(text) and profile.vector_weight > 0.0
@@ -320,15 +537,16 @@ def _rank(
     if profile.lexical_weight > 0.0 or not use_vector:
         lexical = ports.lexical.search(
             route.generation_id,
-            text,
+            lexical_text,
             search_filter,
             depths["lexical"],
             field_boosts=profile.lexical_boosts(),
         )
-        indexes_used.append("bm25" if text else "filter")
+        indexes_used.append("bm25" if lexical_text else "filter")
     if query_vector is not None:
+        vector_filter = phrases.vector_filter(search_filter, route.generation_id, ports.lexical)
         vector = ports.vectors.search(
-            route.generation_id, query_vector, search_filter, depths["vector"]
+            route.generation_id, query_vector, vector_filter, depths["vector"]
         )
         indexes_used.append("vector")
     if search_filter != SearchFilter() or (
@@ -342,18 +560,30 @@ def _rank(
     rescored: Rescored | None = None
     if isinstance(profile, WeightedProfile) and profile.missing == "rescore" and text:
         rescored = _rescore(
-            route.generation_id, text, query_vector, search_filter, lexical, vector, ports, profile
+            route.generation_id,
+            lexical_text,
+            query_vector,
+            search_filter,
+            lexical,
+            vector,
+            ports,
+            profile,
         )
     fused = fuse(
         profile,
         lexical,
         vector,
-        now=ports.clock(),
+        now=now if paging is None else paging.ranked_at,
         half_life_days=limits.freshness_half_life_days,
         rescored=rescored,
     )
     rescored_count = 0 if rescored is None else rescored.looked_up
     watch.plan.update(candidate_count=len(fused), rescored_count=rescored_count)
+    phrase_report = phrases.report(
+        (c.document_id for c in fused), route.generation_id, ports.lexical
+    )
+    if paging is not None:
+        _finish_page(paging, fused, route, now)
     watch.lap("rerank")
     return _Ranked(
         route=route,
@@ -365,6 +595,9 @@ def _rank(
         watch=watch,
         source_counts=source_counts,
         rescored_count=rescored_count,
+        paging=paging,
+        pinned_generation=pinned,
+        phrase_plan=phrase_report,
     )
 
 
@@ -401,7 +634,10 @@ def _rescore(
         lexical_scores = {c.document_id: c.score for c in found}
         looked_up += len(only_vector)
     if query_vector is not None and vector_ids and only_lexical:
-        by_id = search_filter.model_copy(update={"document_ids": tuple(only_lexical)})
+        # Lexical candidates passed the phrase groups already; vector engines take none.
+        by_id = search_filter.model_copy(
+            update={"document_ids": tuple(only_lexical), "phrases": ()}
+        )
         found = ports.vectors.search(generation_id, query_vector, by_id, len(only_lexical))
         vector_scores = {c.document_id: c.score for c in found}
         looked_up += len(only_lexical)
@@ -424,19 +660,29 @@ def _plan(ranked: _Ranked, mode: str, cache: str = "disabled") -> QueryPlan:
         source_counts=ranked.source_counts,
         rescored_count=ranked.rescored_count,
         fallback=ranked.route.fallback,
+        pinned_generation=ranked.pinned_generation,
+        continuation=None if ranked.paging is None else ranked.paging.continuation,
+        phrase_plan=ranked.phrase_plan,
     )
 
 
 def _response_key(
-    request: TopKRequest, principal: Principal, route: Route, profile: FusionProfile
+    request: TopKRequest,
+    principal: Principal,
+    route: Route,
+    profile: FusionProfile,
+    extra: dict[str, Any] | None = None,
 ) -> str:
     """Everything a response depends on: the generation and the writes it reflects
     (`commit_seq` counts its committed batches, so it moves even when partitions
     deliver positions out of order), the caller's reach, the normalized request (minus
-    what does not change results) and the full recipe of the profile it resolved to (so
-    a changed server default or operator profile never serves an old ranking)."""
+    what does not change results), the full recipe of the profile it resolved to (so
+    a changed server default or operator profile never serves an old ranking), the
+    scope's fixed filters and, for a page, where it starts (the position its cursor
+    carried — not the cursor text, which changes with every issue)."""
     normalized = request.model_dump(
-        mode="json", exclude={"client_request_id", "timeout_seconds", "profile", "ranking"}
+        mode="json",
+        exclude={"client_request_id", "timeout_seconds", "profile", "ranking", "cursor"},
     )
     return "topk:" + sha256_json(
         {
@@ -446,6 +692,7 @@ def _response_key(
             "principal": [principal.namespace, principal.galaxy],
             "request": normalized,
             "profile": profile.model_dump(mode="json"),
+            **(extra or {}),
         }
     )
 
@@ -459,16 +706,26 @@ def topk_records(
 
     Whole responses are cached under a key that binds the generation id and applied log
     position, so a write or a promote can never be answered from a stale entry.
+
+    With `page_size` or `cursor` the answer is one page (`query.cursors`): results
+    strictly after the cursor's search-after tuple on the cursor's generation, ranks
+    counted from the first page, and `next_cursor` while the candidate window holds more.
     """
     cache_state = "disabled" if ports.responses is None else "miss"
     cached: TopKResponse | None = None
+    cached_next: CursorPosition | None = None
     cache_key = ""
+    page_size = _page_size(
+        request.page_size, request.result_limit, "result_limit" in request.model_fields_set
+    )
 
-    def probe(route: Route, profile: FusionProfile, watch: _Stopwatch) -> bool:
-        nonlocal cache_state, cached, cache_key
+    def probe(
+        route: Route, profile: FusionProfile, watch: _Stopwatch, extra: dict[str, Any]
+    ) -> bool:
+        nonlocal cache_state, cached, cached_next, cache_key
         if ports.responses is None:
             return False
-        cache_key = _response_key(request, principal, route, profile)
+        cache_key = _response_key(request, principal, route, profile, extra)
         try:
             raw = ports.responses.get(cache_key)
         except DependencyUnavailable as exc:
@@ -477,7 +734,15 @@ def topk_records(
             return False
         if raw is None:
             return False
-        cached = TopKResponse.model_validate_json(raw)
+        if extra["page"] is None:
+            cached = TopKResponse.model_validate_json(raw)
+        else:
+            # A page is stored with the exact position its next cursor continues from,
+            # so a hit issues a fresh cursor (a new expiry) instead of an old one.
+            envelope = json.loads(raw)
+            cached = TopKResponse.model_validate(envelope["response"])
+            nxt = envelope["next"]
+            cached_next = None if nxt is None else CursorPosition.from_json(nxt)
         cache_state = "hit"
         return True
 
@@ -489,26 +754,24 @@ def topk_records(
         filters=request.filters,
         profile_id=request.profile,
         ranking=request.ranking,
-        limit=request.result_limit,
+        limit=page_size,
         allowed_doc_ids=None,
         timeout_seconds=request.timeout_seconds,
         ports=ports,
         limits=limits,
         cache_probe=probe,
+        endpoint="topk",
+        page_size=request.page_size,
+        cursor=request.cursor,
+        bound=_bound_fields(request),
+        phrase_plan=request.phrase_plan,
     )
     if cached is not None:
-        plan = None
-        if cached.query_plan is not None:
-            plan = cached.query_plan.model_copy(
-                update={"latency_ms": ranked.watch.latency(), "cache": "hit"}
-            )
-        return cached.model_copy(
-            update={"client_request_id": request.client_request_id, "query_plan": plan}
-        )
-    top = ranked.fused[: request.result_limit]
+        return _from_cache(cached, cached_next, request.client_request_id, ranked, ports)
+    top = ranked.top(page_size)
     stored = ports.records.fetch([(c.document_id, c.revision) for c in top])
     results: list[TopKResult] = []
-    for rank, candidate in enumerate(top, start=1):
+    for rank, candidate in enumerate(top, start=ranked.first_rank()):
         row = stored.get((candidate.document_id, candidate.revision))
         if row is None:
             raise OrreryError(
@@ -547,23 +810,68 @@ def topk_records(
         client_request_id=request.client_request_id,
         results=results,
         query_plan=_plan(ranked, "scope_ref", cache_state) if request.include.query_plan else None,
+        next_cursor=None if ranked.paging is None else ranked.paging.next_cursor,
     )
     if ports.responses is not None and cache_state == "miss":
+        if ranked.paging is None:
+            value = response.model_dump_json().encode()
+        else:
+            nxt = ranked.paging.next_position
+            value = json.dumps(
+                {
+                    "response": response.model_dump(mode="json"),
+                    "next": None if nxt is None else nxt.as_json(),
+                }
+            ).encode()
         try:
-            ports.responses.set(
-                cache_key, response.model_dump_json().encode(), limits.response_ttl_seconds
-            )
+            ports.responses.set(cache_key, value, limits.response_ttl_seconds)
         except DependencyUnavailable as exc:
             log.warning("response cache unavailable: %s", exc.message)
     return response
 
 
+def _from_cache(
+    cached: TopKResponse,
+    next_position: CursorPosition | None,
+    client_request_id: str | None,
+    ranked: _Ranked,
+    ports: QueryPorts,
+) -> TopKResponse:
+    """A cached answer with this request's id and timings and, for a page, a freshly
+    issued next cursor."""
+    plan = cached.query_plan
+    next_cursor = None
+    if ranked.paging is not None and next_position is not None:
+        next_cursor, expires = ranked.paging.codec.issue(
+            next_position, ranked.paging.material, now=ports.clock()
+        )
+        if plan is not None and plan.continuation is not None:
+            plan = plan.model_copy(
+                update={
+                    "continuation": plan.continuation.model_copy(
+                        update={"expires_at": expires.isoformat()}
+                    )
+                }
+            )
+    if plan is not None:
+        plan = plan.model_copy(update={"latency_ms": ranked.watch.latency(), "cache": "hit"})
+    return cached.model_copy(
+        update={
+            "client_request_id": client_request_id,
+            "query_plan": plan,
+            "next_cursor": next_cursor,
+        }
+    )
+
+
 def retrieve(
     request: RetrieveRequest, *, principal: Principal, ports: QueryPorts, limits: QueryLimits
 ) -> RetrieveResponse:
-    """The generic API: ranked candidates (ids, revisions, scores), no payloads."""
+    """The generic API: ranked candidates (ids, revisions, scores), no payloads; pages
+    like `topk_records` with `page_size` / `cursor`."""
     if request.allowed_doc_ids is not None and len(request.allowed_doc_ids) > MAX_ALLOWED_DOC_IDS:
         raise OrreryError(ErrorCode.INVALID_REQUEST, "too many allowed_doc_ids")
+    page_size = _page_size(request.page_size, request.limit, "limit" in request.model_fields_set)
     ranked = _rank(
         principal=principal,
         namespace=request.namespace,
@@ -572,13 +880,18 @@ def retrieve(
         filters=request.filters,
         profile_id=request.profile,
         ranking=request.ranking,
-        limit=request.limit,
+        limit=page_size,
         allowed_doc_ids=request.allowed_doc_ids,
         timeout_seconds=request.timeout_seconds,
         ports=ports,
         limits=limits,
+        endpoint="retrieve",
+        page_size=request.page_size,
+        cursor=request.cursor,
+        bound=_bound_fields(request),
+        phrase_plan=request.phrase_plan,
     )
-    top = ranked.fused[: request.limit]
+    top = ranked.top(page_size)
     mode = "allowed_doc_ids" if request.allowed_doc_ids is not None else "scope_ref"
     return RetrieveResponse(
         scope_ref=request.scope_ref,
@@ -592,9 +905,10 @@ def retrieve(
                 score=round(c.score, 6),
                 score_breakdown=_breakdown(c),
             )
-            for rank, c in enumerate(top, start=1)
+            for rank, c in enumerate(top, start=ranked.first_rank())
         ],
         query_plan=_plan(ranked, mode),
+        next_cursor=None if ranked.paging is None else ranked.paging.next_cursor,
     )
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.index_fields import DEFAULT_TEXT_LANGUAGE, TextLanguages, parse_text_languages
 
 __all__ = ["QuerySettings"]
 
@@ -33,14 +35,59 @@ class QuerySettings(BaseSettings):
         default=None, ge=1, le=10_000, description="Vector candidates; None = candidate_depth"
     )
     default_profile: str = Field(
-        default="weighted@2", description="Fusion profile of requests that name none"
+        default="weighted@3", description="Fusion profile of requests that name none"
     )
     profiles: str = Field(
         default="",
         description="Operator fusion profiles: JSON ({'profiles': [...]} or a list), or "
         "the path of a file holding it (see contracts/profiles.py)",
     )
+    vocabularies: str = Field(
+        default="",
+        description="Controlled-term vocabularies of phrase plans: JSON "
+        "{namespace: {vocabulary: {term: [phrase, ...]}}}, or the path of a file holding "
+        "it (see contracts/phrases.py, docs/query.md)",
+    )
+    phrase_max_documents: int = Field(
+        default=10_000,
+        ge=1,
+        le=100_000,
+        description="Most documents the required phrase groups of a request may match "
+        "when the vector source is searched (they restrict it by id); more = 422 "
+        "phrase_set_too_large",
+    )
     freshness_half_life_days: float = Field(default=30.0, gt=0.0)
+    default_language: str = Field(
+        default=DEFAULT_TEXT_LANGUAGE,
+        description="Stemming language of the text of namespaces not in namespace_languages "
+        "(a Snowball language such as english or german; 'none' = no stemming). Read when a "
+        "generation is created: a change applies to the next generation built",
+    )
+    namespace_languages: str = Field(
+        default="",
+        description='Stemming language per namespace, JSON: {"docs_de": "german"}',
+    )
+    scopes: str = Field(
+        default="",
+        description="Operator scope refs: JSON {namespace or '*': {scope_ref: snapshot_kind "
+        "| {snapshot_kind, filters}}}, or the path of a file holding it (docs/query.md)",
+    )
+    cursor_keys: str = Field(
+        default="",
+        description="Continuation-cursor HMAC keys 'kid1:secret,kid0:oldsecret' (the first "
+        "signs, all verify); unset = a random key per process (cursors then work only on "
+        "the worker that issued them: set shared keys behind a load balancer)",
+    )
+    cursor_ttl_seconds: float = Field(
+        default=600.0, gt=0.0, le=86_400.0, description="Lifetime of a continuation cursor"
+    )
+    paging_candidate_depth: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Candidates per source of paged requests (page_size or cursor): the "
+        "window pages can reach; None = the usual candidate depths",
+    )
     projector_batch_size: int = Field(default=512, ge=1, le=100_000)
     projector_poll_seconds: float = Field(default=0.05, gt=0.0)
     embedder_threads: int = Field(default=2, ge=1, le=64)
@@ -101,3 +148,12 @@ class QuerySettings(BaseSettings):
         description="Interpreter thread switch interval while a build runs in the server "
         "(shorter: queries wait less behind the CPU-bound build); unset = unchanged",
     )
+
+    @model_validator(mode="after")
+    def _languages_are_known(self) -> QuerySettings:
+        self.text_languages()  # raises ValueError at startup, not at a generation's creation
+        return self
+
+    def text_languages(self) -> TextLanguages:
+        """The stemming language of each namespace's new generations."""
+        return parse_text_languages(self.namespace_languages, self.default_language)

@@ -7,6 +7,7 @@ Reads what `ingest.adapters.kafka_publisher` writes: one topic per namespace nam
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import socket
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import POSITION_HEADER, LogEntry, RecordChanged, topic_pattern
+from projector.ports import Undecodable
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas with importlib.resources.read_text and
@@ -87,7 +89,7 @@ class KafkaLogSettings:
 
 @dataclass(frozen=True, slots=True)
 class _Delivered:
-    entry: LogEntry
+    entry: LogEntry | Undecodable
     partition: Any  # kafka.structs.TopicPartition
     offset: int
     leader_epoch: int
@@ -141,6 +143,12 @@ def _undecodable(record: Any, problem: object) -> OrreryError:
     )
 
 
+def _raw(value: object) -> bytes:
+    if value is None:
+        return b""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
 def _position(record: Any) -> int:
     raw = dict(record.headers or ()).get(POSITION_HEADER)
     if raw is None:
@@ -154,12 +162,29 @@ def _position(record: Any) -> int:
     return position
 
 
-def _decode(record: Any) -> LogEntry:
-    position = _position(record)
+def _decode(record: Any) -> LogEntry | Undecodable:
+    """The record's `LogEntry`, or an `Undecodable` holding its raw bytes and the reason
+    (without a position: the header of a message that failed to decode is not trusted)."""
     try:
+        position = _position(record)
         return LogEntry(position=position, event=RecordChanged.model_validate_json(record.value))
-    except ValidationError as exc:
-        raise _undecodable(record, exc) from exc
+    except (OrreryError, ValidationError, ValueError, TypeError) as exc:
+        reason = (
+            f"not a RecordChanged event: {exc.error_count()} error(s): "
+            + "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '-'}: {e['msg']}" for e in exc.errors()[:3]
+            )
+            if isinstance(exc, ValidationError)
+            else str(exc)
+        )
+        return Undecodable(
+            where=f"kafka:{record.topic}/{record.partition}@{record.offset}",
+            position=None,
+            key=None if record.key is None else _raw(record.key),
+            value=_raw(record.value),
+            headers=tuple((str(k), _raw(v)) for k, v in (record.headers or ())),
+            reason=reason,
+        )
 
 
 class KafkaEventLog:
@@ -173,7 +198,8 @@ class KafkaEventLog:
       list means none was waiting for this member.
     - Offsets are committed only by `acknowledge` (no auto-commit), synchronously; per
       partition the commit never passes an event that was delivered and not yet
-      acknowledged. `close` commits nothing.
+      acknowledged; acknowledgements may come in any order (one held back by an older
+      pending event is committed with it). `close` commits nothing.
     - `reset` moves every owned partition back to its committed offset, so the next
       `fetch` delivers the unacknowledged events again. After a restart, a rebalance, or
       a failed `fetch` the same happens by itself (at-least-once).
@@ -181,14 +207,20 @@ class KafkaEventLog:
       among the last record of every partition of every matching topic (0 when they
       are all empty). The relay publishes in position order, so that is exact once the
       relay caught up; while it is still re-sending after a failure it may lag behind.
-    - Errors of the client become `DependencyUnavailable("kafka", ...)`; an event that
-      cannot be decoded raises `OrreryError(INTERNAL)` and is delivered again (never
-      skipped) until an operator moves the group's offset past it.
+    - `lag` is the consumer group's lag: over every partition of every matching topic
+      (not only this member's), end offset minus the group's committed offset (the
+      beginning offset where it committed none). The group commits only acknowledged
+      events, so 0 means every event appended before the call was acknowledged (applied
+      or parked).
+    - Errors of the client become `DependencyUnavailable("kafka", ...)`; a record that
+      cannot be decoded (no or a bad `orrery-position` header, a value that is not a
+      `RecordChanged`) is returned as an `Undecodable` in its place, with its raw key,
+      value and headers; it holds its partition's commit back until acknowledged.
     - No network I/O before the first call; new namespaces are picked up within
       `metadata_max_age_ms`.
 
     Not thread-safe for `fetch` / `acknowledge` / `reset` (one projector thread);
-    `high_water` may run in another thread (it uses its own clients).
+    `high_water` and `lag` may run in another thread (they use their own clients).
     """
 
     def __init__(self, settings: KafkaLogSettings) -> None:
@@ -200,11 +232,14 @@ class KafkaEventLog:
         self._probe: Any = None
         self._admin: Any = None
         self._pending: list[_Delivered] = []
+        # Per partition, the newest acknowledged delivery whose commit is still held back
+        # by an older pending one: acknowledgements may come out of offset order.
+        self._acked: dict[Any, _Delivered] = {}
         self._closed = False
 
     # -- EventLog ------------------------------------------------------------------------
 
-    def fetch(self, limit: int) -> list[LogEntry]:
+    def fetch(self, limit: int) -> list[LogEntry | Undecodable]:
         if limit < 1:
             return []
         with self._lock:
@@ -219,7 +254,7 @@ class KafkaEventLog:
                     raise self._unavailable("fetch", exc) from exc
                 raise
 
-    def acknowledge(self, entries: Sequence[LogEntry]) -> None:
+    def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
         if not entries:
             return
         with self._lock:
@@ -236,6 +271,7 @@ class KafkaEventLog:
     def reset(self) -> None:
         with self._lock:
             self._pending.clear()
+            self._acked.clear()
             if self._consumer is None:
                 return
             try:
@@ -251,11 +287,20 @@ class KafkaEventLog:
                 self._close_probe()
                 raise self._unavailable("high_water", exc) from exc
 
+    def lag(self) -> int:
+        with self._probe_lock:
+            try:
+                return self._read_lag()
+            except KafkaError as exc:
+                self._close_probe()
+                raise self._unavailable("lag", exc) from exc
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
             consumer, self._consumer = self._consumer, None
             self._pending.clear()
+            self._acked.clear()
             if consumer is not None:
                 try:
                     consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
@@ -304,10 +349,10 @@ class KafkaEventLog:
             self._consumer = consumer
         return self._consumer
 
-    def _fetch(self, consumer: Any, limit: int) -> list[LogEntry]:
+    def _fetch(self, consumer: Any, limit: int) -> list[LogEntry | Undecodable]:
         s = self._settings
         deadline = time.monotonic() + s.join_timeout_ms / 1000
-        out: list[LogEntry] = []
+        out: list[LogEntry | Undecodable] = []
         while len(out) < limit:
             batch = consumer.poll(timeout_ms=s.poll_timeout_ms, max_records=limit - len(out))
             out.extend(self._deliver(batch))
@@ -325,7 +370,7 @@ class KafkaEventLog:
                 break
         return out
 
-    def _deliver(self, batch: Mapping[Any, Sequence[Any]]) -> list[LogEntry]:
+    def _deliver(self, batch: Mapping[Any, Sequence[Any]]) -> list[LogEntry | Undecodable]:
         delivered = [
             _Delivered(
                 entry=_decode(record),
@@ -364,7 +409,7 @@ class KafkaEventLog:
 
     # -- acknowledge / reset --------------------------------------------------------------
 
-    def _take(self, entries: Sequence[LogEntry]) -> list[_Delivered]:
+    def _take(self, entries: Sequence[LogEntry | Undecodable]) -> list[_Delivered]:
         """Remove and return the pending deliveries of `entries`.
 
         Matches the very objects `fetch` returned first; equal copies are matched by
@@ -392,21 +437,29 @@ class KafkaEventLog:
 
     def _commit_offsets(self, acked: Sequence[_Delivered], assigned: Any) -> dict[Any, Any]:
         """Per owned partition: the offset after the acknowledged events, held back to the
-        oldest event still pending there (a commit means "everything before is done")."""
+        oldest event still pending there (a commit means "everything before is done").
+        An acknowledgement held back is remembered, so a later one of an older event
+        commits up to it."""
         offsets: dict[Any, Any] = {}
         for partition in {d.partition for d in acked}:
             if partition not in assigned:
+                self._acked.pop(partition, None)
                 continue  # revoked: its new owner delivers these events again
-            last = max((d for d in acked if d.partition == partition), key=lambda d: d.offset)
+            candidates = [d for d in acked if d.partition == partition]
+            if partition in self._acked:
+                candidates.append(self._acked.pop(partition))
+            last = max(candidates, key=lambda d: d.offset)
             next_offset = last.offset + 1
             pending = [d.offset for d in self._pending if d.partition == partition]
             if pending and min(pending) < next_offset:
                 next_offset = min(pending)
+                self._acked[partition] = last
             offsets[partition] = OffsetAndMetadata(next_offset, "", last.leader_epoch)
         return offsets
 
     def _rewind(self, consumer: Any) -> None:
         self._pending.clear()
+        self._acked.clear()
         timeout_ms = self._settings.request_timeout_ms
         for partition in consumer.assignment():
             committed = consumer.committed(partition, timeout_ms=timeout_ms)
@@ -436,12 +489,7 @@ class KafkaEventLog:
     def _read_high_water(self) -> int:
         s = self._settings
         admin, probe = self._probe_clients()
-        partitions = [
-            TopicPartition(topic["name"], p["partition_index"])
-            for topic in admin.describe_topics()
-            if topic.get("error_code", 0) == 0 and self._pattern.match(topic["name"])
-            for p in topic.get("partitions", ())
-        ]
+        partitions = self._matching_partitions(admin)
         if not partitions:
             return 0
         ends = probe.end_offsets(partitions, timeout_ms=s.request_timeout_ms)
@@ -460,9 +508,34 @@ class KafkaEventLog:
                 raise KafkaTimeoutError(f"could not read the last record of {sorted(remaining)}")
             for records in probe.poll(timeout_ms=s.poll_timeout_ms).values():
                 for record in records:
-                    newest = max(newest, _position(record))
                     remaining.discard(TopicPartition(record.topic, record.partition))
+                    with contextlib.suppress(OrreryError):  # undecodable: it has no position
+                        newest = max(newest, _position(record))
         return newest
+
+    def _matching_partitions(self, admin: Any) -> list[Any]:
+        return [
+            TopicPartition(topic["name"], p["partition_index"])
+            for topic in admin.describe_topics()
+            if topic.get("error_code", 0) == 0 and self._pattern.match(topic["name"])
+            for p in topic.get("partitions", ())
+        ]
+
+    def _read_lag(self) -> int:
+        s = self._settings
+        admin, probe = self._probe_clients()
+        partitions = self._matching_partitions(admin)
+        if not partitions:
+            return 0
+        ends = probe.end_offsets(partitions, timeout_ms=s.request_timeout_ms)
+        begins = probe.beginning_offsets(partitions, timeout_ms=s.request_timeout_ms)
+        committed = admin.list_group_offsets({s.group_id: None}).get(s.group_id, {})
+        lag = 0
+        for partition in partitions:
+            mark = committed.get(partition)
+            done = mark.offset if mark is not None and mark.offset >= 0 else begins[partition]
+            lag += max(0, ends[partition] - max(done, begins[partition]))
+        return lag
 
     def _probe_clients(self) -> tuple[Any, Any]:
         if self._closed:

@@ -12,10 +12,21 @@ components, no scripts:
   length, and the markers are removed again before lowercasing (an U+E000 in the text is a
   separator, as in tantivy);
 - `İ` (U+0130) becomes `i̇` (Rust's full lowercase mapping; Java's simple mapping gives `i`),
-  then `lowercase` and `asciifolding`.
+  then `lowercase` and `asciifolding`;
+- version 2 analyzers end with Lucene's `snowball` filter for their language (the
+  Snowball algorithms of tantivy's rust-stemmers, in an older release: see below; the
+  `stemmer` filter would not do, its "english" is Porter 1).
 
-Known divergence: characters that Java 17's Unicode 13 does not know (Unicode 14 and later
-additions, e.g. Vithkuqi, Toto, U+0870-U+088E) are separators here and letters in tantivy.
+Each index is created with the analyzer of its generation (`create(..., text_analyzer=)`),
+registered under that name and named in the mapping's `_meta`; every text field's
+`search_analyzer` is its query-side twin, so a search analyzes query text as the
+generation's index says, without the query side knowing the language.
+
+Known divergences: characters that Java 17's Unicode 13 does not know (Unicode 14 and later
+additions, e.g. Vithkuqi, Toto, U+0870-U+088E) are separators here and letters in tantivy;
+Lucene's Snowball stemmers are an older release than rust-stemmers', so a few words stem
+differently (English: "biologists" -> "biologist" here, "biolog" in tantivy; "added" ->
+"ad" here, "add" in tantivy; 75 of SciFact's 35,711 distinct words).
 """
 
 from __future__ import annotations
@@ -36,22 +47,29 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
 from contracts.index_fields import (
     BODY,
+    DEFAULT_TEXT_ANALYZER,
     DOCUMENT_ID,
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
     ITEM_ID,
+    NO_STEMMING,
     REVISION,
     RING,
+    SOURCE_TEXT_FIELDS,
     STATUS,
     TAGS,
-    TEXT_ANALYZER,
+    TEXT,
+    TEXT_ANALYZER_V1,
     TEXT_FIELDS,
     TEXT_TOKEN_MAX_BYTES,
     TITLE,
     UPDATED_AT,
     UPDATED_AT_MICROS,
     VISIBILITY,
+    combined_text,
+    has_combined_field,
+    text_analyzer_language,
 )
 from projector.ports import IndexEvidence
 
@@ -76,7 +94,6 @@ MAX_RETRIES = 2
 RefreshPolicy = Literal["wait_for", "true"]
 
 _ENGINE = "opensearch"
-_QUERY_ANALYZER = f"{TEXT_ANALYZER}_query"
 # Index names must be lowercase and free of `\\/*?"<>|,# ` (so a name is never a pattern).
 _GENERATION_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 _INDEX_PREFIX = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -110,11 +127,24 @@ def _marker_filter(low: int, high: int, markers: int) -> dict[str, str]:
     }
 
 
-def _analysis() -> dict[str, Any]:
-    """The `analysis` settings: `TEXT_ANALYZER` and its query-side twin (deduplicated)."""
+def _query_analyzer(text_analyzer: str) -> str:
+    """The name of the query-side twin of `text_analyzer` (repeated words count once)."""
+    return f"{text_analyzer}_query"
+
+
+def _analysis(text_analyzer: str) -> dict[str, Any]:
+    """The `analysis` settings: `text_analyzer` and its query-side twin (deduplicated)."""
+    language = text_analyzer_language(text_analyzer)
     char_filters = ["orrery_marker_as_separator", "orrery_utf8_2", "orrery_utf8_3_4"]
     token_filters = ["orrery_max_bytes", "orrery_unmark", "orrery_dotted_i", "lowercase"]
     token_filters.append("asciifolding")
+    stemmers: dict[str, Any] = {}
+    if language is not None and language != NO_STEMMING:
+        stemmers[f"orrery_stem_{language}"] = {
+            "type": "snowball",
+            "language": language.capitalize(),
+        }
+        token_filters.append(f"orrery_stem_{language}")
     return {
         "char_filter": {
             "orrery_marker_as_separator": {
@@ -142,16 +172,17 @@ def _analysis() -> dict[str, Any]:
                 "replacement": "i\u0307",
             },
             "orrery_unique": {"type": "unique", "only_on_same_position": False},
+            **stemmers,
         },
         "analyzer": {
-            TEXT_ANALYZER: {
+            text_analyzer: {
                 "type": "custom",
                 "char_filter": char_filters,
                 "tokenizer": "orrery_alphanumeric_runs",
                 "filter": token_filters,
             },
-            # Repeated query words count once, as in tantivy.
-            _QUERY_ANALYZER: {
+            # Repeated query words (after stemming) count once, as in tantivy.
+            _query_analyzer(text_analyzer): {
                 "type": "custom",
                 "char_filter": char_filters,
                 "tokenizer": "orrery_alphanumeric_runs",
@@ -161,15 +192,16 @@ def _analysis() -> dict[str, Any]:
     }
 
 
-def _mappings() -> dict[str, Any]:
+def _mappings(text_analyzer: str) -> dict[str, Any]:
     text = {
         "type": "text",
-        "analyzer": TEXT_ANALYZER,
-        "search_analyzer": _QUERY_ANALYZER,
+        "analyzer": text_analyzer,
+        "search_analyzer": _query_analyzer(text_analyzer),
         "similarity": "BM25",
     }
     keyword = {"type": "keyword"}
-    properties: dict[str, Any] = {name: dict(text) for name in TEXT_FIELDS}
+    text_fields = TEXT_FIELDS if has_combined_field(text_analyzer) else SOURCE_TEXT_FIELDS
+    properties: dict[str, Any] = {name: dict(text) for name in text_fields}
     for name in (DOCUMENT_ID, ITEM_ID, GALAXY, RING, STATUS, VISIBILITY, FACETS):
         properties[name] = dict(keyword)
     properties[REVISION] = {"type": "long"}
@@ -178,15 +210,22 @@ def _mappings() -> dict[str, Any]:
     properties[UPDATED_AT_MICROS] = {"type": "long"}
     return {
         "dynamic": "strict",
-        "_meta": {"orrery": {"text_analyzer": TEXT_ANALYZER, "document": "index-document@1"}},
+        "_meta": {"orrery": {"text_analyzer": text_analyzer, "document": "index-document@1"}},
         "properties": properties,
     }
 
 
 def index_body(
-    *, shards: int = 1, replicas: int = 0, refresh_interval: str = DEFAULT_REFRESH_INTERVAL
+    *,
+    shards: int = 1,
+    replicas: int = 0,
+    refresh_interval: str = DEFAULT_REFRESH_INTERVAL,
+    text_analyzer: str = DEFAULT_TEXT_ANALYZER,
 ) -> dict[str, Any]:
-    """The body of `PUT /{index}` for one generation: settings, analysis, strict mapping."""
+    """The body of `PUT /{index}` for one generation: settings, analysis, strict mapping.
+
+    `ValueError` for an unknown `text_analyzer`.
+    """
     return {
         "settings": {
             "index": {
@@ -195,9 +234,9 @@ def index_body(
                 # Set explicitly, so a shard never goes "search idle" and skips refreshes.
                 "refresh_interval": refresh_interval,
             },
-            "analysis": _analysis(),
+            "analysis": _analysis(text_analyzer),
         },
-        "mappings": _mappings(),
+        "mappings": _mappings(text_analyzer),
     }
 
 
@@ -252,7 +291,11 @@ class OpenSearchLexicalIndex:
         self._prefix = index_prefix
         self._refresh: RefreshPolicy = refresh
         self._bulk_actions = bulk_actions
-        self._body = index_body(shards=shards, replicas=replicas, refresh_interval=refresh_interval)
+        self._shards = shards
+        self._replicas = replicas
+        self._refresh_interval = refresh_interval
+        # Text analyzer by index name: fixed for an index's life, read once per process.
+        self._analyzers: dict[str, str] = {}
         self._client = OpenSearch(
             hosts=[client_url],
             timeout=REQUEST_TIMEOUT_S,
@@ -272,12 +315,27 @@ class OpenSearchLexicalIndex:
 
     # -- LexicalIndex ----------------------------------------------------------------
 
-    def create(self, generation_id: str) -> None:
+    def create(self, generation_id: str, *, text_analyzer: str = DEFAULT_TEXT_ANALYZER) -> None:
         index = self.index_name(generation_id)
         try:
-            self._client.indices.create(index=index, body=self._body)
+            body = index_body(
+                shards=self._shards,
+                replicas=self._replicas,
+                refresh_interval=self._refresh_interval,
+                text_analyzer=text_analyzer,
+            )
+        except ValueError as exc:
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                str(exc),
+                {"engine": _ENGINE, "generation_id": generation_id, "text_analyzer": text_analyzer},
+            ) from exc
+        try:
+            self._client.indices.create(index=index, body=body)
+            self._analyzers[index] = text_analyzer
         except TransportError as exc:
             if exc.error == "resource_already_exists_exception":
+                self._analyzers.pop(index, None)  # Its own analyzer, read when needed.
                 return
             raise _translate(exc, "cannot create index", generation_id) from exc
         except OpenSearchException as exc:
@@ -297,9 +355,11 @@ class OpenSearchLexicalIndex:
                 raise _unknown(generation_id)
             if not operations:
                 return
+            combined = has_combined_field(self._text_analyzer(index))
             chunks = list(_chunks(list(operations.values()), self._bulk_actions))
             for chunk in chunks:
-                self._bulk(index, generation_id, chunk, self._refresh if len(chunks) == 1 else None)
+                refresh = self._refresh if len(chunks) == 1 else None
+                self._bulk(index, generation_id, chunk, refresh, combined)
             if len(chunks) > 1:
                 self._client.indices.refresh(index=index)
         except OpenSearchException as exc:
@@ -329,6 +389,7 @@ class OpenSearchLexicalIndex:
 
     def drop(self, generation_id: str) -> None:
         index = self.index_name(generation_id)
+        self._analyzers.pop(index, None)
         try:
             self._client.indices.delete(index=index)
         except TransportError as exc:
@@ -370,12 +431,24 @@ class OpenSearchLexicalIndex:
 
     # -- internals -------------------------------------------------------------------
 
+    def _text_analyzer(self, index: str) -> str:
+        """The text analyzer `index` was created with (its mapping's `_meta`; indexes
+        made before analyzers were named there used version 1)."""
+        analyzer = self._analyzers.get(index)
+        if analyzer is None:
+            mapping = self._client.indices.get_mapping(index=index)
+            meta = next(iter(mapping.values()))["mappings"].get("_meta", {})
+            analyzer = str(meta.get("orrery", {}).get("text_analyzer", TEXT_ANALYZER_V1))
+            self._analyzers[index] = analyzer
+        return analyzer
+
     def _bulk(
         self,
         index: str,
         generation_id: str,
         operations: Sequence[_Operation],
         refresh: RefreshPolicy | None,
+        combined: bool,
     ) -> None:
         lines: list[dict[str, Any]] = []
         for operation in operations:
@@ -387,7 +460,7 @@ class OpenSearchLexicalIndex:
                     "version_type": "external",
                 }
                 lines.append({"index": meta})
-                lines.append(_source(operation))
+                lines.append(_source(operation, combined))
             else:
                 document_id, revision = operation
                 meta = {
@@ -486,7 +559,7 @@ def _analyzed(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _source(document: IndexDocument) -> dict[str, Any]:
+def _source(document: IndexDocument, combined: bool) -> dict[str, Any]:
     updated_at = document.updated_at.astimezone(UTC)
     source: dict[str, Any] = {
         DOCUMENT_ID: document.document_id,
@@ -512,6 +585,9 @@ def _source(document: IndexDocument) -> dict[str, Any]:
         source[BODY] = _analyzed(document.body)
     if document.tags:
         source[TAGS] = [_analyzed(tag) for tag in document.tags]
+    text = combined_text(document.title, document.body, document.tags) if combined else ""
+    if text:
+        source[TEXT] = _analyzed(text)
     return source
 
 

@@ -558,6 +558,21 @@ class QdrantEdgeVectorIndex:
             self._idle_at[generation_id] = self.unindexed_count(generation_id)
         return changed
 
+    def optimize_in_place(self, generation_id: str) -> bool:
+        """Merge segments and build HNSW right here; whether segments changed.
+
+        Blocks every thread of this process for the whole run (qdrant-edge holds the
+        GIL), so only for a process that is the generation's sole user and serves
+        nothing, such as a bulk-load child (`projector.entrypoints.bulk_load`). Flushes.
+        """
+        generation = self._require(generation_id)
+        with generation.optimize_lock, generation.write_lock:
+            self._check_open(generation, generation_id)
+            with _translated(f"optimize {generation_id}"):
+                changed = bool(generation.shard.optimize())
+                generation.shard.flush()
+        return changed
+
     def optimize_if_needed(self, generation_id: str, *, min_unindexed: int = 1_000) -> bool:
         """`optimize` when `optimize_needed`; returns whether segments changed."""
         if not self.optimize_needed(generation_id, min_unindexed=min_unindexed):

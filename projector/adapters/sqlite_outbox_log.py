@@ -7,8 +7,11 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from contracts.errors import DependencyUnavailable
 from contracts.events import LogEntry, RecordChanged
+from projector.ports import Undecodable
 
 __all__ = ["SqliteOutboxLog"]
 
@@ -20,7 +23,9 @@ class SqliteOutboxLog:
     appear only after the writing transaction committed, so a reader never sees an
     event whose record is not stored. The reader's position is the projector's
     (`start_after`, stored in the same transaction as its effects), so acknowledging
-    only moves the in-memory mark that `reset` returns to.
+    only moves the in-memory mark that `reset` returns to. A row whose `event_json` is
+    not a valid `RecordChanged` comes back as an `Undecodable` (`outbox@<position>`).
+    `lag` counts the rows after the acknowledged position.
     """
 
     def __init__(self, path: Path, *, start_after: int = 0) -> None:
@@ -35,7 +40,7 @@ class SqliteOutboxLog:
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
 
-    def fetch(self, limit: int) -> list[LogEntry]:
+    def fetch(self, limit: int) -> list[LogEntry | Undecodable]:
         try:
             with self._lock:
                 rows = self._conn.execute(
@@ -49,15 +54,13 @@ class SqliteOutboxLog:
             if "no such table" in str(exc):
                 return []
             raise DependencyUnavailable("sqlite", str(exc)) from exc
-        return [
-            LogEntry(position=int(pos), event=RecordChanged.model_validate_json(body))
-            for pos, body in rows
-        ]
+        return [_decode(int(pos), body) for pos, body in rows]
 
-    def acknowledge(self, entries: Sequence[LogEntry]) -> None:
-        if entries:
+    def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
+        positions = [e.position for e in entries if e.position is not None]
+        if positions:
             with self._lock:
-                self._acknowledged = max(self._acknowledged, max(e.position for e in entries))
+                self._acknowledged = max(self._acknowledged, max(positions))
 
     def reset(self) -> None:
         with self._lock:
@@ -73,6 +76,36 @@ class SqliteOutboxLog:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return int(row[0])
 
+    def lag(self) -> int:
+        try:
+            with self._lock:
+                row = self._conn.execute(
+                    "SELECT COUNT(*) FROM outbox WHERE position > ?", (self._acknowledged,)
+                ).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return 0
+            raise DependencyUnavailable("sqlite", str(exc)) from exc
+        return int(row[0])
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _decode(position: int, body: object) -> LogEntry | Undecodable:
+    raw = body if isinstance(body, bytes) else str(body).encode()
+    try:
+        return LogEntry(position=position, event=RecordChanged.model_validate_json(raw))
+    except ValidationError as exc:
+        return Undecodable(
+            where=f"outbox@{position}",
+            position=position,
+            key=None,
+            value=raw,
+            headers=(),
+            reason=f"not a RecordChanged event: {exc.error_count()} error(s): "
+            + "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '-'}: {e['msg']}" for e in exc.errors()[:3]
+            ),
+        )

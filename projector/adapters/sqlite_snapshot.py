@@ -73,11 +73,15 @@ class SqliteCanonicalSnapshot:
                 conn.execute("SELECT COALESCE(MAX(position), 0) FROM outbox").fetchone()[0]
             )
             rows = conn.execute(
-                "SELECT document_id, revision FROM heads WHERE namespace = ? AND "
-                "snapshot_kind = ? AND deleted = 0 ORDER BY document_id",
+                "SELECT document_id, revision, deleted FROM heads WHERE namespace = ? AND "
+                "snapshot_kind = ? ORDER BY document_id",
                 (namespace, snapshot_kind),
             ).fetchall()
-        return SnapshotKeys(high_water=high_water, keys=[(str(d), int(r)) for d, r in rows])
+        return SnapshotKeys(
+            high_water=high_water,
+            keys=[(str(d), int(r)) for d, r, deleted in rows if not deleted],
+            tombstones=[(str(d), int(r)) for d, r, deleted in rows if deleted],
+        )
 
     def records(self, keys: Sequence[tuple[str, int]]) -> list[Record]:
         out: list[Record] = []

@@ -2,15 +2,18 @@
 revisions, live pointers, evidence checks and the vector cache — all in one database so
 that a batch's position and its bookkeeping commit in one transaction.
 
-Query workers read `generations`, `live_pointers`, `projector_positions` and
-`generation_checks` (see `query.adapters.sqlite_routing`); the table layout is part of
-the embedded format. `generations.state` always equals the state inside
-`descriptor_json`, and `descriptor_digest` that descriptor's content digest.
+Query workers read `generations`, `live_pointers`, `projector_positions`,
+`generation_checks`, `projector_log_status` and `dead_letters` (see
+`query.adapters.sqlite_routing`); the table layout is part of the embedded format.
+`generations.state` always equals the state inside `descriptor_json`, and
+`descriptor_digest` that descriptor's content digest.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -32,7 +35,7 @@ from contracts.generations import (
     Topology,
 )
 from projector.model import WRITABLE_STATES, transition
-from projector.ports import RegistrySnapshot
+from projector.ports import DeadLetter, RegistrySnapshot, Undecodable
 
 __all__ = ["STATE_SCHEMA", "SqliteProjectorState"]
 
@@ -80,6 +83,24 @@ CREATE TABLE IF NOT EXISTS generation_checks (
 );
 CREATE INDEX IF NOT EXISTS generation_checks_by_generation
     ON generation_checks (generation_id, seq);
+CREATE TABLE IF NOT EXISTS projector_log_status (
+    consumer    TEXT PRIMARY KEY,
+    position    INTEGER NOT NULL,
+    lag_events  INTEGER NOT NULL,
+    measured_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    consumer     TEXT NOT NULL,
+    location     TEXT NOT NULL,
+    position     INTEGER,
+    message_key  BLOB,
+    message_value BLOB NOT NULL,
+    headers_json TEXT NOT NULL,
+    reason       TEXT NOT NULL,
+    parked_at    TEXT NOT NULL,
+    UNIQUE (consumer, location)
+);
 CREATE TABLE IF NOT EXISTS vector_cache (
     cache_key   TEXT PRIMARY KEY,
     dimension   INTEGER NOT NULL,
@@ -114,12 +135,15 @@ class SqliteProjectorState:
     revisions in one transaction; the live pointer is one row, replaced atomically
     together with the descriptors of the generations it moves between; descriptor
     writes are compare-and-set on the state. Implements `ProjectionState`,
-    `GenerationRegistry`, `GenerationContents`, `GenerationMaintenance`, `EvidenceLog`
-    and `VectorCache`.
+    `GenerationRegistry`, `GenerationContents`, `GenerationMaintenance`, `EvidenceLog`,
+    `VectorCache`, `DeadLetterBox` (table `dead_letters`: key and value as BLOBs, headers as JSON
+    with base64 values) and `LogHealth` (table `projector_log_status`,
+    written only when the measurement changed).
     """
 
     def __init__(self, path: Path) -> None:
         self._lock = threading.RLock()
+        self._recorded_lag: dict[str, tuple[int, int]] = {}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
@@ -679,6 +703,75 @@ class SqliteProjectorState:
                     for key, vec in vectors.items()
                 ],
             )
+
+    # -- dead letters and log health ---------------------------------------------------
+    def park(self, consumer: str, messages: Sequence[Undecodable]) -> None:
+        now = datetime.now(UTC).isoformat()
+        with self._transaction() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO dead_letters (consumer, location, position, "
+                "message_key, message_value, headers_json, reason, parked_at) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        consumer,
+                        m.where,
+                        m.position,
+                        m.key,
+                        m.value,
+                        json.dumps(
+                            [[k, base64.b64encode(v).decode("ascii")] for k, v in m.headers]
+                        ),
+                        m.reason,
+                        now,
+                    )
+                    for m in messages
+                ],
+            )
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT seq, consumer, location, position, message_key, message_value, "
+                "headers_json, reason, parked_at FROM dead_letters ORDER BY seq LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [
+            DeadLetter(
+                seq=int(seq),
+                consumer=str(consumer),
+                message=Undecodable(
+                    where=str(where),
+                    position=None if position is None else int(position),
+                    key=None if key is None else bytes(key),
+                    value=bytes(value),
+                    headers=tuple(
+                        (str(k), base64.b64decode(v)) for k, v in json.loads(str(headers))
+                    ),
+                    reason=str(reason),
+                ),
+                parked_at=datetime.fromisoformat(str(parked_at)),
+            )
+            for seq, consumer, where, position, key, value, headers, reason, parked_at in rows
+        ]
+
+    def dead_letter_count(self) -> int:
+        with self._lock:
+            row = self._conn.execute("SELECT COUNT(*) FROM dead_letters").fetchone()
+        return int(row[0])
+
+    def record_lag(self, consumer: str, *, position: int, lag_events: int) -> None:
+        with self._lock:
+            if self._recorded_lag.get(consumer) == (position, lag_events):
+                return
+            with self._transaction() as conn:
+                conn.execute(
+                    "INSERT INTO projector_log_status VALUES (?,?,?,?) ON CONFLICT(consumer) "
+                    "DO UPDATE SET position = excluded.position, lag_events = "
+                    "excluded.lag_events, measured_at = excluded.measured_at",
+                    (consumer, position, lag_events, datetime.now(UTC).isoformat()),
+                )
+            self._recorded_lag[consumer] = (position, lag_events)
 
     def close(self) -> None:
         with self._lock:

@@ -1,12 +1,17 @@
 """Embedded BM25 indexes in tantivy: one index directory per generation under a root.
 
 The same process's query worker searches the very `tantivy.Index` objects written here
-(`TantivyLexicalIndex.index_for`), so a search sees a commit as soon as `apply` returns.
+(`TantivyLexicalIndex.searchable`), so a search sees a commit as soon as `apply` returns.
+
+Each index records its text analyzer as the tokenizer of its text fields (`meta.json`):
+tantivy does not persist tokenizers, so an index opened again registers the analyzer its
+schema names, and the query side analyzes query text with that same analyzer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import threading
@@ -22,22 +27,28 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
 from contracts.index_fields import (
     BODY,
+    DEFAULT_TEXT_ANALYZER,
     DOCUMENT_ID,
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
     ITEM_ID,
+    NO_STEMMING,
     REVISION,
     RING,
+    SOURCE_TEXT_FIELDS,
     STATUS,
     TAGS,
-    TEXT_ANALYZER,
+    TEXT,
     TEXT_FIELDS,
     TEXT_TOKEN_MAX_BYTES,
     TITLE,
     UPDATED_AT,
     UPDATED_AT_MICROS,
     VISIBILITY,
+    combined_text,
+    has_combined_field,
+    text_analyzer_language,
 )
 from projector.ports import IndexEvidence
 
@@ -60,26 +71,31 @@ _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
 _Operation = IndexDocument | int
 
 
-def _text_analyzer() -> tantivy.TextAnalyzer:
-    """The analyzer named `TEXT_ANALYZER` (see `contracts.index_fields`)."""
-    return (
+def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
+    """The text analyzer `name` of `contracts.index_fields` (any version); `ValueError`
+    for an unknown name."""
+    language = text_analyzer_language(name)
+    builder = (
         tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
         .filter(tantivy.Filter.remove_long(TEXT_TOKEN_MAX_BYTES))
         .filter(tantivy.Filter.lowercase())
         .filter(tantivy.Filter.ascii_fold())
-        .build()
     )
+    if language is not None and language != NO_STEMMING:
+        builder = builder.filter(tantivy.Filter.stemmer(language))
+    return builder.build()
 
 
-def _build_schema() -> tantivy.Schema:
-    """The schema of every generation's index.
+def _build_schema(text_analyzer: str) -> tantivy.Schema:
+    """The schema of a generation's index whose text fields use `text_analyzer`.
 
     Text fields keep positions so that phrase queries stay possible without a rebuild.
     Keyword fields use the `raw` tokenizer (one exact term per value).
     """
     builder = tantivy.SchemaBuilder()
-    for name in TEXT_FIELDS:
-        builder.add_text_field(name, tokenizer_name=TEXT_ANALYZER, index_option="position")
+    text_fields = TEXT_FIELDS if has_combined_field(text_analyzer) else SOURCE_TEXT_FIELDS
+    for name in text_fields:
+        builder.add_text_field(name, tokenizer_name=text_analyzer, index_option="position")
     builder.add_text_field(
         DOCUMENT_ID, stored=True, fast=True, tokenizer_name="raw", index_option="basic"
     )
@@ -101,6 +117,8 @@ def _epoch_micros(value: datetime) -> int:
 @dataclass(eq=False)
 class _Generation:
     index: tantivy.Index
+    # The analyzer of the text fields (`contracts.index_fields`), as the schema names it.
+    text_analyzer: str
     # Serializes writes (and writer lifecycle); searches never take it.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     writer: tantivy.IndexWriter | None = None
@@ -116,7 +134,10 @@ class TantivyLexicalIndex:
       `close`; writes to one generation are serialized by a lock, searches take no lock.
     - `apply` commits once (or not at all when nothing changes) and reloads the reader
       before returning, so `index_for(g).searcher()` sees the commit at once.
-    - A generation directory left by an earlier process is opened again on first use.
+    - A generation directory left by an earlier process is opened again on first use,
+      with the text analyzer its schema names (version 1 indexes included).
+    - `create` takes the generation's text analyzer (default `DEFAULT_TEXT_ANALYZER`);
+      version 2 indexes also hold `TEXT` (title, body and tags in one field).
     - Facet names must not contain `FACET_SEPARATOR`, keyword values must be valid Unicode
       (`INVALID_REQUEST` otherwise, nothing written); text fields are made valid.
     - Unknown generations raise `OrreryError(COVERAGE_UNAVAILABLE)`; engine failures raise
@@ -133,7 +154,7 @@ class TantivyLexicalIndex:
         self._root = root
         self._writer_heap_bytes = writer_heap_bytes
         self._writer_threads = writer_threads
-        self._schema: tantivy.Schema | None = None
+        self._schemas: dict[str, tantivy.Schema] = {}
         # Guards `_generations`; held only briefly, never while waiting on a commit
         # except by `drop` and `close`.
         self._registry_lock = threading.Lock()
@@ -143,26 +164,32 @@ class TantivyLexicalIndex:
 
     def index_for(self, generation_id: str) -> tantivy.Index:
         """The live, shared index of `generation_id`; `KeyError` if there is none."""
+        return self.searchable(generation_id)[0]
+
+    def searchable(self, generation_id: str) -> tuple[tantivy.Index, str]:
+        """The live, shared index of `generation_id` and the name of its text analyzer
+        (what query text must be analyzed with); `KeyError` if there is none."""
         with self._registry_lock:
             generation = self._load(generation_id)
         if generation is None:
             raise KeyError(generation_id)
-        return generation.index
+        return generation.index, generation.text_analyzer
 
     # -- LexicalIndex ----------------------------------------------------------------
 
-    def create(self, generation_id: str) -> None:
+    def create(self, generation_id: str, *, text_analyzer: str = DEFAULT_TEXT_ANALYZER) -> None:
         path = self._path(generation_id)
+        analyzer = _checked_analyzer(text_analyzer, generation_id)
         with self._registry_lock:
             if self._load(generation_id) is not None:
                 return
             try:
                 path.mkdir(parents=True, exist_ok=True)
-                index = tantivy.Index(self._index_schema(), str(path))
-                index.register_tokenizer(TEXT_ANALYZER, _text_analyzer())
+                index = tantivy.Index(self._index_schema(text_analyzer), str(path))
+                index.register_tokenizer(text_analyzer, analyzer)
             except _DRIVER_ERRORS as exc:
                 raise _unavailable("cannot create index", generation_id, exc) from exc
-            self._generations[generation_id] = _Generation(index=index)
+            self._generations[generation_id] = _Generation(index, text_analyzer)
 
     def apply(
         self,
@@ -238,10 +265,11 @@ class TantivyLexicalIndex:
             )
         return self._root / generation_id
 
-    def _index_schema(self) -> tantivy.Schema:
-        if self._schema is None:
-            self._schema = _build_schema()
-        return self._schema
+    def _index_schema(self, text_analyzer: str) -> tantivy.Schema:
+        schema = self._schemas.get(text_analyzer)
+        if schema is None:
+            schema = self._schemas[text_analyzer] = _build_schema(text_analyzer)
+        return schema
 
     def _load(self, generation_id: str) -> _Generation | None:
         """The open generation, opening its directory if needed. Registry lock held."""
@@ -254,12 +282,13 @@ class TantivyLexicalIndex:
         if not (path / _META_FILE).is_file():
             return None
         try:
+            text_analyzer = _schema_analyzer(path / _META_FILE)
             index = tantivy.Index.open(str(path))
             # Tokenizers are not persisted: without this, writes fail on the text fields.
-            index.register_tokenizer(TEXT_ANALYZER, _text_analyzer())
-        except _DRIVER_ERRORS as exc:
+            index.register_tokenizer(text_analyzer, _text_analyzer(text_analyzer))
+        except (*_DRIVER_ERRORS, KeyError, TypeError) as exc:
             raise _unavailable("cannot open index", generation_id, exc) from exc
-        generation = _Generation(index=index)
+        generation = _Generation(index, text_analyzer)
         self._generations[generation_id] = generation
         return generation
 
@@ -276,6 +305,7 @@ class TantivyLexicalIndex:
     ) -> None:
         """Write the operations that change the index, in one commit. Write lock held."""
         index = generation.index
+        combined = has_combined_field(generation.text_analyzer)
         writer = self._writer(generation, generation_id)
         changed = False
         try:
@@ -287,7 +317,7 @@ class TantivyLexicalIndex:
                         continue
                     # Deleting first keeps the id unique even if `held` were stale.
                     writer.delete_documents_by_term(DOCUMENT_ID, document_id)
-                    writer.add_document(_to_document(operation))
+                    writer.add_document(_to_document(operation, combined))
                 else:
                     if present is None or present > operation:
                         continue
@@ -328,6 +358,27 @@ class TantivyLexicalIndex:
             # The writer's lock is released either way once it is dropped.
             with contextlib.suppress(*_DRIVER_ERRORS):
                 writer.wait_merging_threads()
+
+
+def _checked_analyzer(text_analyzer: str, generation_id: str) -> tantivy.TextAnalyzer:
+    """The analyzer named `text_analyzer`; `INVALID_REQUEST` for an unknown name."""
+    try:
+        return _text_analyzer(text_analyzer)
+    except ValueError as exc:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            str(exc),
+            {"engine": "tantivy", "generation_id": generation_id, "text_analyzer": text_analyzer},
+        ) from exc
+
+
+def _schema_analyzer(meta_file: Path) -> str:
+    """The tokenizer of the `BODY` field, as the index's persisted schema names it."""
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    for entry in meta["schema"]:
+        if entry["name"] == BODY:
+            return str(entry["options"]["indexing"]["tokenizer"])
+    raise KeyError(f"no {BODY!r} field in {meta_file}")
 
 
 def _newest_operations(
@@ -398,7 +449,7 @@ def _analyzed(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _to_document(source: IndexDocument) -> tantivy.Document:
+def _to_document(source: IndexDocument, combined: bool) -> tantivy.Document:
     document = tantivy.Document()
     document.add_text(DOCUMENT_ID, source.document_id)
     document.add_integer(REVISION, source.revision)
@@ -420,6 +471,9 @@ def _to_document(source: IndexDocument) -> tantivy.Document:
         document.add_text(BODY, _analyzed(source.body))
     for tag in source.tags:
         document.add_text(TAGS, _analyzed(tag))
+    text = combined_text(source.title, source.body, source.tags) if combined else ""
+    if text:
+        document.add_text(TEXT, _analyzed(text))
     return document
 
 

@@ -22,6 +22,8 @@ class _Stats:
     position: int = 0
     last_error: str | None = None
     consecutive_errors: int = 0
+    lag: int | None = None
+    parked: int = 0
 
 
 class ProjectorLoop:
@@ -30,6 +32,8 @@ class ProjectorLoop:
     Guarantees: an error in `step` is logged and retried with capped exponential backoff
     (nothing is skipped: the position only moves when a batch commits); `wake()` makes
     the next step start at once; `stop()` returns after the current batch finished.
+    `status()` reports the last measured log lag (`lag_events`, None before the first
+    measurement) and how many undecodable events this process parked.
     """
 
     def __init__(
@@ -69,6 +73,8 @@ class ProjectorLoop:
                     "batches": self._stats.batches,
                     "events": self._stats.events,
                     "position": self._stats.position,
+                    "lag_events": self._stats.lag,
+                    "dead_letters_parked": self._stats.parked,
                     "last_error": self._stats.last_error,
                 }
             }
@@ -91,6 +97,9 @@ class ProjectorLoop:
                 self._stats.consecutive_errors = 0
                 self._stats.last_error = None
                 self._stats.position = report.position
+                self._stats.parked += report.parked
+                if report.lag is not None:
+                    self._stats.lag = report.lag
                 if report.events:
                     self._stats.batches += 1
                     self._stats.events += report.events

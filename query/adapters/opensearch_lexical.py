@@ -2,7 +2,8 @@
 
 User text goes into a `multi_match` query, which analyzes it with the index's query
 analyzer and never parses it: `title:"x" AND (y -z*)` is a bag of words, so no input can
-raise a syntax error.
+raise a syntax error. Each generation's index carries its own text analyzer (stemming
+language included), so query text is analyzed exactly as that generation's text was.
 """
 
 from __future__ import annotations
@@ -24,9 +25,13 @@ from contracts.index_fields import (
     FACETS,
     GALAXY,
     REVISION,
+    SOURCE_TEXT_FIELDS,
     STATUS,
+    TEXT,
+    TEXT_ANALYZER_V1,
     UPDATED_AT_MICROS,
     VISIBILITY,
+    has_combined_field,
 )
 
 __all__ = ["DEFAULT_INDEX_PREFIX", "OpenSearchLexicalSearch"]
@@ -56,12 +61,15 @@ class OpenSearchLexicalSearch:
     """`LexicalSearch` over the OpenSearch index `{index_prefix}-{generation_id}`.
 
     Guarantees, beyond the port's:
-    - Query text is analyzed like the indexed text and matched as `most_fields` over the
-      text fields boosted as `field_boosts` says (default `DEFAULT_FIELD_BOOSTS`:
-      `title^TITLE_BOOST`, `body`, `tags`) with `operator: or`: the score is the sum of
-      the per-field BM25 scores, as in tantivy; repeated words count once. Text with
-      no searchable token matches nothing; blank text means "filter only" (score 0.0,
-      ordered by `document_id`).
+    - Query text is analyzed like the indexed text (the index's own query analyzer) and
+      matched as `most_fields` over the text fields boosted as `field_boosts` says
+      (default `DEFAULT_FIELD_BOOSTS`: `title^TITLE_BOOST`, `body`, `tags`) with
+      `operator: or`: the score is the sum of the per-field BM25 scores, as in tantivy;
+      repeated words count once. On an index without the combined `text` field
+      (analyzer version 1, named in its mapping's `_meta`, read once per index), a
+      `text` boost applies to title, body and tags instead. Text with no searchable
+      token matches nothing; blank text means "filter only" (score 0.0, ordered by
+      `document_id`).
     - Every filter is a non-scoring `bool.filter` clause, so a document's score is the same
       with and without them. Filter values that are not valid Unicode match nothing.
     - Order is score descending, then `document_id` ascending, done by the engine's sort,
@@ -78,6 +86,11 @@ class OpenSearchLexicalSearch:
         if not _INDEX_PREFIX.fullmatch(index_prefix):
             raise ValueError(f"index prefix must match {_INDEX_PREFIX.pattern}: {index_prefix!r}")
         self._prefix = index_prefix
+        # Whether an index holds the combined `text` field, by index name (fixed for an
+        # index's life; only looked up when a query boosts `text`).
+        self._combined: dict[str, bool] = {}
+        # The index-side text analyzer of an index, by index name (looked up for phrases).
+        self._analyzers: dict[str, str] = {}
         self._client = OpenSearch(
             hosts=[client_url],
             timeout=REQUEST_TIMEOUT_S,
@@ -100,7 +113,13 @@ class OpenSearchLexicalSearch:
         if not _GENERATION_ID.fullmatch(generation_id):
             raise _unknown(generation_id)  # No index can have this name.
         index = f"{self._prefix}-{generation_id}"
+        combined = _names_combined_field(fields)
+        if combined and query_text.strip() and not self._has_combined_field(index, generation_id):
+            fields = _fields(field_boosts, combined_field=False)
         clauses = _filter_clauses(filter)
+        if filter.phrases:
+            analyzer = self._text_analyzer(index, generation_id)
+            clauses.extend(_any_phrase(group, analyzer) for group in filter.phrases)
         if not query_text.strip():
             query: dict[str, Any] = {"bool": {"filter": clauses}} if clauses else {"match_all": {}}
             return self._collect(index, generation_id, query, [{DOCUMENT_ID: "asc"}], limit)
@@ -131,6 +150,48 @@ class OpenSearchLexicalSearch:
     def close(self) -> None:
         """Close the client's connections. The object is not used afterwards."""
         self._client.close()
+
+    def _has_combined_field(self, index: str, generation_id: str) -> bool:
+        """Whether `index` was made with an analyzer that writes the `text` field."""
+        known = self._combined.get(index)
+        if known is None:
+            try:
+                mapping = self._client.indices.get_mapping(index=index)
+            except OpenSearchConnectionError as exc:
+                raise _unavailable(exc, generation_id) from exc
+            except TransportError as exc:
+                if exc.error == "index_not_found_exception":
+                    raise _unknown(generation_id) from exc
+                raise _unavailable(exc, generation_id) from exc
+            meta = next(iter(mapping.values()))["mappings"].get("_meta", {})
+            analyzer = str(meta.get("orrery", {}).get("text_analyzer", TEXT_ANALYZER_V1))
+            try:
+                known = self._combined[index] = has_combined_field(analyzer)
+            except ValueError as exc:
+                raise OrreryError(
+                    ErrorCode.INTERNAL,
+                    f"generation {generation_id!r} names an unknown text analyzer",
+                    {"engine": _ENGINE, "text_analyzer": analyzer},
+                ) from exc
+        return known
+
+    def _text_analyzer(self, index: str, generation_id: str) -> str:
+        """The analyzer `index` analyzes its text fields with (its mapping's `_meta`)."""
+        name = self._analyzers.get(index)
+        if name is None:
+            try:
+                mapping = self._client.indices.get_mapping(index=index)
+            except OpenSearchConnectionError as exc:
+                raise _unavailable(exc, generation_id) from exc
+            except TransportError as exc:
+                if exc.error == "index_not_found_exception":
+                    raise _unknown(generation_id) from exc
+                raise _unavailable(exc, generation_id) from exc
+            meta = next(iter(mapping.values()))["mappings"].get("_meta", {})
+            name = self._analyzers[index] = str(
+                meta.get("orrery", {}).get("text_analyzer", TEXT_ANALYZER_V1)
+            )
+        return name
 
     def _collect(
         self,
@@ -194,13 +255,17 @@ class _TooManyClauses(Exception):
     """The engine refused a query for its number of clauses."""
 
 
-def _fields(overrides: Mapping[str, float] | None) -> list[str]:
+def _fields(overrides: Mapping[str, float] | None, *, combined_field: bool = True) -> list[str]:
     """`multi_match` fields with their boosts (`name^boost`; fields boosted 0 left out)."""
     try:
-        boosts = field_boosts(overrides)
+        boosts = field_boosts(overrides, combined_field=combined_field)
     except ValueError as exc:
         raise OrreryError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
     return [name if boost == 1.0 else f"{name}^{boost}" for name, boost in boosts.items()]
+
+
+def _names_combined_field(fields: list[str]) -> bool:
+    return any(field.split("^", 1)[0] == TEXT for field in fields)
 
 
 def _text_query(text: str, clauses: list[dict[str, Any]], fields: list[str]) -> dict[str, Any]:
@@ -238,6 +303,34 @@ def _filter_clauses(filter: SearchFilter) -> list[dict[str, Any]]:
     if filter.document_ids is not None:
         clauses.append(_any_of(DOCUMENT_ID, filter.document_ids))
     return clauses
+
+
+def _any_phrase(phrases: Sequence[str], analyzer: str) -> dict[str, Any]:
+    """Matches documents where one of `phrases` occurs in a source text field: its tokens
+    adjacent and in order (`match_phrase`, slop 0).
+
+    Phrases are analyzed with the index-side `analyzer`, not the mapping's search
+    analyzer: that one drops repeated words, which would shift the positions of the
+    words after them. A phrase without tokens matches nothing (`zero_terms_query`).
+    """
+    should = [
+        {
+            "match_phrase": {
+                field: {
+                    # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
+                    "query": phrase.encode("utf-8", "replace").decode("utf-8"),
+                    "analyzer": analyzer,
+                    "slop": 0,
+                    "zero_terms_query": "none",
+                }
+            }
+        }
+        for phrase in dict.fromkeys(phrases)
+        for field in SOURCE_TEXT_FIELDS
+    ]
+    if not should:
+        return {"match_none": {}}
+    return {"bool": {"should": should, "minimum_should_match": 1}}
 
 
 def _any_of(field: str, values: Sequence[str]) -> dict[str, Any]:

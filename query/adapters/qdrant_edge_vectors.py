@@ -133,7 +133,14 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
 
     Every clause is a `must`; any-of lists are `MatchAny` on keyword indexes, facets are
     matched as `"name=value"` strings, time bounds are inclusive datetime ranges.
+    Phrase groups are refused (`INTERNAL`): the query worker resolves them to ids.
     """
+    if filter.phrases:
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "vector search cannot apply phrase filters; resolve them to document_ids first",
+            {"engine": "qdrant-edge"},
+        )
     must: list[ConditionType] = []
     if filter.galaxy is not None:
         must.append(FieldCondition("galaxy", match=MatchValue(filter.galaxy)))

@@ -183,8 +183,15 @@ def qdrant_filter(filter: SearchFilter) -> models.Filter | None:
 
     Every clause is a `must`; any-of lists are `MatchAny` on keyword indexes, facets are
     matched as `"name=value"` strings, time bounds are inclusive datetime ranges in UTC
-    (naive bounds are `INVALID_REQUEST`).
+    (naive bounds are `INVALID_REQUEST`). Phrase groups are refused (`INTERNAL`): the
+    query worker resolves them to ids.
     """
+    if filter.phrases:
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "vector search cannot apply phrase filters; resolve them to document_ids first",
+            {"engine": "qdrant"},
+        )
     must: list[models.Condition] = []
     if filter.galaxy is not None:
         must.append(models.FieldCondition(key=GALAXY, match=models.MatchValue(value=filter.galaxy)))

@@ -7,6 +7,7 @@ read connection: WAL readers never block the writer.
 
 from __future__ import annotations
 
+import base64
 import json
 import sqlite3
 import threading
@@ -16,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import DependencyUnavailable
-from query.ports import Route, ScopeReadiness, StoredRecord
+from query.ports import ProjectorLogStatus, Route, ScopeReadiness, StoredRecord
 
-__all__ = ["SqliteRecordReader", "SqliteRouting", "generation_document_ids"]
+__all__ = ["SqliteRecordReader", "SqliteRouting", "dead_letters", "generation_document_ids"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -68,6 +69,17 @@ class SqliteRouting(_Reader):
             return None
         return _route(namespace, snapshot_kind, rows[0])[0]
 
+    def generation(self, generation_id: str) -> Route | None:
+        rows = self._query(
+            f"SELECT g.namespace, g.snapshot_kind, {self._ROUTE_COLUMNS} FROM generations g "
+            "WHERE g.generation_id = ? AND g.indexes_dropped = 0",
+            (generation_id,),
+        )
+        if not rows:
+            return None
+        namespace, snapshot_kind, *row = rows[0]
+        return _route(str(namespace), str(snapshot_kind), tuple(row))[0]
+
     def fallback_routes(self, namespace: str, snapshot_kind: str, exclude: str) -> list[Route]:
         rows = self._query(
             f"SELECT {self._ROUTE_COLUMNS} FROM generations g WHERE g.namespace = ? AND "
@@ -109,6 +121,24 @@ class SqliteRouting(_Reader):
     def log_high_water(self) -> int:
         rows = self._query("SELECT COALESCE(MAX(position), 0) FROM outbox")
         return int(str(rows[0][0])) if rows else 0
+
+    def log_status(self) -> ProjectorLogStatus | None:
+        """From the projector's `projector_log_status` and `dead_letters` tables."""
+        rows = self._query(
+            "SELECT consumer, position, lag_events, measured_at, "
+            "(SELECT COUNT(*) FROM dead_letters) FROM projector_log_status "
+            "ORDER BY measured_at DESC LIMIT 1"
+        )
+        if not rows:
+            return None
+        consumer, position, lag, measured_at, dead = rows[0]
+        return ProjectorLogStatus(
+            consumer=str(consumer),
+            position=int(str(position)),
+            lag_events=int(str(lag)),
+            measured_at=datetime.fromisoformat(str(measured_at)),
+            dead_letters=int(str(dead)),
+        )
 
 
 class SqliteRecordReader(_Reader):
@@ -198,3 +228,34 @@ def generation_document_ids(routing: SqliteRouting, generation_id: str) -> list[
         (generation_id,),
     )
     return [str(r[0]) for r in rows]
+
+
+def dead_letters(routing: SqliteRouting, limit: int = 100) -> list[dict[str, Any]]:
+    """The projector's parked undecodable messages, oldest first, as JSON-ready dicts
+    (raw key, value and header values base64-encoded)."""
+    rows = routing._query(
+        "SELECT seq, consumer, location, position, message_key, message_value, "
+        "headers_json, reason, parked_at FROM dead_letters ORDER BY seq LIMIT ?",
+        (limit,),
+    )
+    out: list[dict[str, Any]] = []
+    for seq, consumer, where, position, key, value, headers, reason, parked_at in rows:
+        out.append(
+            {
+                "seq": seq,
+                "consumer": consumer,
+                "where": where,
+                "position": position,
+                "reason": reason,
+                "parked_at": parked_at,
+                "key_base64": None if key is None else _b64(key),
+                "value_base64": _b64(value),
+                "headers": json.loads(str(headers)),
+            }
+        )
+    return out
+
+
+def _b64(raw: object) -> str:
+    data = raw if isinstance(raw, bytes) else str(raw).encode()
+    return base64.b64encode(data).decode("ascii")

@@ -1,11 +1,14 @@
 """BM25 search over the tantivy indexes that `projector.adapters.tantivy_lexical` writes.
 
 The query is built from analyzed tokens, never parsed: user text such as
-`title:"x" AND (y -z*)` is a bag of words, so no input can raise a syntax error.
+`title:"x" AND (y -z*)` is a bag of words, so no input can raise a syntax error. Query
+text is analyzed with the text analyzer of the generation searched (its index names it),
+so stemming and folding are exactly those of the indexed text.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,12 +22,16 @@ from contracts.index_fields import (
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
+    NO_STEMMING,
     REVISION,
+    SOURCE_TEXT_FIELDS,
     STATUS,
     TEXT_TOKEN_MAX_BYTES,
     UPDATED_AT,
     UPDATED_AT_MICROS,
     VISIBILITY,
+    has_combined_field,
+    text_analyzer_language,
 )
 
 __all__ = ["TantivyLexicalSearch"]
@@ -40,30 +47,36 @@ _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
 _Hit = tuple[Any, tantivy.DocAddress]
 
 
-def _text_analyzer() -> tantivy.TextAnalyzer:
-    """`TEXT_ANALYZER` of `contracts.index_fields`, as the projector registers it.
+def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
+    """The text analyzer `name` of `contracts.index_fields`, as the projector registers it.
 
     Kept in step with `projector.adapters.tantivy_lexical` by the conformance suite
-    (case and umlaut folding tests); the two may share code only through `contracts`.
+    (folding and stemming tests); the two may share code only through `contracts`.
     """
-    return (
+    language = text_analyzer_language(name)
+    builder = (
         tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
         .filter(tantivy.Filter.remove_long(TEXT_TOKEN_MAX_BYTES))
         .filter(tantivy.Filter.lowercase())
         .filter(tantivy.Filter.ascii_fold())
-        .build()
     )
+    if language is not None and language != NO_STEMMING:
+        builder = builder.filter(tantivy.Filter.stemmer(language))
+    return builder.build()
 
 
 class TantivyLexicalSearch:
-    """`LexicalSearch` over the `tantivy.Index` that `index_provider` returns per generation.
+    """`LexicalSearch` over the `tantivy.Index` and text analyzer name that
+    `index_provider` returns per generation.
 
     Guarantees, beyond the port's:
-    - Query text is analyzed like the indexed text (lowercase, ASCII folding) and becomes
-      an OR of per-field term queries, each field boosted as `field_boosts` says (default
-      `DEFAULT_FIELD_BOOSTS`: title ×`TITLE_BOOST`); repeated words count once. Text with
-      no searchable token (only punctuation) matches nothing; blank text means "filter
-      only".
+    - Query text is analyzed with the generation's own analyzer (lowercase, ASCII
+      folding, its language's stemmer) and becomes an OR of per-field term queries, each
+      field boosted as `field_boosts` says (default `DEFAULT_FIELD_BOOSTS`: title
+      ×`TITLE_BOOST`); repeated words (after stemming) count once. On an index without
+      the combined `text` field (analyzer version 1), a `text` boost applies to title,
+      body and tags instead. Text with no searchable token (only punctuation) matches
+      nothing; blank text means "filter only".
     - Filters are wrapped in a zero constant score, so a document's score is the same
       with and without them. Filter values that are not valid Unicode match nothing.
     - Ties at the `limit` boundary are resolved by `document_id` exactly, not by the
@@ -72,9 +85,11 @@ class TantivyLexicalSearch:
       `OrreryError(COVERAGE_UNAVAILABLE)`; engine failures raise `DependencyUnavailable`.
     """
 
-    def __init__(self, index_provider: Callable[[str], tantivy.Index]) -> None:
+    def __init__(self, index_provider: Callable[[str], tuple[tantivy.Index, str]]) -> None:
         self._index_provider = index_provider
-        self._analyzer = _text_analyzer()
+        # Analyzers by name; built once each (a handful of names ever exist).
+        self._analyzers: dict[str, tantivy.TextAnalyzer] = {}
+        self._analyzers_lock = threading.Lock()
 
     def search(
         self,
@@ -85,19 +100,21 @@ class TantivyLexicalSearch:
         *,
         field_boosts: Mapping[str, float] | None = None,
     ) -> list[Candidate]:
-        boosts = _boosts(field_boosts)
+        _boosts(field_boosts, combined_field=True)  # An unknown field is refused anywhere.
         if limit <= 0 or filter.matches_nothing():
             return []  # tantivy panics on a zero limit.
-        index = self._index(generation_id)
+        index, analyzer_name = self._index(generation_id)
+        analyzer = self._analyzer(analyzer_name, generation_id)
+        boosts = _boosts(field_boosts, combined_field=has_combined_field(analyzer_name))
         try:
             schema = index.schema
-            restriction = _filter_query(schema, filter)
+            restriction = _filter_query(schema, filter, analyzer)
             searcher = index.searcher()
             if not query_text.strip():
                 return _filter_matches(searcher, restriction, limit)
             # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
             text = query_text.encode("utf-8", "replace").decode("utf-8")
-            terms = list(dict.fromkeys(self._analyzer.analyze(text)))
+            terms = list(dict.fromkeys(analyzer.analyze(text)))
             if not terms or not boosts:
                 return []
             query = _text_query(schema, terms, boosts)
@@ -114,7 +131,21 @@ class TantivyLexicalSearch:
                 "tantivy", f"search failed: {exc}", {"generation_id": generation_id}
             ) from exc
 
-    def _index(self, generation_id: str) -> tantivy.Index:
+    def _analyzer(self, name: str, generation_id: str) -> tantivy.TextAnalyzer:
+        with self._analyzers_lock:
+            analyzer = self._analyzers.get(name)
+            if analyzer is None:
+                try:
+                    analyzer = self._analyzers[name] = _text_analyzer(name)
+                except ValueError as exc:
+                    raise OrreryError(
+                        ErrorCode.INTERNAL,
+                        f"generation {generation_id!r} names an unknown text analyzer",
+                        {"engine": "tantivy", "text_analyzer": name},
+                    ) from exc
+        return analyzer
+
+    def _index(self, generation_id: str) -> tuple[tantivy.Index, str]:
         try:
             return self._index_provider(generation_id)
         except KeyError as exc:
@@ -125,9 +156,9 @@ class TantivyLexicalSearch:
             ) from exc
 
 
-def _boosts(overrides: Mapping[str, float] | None) -> dict[str, float]:
+def _boosts(overrides: Mapping[str, float] | None, *, combined_field: bool) -> dict[str, float]:
     try:
-        return field_boosts(overrides)
+        return field_boosts(overrides, combined_field=combined_field)
     except ValueError as exc:
         raise OrreryError(ErrorCode.INVALID_REQUEST, str(exc)) from exc
 
@@ -145,7 +176,9 @@ def _text_query(
     return tantivy.Query.boolean_query(clauses)
 
 
-def _filter_query(schema: tantivy.Schema, filter: SearchFilter) -> tantivy.Query | None:
+def _filter_query(
+    schema: tantivy.Schema, filter: SearchFilter, analyzer: tantivy.TextAnalyzer
+) -> tantivy.Query | None:
     """The conjunction of the filter's restrictions; `None` if it restricts nothing."""
     clauses: list[tantivy.Query] = []
     if filter.galaxy is not None:
@@ -172,6 +205,8 @@ def _filter_query(schema: tantivy.Schema, filter: SearchFilter) -> tantivy.Query
         clauses.append(_any_of(schema, FACETS, terms))
     if filter.document_ids is not None:
         clauses.append(_any_of(schema, DOCUMENT_ID, filter.document_ids))
+    for group in filter.phrases:
+        clauses.append(_any_phrase(schema, group, analyzer))
     if not clauses:
         return None
     if len(clauses) == 1:
@@ -193,6 +228,29 @@ def _any_of(schema: tantivy.Schema, field_name: str, values: Sequence[str]) -> t
     if len(terms) == 1:
         return terms[0]
     return tantivy.Query.boolean_query([(tantivy.Occur.Should, term) for term in terms])
+
+
+def _any_phrase(
+    schema: tantivy.Schema, phrases: Sequence[str], analyzer: tantivy.TextAnalyzer
+) -> tantivy.Query:
+    """Matches documents where one of `phrases` occurs in a source text field: its tokens,
+    analyzed by the generation's analyzer (not deduplicated), adjacent and in order.
+
+    A phrase without tokens matches nothing. tantivy refuses one-token phrases: those are
+    term queries. Values of a multi-valued field (tags) are not adjacent to each other.
+    """
+    clauses: list[tuple[tantivy.Occur, tantivy.Query]] = []
+    for phrase in dict.fromkeys(phrases):
+        words = analyzer.analyze(phrase.encode("utf-8", "replace").decode("utf-8"))
+        for field_name in SOURCE_TEXT_FIELDS if words else ():
+            if len(words) == 1:
+                query = tantivy.Query.term_query(schema, field_name, words[0])
+            else:
+                query = tantivy.Query.phrase_query(schema, field_name, [*words])
+            clauses.append((tantivy.Occur.Should, query))
+    if not clauses:
+        return tantivy.Query.empty_query()
+    return tantivy.Query.boolean_query(clauses)
 
 
 def _is_unicode(value: str) -> bool:

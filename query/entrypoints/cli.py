@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from contracts.records import Record
-from ingest.bootstrap import embedded_store
+from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
 from ingest.service import write_records
 from query.entrypoints.gen_cli import gen_app, remove_server_file, write_server_file
@@ -182,8 +182,26 @@ def relay(data_dir: DataDir = None) -> None:
 
 
 @app.command()
-def project(data_dir: DataDir = None) -> None:
+def project(
+    data_dir: DataDir = None,
+    dead_letters: Annotated[
+        bool,
+        typer.Option(
+            "--dead-letters",
+            help="Print the parked undecodable events (JSON lines, raw bytes base64) and exit",
+        ),
+    ] = False,
+    limit: Annotated[int, typer.Option(help="At most this many dead letters")] = 100,
+) -> None:
     """Server mode: consume Kafka into OpenSearch + Qdrant generations."""
+    if dead_letters:
+        from query.adapters.sqlite_routing import SqliteRouting
+        from query.adapters.sqlite_routing import dead_letters as parked
+
+        settings = _settings(data_dir=data_dir)
+        for letter in parked(SqliteRouting(canonical_db_path(settings.data_dir)), limit):
+            print(json.dumps(letter, ensure_ascii=False))
+        return
     _logging()
     _run_role(["projector"], _settings(data_dir=data_dir, mode="servers"), http=False)
 

@@ -31,7 +31,7 @@ from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import GenerationAdmin, GenerationOptions
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
-from query.bootstrap import embedded_query_ports, query_limits
+from query.bootstrap import cursor_codec, embedded_query_ports, query_limits, scope_registry
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.http import create_app
 from query.settings import QuerySettings
@@ -109,7 +109,11 @@ class EmbeddedStack:
         embedder = embedder or default_embedder(settings.embedder_threads)
         store = embedded_store(data_dir)
         projector = embedded_projector(
-            data_dir, db_path, embedder=embedder, batch_size=settings.projector_batch_size
+            data_dir,
+            db_path,
+            embedder=embedder,
+            batch_size=settings.projector_batch_size,
+            text_languages=settings.text_languages(),
         )
         for generation_id in projector.state.fail_orphaned_builds(ORPHANED_BUILD, older_than=None):
             log.warning("generation %s: %s; marked failed", generation_id, ORPHANED_BUILD)
@@ -125,9 +129,11 @@ class EmbeddedStack:
         ports = embedded_query_ports(
             db_path,
             embedder=embedder,
-            lexical_index_provider=projector.lexical.index_for,
+            lexical_index_provider=projector.lexical.searchable,
             vector_shard_provider=projector.vectors.shard_for,
             cache_responses=settings.cache_responses,
+            scopes=scope_registry(settings),
+            cursors=cursor_codec(settings),
         )
         routing = ports.routing
         assert isinstance(routing, SqliteRouting)

@@ -275,6 +275,7 @@ class DirectAdmin:
                 db_path,
                 embedder=default_embedder(settings.embedder_threads),
                 batch_size=settings.projector_batch_size,
+                text_languages=settings.text_languages(),
             )
             closers.insert(0, projector.close)
             for generation_id in projector.state.fail_orphaned_builds(
@@ -317,6 +318,7 @@ class DirectAdmin:
             qdrant_collection_prefix=settings.qdrant_collection_prefix,
             drive_log=None,
             options=generation_options(settings, ordered_log=False),
+            text_languages=settings.text_languages(),
         )
         return cls(admin, [close])
 

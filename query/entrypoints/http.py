@@ -26,8 +26,8 @@ from contracts.topk import (
     TopKRequest,
 )
 from query.eligibility import EligibilityGate
-from query.model import resolve_scope_ref
 from query.ports import Routing
+from query.scopes import ScopeResolver
 from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
 
 __all__ = ["create_app", "install_error_handlers"]
@@ -144,11 +144,15 @@ def create_app(
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
-        """The document ids the scope's live generation holds (the split path's step 1)."""
+        """The document ids the scope's live (or pinned: `…@g42`) generation holds (the
+        split path's step 1)."""
         who = principal(x_api_key, authorization)
         _check_namespace(who, namespace)
-        route = ports.routing.route(namespace, resolve_scope_ref(scope_ref))
-        if route is None or document_ids is None:
+        resolver = ports.scopes or ScopeResolver(ports.routing)
+        route = await run_in_threadpool(
+            resolver.route, namespace, resolver.target(namespace, scope_ref)
+        )
+        if document_ids is None:
             raise OrreryError(ErrorCode.SCOPE_NOT_READY, f"scope {scope_ref!r} is not ready")
         ids = await run_in_threadpool(document_ids, route.generation_id)
         out = DocumentIdsResponse(
@@ -216,8 +220,14 @@ def readiness(
 ) -> dict[str, Any]:
     """Per scope: the live generation, its descriptor digest and eligibility, the log
     high-water, the applied position and the lag in events and in seconds (the age of the
-    oldest event not applied yet). Ready when every scope has no lag and is eligible."""
+    oldest event not applied yet). Ready when every scope has no lag and is eligible and
+    the projector's own lag measurement (`projector_log`: Kafka consumer-group lag over
+    all partitions, or the outbox rows after its position) is 0 and taken at the high
+    water or later. A partitioned log applies out of position order, so the applied
+    position alone may claim "caught up" while another partition still holds events."""
     high_water = routing.log_high_water()
+    log_status = routing.log_status()
+    log_current = log_status is not None and log_status.position >= high_water
     now = datetime.now(UTC)
     scopes = []
     for scope in routing.scopes():
@@ -237,8 +247,14 @@ def readiness(
         "success": True,
         "log_high_water": high_water,
         "scopes": scopes,
-        "ready": all(s["lag_events"] == 0 and s.get("eligible", True) for s in scopes),
+        "ready": all(s["lag_events"] == 0 and s.get("eligible", True) for s in scopes)
+        and (log_status is None or (log_current and log_status.lag_events == 0)),
     }
+    if log_status is not None:
+        body["projector_log"] = {
+            **log_status.model_dump(mode="json"),
+            "current": log_current,
+        }
     if eligibility is not None:
         body["coverage_fallback"] = eligibility.fallback
     if status is not None:

@@ -36,7 +36,7 @@ from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import ORPHANED_AFTER, GenerationAdmin
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
-from query.bootstrap import query_limits, server_query_ports
+from query.bootstrap import cursor_codec, query_limits, scope_registry, server_query_ports
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.embedded import eligibility_gate, generation_options
 from query.entrypoints.http import create_app, install_error_handlers
@@ -127,6 +127,7 @@ class ServerStack:
                 opensearch_refresh_interval=settings.opensearch_refresh_interval,
                 qdrant=shared_qdrant,
                 qdrant_collection_prefix=settings.qdrant_collection_prefix,
+                text_languages=settings.text_languages(),
             )
             stack.projector_loop = ProjectorLoop(
                 stack.projector.step, poll_seconds=settings.projector_poll_seconds
@@ -155,6 +156,8 @@ class ServerStack:
                 qdrant_collection_prefix=settings.qdrant_collection_prefix,
                 redis_url=settings.redis_url,
                 cache_responses=settings.cache_responses,
+                scopes=scope_registry(settings),
+                cursors=cursor_codec(settings),
             )
             routing = ports.routing
             assert isinstance(routing, SqliteRouting)
@@ -177,6 +180,7 @@ class ServerStack:
                 qdrant_collection_prefix=settings.qdrant_collection_prefix,
                 drive_log=wake_projector,
                 options=generation_options(settings, ordered_log=False),
+                text_languages=settings.text_languages(),
             )
             stack.closers.append(close_admin)
             # Builds of other processes stay `building` while their heartbeat is fresh.

@@ -7,10 +7,13 @@ way to reopen the log as a restarted consumer would. To add one, put a factory i
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +24,7 @@ from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.relay import relay_outbox
 from projector.adapters.kafka_log import KafkaEventLog, KafkaLogSettings
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
-from projector.ports import EventLog
+from projector.ports import EventLog, Undecodable
 from tests.conftest import require_server
 
 
@@ -29,6 +32,9 @@ from tests.conftest import require_server
 class LogHarness:
     append: Callable[[list[Record]], None]
     open_log: Callable[[int], EventLog]
+    # Puts a message that is no `RecordChanged` on the log, as a buggy or foreign
+    # producer would (namespace "ns"; after at least one `append`).
+    append_garbage: Callable[[bytes], None]
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def log(self, committed: int = 0) -> EventLog:
@@ -51,7 +57,16 @@ def _sqlite(tmp: Path) -> LogHarness:
     def open_log(committed: int) -> EventLog:
         return SqliteOutboxLog(tmp / "orrery.sqlite", start_after=committed)
 
-    return LogHarness(append, open_log, [store.close])
+    def append_garbage(value: bytes) -> None:
+        with contextlib.closing(sqlite3.connect(tmp / "orrery.sqlite")) as conn, conn:
+            conn.execute(
+                "INSERT INTO outbox (document_id, revision, namespace, snapshot_kind, "
+                "event_json, created_at) VALUES ('garbage', 1, 'ns', 'objects', ?, "
+                "'2026-01-01T00:00:00+00:00')",
+                (value,),  # a BLOB: any bytes, valid UTF-8 or not
+            )
+
+    return LogHarness(append, open_log, append_garbage, [store.close])
 
 
 def _kafka(tmp: Path) -> LogHarness:
@@ -107,10 +122,21 @@ def _kafka(tmp: Path) -> LogHarness:
         open_logs.append(log)
         return log
 
+    def append_garbage(value: bytes) -> None:
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
+        try:
+            producer.send(f"{prefix}.ns", key=b"garbage", value=value).get(timeout=10)
+        finally:
+            producer.close()
+
     def drop() -> None:
         _drop_kafka_resources(bootstrap, prefix, run)
 
-    return LogHarness(append, open_log, [drop, publisher.close, source.close, store.close])
+    return LogHarness(
+        append, open_log, append_garbage, [drop, publisher.close, source.close, store.close]
+    )
 
 
 def _drop_kafka_resources(bootstrap: str, prefix: str, group_id: str) -> None:
@@ -150,6 +176,17 @@ def drain(log: EventLog, limit: int = 100) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     while batch := log.fetch(limit):
         out.extend((e.event.record.item_id, e.event.revision) for e in batch)
+    return out
+
+
+def fetch_all(log: EventLog, count: int) -> list[Any]:
+    """Fetch until `count` messages came back (a Kafka member may need several polls)."""
+    out: list[Any] = []
+    for _ in range(50):
+        out.extend(log.fetch(100))
+        if len(out) >= count:
+            break
+    assert len(out) == count, out
     return out
 
 
@@ -230,3 +267,71 @@ def test_event_carries_the_whole_record(harness: LogHarness) -> None:
     harness.append([record])
     (entry,) = harness.log().fetch(10)
     assert entry.event.record == record
+
+
+def test_lag_of_an_empty_log_is_zero(harness: LogHarness) -> None:
+    assert harness.log().lag() == 0
+
+
+def test_lag_counts_what_is_not_acknowledged(harness: LogHarness) -> None:
+    harness.append([rec("a", 1), rec("b", 1), rec("c", 1)])
+    log = harness.log()
+    assert log.lag() == 3  # before any fetch
+    entries = fetch_all(log, 3)
+    assert log.lag() == 3  # fetched is not applied
+    log.acknowledge(entries[:1])
+    assert log.lag() == 2
+    log.acknowledge(entries[1:])
+    assert log.lag() == 0
+    harness.append([rec("d", 1)])
+    assert log.lag() == 1  # appended after the last acknowledgement
+
+
+def test_lag_survives_a_restart(harness: LogHarness) -> None:
+    harness.append([rec("a", 1), rec("b", 1), rec("c", 1)])
+    log = harness.log()
+    (first,) = log.fetch(1)
+    log.acknowledge([first])
+    restarted = harness.log(committed=first.position)
+    assert restarted.lag() == 2
+
+
+def test_an_undecodable_message_comes_back_in_its_place_and_never_stalls(
+    harness: LogHarness,
+) -> None:
+    harness.append([rec("a", 1)])
+    harness.append_garbage(b'{"not": "an event"}')
+    harness.append([rec("b", 1)])
+    log = harness.log()
+    messages = fetch_all(log, 3)
+    bad = [m for m in messages if isinstance(m, Undecodable)]
+    good = sorted(m.event.record.item_id for m in messages if not isinstance(m, Undecodable))
+    assert good == ["a", "b"]
+    (garbage,) = bad
+    assert garbage.value == b'{"not": "an event"}'
+    assert garbage.reason and garbage.where
+    log.acknowledge(messages)
+    assert log.lag() == 0
+    committed = max(m.position or 0 for m in messages)
+    assert harness.log(committed=committed).fetch(10) == []  # parked, not redelivered
+
+
+def test_an_unacknowledged_undecodable_message_is_delivered_again(harness: LogHarness) -> None:
+    harness.append([rec("a", 1)])
+    harness.append_garbage(b"\xff garbage")
+    log = harness.log()
+    first = fetch_all(log, 2)
+    log.reset()
+    again = fetch_all(log, 2)
+    values = [m.value for m in again if isinstance(m, Undecodable)]
+    assert values == [m.value for m in first if isinstance(m, Undecodable)] == [b"\xff garbage"]
+
+
+def test_acknowledging_out_of_order_still_commits_everything(harness: LogHarness) -> None:
+    harness.append([rec(f"d{i}", 1) for i in range(9)])
+    log = harness.log()
+    entries = sorted(fetch_all(log, 9), key=lambda e: e.position)
+    log.acknowledge(entries[-1:])  # the newest first, the rest afterwards
+    log.acknowledge(entries[:-1])
+    assert log.lag() == 0
+    assert harness.log(committed=entries[-1].position).fetch(10) == []

@@ -25,6 +25,12 @@ from hypothesis import strategies as st
 from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index import TITLE_BOOST, Candidate, IndexDocument, SearchFilter
+from contracts.index_fields import (
+    NO_STEMMING,
+    STEMMER_LANGUAGES,
+    TEXT_ANALYZER_V1,
+    text_analyzer_name,
+)
 from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
 from projector.ports import LexicalIndex
@@ -47,7 +53,9 @@ EngineFactory = Callable[[Path], LexicalPair]
 
 def _tantivy(workdir: Path) -> LexicalPair:
     index = TantivyLexicalIndex(workdir / "tantivy")
-    return LexicalPair(index=index, search=TantivyLexicalSearch(index.index_for), close=index.close)
+    return LexicalPair(
+        index=index, search=TantivyLexicalSearch(index.searchable), close=index.close
+    )
 
 
 # One prefix per test run: every index this run creates is `orrery-test-<uuid8>-<generation>`.
@@ -80,6 +88,7 @@ class Lexical:
         self._workdir = workdir
         self.generation_id = generation_id
         self.pair = factory(workdir)
+        self.extra_generations: list[str] = []
 
     @property
     def index(self) -> LexicalIndex:
@@ -112,13 +121,30 @@ class Lexical:
         self.pair.close()
         self.pair = self._factory(self._workdir)
 
+    def with_analyzer(self, text_analyzer: str) -> Lexical:
+        """Another fresh generation on the same adapters, created with `text_analyzer`
+        (dropped by the `lexical` fixture's teardown via `extra_generations`)."""
+        other = Lexical.__new__(Lexical)
+        other._factory, other._workdir, other.pair = self._factory, self._workdir, self.pair
+        other.generation_id = f"{self.generation_id}-{len(self.extra_generations)}"
+        other.extra_generations = []
+        self.index.create(other.generation_id, text_analyzer=text_analyzer)
+        self.extra_generations.append(other.generation_id)
+        return other
+
+    def boosted(self, text: str, boosts: dict[str, float], limit: int = 10) -> list[Candidate]:
+        return self.search.search(
+            self.generation_id, text, SearchFilter(), limit, field_boosts=boosts
+        )
+
 
 @pytest.fixture(params=[pytest.param(name, marks=ENGINE_MARKS.get(name, ())) for name in ENGINES])
 def lexical(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Lexical]:
     harness = Lexical(ENGINES[request.param], tmp_path, f"conf-{uuid.uuid4().hex[:12]}")
     harness.index.create(harness.generation_id)
     yield harness
-    harness.index.drop(harness.generation_id)
+    for generation_id in [harness.generation_id, *harness.extra_generations]:
+        harness.index.drop(generation_id)
     harness.pair.close()
 
 
@@ -282,6 +308,102 @@ def test_folding_applies_to_indexed_and_query_text_alike(lexical: Lexical) -> No
     assert set(lexical.ids("strasse")) == {"g1", "g2"}
     assert lexical.ids("MÜLLER") == ["g1"]
     assert lexical.ids("cafe") == ["g1"]
+
+
+# -- stemming and the combined field (text analyzer version 2) -----------------------
+
+ONLY_TEXT = {"title": 0.0, "body": 0.0, "tags": 0.0, "text": 1.0}
+STEMMING_DOCS = [
+    doc("s1", body="She runs to the station every morning"),
+    doc("s2", title="Running shoes", body="light and cheap"),
+    doc("s3", body="the run was long"),
+    doc("s4", body="a rune stone"),
+]
+
+
+def test_english_stemming_matches_word_forms(lexical: Lexical) -> None:
+    # The default analyzer stems English (Porter2): run, runs, running are one term.
+    lexical.apply(STEMMING_DOCS)
+    for text in ("run", "runs", "RUNNING", "Läufe runs"):
+        assert set(lexical.ids(text)) == {"s1", "s2", "s3"}, text
+    assert lexical.ids("runes") == ["s4"]
+    assert lexical.ids("stations") == ["s1"]
+    # Stemmed repeats are one word: "runs running" scores like "run".
+    assert lexical.query("runs running") == lexical.query("run")
+
+
+def test_without_stemming_word_forms_stay_apart(lexical: Lexical) -> None:
+    plain = lexical.with_analyzer(text_analyzer_name(NO_STEMMING))
+    plain.apply(STEMMING_DOCS)
+    assert plain.ids("run") == ["s3"]
+    assert plain.ids("runs") == ["s1"]
+    assert plain.ids("running") == ["s2"]
+    assert plain.ids("Straße") == []  # still folded and lowercased, just not stemmed
+
+
+def test_german_stemming_in_a_german_generation(lexical: Lexical) -> None:
+    german = lexical.with_analyzer(text_analyzer_name("german"))
+    german.apply(
+        [
+            doc("h1", body="Die Häuser am Fluss"),
+            doc("h2", title="Ein Haus im Garten"),
+            doc("h3", body="In den Gärten blühen Rosen"),
+        ]
+    )
+    assert set(german.ids("Haus")) == {"h1", "h2"}
+    assert set(german.ids("hauser")) == {"h1", "h2"}
+    assert set(german.ids("Garten")) == {"h2", "h3"}
+    # The same documents in the default (English) generation: German forms stay apart.
+    lexical.apply([doc("h1", body="Die Häuser am Fluss"), doc("h2", title="Ein Haus")])
+    assert lexical.ids("Haus") == ["h2"]
+
+
+def test_the_analyzer_survives_a_restart(lexical: Lexical) -> None:
+    german = lexical.with_analyzer(text_analyzer_name("german"))
+    german.apply([doc("k1", body="zwei Katzen")])
+    lexical.apply([doc("k1", body="two cats running")])
+    lexical.restart()
+    german.pair = lexical.pair
+    # Each generation is read (and written) with its own analyzer after reopening.
+    assert german.ids("Katze") == ["k1"]
+    assert lexical.ids("run") == ["k1"]
+    german.apply([doc("k2", body="eine Katze")])
+    assert set(german.ids("katzen")) == {"k1", "k2"}
+
+
+def test_the_combined_field_scores_title_body_and_tags_as_one(lexical: Lexical) -> None:
+    lexical.apply(
+        [
+            doc("in-title", title="lantern", body="shelf"),
+            doc("in-body", title="shelf", body="lantern"),
+            doc("in-tags", title="shelf", tags=("lantern",)),
+            doc("none", title="shelf", body="cupboard"),
+        ]
+    )
+    found = lexical.boosted("lanterns", ONLY_TEXT)
+    assert {c.document_id for c in found} == {"in-title", "in-body", "in-tags"}
+    # One field of two words each: where the word stands makes no difference.
+    assert found[0].score == pytest.approx(found[-1].score, rel=1e-4)
+    assert lexical.boosted("cupboard", {"body": 0.0}) == []  # `text` is off by default
+    assert [c.document_id for c in lexical.boosted("cupboard", ONLY_TEXT)] == ["none"]
+
+
+def test_a_version_1_generation_stays_searchable(lexical: Lexical) -> None:
+    old = lexical.with_analyzer(TEXT_ANALYZER_V1)
+    old.apply(STEMMING_DOCS)
+    assert old.ids("runs") == ["s1"]  # no stemming in version 1
+    assert set(old.ids("RUNS running")) == {"s1", "s2"}
+    # No combined field: a profile scoring `text` gets title, body and tags instead.
+    assert [c.document_id for c in old.boosted("runs", ONLY_TEXT)] == ["s1"]
+    assert [c.document_id for c in old.boosted("shoes", ONLY_TEXT)] == ["s2"]
+    both = old.boosted("shoes", {"title": 1.0, "body": 1.0, "tags": 1.0})
+    assert old.boosted("shoes", ONLY_TEXT) == both
+
+
+def test_an_unknown_analyzer_is_refused(lexical: Lexical) -> None:
+    with pytest.raises(OrreryError) as raised:
+        lexical.index.create(f"{lexical.generation_id}-x", text_analyzer="orrery_text_v2_elvish")
+    assert raised.value.code is ErrorCode.INVALID_REQUEST
 
 
 SYNTAX_TEXTS = [
@@ -655,6 +777,8 @@ AGREEMENT_QUERIES = [
     "the",
     "hose shed kitchen",
     "Wo stand früher meine rote Thermoskanne?",
+    "stood in the cupboards",
+    "boiling kettles",
 ]
 
 
@@ -727,3 +851,189 @@ def test_text_analysis_agrees_across_engines(both_engines: dict[str, Lexical]) -
     for text in ANALYSIS_QUERIES:
         found = {name: set(harness.ids(text)) for name, harness in both_engines.items()}
         assert len(set(map(frozenset, found.values()))) == 1, f"{text!r}: {found}"
+
+
+# -- phrase filters (controlled-term phrase plans) ------------------------------------
+
+PHRASE_DOCS = [
+    doc("p1", title="Kitchen notes", body="the red thermos stood in the hall cupboard"),
+    # Every word of "red thermos", never adjacent in this order.
+    doc("p2", title="Hall", body="a thermos, dented and red, stood in the hall"),
+    doc("p3", title="Der Kühlschrank", body="Die Milch steht im Kühlschrank neben dem Käse"),
+    doc("p4", body="the fridge is cold", tags=("red thermos",)),
+    # Adjacent only across two tag values, or across two fields: not a phrase.
+    doc("p5", body="nothing to see", tags=("red", "thermos")),
+    doc("p6", title="Red", body="thermos flask"),
+]
+
+
+def phrases(*groups: Sequence[str]) -> SearchFilter:
+    return SearchFilter(phrases=tuple(tuple(group) for group in groups))
+
+
+@pytest.fixture
+def phrase_docs(lexical: Lexical) -> Lexical:
+    lexical.apply(PHRASE_DOCS)
+    return lexical
+
+
+def test_phrase_filter_needs_adjacent_words_in_order(phrase_docs: Lexical) -> None:
+    assert phrase_docs.id_set(phrases(["red thermos"])) == {"p1", "p4"}
+    assert phrase_docs.id_set(phrases(["thermos red"])) == set()
+    assert phrase_docs.id_set(phrases(["red thermos stood"])) == {"p1"}
+    # The same words as a bag match where they are not adjacent, too.
+    assert {"p2", "p5", "p6"} <= set(phrase_docs.ids("red thermos", limit=20))
+
+
+def test_phrase_filter_analyzes_like_indexed_text(phrase_docs: Lexical) -> None:
+    assert phrase_docs.id_set(phrases(["RED, thermos!"])) == {"p1", "p4"}
+    # A repeated word keeps its position ("the" twice).
+    assert phrase_docs.id_set(phrases(["the red thermos stood in the hall"])) == {"p1"}
+    assert phrase_docs.id_set(phrases(["stood in the hall"])) == {"p1", "p2"}
+
+
+@pytest.mark.parametrize(
+    "phrase",
+    ["Kühlschrank", "kuhlschrank", "KÜHLSCHRANK", "im Kühlschrank neben", "der kuhlschrank"],
+)
+def test_phrase_filter_folds_german(phrase_docs: Lexical, phrase: str) -> None:
+    assert phrase_docs.id_set(phrases([phrase])) == {"p3"}
+
+
+def test_phrase_group_is_any_of_and_groups_are_all_of(phrase_docs: Lexical) -> None:
+    assert phrase_docs.id_set(phrases(["red thermos", "kühlschrank"])) == {"p1", "p3", "p4"}
+    assert phrase_docs.id_set(phrases(["red thermos"], ["hall cupboard"])) == {"p1"}
+    assert phrase_docs.id_set(phrases(["red thermos"], ["kühlschrank"])) == set()
+    assert phrase_docs.id_set(phrases(["red thermos", "kühlschrank"], ["milch", "fridge"])) == {
+        "p3",
+        "p4",
+    }
+
+
+def test_phrase_filter_combines_with_other_filters(phrase_docs: Lexical) -> None:
+    both = SearchFilter(document_ids=("p1", "p2", "p3"), phrases=(("red thermos",),))
+    assert phrase_docs.id_set(both) == {"p1"}
+    assert phrase_docs.id_set(both.model_copy(update={"galaxy": "other"})) == set()
+    assert phrase_docs.ids("hall", both) == ["p1"]
+
+
+def test_phrase_without_words_and_empty_group_match_nothing(phrase_docs: Lexical) -> None:
+    assert phrase_docs.id_set(phrases(["!!!"])) == set()
+    assert phrase_docs.id_set(phrases(["!!!", "red thermos"])) == {"p1", "p4"}
+    assert phrase_docs.query("thermos", phrases([])) == []
+    assert phrase_docs.query("", phrases(["red thermos"], [])) == []
+
+
+def test_phrase_filter_does_not_change_scores(phrase_docs: Lexical) -> None:
+    unfiltered = {c.document_id: c.score for c in phrase_docs.query("red thermos hall", limit=20)}
+    filtered = phrase_docs.query("red thermos hall", phrases(["red thermos"]), limit=20)
+    assert {c.document_id for c in filtered} == {"p1", "p4"}
+    for candidate in filtered:
+        assert candidate.score == unfiltered[candidate.document_id]
+
+
+def test_lone_surrogates_in_phrases_are_separators(phrase_docs: Lexical) -> None:
+    assert phrase_docs.id_set(phrases([f"red{LONE}thermos"])) == {"p1", "p4"}
+    assert phrase_docs.id_set(phrases([LONE])) == set()
+
+
+PHRASE_FILTERS = [
+    phrases(["red thermos"]),
+    phrases(["thermos red"]),
+    phrases(["the red thermos stood in the hall"]),
+    phrases(["Kühlschrank"], ["milch steht"]),
+    phrases(["red thermos", "kühlschrank"], ["fridge", "hall cupboard"]),
+    phrases(["red", "flask"]),
+    phrases(["red thermos"], ["fridge"]),
+]
+
+
+@pytest.mark.servers
+def test_phrase_filters_agree_across_engines(both_engines: dict[str, Lexical]) -> None:
+    for harness in both_engines.values():
+        harness.apply(PHRASE_DOCS)
+    for filter in PHRASE_FILTERS:
+        found = {name: harness.id_set(filter) for name, harness in both_engines.items()}
+        assert len(set(map(frozenset, found.values()))) == 1, f"{filter.phrases}: {found}"
+
+
+# Inflected words of the languages with a stemmer, each indexed as one document; the
+# engines must match each query word to the same documents in a generation of every
+# language (the Snowball algorithms of rust-stemmers and Lucene must agree).
+STEMMING_WORDS = [
+    *("running runs ran runner generously nationalities agreed flying happily", ""),
+    *("Häuser Hauses Gärten Katzen laufen läuft gelaufen Schönheit Möglichkeiten", ""),
+    *("maisons nationalité chanteuses finissaient", ""),
+    *("casas cantaban nacionalidades canzoni", ""),
+    *("kirjoissa taloissa házakban köszönöm", ""),
+    *("husene bøkerne flickorna läsningen", ""),
+    *("evlerimizden kitaplar", ""),
+    *("книгами домами читающий", ""),
+    *("cărțile frumoasele", ""),
+]
+STEMMING_TEXT = " ".join(STEMMING_WORDS).split()
+
+
+@pytest.fixture
+def engines_for(tmp_path: Path) -> Iterator[Callable[[str], dict[str, Lexical]]]:
+    """Makes every engine's pair over one fresh generation with a given analyzer."""
+    made: list[Lexical] = []
+
+    def make(text_analyzer: str) -> dict[str, Lexical]:
+        engines: dict[str, Lexical] = {}
+        for name, factory in ENGINES.items():
+            harness = Lexical(factory, tmp_path / name, f"stem-{uuid.uuid4().hex[:12]}")
+            made.append(harness)
+            harness.index.create(harness.generation_id, text_analyzer=text_analyzer)
+            engines[name] = harness
+        return engines
+
+    try:
+        yield make
+    finally:
+        for harness in made:
+            harness.index.drop(harness.generation_id)
+            harness.pair.close()
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("language", sorted(STEMMER_LANGUAGES))
+def test_stemming_agrees_across_engines(
+    engines_for: Callable[[str], dict[str, Lexical]], language: str
+) -> None:
+    engines = engines_for(text_analyzer_name(language))
+    documents = [doc(f"w{n}", body=word) for n, word in enumerate(STEMMING_TEXT)]
+    for harness in engines.values():
+        harness.apply(documents)
+    for word in STEMMING_TEXT:
+        found = {name: set(harness.ids(word, limit=50)) for name, harness in engines.items()}
+        assert len(set(map(frozenset, found.values()))) == 1, f"{language} {word!r}: {found}"
+
+    # Several forms of one word stem alike in both: the test can tell stemming apart.
+    def ids_of(*words: str) -> set[str]:
+        return {f"w{STEMMING_TEXT.index(word)}" for word in words}
+
+    if language == "english":
+        assert set(engines["tantivy"].ids("run")) == ids_of("running", "runs")
+    if language == "german":
+        assert set(engines["tantivy"].ids("Haus")) == ids_of("Häuser", "Hauses")
+
+
+@pytest.mark.servers
+def test_combined_field_bm25_agrees_across_engines(
+    engines_for: Callable[[str], dict[str, Lexical]],
+) -> None:
+    engines = engines_for(text_analyzer_name("english"))
+    for harness in engines.values():
+        harness.apply([*CORPUS, *STEMMING_DOCS])
+    for text in [*AGREEMENT_QUERIES, "runs", "running shoes station"]:
+        results = {
+            name: harness.boosted(text, ONLY_TEXT, limit=3) for name, harness in engines.items()
+        }
+        (reference_name, reference), *others = results.items()
+        for name, candidates in others:
+            assert [c.document_id for c in candidates] == [c.document_id for c in reference], (
+                f"{text!r}: {name} and {reference_name} disagree on the top 3"
+            )
+            for mine, theirs in zip(candidates, reference, strict=True):
+                assert mine.score == pytest.approx(theirs.score, rel=1e-3)

@@ -119,7 +119,7 @@ def test_response_shape_and_plan(loaded: Server) -> None:
     ).json()
     assert body["success"] is True and body["scope_ref"] == SCOPE
     assert body["client_request_id"] == "req-1"
-    assert body["profile"] == "weighted@2" and body["generation_id"].startswith("g")
+    assert body["profile"] == "weighted@3" and body["generation_id"].startswith("g")
     first = body["results"][0]
     assert set(first) >= {
         "rank",

@@ -7,10 +7,12 @@ are quick; slow builds (for mid-build aborts and kills) use a batch size and a p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import random
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -39,7 +41,11 @@ NS = "gens"
 KIND = "objects"
 SCOPE = "longterm:objects:current"
 DIM = 384
-BASE_ENV = {"ORRERY_ADMIN_KEY": ADMIN_KEY, "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2"}
+BASE_ENV = {
+    "ORRERY_ADMIN_KEY": ADMIN_KEY,
+    "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2",
+    "ORRERY_MAX_RESULT_LIMIT": "500",
+}
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -152,6 +158,14 @@ def rollback(srv: Server, namespace: str = NS) -> dict[str, Any]:
     return dict(ok(admin_post(srv, "/rollback", body))["report"])
 
 
+def best_lexical(answer: dict[str, Any]) -> str:
+    """The item the text matched best. The test vectors are random, so the fused order
+    may put another document sharing most words first; the text names exactly one."""
+    results = answer["results"]
+    assert results, answer
+    return str(max(results, key=lambda r: r["score_breakdown"].get("lexical", 0.0))["item_id"])
+
+
 def topk(srv: Server, text: str, limit: int = 10, **extra: Any) -> httpx.Response:
     return srv.topk(namespace=NS, scope_ref=SCOPE, query_text=text, result_limit=limit, **extra)
 
@@ -243,7 +257,7 @@ def test_build_verify_promote_rollback_via_cli_and_http(flow: Server) -> None:
 
     answer = ok(topk(flow, "item number 17"))
     assert answer["generation_id"] == generation_id == answer["query_plan"]["generation_id"]
-    assert answer["results"][0]["item_id"] == "obj-17"
+    assert best_lexical(answer) == "obj-17"
     assert answer["query_plan"]["fallback"] is None
 
     ready = flow.client.get("/v1/readiness").json()
@@ -357,15 +371,51 @@ def test_flips_under_concurrent_query_load(flow: Server) -> None:
 # -- dual write, aborts, crashes ------------------------------------------------------------
 
 
-def test_writes_during_a_build_reach_the_new_generation(tmp_path: Path) -> None:
-    srv = start(
+EMBEDDED = "embedded"
+SERVERS = "servers"
+DEPLOYMENTS = [
+    pytest.param(EMBEDDED, id=EMBEDDED),
+    pytest.param(SERVERS, id=SERVERS, marks=[pytest.mark.servers, pytest.mark.slow]),
+]
+
+
+@contextlib.contextmanager
+def deployed(kind: str, data_dir: Path, **env: str) -> Iterator[Server]:
+    """A running `orrery serve` of either deployment; server mode gets names unique to
+    the test and its OpenSearch indexes are deleted afterwards."""
+    if kind == EMBEDDED:
+        srv = start(data_dir, **env)
+        try:
+            yield srv
+        finally:
+            srv.stop()
+        return
+    from tests.e2e.test_servers_http import server_env
+
+    tag = uuid.uuid4().hex[:8]
+    opensearch = require_server("opensearch")
+    srv = start_server(data_dir, env={**server_env(tag), **BASE_ENV, **env})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        httpx.delete(f"{opensearch}/orrery-test-{tag}-*", timeout=30)
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS)
+def test_writes_during_a_build_reach_the_new_generation(tmp_path: Path, deployment: str) -> None:
+    """Embedded: the bulk load runs in a child process and the projector defers the new
+    generation's writes until the hand-over replays them. Server mode: the projector
+    dual-writes into the generation while this process loads it. Either way nothing
+    written during the build is missing after promote."""
+    with deployed(
+        deployment,
         tmp_path / "data",
         ORRERY_GEN_BUILD_BATCH_SIZE="25",
         ORRERY_GEN_BUILD_PAUSE_SECONDS="0.1",
-    )
-    try:
+    ) as srv:
         assert srv.post_records(records(0, 300)).status_code == 200
-        srv.wait_projected(documents={(NS, KIND): 300})
+        srv.wait_projected(timeout=120, documents={(NS, KIND): 300})
         generation_id = start_build(srv)
         wait_loading(srv, generation_id, 50)
         # New documents, updates, deletes (of loaded and not yet loaded documents), a
@@ -376,23 +426,91 @@ def test_writes_during_a_build_reach_the_new_generation(tmp_path: Path) -> None:
         stale = srv.post_records(records(5, 1, revision=1))
         assert stale.status_code == 409
         assert srv.post_records(records(250, 1, revision=3, word="phoenix")).status_code == 200
+        if deployment == EMBEDDED:
+            # The writes arrived while the child was still loading.
+            assert ok(admin_get(srv, f"/{generation_id}"))["build"]["phase"] == "load"
         view = wait_state(srv, generation_id)
         assert view["row"]["state"] == "sealed", view["descriptor"]["history"]
+        receipt = view["descriptor"]["build_receipt"]
+        # Only the child process builds the vector index's graph as part of the load.
+        assert ("optimize" in receipt["durations_s"]) is (deployment == EMBEDDED)
+        srv.wait_projected(timeout=60, documents={(NS, KIND): 317})
         check = verify(srv, generation_id)
         assert check["verified"], check
         count, digest = canonical(srv.data_dir)
         assert check["check"]["expected_digest"] == digest and count == 300 + 20 - 3
         promote(srv, generation_id)
-        answer = ok(topk(srv, "zebra number 310", limit=3))
+        answer = ok(topk(srv, "zebra number 310"))
         assert answer["generation_id"] == generation_id
-        assert answer["results"][0]["item_id"] == "obj-310"
-        updated = ok(topk(srv, "giraffe number 3", limit=3))
-        assert updated["results"][0]["item_id"] == "obj-3"
-        assert updated["results"][0]["payload"]["revision"] == 2
-        reborn = ok(topk(srv, "phoenix number 250", limit=3))
-        assert reborn["results"][0]["item_id"] == "obj-250"
+        assert best_lexical(answer) == "obj-310"
+        # Ten documents say "giraffe number": the random test vectors, not the text,
+        # may rank another one first. What matters: obj-3 is there, at revision 2.
+        updated = ok(topk(srv, "giraffe number 3", limit=5))
+        hit = next(r for r in updated["results"] if r["item_id"] == "obj-3")
+        assert hit["payload"]["revision"] == 2 and hit["score_breakdown"]["lexical"] == 1.0
+        reborn = ok(topk(srv, "phoenix number 250"))
+        assert best_lexical(reborn) == "obj-250"
         gone = ok(topk(srv, "item number 21", limit=50))
         assert "obj-21" not in [r["item_id"] for r in gone["results"]]
+        everything = ok(topk(srv, "", limit=400, filters={"status": ["active"]}))
+        assert len(everything["results"]) == 317
+
+
+def bulk_load_children(data_dir: Path) -> list[int]:
+    """Pids of the bulk-load child processes working on `data_dir`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"projector.entrypoints.bulk_load" in argv and str(data_dir).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_gone(pids: Sequence[int], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{pid}").exists() for pid in pids):
+        assert time.monotonic() < deadline, f"still running: {pids}"
+        time.sleep(0.05)
+
+
+def test_a_killed_bulk_load_child_fails_its_generation_only(tmp_path: Path) -> None:
+    """SIGKILL the child mid-load: its generation fails (never promotable), the live
+    one keeps serving every document, the projector goes on, and a rebuild succeeds."""
+    data_dir = tmp_path / "data"
+    srv = start(data_dir, ORRERY_GEN_BUILD_BATCH_SIZE="20", ORRERY_GEN_BUILD_PAUSE_SECONDS="0.2")
+    try:
+        assert srv.post_records(records(0, 300)).status_code == 200
+        srv.wait_projected(documents={(NS, KIND): 300})
+        live = live_generation(srv)
+        killed = start_build(srv)
+        wait_loading(srv, killed, 40)
+        children = bulk_load_children(data_dir)
+        assert len(children) == 1
+        os.kill(children[0], signal.SIGKILL)
+        view = wait_state(srv, killed)
+        assert view["row"]["state"] == "failed"
+        reason = view["descriptor"]["history"][-1]["reason"]
+        assert "killed by signal 9" in reason, reason
+        refused = admin_post(srv, f"/{killed}/promote")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
+        assert srv.post_records(records(300, 5, word="otter")).status_code == 200
+        srv.wait_projected(documents={(NS, KIND): 305})
+        answer = ok(topk(srv, "", limit=400, filters={"status": ["active"]}))
+        assert answer["generation_id"] == live and len(answer["results"]) == 305
+        rebuilt = build_sealed(srv)
+        assert verify(srv, rebuilt)["verified"]
+        promote(srv, rebuilt)
+        answer = ok(topk(srv, "otter number 302"))
+        assert answer["generation_id"] == rebuilt and best_lexical(answer) == "obj-302"
+        report = ok(admin_post(srv, "/gc", {"keep": 0}))["report"]
+        assert report["dropped"] == [killed]
+        assert not (data_dir / "generations" / "vectors" / killed).exists()
+        assert bulk_load_children(data_dir) == []
     finally:
         srv.stop()
 
@@ -416,9 +534,12 @@ def test_aborted_and_killed_builds_are_never_promotable(tmp_path: Path) -> None:
 
         killed = start_build(srv)
         wait_loading(srv, killed, 20)
+        children = bulk_load_children(data_dir)
+        assert len(children) == 1
         srv.process.kill()  # SIGKILL, mid-build
         srv.process.wait(30)
         srv.client.close()
+        wait_gone(children)  # its stdin closed: a child never outlives its server
     finally:
         if srv.process.poll() is None:
             srv.stop()
@@ -434,7 +555,7 @@ def test_aborted_and_killed_builds_are_never_promotable(tmp_path: Path) -> None:
         assert verify(srv, rebuilt)["verified"]
         promote(srv, rebuilt)
         answer = ok(topk(srv, "item number 5"))
-        assert answer["generation_id"] == rebuilt and answer["results"][0]["item_id"] == "obj-5"
+        assert answer["generation_id"] == rebuilt and best_lexical(answer) == "obj-5"
         report = ok(admin_post(srv, "/gc", {"keep": 0}))["report"]
         assert set(report["dropped"]) == {aborted, killed}
         assert not (data_dir / "generations" / "lexical" / killed).exists()
@@ -560,12 +681,20 @@ def _record(i: int, revision: int, *, deleted: bool = False) -> Record:
     )
 
 
+@pytest.mark.parametrize("in_child", [True, False], ids=["child-process-load", "in-process-load"])
 def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
-    tmp_path: Path,
+    tmp_path: Path, in_child: bool
 ) -> None:
+    """A build while the log re-delivers, duplicates and reorders events and producers
+    hit revision conflicts. The snapshot loaded by a child process (the projector's
+    writes deferred, then replayed from the outbox) or in this one (dual writes)."""
     from contracts.admin import BuildRequest
     from ingest.adapters.sqlite_store import SqliteRecordStore
-    from projector.bootstrap import embedded_generation_admin, embedded_projector
+    from projector.bootstrap import (
+        EmbedderFactory,
+        embedded_generation_admin,
+        embedded_projector,
+    )
     from projector.generations import BuildControl, GenerationOptions
     from projector.service import project_batch
 
@@ -576,7 +705,7 @@ def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
     step: Callable[[], Any] = functools.partial(
         project_batch,
         log=ChaoticLog(projector.log, seed=7),
-        state=projector.state,
+        state=projector.deferred.wrap(projector.state),
         lexical=projector.lexical,
         vectors=projector.vectors,
         embedder=projector.embedder,
@@ -587,7 +716,11 @@ def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
         lock=projector.lock,
     )
     admin = embedded_generation_admin(
-        projector, db, drive_log=None, options=GenerationOptions(batch_size=30)
+        projector,
+        db,
+        drive_log=None,
+        options=GenerationOptions(batch_size=30, load_in_child=in_child),
+        embedder_factory=EmbedderFactory("tests.fakes:FakeHashingEmbedder", {"dimension": 16}),
     )
     rng = random.Random(3)
     revisions = {i: 1 for i in range(200)}
@@ -624,6 +757,9 @@ def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
         builder.join(60)
         assert not failure, failure
         assert built and built[0].state.value == "sealed"
+        assert built[0].build_receipt is not None
+        assert ("optimize" in built[0].build_receipt.durations_s) is in_child
+        assert rounds > 0  # the chaos went on while it built
         while step().events:
             pass
         count, digest = canonical(data_dir)
@@ -635,6 +771,84 @@ def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
             assert projector.vectors.evidence(generation_id).id_set_digest == digest
         check = admin.verify(built[0].generation_id)
         assert check.ok, check.reason
+    finally:
+        admin.close()
+        projector.close()
+        store.close()
+
+
+class ReplayingLog(ChaoticLog):
+    """Delivers in order, and once `replay_all` is set, every entry seen so far again
+    (an at-least-once consumer rewound to the start)."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner, seed=0)
+        self.replay_all = False
+
+    def fetch(self, limit: int) -> list[LogEntry]:
+        if self.replay_all:
+            self.replay_all = False
+            return list(self._seen)
+        fresh = list(self._inner.fetch(limit))
+        self._seen.extend(fresh)
+        return fresh
+
+
+@pytest.mark.parametrize("in_child", [True, False], ids=["child-process-load", "in-process-load"])
+def test_a_rebuilt_generation_keeps_deletes_made_before_its_snapshot(
+    tmp_path: Path, in_child: bool
+) -> None:
+    """Documents deleted before the snapshot are not in it; when the log later delivers
+    their old upserts again, the new generation must refuse them like the one that saw
+    the deletes (the snapshot carries tombstones)."""
+    from contracts.admin import BuildRequest
+    from ingest.adapters.sqlite_store import SqliteRecordStore
+    from projector.bootstrap import EmbedderFactory, embedded_generation_admin, embedded_projector
+    from projector.generations import BuildControl, GenerationOptions
+    from projector.service import project_batch
+
+    data_dir = tmp_path / "data"
+    db = data_dir / "orrery.sqlite"
+    store = SqliteRecordStore(db)
+    projector = embedded_projector(data_dir, db, embedder=FakeHashingEmbedder(16), batch_size=40)
+    log = ReplayingLog(projector.log)
+    step: Callable[[], Any] = functools.partial(
+        project_batch,
+        log=log,
+        state=projector.deferred.wrap(projector.state),
+        lexical=projector.lexical,
+        vectors=projector.vectors,
+        embedder=projector.embedder,
+        cache=projector.state,
+        lexical_engine="tantivy",
+        vector_engine="qdrant-edge",
+        batch_size=40,
+        lock=projector.lock,
+    )
+    admin = embedded_generation_admin(
+        projector,
+        db,
+        drive_log=None,
+        options=GenerationOptions(batch_size=7, load_in_child=in_child),
+        embedder_factory=EmbedderFactory("tests.fakes:FakeHashingEmbedder", {"dimension": 16}),
+    )
+    try:
+        store.write([_record(i, 1) for i in range(30)])
+        store.write([_record(i, 2, deleted=True) for i in range(0, 30, 3)])
+        while step().events:
+            pass
+        built = admin.build(BuildRequest(namespace=NS, snapshot_kind=KIND), BuildControl())
+        assert built.state.value == "sealed"
+        log.replay_all = True
+        assert step().events == 40  # every old upsert and delete, once more
+        count, digest = canonical(data_dir)
+        assert count == 20
+        for generation_id in ("g1", built.generation_id):
+            registry = projector.state.registry_pairs(generation_id)
+            assert id_set_digest(registry.pairs.items()) == digest, generation_id
+            assert projector.lexical.evidence(generation_id).id_set_digest == digest
+            assert projector.vectors.evidence(generation_id).id_set_digest == digest
+        assert admin.verify(built.generation_id).ok
     finally:
         admin.close()
         projector.close()
@@ -670,15 +884,88 @@ def test_server_mode_build_verify_promote_rollback(tmp_path: Path) -> None:
         assert list(mirrored) == [f"orrery-test-{tag}-{generation_id}"]
         answer = ok(topk(srv, "item number 17"))
         assert answer["generation_id"] == generation_id
-        assert answer["results"][0]["item_id"] == "obj-17"
+        assert best_lexical(answer) == "obj-17"
         assert srv.post_records(records(500, 3, word="walrus")).status_code == 200
         srv.wait_projected(timeout=60, documents={(NS, KIND): 123})
-        assert ok(topk(srv, "walrus number 501"))["results"][0]["item_id"] == "obj-501"
+        assert best_lexical(ok(topk(srv, "walrus number 501"))) == "obj-501"
         assert rollback(srv)["generation_id"] == first
         back = ok(topk(srv, "walrus number 501"))
-        assert back["generation_id"] == first and back["results"][0]["item_id"] == "obj-501"
+        assert back["generation_id"] == first and best_lexical(back) == "obj-501"
         mirrored = httpx.get(f"{opensearch}/_alias/{alias}", timeout=10).json()
         assert list(mirrored) == [f"orrery-test-{tag}-{first}"]
+    finally:
+        srv.stop()
+        httpx.delete(f"{opensearch}/orrery-test-{tag}-*", timeout=30)
+
+
+@pytest.mark.servers
+@pytest.mark.slow
+def test_server_mode_corrupt_replica_is_bypassed_never_served_partially(tmp_path: Path) -> None:
+    """Documents deleted directly in OpenSearch behind the registry's back: the query
+    worker's scheduled evidence check fails the live generation, so queries get 503
+    `coverage_unavailable` (never fewer results); verify fails it with the missing
+    ids; with `ORRERY_COVERAGE_FALLBACK=previous_verified` the previous verified
+    generation answers in full, declared in the plan."""
+    from tests.e2e.test_servers_http import server_env
+
+    tag = uuid.uuid4().hex[:8]
+    opensearch = require_server("opensearch")
+    data_dir = tmp_path / "data"
+    env = {**server_env(tag), **BASE_ENV}
+    srv = start_server(data_dir, env=env)
+    try:
+        assert srv.post_records(records(0, 60)).status_code == 200
+        srv.wait_projected(timeout=120, documents={(NS, KIND): 60})
+        previous = live_generation(srv)
+        generation_id = build_sealed(srv)
+        assert verify(srv, generation_id)["verified"]
+        promote(srv, generation_id)
+        full = ok(topk(srv, "", limit=100, filters={"status": ["active"]}))
+        assert full["generation_id"] == generation_id and len(full["results"]) == 60
+
+        index = ok(admin_get(srv, f"/{generation_id}"))["descriptor"]["topology"]["lexical_index"]
+        deleted = sorted(
+            Record(namespace=NS, snapshot_kind=KIND, item_id=f"obj-{i}", revision=1).doc_id
+            for i in (3, 4, 5)
+        )
+        for doc_id in deleted:
+            gone = httpx.delete(f"{opensearch}/{index}/_doc/{doc_id}?refresh=true", timeout=10)
+            assert gone.status_code == 200, gone.text
+        deadline = time.monotonic() + 60
+        while (refused := topk(srv, "item number 7")).status_code == 200:
+            # Until the next scheduled check, the replica still looks eligible.
+            assert len(refused.json()["results"]) > 0
+            assert time.monotonic() < deadline, "the corrupt replica was never bypassed"
+            time.sleep(0.2)
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "coverage_unavailable"
+        assert error["details"]["generation_id"] == generation_id
+        assert error["details"]["scope_ref"] == SCOPE
+        ready = srv.client.get("/v1/readiness").json()
+        scope = next(s for s in ready["scopes"] if s["namespace"] == NS)
+        assert scope["eligible"] is False and ready["ready"] is False
+
+        result = verify(srv, generation_id)
+        assert result["verified"] is False and result["state"] == "failed"
+        engines = {e["engine"]: e for e in result["check"]["engines"]}
+        assert engines["opensearch"]["missing_count"] == 3
+        assert list(engines["opensearch"]["missing"]) == deleted
+        assert engines["qdrant"]["matches"]
+    finally:
+        srv.stop()
+
+    srv = start_server(data_dir, env={**env, "ORRERY_COVERAGE_FALLBACK": "previous_verified"})
+    try:
+        answer = ok(topk(srv, "", limit=100, filters={"status": ["active"]}))
+        assert answer["generation_id"] == previous
+        fallback = answer["query_plan"]["fallback"]
+        assert fallback["policy"] == "previous_verified"
+        assert fallback["live_generation_id"] == generation_id
+        assert len(answer["results"]) == 60  # never fewer
+        assert rollback(srv)["generation_id"] == previous
+        again = ok(topk(srv, "item number 7"))
+        assert again["generation_id"] == previous and again["query_plan"]["fallback"] is None
     finally:
         srv.stop()
         httpx.delete(f"{opensearch}/orrery-test-{tag}-*", timeout=30)

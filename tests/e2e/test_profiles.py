@@ -106,6 +106,18 @@ def test_weighted_1_stays_available(profiled: Server) -> None:
     assert body["results"][0]["item_id"] == "fact:keys"
 
 
+@pytest.mark.parametrize("profile", ["weighted@3", "rrf@2"])
+def test_combined_text_profiles_find_word_forms(profiled: Server, profile: str) -> None:
+    # No exact word of "hanging key" is in the corpus: the stemmed text field has hang, key.
+    body = profiled.topk(
+        **{**QUERY, "query_text": "hanging key"}, profile=profile, ranking={"vector_weight": 0}
+    ).json()
+    assert body["profile"].startswith(f"{profile}+w:")
+    assert "vector" not in plan_of(body)["indexes_used"]
+    assert [r["item_id"] for r in body["results"]] == ["fact:keys"]
+    assert body["results"][0]["score_breakdown"]["lexical"] > 0.0
+
+
 def test_operator_profiles_from_config(profiled: Server) -> None:
     lexical = profiled.topk(**QUERY, profile="lexical-only@1").json()
     plan = plan_of(lexical)
@@ -236,7 +248,8 @@ def test_quality_bench_end_to_end(tmp_path: Path) -> None:
     assert out.with_suffix(".png").stat().st_size > 0
     assert (report["dataset"], report["corpus_size"], report["queries"]) == ("beir-tiny", 10, 3)
     runs = {run["name"]: run for run in report["runs"]}
-    assert {"lexical", "vector", "rrf@1", "weighted@1", "weighted@2", "default"} <= set(runs)
+    assert {"lexical", "lexical-text", "vector", "rrf@1", "rrf@2", "weighted@1"} <= set(runs)
+    assert {"weighted@2", "weighted@3", "default"} <= set(runs)
     for run in runs.values():
         assert 0.0 <= run["ndcg@10"] <= 1.0 and 0.0 <= run["recall@100"] <= 1.0
     # Every query shares rare words with its one relevant document: perfect retrieval.

@@ -36,6 +36,9 @@ What is guaranteed
   stderr, recorded in ``servers.json`` (``available: false`` plus ``error``), and ``up``
   exits 0 so tests can skip with that reason.
 * Concurrent ``up``/``down`` calls on one base directory are serialised by a file lock.
+* ``$ORRERY_SERVERS`` selects how servers run: ``local`` (the default, and the only mode
+  implemented) starts local processes; ``docker`` is refused with an explanation (see
+  ``tests/harness/README.md``), never silently replaced by ``local``.
 """
 
 from __future__ import annotations
@@ -117,6 +120,25 @@ def _resolve(given: str | Path | None, default: Callable[[], Path]) -> Path:
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     return float(raw) if raw else default
+
+
+SERVER_MODES_IMPLEMENTED = ("local",)
+
+
+def _check_server_mode() -> None:
+    """Refuse `ORRERY_SERVERS` values other than `local` instead of ignoring them."""
+    mode = (os.environ.get("ORRERY_SERVERS") or "local").strip().lower()
+    if mode in SERVER_MODES_IMPLEMENTED:
+        return
+    if mode == "docker":
+        raise HarnessError(
+            "ORRERY_SERVERS=docker is not implemented: the harness starts local processes "
+            "only (no Docker engine runs on the machines it was built on, so container "
+            "start-up could not be tested). Where Docker runs, use "
+            "`docker compose -f compose/docker-compose.yml up` and point the ORRERY_*_URL "
+            "variables at it, or unset ORRERY_SERVERS."
+        )
+    raise HarnessError(f"ORRERY_SERVERS={mode!r}: choose local (docker is not implemented)")
 
 
 def _require_from_env() -> bool:
@@ -976,6 +998,7 @@ def start_all(
     were (and are then listed as available). ``require`` defaults to ``$ORRERY_REQUIRE_SERVERS``;
     when true, any failure raises :class:`ServersUnavailable` after servers.json is written.
     """
+    _check_server_mode()
     base = _resolve(base_dir, default_base_dir)
     cache = _resolve(cache_dir, default_cache_dir)
     selected = _parse_only(only)

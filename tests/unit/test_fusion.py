@@ -277,6 +277,41 @@ def test_builtins_and_default() -> None:
     assert (rrf.lexical_weight, rrf.vector_weight) == (1.0, 1.0)
 
 
+def test_published_recipes_never_change() -> None:
+    # A profile id names one recipe forever: the combined field came as new versions.
+    assert BUILTIN["weighted@1"].field_boosts is None
+    assert BUILTIN["weighted@2"].field_boosts == {"title": 1.0}
+    assert BUILTIN["rrf@1"].field_boosts is None
+    only_text = {"title": 0.0, "body": 0.0, "tags": 0.0, "text": 1.0}
+    weighted3, rrf2 = BUILTIN["weighted@3"], BUILTIN["rrf@2"]
+    assert weighted3.lexical_boosts() == only_text and rrf2.lexical_boosts() == only_text
+    assert isinstance(weighted3, WeightedProfile) and isinstance(rrf2, RrfProfile)
+    same_as_2 = {"field_boosts", "id", "description"}
+    assert weighted3.model_dump(exclude=same_as_2) == BUILTIN["weighted@2"].model_dump(
+        exclude=same_as_2
+    )
+    assert rrf2.model_dump(exclude=same_as_2) == BUILTIN["rrf@1"].model_dump(exclude=same_as_2)
+
+
+def test_the_default_profile_scores_the_combined_field() -> None:
+    assert DEFAULT_PROFILE_ID == "weighted@3"
+    assert QuerySettings.model_fields["default_profile"].default == DEFAULT_PROFILE_ID
+    assert ProfileRegistry().get(None).lexical_boosts() == {
+        "title": 0.0,
+        "body": 0.0,
+        "tags": 0.0,
+        "text": 1.0,
+    }
+
+
+def test_operator_profiles_may_boost_the_combined_field() -> None:
+    raw = '[{"kind": "rrf", "id": "text-rrf@1", "field_boosts": {"text": 2, "title": 0}}]'
+    (profile,) = parse_profiles(raw).profiles
+    assert profile.lexical_boosts() == {"text": 2.0, "title": 0.0}
+    with pytest.raises(ValueError, match="invalid fusion profiles"):
+        parse_profiles('[{"kind": "rrf", "id": "x@1", "field_boosts": {"abstract": 1}}]')
+
+
 def test_unknown_profile_names_the_known_ones() -> None:
     with pytest.raises(OrreryError) as err:
         ProfileRegistry().get("bm42@1")
