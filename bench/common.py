@@ -152,9 +152,12 @@ class ServeProcess:
         return self.process.returncode
 
 
-def _start(
-    data_dir: Path, log_path: Path, env: Mapping[str, str], startup_s: float
+def start_serve(
+    data_dir: Path, log_path: Path, env: Mapping[str, str], startup_s: float = 180.0
 ) -> ServeProcess:
+    """`orrery serve` on `data_dir` (created or reused) and a free loopback port, with
+    `env` over this environment minus its `ORRERY_*` variables; returns once `/healthz`
+    answers. Raises `RuntimeError` with the log tail when it exits or never answers."""
     port = free_port()
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
     child_env.update({"ORRERY_HOST": LOOPBACK, "PYTHONUNBUFFERED": "1", **env})
@@ -200,7 +203,7 @@ def serve(
     root = Path(tempfile.mkdtemp(prefix="orrery-bench-"))
     server: ServeProcess | None = None
     try:
-        server = _start(root / "data", root / "serve.log", env, startup_s)
+        server = start_serve(root / "data", root / "serve.log", env, startup_s)
         yield server
     except BaseException:
         if server is not None:

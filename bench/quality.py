@@ -27,16 +27,12 @@ Figures are reported, never asserted.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +53,15 @@ from rich.table import Table
 if __package__ in (None, ""):  # run as `python bench/quality.py`: put the repo root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import LOOPBACK, REPO_ROOT, free_port, git_facts, machine_facts, utc_now
+from bench.common import (
+    REPO_ROOT,
+    drop_harness_resources,
+    git_facts,
+    harness_servers_env,
+    machine_facts,
+    start_serve,
+    utc_now,
+)
 
 __all__ = ["Dataset", "load_dataset", "main", "ndcg_at", "recall_at"]
 
@@ -149,114 +153,6 @@ def _record(row: Mapping[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the server
 
 
-@dataclass
-class _Server:
-    process: subprocess.Popen[bytes]
-    client: httpx.Client
-    log_path: Path
-
-    def log_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
-        return ""
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=30)
-
-
-def _servers_env() -> dict[str, str]:
-    """Server mode on the local harness, with Kafka/OpenSearch/Qdrant names unique to
-    this run (as `tests/e2e/test_servers_http.py` does)."""
-    from tests.harness.servers import server_urls
-
-    urls = server_urls()
-    missing = [name for name, url in urls.items() if not url]
-    if missing:
-        raise SystemExit(f"harness servers not running: {missing} (make servers-up)")
-    tag = uuid.uuid4().hex[:8]
-    return {
-        "ORRERY_MODE": "servers",
-        "ORRERY_KAFKA_BOOTSTRAP": str(urls["kafka"]),
-        "ORRERY_OPENSEARCH_URL": str(urls["opensearch"]),
-        "ORRERY_REDIS_URL": str(urls["redis"]),
-        "ORRERY_KAFKA_TOPIC_PREFIX": f"orrery-bench-{tag}.records",
-        "ORRERY_KAFKA_GROUP": f"orrery-bench-{tag}",
-        "ORRERY_KAFKA_SESSION_TIMEOUT_MS": "6000",
-        "ORRERY_OPENSEARCH_INDEX_PREFIX": f"orrery-bench-{tag}",
-        "ORRERY_QDRANT_COLLECTION_PREFIX": f"orrery-bench-{tag}",
-    }
-
-
-def _drop_server_resources(env: Mapping[str, str]) -> None:
-    """Delete the OpenSearch indexes, Kafka topics and consumer group named with this
-    run's prefixes (Qdrant's local-mode collections live in the data dir; Redis entries
-    expire)."""
-    prefix = env["ORRERY_OPENSEARCH_INDEX_PREFIX"]
-    with httpx.Client(base_url=env["ORRERY_OPENSEARCH_URL"], timeout=60, trust_env=False) as os_:
-        listed = os_.get(f"/_cat/indices/{prefix}-*", params={"format": "json", "h": "index"})
-        for row in listed.json() if listed.status_code == 200 else []:
-            os_.delete(f"/{row['index']}")
-    from kafka.admin import KafkaAdminClient
-
-    admin = KafkaAdminClient(bootstrap_servers=env["ORRERY_KAFKA_BOOTSTRAP"])
-    try:
-        topic_prefix = env["ORRERY_KAFKA_TOPIC_PREFIX"]
-        topics = [t for t in admin.list_topics() if t.startswith(topic_prefix)]
-        if topics:
-            admin.delete_topics(topics)
-        with contextlib.suppress(Exception):  # absent when no consumer ever joined
-            admin.delete_groups([env["ORRERY_KAFKA_GROUP"]])
-    finally:
-        admin.close()
-
-
-def _start(data_dir: Path, env: Mapping[str, str]) -> _Server:
-    data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log_path = data_dir.parent / f"serve-{port}.log"
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
-    child_env.update({"PYTHONUNBUFFERED": "1", **env})
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "query.entrypoints.cli",
-                "serve",
-                "--data-dir",
-                str(data_dir),
-                "--host",
-                LOOPBACK,
-                "--port",
-                str(port),
-            ],
-            cwd=REPO_ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_env,
-        )
-    client = httpx.Client(base_url=f"http://{LOOPBACK}:{port}", timeout=120.0, trust_env=False)
-    server = _Server(process, client, log_path)
-    stop_at = time.monotonic() + 180
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"orrery serve exited at startup:\n{server.log_tail()}")
-        with contextlib.suppress(httpx.TransportError):
-            if client.get("/healthz").status_code == 200:
-                return server
-        if time.monotonic() > stop_at:
-            server.stop()
-            raise RuntimeError(f"orrery serve did not start:\n{server.log_tail()}")
-        time.sleep(0.1)
-
-
 def _progress() -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),
@@ -277,19 +173,19 @@ def _scope_count(ready: Mapping[str, Any]) -> int:
     )
 
 
-def _load(server: _Server, dataset: Dataset, timeout_s: float) -> dict[str, Any]:
+def _load(client: httpx.Client, dataset: Dataset, timeout_s: float) -> dict[str, Any]:
     """Write the corpus, then wait until the projector indexed all of it."""
     records = [_record(row) for row in dataset.corpus]
     total = len(records)
     started = time.perf_counter()
     accepted = 0
-    present = _scope_count(server.client.get("/v1/readiness").json())
+    present = _scope_count(client.get("/v1/readiness").json())
     with _progress() as progress:
         task = progress.add_task("write records", total=total, rate="")
         # A reused data dir that holds the whole corpus already is not written again.
         for start in range(0, total if present < total else 0, BATCH):
             chunk = records[start : start + BATCH]
-            response = server.client.post("/v1/records", json=chunk)
+            response = client.post("/v1/records", json=chunk)
             stale = response.status_code == 409  # every revision already stored
             if response.status_code != 200 and not stale:
                 raise RuntimeError(
@@ -300,12 +196,12 @@ def _load(server: _Server, dataset: Dataset, timeout_s: float) -> dict[str, Any]
         progress.update(task, completed=total)
     written_s = time.perf_counter() - started
     projected_at = time.perf_counter()
-    first = _scope_count(server.client.get("/v1/readiness").json())
+    first = _scope_count(client.get("/v1/readiness").json())
     with _progress() as progress:
         task = progress.add_task("embed + index", total=total, rate="")
         logged_at = 0.0
         while True:
-            ready = server.client.get("/v1/readiness").json()
+            ready = client.get("/v1/readiness").json()
             count = _scope_count(ready)
             elapsed = time.perf_counter() - projected_at
             rate = f"{max(0, count - first) / max(elapsed, 1e-9):.1f} docs/s"
@@ -352,7 +248,7 @@ def _runs(extra: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _evaluate(
-    server: _Server, dataset: Dataset, name: str, fields: Mapping[str, Any]
+    client: httpx.Client, dataset: Dataset, name: str, fields: Mapping[str, Any]
 ) -> dict[str, Any]:
     ndcg: list[float] = []
     recall: list[float] = []
@@ -371,7 +267,7 @@ def _evaluate(
                 "timeout_seconds": QUERY_TIMEOUT_S,
                 **fields,
             }
-            response = server.client.post("/v1/external/retrieve/topk_records", json=body)
+            response = client.post("/v1/external/retrieve/topk_records", json=body)
             if response.status_code != 200:
                 raise RuntimeError(
                     f"{name} query {query_id}: {response.status_code} {response.text}"
@@ -508,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{dataset.name}: {len(dataset.corpus):,} documents, {len(dataset.qrels):,} "
         f"{args.split} queries with judgments; mode {args.mode}"
     )
-    env = _servers_env() if args.mode == "servers" else {}
+    env = harness_servers_env("quality") if args.mode == "servers" else {}
     if args.profiles:
         env["ORRERY_PROFILES"] = args.profiles
     env["ORRERY_NAMESPACE_LANGUAGES"] = json.dumps({NAMESPACE: args.language})
@@ -517,23 +413,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if data_dir is None:
         temp = Path(tempfile.mkdtemp(prefix="orrery-quality-"))
         data_dir = temp / "data"
-    server = _start(data_dir, env)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = start_serve(data_dir, data_dir.parent / "serve.log", env)
+    client = server.client()
     try:
-        load = _load(server, dataset, args.project_timeout)
+        load = _load(client, dataset, args.project_timeout)
         console.print(
             f"loaded: {load['accepted']:,} written in {load['write_seconds']} s, projected in "
             f"{load['project_seconds']} s ({load['project_docs_per_second']} docs/s)"
         )
-        runs = [_evaluate(server, dataset, name, fields) for name, fields in _runs(args.profile)]
+        runs = [_evaluate(client, dataset, name, fields) for name, fields in _runs(args.profile)]
     except BaseException:
-        console.print(f"[red]server log tail:[/]\n{server.log_tail()}")
+        console.print(f"[red]server log tail:[/]\n{server.log_text()[-3000:]}")
         raise
     finally:
+        client.close()
         server.stop()
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
         if args.mode == "servers":
-            _drop_server_resources(env)
+            drop_harness_resources(env)
 
     verdict = _verdict(runs, args.target)
     result = {

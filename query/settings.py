@@ -102,6 +102,11 @@ class QuerySettings(BaseSettings):
     kafka_partitions: int = Field(default=3, ge=1, le=1_000)
     kafka_group: str = "orrery-projector"
     kafka_session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    kafka_metadata_max_age_ms: int = Field(
+        default=30_000,
+        ge=1_000,
+        description="The projector sees a new namespace's topic within this time",
+    )
     opensearch_url: str = "http://127.0.0.1:9200"
     opensearch_index_prefix: str = "orrery"
     opensearch_refresh_interval: str = Field(
@@ -142,6 +147,14 @@ class QuerySettings(BaseSettings):
         default=0.0, ge=0.0, description="Pause between snapshot batches of a build"
     )
     gen_catch_up_timeout_seconds: float = Field(default=600.0, gt=0.0)
+    gen_build_in_child: bool = Field(
+        default=True,
+        description="Embedded builds bulk-load in a child process (serving keeps its "
+        "interpreter and CPUs); false = in the server process with dual writes",
+    )
+    gen_build_child_nice: int = Field(
+        default=10, ge=0, le=19, description="CPU niceness added to the bulk-load child"
+    )
     gen_build_switch_interval_seconds: float | None = Field(
         default=0.001,
         gt=0.0,

@@ -51,6 +51,8 @@ def generation_options(settings: QuerySettings, *, ordered_log: bool = True) -> 
         max_promote_lag=settings.promote_max_lag_events,
         ordered_log=ordered_log,
         switch_interval_seconds=settings.gen_build_switch_interval_seconds,
+        load_in_child=settings.gen_build_in_child,
+        child_nice=settings.gen_build_child_nice,
     )
 
 

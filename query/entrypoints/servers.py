@@ -122,6 +122,7 @@ class ServerStack:
                 kafka_topic_prefix=settings.kafka_topic_prefix,
                 kafka_group=settings.kafka_group,
                 kafka_session_timeout_ms=settings.kafka_session_timeout_ms,
+                kafka_metadata_max_age_ms=settings.kafka_metadata_max_age_ms,
                 opensearch_url=settings.opensearch_url,
                 opensearch_index_prefix=settings.opensearch_index_prefix,
                 opensearch_refresh_interval=settings.opensearch_refresh_interval,

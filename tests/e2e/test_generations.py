@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -681,21 +682,28 @@ def _record(i: int, revision: int, *, deleted: bool = False) -> Record:
     )
 
 
-@pytest.mark.parametrize("in_child", [True, False], ids=["child-process-load", "in-process-load"])
-def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
-    tmp_path: Path, in_child: bool
-) -> None:
-    """A build while the log re-delivers, duplicates and reorders events and producers
-    hit revision conflicts. The snapshot loaded by a child process (the projector's
-    writes deferred, then replayed from the outbox) or in this one (dual writes)."""
-    from contracts.admin import BuildRequest
+@dataclass
+class Pipeline:
+    """An embedded store, projector and generation admin in this process; `step` runs
+    one projector batch over the (wrapped) log."""
+
+    data_dir: Path
+    store: Any
+    projector: Any
+    admin: Any
+    step: Callable[[], Any]
+
+    def parts(self) -> tuple[Path, Any, Any, Any, Callable[[], Any]]:
+        return self.data_dir, self.store, self.projector, self.admin, self.step
+
+
+@contextlib.contextmanager
+def in_process_pipeline(
+    tmp_path: Path, wrap_log: Callable[[Any], Any], *, build_batch: int, in_child: bool
+) -> Iterator[Pipeline]:
     from ingest.adapters.sqlite_store import SqliteRecordStore
-    from projector.bootstrap import (
-        EmbedderFactory,
-        embedded_generation_admin,
-        embedded_projector,
-    )
-    from projector.generations import BuildControl, GenerationOptions
+    from projector.bootstrap import EmbedderFactory, embedded_generation_admin, embedded_projector
+    from projector.generations import GenerationOptions
     from projector.service import project_batch
 
     data_dir = tmp_path / "data"
@@ -704,7 +712,7 @@ def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
     projector = embedded_projector(data_dir, db, embedder=FakeHashingEmbedder(16), batch_size=40)
     step: Callable[[], Any] = functools.partial(
         project_batch,
-        log=ChaoticLog(projector.log, seed=7),
+        log=wrap_log(projector.log),
         state=projector.deferred.wrap(projector.state),
         lexical=projector.lexical,
         vectors=projector.vectors,
@@ -719,12 +727,33 @@ def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
         projector,
         db,
         drive_log=None,
-        options=GenerationOptions(batch_size=30, load_in_child=in_child),
+        options=GenerationOptions(batch_size=build_batch, load_in_child=in_child),
         embedder_factory=EmbedderFactory("tests.fakes:FakeHashingEmbedder", {"dimension": 16}),
     )
+    try:
+        yield Pipeline(data_dir, store, projector, admin, step)
+    finally:
+        admin.close()
+        projector.close()
+        store.close()
+
+
+@pytest.mark.parametrize("in_child", [True, False], ids=["child-process-load", "in-process-load"])
+def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
+    tmp_path: Path, in_child: bool
+) -> None:
+    """A build while the log re-delivers, duplicates and reorders events and producers
+    hit revision conflicts. The snapshot loaded by a child process (the projector's
+    writes deferred, then replayed from the outbox) or in this one (dual writes)."""
+    from contracts.admin import BuildRequest
+    from projector.generations import BuildControl
+
     rng = random.Random(3)
     revisions = {i: 1 for i in range(200)}
-    try:
+    with in_process_pipeline(
+        tmp_path, lambda log: ChaoticLog(log, seed=7), build_batch=30, in_child=in_child
+    ) as pipe:
+        data_dir, store, projector, admin, step = pipe.parts()
         store.write([_record(i, 1) for i in range(200)])
         while step().events:
             pass
@@ -771,10 +800,6 @@ def test_duplicates_reordering_and_conflicts_converge_to_the_canonical_set(
             assert projector.vectors.evidence(generation_id).id_set_digest == digest
         check = admin.verify(built[0].generation_id)
         assert check.ok, check.reason
-    finally:
-        admin.close()
-        projector.close()
-        store.close()
 
 
 class ReplayingLog(ChaoticLog):
@@ -802,37 +827,17 @@ def test_a_rebuilt_generation_keeps_deletes_made_before_its_snapshot(
     their old upserts again, the new generation must refuse them like the one that saw
     the deletes (the snapshot carries tombstones)."""
     from contracts.admin import BuildRequest
-    from ingest.adapters.sqlite_store import SqliteRecordStore
-    from projector.bootstrap import EmbedderFactory, embedded_generation_admin, embedded_projector
-    from projector.generations import BuildControl, GenerationOptions
-    from projector.service import project_batch
+    from projector.generations import BuildControl
 
-    data_dir = tmp_path / "data"
-    db = data_dir / "orrery.sqlite"
-    store = SqliteRecordStore(db)
-    projector = embedded_projector(data_dir, db, embedder=FakeHashingEmbedder(16), batch_size=40)
-    log = ReplayingLog(projector.log)
-    step: Callable[[], Any] = functools.partial(
-        project_batch,
-        log=log,
-        state=projector.deferred.wrap(projector.state),
-        lexical=projector.lexical,
-        vectors=projector.vectors,
-        embedder=projector.embedder,
-        cache=projector.state,
-        lexical_engine="tantivy",
-        vector_engine="qdrant-edge",
-        batch_size=40,
-        lock=projector.lock,
-    )
-    admin = embedded_generation_admin(
-        projector,
-        db,
-        drive_log=None,
-        options=GenerationOptions(batch_size=7, load_in_child=in_child),
-        embedder_factory=EmbedderFactory("tests.fakes:FakeHashingEmbedder", {"dimension": 16}),
-    )
-    try:
+    logs: list[ReplayingLog] = []
+
+    def wrap(inner: Any) -> ReplayingLog:
+        logs.append(ReplayingLog(inner))
+        return logs[0]
+
+    with in_process_pipeline(tmp_path, wrap, build_batch=7, in_child=in_child) as pipe:
+        data_dir, store, projector, admin, step = pipe.parts()
+        log = logs[0]
         store.write([_record(i, 1) for i in range(30)])
         store.write([_record(i, 2, deleted=True) for i in range(0, 30, 3)])
         while step().events:
@@ -849,10 +854,6 @@ def test_a_rebuilt_generation_keeps_deletes_made_before_its_snapshot(
             assert projector.lexical.evidence(generation_id).id_set_digest == digest
             assert projector.vectors.evidence(generation_id).id_set_digest == digest
         assert admin.verify(built.generation_id).ok
-    finally:
-        admin.close()
-        projector.close()
-        store.close()
 
 
 # -- server mode ----------------------------------------------------------------------------
