@@ -428,6 +428,7 @@ def _rank(
     cursor: str | None = None,
     bound: dict[str, Any] | None = None,
     phrase_plan: PhrasePlan | None = None,
+    report_plan: bool = True,
 ) -> _Ranked:
     watch = _Stopwatch(timeout_seconds)
     if limit > limits.max_result_limit:
@@ -579,8 +580,11 @@ def _rank(
     )
     rescored_count = 0 if rescored is None else rescored.looked_up
     watch.plan.update(candidate_count=len(fused), rescored_count=rescored_count)
-    phrase_report = phrases.report(
-        (c.document_id for c in fused), route.generation_id, ports.lexical
+    # The report costs a lexical lookup per phrase: only made when the plan is returned.
+    phrase_report = (
+        phrases.report((c.document_id for c in fused), route.generation_id, ports.lexical)
+        if report_plan
+        else None
     )
     if paging is not None:
         _finish_page(paging, fused, route, now)
@@ -765,6 +769,7 @@ def topk_records(
         cursor=request.cursor,
         bound=_bound_fields(request),
         phrase_plan=request.phrase_plan,
+        report_plan=request.include.query_plan,
     )
     if cached is not None:
         return _from_cache(cached, cached_next, request.client_request_id, ranked, ports)

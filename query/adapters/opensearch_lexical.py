@@ -86,10 +86,8 @@ class OpenSearchLexicalSearch:
         if not _INDEX_PREFIX.fullmatch(index_prefix):
             raise ValueError(f"index prefix must match {_INDEX_PREFIX.pattern}: {index_prefix!r}")
         self._prefix = index_prefix
-        # Whether an index holds the combined `text` field, by index name (fixed for an
-        # index's life; only looked up when a query boosts `text`).
-        self._combined: dict[str, bool] = {}
-        # The index-side text analyzer of an index, by index name (looked up for phrases).
+        # The index-side text analyzer of an index, by index name (fixed for an index's
+        # life; looked up for phrases and when a query boosts the combined `text` field).
         self._analyzers: dict[str, str] = {}
         self._client = OpenSearch(
             hosts=[client_url],
@@ -153,30 +151,19 @@ class OpenSearchLexicalSearch:
 
     def _has_combined_field(self, index: str, generation_id: str) -> bool:
         """Whether `index` was made with an analyzer that writes the `text` field."""
-        known = self._combined.get(index)
-        if known is None:
-            try:
-                mapping = self._client.indices.get_mapping(index=index)
-            except OpenSearchConnectionError as exc:
-                raise _unavailable(exc, generation_id) from exc
-            except TransportError as exc:
-                if exc.error == "index_not_found_exception":
-                    raise _unknown(generation_id) from exc
-                raise _unavailable(exc, generation_id) from exc
-            meta = next(iter(mapping.values()))["mappings"].get("_meta", {})
-            analyzer = str(meta.get("orrery", {}).get("text_analyzer", TEXT_ANALYZER_V1))
-            try:
-                known = self._combined[index] = has_combined_field(analyzer)
-            except ValueError as exc:
-                raise OrreryError(
-                    ErrorCode.INTERNAL,
-                    f"generation {generation_id!r} names an unknown text analyzer",
-                    {"engine": _ENGINE, "text_analyzer": analyzer},
-                ) from exc
-        return known
+        analyzer = self._text_analyzer(index, generation_id)
+        try:
+            return has_combined_field(analyzer)
+        except ValueError as exc:
+            raise OrreryError(
+                ErrorCode.INTERNAL,
+                f"generation {generation_id!r} names an unknown text analyzer",
+                {"engine": _ENGINE, "text_analyzer": analyzer},
+            ) from exc
 
     def _text_analyzer(self, index: str, generation_id: str) -> str:
-        """The analyzer `index` analyzes its text fields with (its mapping's `_meta`)."""
+        """The analyzer `index` analyzes its text fields with (its mapping's `_meta`,
+        read once per index: an index's analyzer never changes)."""
         name = self._analyzers.get(index)
         if name is None:
             try:

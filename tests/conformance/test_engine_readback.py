@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,54 +45,36 @@ class Engine:
     close: Callable[[], None]
 
 
-def _tantivy(workdir: Path) -> Engine:
-    index = TantivyLexicalIndex(workdir / "tantivy")
+def _engine(index: Any, create: Callable[[str], None] | None = None) -> Engine:
+    """`Engine` over an index adapter (`create` overrides `index.create`, e.g. to give
+    a vector index its dimension)."""
     return Engine(
-        index.create,
+        create or index.create,
         index.apply,
         index.drop,
         index,
         lambda g: index.evidence(g).id_set_digest,
         index.close,
     )
+
+
+def _tantivy(workdir: Path) -> Engine:
+    return _engine(TantivyLexicalIndex(workdir / "tantivy"))
 
 
 def _opensearch(workdir: Path) -> Engine:
-    index = OpenSearchLexicalIndex(
-        require_server("opensearch"), index_prefix=PREFIX, refresh_interval="100ms"
-    )
-    return Engine(
-        index.create,
-        index.apply,
-        index.drop,
-        index,
-        lambda g: index.evidence(g).id_set_digest,
-        index.close,
-    )
+    url = require_server("opensearch")
+    return _engine(OpenSearchLexicalIndex(url, index_prefix=PREFIX, refresh_interval="100ms"))
 
 
 def _qdrant_edge(workdir: Path) -> Engine:
     index = QdrantEdgeVectorIndex(workdir / "edge")
-    return Engine(
-        lambda g: index.create(g, DIM),
-        index.apply,
-        index.drop,
-        index,
-        lambda g: index.evidence(g).id_set_digest,
-        index.close,
-    )
+    return _engine(index, lambda g: index.create(g, DIM))
 
 
 def _qdrant_local(workdir: Path) -> Engine:
     index = QdrantServerVectorIndex(path=str(workdir / "qdrant"), collection_prefix=PREFIX)
-    return Engine(
-        lambda g: index.create(g, DIM),
-        index.apply,
-        index.drop,
-        index,
-        lambda g: index.evidence(g).id_set_digest,
-        index.close,
-    )
+    return _engine(index, lambda g: index.create(g, DIM))
 
 
 ENGINES: dict[str, Callable[[Path], Engine]] = {

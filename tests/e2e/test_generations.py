@@ -623,17 +623,23 @@ def test_a_corrupt_replica_is_bypassed_never_served_partially(tmp_path: Path) ->
 
     srv = start(data_dir, ORRERY_COVERAGE_FALLBACK="previous_verified")
     try:
-        answer = ok(topk(srv, "", limit=100, filters={"status": ["active"]}))
-        assert answer["generation_id"] == previous
-        fallback = answer["query_plan"]["fallback"]
-        assert fallback["policy"] == "previous_verified"
-        assert fallback["live_generation_id"] == generation_id
-        assert len(answer["results"]) == 60  # never fewer
-        assert rollback(srv)["generation_id"] == previous
-        again = ok(topk(srv, "item number 7"))
-        assert again["generation_id"] == previous and again["query_plan"]["fallback"] is None
+        check_previous_verified_fallback(srv, previous, generation_id)
     finally:
         srv.stop()
+
+
+def check_previous_verified_fallback(srv: Server, previous: str, corrupt: str) -> None:
+    """With the live generation `corrupt` ineligible, the declared fallback answers from
+    `previous` with every document (never fewer), says so, and a rollback ends it."""
+    answer = ok(topk(srv, "", limit=100, filters={"status": ["active"]}))
+    assert answer["generation_id"] == previous
+    fallback = answer["query_plan"]["fallback"]
+    assert fallback["policy"] == "previous_verified"
+    assert fallback["live_generation_id"] == corrupt
+    assert len(answer["results"]) == 60  # never fewer
+    assert rollback(srv)["generation_id"] == previous
+    again = ok(topk(srv, "item number 7"))
+    assert again["generation_id"] == previous and again["query_plan"]["fallback"] is None
 
 
 # -- duplicated and out-of-order delivery, in process ---------------------------------------
@@ -958,15 +964,7 @@ def test_server_mode_corrupt_replica_is_bypassed_never_served_partially(tmp_path
 
     srv = start_server(data_dir, env={**env, "ORRERY_COVERAGE_FALLBACK": "previous_verified"})
     try:
-        answer = ok(topk(srv, "", limit=100, filters={"status": ["active"]}))
-        assert answer["generation_id"] == previous
-        fallback = answer["query_plan"]["fallback"]
-        assert fallback["policy"] == "previous_verified"
-        assert fallback["live_generation_id"] == generation_id
-        assert len(answer["results"]) == 60  # never fewer
-        assert rollback(srv)["generation_id"] == previous
-        again = ok(topk(srv, "item number 7"))
-        assert again["generation_id"] == previous and again["query_plan"]["fallback"] is None
+        check_previous_verified_fallback(srv, previous, generation_id)
     finally:
         srv.stop()
         httpx.delete(f"{opensearch}/orrery-test-{tag}-*", timeout=30)
