@@ -325,6 +325,7 @@ def server_projector(
     qdrant_collection_prefix: str,
     text_languages: TextLanguages | None = None,
     kafka_metadata_max_age_ms: int = 30_000,
+    kafka_join_timeout_ms: int = 60_000,
 ) -> ServerProjector:
     """Kafka consumer group as the log; OpenSearch and Qdrant (a `QdrantClient`) as the
     indexes. `qdrant` is shared with the query side when both run in one process
@@ -343,6 +344,7 @@ def server_projector(
             session_timeout_ms=kafka_session_timeout_ms,
             heartbeat_interval_ms=max(1_000, kafka_session_timeout_ms // 6),
             metadata_max_age_ms=kafka_metadata_max_age_ms,
+            join_timeout_ms=kafka_join_timeout_ms,
         )
     )
     lexical = OpenSearchLexicalIndex(

@@ -105,7 +105,14 @@ class QuerySettings(BaseSettings):
     kafka_metadata_max_age_ms: int = Field(
         default=30_000,
         ge=1_000,
-        description="The projector sees a new namespace's topic within this time",
+        description="The projector sees a new namespace's topic within this time "
+        "(sooner: within about a second once it measured the log's lag)",
+    )
+    kafka_join_timeout_ms: int = Field(
+        default=60_000,
+        ge=1_000,
+        description="A projector not a stable consumer-group member after this long "
+        "reports Kafka unavailable and rejoins with a new consumer",
     )
     opensearch_url: str = "http://127.0.0.1:9200"
     opensearch_index_prefix: str = "orrery"

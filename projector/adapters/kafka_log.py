@@ -58,8 +58,13 @@ class KafkaLogSettings:
       longest a rebalance waits for slow members.
     - `metadata_max_age_ms`: a new namespace's topic is picked up within this time.
     - `poll_timeout_ms`: how long an idle `fetch` waits for new events (long poll).
-    - `join_timeout_ms`: how long `fetch` waits to become a group member before it
-      reports Kafka unavailable.
+    - `join_timeout_ms`: how long `fetch` waits to become a stable group member before
+      it reports Kafka unavailable and drops its consumer (the next `fetch` joins as a
+      new member: a join that never completes cannot wedge the projector).
+    - `topic_refresh_ms`: a matching topic that `lag` / `high_water` saw but this
+      member is not subscribed to yet makes `fetch` refresh the topic metadata at most
+      this often, so a new namespace is read within about one fetch, not after
+      `metadata_max_age_ms`.
     - `check_crcs`: verify each record batch's CRC-32C. kafka-python computes it in
       pure Python unless the `crc32c` package is installed; the check then costs about
       two thirds of the fetch time (1 KB events: ~1.8k/s with it, ~5.5k/s with
@@ -75,6 +80,7 @@ class KafkaLogSettings:
     metadata_max_age_ms: int = 30_000
     poll_timeout_ms: int = 500
     join_timeout_ms: int = 60_000
+    topic_refresh_ms: int = 1_000
     request_timeout_ms: int = 30_000
     bootstrap_timeout_ms: int = 10_000
     connect_timeout_s: float = 2.0
@@ -217,7 +223,10 @@ class KafkaEventLog:
       `RecordChanged`) is returned as an `Undecodable` in its place, with its raw key,
       value and headers; it holds its partition's commit back until acknowledged.
     - No network I/O before the first call; new namespaces are picked up within
-      `metadata_max_age_ms`.
+      `metadata_max_age_ms`, or on the next `fetch` once `lag` or `high_water` saw
+      their topic.
+    - A member that is not stable within `join_timeout_ms` is dropped (closed, leaving
+      the group); the next `fetch` joins with a new consumer from the committed offsets.
 
     Not thread-safe for `fetch` / `acknowledge` / `reset` (one projector thread);
     `high_water` and `lag` may run in another thread (they use their own clients).
@@ -236,6 +245,10 @@ class KafkaEventLog:
         # by an older pending one: acknowledgements may come out of offset order.
         self._acked: dict[Any, _Delivered] = {}
         self._closed = False
+        # Matching topics the probe clients saw (written under _probe_lock, read by the
+        # fetching thread: a frozenset is replaced, never mutated).
+        self._probed_topics: frozenset[str] = frozenset()
+        self._next_topic_refresh = 0.0
 
     # -- EventLog ------------------------------------------------------------------------
 
@@ -248,8 +261,10 @@ class KafkaEventLog:
                 return self._fetch(consumer, limit)
             except (KafkaError, OrreryError) as exc:
                 # Polled records moved the position already: go back to the committed
-                # offsets so nothing polled-but-not-returned is skipped.
-                self._rewind_quietly(consumer)
+                # offsets so nothing polled-but-not-returned is skipped (a dropped
+                # consumer's successor starts there anyway).
+                if self._consumer is consumer:
+                    self._rewind_quietly(consumer)
                 if isinstance(exc, KafkaError):
                     raise self._unavailable("fetch", exc) from exc
                 raise
@@ -351,6 +366,7 @@ class KafkaEventLog:
 
     def _fetch(self, consumer: Any, limit: int) -> list[LogEntry | Undecodable]:
         s = self._settings
+        self._refresh_topics(consumer)
         deadline = time.monotonic() + s.join_timeout_ms / 1000
         out: list[LogEntry | Undecodable] = []
         while len(out) < limit:
@@ -363,12 +379,34 @@ class KafkaEventLog:
                     continue  # each poll drives the join
                 if out:
                     break
+                state = consumer.group_metadata().state
+                log.warning(
+                    "not a stable member of group %r after %d ms (state %s): "
+                    "leaving it; the next fetch joins as a new member",
+                    s.group_id,
+                    s.join_timeout_ms,
+                    state,
+                )
+                self._drop(consumer)
                 raise KafkaTimeoutError(
                     f"not a stable member of group {s.group_id!r} after {s.join_timeout_ms} ms"
+                    f" (state {state}); the consumer was replaced"
                 )
             if not self._waiting(consumer) or time.monotonic() >= deadline:
                 break
         return out
+
+    def _refresh_topics(self, consumer: Any) -> None:
+        """Refresh the topic metadata when the probe saw a matching topic this member is
+        not subscribed to: the pattern subscription then takes it (a rebalance) instead of
+        waiting for the periodic metadata refresh."""
+        unseen = self._probed_topics - set(consumer.subscription() or ())
+        now = time.monotonic()
+        if not unseen or now < self._next_topic_refresh:
+            return
+        self._next_topic_refresh = now + self._settings.topic_refresh_ms / 1000
+        log.info("new topics %s: refreshing the consumer's metadata", sorted(unseen))
+        consumer.topics()
 
     def _deliver(self, batch: Mapping[Any, Sequence[Any]]) -> list[LogEntry | Undecodable]:
         delivered = [
@@ -478,11 +516,18 @@ class KafkaEventLog:
             # Dropping the consumer is the last resort: a new one resumes at the
             # committed offsets, which is exactly what the rewind wanted.
             log.warning("rewinding the Kafka consumer failed; reconnecting", exc_info=True)
+            self._drop(consumer)
+
+    def _drop(self, consumer: Any) -> None:
+        """Close `consumer` (it leaves the group) and forget it and its deliveries."""
+        if self._consumer is consumer:
             self._consumer = None
-            try:
-                consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
-            except Exception:
-                log.debug("closing the Kafka consumer failed", exc_info=True)
+        self._pending.clear()
+        self._acked.clear()
+        try:
+            consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
+        except Exception:
+            log.debug("closing the Kafka consumer failed", exc_info=True)
 
     # -- high_water -----------------------------------------------------------------------
 
@@ -514,10 +559,15 @@ class KafkaEventLog:
         return newest
 
     def _matching_partitions(self, admin: Any) -> list[Any]:
-        return [
-            TopicPartition(topic["name"], p["partition_index"])
+        topics = [
+            topic
             for topic in admin.describe_topics()
             if topic.get("error_code", 0) == 0 and self._pattern.match(topic["name"])
+        ]
+        self._probed_topics = frozenset(topic["name"] for topic in topics)
+        return [
+            TopicPartition(topic["name"], p["partition_index"])
+            for topic in topics
             for p in topic.get("partitions", ())
         ]
 

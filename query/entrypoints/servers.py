@@ -123,6 +123,7 @@ class ServerStack:
                 kafka_group=settings.kafka_group,
                 kafka_session_timeout_ms=settings.kafka_session_timeout_ms,
                 kafka_metadata_max_age_ms=settings.kafka_metadata_max_age_ms,
+                kafka_join_timeout_ms=settings.kafka_join_timeout_ms,
                 opensearch_url=settings.opensearch_url,
                 opensearch_index_prefix=settings.opensearch_index_prefix,
                 opensearch_refresh_interval=settings.opensearch_refresh_interval,

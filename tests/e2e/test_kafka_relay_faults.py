@@ -107,23 +107,27 @@ class KafkaRun:
         self.closers.append(publisher.close)
         return publisher
 
-    def log(self, group: str = "projector") -> KafkaEventLog:
+    def group(self, group: str = "projector") -> str:
         group_id = f"{self.run}-{group}"
         if group_id not in self.groups:
             self.groups.append(group_id)
+        return group_id
+
+    def log(self, group: str = "projector", **overrides: Any) -> KafkaEventLog:
+        settings: dict[str, Any] = {
+            "session_timeout_ms": 6_000,
+            "heartbeat_interval_ms": 1_000,
+            "max_poll_interval_ms": 10_000,
+            "metadata_max_age_ms": 1_000,
+            "poll_timeout_ms": 200,
+            "join_timeout_ms": 15_000,
+            "request_timeout_ms": 5_000,
+            "bootstrap_timeout_ms": 5_000,
+        }
+        settings.update(overrides)
         log = KafkaEventLog(
             KafkaLogSettings(
-                self.bootstrap,
-                group_id=group_id,
-                topic_prefix=self.prefix,
-                session_timeout_ms=6_000,
-                heartbeat_interval_ms=1_000,
-                max_poll_interval_ms=10_000,
-                metadata_max_age_ms=1_000,
-                poll_timeout_ms=200,
-                join_timeout_ms=15_000,
-                request_timeout_ms=5_000,
-                bootstrap_timeout_ms=5_000,
+                self.bootstrap, group_id=self.group(group), topic_prefix=self.prefix, **settings
             )
         )
         self.closers.append(log.close)
@@ -225,6 +229,63 @@ def test_unacknowledged_entries_go_to_the_next_member_of_the_group(kafka_run: Ka
     assert sorted(e.position for e in again) == sorted(e.position for e in unacknowledged)
     assert not {e.position for e in again} & {e.position for e in acknowledged}
     second.acknowledge(again)
+
+
+def test_a_new_namespace_is_read_without_waiting_for_the_metadata_age(kafka_run: KafkaRun) -> None:
+    log = kafka_run.log(metadata_max_age_ms=120_000)
+    assert log.fetch(10) == []  # a stable member of a group with no topic yet
+    expected = kafka_run.write([rec(f"doc-{i}", 1) for i in range(15)])
+    assert relay_outbox(source=kafka_run.source, publisher=kafka_run.publisher(), batch_size=50)
+
+    started = time.monotonic()
+    assert log.lag() == 15  # the probe sees the new topic
+    entries = read_all(log, expected=15, timeout=30)
+    assert {(e.event.document_id, e.event.revision) for e in entries} == expected
+    # Far inside the metadata age: the fetch subscribed to the topic the probe saw.
+    assert time.monotonic() - started < 30
+    log.acknowledge(entries)
+    assert log.lag() == 0
+
+
+def test_a_member_that_cannot_join_leaves_and_a_new_one_reads_everything(
+    kafka_run: KafkaRun,
+) -> None:
+    from kafka import KafkaConsumer  # after the adapters imported kafka quietly
+
+    expected = kafka_run.write([rec(f"doc-{i}", 1) for i in range(20)])
+    assert relay_outbox(source=kafka_run.source, publisher=kafka_run.publisher(), batch_size=50)
+    topic = topic_for(kafka_run.prefix, NS)
+    group = kafka_run.group()
+    # A member that joined and then stopped polling: a rebalance waits for it to rejoin
+    # (up to its 60 s poll interval), so a second member cannot become stable meanwhile.
+    blocker = KafkaConsumer(
+        topic,
+        bootstrap_servers=kafka_run.bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        session_timeout_ms=6_000,
+        heartbeat_interval_ms=1_000,
+        max_poll_interval_ms=60_000,
+    )
+    try:
+        wait_until(lambda: bool(blocker.poll(timeout_ms=200) or blocker.assignment()), 30, "join")
+
+        log = kafka_run.log(join_timeout_ms=3_000)
+        started = time.monotonic()
+        with pytest.raises(DependencyUnavailable) as raised:
+            log.fetch(100)
+        waited = time.monotonic() - started
+        assert raised.value.details["dependency"] == "kafka"
+        assert "not a stable member" in raised.value.message
+        assert "replaced" in raised.value.message
+        assert 3 <= waited < 30
+    finally:
+        blocker.close(autocommit=False)
+
+    entries = read_all(log, expected=20, timeout=60)  # a new member, from the start
+    assert {(e.event.document_id, e.event.revision) for e in entries} == expected
+    log.acknowledge(entries)
+    assert log.lag() == 0
 
 
 def test_relay_keeps_each_documents_order_across_three_partitions(kafka_run: KafkaRun) -> None:

@@ -46,6 +46,7 @@ def server_env(tag: str, **overrides: str) -> dict[str, str]:
         "ORRERY_KAFKA_TOPIC_PREFIX": f"orrery-test-{tag}.records",
         "ORRERY_KAFKA_GROUP": f"orrery-test-{tag}",
         "ORRERY_KAFKA_SESSION_TIMEOUT_MS": "6000",
+        "ORRERY_KAFKA_JOIN_TIMEOUT_MS": "20000",
         "ORRERY_OPENSEARCH_INDEX_PREFIX": f"orrery-test-{tag}",
         "ORRERY_QDRANT_COLLECTION_PREFIX": f"orrery-test-{tag}",
         "ORRERY_OPENSEARCH_REFRESH_INTERVAL": "100ms",
