@@ -11,6 +11,7 @@ schema names, and the query side analyzes query text with that same analyzer.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import re
 import shutil
@@ -21,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import tantivy
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
@@ -239,9 +241,7 @@ class TantivyLexicalIndex:
                 with generation.write_lock:
                     self._close_writer(generation)
             try:
-                shutil.rmtree(path)
-            except FileNotFoundError:
-                pass
+                _remove_tree(path)
             except OSError as exc:
                 raise _unavailable("cannot remove index", generation_id, exc) from exc
 
@@ -358,6 +358,19 @@ class TantivyLexicalIndex:
             # The writer's lock is released either way once it is dropped.
             with contextlib.suppress(*_DRIVER_ERRORS):
                 writer.wait_merging_threads()
+
+
+@retry(
+    retry=retry_if_exception(lambda exc: isinstance(exc, OSError) and exc.errno == errno.ENOTEMPTY),
+    stop=stop_after_attempt(5),
+    wait=wait_exponential(multiplier=0.02, max=0.5),
+    reraise=True,
+)
+def _remove_tree(path: Path) -> None:
+    """`rmtree`, again when a file appeared meanwhile: tantivy's directory threads may
+    still finish a write (a merge's files, `meta.json`) just after the writer closed."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)
 
 
 def _checked_analyzer(text_analyzer: str, generation_id: str) -> tantivy.TextAnalyzer:
