@@ -25,7 +25,9 @@ concurrent writers, so the projector dual-writes into it).
 4. Verify: `POST …/{id}/verify` (every engine read back, coverage checked).
 5. Promote latency: `--flips` alternating promote / rollback; p50 of the pointer flip
    (the one registry write, `flip_ms`) and of the whole HTTP call.
-6. The eligibility re-check a query worker runs on a schedule (its recorded duration).
+6. `--idle-rebuild` (default): one more rebuild with no query running, to separate the
+   build's own cost from what the query loop takes of the two cores.
+7. The eligibility re-check a query worker runs on a schedule (its recorded duration).
 
 Writes the JSON and a PNG next to it and prints a table. Figures are reported, never
 asserted; the targets of issue 4 are printed next to them.
@@ -54,7 +56,9 @@ from bench.common import (
     BenchTimeout,
     ServeProcess,
     deadline,
+    drop_harness_resources,
     git_facts,
+    harness_servers_env,
     latency_summary,
     machine_facts,
     median,
@@ -62,7 +66,6 @@ from bench.common import (
     utc_now,
     write_json,
 )
-from bench.quality import _drop_server_resources, _servers_env
 from bench.topk import (
     NAMESPACE,
     SCOPE_REF,
@@ -140,6 +143,23 @@ class QueryLoop:
         self._thread.join(120)
 
 
+def _build(client: httpx.Client) -> tuple[str, float, dict[str, Any]]:
+    """Build a generation of the bench scope; its id, seconds to sealed and receipt."""
+    started = time.perf_counter()
+    scope = {"namespace": NAMESPACE, "snapshot_kind": SNAPSHOT_KIND}
+    built = _admin(client, "POST", "/build", scope)
+    generation_id = built["row"]["generation_id"]
+    while True:
+        view = _admin(client, "GET", f"/{generation_id}")
+        if view["row"]["state"] != "building":
+            break
+        time.sleep(0.2)
+    seconds = time.perf_counter() - started
+    if view["row"]["state"] != "sealed":
+        raise RuntimeError(f"build ended {view['row']['state']}: {view['descriptor']}")
+    return generation_id, seconds, view["descriptor"]["build_receipt"]
+
+
 def run(args: argparse.Namespace, server_env: dict[str, str]) -> dict[str, Any]:
     rng = random.Random(args.seed)
     vocab = Vocabulary.build(rng)
@@ -183,20 +203,7 @@ def run(args: argparse.Namespace, server_env: dict[str, str]) -> dict[str, Any]:
 
         console.print("[bold]rebuild under query load")
         with QueryLoop(server, queries) as loop:
-            started = time.perf_counter()
-            built = _admin(
-                client, "POST", "/build", {"namespace": NAMESPACE, "snapshot_kind": SNAPSHOT_KIND}
-            )
-            generation_id = built["row"]["generation_id"]
-            while True:
-                view = _admin(client, "GET", f"/{generation_id}")
-                if view["row"]["state"] != "building":
-                    break
-                time.sleep(0.2)
-            rebuild_s = time.perf_counter() - started
-        if view["row"]["state"] != "sealed":
-            raise RuntimeError(f"build ended {view['row']['state']}: {view['descriptor']}")
-        receipt = view["descriptor"]["build_receipt"]
+            generation_id, rebuild_s, receipt = _build(client)
         during = loop.seconds
 
         console.print("[bold]verify")
@@ -222,6 +229,15 @@ def run(args: argparse.Namespace, server_env: dict[str, str]) -> dict[str, Any]:
                 )["report"]
             calls.append(time.perf_counter() - started)
             flips.append(float(report["flip_ms"]))
+        if args.idle_rebuild:
+            console.print("[bold]rebuild without query load")
+            idle_id, idle_s, idle_receipt = _build(client)
+            result["rebuild_idle"] = {
+                "generation_id": idle_id,
+                "seconds": round(idle_s, 3),
+                "records_per_s": round(args.size / idle_s, 1),
+                "receipt": idle_receipt,
+            }
         checks = [
             c
             for g in (live, generation_id)
@@ -276,6 +292,13 @@ def print_table(result: dict[str, Any]) -> None:
     rebuild = result["rebuild"]
     scaled = rebuild["seconds"] * 100_000 / result["size"]
     table.add_row("rebuild (request → sealed)", f"{rebuild['seconds']:.1f} s", "100k ≤ 180 s")
+    if "rebuild_idle" in result:
+        idle_rebuild = result["rebuild_idle"]
+        durations = idle_rebuild["receipt"]["durations_s"]
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in durations.items() if k != "total")
+        table.add_row(
+            "rebuild without query load", f"{idle_rebuild['seconds']:.1f} s", f"s: {phases}"
+        )
     table.add_row("  scaled to 100k (linear)", f"{scaled:.0f} s", "")
     table.add_row("  load rate", f"{rebuild['load_records_per_s']:,.0f} rec/s", "")
     for phase, seconds in rebuild["receipt"]["durations_s"].items():
@@ -339,6 +362,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--optimize-interval", type=float, default=1.0, help="qdrant-edge optimizer (s)"
     )
+    parser.add_argument(
+        "--idle-rebuild",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time a rebuild with no query load (after the promote flips)",
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--max-wait", type=float, default=600.0)
     parser.add_argument("--timeout", type=int, default=3_600, help="global deadline (s)")
@@ -354,7 +383,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    server_env = _servers_env() if args.mode == "servers" else {}
+    server_env = harness_servers_env("generations") if args.mode == "servers" else {}
     try:
         with deadline(args.timeout):
             result = run(args, server_env)
@@ -363,7 +392,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         if server_env:
-            _drop_server_resources(server_env)
+            drop_harness_resources(server_env)
     result["mode"] = args.mode
     document = {
         "benchmark": "generations",

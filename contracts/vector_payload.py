@@ -52,6 +52,7 @@ from contracts.index_fields import (
 )
 
 __all__ = [
+    "GRAPH_FIELDS",
     "PAYLOAD_INDEXES",
     "POINT_ID_NAMESPACE",
     "RETURNED_FIELDS",
@@ -89,6 +90,15 @@ PAYLOAD_INDEXES: Mapping[str, PayloadIndexKind] = {
     UPDATED_AT: "datetime",
 }
 """The payload fields queries filter on and the kind of index each one gets."""
+
+GRAPH_FIELDS: frozenset[str] = frozenset({GALAXY, STATUS, VISIBILITY, FACETS})
+"""The indexed fields whose values get their own HNSW links (Qdrant's payload-aware
+graph, `enable_hnsw`): the equality / any-of filters of most queries, whose mid-size
+selections (a tenant, a status) a plain graph walk serves worst. Not `document_id`
+(phrase-plan id sets are small: searched exactly through the payload index), `revision`
+(never a query filter) or `updated_at` (time ranges). Each such field adds about one
+graph build over the points it covers: at 100k points all seven fields made a build
+1.6x slower than these four (151 s vs 97 s) for +0.01 recall@10 of filtered searches."""
 
 TENANT_FIELD = GALAXY
 """The keyword field that isolates tenants (engines that can co-locate by tenant do)."""

@@ -27,7 +27,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -277,8 +277,13 @@ class _DeferringState:
         consumer: str,
         position: int,
         changes: Mapping[str, Mapping[str, tuple[int, bool]]],
+        *,
+        held: Collection[str] = (),
     ) -> None:
-        self._inner.commit(consumer, position, changes)
+        # A deferred generation missed this batch: its position must not claim it.
+        self._inner.commit(
+            consumer, position, changes, held=frozenset(held) | self._deferred.deferred()
+        )
 
     def write_targets(self, namespace: str, snapshot_kind: str) -> list[str]:
         deferred = self._deferred.deferred()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -198,7 +198,9 @@ class ProjectionState(Protocol):
     """The projector's own bookkeeping.
 
     Guarantees: `commit` stores the position and all generations' document revisions in
-    one transaction, so a crash replays the batch, never half of it.
+    one transaction, so a crash replays the batch, never half of it; every writable
+    generation is then applied up to `position`, except those in `held` (their writes
+    wait elsewhere: they keep their position until they replay the batch themselves).
     """
 
     def position(self, consumer: str) -> int: ...
@@ -210,6 +212,8 @@ class ProjectionState(Protocol):
         consumer: str,
         position: int,
         changes: Mapping[str, Mapping[str, tuple[int, bool]]],
+        *,
+        held: Collection[str] = (),
     ) -> None: ...
 
     def write_targets(self, namespace: str, snapshot_kind: str) -> list[str]: ...

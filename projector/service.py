@@ -36,7 +36,8 @@ log_ = logging.getLogger("orrery.projector")
 
 # Bump when the index schema (fields, analyzers, payload indexes) changes.
 # 2: the combined `text` field; the text analyzer is named per generation.
-SCHEMA_VERSION = 2
+# 3: payload-aware HNSW links only for `contracts.vector_payload.GRAPH_FIELDS`.
+SCHEMA_VERSION = 3
 
 
 @dataclass(slots=True)

@@ -103,14 +103,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qdrant_edge import (
+    DatetimeIndexParams,
     Distance,
     EdgeConfig,
     EdgeOptimizersConfig,
     EdgeShard,
     EdgeVectorParams,
     HnswIndexConfig,
+    IntegerIndexParams,
     KeywordIndexParams,
-    PayloadSchemaType,
     Point,
     ScrollRequest,
     UpdateOperation,
@@ -119,7 +120,15 @@ from qdrant_edge import (
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
-from contracts.vector_payload import payload_of, point_id, utc_timestamp
+from contracts.vector_payload import (
+    GRAPH_FIELDS,
+    PAYLOAD_INDEXES,
+    TENANT_FIELD,
+    PayloadIndexKind,
+    payload_of,
+    point_id,
+    utc_timestamp,
+)
 from projector.ports import IndexEvidence
 
 if TYPE_CHECKING:
@@ -166,14 +175,19 @@ _COPY_CHUNK = 1 << 20
 _CATCH_UP_ROUNDS = 3
 _CATCH_UP_SLACK = 32
 
-_PAYLOAD_INDEXES: dict[str, PayloadSchemaType | PayloadSchemaParams] = {
-    "galaxy": KeywordIndexParams(is_tenant=True),
-    "status": PayloadSchemaType.Keyword,
-    "visibility": PayloadSchemaType.Keyword,
-    "facets": PayloadSchemaType.Keyword,
-    "document_id": PayloadSchemaType.Keyword,
-    "updated_at": PayloadSchemaType.Datetime,
-    "revision": PayloadSchemaType.Integer,
+
+def _index_params(field: str, kind: PayloadIndexKind) -> PayloadSchemaParams:
+    """The payload index of `field`: payload-aware HNSW links only for `GRAPH_FIELDS`."""
+    graph = field in GRAPH_FIELDS
+    if kind == "keyword":
+        return KeywordIndexParams(is_tenant=field == TENANT_FIELD or None, enable_hnsw=graph)
+    if kind == "integer":
+        return IntegerIndexParams(lookup=True, range=True, enable_hnsw=graph)
+    return DatetimeIndexParams(enable_hnsw=graph)
+
+
+_PAYLOAD_INDEXES: dict[str, PayloadSchemaParams] = {
+    field: _index_params(field, kind) for field, kind in PAYLOAD_INDEXES.items()
 }
 
 

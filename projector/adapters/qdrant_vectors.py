@@ -52,6 +52,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
 from contracts.index_fields import DOCUMENT_ID, REVISION
 from contracts.vector_payload import (
+    GRAPH_FIELDS,
     PAYLOAD_INDEXES,
     TENANT_FIELD,
     VECTOR_NAME,
@@ -71,11 +72,26 @@ DEPENDENCY = "qdrant"
 _SCROLL_PAGE = 1_000
 # Collection and alias names: what Qdrant accepts, kept to a portable subset.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-_SCHEMAS: Mapping[PayloadIndexKind, models.PayloadSchemaType] = {
-    "keyword": models.PayloadSchemaType.KEYWORD,
-    "integer": models.PayloadSchemaType.INTEGER,
-    "datetime": models.PayloadSchemaType.DATETIME,
-}
+
+
+def _index_params(
+    field: str, kind: PayloadIndexKind
+) -> models.KeywordIndexParams | models.IntegerIndexParams | models.DatetimeIndexParams:
+    """The payload index of `field`: payload-aware HNSW links only for `GRAPH_FIELDS`."""
+    graph = field in GRAPH_FIELDS
+    if kind == "keyword":
+        return models.KeywordIndexParams(
+            type=models.KeywordIndexType.KEYWORD,
+            is_tenant=field == TENANT_FIELD or None,
+            enable_hnsw=graph,
+        )
+    if kind == "integer":
+        return models.IntegerIndexParams(
+            type=models.IntegerIndexType.INTEGER, lookup=True, range=True, enable_hnsw=graph
+        )
+    return models.DatetimeIndexParams(type=models.DatetimeIndexType.DATETIME, enable_hnsw=graph)
+
+
 # What qdrant-client raises: HTTP errors and responses (`ApiException`), transport errors
 # (httpx, grpc), and in local mode plain `ValueError` / `RuntimeError` / `KeyError`.
 _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
@@ -371,11 +387,7 @@ class QdrantServerVectorIndex:
         for field, kind in PAYLOAD_INDEXES.items():
             if field in indexed:
                 continue
-            schema: models.PayloadSchemaType | models.KeywordIndexParams = _SCHEMAS[kind]
-            if field == TENANT_FIELD:
-                schema = models.KeywordIndexParams(
-                    type=models.KeywordIndexType.KEYWORD, is_tenant=True
-                )
+            schema = _index_params(field, kind)
             with warnings.catch_warnings():
                 if self._local:
                     # Local mode warns that payload indexes do nothing there; we know.

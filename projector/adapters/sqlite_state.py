@@ -16,7 +16,7 @@ import contextlib
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -206,8 +206,12 @@ class SqliteProjectorState:
         consumer: str,
         position: int,
         changes: Mapping[str, Mapping[str, tuple[int, bool]]],
+        *,
+        held: Collection[str] = (),
     ) -> None:
-        """Store the new position and each generation's new document revisions."""
+        """Store the new position and each generation's new document revisions; every
+        writable generation but those `held` is applied up to `position`."""
+        held = sorted(held)
         now = datetime.now(UTC).isoformat()
         with self._transaction() as conn:
             for generation_id, docs in changes.items():
@@ -234,8 +238,8 @@ class SqliteProjectorState:
             # Generations that saw no event in this batch are still caught up to it.
             conn.execute(
                 f"UPDATE generations SET applied_position = ? WHERE state IN ({_WRITABLE_SQL})"
-                " AND applied_position < ?",
-                (position, position),
+                f" AND applied_position < ? AND generation_id NOT IN ({','.join('?' * len(held))})",
+                (position, position, *held),
             )
 
     # -- generations -----------------------------------------------------------------
