@@ -173,6 +173,8 @@ def run(args: argparse.Namespace, server_env: dict[str, str]) -> dict[str, Any]:
         "ORRERY_GEN_BUILD_BATCH_SIZE": str(args.build_batch),
         "ORRERY_GEN_BUILD_PAUSE_SECONDS": str(args.build_pause),
     }
+    if args.child_nice is not None:
+        env["ORRERY_GEN_BUILD_CHILD_NICE"] = str(args.child_nice)
     result: dict[str, Any] = {"size": args.size}
     with serve(env, startup_s=180) as server, server.client(timeout_s=600) as client:
         batches = list(corpus_batches(args.size, 2_000, args.seed, vocab))
@@ -363,6 +365,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--optimize-interval", type=float, default=1.0, help="qdrant-edge optimizer (s)"
     )
     parser.add_argument(
+        "--child-nice", type=int, default=None, help="ORRERY_GEN_BUILD_CHILD_NICE (default 10)"
+    )
+    parser.add_argument(
         "--idle-rebuild",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -406,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "flips": args.flips,
             "build_batch": args.build_batch,
             "build_pause_s": args.build_pause,
+            "child_nice": args.child_nice,
             "optimize_interval_s": args.optimize_interval,
             "seed": args.seed,
             "response_cache": False,
