@@ -21,6 +21,7 @@ from ingest.adapters.sqlite_store import SqliteRecordStore
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
+from projector.generations import DeferredWrites
 from projector.model import transition
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -51,6 +52,20 @@ def _begin(registry: SqliteProjectorState, namespace: str = "ns") -> str:
         at=NOW,
     )
     return descriptor.generation_id
+
+
+def _live(registry: SqliteProjectorState, namespace: str = "ns") -> str:
+    """A scope's first generation, created live as the projector creates it."""
+    return registry.create_generation(
+        namespace,
+        "objects",
+        embedder_id="e@1",
+        embedder_dim=4,
+        lexical_engine="tantivy",
+        vector_engine="qdrant-edge",
+        schema_digest="s",
+        make_live=True,
+    ).generation_id
 
 
 def _to(registry: SqliteProjectorState, generation_id: str, state: GenerationState) -> None:
@@ -110,16 +125,7 @@ def test_save_refuses_a_descriptor_whose_digest_is_wrong(registry: SqliteProject
 def test_switch_live_moves_pointer_and_both_states_at_once(
     registry: SqliteProjectorState,
 ) -> None:
-    old = registry.create_generation(
-        "ns",
-        "objects",
-        embedder_id="e@1",
-        embedder_dim=4,
-        lexical_engine="tantivy",
-        vector_engine="qdrant-edge",
-        schema_digest="s",
-        make_live=True,
-    ).generation_id
+    old = _live(registry)
     new = _begin(registry)
     _to(registry, new, GenerationState.SEALED)
     _to(registry, new, GenerationState.VERIFIED)
@@ -137,6 +143,47 @@ def test_switch_live_moves_pointer_and_both_states_at_once(
     assert pointer is not None and pointer.generation_id == new
     assert registry.generation(new)[0].live and registry.generation(new)[0].state == "live"
     assert registry.generation(old)[0].state is GenerationState.VERIFIED
+
+
+def _applied(registry: SqliteProjectorState, generation_id: str) -> tuple[int, int]:
+    row, _ = registry.generation(generation_id)
+    return row.applied_position, row.document_count
+
+
+def test_a_deferred_generation_keeps_its_position_until_it_is_resumed(
+    registry: SqliteProjectorState,
+) -> None:
+    live = _live(registry)
+    building = _begin(registry)
+    deferred = DeferredWrites()
+    projector = deferred.wrap(registry)
+    assert projector.write_targets("ns", "objects") == [live, building]
+
+    deferred.defer(building)
+    assert projector.write_targets("ns", "objects") == [live]
+    projector.commit("projector", 10, {live: {"d1": (1, False), "d2": (1, False)}})
+    assert _applied(registry, live) == (10, 2)
+    # It saw none of the batch: it must not claim position 10 (a build's hand-over
+    # replays the batch into it later).
+    assert _applied(registry, building) == (0, 0)
+    assert registry.position("projector") == 10
+
+    deferred.resume(building)
+    projector.commit("projector", 12, {live: {"d3": (1, False)}, building: {"d3": (1, False)}})
+    assert _applied(registry, live) == (12, 3)
+    assert _applied(registry, building) == (12, 1)
+
+
+def test_a_batch_moves_every_writable_generation_forward_but_the_held(
+    registry: SqliteProjectorState,
+) -> None:
+    live = _live(registry)
+    other = _begin(registry)
+    registry.commit("projector", 5, {live: {"d1": (1, False)}})
+    assert _applied(registry, other) == (5, 0)
+    registry.commit("projector", 7, {}, held=[other])
+    assert _applied(registry, live) == (7, 1)
+    assert _applied(registry, other) == (5, 0)
 
 
 def test_record_documents_keeps_the_newer_revision(registry: SqliteProjectorState) -> None:
@@ -276,16 +323,7 @@ def test_routing_reads_state_digest_fallbacks_and_lag_age(tmp_path: Path) -> Non
     routing = SqliteRouting(db)
     try:
         store.write([_record("a", 1), _record("b", 1)])
-        first = registry.create_generation(
-            "ns",
-            "objects",
-            embedder_id="e@1",
-            embedder_dim=4,
-            lexical_engine="tantivy",
-            vector_engine="qdrant-edge",
-            schema_digest="s",
-            make_live=True,
-        ).generation_id
+        first = _live(registry)
         registry.commit("projector", 1, {})
         never_live, was_live = _begin(registry), _begin(registry)
         for generation_id in (never_live, was_live):
