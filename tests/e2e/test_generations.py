@@ -317,15 +317,21 @@ def test_flips_under_concurrent_query_load(flow: Server) -> None:
     else:
         standby = build_sealed(flow)
         assert verify(flow, standby)["verified"]
+    flip_under_load(flow, live, standby)
+
+
+def flip_under_load(srv: Server, live: str, standby: str, per_thread: int = 1_000) -> None:
+    """Promote `standby` and roll back to `live` ten times each while two threads send
+    `per_thread` queries each over the scope's 200 documents; every answer succeeds,
+    is not empty and names one of the two generations, and both served some."""
     failures: list[str] = []
     seen: dict[str, int] = {}
     lock = threading.Lock()
-    done = threading.Event()
 
     def load(seed: int) -> None:
         rng = random.Random(seed)
-        with httpx.Client(base_url=f"http://127.0.0.1:{flow.port}", timeout=30) as client:
-            for _ in range(1_000):
+        with httpx.Client(base_url=f"http://127.0.0.1:{srv.port}", timeout=30) as client:
+            for _ in range(per_thread):
                 i = rng.randrange(200)
                 response = client.post(
                     "/v1/external/retrieve/topk_records",
@@ -355,18 +361,17 @@ def test_flips_under_concurrent_query_load(flow: Server) -> None:
     flips = 0
     try:
         for _ in range(10):
-            assert promote(flow, standby)["generation_id"] == standby
+            assert promote(srv, standby)["generation_id"] == standby
             time.sleep(0.05)
-            assert rollback(flow)["generation_id"] == live
+            assert rollback(srv)["generation_id"] == live
             time.sleep(0.05)
             flips += 2
     finally:
         for thread in threads:
-            thread.join(120)
-        done.set()
+            thread.join(300)
     assert flips == 20
     assert failures == []
-    assert sum(seen.values()) == 2_000 and set(seen) == {live, standby}
+    assert sum(seen.values()) == 2 * per_thread and set(seen) == {live, standby}
 
 
 # -- dual write, aborts, crashes ------------------------------------------------------------
@@ -903,6 +908,31 @@ def test_server_mode_build_verify_promote_rollback(tmp_path: Path) -> None:
     finally:
         srv.stop()
         httpx.delete(f"{opensearch}/orrery-test-{tag}-*", timeout=30)
+
+
+@pytest.mark.servers
+@pytest.mark.slow
+def test_server_mode_flips_under_concurrent_query_load_and_aborts(tmp_path: Path) -> None:
+    """Server mode: an aborted build is failed and never promotable; then promote and
+    rollback alternate ten times each under two query threads (2,000 queries)."""
+    slow = {"ORRERY_GEN_BUILD_BATCH_SIZE": "20", "ORRERY_GEN_BUILD_PAUSE_SECONDS": "0.2"}
+    with deployed(SERVERS, tmp_path / "data", **slow) as srv:
+        assert srv.post_records(records(0, 200)).status_code == 200
+        srv.wait_projected(timeout=120, documents={(NS, KIND): 200})
+        live = live_generation(srv)
+
+        aborted = start_build(srv)
+        wait_loading(srv, aborted, 20)
+        body = ok(admin_post(srv, f"/{aborted}/abort"))
+        assert body["descriptor"]["state"] == "failed"
+        refused = admin_post(srv, f"/{aborted}/promote")
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
+        assert ok(topk(srv, "item number 5"))["generation_id"] == live
+
+        standby = build_sealed(srv)
+        assert verify(srv, standby)["verified"]
+        flip_under_load(srv, live, standby)
+        assert live_generation(srv) == live
 
 
 @pytest.mark.servers
