@@ -216,15 +216,24 @@ def test_create_requests_every_payload_index(
 
     monkeypatch.setattr(qdrant.client, "create_payload_index", recording)
     qdrant.index.create("g", DIM)  # local mode ignores them, without leaking its warning
-    keyword = models.PayloadSchemaType.KEYWORD
+    keyword = models.KeywordIndexType.KEYWORD
+
+    def graphed(**params: Any) -> models.KeywordIndexParams:
+        return models.KeywordIndexParams(type=keyword, enable_hnsw=True, **params)
+
+    # Payload-aware HNSW links for the equality filters only (GRAPH_FIELDS).
     assert requested == {
-        "galaxy": models.KeywordIndexParams(type=models.KeywordIndexType.KEYWORD, is_tenant=True),
-        "status": keyword,
-        "visibility": keyword,
-        "facets": keyword,
-        "document_id": keyword,
-        "revision": models.PayloadSchemaType.INTEGER,
-        "updated_at": models.PayloadSchemaType.DATETIME,
+        "galaxy": graphed(is_tenant=True),
+        "status": graphed(),
+        "visibility": graphed(),
+        "facets": graphed(),
+        "document_id": models.KeywordIndexParams(type=keyword, enable_hnsw=False),
+        "revision": models.IntegerIndexParams(
+            type=models.IntegerIndexType.INTEGER, lookup=True, range=True, enable_hnsw=False
+        ),
+        "updated_at": models.DatetimeIndexParams(
+            type=models.DatetimeIndexType.DATETIME, enable_hnsw=False
+        ),
     }
 
 
