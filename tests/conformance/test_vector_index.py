@@ -496,6 +496,20 @@ def test_edge_rejects_unsafe_generation_ids(edge: QdrantEdgeVectorIndex) -> None
         assert raised.value.code is ErrorCode.INVALID_REQUEST
 
 
+def test_edge_payload_indexes_link_hnsw_for_the_equality_filters_only(
+    edge: QdrantEdgeVectorIndex,
+) -> None:
+    from contracts.vector_payload import GRAPH_FIELDS, PAYLOAD_INDEXES, TENANT_FIELD
+
+    edge.create("g", DIM)
+    schema = edge.shard_for("g").info().payload_schema
+    assert set(schema) == set(PAYLOAD_INDEXES)
+    for field, info in schema.items():
+        assert info.params is not None, field
+        assert info.params.enable_hnsw is (field in GRAPH_FIELDS), field
+    assert getattr(schema[TENANT_FIELD].params, "is_tenant", None) is True
+
+
 def test_edge_optimize_builds_hnsw(edge: QdrantEdgeVectorIndex) -> None:
     edge.create("g", DIM)
     edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
