@@ -97,8 +97,9 @@ graph, `enable_hnsw`): the equality / any-of filters of most queries, whose mid-
 selections (a tenant, a status) a plain graph walk serves worst. Not `document_id`
 (phrase-plan id sets are small: searched exactly through the payload index), `revision`
 (never a query filter) or `updated_at` (time ranges). Each such field adds about one
-graph build over the points it covers: at 100k points all seven fields made a build
-1.6x slower than these four (151 s vs 97 s) for +0.01 recall@10 of filtered searches."""
+graph build over the points it covers: at 100k points linking all seven fields made a
+build 1.7x slower than these four (171 s vs 103 s) for +0.01 recall@10 of filtered
+searches; linking none drops tenant-filtered recall@10 to 0.14 (`bench/hnsw_payload.py`)."""
 
 TENANT_FIELD = GALAXY
 """The keyword field that isolates tenants (engines that can co-locate by tenant do)."""
