@@ -531,14 +531,20 @@ class KafkaEventLog:
 
     # -- high_water -----------------------------------------------------------------------
 
-    def _read_high_water(self) -> int:
-        s = self._settings
+    def _offsets(self) -> tuple[Any, Any, list[Any], dict[Any, int], dict[Any, int]]:
+        """The probe clients, every matching partition, and their begin and end offsets."""
+        timeout_ms = self._settings.request_timeout_ms
         admin, probe = self._probe_clients()
         partitions = self._matching_partitions(admin)
         if not partitions:
-            return 0
-        ends = probe.end_offsets(partitions, timeout_ms=s.request_timeout_ms)
-        begins = probe.beginning_offsets(partitions, timeout_ms=s.request_timeout_ms)
+            return admin, probe, [], {}, {}
+        begins = probe.beginning_offsets(partitions, timeout_ms=timeout_ms)
+        ends = probe.end_offsets(partitions, timeout_ms=timeout_ms)
+        return admin, probe, partitions, begins, ends
+
+    def _read_high_water(self) -> int:
+        s = self._settings
+        _, probe, partitions, begins, ends = self._offsets()
         last = {tp: ends[tp] - 1 for tp in partitions if ends[tp] > begins[tp]}
         if not last:
             return 0
@@ -573,12 +579,9 @@ class KafkaEventLog:
 
     def _read_lag(self) -> int:
         s = self._settings
-        admin, probe = self._probe_clients()
-        partitions = self._matching_partitions(admin)
+        admin, _, partitions, begins, ends = self._offsets()
         if not partitions:
             return 0
-        ends = probe.end_offsets(partitions, timeout_ms=s.request_timeout_ms)
-        begins = probe.beginning_offsets(partitions, timeout_ms=s.request_timeout_ms)
         committed = admin.list_group_offsets({s.group_id: None}).get(s.group_id, {})
         lag = 0
         for partition in partitions:

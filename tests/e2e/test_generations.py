@@ -521,22 +521,32 @@ def test_a_killed_bulk_load_child_fails_its_generation_only(tmp_path: Path) -> N
         srv.stop()
 
 
+# A build slow enough to be caught mid-load.
+SLOW_BUILD = {"ORRERY_GEN_BUILD_BATCH_SIZE": "20", "ORRERY_GEN_BUILD_PAUSE_SECONDS": "0.2"}
+
+
+def abort_mid_build(srv: Server, live: str) -> str:
+    """Start a build, abort it mid-load: it is failed, refused for promotion, and the
+    live generation keeps answering. Returns the aborted generation's id."""
+    aborted = start_build(srv)
+    wait_loading(srv, aborted, 20)
+    body = ok(admin_post(srv, f"/{aborted}/abort"))
+    assert body["descriptor"]["state"] == "failed"
+    refused = admin_post(srv, f"/{aborted}/promote")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
+    assert ok(topk(srv, "item number 5"))["generation_id"] == live
+    return aborted
+
+
 def test_aborted_and_killed_builds_are_never_promotable(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    slow = {"ORRERY_GEN_BUILD_BATCH_SIZE": "20", "ORRERY_GEN_BUILD_PAUSE_SECONDS": "0.2"}
-    srv = start(data_dir, **slow)
+    srv = start(data_dir, **SLOW_BUILD)
     try:
         assert srv.post_records(records(0, 300)).status_code == 200
         srv.wait_projected(documents={(NS, KIND): 300})
         live = live_generation(srv)
 
-        aborted = start_build(srv)
-        wait_loading(srv, aborted, 20)
-        body = ok(admin_post(srv, f"/{aborted}/abort"))
-        assert body["descriptor"]["state"] == "failed"
-        refused = admin_post(srv, f"/{aborted}/promote")
-        assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
-        assert ok(topk(srv, "item number 5"))["generation_id"] == live
+        aborted = abort_mid_build(srv, live)
 
         killed = start_build(srv)
         wait_loading(srv, killed, 20)
@@ -915,19 +925,12 @@ def test_server_mode_build_verify_promote_rollback(tmp_path: Path) -> None:
 def test_server_mode_flips_under_concurrent_query_load_and_aborts(tmp_path: Path) -> None:
     """Server mode: an aborted build is failed and never promotable; then promote and
     rollback alternate ten times each under two query threads (2,000 queries)."""
-    slow = {"ORRERY_GEN_BUILD_BATCH_SIZE": "20", "ORRERY_GEN_BUILD_PAUSE_SECONDS": "0.2"}
-    with deployed(SERVERS, tmp_path / "data", **slow) as srv:
+    with deployed(SERVERS, tmp_path / "data", **SLOW_BUILD) as srv:
         assert srv.post_records(records(0, 200)).status_code == 200
         srv.wait_projected(timeout=120, documents={(NS, KIND): 200})
         live = live_generation(srv)
 
-        aborted = start_build(srv)
-        wait_loading(srv, aborted, 20)
-        body = ok(admin_post(srv, f"/{aborted}/abort"))
-        assert body["descriptor"]["state"] == "failed"
-        refused = admin_post(srv, f"/{aborted}/promote")
-        assert refused.status_code == 409 and refused.json()["error"]["code"] == "invalid_state"
-        assert ok(topk(srv, "item number 5"))["generation_id"] == live
+        abort_mid_build(srv, live)
 
         standby = build_sealed(srv)
         assert verify(srv, standby)["verified"]
