@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contracts.faults import crash_point
 from ingest.relay_ports import EventPublisher, OutboxRelaySource
 
 __all__ = ["relay_outbox"]
@@ -31,6 +32,7 @@ def relay_outbox(
         if not rows:
             break
         publisher.publish(rows)
+        crash_point("relay.published")
         source.mark_published([row.position for row in rows])
         published += len(rows)
         batches += 1

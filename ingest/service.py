@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from contracts.errors import ErrorBody, ErrorCode, OrreryError
+from contracts.faults import crash_point
 from contracts.ingest_api import WriteItem, WriteResponse
 from contracts.records import Record
 from ingest.model import Decision
@@ -96,6 +97,7 @@ def write_records(
 ) -> WriteResponse:
     """Write a validated batch in one transaction; stale revisions are rejected alone."""
     outcomes = store.write(records)
+    crash_point("ingest.committed")
     if on_commit is not None and any(o.decision is Decision.ACCEPTED for o in outcomes):
         on_commit()
     items: list[WriteItem] = []

@@ -45,6 +45,7 @@ from contracts.digests import id_set_digest
 from contracts.embedding import Embedder
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import LogEntry
+from contracts.faults import crash_point
 from contracts.generations import (
     BuildReceipt,
     EngineEvidence,
@@ -98,6 +99,7 @@ __all__ = [
     "LogHandover",
     "check_evidence",
     "load_snapshot",
+    "mirror_live_aliases",
     "verify_generation",
 ]
 
@@ -614,6 +616,7 @@ def start_build(request: BuildRequest, *, ports: GenerationPorts) -> GenerationD
             topology=ports.topology,
             at=ports.clock(),
         )
+        crash_point("build.generation_registered")
         if elsewhere:
             assert ports.deferred is not None
             ports.deferred.defer(descriptor.generation_id)
@@ -1079,6 +1082,7 @@ def _switch(
     )
     flip_started = time.perf_counter()
     ports.registry.switch_live(promoted, demoted, expected_live=previous, at=at)
+    crash_point("promote.switched")
     flip_ms = (time.perf_counter() - flip_started) * 1000.0
     aliases = _mirror_aliases(descriptor, ports)
     log.info(
@@ -1114,6 +1118,23 @@ def _mirror_aliases(descriptor: GenerationDescriptor, ports: GenerationPorts) ->
         except OrreryError as exc:
             log.warning("mirroring alias %s in %s failed: %s", alias, engine, exc.message)
             out[engine] = f"failed: {exc.message}"
+    return out
+
+
+def mirror_live_aliases(*, ports: GenerationPorts) -> dict[str, dict[str, str]]:
+    """Point every scope's native aliases at its live generation again (idempotent).
+
+    A promote flips the registry's pointer first and mirrors the aliases after it; a
+    process killed in between leaves the aliases on the old generation. Every role that
+    administers generations runs this at start, so outside readers converge on what
+    the registry says is live. Returns the outcome per generation and engine.
+    """
+    out: dict[str, dict[str, str]] = {}
+    if not any(mirror is not None for mirror in ports.aliases.values()):
+        return out
+    for row, descriptor in ports.registry.generation_rows():
+        if row.live:
+            out[descriptor.generation_id] = _mirror_aliases(descriptor, ports)
     return out
 
 
@@ -1381,6 +1402,9 @@ class GenerationAdmin:
 
     def promote(self, generation_id: str) -> PromoteReport:
         return promote_generation(generation_id, ports=self.ports)
+
+    def mirror_live_aliases(self) -> dict[str, dict[str, str]]:
+        return mirror_live_aliases(ports=self.ports)
 
     def rollback(self, request: RollbackRequest) -> PromoteReport:
         return rollback_scope(request, ports=self.ports)

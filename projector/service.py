@@ -13,6 +13,7 @@ from contracts.digests import sha256_json
 from contracts.embedding import Embedder, embedding_text, text_digest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.events import LogEntry
+from contracts.faults import crash_point
 from contracts.generations import Topology
 from contracts.index import IndexDocument, to_index_document
 from contracts.index_fields import TextLanguages
@@ -165,7 +166,9 @@ def project_batch(
             report.events = len(fetched)
             if entries:
                 report.position = max(report.position, max(e.position for e in entries))
+            crash_point("projector.engines_written")
             state.commit(consumer, report.position, changes)
+            crash_point("projector.committed")
     except BaseException:
         log.reset()  # nothing committed: deliver the same entries again
         raise
@@ -255,7 +258,9 @@ def _apply_entries(
                 make_live=True,
                 topology=topology,
             )
+            crash_point("projector.generation_registered")
             lexical.create(descriptor.generation_id, text_analyzer=text_analyzer)
+            crash_point("projector.lexical_created")
             vectors.create(descriptor.generation_id, embedder.dimension)
             report.generations_created.append(descriptor.generation_id)
             targets = [descriptor.generation_id]
@@ -273,9 +278,65 @@ def _apply_entries(
                 to_index_document(r, vecs[r.doc_id]) for r in upsert_records
             ]
             deletes = sorted(plan.deletes.items())
-            lexical.apply(generation_id, docs, deletes)
-            vectors.apply(generation_id, docs, deletes)
+            _write_generation(
+                generation_id,
+                docs,
+                deletes,
+                lexical=lexical,
+                vectors=vectors,
+                text_analyzer=text_languages.analyzer_for(namespace),
+                dimension=embedder.dimension,
+            )
             report.upserts += len(docs)
             report.deletes += len(deletes)
             changes[generation_id] = plan.revisions
     return changes
+
+
+def _write_generation(
+    generation_id: str,
+    docs: Sequence[IndexDocument],
+    deletes: Sequence[tuple[str, int]],
+    *,
+    lexical: LexicalIndex,
+    vectors: VectorIndex,
+    text_analyzer: str,
+    dimension: int,
+) -> None:
+    """Write one batch to both engines' indexes of a generation that takes writes.
+
+    The registry records a generation before the engines create its indexes (the id
+    comes from the registry), so a crash in between leaves a write target the engines
+    do not hold. That must heal, not wedge: an index missing for a registered write
+    target is created (idempotently: `create` is a no-op for what exists) and the batch
+    written again (idempotent on `(document_id, revision)`). Nothing the registry
+    counts as applied can be missing from a crash, because revisions commit only after
+    both engines were written; an index lost otherwise (dropped by hand) comes back
+    empty, and the generation's evidence check then finds it incomplete.
+    """
+    try:
+        lexical.apply(generation_id, docs, deletes)
+        crash_point("projector.lexical_applied")
+        vectors.apply(generation_id, docs, deletes)
+    except OrreryError as exc:
+        if not _missing_index(exc, generation_id):
+            raise
+        log_.warning(
+            "generation %s is registered but an engine does not hold it (%s): "
+            "creating its indexes and writing the batch again",
+            generation_id,
+            exc.message,
+        )
+        lexical.create(generation_id, text_analyzer=text_analyzer)
+        vectors.create(generation_id, dimension)
+        lexical.apply(generation_id, docs, deletes)
+        vectors.apply(generation_id, docs, deletes)
+
+
+def _missing_index(exc: OrreryError, generation_id: str) -> bool:
+    """Whether an engine said it holds no index for `generation_id` (vector adapters
+    answer `NOT_FOUND`, lexical ones `COVERAGE_UNAVAILABLE`, both naming the id)."""
+    return (
+        exc.code in (ErrorCode.NOT_FOUND, ErrorCode.COVERAGE_UNAVAILABLE)
+        and (exc.details or {}).get("generation_id") == generation_id
+    )

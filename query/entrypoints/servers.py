@@ -191,6 +191,8 @@ class ServerStack:
                 older_than=datetime.now(UTC) - ORPHANED_AFTER,
             ):
                 log.warning("generation %s: its builder is gone; marked failed", generation_id)
+            # A promote killed between the pointer flip and the alias mirror heals here.
+            stack.admin.mirror_live_aliases()
             gate = eligibility_gate(settings, stack.admin, routing)
             stack.gate = gate
             ports = dataclasses.replace(
