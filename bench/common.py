@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -435,3 +435,15 @@ def drop_harness_resources(env: Mapping[str, str]) -> None:
             admin.delete_groups([env["ORRERY_KAFKA_GROUP"]])
     finally:
         admin.close()
+
+
+def draw_chart(draw: Callable[..., None], *args: Any) -> bool:
+    """Call a chart function (`matplotlib` is an optional extra of the benchmarks): without
+    matplotlib print how to get the PNG and return False, after the JSON was written."""
+    try:
+        import matplotlib  # noqa: F401
+    except ModuleNotFoundError:
+        print("matplotlib is not installed: no PNG written (pip install matplotlib, or .[dev])")
+        return False
+    draw(*args)
+    return True

@@ -56,6 +56,7 @@ from bench.common import (
     BenchTimeout,
     ServeProcess,
     deadline,
+    draw_chart,
     drop_harness_resources,
     git_facts,
     harness_servers_env,
@@ -169,6 +170,8 @@ def run(args: argparse.Namespace, server_env: dict[str, str]) -> dict[str, Any]:
         "ORRERY_ADMIN_KEY": ADMIN_KEY,
         "ORRERY_CACHE_RESPONSES": "false",
         "ORRERY_MAX_BATCH": "2000",
+        # 2,000 records with 384-d vectors are ~8 MB: over the default body limit.
+        "ORRERY_MAX_BODY_BYTES": str(64 * 1024 * 1024),
         "ORRERY_OPTIMIZE_INTERVAL_SECONDS": str(args.optimize_interval),
         "ORRERY_GEN_BUILD_BATCH_SIZE": str(args.build_batch),
         "ORRERY_GEN_BUILD_PAUSE_SECONDS": str(args.build_pause),
@@ -420,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "result": result,
     }
     write_json(args.out, document)
-    plot(result, [], args.out.with_suffix(".png"))
+    draw_chart(plot, result, [], args.out.with_suffix(".png"))
     print_table(result)
     console.print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0

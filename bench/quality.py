@@ -55,6 +55,7 @@ if __package__ in (None, ""):  # run as `python bench/quality.py`: put the repo 
 
 from bench.common import (
     REPO_ROOT,
+    draw_chart,
     drop_harness_resources,
     git_facts,
     harness_servers_env,
@@ -460,7 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    _chart(
+    draw_chart(
+        _chart,
         args.out.with_suffix(".png"),
         f"{dataset.name} ({args.split}, {len(dataset.qrels)} queries, {args.mode}) over HTTP",
         runs,

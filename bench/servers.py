@@ -71,6 +71,7 @@ from bench.common import (
     BenchTimeout,
     ServeProcess,
     deadline,
+    draw_chart,
     drop_harness_resources,
     exchange,
     git_facts,
@@ -382,6 +383,9 @@ def run_mode(mode: str, size: int, args: argparse.Namespace, vocab: Vocabulary) 
     queries = make_queries(query_rng, vocab, args.queries)
     env: dict[str, str] = {
         "ORRERY_MAX_BATCH": str(args.batch_size),
+        # Batches with 384-d vectors (up to ~8 KB of JSON a record) exceed the default
+        # body limit: allow 16 KB a record.
+        "ORRERY_MAX_BODY_BYTES": str(max(4, args.batch_size * 16 // 1024) * 1024 * 1024),
         "ORRERY_CACHE_RESPONSES": "false",
         # The scheduled full read-back of every engine (seconds of CPU at 100k) would
         # land in the middle of the measurements: verified once after ingest instead.
@@ -618,7 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json(args.out, {**report, "partial": True, "error": str(error)})
         return 1
     write_json(args.out, report)
-    plot(report, args.out.with_suffix(".png"))
+    draw_chart(plot, report, args.out.with_suffix(".png"))
     print_table(report)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0

@@ -65,6 +65,7 @@ from bench.common import (
     ServeProcess,
     child_processes,
     deadline,
+    draw_chart,
     exchange,
     git_facts,
     latency_summary,
@@ -776,6 +777,9 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     queries = make_queries(query_rng, vocab, args.queries)
     env = {
         "ORRERY_MAX_BATCH": str(args.batch_size),
+        # Batches with 384-d vectors (up to ~8 KB of JSON a record) exceed the default
+        # body limit: allow 16 KB a record.
+        "ORRERY_MAX_BODY_BYTES": str(max(4, args.batch_size * 16 // 1024) * 1024 * 1024),
         "ORRERY_OPTIMIZE_INTERVAL_SECONDS": f"{OPTIMIZE_INTERVAL_S:g}",
     }
     result: dict[str, Any] = {"size": size, "corpus_generate_seconds": round(generate_s, 2)}
@@ -971,7 +975,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": runs,
     }
     write_json(args.out, report)
-    plot(runs, args.out.with_suffix(".png"))
+    draw_chart(plot, runs, args.out.with_suffix(".png"))
     print_table(runs)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
     return 0
