@@ -35,7 +35,7 @@ from contracts.topk import (
 )
 from query.cursors import SORT, CursorCodec, CursorPosition, paginate
 from query.fusion import FusedCandidate, Rescored, fuse
-from query.phrases import VocabularyRegistry
+from query.phrases import ResolvedPhrasePlan, VocabularyRegistry
 from query.ports import (
     Cache,
     LexicalSearch,
@@ -46,7 +46,7 @@ from query.ports import (
     VectorSearch,
 )
 from query.profiles import ProfileRegistry
-from query.scopes import ScopeResolver, merge_filters
+from query.scopes import ScopeResolver, ScopeTarget, merge_filters
 
 __all__ = ["Principal", "QueryEmbeddingCache", "QueryLimits", "QueryPorts", "topk_records"]
 
@@ -408,6 +408,39 @@ class _Ranked:
         return self.paging.continuation.offset + 1
 
 
+@dataclass(slots=True)
+class _Resolved:
+    """What the request resolved to before any index is searched: the stages' input."""
+
+    text: str
+    filters: QueryFilters
+    galaxy: str | None
+    phrases: ResolvedPhrasePlan
+    profile: FusionProfile
+    target: ScopeTarget
+    now: datetime
+    paging: _Paging | None
+    depths: dict[str, int]
+    route: Route
+    pinned: str | None
+    search_filter: SearchFilter
+    lexical_text: str
+
+
+@dataclass(slots=True)
+class _Sources:
+    """Each source's candidates, and the query vector they were found with."""
+
+    query_vector: tuple[float, ...] | None
+    lexical: list[Candidate]
+    vector: list[Candidate]
+    indexes_used: list[str]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {"lexical": len(self.lexical), "vector": len(self.vector)}
+
+
 def _rank(
     *,
     principal: Principal,
@@ -430,6 +463,8 @@ def _rank(
     phrase_plan: PhrasePlan | None = None,
     report_plan: bool = True,
 ) -> _Ranked:
+    """The pipeline, one stage a step: resolve the scope (and page), probe the cache,
+    search both sources, re-score and fuse, page. Each stage's time is one lap."""
     watch = _Stopwatch(timeout_seconds)
     if limit > limits.max_result_limit:
         raise OrreryError(
@@ -437,6 +472,62 @@ def _rank(
             f"result_limit may be at most {limits.max_result_limit}, got {limit}",
             {"max_result_limit": limits.max_result_limit},
         )
+    q = _resolve(
+        principal=principal,
+        namespace=namespace,
+        scope_ref=scope_ref,
+        query_text=query_text,
+        filters=filters,
+        profile_id=profile_id,
+        ranking=ranking,
+        limit=limit,
+        allowed_doc_ids=allowed_doc_ids,
+        ports=ports,
+        limits=limits,
+        paging_request=(endpoint, page_size, cursor, bound),
+        phrase_plan=phrase_plan,
+        watch=watch,
+    )
+    watch.lap("scope_resolve")
+    ranked = _Ranked(
+        route=q.route,
+        profile=q.profile,
+        depths=q.depths,
+        fused=[],
+        candidate_count=0,
+        indexes_used=[],
+        watch=watch,
+        paging=q.paging,
+        pinned_generation=q.pinned,
+    )
+    if cache_probe is not None and cache_probe(q.route, q.profile, watch, _cache_extra(q)):
+        ranked.cached = True
+        return ranked
+    sources = _search_sources(q, ports, watch)
+    _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=report_plan)
+    watch.lap("rerank")
+    return ranked
+
+
+def _resolve(
+    *,
+    principal: Principal,
+    namespace: str,
+    scope_ref: str,
+    query_text: str,
+    filters: QueryFilters,
+    profile_id: str | None,
+    ranking: Ranking,
+    limit: int,
+    allowed_doc_ids: Sequence[str] | None,
+    ports: QueryPorts,
+    limits: QueryLimits,
+    paging_request: tuple[str, int | None, str | None, dict[str, Any] | None],
+    phrase_plan: PhrasePlan | None,
+    watch: _Stopwatch,
+) -> _Resolved:
+    """Stage 1: who may read what, the scope and its fixed filters, the profile, the
+    phrase plan, the page (cursor) and the eligible generation to search."""
     text = query_text.strip()
     galaxy = _authorize(principal, namespace, filters)
     phrases = limits.vocabularies.resolve(namespace, phrase_plan)
@@ -450,10 +541,9 @@ def _rank(
             ErrorCode.EMPTY_QUERY, "query_text is empty and no filter narrows the scope"
         )
     now = ports.clock()
+    endpoint, page_size, cursor, bound = paging_request
     paging: _Paging | None = None
     if page_size is not None or cursor is not None:
-        if ports.cursors is None:
-            raise OrreryError(ErrorCode.INVALID_REQUEST, "this worker does not page")
         material = _fingerprint_material(
             endpoint,
             bound or {"namespace": namespace, "scope_ref": scope_ref},
@@ -465,19 +555,7 @@ def _rank(
         )
         if phrases.active:
             material["phrase_plan"] = phrases.fingerprint
-        position = None
-        if cursor is not None:
-            position = ports.cursors.open(cursor, material, now=now)
-        paging = _Paging(
-            codec=ports.cursors,
-            material=material,
-            page_size=limit,
-            position=position,
-            depths=dict(position.depths)
-            if position is not None
-            else limits.depths(profile, limit, paged=True),
-            ranked_at=now if position is None else position.ranked_at,
-        )
+        paging = _open_paging(cursor, material, limit, profile, ports, limits, now)
     depths = limits.depths(profile, limit) if paging is None else paging.depths
     watch.plan.update(profile=profile.id, candidate_depths=depths)
     cursor_generation = (
@@ -485,6 +563,56 @@ def _rank(
     )
     route = resolver.route(namespace, target, generation_id=cursor_generation)
     pinned = target.pinned_generation or cursor_generation
+    route = _admit(route, scope_ref, pinned, ports)
+    if pinned is not None:
+        watch.plan.update(pinned_generation=pinned)
+    search_filter = phrases.restrict(_search_filter(filters, galaxy, allowed_doc_ids))
+    watch.plan.update(generation_id=route.generation_id, applied_position=route.applied_position)
+    return _Resolved(
+        text=text,
+        filters=filters,
+        galaxy=galaxy,
+        phrases=phrases,
+        profile=profile,
+        target=target,
+        now=now,
+        paging=paging,
+        depths=depths,
+        route=route,
+        pinned=pinned,
+        search_filter=search_filter,
+        lexical_text=phrases.lexical_text(text),
+    )
+
+
+def _open_paging(
+    cursor: str | None,
+    material: dict[str, Any],
+    limit: int,
+    profile: FusionProfile,
+    ports: QueryPorts,
+    limits: QueryLimits,
+    now: datetime,
+) -> _Paging:
+    """A paged request: the cursor's position (verified against `material`), or page 1."""
+    if ports.cursors is None:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "this worker does not page")
+    position = None if cursor is None else ports.cursors.open(cursor, material, now=now)
+    return _Paging(
+        codec=ports.cursors,
+        material=material,
+        page_size=limit,
+        position=position,
+        depths=dict(position.depths)
+        if position is not None
+        else limits.depths(profile, limit, paged=True),
+        ranked_at=now if position is None else position.ranked_at,
+    )
+
+
+def _admit(route: Route, scope_ref: str, pinned: str | None, ports: QueryPorts) -> Route:
+    """The eligible generation to read (a declared fallback, or an error), whose
+    embedder is this worker's."""
     if ports.eligibility is not None:
         admitted = ports.eligibility.admit(route, scope_ref)
         if pinned is not None and admitted.generation_id != route.generation_id:
@@ -496,113 +624,107 @@ def _rank(
                 {"generation_id": route.generation_id, "scope_ref": scope_ref},
             )
         route = admitted
-    if pinned is not None:
-        watch.plan.update(pinned_generation=pinned)
     if route.embedder_id != ports.query_vectors.embedder_id:
         raise OrreryError(
             ErrorCode.EMBEDDER_MISMATCH,
             f"generation {route.generation_id} was built with {route.embedder_id}, this "
             f"worker embeds with {ports.query_vectors.embedder_id}",
         )
-    search_filter = phrases.restrict(_search_filter(filters, galaxy, allowed_doc_ids))
-    lexical_text = phrases.lexical_text(text)
-    watch.plan.update(generation_id=route.generation_id, applied_position=route.applied_position)
-    watch.lap("scope_resolve")
-    fixed = target.definition.filters
-    extra_key = {
+    return route
+
+
+def _cache_extra(q: _Resolved) -> dict[str, Any]:
+    """What a cached response depends on beyond the request and the generation."""
+    fixed = q.target.definition.filters
+    return {
         "scope_filters": None if fixed is None else fixed.model_dump(mode="json"),
-        "page": None if paging is None else paging.cache_key(),
-        "phrase_plan": phrases.fingerprint,
+        "page": None if q.paging is None else q.paging.cache_key(),
+        "phrase_plan": q.phrases.fingerprint,
     }
-    if cache_probe is not None and cache_probe(route, profile, watch, extra_key):
-        return _Ranked(
-            route=route,
-            profile=profile,
-            depths=depths,
-            fused=[],
-            candidate_count=0,
-            indexes_used=[],
-            watch=watch,
-            cached=True,
-            paging=paging,
-            pinned_generation=pinned,
-        )
 
-    use_vector = bool(text) and profile.vector_weight > 0.0
-    query_vector = ports.query_vectors.vector(text) if use_vector else None
+
+def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sources:
+    """Stages 2 and 3: embed the query (lap `candidate_fetch`), then search the lexical
+    and the vector index, both restricted before scoring (lap `index_search`)."""
+    profile = q.profile
+    use_vector = bool(q.text) and profile.vector_weight > 0.0
+    sources = _Sources(
+        query_vector=ports.query_vectors.vector(q.text) if use_vector else None,
+        lexical=[],
+        vector=[],
+        indexes_used=[],
+    )
     watch.lap("candidate_fetch")
-
-    indexes_used: list[str] = []
-    lexical: list[Candidate] = []
-    vector: list[Candidate] = []
+    generation_id = q.route.generation_id
     if profile.lexical_weight > 0.0 or not use_vector:
-        lexical = ports.lexical.search(
-            route.generation_id,
-            lexical_text,
-            search_filter,
-            depths["lexical"],
+        sources.lexical = ports.lexical.search(
+            generation_id,
+            q.lexical_text,
+            q.search_filter,
+            q.depths["lexical"],
             field_boosts=profile.lexical_boosts(),
         )
-        indexes_used.append("bm25" if lexical_text else "filter")
-    if query_vector is not None:
-        vector_filter = phrases.vector_filter(search_filter, route.generation_id, ports.lexical)
-        vector = ports.vectors.search(
-            route.generation_id, query_vector, vector_filter, depths["vector"]
+        sources.indexes_used.append("bm25" if q.lexical_text else "filter")
+    if sources.query_vector is not None:
+        vector_filter = q.phrases.vector_filter(q.search_filter, generation_id, ports.lexical)
+        sources.vector = ports.vectors.search(
+            generation_id, sources.query_vector, vector_filter, q.depths["vector"]
         )
-        indexes_used.append("vector")
-    if search_filter != SearchFilter() or (
+        sources.indexes_used.append("vector")
+    if q.search_filter != SearchFilter() or (
         isinstance(profile, WeightedProfile) and profile.metadata_weight > 0.0
     ):
-        indexes_used.append("metadata")
-    source_counts = {"lexical": len(lexical), "vector": len(vector)}
-    watch.plan.update(indexes_used=indexes_used, source_counts=source_counts)
+        sources.indexes_used.append("metadata")
+    watch.plan.update(indexes_used=sources.indexes_used, source_counts=sources.counts)
     watch.lap("index_search")
+    return sources
 
+
+def _fuse_and_page(
+    q: _Resolved,
+    sources: _Sources,
+    ranked: _Ranked,
+    *,
+    ports: QueryPorts,
+    limits: QueryLimits,
+    report_plan: bool,
+) -> None:
+    """Stage 4: re-score (weighted profiles that look missing scores up), fuse, report
+    the phrase plan, cut the page; fills `ranked`."""
+    profile = q.profile
     rescored: Rescored | None = None
-    if isinstance(profile, WeightedProfile) and profile.missing == "rescore" and text:
+    if isinstance(profile, WeightedProfile) and profile.missing == "rescore" and q.text:
         rescored = _rescore(
-            route.generation_id,
-            lexical_text,
-            query_vector,
-            search_filter,
-            lexical,
-            vector,
+            q.route.generation_id,
+            q.lexical_text,
+            sources.query_vector,
+            q.search_filter,
+            sources.lexical,
+            sources.vector,
             ports,
             profile,
         )
     fused = fuse(
         profile,
-        lexical,
-        vector,
-        now=now if paging is None else paging.ranked_at,
+        sources.lexical,
+        sources.vector,
+        now=q.now if q.paging is None else q.paging.ranked_at,
         half_life_days=limits.freshness_half_life_days,
         rescored=rescored,
     )
-    rescored_count = 0 if rescored is None else rescored.looked_up
-    watch.plan.update(candidate_count=len(fused), rescored_count=rescored_count)
+    ranked.rescored_count = 0 if rescored is None else rescored.looked_up
+    ranked.watch.plan.update(candidate_count=len(fused), rescored_count=ranked.rescored_count)
     # The report costs a lexical lookup per phrase: only made when the plan is returned.
-    phrase_report = (
-        phrases.report((c.document_id for c in fused), route.generation_id, ports.lexical)
-        if report_plan
-        else None
-    )
-    if paging is not None:
-        _finish_page(paging, fused, route, now)
-    watch.lap("rerank")
-    return _Ranked(
-        route=route,
-        profile=profile,
-        depths=depths,
-        fused=fused,
-        candidate_count=len(fused),
-        indexes_used=indexes_used,
-        watch=watch,
-        source_counts=source_counts,
-        rescored_count=rescored_count,
-        paging=paging,
-        pinned_generation=pinned,
-        phrase_plan=phrase_report,
-    )
+    if report_plan:
+        ranked.phrase_plan = q.phrases.report(
+            (c.document_id for c in fused), q.route.generation_id, ports.lexical
+        )
+    if q.paging is not None:
+        _finish_page(q.paging, fused, q.route, q.now)
+    ranked.fused = fused
+    ranked.candidate_count = len(fused)
+    ranked.indexes_used = sources.indexes_used
+    ranked.source_counts = sources.counts
 
 
 def _rescore(
