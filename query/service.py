@@ -823,6 +823,67 @@ def _response_key(
     )
 
 
+@dataclass(slots=True)
+class _ResponseProbe:
+    """The response cache as `topk_records` uses it: probed once the route is known
+    (a hit skips every search), written after a miss."""
+
+    request: TopKRequest
+    principal: Principal
+    ports: QueryPorts
+    state: str = "disabled"
+    key: str = ""
+    cached: TopKResponse | None = None
+    cached_next: CursorPosition | None = None
+
+    def __post_init__(self) -> None:
+        self.state = "disabled" if self.ports.responses is None else "miss"
+
+    def __call__(
+        self, route: Route, profile: FusionProfile, watch: _Stopwatch, extra: dict[str, Any]
+    ) -> bool:
+        if self.ports.responses is None:
+            return False
+        self.key = _response_key(self.request, self.principal, route, profile, extra)
+        try:
+            raw = self.ports.responses.get(self.key)
+        except DependencyUnavailable as exc:
+            log.warning("response cache unavailable: %s", exc.message)
+            self.state = "unavailable"
+            return False
+        if raw is None:
+            return False
+        if extra["page"] is None:
+            self.cached = TopKResponse.model_validate_json(raw)
+        else:
+            # A page is stored with the exact position its next cursor continues from,
+            # so a hit issues a fresh cursor (a new expiry) instead of an old one.
+            envelope = json.loads(raw)
+            self.cached = TopKResponse.model_validate(envelope["response"])
+            nxt = envelope["next"]
+            self.cached_next = None if nxt is None else CursorPosition.from_json(nxt)
+        self.state = "hit"
+        return True
+
+    def store(self, response: TopKResponse, paging: _Paging | None, ttl_seconds: float) -> None:
+        if self.ports.responses is None or self.state != "miss":
+            return
+        if paging is None:
+            value = response.model_dump_json().encode()
+        else:
+            nxt = paging.next_position
+            value = json.dumps(
+                {
+                    "response": response.model_dump(mode="json"),
+                    "next": None if nxt is None else nxt.as_json(),
+                }
+            ).encode()
+        try:
+            self.ports.responses.set(self.key, value, ttl_seconds)
+        except DependencyUnavailable as exc:
+            log.warning("response cache unavailable: %s", exc.message)
+
+
 def topk_records(
     request: TopKRequest, *, principal: Principal, ports: QueryPorts, limits: QueryLimits
 ) -> TopKResponse:
@@ -837,41 +898,10 @@ def topk_records(
     strictly after the cursor's search-after tuple on the cursor's generation, ranks
     counted from the first page, and `next_cursor` while the candidate window holds more.
     """
-    cache_state = "disabled" if ports.responses is None else "miss"
-    cached: TopKResponse | None = None
-    cached_next: CursorPosition | None = None
-    cache_key = ""
     page_size = _page_size(
         request.page_size, request.result_limit, "result_limit" in request.model_fields_set
     )
-
-    def probe(
-        route: Route, profile: FusionProfile, watch: _Stopwatch, extra: dict[str, Any]
-    ) -> bool:
-        nonlocal cache_state, cached, cached_next, cache_key
-        if ports.responses is None:
-            return False
-        cache_key = _response_key(request, principal, route, profile, extra)
-        try:
-            raw = ports.responses.get(cache_key)
-        except DependencyUnavailable as exc:
-            log.warning("response cache unavailable: %s", exc.message)
-            cache_state = "unavailable"
-            return False
-        if raw is None:
-            return False
-        if extra["page"] is None:
-            cached = TopKResponse.model_validate_json(raw)
-        else:
-            # A page is stored with the exact position its next cursor continues from,
-            # so a hit issues a fresh cursor (a new expiry) instead of an old one.
-            envelope = json.loads(raw)
-            cached = TopKResponse.model_validate(envelope["response"])
-            nxt = envelope["next"]
-            cached_next = None if nxt is None else CursorPosition.from_json(nxt)
-        cache_state = "hit"
-        return True
-
+    probe = _ResponseProbe(request, principal, ports)
     ranked = _rank(
         principal=principal,
         namespace=request.namespace,
@@ -893,10 +923,32 @@ def topk_records(
         phrase_plan=request.phrase_plan,
         report_plan=request.include.query_plan,
     )
-    if cached is not None:
-        return _from_cache(cached, cached_next, request.client_request_id, ranked, ports)
-    top = ranked.top(page_size)
+    if probe.cached is not None:
+        return _from_cache(
+            probe.cached, probe.cached_next, request.client_request_id, ranked, ports
+        )
+    results = _materialize(request, ranked, ranked.top(page_size), ports)
+    ranked.watch.lap("payload_materialize")
+    response = TopKResponse(
+        scope_ref=request.scope_ref,
+        generation_id=ranked.route.generation_id,
+        profile=ranked.profile.id,
+        client_request_id=request.client_request_id,
+        results=results,
+        query_plan=_plan(ranked, "scope_ref", probe.state) if request.include.query_plan else None,
+        next_cursor=None if ranked.paging is None else ranked.paging.next_cursor,
+    )
+    probe.store(response, ranked.paging, limits.response_ttl_seconds)
+    return response
+
+
+def _materialize(
+    request: TopKRequest, ranked: _Ranked, top: Sequence[FusedCandidate], ports: QueryPorts
+) -> list[TopKResult]:
+    """The results with what the request includes, read from the canonical store at
+    exactly the revisions ranked (one read for the page)."""
     stored = ports.records.fetch([(c.document_id, c.revision) for c in top])
+    include = request.include
     results: list[TopKResult] = []
     for rank, candidate in enumerate(top, start=ranked.first_rank()):
         row = stored.get((candidate.document_id, candidate.revision))
@@ -922,39 +974,14 @@ def topk_records(
                 document_id=candidate.document_id,
                 item_id=row.item_id,
                 payload_schema=record.get("payload_schema", ""),
-                payload=record["payload"] if request.include.payload else None,
-                metadata=metadata if request.include.metadata else None,
-                content=record["text"] if request.include.content else None,
+                payload=record["payload"] if include.payload else None,
+                metadata=metadata if include.metadata else None,
+                content=record["text"] if include.content else None,
                 score=round(candidate.score, 6),
-                score_breakdown=_breakdown(candidate) if request.include.score_breakdown else None,
+                score_breakdown=_breakdown(candidate) if include.score_breakdown else None,
             )
         )
-    ranked.watch.lap("payload_materialize")
-    response = TopKResponse(
-        scope_ref=request.scope_ref,
-        generation_id=ranked.route.generation_id,
-        profile=ranked.profile.id,
-        client_request_id=request.client_request_id,
-        results=results,
-        query_plan=_plan(ranked, "scope_ref", cache_state) if request.include.query_plan else None,
-        next_cursor=None if ranked.paging is None else ranked.paging.next_cursor,
-    )
-    if ports.responses is not None and cache_state == "miss":
-        if ranked.paging is None:
-            value = response.model_dump_json().encode()
-        else:
-            nxt = ranked.paging.next_position
-            value = json.dumps(
-                {
-                    "response": response.model_dump(mode="json"),
-                    "next": None if nxt is None else nxt.as_json(),
-                }
-            ).encode()
-        try:
-            ports.responses.set(cache_key, value, limits.response_ttl_seconds)
-        except DependencyUnavailable as exc:
-            log.warning("response cache unavailable: %s", exc.message)
-    return response
+    return results
 
 
 def _from_cache(
