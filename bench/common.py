@@ -46,9 +46,12 @@ __all__ = [
     "free_port",
     "git_facts",
     "harness_servers_env",
+    "ingest_env",
     "latency_summary",
     "machine_facts",
     "median",
+    "poll_readiness",
+    "publish",
     "serve",
     "source_digest",
     "utc_now",
@@ -216,6 +219,31 @@ def serve(
             print(f"kept {root}", file=sys.stderr)
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def ingest_env(batch_size: int) -> dict[str, str]:
+    """`orrery serve` environment for a corpus POSTed `batch_size` records at a time."""
+    return {
+        "ORRERY_MAX_BATCH": str(batch_size),
+        # Batches with 384-d vectors (up to ~8 KB of JSON a record) exceed the default
+        # body limit: allow 16 KB a record.
+        "ORRERY_MAX_BODY_BYTES": str(max(4, batch_size * 16 // 1024) * 1024 * 1024),
+    }
+
+
+def poll_readiness(
+    server: ServeProcess, client: httpx.Client, done: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """`GET /v1/readiness` every 0.1 s until `done(readiness)` (which may also show
+    progress); returns that readiness. `RuntimeError` with the log tail if the server
+    exits meanwhile."""
+    while True:
+        ready: dict[str, Any] = client.get("/v1/readiness").json()
+        if done(ready):
+            return ready
+        if server.process.poll() is not None:
+            raise RuntimeError(f"orrery serve died:\n{server.log_text()[-3000:]}")
+        time.sleep(0.1)
 
 
 def child_processes(pid: int) -> list[dict[str, Any]]:
@@ -386,6 +414,22 @@ def utc_now() -> str:
 def write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def publish(
+    out: Path,
+    report: Any,
+    figures: Any,
+    plot: Callable[[Any, Path], None],
+    table: Callable[[Any], None],
+) -> None:
+    """Write `report` to `out`, then `plot(figures, <out>.png)` (with matplotlib) and
+    `table(figures)`."""
+    png = out.with_suffix(".png")
+    write_json(out, report)
+    draw_chart(plot, figures, png)
+    table(figures)
+    print(f"wrote {out} and {png}")
 
 
 def harness_servers_env(label: str = "bench") -> dict[str, str]:

@@ -71,13 +71,15 @@ from bench.common import (
     BenchTimeout,
     ServeProcess,
     deadline,
-    draw_chart,
     drop_harness_resources,
     exchange,
     git_facts,
     harness_servers_env,
+    ingest_env,
     latency_summary,
     machine_facts,
+    poll_readiness,
+    publish,
     serve,
     source_digest,
     utc_now,
@@ -86,12 +88,13 @@ from bench.common import (
 from bench.topk import (
     NAMESPACE,
     OPTIMIZE_INTERVAL_S,
-    SCOPE_REF,
     SNAPSHOT_KIND,
     QuerySpec,
     Vocabulary,
+    bench_scopes,
     corpus_batches,
     make_queries,
+    topk_body,
     wait_for_vector_index,
 )
 
@@ -173,11 +176,7 @@ def measure_startup() -> dict[str, Any]:
 def _applied(ready: Mapping[str, Any], size: int) -> bool:
     """The scope holds `size` documents, no event waits (outbox lag 0) and the projector's
     own log lag is 0 and current. Eligibility is not part of it (see `make_eligible`)."""
-    scopes = [
-        s
-        for s in ready.get("scopes", [])
-        if s["namespace"] == NAMESPACE and s["snapshot_kind"] == SNAPSHOT_KIND
-    ]
+    scopes = bench_scopes(ready)
     log = ready.get("projector_log")
     return (
         len(scopes) == 1
@@ -207,17 +206,16 @@ def ingest(
                     first_s = time.perf_counter() - started
     posted_s = time.perf_counter() - started
     with console.status("ingest: projecting") as status:
-        while True:
-            ready = client.get("/v1/readiness").json()
+
+        def projected(ready: dict[str, Any]) -> bool:
+            nonlocal first_s
             count = sum(s["document_count"] for s in ready.get("scopes", []))
             if count and first_s is None:
                 first_s = time.perf_counter() - started
             status.update(f"ingest: projecting {count:,}/{size:,}")
-            if _applied(ready, size):
-                break
-            if server.process.poll() is not None:
-                raise RuntimeError(f"orrery serve died:\n{server.log_text()[-3000:]}")
-            time.sleep(0.1)
+            return _applied(ready, size)
+
+        ready = poll_readiness(server, client, projected)
     applied_s = time.perf_counter() - started
     return {
         "records": size,
@@ -263,15 +261,7 @@ def make_eligible(client: httpx.Client, timeout_s: float = 600.0) -> dict[str, A
 def _topk(
     client: httpx.Client, query: QuerySpec, profile: str, *, limit: int = RESULT_LIMIT
 ) -> tuple[float, dict[str, Any]]:
-    body: dict[str, Any] = {
-        "namespace": NAMESPACE,
-        "scope_ref": SCOPE_REF,
-        "query_text": query.text,
-        "result_limit": limit,
-        "timeout_seconds": REQUEST_TIMEOUT_S,
-    }
-    if query.filters is not None:
-        body["filters"] = query.filters
+    body = topk_body(query, limit)
     if profile == "lexical":
         body.update(LEXICAL_ONLY)
     ex = exchange(client, "POST", "/v1/external/retrieve/topk_records", body=body)
@@ -382,10 +372,7 @@ def run_mode(mode: str, size: int, args: argparse.Namespace, vocab: Vocabulary) 
     warmup = make_queries(query_rng, vocab, 10)
     queries = make_queries(query_rng, vocab, args.queries)
     env: dict[str, str] = {
-        "ORRERY_MAX_BATCH": str(args.batch_size),
-        # Batches with 384-d vectors (up to ~8 KB of JSON a record) exceed the default
-        # body limit: allow 16 KB a record.
-        "ORRERY_MAX_BODY_BYTES": str(max(4, args.batch_size * 16 // 1024) * 1024 * 1024),
+        **ingest_env(args.batch_size),
         "ORRERY_CACHE_RESPONSES": "false",
         # The scheduled full read-back of every engine (seconds of CPU at 100k) would
         # land in the middle of the measurements: verified once after ingest instead.
@@ -621,10 +608,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"[red]{error}")
         write_json(args.out, {**report, "partial": True, "error": str(error)})
         return 1
-    write_json(args.out, report)
-    draw_chart(plot, report, args.out.with_suffix(".png"))
-    print_table(report)
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    publish(args.out, report, report, plot, print_table)
     return 0
 
 

@@ -43,7 +43,7 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -65,16 +65,17 @@ from bench.common import (
     ServeProcess,
     child_processes,
     deadline,
-    draw_chart,
     exchange,
     git_facts,
+    ingest_env,
     latency_summary,
     machine_facts,
     median,
+    poll_readiness,
+    publish,
     serve,
     source_digest,
     utc_now,
-    write_json,
 )
 
 NAMESPACE = "bench"
@@ -284,7 +285,8 @@ def _checked(ex: Exchange, what: str) -> dict[str, Any]:
     return body
 
 
-def _topk_body(query: QuerySpec, result_limit: int) -> dict[str, Any]:
+def topk_body(query: QuerySpec, result_limit: int) -> dict[str, Any]:
+    """The `topk_records` request of `query` over the bench scope."""
     body: dict[str, Any] = {
         "namespace": NAMESPACE,
         "scope_ref": SCOPE_REF,
@@ -301,7 +303,7 @@ def one_shot(
     client: httpx.Client, query: QuerySpec, result_limit: int
 ) -> tuple[Exchange, dict[str, Any]]:
     ex = exchange(
-        client, "POST", "/v1/external/retrieve/topk_records", body=_topk_body(query, result_limit)
+        client, "POST", "/v1/external/retrieve/topk_records", body=topk_body(query, result_limit)
     )
     return ex, _checked(ex, "topk_records")
 
@@ -407,12 +409,17 @@ def _readiness(client: httpx.Client) -> dict[str, Any]:
     return body
 
 
-def _scope_ready(ready: dict[str, Any], size: int) -> bool:
-    scopes = [
+def bench_scopes(ready: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The readiness entries of the bench scope (one once the first record is applied)."""
+    return [
         s
         for s in ready.get("scopes", [])
         if s["namespace"] == NAMESPACE and s["snapshot_kind"] == SNAPSHOT_KIND
     ]
+
+
+def _scope_ready(ready: dict[str, Any], size: int) -> bool:
+    scopes = bench_scopes(ready)
     return (
         bool(ready.get("ready"))
         and len(scopes) == 1
@@ -443,17 +450,15 @@ def ingest(
     posted_s = time.perf_counter() - started
     with _progress() as progress:
         task = progress.add_task("ingest (projector)", total=size, note="")
-        while True:
-            ready = _readiness(client)
+
+        def projected(ready: dict[str, Any]) -> bool:
             scopes = ready.get("scopes", [])
             count = sum(s["document_count"] for s in scopes)
             lag = sum(s["lag_events"] for s in scopes)
             progress.update(task, completed=count, note=f"lag {lag:,} events")
-            if _scope_ready(ready, size):
-                break
-            if server.process.poll() is not None:
-                raise RuntimeError(f"orrery serve died:\n{server.log_text()[-3000:]}")
-            time.sleep(0.1)
+            return _scope_ready(ready, size)
+
+        ready = poll_readiness(server, client, projected)
     ready_s = time.perf_counter() - started
     return {
         "records": size,
@@ -776,10 +781,7 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     warmup = make_queries(query_rng, vocab, WARMUP_QUERIES)
     queries = make_queries(query_rng, vocab, args.queries)
     env = {
-        "ORRERY_MAX_BATCH": str(args.batch_size),
-        # Batches with 384-d vectors (up to ~8 KB of JSON a record) exceed the default
-        # body limit: allow 16 KB a record.
-        "ORRERY_MAX_BODY_BYTES": str(max(4, args.batch_size * 16 // 1024) * 1024 * 1024),
+        **ingest_env(args.batch_size),
         "ORRERY_OPTIMIZE_INTERVAL_SECONDS": f"{OPTIMIZE_INTERVAL_S:g}",
     }
     result: dict[str, Any] = {"size": size, "corpus_generate_seconds": round(generate_s, 2)}
@@ -974,10 +976,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "runs": runs,
     }
-    write_json(args.out, report)
-    draw_chart(plot, runs, args.out.with_suffix(".png"))
-    print_table(runs)
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    publish(args.out, report, runs, plot, print_table)
     return 0
 
 

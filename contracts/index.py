@@ -23,6 +23,7 @@ __all__ = [
     "IndexDocument",
     "SearchFilter",
     "field_boosts",
+    "is_unicode",
     "to_index_document",
 ]
 
@@ -81,6 +82,16 @@ class IndexDocument(BaseModel):
     body: str = ""
     tags: tuple[str, ...] = ()
     vector: tuple[float, ...] | None = None
+
+
+def is_unicode(value: str) -> bool:
+    """False for strings with lone surrogates (stdlib `json` lets `"\\ud800"` through): no
+    engine stores such a keyword, so no filter value of that kind can match."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def to_index_document(record: Record, vector: tuple[float, ...] | None) -> IndexDocument:

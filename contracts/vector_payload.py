@@ -61,6 +61,7 @@ __all__ = [
     "PayloadIndexKind",
     "best_first",
     "candidate_of",
+    "check_collection_prefix",
     "check_generation_id",
     "check_query_vector",
     "check_vector",
@@ -107,17 +108,30 @@ TENANT_FIELD = GALAXY
 RETURNED_FIELDS: tuple[str, ...] = (DOCUMENT_ID, REVISION, STATUS, UPDATED_AT)
 """The payload fields a search reads back to build a `Candidate`."""
 
-_GENERATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+# Generation ids and collection prefixes: safe as directory names and within what
+# Qdrant accepts as a collection name.
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
 def check_generation_id(generation_id: str) -> None:
     """Reject generation ids unsafe as a directory or collection name (`INVALID_REQUEST`)."""
-    if not _GENERATION_ID.fullmatch(generation_id):
+    if not _SAFE_NAME.fullmatch(generation_id):
         raise OrreryError(
             ErrorCode.INVALID_REQUEST,
             "generation ids are 1-128 letters, digits, '_', '.', '-', starting with a letter "
             "or digit",
             {"generation_id": generation_id},
+        )
+
+
+def check_collection_prefix(collection_prefix: str) -> None:
+    """Reject a prefix of Qdrant collection names (`f"{prefix}-{generation_id}"`) that is
+    not 1-128 letters, digits, '_', '.', '-' (`INVALID_REQUEST`)."""
+    if not _SAFE_NAME.fullmatch(collection_prefix):
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            "collection_prefix must be 1-128 letters, digits, '_', '.', '-'",
+            {"collection_prefix": collection_prefix},
         )
 
 

@@ -17,18 +17,23 @@ from contracts.generations import (
     GenerationState,
     StateChange,
 )
+from contracts.index import IndexDocument, is_unicode
+from contracts.index_fields import FACET_SEPARATOR
 from contracts.records import Record
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
     "WRITABLE_STATES",
     "BatchPlan",
+    "IndexOperation",
     "PairDiff",
+    "check_keywords",
     "diff_pairs",
     "engine_evidence",
     "gc_plan",
     "last_live_at",
     "mismatch_reason",
+    "newest_operations",
     "plan_batch",
     "rollback_target",
     "transition",
@@ -288,3 +293,64 @@ def gc_plan(
         kept.extend(d.generation_id for d in retired[:keep])
         drop.extend(d.generation_id for d in retired[keep:])
     return sorted(drop), sorted(kept)
+
+
+# A pending operation of an index batch on one document: the revision to write, or the
+# revision deleted.
+IndexOperation = IndexDocument | int
+
+
+def newest_operations(
+    upserts: Sequence[IndexDocument], deletes: Sequence[tuple[str, int]]
+) -> dict[str, IndexOperation]:
+    """The one operation per document that wins by revision; a delete wins a tie."""
+    operations: dict[str, IndexOperation] = {}
+    for document in upserts:
+        current = operations.get(document.document_id)
+        if current is None or _operation_revision(current) < document.revision:
+            operations[document.document_id] = document
+    for document_id, revision in deletes:
+        current = operations.get(document_id)
+        if current is None or _operation_revision(current) <= revision:
+            operations[document_id] = revision
+    return operations
+
+
+def _operation_revision(operation: IndexOperation) -> int:
+    return operation.revision if isinstance(operation, IndexDocument) else operation
+
+
+def check_keywords(upserts: Iterable[IndexDocument], deletes: Iterable[tuple[str, int]]) -> None:
+    """Reject exact-match values no lexical index can hold (`INVALID_REQUEST`): facet
+    names containing `FACET_SEPARATOR`, keywords that are not valid Unicode. Called
+    before anything is written."""
+    for document in upserts:
+        for name in document.facets:
+            if FACET_SEPARATOR in name:
+                raise OrreryError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"facet name must not contain {FACET_SEPARATOR!r}",
+                    {"document_id": document.document_id, "facet": name},
+                )
+        keywords = [
+            document.document_id,
+            document.item_id,
+            document.galaxy,
+            document.ring,
+            document.status,
+            *document.visibility,
+            *(f"{name}{value}" for name, values in document.facets.items() for value in values),
+        ]
+        if not all(is_unicode(value) for value in keywords):
+            raise _not_unicode(document.document_id)
+    for document_id, _revision in deletes:
+        if not is_unicode(document_id):
+            raise _not_unicode(document_id)
+
+
+def _not_unicode(document_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.INVALID_REQUEST,
+        "keyword values must be valid Unicode (no lone surrogates)",
+        {"document_id": document_id.encode("utf-8", "backslashreplace").decode("utf-8")},
+    )

@@ -115,7 +115,8 @@ def embedded_query_ports(
 
     tantivy indexes and qdrant-edge shards are opened once per process by the
     projector's adapters; the query side reads the same objects through providers
-    (`lexical_index_provider(generation_id)` -> `(tantivy.Index, text analyzer name)`).
+    (`lexical_index_provider(generation_id)` -> `(tantivy.Index, text analyzer name,
+    text analyzer)`).
     """
     routing = SqliteRouting(db_path)
     return QueryPorts(

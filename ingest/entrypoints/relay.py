@@ -15,12 +15,12 @@ Wiring is the composition root's job, e.g.::
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from contracts.errors import DependencyUnavailable
+from contracts.step_loop import StepLoop
 
 __all__ = ["RelayLoop"]
 
@@ -32,11 +32,9 @@ class _Stats:
     steps: int = 0
     published: int = 0
     failures: int = 0
-    consecutive_errors: int = 0
-    last_error: str | None = None
 
 
-class RelayLoop:
+class RelayLoop(StepLoop[int]):
     """Runs `step` (one `relay_outbox` call returning the number published) until stopped.
 
     Guarantees:
@@ -59,73 +57,41 @@ class RelayLoop:
         initial_backoff_seconds: float = 0.2,
         max_backoff_seconds: float = 30.0,
     ) -> None:
-        self._step = step
-        self._poll = poll_seconds
-        self._initial_backoff = initial_backoff_seconds
-        self._max_backoff = max_backoff_seconds
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(
+            step,
+            thread_name="orrery-relay",
+            poll_seconds=poll_seconds,
+            initial_backoff_seconds=initial_backoff_seconds,
+            max_backoff_seconds=max_backoff_seconds,
+        )
         self._stats = _Stats()
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        """Run the loop in a daemon thread."""
-        self._stop.clear()
-        self._thread = threading.Thread(target=self.run, name="orrery-relay", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "relay": {
-                    "running": self._thread is not None and self._thread.is_alive(),
+                    "running": self._running(),
                     "steps": self._stats.steps,
                     "published": self._stats.published,
                     "failures": self._stats.failures,
-                    "consecutive_errors": self._stats.consecutive_errors,
-                    "last_error": self._stats.last_error,
+                    "consecutive_errors": self._consecutive_errors,
+                    "last_error": self._last_error,
                 }
             }
 
-    def run(self) -> None:
-        """Run in the calling thread until `stop()`."""
-        while not self._stop.is_set():
-            try:
-                published = self._step()
-            except Exception as exc:
-                backoff = self._record_failure(exc)
-                if isinstance(exc, DependencyUnavailable):
-                    log.warning("relay step failed (%s); retrying in %.2fs", exc, backoff)
-                else:
-                    log.exception("relay step failed; retrying in %.2fs", backoff)
-                self._stop.wait(backoff)
-                continue
-            with self._lock:
-                self._stats.steps += 1
-                self._stats.published += published
-                self._stats.consecutive_errors = 0
-                self._stats.last_error = None
-            if published:
-                log.debug("published %d outbox events", published)
-                continue  # more may be waiting: don't sleep
-            self._wake.wait(self._poll)
-            self._wake.clear()
+    def _record_success(self, result: int) -> bool:
+        self._stats.steps += 1
+        self._stats.published += result
+        if result:
+            log.debug("published %d outbox events", result)
+        return result > 0
 
-    def _record_failure(self, exc: Exception) -> float:
-        with self._lock:
-            self._stats.steps += 1
-            self._stats.failures += 1
-            self._stats.consecutive_errors += 1
-            self._stats.last_error = f"{type(exc).__name__}: {exc}"
-            exponent = min(self._stats.consecutive_errors - 1, 30)
-        return float(min(self._max_backoff, self._initial_backoff * 2**exponent))
+    def _record_failure(self, exc: Exception) -> None:
+        self._stats.steps += 1
+        self._stats.failures += 1
+
+    def _report_failure(self, exc: Exception, backoff: float) -> None:
+        if isinstance(exc, DependencyUnavailable):
+            log.warning("relay step failed (%s); retrying in %.2fs", exc, backoff)
+        else:
+            log.exception("relay step failed; retrying in %.2fs", backoff)

@@ -71,6 +71,7 @@ from contracts.index_fields import (
     has_combined_field,
     text_analyzer_language,
 )
+from projector.model import check_keywords, newest_operations
 from projector.ports import IndexEvidence
 
 __all__ = [
@@ -347,16 +348,19 @@ class OpenSearchLexicalIndex:
         upserts: Sequence[IndexDocument],
         deletes: Sequence[tuple[str, int]],
     ) -> None:
-        _check_keywords(upserts, deletes)
+        check_keywords(upserts, deletes)
         index = self.index_name(generation_id)
-        operations = _newest_operations(upserts, deletes)
+        operations: list[_Operation] = [
+            operation if isinstance(operation, IndexDocument) else (document_id, operation)
+            for document_id, operation in newest_operations(upserts, deletes).items()
+        ]
         try:
             if not self._client.indices.exists(index=index):
                 raise _unknown(generation_id)
             if not operations:
                 return
             combined = has_combined_field(self._text_analyzer(index))
-            chunks = list(_chunks(list(operations.values()), self._bulk_actions))
+            chunks = list(_chunks(operations, self._bulk_actions))
             for chunk in chunks:
                 refresh = self._refresh if len(chunks) == 1 else None
                 self._bulk(index, generation_id, chunk, refresh, combined)
@@ -511,26 +515,6 @@ class OpenSearchLexicalIndex:
 _Operation = IndexDocument | tuple[str, int]
 
 
-def _newest_operations(
-    upserts: Sequence[IndexDocument], deletes: Sequence[tuple[str, int]]
-) -> dict[str, _Operation]:
-    """The one operation per document that wins by revision; a delete wins a tie."""
-    operations: dict[str, _Operation] = {}
-    for document in upserts:
-        current = operations.get(document.document_id)
-        if current is None or _revision(current) < document.revision:
-            operations[document.document_id] = document
-    for document_id, revision in deletes:
-        current = operations.get(document_id)
-        if current is None or _revision(current) <= revision:
-            operations[document_id] = (document_id, revision)
-    return operations
-
-
-def _revision(operation: _Operation) -> int:
-    return operation.revision if isinstance(operation, IndexDocument) else operation[1]
-
-
 def _document_id(operation: _Operation) -> str:
     return operation.document_id if isinstance(operation, IndexDocument) else operation[0]
 
@@ -638,49 +622,6 @@ def _stored_pair(hit: dict[str, Any]) -> tuple[str, int]:
             {"engine": _ENGINE, "_id": hit.get("_id")},
         )
     return str(document_ids[0]), int(revisions[0])
-
-
-def _check_keywords(upserts: Iterable[IndexDocument], deletes: Iterable[tuple[str, int]]) -> None:
-    """Reject exact-match values the index cannot hold, before anything is written."""
-    for document in upserts:
-        for name in document.facets:
-            if FACET_SEPARATOR in name:
-                raise OrreryError(
-                    ErrorCode.INVALID_REQUEST,
-                    f"facet name must not contain {FACET_SEPARATOR!r}",
-                    {"document_id": document.document_id, "facet": name},
-                )
-        keywords = [
-            document.document_id,
-            document.item_id,
-            document.galaxy,
-            document.ring,
-            document.status,
-            *document.visibility,
-            *(f"{name}{value}" for name, values in document.facets.items() for value in values),
-        ]
-        if not all(_is_unicode(value) for value in keywords):
-            raise _not_unicode(document.document_id)
-    for document_id, _revision in deletes:
-        if not _is_unicode(document_id):
-            raise _not_unicode(document_id)
-
-
-def _is_unicode(value: str) -> bool:
-    """False for strings with lone surrogates (stdlib `json` lets `"\\ud800"` through)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _not_unicode(document_id: str) -> OrreryError:
-    return OrreryError(
-        ErrorCode.INVALID_REQUEST,
-        "keyword values must be valid Unicode (no lone surrogates)",
-        {"document_id": document_id.encode("utf-8", "backslashreplace").decode("utf-8")},
-    )
 
 
 def _unknown(generation_id: str) -> OrreryError:

@@ -88,9 +88,7 @@ import errno
 import gc
 import json
 import logging
-import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -124,7 +122,10 @@ from contracts.vector_payload import (
     GRAPH_FIELDS,
     PAYLOAD_INDEXES,
     TENANT_FIELD,
+    VECTOR_NAME,
     PayloadIndexKind,
+    check_generation_id,
+    check_vector,
     payload_of,
     point_id,
     utc_timestamp,
@@ -146,8 +147,6 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 DEPENDENCY = "qdrant-edge"
-VECTOR_NAME = "dense"
-_GENERATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 _CONFIG_FILE = "edge_config.json"
 _SCROLL_PAGE = 1_000
 # Run by `optimize` in a child process with the copy's path as argv[1]; its last line of
@@ -441,7 +440,7 @@ class QdrantEdgeVectorIndex:
         """Write upserts, then deletes; stale ones (older than present) are skipped."""
         generation = self._require(generation_id)
         for document in upserts:
-            _check_vector(document, generation.dimension)
+            check_vector(document, generation.dimension)
         newest: dict[uuid.UUID, IndexDocument] = {}
         for document in upserts:
             pid = point_id(document.document_id)
@@ -482,7 +481,7 @@ class QdrantEdgeVectorIndex:
 
         A running optimize of it is cancelled (its child killed) and waited for.
         """
-        _check_generation_id(generation_id)
+        check_generation_id(generation_id)
         with self._lock:
             self._idle_at.pop(generation_id, None)
             generation = self._generations.pop(generation_id, None)
@@ -873,7 +872,7 @@ class QdrantEdgeVectorIndex:
 
     def _open(self, generation_id: str) -> _Generation | None:
         """The generation, loading its shard from disk if needed; None if there is none."""
-        _check_generation_id(generation_id)
+        check_generation_id(generation_id)
         if self._closed:
             raise OrreryError(ErrorCode.INTERNAL, "vector index is closed")
         generation = self._generations.get(generation_id)
@@ -1082,40 +1081,8 @@ def _not_found(generation_id: str) -> OrreryError:
     )
 
 
-def _check_generation_id(generation_id: str) -> None:
-    if not _GENERATION_ID.fullmatch(generation_id):
-        raise OrreryError(
-            ErrorCode.INVALID_REQUEST,
-            "generation ids are 1-128 letters, digits, '_', '.', '-' (used as a directory)",
-            {"generation_id": generation_id},
-        )
-
-
-def _check_vector(document: IndexDocument, dimension: int | None) -> None:
-    vector = document.vector
-    problem: str | None = None
-    if vector is None:
-        problem = "has no vector"
-    elif dimension is not None and len(vector) != dimension:
-        problem = f"has a {len(vector)}-d vector, the generation holds {dimension}-d vectors"
-    elif not all(math.isfinite(x) for x in vector):
-        problem = "has a vector with non-finite values"
-    elif not any(vector):
-        problem = "has an all-zero vector (cosine is undefined)"
-    if problem is not None:
-        raise OrreryError(
-            ErrorCode.EMBEDDER_MISMATCH,
-            f"document {document.document_id!r} {problem}",
-            {
-                "document_id": document.document_id,
-                "expected_dimension": dimension,
-                "got_dimension": None if vector is None else len(vector),
-            },
-        )
-
-
 def _named_vector(document: IndexDocument) -> dict[str, NamedVector]:
-    assert document.vector is not None  # checked by _check_vector
+    assert document.vector is not None  # checked by check_vector
     return {VECTOR_NAME: list(document.vector)}
 
 

@@ -57,6 +57,7 @@ from contracts.vector_payload import (
     TENANT_FIELD,
     VECTOR_NAME,
     PayloadIndexKind,
+    check_collection_prefix,
     check_generation_id,
     check_vector,
     payload_of,
@@ -143,12 +144,7 @@ class QdrantServerVectorIndex:
         path: str | None = None,
         collection_prefix: str = "orrery",
     ) -> None:
-        if not _NAME.fullmatch(collection_prefix):
-            raise OrreryError(
-                ErrorCode.INVALID_REQUEST,
-                "collection_prefix must be 1-128 letters, digits, '_', '.', '-'",
-                {"collection_prefix": collection_prefix},
-            )
+        check_collection_prefix(collection_prefix)
         self._client = _open_client(client, url=url, path=path)
         self._local = _is_local(self._client)
         self._prefix = collection_prefix

@@ -16,7 +16,7 @@ import json
 import re
 import shutil
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -52,6 +52,7 @@ from contracts.index_fields import (
     has_combined_field,
     text_analyzer_language,
 )
+from projector.model import IndexOperation, check_keywords, newest_operations
 from projector.ports import IndexEvidence
 
 __all__ = ["DEFAULT_WRITER_HEAP_BYTES", "DEFAULT_WRITER_THREADS", "TantivyLexicalIndex"]
@@ -68,9 +69,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 # tantivy-py raises these for engine failures (I/O, lock, schema, consumed writer).
 _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
-
-# A pending operation on one document: the revision to write, or the revision deleted.
-_Operation = IndexDocument | int
 
 
 def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
@@ -121,6 +119,8 @@ class _Generation:
     index: tantivy.Index
     # The analyzer of the text fields (`contracts.index_fields`), as the schema names it.
     text_analyzer: str
+    # That analyzer, as registered with the index (the query side analyzes with it too).
+    analyzer: tantivy.TextAnalyzer
     # Serializes writes (and writer lifecycle); searches never take it.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     writer: tantivy.IndexWriter | None = None
@@ -168,14 +168,15 @@ class TantivyLexicalIndex:
         """The live, shared index of `generation_id`; `KeyError` if there is none."""
         return self.searchable(generation_id)[0]
 
-    def searchable(self, generation_id: str) -> tuple[tantivy.Index, str]:
-        """The live, shared index of `generation_id` and the name of its text analyzer
-        (what query text must be analyzed with); `KeyError` if there is none."""
+    def searchable(self, generation_id: str) -> tuple[tantivy.Index, str, tantivy.TextAnalyzer]:
+        """The live, shared index of `generation_id`, the name of its text analyzer and
+        that analyzer as registered (what query text must be analyzed with); `KeyError`
+        if there is none."""
         with self._registry_lock:
             generation = self._load(generation_id)
         if generation is None:
             raise KeyError(generation_id)
-        return generation.index, generation.text_analyzer
+        return generation.index, generation.text_analyzer, generation.analyzer
 
     # -- LexicalIndex ----------------------------------------------------------------
 
@@ -191,7 +192,7 @@ class TantivyLexicalIndex:
                 index.register_tokenizer(text_analyzer, analyzer)
             except _DRIVER_ERRORS as exc:
                 raise _unavailable("cannot create index", generation_id, exc) from exc
-            self._generations[generation_id] = _Generation(index, text_analyzer)
+            self._generations[generation_id] = _Generation(index, text_analyzer, analyzer)
 
     def apply(
         self,
@@ -199,8 +200,8 @@ class TantivyLexicalIndex:
         upserts: Sequence[IndexDocument],
         deletes: Sequence[tuple[str, int]],
     ) -> None:
-        _check_keywords(upserts, deletes)
-        operations = _newest_operations(upserts, deletes)
+        check_keywords(upserts, deletes)
+        operations = newest_operations(upserts, deletes)
         while True:
             generation = self._require(generation_id)
             with generation.write_lock:
@@ -285,10 +286,11 @@ class TantivyLexicalIndex:
             text_analyzer = _schema_analyzer(path / _META_FILE)
             index = tantivy.Index.open(str(path))
             # Tokenizers are not persisted: without this, writes fail on the text fields.
-            index.register_tokenizer(text_analyzer, _text_analyzer(text_analyzer))
+            analyzer = _text_analyzer(text_analyzer)
+            index.register_tokenizer(text_analyzer, analyzer)
         except (*_DRIVER_ERRORS, KeyError, TypeError) as exc:
             raise _unavailable("cannot open index", generation_id, exc) from exc
-        generation = _Generation(index, text_analyzer)
+        generation = _Generation(index, text_analyzer, analyzer)
         self._generations[generation_id] = generation
         return generation
 
@@ -301,7 +303,7 @@ class TantivyLexicalIndex:
         return generation
 
     def _apply_locked(
-        self, generation: _Generation, generation_id: str, operations: dict[str, _Operation]
+        self, generation: _Generation, generation_id: str, operations: dict[str, IndexOperation]
     ) -> None:
         """Write the operations that change the index, in one commit. Write lock held."""
         index = generation.index
@@ -392,69 +394,6 @@ def _schema_analyzer(meta_file: Path) -> str:
         if entry["name"] == BODY:
             return str(entry["options"]["indexing"]["tokenizer"])
     raise KeyError(f"no {BODY!r} field in {meta_file}")
-
-
-def _newest_operations(
-    upserts: Sequence[IndexDocument], deletes: Sequence[tuple[str, int]]
-) -> dict[str, _Operation]:
-    """The one operation per document that wins by revision; a delete wins a tie."""
-    operations: dict[str, _Operation] = {}
-    for document in upserts:
-        current = operations.get(document.document_id)
-        if current is None or _revision(current) < document.revision:
-            operations[document.document_id] = document
-    for document_id, revision in deletes:
-        current = operations.get(document_id)
-        if current is None or _revision(current) <= revision:
-            operations[document_id] = revision
-    return operations
-
-
-def _revision(operation: _Operation) -> int:
-    return operation.revision if isinstance(operation, IndexDocument) else operation
-
-
-def _check_keywords(upserts: Iterable[IndexDocument], deletes: Iterable[tuple[str, int]]) -> None:
-    """Reject exact-match values the index cannot hold, before anything is written."""
-    for document in upserts:
-        for name in document.facets:
-            if FACET_SEPARATOR in name:
-                raise OrreryError(
-                    ErrorCode.INVALID_REQUEST,
-                    f"facet name must not contain {FACET_SEPARATOR!r}",
-                    {"document_id": document.document_id, "facet": name},
-                )
-        keywords = [
-            document.document_id,
-            document.item_id,
-            document.galaxy,
-            document.ring,
-            document.status,
-            *document.visibility,
-            *(f"{name}{value}" for name, values in document.facets.items() for value in values),
-        ]
-        if not all(_is_unicode(value) for value in keywords):
-            raise _not_unicode(document.document_id)
-    for document_id, _revision in deletes:
-        if not _is_unicode(document_id):
-            raise _not_unicode(document_id)
-
-
-def _is_unicode(value: str) -> bool:
-    """False for strings with lone surrogates (stdlib `json` lets `"\\ud800"` through)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _not_unicode(document_id: str) -> OrreryError:
-    return OrreryError(
-        ErrorCode.INVALID_REQUEST,
-        "keyword values must be valid Unicode (no lone surrogates)",
-        {"document_id": document_id.encode("utf-8", "backslashreplace").decode("utf-8")},
-    )
 
 
 def _analyzed(text: str) -> str:

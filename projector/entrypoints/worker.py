@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.step_loop import StepLoop
 from projector.service import BatchReport
 
 __all__ = ["ProjectorLoop"]
 
 log = logging.getLogger("orrery.projector")
+
+# The first retry after a failed batch; it doubles per consecutive failure.
+_INITIAL_BACKOFF_SECONDS = 0.1
 
 
 @dataclass(slots=True)
@@ -20,13 +23,11 @@ class _Stats:
     batches: int = 0
     events: int = 0
     position: int = 0
-    last_error: str | None = None
-    consecutive_errors: int = 0
     lag: int | None = None
     parked: int = 0
 
 
-class ProjectorLoop:
+class ProjectorLoop(StepLoop[BatchReport]):
     """Runs `step` in a thread until stopped.
 
     Guarantees: an error in `step` is logged and retried with capped exponential backoff
@@ -43,75 +44,46 @@ class ProjectorLoop:
         poll_seconds: float = 0.05,
         max_backoff_seconds: float = 5.0,
     ) -> None:
-        self._step = step
-        self._poll = poll_seconds
-        self._max_backoff = max_backoff_seconds
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(
+            step,
+            thread_name="orrery-projector",
+            poll_seconds=poll_seconds,
+            initial_backoff_seconds=_INITIAL_BACKOFF_SECONDS,
+            max_backoff_seconds=max_backoff_seconds,
+        )
         self._stats = _Stats()
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="orrery-projector", daemon=True)
-        self._thread.start()
-
-    def wake(self) -> None:
-        self._wake.set()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "projector": {
-                    "running": self._thread is not None and self._thread.is_alive(),
+                    "running": self._running(),
                     "batches": self._stats.batches,
                     "events": self._stats.events,
                     "position": self._stats.position,
                     "lag_events": self._stats.lag,
                     "dead_letters_parked": self._stats.parked,
-                    "last_error": self._stats.last_error,
+                    "last_error": self._last_error,
                 }
             }
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                report = self._step()
-            except Exception as exc:
-                with self._lock:
-                    self._stats.consecutive_errors += 1
-                    self._stats.last_error = f"{type(exc).__name__}: {exc}"
-                    backoff = min(
-                        self._max_backoff, 0.1 * 2 ** (self._stats.consecutive_errors - 1)
-                    )
-                log.exception("projector batch failed; retrying in %.2fs", backoff)
-                self._stop.wait(backoff)
-                continue
-            with self._lock:
-                self._stats.consecutive_errors = 0
-                self._stats.last_error = None
-                self._stats.position = report.position
-                self._stats.parked += report.parked
-                if report.lag is not None:
-                    self._stats.lag = report.lag
-                if report.events:
-                    self._stats.batches += 1
-                    self._stats.events += report.events
-            if report.events:
-                log.debug(
-                    "applied %d events (%d upserts, %d deletes, %d embedded) in %.3fs",
-                    report.events,
-                    report.upserts,
-                    report.deletes,
-                    report.embedded,
-                    report.seconds,
-                )
-                continue  # more may be waiting: don't sleep
-            self._wake.wait(self._poll)
-            self._wake.clear()
+    def _record_success(self, result: BatchReport) -> bool:
+        self._stats.position = result.position
+        self._stats.parked += result.parked
+        if result.lag is not None:
+            self._stats.lag = result.lag
+        if result.events:
+            self._stats.batches += 1
+            self._stats.events += result.events
+            log.debug(
+                "applied %d events (%d upserts, %d deletes, %d embedded) in %.3fs",
+                result.events,
+                result.upserts,
+                result.deletes,
+                result.embedded,
+                result.seconds,
+            )
+        return result.events > 0
+
+    def _report_failure(self, exc: Exception, backoff: float) -> None:
+        log.exception("projector batch failed; retrying in %.2fs", backoff)

@@ -18,7 +18,7 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import OpenSearchException, TransportError
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import Candidate, SearchFilter, field_boosts
+from contracts.index import Candidate, SearchFilter, field_boosts, is_unicode
 from contracts.index_fields import (
     DOCUMENT_ID,
     FACET_SEPARATOR,
@@ -325,7 +325,7 @@ def _any_of(field: str, values: Sequence[str]) -> dict[str, Any]:
 
     A value that is not valid Unicode (a lone surrogate) is never stored: it matches nothing.
     """
-    unique = [value for value in dict.fromkeys(values) if _is_unicode(value)]
+    unique = [value for value in dict.fromkeys(values) if is_unicode(value)]
     if not unique:
         return {"match_none": {}}
     if len(unique) == 1:
@@ -337,14 +337,6 @@ def _any_of(field: str, values: Sequence[str]) -> dict[str, Any]:
         for start in range(0, len(unique), _MAX_TERMS)
     ]
     return {"bool": {"should": parts, "minimum_should_match": 1}}
-
-
-def _is_unicode(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _epoch_micros(value: datetime) -> int:

@@ -6,16 +6,13 @@ shards: it is given `shard_provider` (in the embedded deployment,
 returns the open shard of a generation or raises `KeyError` for an unknown one.
 
 The payload it reads and filters on is written by
-`projector.adapters.qdrant_edge_vectors` (see its module docstring): `document_id`,
-`revision`, `status`, `updated_at` (RFC 3339 UTC, datetime index), `galaxy`,
-`visibility` (list), `facets` (list of `"name=value"`).
+`projector.adapters.qdrant_edge_vectors` as `contracts.vector_payload` lays it out.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from qdrant_edge import (
@@ -33,6 +30,16 @@ from qdrant_edge import (
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
+from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, STATUS, UPDATED_AT, VISIBILITY
+from contracts.vector_payload import (
+    RETURNED_FIELDS,
+    VECTOR_NAME,
+    best_first,
+    candidate_of,
+    check_query_vector,
+    facet_terms,
+    utc_timestamp,
+)
 
 if TYPE_CHECKING:
     from qdrant_edge import ConditionType
@@ -40,8 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["QdrantEdgeVectorSearch", "ShardProvider", "edge_filter"]
 
 DEPENDENCY = "qdrant-edge"
-VECTOR_NAME = "dense"
-_RETURNED_FIELDS = ["document_id", "revision", "status", "updated_at"]
 
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
@@ -75,11 +80,7 @@ class QdrantEdgeVectorSearch:
         filter: SearchFilter,
         limit: int,
     ) -> list[Candidate]:
-        query_vector = [float(x) for x in vector]
-        if not query_vector or not all(math.isfinite(x) for x in query_vector):
-            raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector must be finite numbers")
-        if not any(query_vector):
-            raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector is all zeros")
+        query_vector = check_query_vector(vector)
         engine_filter = edge_filter(filter)
         if limit <= 0 or filter.matches_nothing():
             return []
@@ -92,9 +93,7 @@ class QdrantEdgeVectorSearch:
                 {"generation_id": generation_id},
             ) from None
         points = self._top(shard, generation_id, query_vector, engine_filter, limit)
-        candidates = [_candidate(point) for point in points]
-        candidates.sort(key=lambda c: (-c.score, c.document_id))
-        return candidates[:limit]
+        return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
 
     def _top(
         self,
@@ -115,7 +114,7 @@ class QdrantEdgeVectorSearch:
                 limit=fetch,
                 query=Query.Nearest(vector, using=VECTOR_NAME),
                 filter=engine_filter,
-                with_payload=list(_RETURNED_FIELDS),
+                with_payload=list(RETURNED_FIELDS),
                 with_vector=False,
                 params=SearchParams(hnsw_ef=max(self._hnsw_ef, fetch)),
             )
@@ -132,7 +131,8 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
     """The engine filter equivalent to `filter` (None when it restricts nothing).
 
     Every clause is a `must`; any-of lists are `MatchAny` on keyword indexes, facets are
-    matched as `"name=value"` strings, time bounds are inclusive datetime ranges.
+    matched as `"name=value"` strings, time bounds are inclusive datetime ranges in UTC
+    (naive bounds are `INVALID_REQUEST`).
     Phrase groups are refused (`INTERNAL`): the query worker resolves them to ids.
     """
     if filter.phrases:
@@ -143,49 +143,29 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
         )
     must: list[ConditionType] = []
     if filter.galaxy is not None:
-        must.append(FieldCondition("galaxy", match=MatchValue(filter.galaxy)))
+        must.append(FieldCondition(GALAXY, match=MatchValue(filter.galaxy)))
     if filter.status is not None:
-        must.append(FieldCondition("status", match=MatchAny(list(filter.status))))
+        must.append(FieldCondition(STATUS, match=MatchAny(list(filter.status))))
     if filter.visibility is not None:
-        must.append(FieldCondition("visibility", match=MatchAny(list(filter.visibility))))
+        must.append(FieldCondition(VISIBILITY, match=MatchAny(list(filter.visibility))))
     if filter.updated_after is not None or filter.updated_before is not None:
         must.append(
             FieldCondition(
-                "updated_at",
+                UPDATED_AT,
                 range=RangeDateTime(
                     gte=_bound(filter.updated_after), lte=_bound(filter.updated_before)
                 ),
             )
         )
     for name, values in sorted(filter.facets.items()):
-        facet_values = [f"{name}={value}" for value in values]
-        must.append(FieldCondition("facets", match=MatchAny(facet_values)))
+        must.append(FieldCondition(FACETS, match=MatchAny(facet_terms(name, values))))
     if filter.document_ids is not None:
-        must.append(FieldCondition("document_id", match=MatchAny(list(filter.document_ids))))
+        must.append(FieldCondition(DOCUMENT_ID, match=MatchAny(list(filter.document_ids))))
     return Filter(must=must) if must else None
 
 
 def _bound(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        raise OrreryError(
-            ErrorCode.INVALID_REQUEST,
-            "updated_after / updated_before must carry a timezone",
-            {"value": value.isoformat()},
-        )
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _candidate(point: ScoredPoint) -> Candidate:
-    payload = point.payload or {}
-    return Candidate(
-        document_id=str(payload["document_id"]),
-        revision=int(payload["revision"]),
-        score=min(1.0, max(-1.0, float(point.score))),
-        updated_at=datetime.fromisoformat(str(payload["updated_at"])),
-        status=str(payload["status"]),
-    )
+    return None if value is None else utc_timestamp(value)
 
 
 def _translate(error: Exception, generation_id: str) -> OrreryError:

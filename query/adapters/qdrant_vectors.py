@@ -2,9 +2,10 @@
 
 Collection `f"{collection_prefix}-{generation_id}"`, named dense vector `"dense"`
 (cosine), payload as in `contracts.vector_payload` (written by
-`projector.adapters.qdrant_vectors`). Works against a server (`url`) and against
-qdrant-client's local mode (`path`: a directory or `":memory:"`; one client per path, so
-in one process share the projector's client through `client=`).
+`projector.adapters.qdrant_vectors`). It searches through a client it is handed: the
+composition root opens one (`projector.adapters.qdrant_vectors.open_qdrant_client`, a
+server or qdrant-client's local mode) and shares it with the projector, since local
+mode allows one client per path.
 
 Local mode is exact brute force in Python and ignores `SearchParams`; it is not sent
 there (qdrant-client would warn on every process's first query).
@@ -12,14 +13,11 @@ there (qdrant-client would warn on every process's first query).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
-import grpc  # type: ignore[import-untyped]
-import httpx
 from qdrant_client import QdrantClient, models
 from qdrant_client.common.client_exceptions import QdrantException
-from qdrant_client.http.exceptions import ApiException, UnexpectedResponse
+from qdrant_client.http.exceptions import ApiException
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
@@ -29,6 +27,7 @@ from contracts.vector_payload import (
     VECTOR_NAME,
     best_first,
     candidate_of,
+    check_collection_prefix,
     check_generation_id,
     check_query_vector,
     facet_terms,
@@ -38,26 +37,16 @@ from contracts.vector_payload import (
 __all__ = ["DEPENDENCY", "QdrantServerVectorSearch", "qdrant_filter"]
 
 DEPENDENCY = "qdrant"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-# What qdrant-client raises: HTTP errors and responses (`ApiException`), transport errors
-# (httpx, grpc), and in local mode plain `ValueError` / `RuntimeError` / `KeyError`.
-_DRIVER_ERRORS: tuple[type[BaseException], ...] = (
-    ApiException,
-    QdrantException,
-    httpx.HTTPError,
-    grpc.RpcError,
-    ValueError,
-    RuntimeError,
-    KeyError,
-    OSError,
-)
+# What a client from `open_qdrant_client` (REST or local mode) raises: `ApiException` for
+# HTTP answers and transport failures (it wraps httpx's), `QdrantException` for rate
+# limits, and in local mode plain `ValueError` / `RuntimeError` / `KeyError` / `OSError`.
+_DRIVER_ERRORS = (ApiException, QdrantException, ValueError, RuntimeError, KeyError, OSError)
 
 
 class QdrantServerVectorSearch:
     """Cosine nearest neighbours over one generation's Qdrant collection.
 
-    Construct with exactly one of `client` (taken over: `close` closes it), `url` (a
-    server) or `path` (local mode).
+    Construct with a `QdrantClient` (taken over: `close` closes it).
 
     Guarantees (those of `query.ports.VectorSearch`):
     - The filter is part of the engine request (`query_filter`, served by payload
@@ -77,20 +66,13 @@ class QdrantServerVectorSearch:
 
     def __init__(
         self,
-        client: QdrantClient | None = None,
+        client: QdrantClient,
         *,
-        url: str | None = None,
-        path: str | None = None,
         collection_prefix: str = "orrery",
         hnsw_ef: int = 128,
     ) -> None:
-        if not _NAME.fullmatch(collection_prefix):
-            raise OrreryError(
-                ErrorCode.INVALID_REQUEST,
-                "collection_prefix must be 1-128 letters, digits, '_', '.', '-'",
-                {"collection_prefix": collection_prefix},
-            )
-        self._client = _open_client(client, url=url, path=path)
+        check_collection_prefix(collection_prefix)
+        self._client = client
         options = self._client.init_options
         self._local = options.get("location") == ":memory:" or options.get("path") is not None
         self._prefix = collection_prefix
@@ -156,17 +138,17 @@ class QdrantServerVectorSearch:
         """The `contracts.errors` form of a failed query.
 
         A server names a dimension mismatch; local mode fails inside numpy instead, so on
-        an unrecognized error the collection's dimension is read back and compared.
+        any other error the collection is looked up (missing: `COVERAGE_UNAVAILABLE`) and
+        its dimension read back and compared. Asking the engine spares parsing each
+        transport's way of saying "not found".
         """
-        if _is_not_found(error):
-            return _coverage_unavailable(generation_id)
         message = str(error)
         if "dimension error" not in message.lower():
             try:
-                vectors = self._client.get_collection(collection).config.params.vectors
-            except _DRIVER_ERRORS as probe_error:
-                if _is_not_found(probe_error):
+                if not self._client.collection_exists(collection):
                     return _coverage_unavailable(generation_id)
+                vectors = self._client.get_collection(collection).config.params.vectors
+            except _DRIVER_ERRORS:
                 return DependencyUnavailable(DEPENDENCY, f"query {generation_id}: {message}")
             params = vectors.get(VECTOR_NAME) if isinstance(vectors, Mapping) else None
             if params is None or params.size == dimension:
@@ -219,40 +201,6 @@ def qdrant_filter(filter: SearchFilter) -> models.Filter | None:
 
 def _any_of(field: str, values: list[str]) -> models.FieldCondition:
     return models.FieldCondition(key=field, match=models.MatchAny(any=values))
-
-
-def _open_client(client: QdrantClient | None, *, url: str | None, path: str | None) -> QdrantClient:
-    if sum(option is not None for option in (client, url, path)) != 1:
-        raise OrreryError(
-            ErrorCode.INVALID_REQUEST, "give exactly one of client, url or path (local mode)"
-        )
-    if client is not None:
-        return client
-    try:
-        if url is not None:
-            # No version probe at construction: it is a network call that only warns.
-            return QdrantClient(url=url, check_compatibility=False)
-        if path == ":memory:":
-            return QdrantClient(location=":memory:")
-        return QdrantClient(path=path)
-    except _DRIVER_ERRORS as error:  # local mode: the directory is locked by another client
-        raise DependencyUnavailable(DEPENDENCY, f"open client: {error}") from error
-
-
-def _is_not_found(error: BaseException) -> bool:
-    """Whether a driver error says the collection does not exist."""
-    if isinstance(error, UnexpectedResponse):
-        return error.status_code == 404
-    if isinstance(error, grpc.RpcError):
-        code = getattr(error, "code", None)
-        return callable(code) and code() == grpc.StatusCode.NOT_FOUND
-    message = str(error)
-    # Local mode: ValueError(f"Collection {name} not found").
-    return (
-        isinstance(error, ValueError)
-        and message.startswith("Collection ")
-        and message.endswith(" not found")
-    )
 
 
 def _coverage_unavailable(generation_id: str) -> OrreryError:

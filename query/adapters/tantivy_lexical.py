@@ -2,13 +2,13 @@
 
 The query is built from analyzed tokens, never parsed: user text such as
 `title:"x" AND (y -z*)` is a bag of words, so no input can raise a syntax error. Query
-text is analyzed with the text analyzer of the generation searched (its index names it),
-so stemming and folding are exactly those of the indexed text.
+text is analyzed with the text analyzer of the generation searched, the very object the
+projector registered with its index, so stemming and folding are exactly those of the
+indexed text.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,22 +16,19 @@ from typing import Any
 import tantivy
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import Candidate, SearchFilter, field_boosts
+from contracts.index import Candidate, SearchFilter, field_boosts, is_unicode
 from contracts.index_fields import (
     DOCUMENT_ID,
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
-    NO_STEMMING,
     REVISION,
     SOURCE_TEXT_FIELDS,
     STATUS,
-    TEXT_TOKEN_MAX_BYTES,
     UPDATED_AT,
     UPDATED_AT_MICROS,
     VISIBILITY,
     has_combined_field,
-    text_analyzer_language,
 )
 
 __all__ = ["TantivyLexicalSearch"]
@@ -47,27 +44,10 @@ _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
 _Hit = tuple[Any, tantivy.DocAddress]
 
 
-def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
-    """The text analyzer `name` of `contracts.index_fields`, as the projector registers it.
-
-    Kept in step with `projector.adapters.tantivy_lexical` by the conformance suite
-    (folding and stemming tests); the two may share code only through `contracts`.
-    """
-    language = text_analyzer_language(name)
-    builder = (
-        tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple())
-        .filter(tantivy.Filter.remove_long(TEXT_TOKEN_MAX_BYTES))
-        .filter(tantivy.Filter.lowercase())
-        .filter(tantivy.Filter.ascii_fold())
-    )
-    if language is not None and language != NO_STEMMING:
-        builder = builder.filter(tantivy.Filter.stemmer(language))
-    return builder.build()
-
-
 class TantivyLexicalSearch:
-    """`LexicalSearch` over the `tantivy.Index` and text analyzer name that
-    `index_provider` returns per generation.
+    """`LexicalSearch` over what `index_provider` returns per generation: the
+    `tantivy.Index`, the name of its text analyzer and that analyzer
+    (`projector.adapters.tantivy_lexical.TantivyLexicalIndex.searchable`).
 
     Guarantees, beyond the port's:
     - Query text is analyzed with the generation's own analyzer (lowercase, ASCII
@@ -85,11 +65,10 @@ class TantivyLexicalSearch:
       `OrreryError(COVERAGE_UNAVAILABLE)`; engine failures raise `DependencyUnavailable`.
     """
 
-    def __init__(self, index_provider: Callable[[str], tuple[tantivy.Index, str]]) -> None:
+    def __init__(
+        self, index_provider: Callable[[str], tuple[tantivy.Index, str, tantivy.TextAnalyzer]]
+    ) -> None:
         self._index_provider = index_provider
-        # Analyzers by name; built once each (a handful of names ever exist).
-        self._analyzers: dict[str, tantivy.TextAnalyzer] = {}
-        self._analyzers_lock = threading.Lock()
 
     def search(
         self,
@@ -103,8 +82,7 @@ class TantivyLexicalSearch:
         _boosts(field_boosts, combined_field=True)  # An unknown field is refused anywhere.
         if limit <= 0 or filter.matches_nothing():
             return []  # tantivy panics on a zero limit.
-        index, analyzer_name = self._index(generation_id)
-        analyzer = self._analyzer(analyzer_name, generation_id)
+        index, analyzer_name, analyzer = self._index(generation_id)
         boosts = _boosts(field_boosts, combined_field=has_combined_field(analyzer_name))
         try:
             schema = index.schema
@@ -131,21 +109,7 @@ class TantivyLexicalSearch:
                 "tantivy", f"search failed: {exc}", {"generation_id": generation_id}
             ) from exc
 
-    def _analyzer(self, name: str, generation_id: str) -> tantivy.TextAnalyzer:
-        with self._analyzers_lock:
-            analyzer = self._analyzers.get(name)
-            if analyzer is None:
-                try:
-                    analyzer = self._analyzers[name] = _text_analyzer(name)
-                except ValueError as exc:
-                    raise OrreryError(
-                        ErrorCode.INTERNAL,
-                        f"generation {generation_id!r} names an unknown text analyzer",
-                        {"engine": "tantivy", "text_analyzer": name},
-                    ) from exc
-        return analyzer
-
-    def _index(self, generation_id: str) -> tuple[tantivy.Index, str]:
+    def _index(self, generation_id: str) -> tuple[tantivy.Index, str, tantivy.TextAnalyzer]:
         try:
             return self._index_provider(generation_id)
         except KeyError as exc:
@@ -219,7 +183,7 @@ def _any_of(schema: tantivy.Schema, field_name: str, values: Sequence[str]) -> t
 
     A value that is not valid Unicode (a lone surrogate) is never stored: it matches nothing.
     """
-    unique = [value for value in dict.fromkeys(values) if _is_unicode(value)]
+    unique = [value for value in dict.fromkeys(values) if is_unicode(value)]
     if not unique:
         return tantivy.Query.empty_query()
     if len(unique) >= _TERM_SET_MIN_VALUES:
@@ -251,14 +215,6 @@ def _any_phrase(
     if not clauses:
         return tantivy.Query.empty_query()
     return tantivy.Query.boolean_query(clauses)
-
-
-def _is_unicode(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _epoch_micros(value: datetime | None) -> int | None:

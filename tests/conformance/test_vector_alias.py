@@ -274,8 +274,6 @@ def test_constructor_takes_exactly_one_target() -> None:
             QdrantServerVectorIndex(**kwargs)
         assert raised.value.code is ErrorCode.INVALID_REQUEST
         with pytest.raises(OrreryError):
-            QdrantServerVectorSearch(**kwargs)
-        with pytest.raises(OrreryError):
             open_qdrant_client(**kwargs)
     with pytest.raises(OrreryError) as raised:
         QdrantServerVectorIndex(path=":memory:", collection_prefix="a/b")
@@ -309,7 +307,7 @@ def test_one_local_client_per_path(tmp_path: Path) -> None:
 def test_unreachable_server_is_dependency_unavailable() -> None:
     # Port 9 (discard) is closed on test machines: the connection is refused at once.
     index = QdrantServerVectorIndex(url="http://127.0.0.1:9")
-    search = QdrantServerVectorSearch(url="http://127.0.0.1:9")
+    search = QdrantServerVectorSearch(open_qdrant_client(url="http://127.0.0.1:9"))
     try:
         with pytest.raises(DependencyUnavailable):
             index.create("g", DIM)
