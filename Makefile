@@ -71,6 +71,7 @@ bench: venv
 	$(VENV)/bin/pytest -q -s tests -m measurement
 	$(PY) bench/topk.py
 	$(PY) bench/generations.py --size 100000
+	ORRERY_TENANCY_EXAMPLES=2000 $(VENV)/bin/pytest -q tests/e2e/test_tenancy_properties.py
 
 clean:
 	rm -rf $(DATA_DIR) .pytest_cache .mypy_cache .ruff_cache

@@ -17,12 +17,18 @@ from contracts.records import Name
 __all__ = [
     "BuildProgress",
     "BuildRequest",
+    "DescriptorResponse",
     "GcReport",
     "GcRequest",
+    "GcResponse",
+    "GenerationListResponse",
     "GenerationRow",
     "GenerationView",
+    "GenerationViewResponse",
     "PromoteReport",
+    "PromoteResponse",
     "RollbackRequest",
+    "VerifyResponse",
 ]
 
 
@@ -119,3 +125,50 @@ class GcReport(BaseModel):
 
     dropped: list[str]
     kept: list[str]
+
+
+# The admin API's answers: `{"success": true, ...}` around the models above.
+
+
+class GenerationListResponse(BaseModel):
+    """`GET /v1/admin/generations`: registry rows."""
+
+    success: Literal[True] = True
+    generations: list[GenerationRow]
+
+
+class GenerationViewResponse(GenerationView):
+    """`GET …/{id}` and `POST …/build` (202): the generation's view."""
+
+    success: Literal[True] = True
+
+
+class PromoteResponse(BaseModel):
+    """`POST …/{id}/promote` and `POST …/rollback`."""
+
+    success: Literal[True] = True
+    report: PromoteReport
+
+
+class GcResponse(BaseModel):
+    """`POST …/gc`."""
+
+    success: Literal[True] = True
+    report: GcReport
+
+
+class VerifyResponse(BaseModel):
+    """`POST …/{id}/verify`: 200 either way; `verified` says whether the evidence
+    matched, `state` is the generation's state afterwards."""
+
+    success: Literal[True] = True
+    verified: bool
+    state: GenerationState
+    check: EvidenceCheck
+
+
+class DescriptorResponse(BaseModel):
+    """`POST …/{id}/retire` and `POST …/{id}/abort`: the descriptor afterwards."""
+
+    success: Literal[True] = True
+    descriptor: GenerationDescriptor

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import hmac
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from contracts.errors import ErrorCode, OrreryError
 
-__all__ = ["ApiKeyGrant", "authenticate", "parse_api_keys"]
+__all__ = [
+    "ACCESS_EXTENSION",
+    "Access",
+    "ApiKeyGrant",
+    "authenticate",
+    "check_reach",
+    "declare",
+    "parse_api_keys",
+    "sees",
+]
 
 
 class ApiKeyGrant(BaseModel):
@@ -18,6 +28,52 @@ class ApiKeyGrant(BaseModel):
 
     namespace: str
     galaxy: str | None = None
+
+
+class Access(StrEnum):
+    """What a route touches, declared on every route (`x-orrery-access` in OpenAPI).
+
+    `public`: nothing of any tenant (`/healthz`); `read` / `write`: records of the
+    namespace (and galaxy) the key reaches; `ops`: operational views, filtered to the
+    key's namespaces; `admin`: the generation admin API, with the admin key.
+    """
+
+    PUBLIC = "public"
+    READ = "read"
+    WRITE = "write"
+    OPS = "ops"
+    ADMIN = "admin"
+
+
+ACCESS_EXTENSION = "x-orrery-access"
+
+
+def declare(access: Access) -> dict[str, str]:
+    """The `openapi_extra` of a route that touches `access`."""
+    return {ACCESS_EXTENSION: access.value}
+
+
+def check_reach(grant: ApiKeyGrant | None, namespace: str, galaxy: str | None = None) -> None:
+    """`FORBIDDEN` unless the key reaches `namespace` (and `galaxy`, when it is bound to
+    one). Depends only on the key and the names asked for, never on what exists, so the
+    answer tells nothing about other tenants' documents."""
+    if grant is None:
+        return
+    if grant.namespace != namespace:
+        raise OrreryError(ErrorCode.FORBIDDEN, f"this API key may not use namespace {namespace!r}")
+    if grant.galaxy is not None and galaxy is not None and galaxy != grant.galaxy:
+        raise OrreryError(
+            ErrorCode.FORBIDDEN,
+            f"this API key is limited to galaxy {grant.galaxy!r}",
+            {"galaxy": galaxy},
+        )
+
+
+def sees(grant: ApiKeyGrant | None, namespace: str, galaxy: str) -> bool:
+    """Whether a document of `namespace`/`galaxy` is within the key's reach."""
+    if grant is None:
+        return True
+    return grant.namespace == namespace and grant.galaxy in (None, galaxy)
 
 
 def parse_api_keys(spec: str) -> dict[str, ApiKeyGrant]:

@@ -36,6 +36,9 @@ class ErrorCode(StrEnum):
     EMPTY_QUERY = "empty_query"
     RESULT_LIMIT_EXCEEDED = "result_limit_exceeded"
     BATCH_TOO_LARGE = "batch_too_large"
+    BODY_TOO_LARGE = "body_too_large"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     NOT_FOUND = "not_found"
@@ -64,6 +67,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.EMPTY_QUERY: 422,
     ErrorCode.RESULT_LIMIT_EXCEEDED: 422,
     ErrorCode.BATCH_TOO_LARGE: 413,
+    ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.METHOD_NOT_ALLOWED: 405,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.NOT_FOUND: 404,

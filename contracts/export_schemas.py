@@ -9,19 +9,57 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from contracts.admin import GenerationView, PromoteReport
+from contracts.admin import (
+    BuildRequest,
+    DescriptorResponse,
+    GcRequest,
+    GcResponse,
+    GenerationListResponse,
+    GenerationView,
+    GenerationViewResponse,
+    PromoteReport,
+    PromoteResponse,
+    RollbackRequest,
+    VerifyResponse,
+)
 from contracts.errors import ErrorResponse
 from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor
-from contracts.ingest_api import WriteResponse
+from contracts.ingest_api import WriteRequest, WriteResponse
+from contracts.ops import HealthResponse, ReadinessResponse
 from contracts.phrases import VocabularySet
 from contracts.profiles import ProfileSet
 from contracts.records import Record
-from contracts.topk import RetrieveRequest, RetrieveResponse, TopKRequest, TopKResponse
+from contracts.topk import (
+    DocumentIdsResponse,
+    RecordsByIdRequest,
+    RecordsByIdResponse,
+    RetrieveRequest,
+    RetrieveResponse,
+    TopKRequest,
+    TopKResponse,
+)
 
+# Every wire format; `/openapi.json` takes its component schemas from the same models
+# (`contracts.openapi`), so a route can only document a model listed here.
 MODELS: dict[str, type[BaseModel]] = {
     "record": Record,
+    "write_request": WriteRequest,
     "write_response": WriteResponse,
+    "records_by_id_request": RecordsByIdRequest,
+    "records_by_id_response": RecordsByIdResponse,
+    "document_ids_response": DocumentIdsResponse,
+    "health_response": HealthResponse,
+    "readiness_response": ReadinessResponse,
+    "admin_build_request": BuildRequest,
+    "admin_rollback_request": RollbackRequest,
+    "admin_gc_request": GcRequest,
+    "admin_generation_list_response": GenerationListResponse,
+    "admin_generation_view_response": GenerationViewResponse,
+    "admin_promote_response": PromoteResponse,
+    "admin_gc_response": GcResponse,
+    "admin_verify_response": VerifyResponse,
+    "admin_descriptor_response": DescriptorResponse,
     "log_entry": LogEntry,
     "generation_descriptor": GenerationDescriptor,
     "evidence_check": EvidenceCheck,

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from contracts.errors import ErrorBody
+from contracts.records import Record
 
-__all__ = ["WriteItem", "WriteResponse"]
+__all__ = ["WriteBatch", "WriteItem", "WriteRequest", "WriteResponse"]
+
+
+class WriteBatch(BaseModel):
+    """`{"records": [...]}`: the object form of a batch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    records: list[Record] = Field(min_length=1)
+
+
+class WriteRequest(RootModel[Annotated[list[Record], Field(min_length=1)] | WriteBatch]):
+    """The body of `POST /v1/records`: a JSON array of records or `{"records": [...]}`,
+    at most `ORRERY_MAX_BATCH` of them (`413 batch_too_large` beyond), written in one
+    transaction."""
 
 
 class WriteItem(BaseModel):

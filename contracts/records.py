@@ -7,16 +7,26 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from contracts.digests import sha256_json
 
 __all__ = [
+    "DEFAULT_GALAXY",
     "DOCUMENT_ID_NAMESPACE",
     "Record",
     "RecordMetadata",
     "RecordText",
     "derive_document_id",
+    "identity_violation",
     "payload_sha256",
 ]
 
@@ -42,19 +52,69 @@ def _check_ring(value: str) -> str:
     return value
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _check_item_id(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("item_id must not contain control characters (NUL, newline, …)")
+    return value
+
+
 def _aware_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("timestamps must carry a timezone (e.g. '2026-03-19T12:00:00Z')")
     return value.astimezone(UTC)
 
 
-Name = Annotated[str, AfterValidator(_check_name)]
+Name = Annotated[
+    str,
+    AfterValidator(_check_name),
+    # The rule above, as JSON Schema says it (OpenAPI clients and fuzzers see it).
+    WithJsonSchema({"type": "string", "pattern": _NAME.pattern}),
+]
 AwareDatetime = Annotated[datetime, AfterValidator(_aware_utc)]
 
 
-def derive_document_id(namespace: str, snapshot_kind: str, item_id: str) -> str:
-    """The stable document id of `(namespace, snapshot_kind, item_id)`: a UUIDv5 string."""
-    return str(uuid.uuid5(DOCUMENT_ID_NAMESPACE, f"{namespace}\x1f{snapshot_kind}\x1f{item_id}"))
+DEFAULT_GALAXY = "default"
+
+# The times every engine can index (tantivy: nanoseconds since the epoch in an i64).
+UPDATED_AT_EARLIEST = datetime(1678, 1, 1, tzinfo=UTC)
+UPDATED_AT_LATEST = datetime(2262, 1, 1, tzinfo=UTC)
+
+
+def derive_document_id(
+    namespace: str, snapshot_kind: str, item_id: str, galaxy: str = DEFAULT_GALAXY
+) -> str:
+    """The identity rule: a document is `(namespace, galaxy, snapshot_kind, item_id)`, and
+    its id is a UUIDv5 of exactly that, so ids never collide across a boundary an API key
+    can be bound to. The same `item_id` in two namespaces or two galaxies names two
+    documents; no write can move a document to another namespace, galaxy or snapshot
+    kind (a write there is a different document). Every store and engine keys documents
+    by this id. The default galaxy keeps the three-part form (ids derived before galaxies
+    were part of the identity stay valid)."""
+    parts = [namespace, snapshot_kind, item_id]
+    if galaxy != DEFAULT_GALAXY:
+        parts.append(galaxy)
+    return str(uuid.uuid5(DOCUMENT_ID_NAMESPACE, "\x1f".join(parts)))
+
+
+def identity_violation(record: Record) -> str | None:
+    """Why a record written through the API breaks the identity rule, or None.
+
+    A producer may send `document_id`, but only the one derived from the record's own
+    namespace, galaxy, snapshot kind and item id: any other value could name (and so
+    overwrite, or probe for) a document in a namespace or galaxy the writer cannot see.
+    """
+    expected = derive_document_id(
+        record.namespace, record.snapshot_kind, record.item_id, record.galaxy
+    )
+    if record.document_id == expected:
+        return None
+    return (
+        f"document_id {record.document_id!r} is not the id of this record: ids are derived "
+        f"from namespace, galaxy, snapshot_kind and item_id ({expected!r}); omit it"
+    )
 
 
 def payload_sha256(payload: dict[str, Any]) -> str:
@@ -75,11 +135,39 @@ class RecordText(BaseModel):
 class RecordMetadata(BaseModel):
     """Filterable metadata. Extra keys are free facets (string, number or bool values)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(
+        extra="allow",
+        frozen=True,
+        # `_facets_are_scalars` as JSON Schema says it.
+        json_schema_extra={
+            "propertyNames": {"pattern": _NAME.pattern},
+            "additionalProperties": {
+                "anyOf": [
+                    {"type": ["string", "number", "boolean"]},
+                    {"type": "array", "items": {"type": ["string", "number", "boolean"]}},
+                ]
+            },
+        },
+    )
 
     status: str = Field(default="active", max_length=64)
-    updated_at: AwareDatetime = Field(default_factory=lambda: datetime.now(UTC))
+    updated_at: AwareDatetime = Field(
+        default_factory=lambda: datetime.now(UTC),
+        description="From 1678-01-01 to before 2262-01-01 (engines index nanoseconds in 64 bits).",
+    )
     visibility: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("updated_at")
+    @classmethod
+    def _indexable(cls, value: datetime) -> datetime:
+        # Checked here, not by the projector: a write acknowledged with a time no lexical
+        # engine can index would stop the projector for every write after it.
+        if not UPDATED_AT_EARLIEST <= value < UPDATED_AT_LATEST:
+            raise ValueError(
+                f"updated_at must be from {UPDATED_AT_EARLIEST.date()} to before "
+                f"{UPDATED_AT_LATEST.date()}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _facets_are_scalars(self) -> RecordMetadata:
@@ -109,20 +197,22 @@ def _facet_string(value: str | int | float | bool) -> str:
 class Record(BaseModel):
     """One revision of one document, as a producer writes it.
 
-    Guarantees: `document_id` is set (derived when absent) and stable for
-    `(namespace, snapshot_kind, item_id)`; `revision` is a positive integer; `payload` is
-    returned to query clients exactly as given.
+    Guarantees: `document_id` is set (derived when absent, see `derive_document_id`) and
+    stable for `(namespace, galaxy, snapshot_kind, item_id)`; `revision` is a positive
+    integer; `payload` is returned to query clients exactly as given.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     namespace: Name
     snapshot_kind: Name
-    item_id: str = Field(min_length=1, max_length=512)
+    item_id: Annotated[str, AfterValidator(_check_item_id)] = Field(min_length=1, max_length=512)
     revision: int = Field(ge=1, le=2**62)
     document_id: str | None = Field(default=None, min_length=1, max_length=256)
-    galaxy: Name = "default"
-    ring: Annotated[str, AfterValidator(_check_ring)] = Field(default="", max_length=512)
+    galaxy: Name = DEFAULT_GALAXY
+    ring: Annotated[str, AfterValidator(_check_ring)] = Field(
+        default="", max_length=512, json_schema_extra={"pattern": "^([^/]+(/[^/]+)*)?$"}
+    )
     payload_schema: str = Field(default="", max_length=256)
     payload: dict[str, Any] = Field(default_factory=dict)
     text: RecordText = Field(default_factory=RecordText)
@@ -133,7 +223,9 @@ class Record(BaseModel):
     @model_validator(mode="after")
     def _derive_id(self) -> Record:
         if self.document_id is None:
-            self.document_id = derive_document_id(self.namespace, self.snapshot_kind, self.item_id)
+            self.document_id = derive_document_id(
+                self.namespace, self.snapshot_kind, self.item_id, self.galaxy
+            )
         return self
 
     @property

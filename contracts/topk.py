@@ -13,7 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.generations import CoverageFallback
 from contracts.phrases import PhrasePlan, PhrasePlanReport
-from contracts.records import AwareDatetime
+
+# `Name`: a namespace no record can have (NUL, spaces, …) is 422, not a scope that is
+# never ready (503).
+from contracts.records import AwareDatetime, Name
 
 __all__ = [
     "MAX_RESULT_LIMIT",
@@ -109,7 +112,7 @@ class Include(_Strict):
 
 
 class TopKRequest(_Strict):
-    namespace: str = Field(min_length=1, max_length=128)
+    namespace: Name = Field(min_length=1, max_length=128)
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
     result_limit: int = Field(default=10, ge=1)
@@ -245,7 +248,7 @@ class TopKResponse(BaseModel):
 class RetrieveRequest(_Strict):
     """The generic API: ranked candidates without payloads."""
 
-    namespace: str = Field(min_length=1, max_length=128)
+    namespace: Name = Field(min_length=1, max_length=128)
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
     limit: int = Field(default=10, ge=1)
@@ -301,7 +304,7 @@ class DocumentIdsResponse(BaseModel):
 
 
 class RecordsByIdRequest(_Strict):
-    namespace: str = Field(min_length=1, max_length=128)
+    namespace: Name = Field(min_length=1, max_length=128)
     document_ids: list[str] = Field(min_length=1, max_length=1_000)
 
 

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from contracts.errors import ErrorBody, ErrorCode, OrreryError
 from contracts.faults import crash_point
 from contracts.ingest_api import WriteItem, WriteResponse
-from contracts.records import Record
+from contracts.records import Record, identity_violation
 from ingest.model import Decision
 from ingest.ports import RecordStore
 
@@ -18,11 +18,18 @@ __all__ = ["parse_batch", "write_records"]
 
 
 def parse_batch(
-    raw: Any, *, max_batch: int, vector_dimension: int | None, allowed_namespace: str | None
+    raw: Any,
+    *,
+    max_batch: int,
+    vector_dimension: int | None,
+    allowed_namespace: str | None,
+    allowed_galaxy: str | None = None,
 ) -> list[Record]:
     """Validate a request body (a list of records, or `{"records": [...]}`).
 
-    Nothing is written when anything is invalid: the error names every bad record.
+    Nothing is written when anything is invalid: the error names every bad record. A
+    record outside the key's namespace (or galaxy) is `403` before anything else is
+    looked at.
     """
     items = raw.get("records") if isinstance(raw, dict) and set(raw) == {"records"} else raw
     if not isinstance(items, list):
@@ -52,6 +59,21 @@ def parse_batch(
                 f"this API key may not write namespace {record.namespace!r}",
                 {"index": index, "namespace": record.namespace},
             )
+        if allowed_galaxy is not None and record.galaxy != allowed_galaxy:
+            raise OrreryError(
+                ErrorCode.FORBIDDEN,
+                f"this API key may only write galaxy {allowed_galaxy!r}",
+                {"index": index, "galaxy": record.galaxy},
+            )
+        violation = identity_violation(record)
+        if violation is not None:
+            problems.append(
+                {
+                    "index": index,
+                    "errors": [{"loc": ["document_id"], "msg": violation, "type": "identity"}],
+                }
+            )
+            continue
         if (
             record.vector is not None
             and vector_dimension is not None

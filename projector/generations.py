@@ -380,8 +380,13 @@ def _read_evidence(
         (ports.vector_engine, ports.vector_readback),
     )
 
+    # The registry as read before the engines: an unreadable engine's check reports the
+    # facts it started from (a batch committed meanwhile must make it stale, not current).
+    before: list[RegistrySnapshot] = []
+
     def read() -> tuple[RegistrySnapshot, list[tuple[str, list[tuple[str, int]]]]]:
         registry = ports.contents.registry_pairs(generation_id)
+        before[:] = [registry]
         progress("registry", len(registry.pairs), len(registry.pairs))
         observed = []
         for engine, readback in readbacks:
@@ -411,7 +416,7 @@ def _read_evidence(
         digest, evidence = compare(registry, observed)
         return registry, digest, evidence, ""
     except OrreryError as exc:
-        registry = ports.contents.registry_pairs(generation_id)
+        registry = before[0] if before else ports.contents.registry_pairs(generation_id)
         digest = id_set_digest(registry.pairs.items())
         return registry, digest, [], f"cannot read the generation back: {exc.message}"
 

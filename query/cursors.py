@@ -20,8 +20,11 @@ Keys: `ORRERY_CURSOR_KEYS="kid1:secret,kid0:oldsecret"` — the first signs, all
 so a key is rotated by prepending a new one and dropping the old one after one TTL.
 Workers behind one load balancer must share the keys.
 
-Checks, in this order: format, key id and signature → `400 invalid_continuation`;
-expiry → `410 expired_continuation`; fingerprint → `400 invalid_continuation`.
+Every part has exactly one accepted spelling (unpadded base64url, canonical trailing
+bits): an encoding variant of a valid cursor is `400 invalid_continuation`, like any
+other tampering. Checks, in this order: format, key id and signature → `400
+invalid_continuation`; expiry → `410 expired_continuation`; fingerprint → `400
+invalid_continuation`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +60,7 @@ log = logging.getLogger("orrery.query")
 CURSOR_VERSION = "o1"
 # The one order pages walk: fused score descending, ties on document_id ascending.
 SORT = "fused_score_desc,document_id_asc"
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]*")
 
 
 class Ranked(Protocol):
@@ -174,7 +179,16 @@ def _b64(raw: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """The bytes `text` encodes, only when `text` is their one canonical encoding: unpadded
+    base64url with zero trailing bits (as `_b64` writes it). Base64 decoders forgive
+    padding, the standard alphabet and stray bits, so one signature had many spellings;
+    now a cursor has exactly one. Raises `ValueError` otherwise."""
+    if not _BASE64URL.fullmatch(text):
+        raise ValueError("not unpadded base64url")
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(raw) != text:
+        raise ValueError("not the canonical base64url encoding")
+    return raw
 
 
 def _canonical(value: Any) -> bytes:

@@ -9,6 +9,17 @@ Checks recorded by other processes after this gate started (e.g. an operator's
 `orrery gen verify`) are taken over within a second. A check recorded before the gate
 started is never trusted: an engine may have been changed while no worker watched.
 
+A verdict speaks for the registry facts its check started from: the generation's state
+and `commit_seq` (its committed batches). The route of every query carries both (read
+from the registry anyway), so a negative verdict whose facts moved — the generation was
+sealed, verified, promoted, or got its first batch since — is re-taken on the query path
+before a 503 is answered, and the background round re-takes it within a second without
+traffic; only a negative verdict about a generation that already held batches and merely
+took more is re-taken in the background (at most every `_NEGATIVE_RECHECK_SECONDS`).
+Nothing extra is read per query while the facts stand, and every worker sees the same
+facts in the shared registry. A positive verdict stands until the timer or an error: the
+evidence does not depend on the state, and dead states are refused by the route's state.
+
 When the live generation is not eligible, `admit` either raises `503
 coverage_unavailable` naming the scope and the generation, or — only when configured
 (`fallback="previous_verified"`) — routes to the scope's previous verified generation
@@ -44,11 +55,24 @@ FallbackPolicy = Literal["none", "previous_verified"]
 # States whose generations can never be eligible, whatever their engines hold.
 _DEAD_STATES = frozenset({"failed", "retired", "building"})
 _TICK_SECONDS = 1.0
+# A negative verdict about a generation that held batches when it was taken and only took
+# more since is re-taken in the background at most this often: a broken replica that keeps
+# taking writes must not cost a full read-back per batch.
+_NEGATIVE_RECHECK_SECONDS = 5.0
+# The facts a verdict speaks for when they could not be read.
+_UNKNOWN = ("", -1)
+
+Recheck = Literal["now", "soon"]
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """Whether a generation may be queried, from one evidence check."""
+    """Whether a generation may be queried, from one evidence check.
+
+    `state` and `commit_seq` are the registry facts the verdict speaks for, read before
+    its check began (a batch committed during the check makes the verdict stale, never
+    the reverse); `""` and -1 when they could not be read.
+    """
 
     generation_id: str
     eligible: bool
@@ -56,17 +80,33 @@ class Verdict:
     reason: str
     applied_position: int
     commit_seq: int
+    state: str = ""
 
     @classmethod
-    def of(cls, check: EvidenceCheck) -> Verdict:
+    def of(cls, check: EvidenceCheck, facts: tuple[str, int] | None = None) -> Verdict:
+        state, commit_seq = facts if facts is not None else (check.state.value, check.commit_seq)
         return cls(
             generation_id=check.generation_id,
             eligible=check.ok,
             checked_at=check.checked_at,
             reason=check.reason,
             applied_position=check.applied_position,
-            commit_seq=check.commit_seq,
+            commit_seq=commit_seq,
+            state=state,
         )
+
+    def speaks_for(self, state: str, commit_seq: int) -> bool:
+        return self.state == state and self.commit_seq == commit_seq
+
+    def recheck(self, state: str, commit_seq: int, clock: Callable[[], datetime]) -> Recheck | None:
+        """Whether the registry now showing `state` at `commit_seq` calls for a new
+        check: "now" (before answering), "soon" (in the background) or None."""
+        if self.eligible or self.speaks_for(state, commit_seq):
+            return None
+        if self.state != state or self.commit_seq <= 0:
+            return "now"
+        age = (clock() - self.checked_at).total_seconds()
+        return "soon" if age >= _NEGATIVE_RECHECK_SECONDS else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -74,6 +114,7 @@ class Verdict:
             "checked_at": self.checked_at.isoformat(),
             "reason": self.reason,
             "checked_position": self.applied_position,
+            "checked_commit_seq": self.commit_seq,
         }
 
 
@@ -81,7 +122,8 @@ class EligibilityGate:
     """Admits routes to eligible generations only (see the module docstring).
 
     Guarantees: `admit` returns the live route only if its latest verdict is eligible
-    and its registry state is not failed/retired; without any verdict yet it checks
+    and its registry state is not failed/retired; without any verdict yet, or with a
+    negative one whose generation changed state or got its first batch since, it checks
     first (one check per generation at a time; concurrent callers wait for it, at most
     `first_check_wait_seconds`). A failing or unreadable check is an ineligible verdict,
     never an exception of `admit` other than `coverage_unavailable`. Thread-safe.
@@ -163,10 +205,22 @@ class EligibilityGate:
                 f"generation is {route.state}",
                 route.applied_position,
                 route.commit_seq,
+                route.state,
             )
-        return self._verdict(route.generation_id)
+        facts = (route.state, route.commit_seq)
+        verdict = self._verdict(route.generation_id, facts)
+        # Twice at most: the first wait may end with a check that began before the change.
+        for _ in range(2):
+            again = verdict.recheck(*facts, self._clock)
+            if again is None:
+                break
+            if again == "soon":
+                self._schedule(route.generation_id)
+                break
+            verdict = self._check_now(route.generation_id, wait=self._first_wait, facts=facts)
+        return verdict
 
-    def _verdict(self, generation_id: str) -> Verdict:
+    def _verdict(self, generation_id: str, facts: tuple[str, int]) -> Verdict:
         with self._lock:
             verdict = self._verdicts.get(generation_id)
         if verdict is not None:
@@ -176,7 +230,7 @@ class EligibilityGate:
             verdict = self._verdicts.get(generation_id)
         if verdict is not None:
             return verdict
-        return self._check_now(generation_id, wait=self._first_wait)
+        return self._check_now(generation_id, wait=self._first_wait, facts=facts)
 
     def suspect(self, generation_id: str) -> None:
         """An engine failed for this generation: re-check it soon (not on this thread)."""
@@ -186,22 +240,40 @@ class EligibilityGate:
 
     # -- readiness ---------------------------------------------------------------------
 
-    def status(self, generation_id: str) -> dict[str, Any]:
+    def status(
+        self, generation_id: str, *, state: str | None = None, commit_seq: int | None = None
+    ) -> dict[str, Any]:
         """The cached verdict as JSON (`eligible: null` while none exists: a check is
-        then scheduled)."""
+        then scheduled). Given the generation's registry `state` and `commit_seq`, a
+        negative verdict taken before they moved is `stale: true` (and re-taken in the
+        background): `admit` would not answer from it either."""
         with self._lock:
             verdict = self._verdicts.get(generation_id)
-            if verdict is None:
-                self._due.add(generation_id)
         if verdict is None:
-            self._wake.set()
+            self._schedule(generation_id)
             return {"eligible": None, "checked_at": None, "reason": "not checked yet"}
-        return verdict.as_dict()
+        out = verdict.as_dict()
+        if state is not None and commit_seq is not None:
+            out["stale"] = not verdict.eligible and not verdict.speaks_for(state, commit_seq)
+            if verdict.recheck(state, commit_seq, self._clock) is not None:
+                self._schedule(generation_id)
+        return out
+
+    def _schedule(self, generation_id: str) -> None:
+        """Re-check in the background (unless a check is running already)."""
+        with self._lock:
+            if generation_id in self._inflight:
+                return
+            self._due.add(generation_id)
+        self._wake.set()
 
     # -- checks ------------------------------------------------------------------------
 
-    def _check_now(self, generation_id: str, *, wait: float) -> Verdict:
-        """Run one check (or wait for the one already running) and cache its verdict."""
+    def _check_now(
+        self, generation_id: str, *, wait: float, facts: tuple[str, int] | None = None
+    ) -> Verdict:
+        """Run one check (or wait for the one already running) and cache its verdict,
+        keyed on `facts` (the registry's state and commit_seq; read here when not given)."""
         with self._lock:
             running = self._inflight.get(generation_id)
             if running is None:
@@ -215,12 +287,14 @@ class EligibilityGate:
                 generation_id, False, self._clock(), "eligibility not established yet", 0, 0
             )
         try:
+            if facts is None:
+                facts = self._facts(generation_id)
             try:
-                verdict = Verdict.of(self._source.check(generation_id))
+                verdict = Verdict.of(self._source.check(generation_id), facts)
             except OrreryError as exc:
-                verdict = Verdict(
-                    generation_id, False, self._clock(), f"check failed: {exc.message}", 0, 0
-                )
+                state, commit_seq = facts or _UNKNOWN
+                reason = f"check failed: {exc.message}"
+                verdict = Verdict(generation_id, False, self._clock(), reason, 0, commit_seq, state)
             if not verdict.eligible:
                 log.warning("generation %s is not eligible: %s", generation_id, verdict.reason)
             with self._lock:
@@ -230,6 +304,13 @@ class EligibilityGate:
             with self._lock:
                 self._inflight.pop(generation_id, None)
             done.set()
+
+    def _facts(self, generation_id: str) -> tuple[str, int] | None:
+        try:
+            route = self._routing.generation(generation_id)
+        except OrreryError:
+            return None
+        return None if route is None else (route.state, route.commit_seq)
 
     def _latest_sequence(self) -> int:
         try:
@@ -251,7 +332,9 @@ class EligibilityGate:
                 if check.checked_at < self._started_at:
                     continue
                 held = self._verdicts.get(check.generation_id)
-                if held is None or held.checked_at <= check.checked_at:
+                # Strictly newer: this gate's own checks come back here too, and their
+                # verdicts are keyed on the facts read before the check.
+                if held is None or held.checked_at < check.checked_at:
                     self._verdicts[check.generation_id] = Verdict.of(check)
 
     # -- schedule ----------------------------------------------------------------------
@@ -279,14 +362,20 @@ class EligibilityGate:
         try:
             self._take_over_recorded()
             now = self._clock()
-            live = {scope.generation_id for scope in self._routing.scopes()}
+            scopes = self._routing.scopes()
             with self._lock:
                 due = set(self._due)
                 self._due.clear()
                 for generation_id, verdict in self._verdicts.items():
                     if (now - verdict.checked_at).total_seconds() >= self._interval:
                         due.add(generation_id)
-                due |= {g for g in live if g not in self._verdicts}
+                for scope in scopes:
+                    held = self._verdicts.get(scope.generation_id)
+                    if held is None or (
+                        scope.commit_seq is not None
+                        and held.recheck(scope.state, scope.commit_seq, self._clock)
+                    ):
+                        due.add(scope.generation_id)
             for generation_id in sorted(due):
                 if self._stop.is_set():
                     return

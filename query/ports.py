@@ -85,6 +85,9 @@ class Route(BaseModel):
 
 
 class ScopeReadiness(BaseModel):
+    """A scope's live generation as the registry shows it (`commit_seq`: its committed
+    batches; None when the routing does not say)."""
+
     model_config = ConfigDict(frozen=True)
 
     namespace: str
@@ -94,6 +97,7 @@ class ScopeReadiness(BaseModel):
     document_count: int
     applied_position: int
     descriptor_digest: str = ""
+    commit_seq: int | None = None
 
 
 class ProjectorLogStatus(BaseModel):

@@ -24,6 +24,14 @@ class QuerySettings(BaseSettings):
     port: int = 8080
     api_keys: str = Field(default="", description="key=namespace[/galaxy],…")
     max_batch: int = Field(default=1_000, ge=1, le=100_000)
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1_024,
+        le=1024 * 1024 * 1024,
+        description="Largest request body of every HTTP app; larger (by Content-Length, or "
+        "counted while a chunked body streams in) = 413 body_too_large. A batch of "
+        "max_batch records with vectors may need more (about 8 KB per 384-d vector)",
+    )
     max_result_limit: int = Field(default=100, ge=1, le=1_000)
     candidate_depth: int = Field(
         default=100, ge=1, le=10_000, description="Candidates fetched per source"

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from contracts.errors import DependencyUnavailable
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import RecordChanged
 from contracts.records import Record, payload_sha256
 from ingest.model import Decision, Outcome, decide_revision
@@ -104,8 +104,17 @@ class SqliteRecordStore:
             for index, record in enumerate(records):
                 doc_id = record.doc_id
                 row = conn.execute(
-                    "SELECT revision FROM heads WHERE document_id = ?", (doc_id,)
+                    "SELECT revision, namespace, snapshot_kind FROM heads WHERE document_id = ?",
+                    (doc_id,),
                 ).fetchone()
+                if row is not None and (row[1], row[2]) != (record.namespace, record.snapshot_kind):
+                    # The identity rule (contracts.records.derive_document_id) makes this
+                    # unreachable; never let a write re-home another scope's document.
+                    raise OrreryError(
+                        ErrorCode.INTERNAL,
+                        "document id collision across scopes: the write is refused",
+                        {"index": index},
+                    )
                 current = None if row is None else int(row[0])
                 if decide_revision(record.revision, current) is Decision.CONFLICT:
                     outcomes.append(

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from contracts.auth import ApiKeyGrant, authenticate
-from contracts.errors import ErrorCode, OrreryError
+from contracts.auth import Access, ApiKeyGrant, authenticate, declare
+from contracts.errors import ErrorCode
+from contracts.ingest_api import WriteRequest, WriteResponse
+from contracts.openapi import operation
+from contracts.wire import loads_strict
 from ingest.ports import RecordStore
 from ingest.service import parse_batch, write_records
 
@@ -27,7 +29,14 @@ def create_router(
 ) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/records", tags=["ingest"])
+    @router.post(
+        "/v1/records",
+        tags=["ingest"],
+        openapi_extra={
+            **declare(Access.WRITE),
+            **operation(body=WriteRequest, ok=WriteResponse),
+        },
+    )
     async def post_records(
         request: Request,
         x_api_key: str | None = Header(default=None),
@@ -39,24 +48,14 @@ def create_router(
         record was accepted; 4xx with nothing written when any record is invalid.
         """
         grant = authenticate(grants, x_api_key, authorization)
-        try:
-            raw = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise OrreryError(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {exc}") from exc
+        raw = loads_strict(await request.body())
         records = parse_batch(
             raw,
             max_batch=max_batch,
             vector_dimension=vector_dimension,
             allowed_namespace=None if grant is None else grant.namespace,
+            allowed_galaxy=None if grant is None else grant.galaxy,
         )
-        if grant is not None and grant.galaxy is not None:
-            for index, record in enumerate(records):
-                if record.galaxy != grant.galaxy:
-                    raise OrreryError(
-                        ErrorCode.FORBIDDEN,
-                        f"this API key may only write galaxy {grant.galaxy!r}",
-                        {"index": index, "galaxy": record.galaxy},
-                    )
         result = await run_in_threadpool(write_records, records, store=store, on_commit=on_commit)
         if result.accepted == 0:
             body = {

@@ -21,16 +21,28 @@ handlers (`{"success": false, "error": {...}}`).
 from __future__ import annotations
 
 import hmac
-import json
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
-from contracts.admin import BuildRequest, GcRequest, RollbackRequest
+from contracts.admin import (
+    BuildRequest,
+    DescriptorResponse,
+    GcRequest,
+    GcResponse,
+    GenerationListResponse,
+    GenerationViewResponse,
+    PromoteResponse,
+    RollbackRequest,
+    VerifyResponse,
+)
+from contracts.auth import Access, declare
 from contracts.errors import ErrorCode, OrreryError
+from contracts.openapi import operation
+from contracts.wire import loads_strict
 from projector.generations import GenerationAdmin
 
 __all__ = ["ADMIN_PREFIX", "check_admin_key", "create_admin_router"]
@@ -61,10 +73,7 @@ def check_admin_key(configured: str, x_admin_key: str | None, authorization: str
 
 async def _body(request: Request, model: type[M]) -> M:
     raw_bytes = await request.body()
-    try:
-        raw = json.loads(raw_bytes) if raw_bytes.strip() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OrreryError(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {exc}") from exc
+    raw = loads_strict(raw_bytes) if raw_bytes.strip() else {}
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -80,8 +89,8 @@ async def _body(request: Request, model: type[M]) -> M:
         raise OrreryError(code, "the request is invalid", details) from exc
 
 
-def _ok(body: dict[str, Any], status: int = 200) -> JSONResponse:
-    return JSONResponse({"success": True, **body}, status_code=status)
+def _ok(body: BaseModel, status: int = 200) -> JSONResponse:
+    return JSONResponse(body.model_dump(mode="json"), status_code=status)
 
 
 def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
@@ -91,7 +100,7 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
     def authorize(x_admin_key: str | None, authorization: str | None) -> None:
         check_admin_key(admin_key, x_admin_key, authorization)
 
-    @router.get("")
+    @router.get("", openapi_extra={**declare(Access.ADMIN), **operation(ok=GenerationListResponse)})
     async def list_generations(
         namespace: str | None = None,
         snapshot_kind: str | None = None,
@@ -100,9 +109,16 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
     ) -> JSONResponse:
         authorize(x_admin_key, authorization)
         rows = await run_in_threadpool(admin.rows, namespace, snapshot_kind)
-        return _ok({"generations": [r.model_dump(mode="json") for r in rows]})
+        return _ok(GenerationListResponse(generations=rows))
 
-    @router.post("/build")
+    @router.post(
+        "/build",
+        status_code=202,
+        openapi_extra={
+            **declare(Access.ADMIN),
+            **operation(body=BuildRequest, ok=GenerationViewResponse, status=202),
+        },
+    )
     async def build(
         request: Request,
         x_admin_key: str | None = Header(default=None),
@@ -113,9 +129,15 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
         body = await _body(request, BuildRequest)
         descriptor = await run_in_threadpool(admin.start_build, body)
         view = await run_in_threadpool(admin.view, descriptor.generation_id)
-        return _ok(view.model_dump(mode="json"), status=202)
+        return _ok(GenerationViewResponse(**dict(view)), status=202)
 
-    @router.post("/rollback")
+    @router.post(
+        "/rollback",
+        openapi_extra={
+            **declare(Access.ADMIN),
+            **operation(body=RollbackRequest, ok=PromoteResponse),
+        },
+    )
     async def rollback(
         request: Request,
         x_admin_key: str | None = Header(default=None),
@@ -124,9 +146,15 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
         authorize(x_admin_key, authorization)
         body = await _body(request, RollbackRequest)
         report = await run_in_threadpool(admin.rollback, body)
-        return _ok({"report": report.model_dump(mode="json")})
+        return _ok(PromoteResponse(report=report))
 
-    @router.post("/gc")
+    @router.post(
+        "/gc",
+        openapi_extra={
+            **declare(Access.ADMIN),
+            **operation(body=GcRequest, body_required=False, ok=GcResponse),
+        },
+    )
     async def gc(
         request: Request,
         x_admin_key: str | None = Header(default=None),
@@ -135,9 +163,12 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
         authorize(x_admin_key, authorization)
         body = await _body(request, GcRequest)
         report = await run_in_threadpool(admin.gc, body.keep)
-        return _ok({"report": report.model_dump(mode="json")})
+        return _ok(GcResponse(report=report))
 
-    @router.get("/{generation_id}")
+    @router.get(
+        "/{generation_id}",
+        openapi_extra={**declare(Access.ADMIN), **operation(ok=GenerationViewResponse)},
+    )
     async def show(
         generation_id: str,
         x_admin_key: str | None = Header(default=None),
@@ -145,9 +176,12 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
     ) -> JSONResponse:
         authorize(x_admin_key, authorization)
         view = await run_in_threadpool(admin.view, generation_id)
-        return _ok(view.model_dump(mode="json"))
+        return _ok(GenerationViewResponse(**dict(view)))
 
-    @router.post("/{generation_id}/verify")
+    @router.post(
+        "/{generation_id}/verify",
+        openapi_extra={**declare(Access.ADMIN), **operation(ok=VerifyResponse)},
+    )
     async def verify(
         generation_id: str,
         x_admin_key: str | None = Header(default=None),
@@ -157,15 +191,12 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
         authorize(x_admin_key, authorization)
         check = await run_in_threadpool(admin.verify, generation_id)
         row = (await run_in_threadpool(admin.view, generation_id)).row
-        return _ok(
-            {
-                "verified": check.ok,
-                "state": row.state.value,
-                "check": check.model_dump(mode="json"),
-            }
-        )
+        return _ok(VerifyResponse(verified=check.ok, state=row.state, check=check))
 
-    @router.post("/{generation_id}/promote")
+    @router.post(
+        "/{generation_id}/promote",
+        openapi_extra={**declare(Access.ADMIN), **operation(ok=PromoteResponse)},
+    )
     async def promote(
         generation_id: str,
         x_admin_key: str | None = Header(default=None),
@@ -173,9 +204,12 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
     ) -> JSONResponse:
         authorize(x_admin_key, authorization)
         report = await run_in_threadpool(admin.promote, generation_id)
-        return _ok({"report": report.model_dump(mode="json")})
+        return _ok(PromoteResponse(report=report))
 
-    @router.post("/{generation_id}/retire")
+    @router.post(
+        "/{generation_id}/retire",
+        openapi_extra={**declare(Access.ADMIN), **operation(ok=DescriptorResponse)},
+    )
     async def retire(
         generation_id: str,
         x_admin_key: str | None = Header(default=None),
@@ -183,9 +217,12 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
     ) -> JSONResponse:
         authorize(x_admin_key, authorization)
         descriptor = await run_in_threadpool(admin.retire, generation_id)
-        return _ok({"descriptor": descriptor.model_dump(mode="json")})
+        return _ok(DescriptorResponse(descriptor=descriptor))
 
-    @router.post("/{generation_id}/abort")
+    @router.post(
+        "/{generation_id}/abort",
+        openapi_extra={**declare(Access.ADMIN), **operation(ok=DescriptorResponse)},
+    )
     async def abort(
         generation_id: str,
         x_admin_key: str | None = Header(default=None),
@@ -193,6 +230,6 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
     ) -> JSONResponse:
         authorize(x_admin_key, authorization)
         descriptor = await run_in_threadpool(admin.abort, generation_id)
-        return _ok({"descriptor": descriptor.model_dump(mode="json")})
+        return _ok(DescriptorResponse(descriptor=descriptor))
 
     return router

@@ -95,8 +95,9 @@ class SqliteRouting(_Reader):
     def scopes(self) -> list[ScopeReadiness]:
         rows = self._query(
             "SELECT p.namespace, p.snapshot_kind, g.generation_id, g.state, g.document_count,"
-            " g.applied_position, g.descriptor_digest FROM live_pointers p JOIN generations g "
-            "ON g.generation_id = p.generation_id ORDER BY p.namespace, p.snapshot_kind"
+            " g.applied_position, g.descriptor_digest, g.commit_seq FROM live_pointers p JOIN "
+            "generations g ON g.generation_id = p.generation_id "
+            "ORDER BY p.namespace, p.snapshot_kind"
         )
         return [
             ScopeReadiness(
@@ -107,8 +108,9 @@ class SqliteRouting(_Reader):
                 document_count=int(str(count)),
                 applied_position=int(str(applied)),
                 descriptor_digest=str(digest or ""),
+                commit_seq=int(str(commit_seq)),
             )
-            for ns, kind, gen, state, count, applied, digest in rows
+            for ns, kind, gen, state, count, applied, digest, commit_seq in rows
         ]
 
     def oldest_unapplied_at(self, position: int) -> datetime | None:
@@ -220,13 +222,24 @@ def _stored(row: tuple[object, ...]) -> StoredRecord:
     )
 
 
-def generation_document_ids(routing: SqliteRouting, generation_id: str) -> list[str]:
-    """Live document ids of a generation, from the projector's registry table."""
-    rows = routing._query(
-        "SELECT document_id FROM generation_documents WHERE generation_id = ? AND deleted = 0 "
-        "ORDER BY document_id",
-        (generation_id,),
-    )
+def generation_document_ids(
+    routing: SqliteRouting, generation_id: str, galaxy: str | None = None
+) -> list[str]:
+    """Live document ids of a generation, from the projector's registry table (only
+    those of `galaxy` when given, read from the canonical records)."""
+    if galaxy is None:
+        rows = routing._query(
+            "SELECT document_id FROM generation_documents WHERE generation_id = ? "
+            "AND deleted = 0 ORDER BY document_id",
+            (generation_id,),
+        )
+    else:
+        rows = routing._query(
+            "SELECT g.document_id FROM generation_documents g JOIN records r ON "
+            "r.document_id = g.document_id AND r.revision = g.revision WHERE "
+            "g.generation_id = ? AND g.deleted = 0 AND r.galaxy = ? ORDER BY g.document_id",
+            (generation_id, galaxy),
+        )
     return [str(r[0]) for r in rows]
 
 

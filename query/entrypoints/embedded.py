@@ -161,6 +161,7 @@ class EmbeddedStack:
             document_ids=functools.partial(generation_document_ids, routing),
             status=loop.status,
             eligibility=gate,
+            max_body_bytes=settings.max_body_bytes,
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

@@ -15,22 +15,34 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from contracts.auth import ApiKeyGrant, authenticate
-from contracts.errors import ErrorBody, ErrorCode, ErrorResponse, OrreryError
+from contracts.auth import Access, ApiKeyGrant, authenticate, declare
+from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, OrreryError
+from contracts.openapi import finish_document, operation
+from contracts.ops import HealthResponse, ReadinessResponse
 from contracts.topk import (
     DocumentIdsResponse,
     RecordsByIdRequest,
     RecordsByIdResponse,
     RetrieveRequest,
+    RetrieveResponse,
     StoredRecordOut,
     TopKRequest,
+    TopKResponse,
 )
+from contracts.wire import loads_strict
 from query.eligibility import EligibilityGate
+from query.entrypoints.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from query.ports import Routing
 from query.scopes import ScopeResolver
 from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
 
-__all__ = ["create_app", "install_error_handlers"]
+__all__ = [
+    "create_app",
+    "install_error_handlers",
+    "install_openapi",
+    "install_request_guard",
+    "readiness_for",
+]
 
 log = logging.getLogger("orrery.query")
 M = TypeVar("M", bound=BaseModel)
@@ -39,6 +51,35 @@ M = TypeVar("M", bound=BaseModel)
 def _error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> JSONResponse:
     err = OrreryError(code, message, details)
     return JSONResponse(err.to_response().model_dump(mode="json"), status_code=err.http_status)
+
+
+_FRAMEWORK_CODES = {
+    401: ErrorCode.UNAUTHORIZED,
+    403: ErrorCode.FORBIDDEN,
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    413: ErrorCode.BODY_TOO_LARGE,
+    415: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+}
+
+
+def install_request_guard(app: FastAPI, *, max_body_bytes: int) -> None:
+    """Every app's body limit and content-type check (`query.entrypoints.guard`)."""
+    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve the app's OpenAPI document as `contracts.openapi.finish_document` makes it:
+    request bodies and success models as the routes declare them, Orrery's error shape
+    for every error status, components equal to `docs/schemas/`."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = finish_document(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -58,11 +99,16 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: ErrorCode.NOT_FOUND, 401: ErrorCode.UNAUTHORIZED}.get(
-            exc.status_code, ErrorCode.INVALID_REQUEST
+        # The framework's own errors (no route, wrong method, …) get the code of their
+        # status; the status sent is always the code's one (`HTTP_STATUS`).
+        code = _FRAMEWORK_CODES.get(
+            exc.status_code,
+            ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL,
         )
         body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail)))
-        return JSONResponse(body.model_dump(mode="json"), status_code=exc.status_code)
+        return JSONResponse(
+            body.model_dump(mode="json"), status_code=HTTP_STATUS[code], headers=exc.headers
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -71,11 +117,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
-    """Parse a JSON body strictly: bad JSON, unknown fields and wrong types are 4xx."""
-    try:
-        raw = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise OrreryError(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {exc}") from exc
+    """Parse a JSON body strictly (`contracts.wire.loads_strict`): bad JSON, unknown fields
+    and wrong types are 4xx."""
+    raw = loads_strict(await request.body())
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -97,21 +141,29 @@ def create_app(
     limits: QueryLimits,
     grants: dict[str, ApiKeyGrant],
     routers: Sequence[APIRouter] = (),
-    document_ids: Callable[[str], list[str]] | None = None,
+    document_ids: Callable[[str, str | None], list[str]] | None = None,
     status: Callable[[], dict[str, Any]] | None = None,
     eligibility: EligibilityGate | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """Build the app. `routers` adds other packages' routes (ingest in embedded mode, the
     admin API); `status` adds process-level facts (e.g. projector state) to readiness;
-    `eligibility` adds each live generation's eligibility verdict to it."""
+    `eligibility` adds each live generation's eligibility verdict to it; bodies over
+    `max_body_bytes` are refused (413)."""
     app = FastAPI(title="Orrery", version="0.1.0")
     install_error_handlers(app)
+    install_request_guard(app, max_body_bytes=max_body_bytes)
+    install_openapi(app)
 
     def principal(x_api_key: str | None, authorization: str | None) -> Principal:
         grant = authenticate(grants, x_api_key, authorization)
         return Principal() if grant is None else Principal(grant.namespace, grant.galaxy)
 
-    @app.post("/v1/external/retrieve/topk_records", tags=["query"])
+    @app.post(
+        "/v1/external/retrieve/topk_records",
+        tags=["query"],
+        openapi_extra={**declare(Access.READ), **operation(body=TopKRequest, ok=TopKResponse)},
+    )
     async def post_topk_records(
         request: Request,
         x_api_key: str | None = Header(default=None),
@@ -124,7 +176,14 @@ def create_app(
         )
         return JSONResponse(response.model_dump(mode="json"))
 
-    @app.post("/v1/external/retrieve", tags=["query"])
+    @app.post(
+        "/v1/external/retrieve",
+        tags=["query"],
+        openapi_extra={
+            **declare(Access.READ),
+            **operation(body=RetrieveRequest, ok=RetrieveResponse),
+        },
+    )
     async def post_retrieve(
         request: Request,
         x_api_key: str | None = Header(default=None),
@@ -137,7 +196,11 @@ def create_app(
         )
         return JSONResponse(response.model_dump(mode="json"))
 
-    @app.get("/v1/scopes/document_ids", tags=["query"])
+    @app.get(
+        "/v1/scopes/document_ids",
+        tags=["query"],
+        openapi_extra={**declare(Access.READ), **operation(ok=DocumentIdsResponse)},
+    )
     async def get_scope_document_ids(
         namespace: str,
         scope_ref: str,
@@ -145,7 +208,7 @@ def create_app(
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
         """The document ids the scope's live (or pinned: `…@g42`) generation holds (the
-        split path's step 1)."""
+        split path's step 1); a galaxy-bound key sees its galaxy's only."""
         who = principal(x_api_key, authorization)
         _check_namespace(who, namespace)
         resolver = ports.scopes or ScopeResolver(ports.routing)
@@ -154,13 +217,20 @@ def create_app(
         )
         if document_ids is None:
             raise OrreryError(ErrorCode.SCOPE_NOT_READY, f"scope {scope_ref!r} is not ready")
-        ids = await run_in_threadpool(document_ids, route.generation_id)
+        ids = await run_in_threadpool(document_ids, route.generation_id, who.galaxy)
         out = DocumentIdsResponse(
             scope_ref=scope_ref, generation_id=route.generation_id, document_ids=ids
         )
         return JSONResponse(out.model_dump(mode="json"))
 
-    @app.post("/v1/records/by_id", tags=["query"])
+    @app.post(
+        "/v1/records/by_id",
+        tags=["query"],
+        openapi_extra={
+            **declare(Access.READ),
+            **operation(body=RecordsByIdRequest, ok=RecordsByIdResponse),
+        },
+    )
     async def post_records_by_id(
         request: Request,
         x_api_key: str | None = Header(default=None),
@@ -171,14 +241,14 @@ def create_app(
         body = await parse_body(request, RecordsByIdRequest)
         _check_namespace(who, body.namespace)
         rows = await run_in_threadpool(ports.records.heads, body.namespace, body.document_ids)
+        # A document of another galaxy answers exactly like an unknown id: missing.
+        rows = [r for r in rows if who.galaxy is None or r.galaxy == who.galaxy]
         order = {doc_id: i for i, doc_id in enumerate(body.document_ids)}
         rows.sort(key=lambda r: order[r.document_id])
         found = {r.document_id for r in rows}
         records = []
         for row in rows:
             record = json.loads(row.record_json)
-            if who.galaxy is not None and row.galaxy != who.galaxy:
-                continue
             records.append(
                 StoredRecordOut(
                     document_id=row.document_id,
@@ -194,12 +264,27 @@ def create_app(
         )
         return JSONResponse(out.model_dump(mode="json"))
 
-    @app.get("/v1/readiness", tags=["ops"])
-    async def get_readiness() -> JSONResponse:
+    @app.get(
+        "/v1/readiness",
+        tags=["ops"],
+        openapi_extra={**declare(Access.OPS), **operation(ok=ReadinessResponse)},
+    )
+    async def get_readiness(
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """Per scope readiness. With API keys configured it needs one and shows only the
+        key's namespace (a galaxy-bound key: without namespace-wide document counts)."""
+        grant = authenticate(grants, x_api_key, authorization)
         body = await run_in_threadpool(readiness, ports.routing, status, eligibility)
-        return JSONResponse(body)
+        return JSONResponse(body if grant is None else readiness_for(body, grant))
 
-    @app.get("/healthz", tags=["ops"])
+    @app.get(
+        "/healthz",
+        tags=["ops"],
+        response_model=None,
+        openapi_extra={**declare(Access.PUBLIC), **operation(ok=HealthResponse)},
+    )
     async def get_healthz() -> dict[str, str]:
         return {"status": "ok"}
 
@@ -213,6 +298,31 @@ def _check_namespace(who: Principal, namespace: str) -> None:
         raise OrreryError(ErrorCode.FORBIDDEN, f"this API key may not read namespace {namespace!r}")
 
 
+# What a tenant's key may see of readiness: its own scopes and the log's position.
+_TENANT_READINESS = ("success", "log_high_water", "projector_log", "coverage_fallback", "mode")
+
+
+def readiness_for(body: dict[str, Any], grant: ApiKeyGrant) -> dict[str, Any]:
+    """The readiness `body` as one key may see it: only its namespace's scopes (without
+    document counts when the key is bound to one galaxy), no process-level facts."""
+    scopes = []
+    for scope in body["scopes"]:
+        if scope["namespace"] != grant.namespace:
+            continue
+        if grant.galaxy is not None:
+            scope = {k: v for k, v in scope.items() if k != "document_count"}
+        scopes.append(scope)
+    out = {k: body[k] for k in _TENANT_READINESS if k in body}
+    log_ok = body.get("projector_log", {}).get("current", True) and (
+        body.get("projector_log", {}).get("lag_events", 0) == 0
+    )
+    out["scopes"] = scopes
+    out["ready"] = bool(log_ok) and all(
+        s["lag_events"] == 0 and s.get("eligible", True) for s in scopes
+    )
+    return out
+
+
 def readiness(
     routing: Routing,
     status: Callable[[], dict[str, Any]] | None,
@@ -220,10 +330,11 @@ def readiness(
 ) -> dict[str, Any]:
     """Per scope: the live generation, its descriptor digest and eligibility, the log
     high-water, the applied position and the lag in events and in seconds (the age of the
-    oldest event not applied yet). Ready when every scope has no lag and is eligible and
-    the projector's own lag measurement (`projector_log`: Kafka consumer-group lag over
-    all partitions, or the outbox rows after its position) is 0 and taken at the high
-    water or later. A partitioned log applies out of position order, so the applied
+    oldest event not applied yet). Ready when every scope has no lag and is eligible (the
+    named generation's verdict, not stale: a ready scope is queryable) and the
+    projector's own lag measurement (`projector_log`: Kafka consumer-group lag over all
+    partitions, or the outbox rows after its position) is 0 and taken at the high water
+    or later. A partitioned log applies out of position order, so the applied
     position alone may claim "caught up" while another partition still holds events."""
     high_water = routing.log_high_water()
     log_status = routing.log_status()
@@ -239,8 +350,16 @@ def readiness(
             0.0 if oldest is None else round(max(0.0, (now - oldest).total_seconds()), 3)
         )
         if eligibility is not None:
-            verdict = eligibility.status(scope.generation_id)
-            entry["eligible"] = verdict["eligible"] and scope.state == "live"
+            # The verdict of exactly the generation named, for its registry facts now:
+            # a negative one taken before they moved is stale (and re-taken meanwhile).
+            verdict = eligibility.status(
+                scope.generation_id, state=scope.state, commit_seq=scope.commit_seq
+            )
+            entry["eligible"] = (
+                verdict["eligible"] is True
+                and not verdict.get("stale", False)
+                and scope.state == "live"
+            )
             entry["eligibility"] = verdict
         scopes.append(entry)
     body: dict[str, Any] = {

@@ -19,8 +19,10 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
-from contracts.auth import parse_api_keys
+from contracts.auth import Access, declare, parse_api_keys
 from contracts.embedding import Embedder
+from contracts.openapi import operation
+from contracts.ops import HealthResponse
 from ingest.bootstrap import canonical_db_path, embedded_store, kafka_relay_step
 from ingest.entrypoints.http import create_router
 from ingest.entrypoints.relay import RelayLoop
@@ -39,7 +41,12 @@ from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
 from query.bootstrap import cursor_codec, query_limits, scope_registry, server_query_ports
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.embedded import eligibility_gate, generation_options
-from query.entrypoints.http import create_app, install_error_handlers
+from query.entrypoints.http import (
+    create_app,
+    install_error_handlers,
+    install_openapi,
+    install_request_guard,
+)
 from query.settings import QuerySettings
 
 __all__ = ["Role", "ServerStack"]
@@ -210,9 +217,10 @@ class ServerStack:
                 document_ids=functools.partial(generation_document_ids, routing),
                 status=stack.status,
                 eligibility=gate,
+                max_body_bytes=settings.max_body_bytes,
             )
         elif routers:
-            stack.app = _ingest_only_app(routers)
+            stack.app = _ingest_only_app(routers, max_body_bytes=settings.max_body_bytes)
         if not grants and stack.app is not None:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
         return stack
@@ -244,11 +252,18 @@ class ServerStack:
             close()
 
 
-def _ingest_only_app(routers: list[APIRouter]) -> FastAPI:
+def _ingest_only_app(routers: list[APIRouter], *, max_body_bytes: int) -> FastAPI:
     app = FastAPI(title="Orrery ingest", version="0.1.0")
     install_error_handlers(app)
+    install_request_guard(app, max_body_bytes=max_body_bytes)
+    install_openapi(app)
 
-    @app.get("/healthz", tags=["ops"])
+    @app.get(
+        "/healthz",
+        tags=["ops"],
+        response_model=None,
+        openapi_extra={**declare(Access.PUBLIC), **operation(ok=HealthResponse)},
+    )
     async def get_healthz() -> dict[str, str]:
         return {"status": "ok"}
 

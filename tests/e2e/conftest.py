@@ -46,13 +46,17 @@ class Server:
         return self.client.post("/v1/external/retrieve/topk_records", json=body)
 
     def wait_projected(
-        self, timeout: float = 60.0, *, documents: dict[tuple[str, str], int] | None = None
+        self,
+        timeout: float = 60.0,
+        *,
+        documents: dict[tuple[str, str], int] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Block until the projector applied everything on the log (and, when given, each
         `(namespace, snapshot_kind)` scope holds exactly that many live documents)."""
         deadline = time.monotonic() + timeout
         while True:
-            ready = self.client.get("/v1/readiness").json()
+            ready = self.client.get("/v1/readiness", headers=headers).json()
             counts = {
                 (s["namespace"], s["snapshot_kind"]): s["document_count"] for s in ready["scopes"]
             }

@@ -404,7 +404,12 @@ def test_api_keys_scope_namespace_and_galaxy(tmp_path: Path) -> None:
         assert srv.post_records(CORPUS).status_code == 401
         ok = srv.client.post("/v1/records", json=CORPUS, headers={"x-api-key": "k-all"})
         assert ok.status_code == 200
-        srv.wait_projected()
+        assert srv.client.get("/v1/readiness").status_code == 401
+        ready = srv.wait_projected(headers={"x-api-key": "k-all"})
+        assert {s["namespace"] for s in ready["scopes"]} == {NS}
+        assert "projector" not in ready
+        anna_ready = srv.client.get("/v1/readiness", headers={"x-api-key": "k-anna"}).json()
+        assert anna_ready["scopes"] and all("document_count" not in s for s in anna_ready["scopes"])
         body = {
             "namespace": NS,
             "scope_ref": SCOPE,

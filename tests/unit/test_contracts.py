@@ -6,7 +6,7 @@ from pydantic import ValidationError
 from contracts.auth import authenticate, parse_api_keys
 from contracts.digests import canonical_json, id_set_digest
 from contracts.errors import ErrorCode, OrreryError
-from contracts.records import Record, derive_document_id, payload_sha256
+from contracts.records import Record, derive_document_id, identity_violation, payload_sha256
 from contracts.topk import TopKRequest
 
 
@@ -31,11 +31,43 @@ def test_document_id_is_stable_and_scoped() -> None:
     assert record.document_id == one
 
 
-def test_explicit_document_id_is_kept() -> None:
-    record = Record(
+def test_document_id_is_scoped_by_namespace_and_galaxy() -> None:
+    base = derive_document_id("ns", "objects", "x")
+    assert derive_document_id("ns", "objects", "x", "default") == base
+    assert derive_document_id("other", "objects", "x") != base
+    assert derive_document_id("ns", "objects", "x", "g1") != base
+    assert derive_document_id("ns", "objects", "x", "g1") != derive_document_id(
+        "ns", "objects", "x", "g2"
+    )
+    record = Record(namespace="ns", snapshot_kind="objects", item_id="x", revision=1, galaxy="g1")
+    assert record.doc_id == derive_document_id("ns", "objects", "x", "g1")
+
+
+def test_an_explicit_document_id_must_be_the_derived_one() -> None:
+    """The model keeps what it is given (stored rows, events); the API refuses ids that
+    are not the record's own (`identity_violation`), so no write names a foreign id."""
+    foreign = Record(
         namespace="ns", snapshot_kind="objects", item_id="x", revision=1, document_id="doc-123"
     )
-    assert record.doc_id == "doc-123"
+    assert foreign.doc_id == "doc-123"
+    assert identity_violation(foreign) is not None
+    own = Record(
+        namespace="ns",
+        snapshot_kind="objects",
+        item_id="x",
+        revision=1,
+        document_id=derive_document_id("ns", "objects", "x"),
+    )
+    assert identity_violation(own) is None
+    other_galaxy = Record(
+        namespace="ns",
+        snapshot_kind="objects",
+        item_id="x",
+        revision=1,
+        galaxy="g1",
+        document_id=derive_document_id("ns", "objects", "x", "g2"),
+    )
+    assert identity_violation(other_galaxy) is not None
 
 
 @pytest.mark.parametrize(

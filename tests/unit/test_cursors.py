@@ -3,15 +3,18 @@ pagination over random fused rankings (a seeded property test)."""
 
 from __future__ import annotations
 
+import base64
 import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index import Candidate
 from contracts.profiles import RrfProfile, WeightedProfile
-from query.cursors import CursorCodec, CursorPosition, paginate, parse_cursor_keys
+from query.cursors import CursorCodec, CursorPosition, _b64, _unb64, paginate, parse_cursor_keys
 from query.fusion import FusedCandidate, fuse
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -80,6 +83,52 @@ def test_tampered_payload_or_signature_is_invalid() -> None:
         assert code_of(lambda b=bad: codec().open(b, MATERIAL, now=NOW)) is (  # type: ignore[misc]
             ErrorCode.INVALID_CONTINUATION
         ), bad
+
+
+_STANDARD_ALPHABET = str.maketrans("-_", "+/")
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def spellings(part: str) -> list[str]:
+    """Other encodings of the bytes `part` encodes: padded, the standard alphabet, and
+    every other value of the trailing bits a decoder ignores."""
+    out = [part + "=", part + "==", part + "=" * (-len(part) % 4)]
+    out.append(part.translate(_STANDARD_ALPHABET))
+    unused_bits = {2: 4, 3: 2}.get(len(part) % 4, 0)  # 1 or 2 bytes in the last group
+    last = _B64.index(part[-1])
+    for low in range(1 << unused_bits):
+        out.append(part[:-1] + _B64[(last & ~((1 << unused_bits) - 1)) | low])
+    return [s for s in out if s != part]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(min_size=1, max_size=64))
+def test_only_the_canonical_base64url_decodes(raw: bytes) -> None:
+    canonical = _b64(raw)
+    assert _unb64(canonical) == raw
+    for other in spellings(canonical):
+        assert base64.b64decode(other.translate(_STANDARD_ALPHABET) + "==") == raw or "=" in other
+        with pytest.raises(ValueError):
+            _unb64(other)
+
+
+def test_a_cursor_has_one_spelling() -> None:
+    """A valid cursor re-encoded (padding appended, standard alphabet, other trailing
+    bits) is tampering: 400 invalid_continuation, like a changed byte."""
+    tried = 0
+    for offset in range(40):
+        token, _ = codec().issue(position(offset=offset), MATERIAL, now=NOW)
+        assert codec().open(token, MATERIAL, now=NOW) == position(offset=offset)
+        head, kid, payload, signature = token.split(".")
+        variants = [token + "=", token + "=="]
+        variants += [f"{head}.{kid}.{payload}.{s}" for s in spellings(signature)]
+        variants += [f"{head}.{kid}.{p}.{signature}" for p in spellings(payload)]
+        for bad in variants:
+            assert code_of(lambda b=bad: codec().open(b, MATERIAL, now=NOW)) is (  # type: ignore[misc]
+                ErrorCode.INVALID_CONTINUATION
+            ), bad
+        tried += signature.translate(_STANDARD_ALPHABET) != signature
+    assert tried > 0  # some signatures held '-' or '_': the alphabet swap was exercised
 
 
 def test_a_cursor_of_another_key_set_is_invalid() -> None:

@@ -313,6 +313,9 @@ class FakeRouting:
     def route(self, namespace: str, snapshot_kind: str) -> Route | None:
         return route()
 
+    def generation(self, generation_id: str) -> Route | None:
+        return route(generation_id)
+
     def scopes(self) -> list[ScopeReadiness]:
         return [
             ScopeReadiness(
@@ -427,3 +430,91 @@ def test_gate_rechecks_suspects_in_the_background() -> None:
         assert gate.status("g2")["eligible"] is False
     finally:
         gate.close()
+
+
+# -- verdicts keyed on registry facts (issue 15) ---------------------------------------------
+
+
+def moved(commit_seq: int, state: str = "live") -> Route:
+    return route(state=state).model_copy(update={"commit_seq": commit_seq})
+
+
+def test_a_negative_verdict_taken_before_the_first_batch_is_retaken_on_the_query_path() -> None:
+    source = FakeSource({"g2": False})
+    gate = EligibilityGate(source, FakeRouting([]), interval_seconds=3600)
+    with pytest.raises(OrreryError):
+        gate.admit(moved(0), "s")  # created, nothing applied yet: no index to read back
+    assert gate.status("g2", state="live", commit_seq=0)["stale"] is False
+    source.ok["g2"] = True
+    # Readiness does not call the verdict current once the first batch is committed.
+    assert gate.status("g2", state="live", commit_seq=1)["stale"] is True
+    assert gate.admit(moved(1), "s").generation_id == "g2"
+    assert source.calls == {"g2": 2}
+    gate.admit(moved(1), "s")
+    gate.admit(moved(7), "s")  # a positive verdict stands while batches come in
+    assert source.calls == {"g2": 2}
+    assert gate.status("g2", state="live", commit_seq=7)["eligible"] is True
+
+
+def test_a_negative_verdict_is_retaken_when_the_generation_changes_state() -> None:
+    source = FakeSource({"g2": False})
+    gate = EligibilityGate(source, FakeRouting([]), interval_seconds=3600)
+    with pytest.raises(OrreryError):
+        gate.admit(moved(3, "verified"), "s")
+    source.ok["g2"] = True
+    assert gate.admit(moved(3, "live"), "s").generation_id == "g2"  # promoted
+    assert source.calls == {"g2": 2}
+
+
+def test_an_unchanged_negative_verdict_costs_no_check_per_query() -> None:
+    source = FakeSource({"g2": False})
+    gate = EligibilityGate(source, FakeRouting([]), interval_seconds=3600)
+    for _ in range(5):
+        with pytest.raises(OrreryError):
+            gate.admit(moved(3), "s")
+    # More batches into a generation that already held some: re-checked in the
+    # background (throttled), not before each answer.
+    with pytest.raises(OrreryError):
+        gate.admit(moved(4), "s")
+    assert source.calls == {"g2": 1}
+
+
+def test_the_round_retakes_a_stale_negative_verdict_without_traffic() -> None:
+    class Scopes(FakeRouting):
+        commit_seq = 0
+
+        def scopes(self) -> list[ScopeReadiness]:
+            return [s.model_copy(update={"commit_seq": self.commit_seq}) for s in super().scopes()]
+
+        def generation(self, generation_id: str) -> Route | None:
+            return moved(self.commit_seq)
+
+    source = FakeSource({"g2": False})
+    routing = Scopes([])
+    gate = EligibilityGate(source, routing, interval_seconds=3600)
+    with pytest.raises(OrreryError):
+        gate.admit(moved(0), "s")
+    source.ok["g2"] = True
+    routing.commit_seq = 1
+    gate.start()
+    try:
+        deadline = datetime.now(UTC) + timedelta(seconds=10)
+        while not gate.status("g2")["eligible"] and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.05)
+        assert gate.status("g2", state="live", commit_seq=1)["eligible"] is True
+    finally:
+        gate.close()
+    assert source.calls == {"g2": 2}
+
+
+def test_a_negative_check_taken_over_from_another_worker_is_retaken_once_facts_move() -> None:
+    # Workers share only the registry: the trigger is its facts, not a callback.
+    source = FakeSource({"g2": True})
+    gate = EligibilityGate(source, FakeRouting([]), interval_seconds=3600)
+    before = check("g2", False, datetime.now(UTC) + timedelta(seconds=1), "no lexical index")
+    source.recorded.append((1, before.model_copy(update={"commit_seq": 0})))
+    with pytest.raises(OrreryError):
+        gate.admit(moved(0), "s")
+    assert source.calls == {}
+    assert gate.admit(moved(1), "s").generation_id == "g2"
+    assert source.calls == {"g2": 1}

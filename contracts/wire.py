@@ -1,0 +1,127 @@
+"""Strict JSON for request bodies: the one loader every HTTP body parser uses.
+
+`json.loads` accepts more than a public API should: `NaN` and `Infinity`, numbers that
+overflow to infinity (`1e999`), duplicate object keys (the last one silently wins),
+integers of thousands of digits (a `ValueError` past Python's digit limit, and quadratic
+work below it), nesting deep enough to exhaust the interpreter's stack, and escaped lone
+surrogates (`"\\ud800"`) that no later UTF-8 encoding of the value survives. Each of
+those ended as a 500, or worse as an acknowledged write the projector could not index.
+`loads_strict` turns every one of them into `400 invalid_json` before a model sees the
+value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from itertools import accumulate
+from typing import Any
+
+from contracts.errors import ErrorCode, OrreryError
+
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "loads_strict"]
+
+# Deeper than any request or payload Orrery needs, far below the interpreter's stack.
+MAX_DEPTH = 64
+# Every 64-bit integer fits; beyond it JSON clients disagree about the value anyway.
+MAX_INT_DIGITS = 20
+
+# A JSON string (as UTF-8 bytes): removing them leaves the body's structure and numbers.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_STEP = [0] * 256
+for _opening in b"[{":
+    _STEP[_opening] = 1
+for _closing in b"]}":
+    _STEP[_closing] = -1
+# Only a body with a long number gets the (slower, per-number) checking parsers: over
+# MAX_INT_DIGITS digits in a row, or a positive exponent of three or more digits (a float
+# overflows only with one of the two). Searched in the body's structure with every digit
+# mapped to 0: a substring and a regex with a literal first character are fast over
+# megabytes of vectors; a regex with a digit class is not.
+_NUMBER_SHAPE = bytes.maketrans(b"123456789E", b"000000000e")
+_LONG_DIGITS = b"0" * (MAX_INT_DIGITS + 1)
+_LONG_EXPONENT = re.compile(rb"e\+?000")
+# An escaped UTF-16 surrogate; whether it is paired is checked on the parsed value.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _invalid(message: str, **details: Any) -> OrreryError:
+    return OrreryError(ErrorCode.INVALID_JSON, f"the body is not valid JSON: {message}", details)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _invalid(f"duplicate object key {key[:100]!r}", key=key[:100])
+            seen.add(key)
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise _invalid(f"{name} is not a JSON number (non-finite numbers are not accepted)")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _invalid(
+            f"an integer of {len(text.lstrip('-'))} digits (at most {MAX_INT_DIGITS})",
+            max_digits=MAX_INT_DIGITS,
+        )
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _invalid(f"the number {text[:40]} overflows to infinity")
+    return value
+
+
+def _depth(skeleton: bytes) -> int:
+    brackets = skeleton.translate(None, _NOT_BRACKET)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
+def loads_strict(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
+    """The JSON value of a request body, or `OrreryError(INVALID_JSON)` (400).
+
+    Guarantees on a returned value: `raw` was UTF-8 JSON text; it held no duplicate
+    object key, no non-finite number (`NaN`, `Infinity`, or a literal that overflows a
+    float), no integer of more than `MAX_INT_DIGITS` digits, no arrays or objects nested
+    deeper than `max_depth`, and no unpaired surrogate escape — so the value survives
+    canonical JSON encoding. Depth is checked on the text before parsing, so no input
+    can exhaust the stack. No I/O.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"invalid UTF-8 at byte {exc.start}", byte=exc.start) from None
+    skeleton = _STRING.sub(b'""', raw)
+    depth = _depth(skeleton)
+    if depth > max_depth:
+        raise _invalid(f"nested deeper than {max_depth} levels", max_depth=max_depth)
+    shape = skeleton.translate(_NUMBER_SHAPE)
+    checked = _LONG_DIGITS in shape or _LONG_EXPONENT.search(shape) is not None
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int if checked else int,
+            parse_float=_finite_float if checked else float,
+        )
+    except json.JSONDecodeError as exc:
+        raise _invalid(str(exc), line=exc.lineno, column=exc.colno) from None
+    except (RecursionError, ValueError) as exc:  # defence in depth: the scans catch these
+        raise _invalid(type(exc).__name__) from None
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _invalid("a string holds an unpaired UTF-16 surrogate escape") from None
+    return value

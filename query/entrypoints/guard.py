@@ -1,0 +1,109 @@
+"""The request guard in front of every Orrery app: body size and content type.
+
+A pure ASGI middleware (nothing buffered here), installed by every app factory
+(`create_app`, the ingest-only app of the server deployment):
+
+- a body over `max_body_bytes` (`ORRERY_MAX_BODY_BYTES`) is `413 body_too_large`: at once
+  when `Content-Length` declares it, and for a body without one (chunked) as soon as the
+  bytes received pass the limit — a route never holds more than the limit plus one chunk;
+- a POST/PUT/PATCH whose `Content-Type` is present and not JSON (`application/json` or
+  `…+json`) is `415 unsupported_media_type`; no `Content-Type` is read as JSON.
+
+Errors leave in Orrery's shape (`contracts.errors.ErrorResponse`). The rest of a refused
+body is discarded by the server (uvicorn reads and drops it to keep the connection).
+"""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from contracts.errors import ErrorCode, OrreryError
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyTooLarge", "RequestGuard"]
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+class BodyTooLarge(OrreryError):
+    """A request body over the limit (`413 body_too_large`)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            ErrorCode.BODY_TOO_LARGE,
+            f"the request body is larger than {limit} bytes (ORRERY_MAX_BODY_BYTES)",
+            {"max_body_bytes": limit},
+        )
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.partition(";")[0].strip().lower()
+    return media_type == "application/json" or (
+        media_type.startswith("application/") and media_type.endswith("+json")
+    )
+
+
+async def _send_error(error: OrreryError, scope: Scope, receive: Receive, send: Send) -> None:
+    body = error.to_response().model_dump(mode="json")
+    await JSONResponse(body, status_code=error.http_status)(scope, receive, send)
+
+
+class RequestGuard:
+    """Refuses oversized and non-JSON bodies before any route reads them (see the module
+    docstring). Guarantee: the wrapped app never receives more than `max_body_bytes` bytes
+    of one request's body."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        if max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be at least 1")
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        content_type = headers.get("content-type")
+        wants_json = scope["method"] in _BODY_METHODS and content_type is not None
+        if wants_json and content_type is not None and not _is_json(content_type):
+            error = OrreryError(
+                ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                f"send the body as application/json, not {content_type[:100]!r}",
+                {"content_type": content_type[:100]},
+            )
+            await _send_error(error, scope, receive, send)
+            return
+        limit = self.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await _send_error(BodyTooLarge(limit), scope, receive, send)
+            return
+
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except BodyTooLarge as exc:
+            # Apps with Orrery's error handlers answer this themselves; this is for others.
+            if started:
+                raise
+            await _send_error(exc, scope, receive, send)

@@ -1,0 +1,139 @@
+"""The request guard and the framework error mapping, in process: body limit (declared
+and streamed), content type, 405; and every app factory installs the guard."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+from pydantic import BaseModel, ConfigDict
+
+from query.entrypoints.guard import RequestGuard
+from query.entrypoints.http import install_error_handlers, install_request_guard, parse_body
+from query.entrypoints.servers import _ingest_only_app
+
+LIMIT = 4_096
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Echo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+
+
+def make_app() -> FastAPI:
+    app = FastAPI()
+    install_error_handlers(app)
+    install_request_guard(app, max_body_bytes=LIMIT)
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, Any]:
+        return {"length": len((await parse_body(request, Echo)).text)}
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    with TestClient(make_app(), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+def error_of(response: Any, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text[:300]
+    body = response.json()
+    assert body["success"] is False and body["error"]["code"] == code, response.text[:300]
+    assert body["error"]["message"]
+    return dict(body["error"])
+
+
+def chunks(total: int, size: int = 1_000) -> Iterator[bytes]:
+    yield b'{"text": "'
+    for _ in range(total // size):
+        yield b"x" * size
+    yield b'"}'
+
+
+def test_a_body_within_the_limit_passes(client: TestClient) -> None:
+    response = client.post("/echo", json={"text": "x" * (LIMIT - 100)})
+    assert response.status_code == 200 and response.json() == {"length": LIMIT - 100}
+    streamed = client.post("/echo", content=chunks(LIMIT - 100))
+    assert streamed.status_code == 200, streamed.text[:300]
+
+
+def test_a_declared_oversized_body_is_413(client: TestClient) -> None:
+    error = error_of(client.post("/echo", json={"text": "x" * LIMIT}), 413, "body_too_large")
+    assert error["details"] == {"max_body_bytes": LIMIT}
+
+
+def test_a_streamed_oversized_body_is_413_without_content_length(client: TestClient) -> None:
+    error_of(client.post("/echo", content=chunks(LIMIT * 10)), 413, "body_too_large")
+
+
+def test_a_non_json_content_type_is_415(client: TestClient) -> None:
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        response = client.post(
+            "/echo", content=b'{"text": "a"}', headers={"content-type": content_type}
+        )
+        error_of(response, 415, "unsupported_media_type")
+    for content_type in (
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/x+json",
+    ):
+        response = client.post(
+            "/echo", content=b'{"text": "a"}', headers={"content-type": content_type}
+        )
+        assert response.status_code == 200, (content_type, response.text[:300])
+
+
+def test_framework_errors_get_their_own_codes(client: TestClient) -> None:
+    response = client.put("/echo", json={"text": "a"})
+    error_of(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "POST"
+    error_of(client.get("/nowhere"), 404, "not_found")
+
+
+def test_hostile_json_is_400_invalid_json(client: TestClient) -> None:
+    for raw in (b"[" * 2_000, b'{"text": NaN}', b'{"text": "a", "text": "b"}', b"\xff"):
+        response = client.post("/echo", content=raw, headers={"content-type": "application/json"})
+        error_of(response, 400, "invalid_json")
+
+
+def test_the_ingest_only_app_is_guarded() -> None:
+    with TestClient(_ingest_only_app([], max_body_bytes=LIMIT)) as ingest:
+        error_of(ingest.post("/healthz", content=b"x" * (LIMIT + 1)), 413, "body_too_large")
+        error_of(
+            ingest.post("/healthz", content=b"{}", headers={"content-type": "text/plain"}),
+            415,
+            "unsupported_media_type",
+        )
+        error_of(ingest.post("/healthz", json={}), 405, "method_not_allowed")
+
+
+def test_every_app_factory_installs_the_guard() -> None:
+    """Search, not an example: a FastAPI app built anywhere in the packages without the
+    guard fails here."""
+    built = 0
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        if path.parts[len(ROOT.parts)] not in {"contracts", "ingest", "projector", "query"}:
+            continue
+        source = path.read_text()
+        apps = len(re.findall(r"\bFastAPI\(", source))
+        built += apps
+        guarded = source.count("install_request_guard(app") + source.count(
+            "add_middleware(RequestGuard"
+        )
+        assert guarded >= apps, f"{path.relative_to(ROOT)}: {apps} FastAPI() but {guarded} guards"
+    assert built >= 2
+
+
+def test_the_guard_refuses_a_nonsense_limit() -> None:
+    with pytest.raises(ValueError):
+        RequestGuard(FastAPI(), max_body_bytes=0)

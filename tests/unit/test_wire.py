@@ -1,0 +1,117 @@
+"""The strict JSON loader every body parser uses: each hostile class → 400 invalid_json,
+every ordinary body unchanged; and every error code has exactly one status."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts.errors import HTTP_STATUS, ErrorCode, OrreryError
+from contracts.wire import MAX_DEPTH, MAX_INT_DIGITS, loads_strict
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def rejected(raw: bytes, **kwargs: Any) -> OrreryError:
+    with pytest.raises(OrreryError) as caught:
+        loads_strict(raw, **kwargs)
+    assert caught.value.code is ErrorCode.INVALID_JSON
+    assert caught.value.http_status == 400
+    assert caught.value.message.startswith("the body is not valid JSON: ")
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"{not json", "Expecting property name"),
+        (b"", "Expecting value"),
+        (b"\xff\xfe[]", "invalid UTF-8 at byte 0"),
+        (b'{"a": "caf\xe9"}', "invalid UTF-8 at byte 10"),
+        ('[{"a": 1}]'.encode("utf-16"), "invalid UTF-8"),
+        (b'{"a": NaN}', "NaN is not a JSON number"),
+        (b"[Infinity]", "Infinity is not a JSON number"),
+        (b'{"v": [0.5, -Infinity]}', "-Infinity is not a JSON number"),
+        (b"[1e999]", "overflows to infinity"),
+        (b"[-1E+0400]", "overflows to infinity"),
+        (b"[" + b"9" * 400 + b".5]", "overflows to infinity"),
+        (b'{"revision": ' + b"1" * 5001 + b"}", "an integer of 5001 digits"),
+        (b"[-" + b"1" * (MAX_INT_DIGITS + 1) + b"]", f"{MAX_INT_DIGITS + 1} digits"),
+        (b'{"a": 1, "b": 2, "a": 3}', "duplicate object key 'a'"),
+        (b'[{"x": {"k": 1, "k": 1}}]', "duplicate object key 'k'"),
+        (nested(10_000), f"nested deeper than {MAX_DEPTH} levels"),
+        (b"[" * 100_000, f"nested deeper than {MAX_DEPTH} levels"),
+        (b'{"a": ' * 5_000 + b"1" + b"}" * 5_000, f"nested deeper than {MAX_DEPTH}"),
+        (b'["\\ud800"]', "unpaired UTF-16 surrogate"),
+        (b'{"s": "x\\uDC00y"}', "unpaired UTF-16 surrogate"),
+        (b'["\\ud83d"]', "unpaired UTF-16 surrogate"),
+    ],
+)
+def test_hostile_bodies_are_invalid_json(raw: bytes, says: str) -> None:
+    assert says in rejected(raw).message
+
+
+def test_depth_is_counted_outside_strings_and_bounded_exactly() -> None:
+    assert loads_strict(nested(MAX_DEPTH)) is not None
+    rejected(nested(MAX_DEPTH + 1))
+    assert loads_strict(nested(3), max_depth=3) == [[[]]]
+    rejected(nested(4), max_depth=3)
+    brackets_in_text = json.dumps({"text": "[[[[{{{{" * 100, "q": '"\\]]]'}).encode()
+    assert loads_strict(brackets_in_text, max_depth=1) == json.loads(brackets_in_text)
+
+
+def test_ordinary_bodies_parse_as_json_loads_does() -> None:
+    rng = random.Random(7)
+    body = [
+        {
+            "namespace": "ns",
+            "item_id": f"fact:{i}",
+            "revision": 2**62,
+            "payload": {"nested": {"list": [1, -2, 3.25, True, None, "ü€😀"]}, "big": 10**19},
+            "text": {"title": 'quote " and \\ backslash [', "tags": []},
+            "vector": [rng.uniform(-1, 1) for _ in range(16)] + [1e-300, -2.5e-8, 1e308],
+        }
+        for i in range(50)
+    ]
+    raw = json.dumps(body, ensure_ascii=False).encode()
+    assert loads_strict(raw) == json.loads(raw)
+    ascii_raw = json.dumps(body, ensure_ascii=True).encode()  # paired surrogate escapes
+    assert loads_strict(ascii_raw) == body
+    assert loads_strict(b"-" + b"9" * MAX_INT_DIGITS) == -int("9" * MAX_INT_DIGITS)
+    assert loads_strict(b'"\\\\ud800"') == "\\ud800"  # an escaped backslash, no surrogate
+    assert loads_strict(b"[1e-999, 1E+99]") == [0.0, 1e99]
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**19), max_value=10**19)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.booleans())
+def test_every_finite_shallow_value_round_trips(value: Any, ensure_ascii: bool) -> None:
+    raw = json.dumps(value, ensure_ascii=ensure_ascii).encode()
+    assert loads_strict(raw) == value
+
+
+def test_every_error_code_has_exactly_one_status() -> None:
+    assert set(HTTP_STATUS) == set(ErrorCode)
+    assert HTTP_STATUS[ErrorCode.BODY_TOO_LARGE] == 413
+    assert HTTP_STATUS[ErrorCode.METHOD_NOT_ALLOWED] == 405
+    assert HTTP_STATUS[ErrorCode.UNSUPPORTED_MEDIA_TYPE] == 415
+    assert HTTP_STATUS[ErrorCode.INVALID_JSON] == 400
