@@ -61,7 +61,7 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Unavailable)\b")
-_SOURCE_PACKAGES = ("contracts", "ingest", "projector", "query")
+_SOURCE_PACKAGES = ("contracts", "ingest", "orrery", "projector", "query")
 _PACKAGES = ("qdrant-edge-py", "tantivy", "onnxruntime", "fastapi", "uvicorn", "httpx")
 
 
@@ -169,7 +169,7 @@ def start_serve(
             [
                 sys.executable,
                 "-m",
-                "query.entrypoints.cli",
+                "orrery.cli",
                 "serve",
                 "--data-dir",
                 str(data_dir),

@@ -1,24 +1,22 @@
-"""The query worker's HTTP app: `create_app(...)`; no I/O at import time."""
+"""The query worker's HTTP routes: `create_router(...)`; no I/O at import time."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, Header, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
-from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, OrreryError
-from contracts.openapi import finish_document, operation
-from contracts.ops import HealthResponse, ReadinessResponse
+from contracts.errors import ErrorCode, OrreryError
+from contracts.openapi import operation
+from contracts.ops import ReadinessResponse
 from contracts.topk import (
     DocumentIdsResponse,
     RecordsByIdRequest,
@@ -31,89 +29,14 @@ from contracts.topk import (
 )
 from contracts.wire import loads_strict
 from query.eligibility import EligibilityGate
-from query.entrypoints.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
 from query.ports import Routing
 from query.scopes import ScopeResolver
 from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
 
-__all__ = [
-    "create_app",
-    "install_error_handlers",
-    "install_openapi",
-    "install_request_guard",
-    "readiness_for",
-]
+__all__ = ["create_router", "parse_body", "readiness", "readiness_for"]
 
 log = logging.getLogger("orrery.query")
 M = TypeVar("M", bound=BaseModel)
-
-
-def _error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> JSONResponse:
-    err = OrreryError(code, message, details)
-    return JSONResponse(err.to_response().model_dump(mode="json"), status_code=err.http_status)
-
-
-_FRAMEWORK_CODES = {
-    401: ErrorCode.UNAUTHORIZED,
-    403: ErrorCode.FORBIDDEN,
-    404: ErrorCode.NOT_FOUND,
-    405: ErrorCode.METHOD_NOT_ALLOWED,
-    413: ErrorCode.BODY_TOO_LARGE,
-    415: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-}
-
-
-def install_request_guard(app: FastAPI, *, max_body_bytes: int) -> None:
-    """Every app's body limit and content-type check (`query.entrypoints.guard`)."""
-    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
-
-
-def install_openapi(app: FastAPI) -> None:
-    """Serve the app's OpenAPI document as `contracts.openapi.finish_document` makes it:
-    request bodies and success models as the routes declare them, Orrery's error shape
-    for every error status, components equal to `docs/schemas/`."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            app.openapi_schema = finish_document(generate())
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error leaves as `{success: false, error: {code, message, details}}`."""
-
-    @app.exception_handler(OrreryError)
-    async def _orrery(_: Request, exc: OrreryError) -> JSONResponse:
-        return JSONResponse(exc.to_response().model_dump(mode="json"), status_code=exc.http_status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(
-            ErrorCode.INVALID_REQUEST,
-            "the request is invalid",
-            {"errors": json.loads(json.dumps(exc.errors(), default=str))},
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # The framework's own errors (no route, wrong method, …) get the code of their
-        # status; the status sent is always the code's one (`HTTP_STATUS`).
-        code = _FRAMEWORK_CODES.get(
-            exc.status_code,
-            ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL,
-        )
-        body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail)))
-        return JSONResponse(
-            body.model_dump(mode="json"), status_code=HTTP_STATUS[code], headers=exc.headers
-        )
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return _error(ErrorCode.INTERNAL, "internal error; see the server log")
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -135,31 +58,25 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise OrreryError(ErrorCode.INVALID_REQUEST, "the request is invalid", details) from exc
 
 
-def create_app(
+def create_router(
     *,
     ports: QueryPorts,
     limits: QueryLimits,
     grants: dict[str, ApiKeyGrant],
-    routers: Sequence[APIRouter] = (),
     document_ids: Callable[[str, str | None], list[str]] | None = None,
     status: Callable[[], dict[str, Any]] | None = None,
     eligibility: EligibilityGate | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> FastAPI:
-    """Build the app. `routers` adds other packages' routes (ingest in embedded mode, the
-    admin API); `status` adds process-level facts (e.g. projector state) to readiness;
-    `eligibility` adds each live generation's eligibility verdict to it; bodies over
-    `max_body_bytes` are refused (413)."""
-    app = FastAPI(title="Orrery", version="0.1.0")
-    install_error_handlers(app)
-    install_request_guard(app, max_body_bytes=max_body_bytes)
-    install_openapi(app)
+) -> APIRouter:
+    """The query worker's routes. `status` adds process-level facts (e.g. projector
+    state) to readiness; `eligibility` adds each live generation's eligibility verdict
+    to it. The app around them (errors, limits, OpenAPI) is `orrery.http.build_app`."""
+    router = APIRouter()
 
     def principal(x_api_key: str | None, authorization: str | None) -> Principal:
         grant = authenticate(grants, x_api_key, authorization)
         return Principal() if grant is None else Principal(grant.namespace, grant.galaxy)
 
-    @app.post(
+    @router.post(
         "/v1/external/retrieve/topk_records",
         tags=["query"],
         openapi_extra={**declare(Access.READ), **operation(body=TopKRequest, ok=TopKResponse)},
@@ -176,7 +93,7 @@ def create_app(
         )
         return JSONResponse(response.model_dump(mode="json"))
 
-    @app.post(
+    @router.post(
         "/v1/external/retrieve",
         tags=["query"],
         openapi_extra={
@@ -196,7 +113,7 @@ def create_app(
         )
         return JSONResponse(response.model_dump(mode="json"))
 
-    @app.get(
+    @router.get(
         "/v1/scopes/document_ids",
         tags=["query"],
         openapi_extra={**declare(Access.READ), **operation(ok=DocumentIdsResponse)},
@@ -223,7 +140,7 @@ def create_app(
         )
         return JSONResponse(out.model_dump(mode="json"))
 
-    @app.post(
+    @router.post(
         "/v1/records/by_id",
         tags=["query"],
         openapi_extra={
@@ -264,7 +181,7 @@ def create_app(
         )
         return JSONResponse(out.model_dump(mode="json"))
 
-    @app.get(
+    @router.get(
         "/v1/readiness",
         tags=["ops"],
         openapi_extra={**declare(Access.OPS), **operation(ok=ReadinessResponse)},
@@ -279,18 +196,7 @@ def create_app(
         body = await run_in_threadpool(readiness, ports.routing, status, eligibility)
         return JSONResponse(body if grant is None else readiness_for(body, grant))
 
-    @app.get(
-        "/healthz",
-        tags=["ops"],
-        response_model=None,
-        openapi_extra={**declare(Access.PUBLIC), **operation(ok=HealthResponse)},
-    )
-    async def get_healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    for router in routers:
-        app.include_router(router)
-    return app
+    return router
 
 
 def _check_namespace(who: Principal, namespace: str) -> None:

@@ -83,7 +83,7 @@ def start_server(
             [
                 sys.executable,
                 "-m",
-                "query.entrypoints.cli",
+                "orrery.cli",
                 command,
                 "--data-dir",
                 str(data_dir),

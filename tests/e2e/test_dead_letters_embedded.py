@@ -22,10 +22,10 @@ from typer.testing import CliRunner
 from contracts.errors import OrreryError
 from contracts.records import Record
 from ingest.adapters.sqlite_store import SqliteRecordStore
+from orrery.cli import app
 from projector.bootstrap import EmbeddedProjector, embedded_projector
 from projector.service import project_batch
 from query.adapters.sqlite_routing import SqliteRouting
-from query.entrypoints.cli import app
 from query.entrypoints.http import readiness
 from tests.fakes import FakeHashingEmbedder
 

@@ -177,7 +177,7 @@ def gen_cli(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> An
         [
             sys.executable,
             "-m",
-            "query.entrypoints.cli",
+            "orrery.cli",
             "gen",
             *args,
             "--data-dir",
@@ -297,7 +297,7 @@ def test_admin_api_needs_the_admin_key(flow: Server) -> None:
 
 
 def test_direct_cli_refuses_a_data_dir_a_server_operates(flow: Server) -> None:
-    from query.entrypoints.gen_cli import DirectAdmin
+    from orrery.gen_cli import DirectAdmin
     from query.settings import QuerySettings
 
     settings = QuerySettings().model_copy(update={"data_dir": flow.data_dir})

@@ -143,7 +143,7 @@ def _spawn(
 ) -> subprocess.Popen[bytes]:
     with log.open("ab") as handle:
         return subprocess.Popen(
-            [sys.executable, "-m", "query.entrypoints.cli", *command, "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "orrery.cli", *command, "--data-dir", str(data_dir)],
             stdout=handle,
             stderr=subprocess.STDOUT,
             env={**os.environ, **env},

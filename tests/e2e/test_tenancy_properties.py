@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from contracts.auth import ApiKeyGrant, parse_api_keys
 from contracts.records import derive_document_id
-from query.entrypoints.embedded import EmbeddedStack
+from orrery.embedded import EmbeddedStack
 from query.settings import QuerySettings
 from tests.fakes import FakeHashingEmbedder
 

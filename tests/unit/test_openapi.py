@@ -106,11 +106,11 @@ def test_ingest_only_app_documents_bodies_and_orrery_errors() -> None:
     from fastapi.testclient import TestClient
 
     from ingest.entrypoints.http import create_router
-    from query.entrypoints.servers import _ingest_only_app
+    from orrery.http import build_app
 
     # Documenting the routes touches no store.
     router = create_router(store=cast(Any, None), grants={}, max_batch=10, vector_dimension=None)
-    with TestClient(_ingest_only_app([router], max_body_bytes=1_000)) as client:
+    with TestClient(build_app("Orrery ingest", [router], max_body_bytes=1_000)) as client:
         doc = client.get("/openapi.json").json()
     assert "HTTPValidationError" not in json.dumps(doc)
     post = doc["paths"]["/v1/records"]["post"]

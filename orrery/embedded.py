@@ -1,7 +1,7 @@
 """Composition root of the embedded deployment: ingest, projector and query worker in
 one process, sharing one SQLite file and the generation directories.
 
-This module (with `query.entrypoints.cli`) is the only place where the three packages
+This module (with `orrery.cli`) is the only place where the three packages
 meet; import-linter allows exactly these imports.
 """
 
@@ -17,8 +17,9 @@ from fastapi import FastAPI
 from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
 from ingest.bootstrap import canonical_db_path, embedded_store
-from ingest.entrypoints.http import create_router
+from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.ports import RecordStore
+from orrery.http import build_app
 from projector.adapters.file_lock import OperatorLock
 from projector.bootstrap import (
     EmbeddedProjector,
@@ -33,7 +34,7 @@ from projector.generations import GenerationAdmin, GenerationOptions
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
 from query.bootstrap import cursor_codec, embedded_query_ports, query_limits, scope_registry
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
-from query.entrypoints.http import create_app
+from query.entrypoints.http import create_router as create_query_router
 from query.settings import QuerySettings
 
 __all__ = ["EmbeddedStack", "generation_options"]
@@ -146,21 +147,24 @@ class EmbeddedStack:
             vectors=ReportingVectorSearch(ports.vectors, gate),
             eligibility=gate,
         )
-        ingest_router = create_router(
+        ingest_router = create_ingest_router(
             store=store,
             grants=grants,
             max_batch=settings.max_batch,
             vector_dimension=embedder.dimension,
             on_commit=loop.wake,
         )
-        app = create_app(
+        query_router = create_query_router(
             ports=ports,
             limits=query_limits(settings),
             grants=grants,
-            routers=[ingest_router, create_admin_router(admin, admin_key=settings.admin_key)],
             document_ids=functools.partial(generation_document_ids, routing),
             status=loop.status,
             eligibility=gate,
+        )
+        app = build_app(
+            "Orrery",
+            [query_router, ingest_router, create_admin_router(admin, admin_key=settings.admin_key)],
             max_body_bytes=settings.max_body_bytes,
         )
         if not grants:

@@ -21,7 +21,7 @@ from contracts.records import Record
 from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
 from ingest.service import write_records
-from query.entrypoints.gen_cli import gen_app, remove_server_file, write_server_file
+from orrery.gen_cli import gen_app, remove_server_file, write_server_file
 from query.settings import QuerySettings
 
 __all__ = ["app", "main"]
@@ -103,7 +103,7 @@ def serve(
     settings = _settings(data_dir=data_dir, host=host, port=port, mode=mode)
     _check_bind(settings)
     if settings.mode == "servers":
-        from query.entrypoints.servers import Role, ServerStack
+        from orrery.servers import Role, ServerStack
 
         servers = ServerStack.open(settings, frozenset(Role))
         store, wake, app_ = (
@@ -113,7 +113,7 @@ def serve(
         )
         start, close = servers.start, servers.close
     else:
-        from query.entrypoints.embedded import EmbeddedStack
+        from orrery.embedded import EmbeddedStack
 
         embedded = EmbeddedStack.open(settings)
         store, wake, app_ = embedded.store, embedded.loop.wake, embedded.app
@@ -156,7 +156,7 @@ def serve(
 
 
 def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> None:
-    from query.entrypoints.servers import Role, ServerStack
+    from orrery.servers import Role, ServerStack
 
     stack = ServerStack.open(settings, frozenset(Role(r) for r in role_names))
     stack.start()

@@ -19,14 +19,14 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI
 
-from contracts.auth import Access, declare, parse_api_keys
+from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
-from contracts.openapi import operation
-from contracts.ops import HealthResponse
 from ingest.bootstrap import canonical_db_path, embedded_store, kafka_relay_step
-from ingest.entrypoints.http import create_router
+from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.entrypoints.relay import RelayLoop
 from ingest.ports import RecordStore
+from orrery.embedded import eligibility_gate, generation_options
+from orrery.http import build_app
 from projector.bootstrap import (
     ServerProjector,
     default_embedder,
@@ -40,13 +40,7 @@ from projector.generations import ORPHANED_AFTER, GenerationAdmin
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
 from query.bootstrap import cursor_codec, query_limits, scope_registry, server_query_ports
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
-from query.entrypoints.embedded import eligibility_gate, generation_options
-from query.entrypoints.http import (
-    create_app,
-    install_error_handlers,
-    install_openapi,
-    install_request_guard,
-)
+from query.entrypoints.http import create_router as create_query_router
 from query.settings import QuerySettings
 
 __all__ = ["Role", "ServerStack"]
@@ -146,7 +140,7 @@ class ServerStack:
         if Role.INGEST in roles:
             wake = stack.relay.wake if stack.relay is not None else None
             routers.append(
-                create_router(
+                create_ingest_router(
                     store=store,
                     grants=grants,
                     max_batch=settings.max_batch,
@@ -209,18 +203,19 @@ class ServerStack:
                 eligibility=gate,
             )
             routers.append(create_admin_router(stack.admin, admin_key=settings.admin_key))
-            stack.app = create_app(
+            query_router = create_query_router(
                 ports=ports,
                 limits=query_limits(settings),
                 grants=grants,
-                routers=routers,
                 document_ids=functools.partial(generation_document_ids, routing),
                 status=stack.status,
                 eligibility=gate,
-                max_body_bytes=settings.max_body_bytes,
+            )
+            stack.app = build_app(
+                "Orrery", [query_router, *routers], max_body_bytes=settings.max_body_bytes
             )
         elif routers:
-            stack.app = _ingest_only_app(routers, max_body_bytes=settings.max_body_bytes)
+            stack.app = build_app("Orrery ingest", routers, max_body_bytes=settings.max_body_bytes)
         if not grants and stack.app is not None:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
         return stack
@@ -250,23 +245,3 @@ class ServerStack:
             self.projector_loop.stop()
         for close in reversed(self.closers):
             close()
-
-
-def _ingest_only_app(routers: list[APIRouter], *, max_body_bytes: int) -> FastAPI:
-    app = FastAPI(title="Orrery ingest", version="0.1.0")
-    install_error_handlers(app)
-    install_request_guard(app, max_body_bytes=max_body_bytes)
-    install_openapi(app)
-
-    @app.get(
-        "/healthz",
-        tags=["ops"],
-        response_model=None,
-        openapi_extra={**declare(Access.PUBLIC), **operation(ok=HealthResponse)},
-    )
-    async def get_healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    for router in routers:
-        app.include_router(router)
-    return app

@@ -256,13 +256,13 @@ class DirectAdmin:
     @classmethod
     def _open_embedded(cls, settings: QuerySettings) -> DirectAdmin:
         from ingest.bootstrap import canonical_db_path
+        from orrery.embedded import ORPHANED_BUILD, generation_options
         from projector.bootstrap import (
             default_embedder,
             embedded_generation_admin,
             embedded_projector,
             operator_lock,
         )
-        from query.entrypoints.embedded import ORPHANED_BUILD, generation_options
 
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         lock = operator_lock(settings.data_dir)
@@ -298,13 +298,13 @@ class DirectAdmin:
     @classmethod
     def _open_servers(cls, settings: QuerySettings) -> DirectAdmin:
         from ingest.bootstrap import canonical_db_path
+        from orrery.embedded import generation_options
+        from orrery.servers import qdrant_client
         from projector.bootstrap import (
             default_embedder,
             server_generation_admin,
             writer_lock_path,
         )
-        from query.entrypoints.embedded import generation_options
-        from query.entrypoints.servers import qdrant_client
 
         admin, close = server_generation_admin(
             canonical_db_path(settings.data_dir),
