@@ -12,6 +12,7 @@ expected document sets.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import random
@@ -416,8 +417,8 @@ def test_restart_keeps_everything(loaded: Harness) -> None:
     for hits_after, hits_before in zip(after[1:], before[1:], strict=True):
         # Scores may move in the last bit: qdrant-client's local mode computes them in
         # float32 before a reopen and in float64 after it.
-        unscored = [c.model_copy(update={"score": 0.0}) for c in hits_before]
-        assert [c.model_copy(update={"score": 0.0}) for c in hits_after] == unscored
+        unscored = [dataclasses.replace(c, score=0.0) for c in hits_before]
+        assert [dataclasses.replace(c, score=0.0) for c in hits_after] == unscored
         scores = [c.score for c in hits_before]
         assert [c.score for c in hits_after] == pytest.approx(scores, abs=1e-6)
     loaded.apply([doc("d9", 1)])  # revision rules still hold after the restart
