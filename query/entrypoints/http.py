@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
@@ -37,6 +37,12 @@ __all__ = ["create_router", "parse_body", "readiness", "readiness_for"]
 
 log = logging.getLogger("orrery.query")
 M = TypeVar("M", bound=BaseModel)
+
+
+def _json(model: BaseModel) -> Response:
+    """A model as a JSON response, serialized once by pydantic (no intermediate dicts
+    re-encoded by `json`: the largest answers carry every payload)."""
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -85,13 +91,13 @@ def create_router(
         request: Request,
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
-    ) -> JSONResponse:
+    ) -> Response:
         who = principal(x_api_key, authorization)
         body = await parse_body(request, TopKRequest)
         response = await run_in_threadpool(
             topk_records, body, principal=who, ports=ports, limits=limits
         )
-        return JSONResponse(response.model_dump(mode="json"))
+        return _json(response)
 
     @router.post(
         "/v1/external/retrieve",
@@ -105,13 +111,13 @@ def create_router(
         request: Request,
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
-    ) -> JSONResponse:
+    ) -> Response:
         who = principal(x_api_key, authorization)
         body = await parse_body(request, RetrieveRequest)
         response = await run_in_threadpool(
             retrieve, body, principal=who, ports=ports, limits=limits
         )
-        return JSONResponse(response.model_dump(mode="json"))
+        return _json(response)
 
     @router.get(
         "/v1/scopes/document_ids",
