@@ -185,16 +185,19 @@ def fuse_weighted_profile(
     lex = normalize(lex_raw, profile.normalization)
     vec = normalize(vec_raw, profile.normalization)
     half_life = profile.freshness_half_life_days or half_life_days
+    # The same products summed by the same fsum as `Σ weight·component`, unrolled: this
+    # loop runs once per candidate of every query.
+    lw, vw, fw, mw = weights
+    boosts, other = profile.status_boosts, profile.other_status_boost
+    fsum = math.fsum
     fused: list[FusedCandidate] = []
     for doc_id, candidate in seen.items():
-        parts = (
-            lex.get(doc_id, 0.0),
-            vec.get(doc_id, 0.0),
-            freshness(candidate.updated_at, now, half_life),
-            profile.status_boosts.get(candidate.status, profile.other_status_boost),
-        )
-        score = math.fsum(w * p for w, p in zip(weights, parts, strict=True)) / total
-        fused.append(FusedCandidate(doc_id, candidate.revision, score, *parts))
+        lx = lex.get(doc_id, 0.0)
+        vx = vec.get(doc_id, 0.0)
+        fresh = freshness(candidate.updated_at, now, half_life)
+        meta = boosts.get(candidate.status, other)
+        score = fsum((lw * lx, vw * vx, fw * fresh, mw * meta)) / total
+        fused.append(FusedCandidate(doc_id, candidate.revision, score, lx, vx, fresh, meta))
     return _sorted(fused)
 
 
