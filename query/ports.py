@@ -191,7 +191,8 @@ class RecordReader(Protocol):
     """Reads the authoritative record store.
 
     Guarantees: `fetch` returns exactly the requested revisions (revisions are never
-    rewritten), so a payload always matches the generation that ranked it.
+    rewritten), so a payload always matches the generation that ranked it; its
+    `record_json` may leave out the record's `vector` (queries never answer with it).
     """
 
     def fetch(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredRecord]: ...
