@@ -22,6 +22,20 @@ from contracts.admin import (
     RollbackRequest,
     VerifyResponse,
 )
+from contracts.chonkydb import (
+    BulkRecordsRequest,
+    BulkRecordsResponse,
+    ChonkyRetrieveRequest,
+    ChonkyRetrieveResponse,
+    ChonkyTopKRequest,
+    ChonkyTopKResponse,
+    DeleteRecordResponse,
+    InstanceResponse,
+    JobAccepted,
+    JobStatusResponse,
+    RecordListResponse,
+    RecordOut,
+)
 from contracts.errors import ErrorResponse
 from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor
@@ -72,6 +86,18 @@ MODELS: dict[str, type[BaseModel]] = {
     "error_response": ErrorResponse,
     "fusion_profiles": ProfileSet,
     "vocabularies": VocabularySet,
+    "chonkydb_topk_request": ChonkyTopKRequest,
+    "chonkydb_topk_response": ChonkyTopKResponse,
+    "chonkydb_retrieve_request": ChonkyRetrieveRequest,
+    "chonkydb_retrieve_response": ChonkyRetrieveResponse,
+    "chonkydb_instance_response": InstanceResponse,
+    "chonkydb_record_list_response": RecordListResponse,
+    "chonkydb_record": RecordOut,
+    "chonkydb_delete_record_response": DeleteRecordResponse,
+    "chonkydb_bulk_records_request": BulkRecordsRequest,
+    "chonkydb_bulk_records_response": BulkRecordsResponse,
+    "chonkydb_job_accepted": JobAccepted,
+    "chonkydb_job_status_response": JobStatusResponse,
 }
 
 

@@ -57,24 +57,32 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 def operation(
     *,
-    ok: type[BaseModel],
+    ok: type[BaseModel] | tuple[type[BaseModel], ...],
     status: int = 200,
-    body: type[BaseModel] | None = None,
+    body: type[BaseModel] | tuple[type[BaseModel], ...] | None = None,
     body_required: bool = True,
 ) -> dict[str, Any]:
     """The `openapi_extra` fragment of a route: its JSON request body (`body`) and its
-    success response (`ok` with `status`). Error responses are `finish_document`'s."""
+    success response (`ok` with `status`). Error responses are `finish_document`'s. A
+    tuple of models is a path that takes (or answers) any one of them (`anyOf`), e.g.
+    Orrery's own shape and a dialect's."""
     fragment: dict[str, Any] = {
         "responses": {
-            str(status): {"content": {_JSON: {"schema": _ref(ok)}}},
+            str(status): {"content": {_JSON: {"schema": _schema(ok)}}},
         }
     }
     if body is not None:
         fragment["requestBody"] = {
             "required": body_required,
-            "content": {_JSON: {"schema": _ref(body)}},
+            "content": {_JSON: {"schema": _schema(body)}},
         }
     return fragment
+
+
+def _schema(models: type[BaseModel] | tuple[type[BaseModel], ...]) -> dict[str, Any]:
+    if isinstance(models, tuple):
+        return {"anyOf": [_ref(m) for m in models]}
+    return _ref(models)
 
 
 def error_responses() -> dict[str, dict[str, Any]]:

@@ -16,11 +16,13 @@ import json
 import math
 import re
 from itertools import accumulate
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from contracts.errors import ErrorCode, OrreryError
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "loads_strict"]
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "loads_strict", "validate_strict"]
 
 # Deeper than any request or payload Orrery needs, far below the interpreter's stack.
 MAX_DEPTH = 64
@@ -125,3 +127,24 @@ def loads_strict(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         except UnicodeEncodeError:
             raise _invalid("a string holds an unpaired UTF-16 surrogate escape") from None
     return value
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def validate_strict(raw: Any, model: type[M]) -> M:
+    """`raw` (from `loads_strict`) as `model`: unknown fields are `422 unknown_field`,
+    every other mismatch `422 invalid_request`, each naming the fields."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        details = {
+            "errors": [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
+        }
+        unknown = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+        if unknown:
+            raise OrreryError(
+                ErrorCode.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", details
+            ) from exc
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "the request is invalid", details) from exc

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
 from ingest.bootstrap import canonical_db_path, embedded_store
+from ingest.entrypoints.chonkydb_http import create_router as create_ingest_chonkydb_router
 from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.ports import RecordStore
 from orrery.http import build_app
@@ -34,7 +35,9 @@ from projector.generations import GenerationAdmin, GenerationOptions
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
 from query.bootstrap import cursor_codec, embedded_query_ports, query_limits, scope_registry
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
+from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
 from query.entrypoints.http import create_router as create_query_router
+from query.entrypoints.http import ready_check
 from query.settings import QuerySettings
 
 __all__ = ["EmbeddedStack", "generation_options"]
@@ -164,7 +167,21 @@ class EmbeddedStack:
         )
         app = build_app(
             "Orrery",
-            [query_router, ingest_router, create_admin_router(admin, admin_key=settings.admin_key)],
+            [
+                query_router,
+                ingest_router,
+                create_query_chonkydb_router(
+                    ports=ports, grants=grants, ready=ready_check(routing, loop.status, gate)
+                ),
+                create_ingest_chonkydb_router(
+                    store=store,
+                    grants=grants,
+                    max_batch=settings.max_batch,
+                    vector_dimension=embedder.dimension,
+                    on_commit=loop.wake,
+                ),
+                create_admin_router(admin, admin_key=settings.admin_key),
+            ],
             max_body_bytes=settings.max_body_bytes,
         )
         if not grants:

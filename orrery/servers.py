@@ -22,6 +22,7 @@ from fastapi import APIRouter, FastAPI
 from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
 from ingest.bootstrap import canonical_db_path, embedded_store, kafka_relay_step
+from ingest.entrypoints.chonkydb_http import create_router as create_ingest_chonkydb_router
 from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.entrypoints.relay import RelayLoop
 from ingest.ports import RecordStore
@@ -40,7 +41,9 @@ from projector.generations import ORPHANED_AFTER, GenerationAdmin
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
 from query.bootstrap import cursor_codec, query_limits, scope_registry, server_query_ports
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
+from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
 from query.entrypoints.http import create_router as create_query_router
+from query.entrypoints.http import ready_check
 from query.settings import QuerySettings
 
 __all__ = ["Role", "ServerStack"]
@@ -148,6 +151,15 @@ class ServerStack:
                     on_commit=wake,
                 )
             )
+            routers.append(
+                create_ingest_chonkydb_router(
+                    store=store,
+                    grants=grants,
+                    max_batch=settings.max_batch,
+                    vector_dimension=None if embedder is None else embedder.dimension,
+                    on_commit=wake,
+                )
+            )
         if Role.QUERY in roles:
             assert embedder is not None
             ports = server_query_ports(
@@ -211,8 +223,13 @@ class ServerStack:
                 status=stack.status,
                 eligibility=gate,
             )
+            chonkydb_router = create_query_chonkydb_router(
+                ports=ports, grants=grants, ready=ready_check(routing, stack.status, gate)
+            )
             stack.app = build_app(
-                "Orrery", [query_router, *routers], max_body_bytes=settings.max_body_bytes
+                "Orrery",
+                [query_router, chonkydb_router, *routers],
+                max_body_bytes=settings.max_body_bytes,
             )
         elif routers:
             stack.app = build_app("Orrery ingest", routers, max_body_bytes=settings.max_body_bytes)

@@ -200,6 +200,12 @@ class RecordReader(Protocol):
     def heads(self, namespace: str, document_ids: Sequence[str]) -> list[StoredRecord]:
         """The current (non-deleted) revision of each listed document that exists."""
 
+    def page(
+        self, namespace: str, galaxy: str | None, offset: int, limit: int
+    ) -> tuple[int, list[StoredRecord]]:
+        """The current (non-deleted) records of `namespace` (of one galaxy, unless None)
+        ordered by document id: how many there are, and `limit` of them after `offset`."""
+
 
 class Cache(Protocol):
     """A byte cache with TTLs (responses, query embeddings).

@@ -17,6 +17,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import RecordChanged
 from contracts.records import Record, payload_sha256
 from ingest.model import Decision, Outcome, decide_revision
+from ingest.ports import Head
 
 __all__ = ["SCHEMA", "SqliteRecordStore", "connect"]
 
@@ -182,6 +183,24 @@ class SqliteRecordStore:
                     )
                 )
         return outcomes
+
+    def heads(self, document_ids: Sequence[str]) -> list[Head]:
+        out: list[Head] = []
+        with self._lock:
+            for start in range(0, len(document_ids), 500):
+                chunk = list(document_ids[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                rows = self._conn.execute(
+                    "SELECT h.document_id, h.namespace, r.galaxy, h.snapshot_kind, r.item_id, "
+                    "h.revision, h.deleted FROM heads h JOIN records r ON r.document_id = "
+                    f"h.document_id AND r.revision = h.revision WHERE h.document_id IN ({marks})",
+                    chunk,
+                ).fetchall()
+                out.extend(
+                    Head(str(d), str(ns), str(g), str(k), str(i), int(rev), bool(dl))
+                    for d, ns, g, k, i, rev, dl in rows
+                )
+        return out
 
     def high_water(self) -> int:
         with self._lock:

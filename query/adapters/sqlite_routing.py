@@ -181,6 +181,25 @@ class SqliteRecordReader(_Reader):
             out.extend(_stored(row) for row in rows)
         return out
 
+    def page(
+        self, namespace: str, galaxy: str | None, offset: int, limit: int
+    ) -> tuple[int, list[StoredRecord]]:
+        cols = ", ".join(f"r.{c.strip()}" for c in self._COLUMNS.split(","))
+        where = "h.namespace = ? AND h.deleted = 0"
+        if galaxy is not None:
+            where += " AND r.galaxy = ?"
+        args: list[object] = [namespace] if galaxy is None else [namespace, galaxy]
+        join = (
+            "FROM heads h JOIN records r ON r.document_id = h.document_id "
+            "AND r.revision = h.revision"
+        )
+        total = self._query(f"SELECT COUNT(*) {join} WHERE {where}", args)
+        rows = self._query(
+            f"SELECT {cols} {join} WHERE {where} ORDER BY h.document_id LIMIT ? OFFSET ?",
+            [*args, limit, offset],
+        )
+        return (int(str(total[0][0])) if total else 0), [_stored(row) for row in rows]
+
 
 def _route(
     namespace: str, snapshot_kind: str, row: tuple[object, ...]

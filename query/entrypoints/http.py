@@ -11,9 +11,18 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
+from contracts.chonkydb import (
+    RETRIEVE_DIALECT_FIELDS,
+    TOPK_DIALECT_FIELDS,
+    ChonkyRetrieveRequest,
+    ChonkyRetrieveResponse,
+    ChonkyTopKRequest,
+    ChonkyTopKResponse,
+    is_dialect,
+)
 from contracts.errors import ErrorCode, OrreryError
 from contracts.openapi import operation
 from contracts.ops import ReadinessResponse
@@ -27,13 +36,14 @@ from contracts.topk import (
     TopKRequest,
     TopKResponse,
 )
-from contracts.wire import loads_strict
+from contracts.wire import loads_strict, validate_strict
 from query.eligibility import EligibilityGate
+from query.entrypoints.chonkydb_http import chonky_retrieve, chonky_topk
 from query.ports import Routing
 from query.scopes import ScopeResolver
 from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
 
-__all__ = ["create_router", "parse_body", "readiness", "readiness_for"]
+__all__ = ["create_router", "parse_body", "readiness", "readiness_for", "ready_check"]
 
 log = logging.getLogger("orrery.query")
 M = TypeVar("M", bound=BaseModel)
@@ -48,20 +58,7 @@ def _json(model: BaseModel) -> Response:
 async def parse_body(request: Request, model: type[M]) -> M:
     """Parse a JSON body strictly (`contracts.wire.loads_strict`): bad JSON, unknown fields
     and wrong types are 4xx."""
-    raw = loads_strict(await request.body())
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_context=False, include_input=False)
-        details = {
-            "errors": [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
-        }
-        unknown = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
-        if unknown:
-            raise OrreryError(
-                ErrorCode.UNKNOWN_FIELD, f"unknown field(s): {', '.join(unknown)}", details
-            ) from exc
-        raise OrreryError(ErrorCode.INVALID_REQUEST, "the request is invalid", details) from exc
+    return validate_strict(loads_strict(await request.body()), model)
 
 
 def create_router(
@@ -85,15 +82,30 @@ def create_router(
     @router.post(
         "/v1/external/retrieve/topk_records",
         tags=["query"],
-        openapi_extra={**declare(Access.READ), **operation(body=TopKRequest, ok=TopKResponse)},
+        openapi_extra={
+            **declare(Access.READ),
+            **operation(
+                body=(TopKRequest, ChonkyTopKRequest), ok=(TopKResponse, ChonkyTopKResponse)
+            ),
+        },
     )
     async def post_topk_records(
         request: Request,
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> Response:
+        """Orrery's one-shot top-k; a body with a ChonkyDB-only field
+        (`contracts.chonkydb.TOPK_DIALECT_FIELDS`) is ChonkyDB's request and gets
+        ChonkyDB's answer (docs/chonkydb.md)."""
         who = principal(x_api_key, authorization)
-        body = await parse_body(request, TopKRequest)
+        raw = loads_strict(await request.body())
+        if is_dialect(raw, TOPK_DIALECT_FIELDS):
+            dialect = validate_strict(raw, ChonkyTopKRequest)
+            chonky = await run_in_threadpool(
+                chonky_topk, dialect, principal=who, ports=ports, limits=limits
+            )
+            return _json(chonky)
+        body = validate_strict(raw, TopKRequest)
         response = await run_in_threadpool(
             topk_records, body, principal=who, ports=ports, limits=limits
         )
@@ -104,7 +116,10 @@ def create_router(
         tags=["query"],
         openapi_extra={
             **declare(Access.READ),
-            **operation(body=RetrieveRequest, ok=RetrieveResponse),
+            **operation(
+                body=(RetrieveRequest, ChonkyRetrieveRequest),
+                ok=(RetrieveResponse, ChonkyRetrieveResponse),
+            ),
         },
     )
     async def post_retrieve(
@@ -112,8 +127,17 @@ def create_router(
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> Response:
+        """Orrery's generic retrieve; a body with a ChonkyDB-only field
+        (`contracts.chonkydb.RETRIEVE_DIALECT_FIELDS`) is ChonkyDB's (docs/chonkydb.md)."""
         who = principal(x_api_key, authorization)
-        body = await parse_body(request, RetrieveRequest)
+        raw = loads_strict(await request.body())
+        if is_dialect(raw, RETRIEVE_DIALECT_FIELDS):
+            dialect = validate_strict(raw, ChonkyRetrieveRequest)
+            chonky = await run_in_threadpool(
+                chonky_retrieve, dialect, principal=who, ports=ports, limits=limits
+            )
+            return _json(chonky)
+        body = validate_strict(raw, RetrieveRequest)
         response = await run_in_threadpool(
             retrieve, body, principal=who, ports=ports, limits=limits
         )
@@ -233,6 +257,20 @@ def readiness_for(body: dict[str, Any], grant: ApiKeyGrant) -> dict[str, Any]:
         s["lag_events"] == 0 and s.get("eligible", True) for s in scopes
     )
     return out
+
+
+def ready_check(
+    routing: Routing,
+    status: Callable[[], dict[str, Any]] | None,
+    eligibility: EligibilityGate | None = None,
+) -> Callable[[ApiKeyGrant | None], bool]:
+    """Whether `/v1/readiness` answers ready for a key (None: no keys configured)."""
+
+    def ready(grant: ApiKeyGrant | None) -> bool:
+        body = readiness(routing, status, eligibility)
+        return bool((body if grant is None else readiness_for(body, grant))["ready"])
+
+    return ready
 
 
 def readiness(

@@ -1,0 +1,337 @@
+"""ChonkyDB's external API dialect (`/v1/external/*`) as Twinr's client speaks it.
+
+Wire shapes only (docs/chonkydb.md maps every field onto Orrery's). Requests are strict
+like Orrery's own (unknown fields are `422 unknown_field`); responses carry ChonkyDB's
+field names (`payload_id`, `results[]`, `indexes_used`, …) next to Orrery's (`rank`,
+`item_id`, `generation_id`, `profile`), so a ChonkyDB client reads what it expects and
+nothing Orrery names is lost.
+
+Where a path serves both shapes (`retrieve`, `retrieve/topk_records`), a body with any
+field of `TOPK_DIALECT_FIELDS` / `RETRIEVE_DIALECT_FIELDS` is read as ChonkyDB's; any
+other body is Orrery's own, unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.records import AwareDatetime, Name
+from contracts.topk import QueryFilters, QueryPlan, ScoreBreakdown
+
+__all__ = [
+    "ALLOWED_INDEXES",
+    "MAX_BY_ID",
+    "RETRIEVE_DIALECT_FIELDS",
+    "TOPK_DIALECT_FIELDS",
+    "BulkItemOut",
+    "BulkRecordItem",
+    "BulkRecordsRequest",
+    "BulkRecordsResponse",
+    "ByIdPlan",
+    "ChonkyRetrieveHit",
+    "ChonkyRetrieveRequest",
+    "ChonkyRetrieveResponse",
+    "ChonkyTopKHit",
+    "ChonkyTopKRequest",
+    "ChonkyTopKResponse",
+    "DeleteRecordResponse",
+    "InstanceResponse",
+    "JobAccepted",
+    "JobStatusResponse",
+    "RecordListResponse",
+    "RecordOut",
+    "RecordSummary",
+    "is_dialect",
+]
+
+# Fields only ChonkyDB's request shapes have: their presence selects the dialect.
+TOPK_DIALECT_FIELDS = frozenset(
+    {
+        "mode",
+        "include_content",
+        "include_metadata",
+        "content_mode",
+        "max_content_chars",
+        "allowed_indexes",
+        "allowed_doc_ids",
+        "temporal_start",
+        "temporal_end",
+    }
+)
+# Orrery's own retrieve takes `allowed_doc_ids` too, so it does not select the dialect.
+RETRIEVE_DIALECT_FIELDS = (TOPK_DIALECT_FIELDS - {"allowed_doc_ids"}) | {"result_limit"}
+# The by-id call: at most this many ids, answered exactly from the record store.
+MAX_BY_ID = 500
+# `allowed_indexes` names Orrery understands, by the source each one means.
+ALLOWED_INDEXES: dict[str, str] = {
+    "bm25": "lexical",
+    "lexical": "lexical",
+    "fulltext": "lexical",
+    "vector": "vector",
+}
+
+
+def is_dialect(raw: object, fields: frozenset[str]) -> bool:
+    """Whether a parsed JSON body is in ChonkyDB's shape (has one of `fields`)."""
+    return isinstance(raw, dict) and any(name in raw for name in fields)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+_INDEXES_DESCRIPTION = (
+    "Sources to rank with: names containing 'fulltext', 'bm25' or 'lexical' mean the "
+    "lexical index, names containing 'vector' the vector index (ChonkyDB's "
+    "'ccodex_memory_fulltext', 'ccodex_memory_vector_768' work); a source left out "
+    "gets weight 0. Other names are refused."
+)
+
+
+class _DialectQuery(_Strict):
+    mode: Literal["advanced"] = Field(
+        default="advanced", description="ChonkyDB's retrieval mode; Orrery has one"
+    )
+    query_text: str = Field(default="", max_length=4_096)
+    result_limit: int = Field(default=10, ge=1)
+    include_content: bool = False
+    include_metadata: bool = True
+    content_mode: str | None = Field(
+        default=None, max_length=64, description="Accepted; Orrery returns the stored text"
+    )
+    max_content_chars: int | None = Field(
+        default=None, ge=1, description="Truncates each result's content body"
+    )
+    timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
+    filters: QueryFilters = Field(default_factory=QueryFilters)
+    temporal_start: AwareDatetime | None = Field(
+        default=None, description="= filters.updated_after"
+    )
+    temporal_end: AwareDatetime | None = Field(default=None, description="= filters.updated_before")
+    client_request_id: str | None = Field(default=None, max_length=256)
+    allowed_indexes: list[str] | None = Field(
+        default=None, min_length=1, max_length=8, description=_INDEXES_DESCRIPTION
+    )
+    namespace: Name | None = Field(
+        default=None, description="None = the API key's namespace (required without a key)"
+    )
+    scope_ref: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class ChonkyTopKRequest(_DialectQuery):
+    """ChonkyDB's `topk_records` request. With `allowed_doc_ids` it is the by-id call:
+    those documents' current records, in the order asked, at most `result_limit` and
+    `MAX_BY_ID`; no ranking (`query_text`, `scope_ref` and `filters` other than
+    `galaxy` are not used)."""
+
+    allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_BY_ID)
+
+
+class ChonkyRetrieveRequest(_DialectQuery):
+    """ChonkyDB's `retrieve` request: ranked hits with metadata (no payloads)."""
+
+    allowed_doc_ids: list[str] | None = Field(default=None, max_length=100_000)
+
+
+class ChonkyTopKHit(BaseModel):
+    rank: int
+    payload_id: str = Field(description="= document_id")
+    document_id: str
+    item_id: str
+    revision: int
+    payload_schema: str
+    score: float
+    relevance_score: float = Field(description="= score")
+    source_index: str
+    candidate_origin: str
+    payload_source: str = "payload"
+    payload: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    content: dict[str, Any] | None = None
+    score_breakdown: ScoreBreakdown | None = None
+
+
+class ByIdPlan(BaseModel):
+    """How the by-id call was answered: exactly, from the record store."""
+
+    candidate_scope_mode: Literal["allowed_doc_ids"] = "allowed_doc_ids"
+    requested: int
+    found: int
+    indexes_used: list[str] = Field(default_factory=list)
+    latency_ms: dict[str, float]
+
+
+class ChonkyTopKResponse(BaseModel):
+    success: Literal[True] = True
+    mode: str = "advanced"
+    scope_ref: str | None = None
+    generation_id: str | None = None
+    profile: str | None = None
+    client_request_id: str | None = None
+    results: list[ChonkyTopKHit]
+    indexes_used: list[str]
+    query_plan: QueryPlan | ByIdPlan | None = None
+
+
+class ChonkyRetrieveHit(BaseModel):
+    rank: int
+    payload_id: str = Field(description="= document_id")
+    document_id: str
+    revision: int
+    score: float
+    relevance_score: float
+    source_index: str
+    candidate_origin: str
+    metadata: dict[str, Any] | None = None
+    score_breakdown: ScoreBreakdown
+
+
+class ChonkyRetrieveResponse(BaseModel):
+    success: Literal[True] = True
+    mode: str = "advanced"
+    scope_ref: str
+    generation_id: str
+    profile: str
+    results: list[ChonkyRetrieveHit]
+    indexes_used: list[str]
+    query_plan: QueryPlan
+
+
+class InstanceResponse(BaseModel):
+    success: Literal[True] = True
+    service: str = "orrery"
+    ready: bool
+    auth_enabled: bool
+
+
+class RecordSummary(BaseModel):
+    payload_id: str = Field(description="= document_id")
+    chonky_id: str = Field(description="= document_id")
+    document_id: str
+    item_id: str
+    snapshot_kind: str
+    revision: int
+    metadata: dict[str, Any] | None = None
+
+
+class RecordListResponse(BaseModel):
+    success: Literal[True] = True
+    namespace: str
+    offset: int
+    limit: int
+    total_count: int
+    returned_count: int
+    payloads: list[RecordSummary]
+
+
+class RecordOut(BaseModel):
+    """One current record (`GET records/{id}`, `GET documents/full`)."""
+
+    success: Literal[True] = True
+    payload_id: str = Field(description="= document_id")
+    chonky_id: str = Field(description="= document_id")
+    document_id: str
+    item_id: str
+    snapshot_kind: str
+    revision: int
+    payload_schema: str
+    payload: dict[str, Any]
+    metadata: dict[str, Any]
+    content: str | None = Field(
+        default=None, description="The stored text body (title first), when asked for"
+    )
+
+
+class DeleteRecordResponse(BaseModel):
+    success: Literal[True] = True
+    payload_id: str
+    document_id: str
+    deleted: Literal[True] = True
+    revision: int = Field(description="The tombstone's revision")
+
+
+class BulkRecordItem(_Strict):
+    """One ChonkyDB record item. Identity (docs/chonkydb.md): `namespace` (else
+    `metadata.twinr_namespace`, a `twinr://longterm/<namespace>/…` uri, the API key's),
+    `snapshot_kind` (else `metadata.twinr_snapshot_kind`, the uri's next segment),
+    `item_id` (else `uri`, else `payload.memory_id`). `revision` None = the stored one
+    + 1. The payload is `payload`, else `metadata.twinr_payload`; the lexical body is
+    `content`, else the payload's text values."""
+
+    payload: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    content: str | None = Field(default=None, max_length=200_000)
+    uri: str | None = Field(default=None, min_length=1, max_length=512)
+    file_path: str | None = Field(default=None, max_length=1_024)
+    file_type: str | None = Field(default=None, max_length=64)
+    language: str | None = Field(default=None, max_length=64)
+    tags: list[str] | None = Field(default=None, max_length=256)
+    target_indexes: list[str] | None = Field(default=None, max_length=16)
+    enable_chunking: bool = True
+    enable_llm_analysis: bool | None = None
+    llm_focus_areas: list[str] | None = Field(default=None, max_length=32)
+    include_insights_in_response: bool = False
+    timeout_seconds: float | None = Field(default=None, gt=0.0)
+    targets: list[dict[str, Any]] | None = Field(default=None, max_length=16)
+    namespace: Name | None = None
+    galaxy: Name | None = None
+    snapshot_kind: Name | None = None
+    item_id: str | None = Field(default=None, min_length=1, max_length=512)
+    revision: int | None = Field(default=None, ge=1, le=2**62)
+    payload_schema: str | None = Field(default=None, max_length=256)
+
+
+class BulkRecordsRequest(_Strict):
+    operation: Literal["store_payload"] = "store_payload"
+    execution_mode: Literal["sync", "async"] = "sync"
+    items: list[BulkRecordItem] = Field(min_length=1)
+    timeout_seconds: float | None = Field(default=None, gt=0.0)
+    client_request_id: str | None = Field(default=None, max_length=256)
+    finalize_vector_segments: bool = True
+
+
+class BulkItemOut(BaseModel):
+    item_index: int
+    success: bool
+    status: int = Field(description="201 written, 409 stale revision")
+    payload_id: str = Field(description="= document_id")
+    document_id: str
+    item_id: str
+    snapshot_kind: str
+    revision: int
+    current_revision: int | None = None
+    error: str | None = None
+
+
+class BulkRecordsResponse(BaseModel):
+    success: bool
+    all_succeeded: bool
+    operation: str = "store_payload"
+    execution_mode: str
+    count: int
+    succeeded: int
+    failed: int
+    items: list[BulkItemOut]
+    client_request_id: str | None = None
+
+
+class JobAccepted(BaseModel):
+    success: Literal[True] = True
+    job_id: str
+    status: Literal["accepted"] = "accepted"
+    operation: str = "store_payload"
+    execution_mode: Literal["async"] = "async"
+    items: int
+    client_request_id: str | None = None
+
+
+class JobStatusResponse(BaseModel):
+    success: Literal[True] = True
+    job_id: str
+    status: Literal["accepted", "running", "done", "failed"]
+    items: int
+    document_ids: list[str] = Field(default_factory=list)
+    result: BulkRecordsResponse | None = None
+    error: str | None = None

@@ -1,0 +1,341 @@
+"""ChonkyDB's external write API over ingest: `POST /v1/external/records/bulk` (sync, and
+async with `GET /v1/external/jobs/{job_id}`) and `DELETE /v1/external/records/{id}`.
+
+Thin: each ChonkyDB item becomes one Orrery record (identity and field mapping in
+docs/chonkydb.md), validated by `ingest.service.parse_batch` and written by
+`write_records` like `POST /v1/records`; nothing here stores anything itself except the
+in-process job table.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from contracts.auth import Access, ApiKeyGrant, authenticate, declare, sees
+from contracts.chonkydb import (
+    BulkItemOut,
+    BulkRecordItem,
+    BulkRecordsRequest,
+    BulkRecordsResponse,
+    DeleteRecordResponse,
+    JobAccepted,
+    JobStatusResponse,
+)
+from contracts.errors import ErrorCode, OrreryError
+from contracts.openapi import operation
+from contracts.records import DEFAULT_GALAXY, derive_document_id
+from contracts.wire import loads_strict, validate_strict
+from ingest.ports import Head, RecordStore
+from ingest.service import parse_batch, write_records
+
+__all__ = ["JOB_HISTORY", "create_router", "to_record"]
+
+# Finished jobs kept for `GET jobs/{id}`, oldest dropped first.
+JOB_HISTORY = 1_024
+_TWINR_URI = "twinr://longterm/"
+# Metadata keys that carry identity or the payload, not facets.
+_CONSUMED = ("twinr_namespace", "twinr_snapshot_kind", "twinr_payload")
+
+
+def _uri_parts(uri: str | None) -> tuple[str | None, str | None]:
+    """(namespace, snapshot kind) of a `twinr://longterm/<namespace>/<kind>/…` uri."""
+    if uri is None or not uri.startswith(_TWINR_URI):
+        return None, None
+    parts = uri[len(_TWINR_URI) :].split("/")
+    namespace = unquote(parts[0]) or None
+    kind = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
+    return namespace, kind
+
+
+def _text_of(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _text_of(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in _text_of(v)]
+    return []
+
+
+def to_record(item: BulkRecordItem, grant: ApiKeyGrant | None) -> dict[str, Any]:
+    """One ChonkyDB item as the JSON of an Orrery record (revision not set yet).
+
+    Raises `invalid_request` naming what is missing when the identity cannot be made.
+    """
+    metadata = dict(item.metadata or {})
+    uri_namespace, uri_kind = _uri_parts(item.uri)
+    namespace = (
+        item.namespace
+        or _str(metadata.get("twinr_namespace"))
+        or uri_namespace
+        or (None if grant is None else grant.namespace)
+    )
+    kind = item.snapshot_kind or _str(metadata.get("twinr_snapshot_kind")) or uri_kind
+    payload = item.payload
+    if payload is None and isinstance(metadata.get("twinr_payload"), dict):
+        payload = metadata["twinr_payload"]
+    payload = payload or {}
+    item_id = item.item_id or item.uri or _str(payload.get("memory_id"))
+    missing = [
+        name
+        for name, value in (("namespace", namespace), ("snapshot_kind", kind), ("item_id", item_id))
+        if value is None
+    ]
+    if missing:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"the item has no {', '.join(missing)} (docs/chonkydb.md: record identity)",
+            {"missing": missing},
+        )
+    for key in _CONSUMED:
+        metadata.pop(key, None)
+    if item.uri is not None:
+        metadata.setdefault("origin_uri", item.uri)
+    body = item.content if item.content is not None else "\n".join(_text_of(payload))
+    return {
+        "namespace": namespace,
+        "galaxy": item.galaxy
+        or (grant.galaxy if grant is not None and grant.galaxy else DEFAULT_GALAXY),
+        "snapshot_kind": kind,
+        "item_id": item_id,
+        "payload_schema": item.payload_schema or _str(payload.get("schema")) or "",
+        "payload": payload,
+        "text": {"body": body, "tags": list(item.tags or [])},
+        "metadata": metadata,
+        **({"revision": item.revision} if item.revision is not None else {}),
+    }
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+@dataclass(slots=True)
+class _Job:
+    grant: ApiKeyGrant | None
+    items: int
+    status: str = "accepted"
+    result: BulkRecordsResponse | None = None
+    error: str | None = None
+    document_ids: list[str] = field(default_factory=list)
+
+
+class _Jobs:
+    """Async bulk writes of this process: one writer thread, the last `JOB_HISTORY` kept."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+
+    def start(self, job: _Job, work: Callable[[], BulkRecordsResponse]) -> str:
+        job_id = f"job-{uuid.uuid4().hex}"
+        with self._lock:
+            self._jobs[job_id] = job
+            while len(self._jobs) > JOB_HISTORY:
+                self._jobs.popitem(last=False)
+
+        def run() -> None:
+            job.status = "running"
+            try:
+                job.result = work()
+                job.document_ids = [i.document_id for i in job.result.items if i.success]
+                job.status = "done"
+            except OrreryError as exc:
+                job.error, job.status = f"{exc.code.value}: {exc.message}", "failed"
+            except Exception as exc:  # a job must end in a state, never vanish
+                job.error, job.status = f"internal: {type(exc).__name__}", "failed"
+
+        threading.Thread(target=run, name=f"orrery-{job_id}", daemon=True).start()
+        return job_id
+
+    def get(self, job_id: str) -> _Job | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+
+def create_router(
+    *,
+    store: RecordStore,
+    grants: dict[str, ApiKeyGrant],
+    max_batch: int,
+    vector_dimension: int | None,
+    on_commit: Callable[[], None] | None = None,
+) -> APIRouter:
+    """ChonkyDB's write routes over `store` (the same store `POST /v1/records` uses)."""
+    router = APIRouter()
+    jobs = _Jobs()
+
+    def prepare(body: BulkRecordsRequest, grant: ApiKeyGrant | None) -> list[Any]:
+        raws = [to_record(item, grant) for item in body.items]
+        ids = [
+            derive_document_id(r["namespace"], r["snapshot_kind"], r["item_id"], r["galaxy"])
+            for r in raws
+        ]
+        heads = {h.document_id: h for h in store.heads(ids)}
+        for raw, doc_id in zip(raws, ids, strict=True):
+            if "revision" not in raw:
+                head = heads.get(doc_id)
+                raw["revision"] = 1 if head is None else head.revision + 1
+        return parse_batch(
+            raws,
+            max_batch=max_batch,
+            vector_dimension=vector_dimension,
+            allowed_namespace=None if grant is None else grant.namespace,
+            allowed_galaxy=None if grant is None else grant.galaxy,
+        )
+
+    def write(records: Sequence[Any], body: BulkRecordsRequest) -> BulkRecordsResponse:
+        result = write_records(records, store=store, on_commit=on_commit)
+        items = []
+        for out, record in zip(result.items, records, strict=True):
+            ok = out.status == 201
+            items.append(
+                BulkItemOut(
+                    item_index=out.index,
+                    success=ok,
+                    status=out.status,
+                    payload_id=out.document_id,
+                    document_id=out.document_id,
+                    item_id=record.item_id,
+                    snapshot_kind=record.snapshot_kind,
+                    revision=out.revision,
+                    current_revision=None
+                    if ok or out.error is None
+                    else out.error.details.get("current_revision"),
+                    error=None if ok or out.error is None else out.error.message,
+                )
+            )
+        succeeded = sum(1 for i in items if i.success)
+        return BulkRecordsResponse(
+            success=succeeded == len(items),
+            all_succeeded=succeeded == len(items),
+            execution_mode=body.execution_mode,
+            count=len(items),
+            succeeded=succeeded,
+            failed=len(items) - succeeded,
+            items=items,
+            client_request_id=body.client_request_id,
+        )
+
+    @router.post(
+        "/v1/external/records/bulk",
+        tags=["chonkydb"],
+        openapi_extra={
+            **declare(Access.WRITE),
+            **operation(body=BulkRecordsRequest, ok=BulkRecordsResponse),
+        },
+    )
+    async def post_records_bulk(
+        request: Request,
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """ChonkyDB's bulk write. `sync`: 200 with per-item outcomes (409 when no item was
+        written); `async`: 202 with a job id once the batch is valid (`GET jobs/{id}`)."""
+        grant = authenticate(grants, x_api_key, authorization)
+        body = validate_strict(loads_strict(await request.body()), BulkRecordsRequest)
+        if len(body.items) > max_batch:
+            raise OrreryError(
+                ErrorCode.BATCH_TOO_LARGE,
+                f"a batch holds at most {max_batch} records, got {len(body.items)}",
+                {"max_batch": max_batch, "size": len(body.items)},
+            )
+        records = await run_in_threadpool(prepare, body, grant)
+        if body.execution_mode == "async":
+            job = _Job(grant=grant, items=len(records))
+            job_id = jobs.start(job, lambda: write(records, body))
+            accepted = JobAccepted(
+                job_id=job_id, items=len(records), client_request_id=body.client_request_id
+            )
+            return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
+        result = await run_in_threadpool(write, records, body)
+        if result.succeeded == 0:
+            raise OrreryError(
+                ErrorCode.REVISION_CONFLICT,
+                "no item was written: every revision is stale",
+                result.model_dump(mode="json"),
+            )
+        return JSONResponse(result.model_dump(mode="json"))
+
+    @router.get(
+        "/v1/external/jobs/{job_id}",
+        tags=["chonkydb"],
+        openapi_extra={**declare(Access.WRITE), **operation(ok=JobStatusResponse)},
+    )
+    async def get_job(
+        job_id: str,
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """An async bulk write's state: accepted → running → done (with the written
+        document ids) or failed. Jobs live in the process that accepted them; another
+        key's job answers like an unknown one (404)."""
+        grant = authenticate(grants, x_api_key, authorization)
+        job = jobs.get(job_id)
+        if job is None or (grant is not None and job.grant != grant):
+            raise OrreryError(ErrorCode.NOT_FOUND, f"no job {job_id!r}")
+        out = JobStatusResponse(
+            job_id=job_id,
+            status=job.status,
+            items=job.items,
+            document_ids=job.document_ids,
+            result=job.result,
+            error=job.error,
+        )
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @router.delete(
+        "/v1/external/records/{record_id}",
+        tags=["chonkydb"],
+        openapi_extra={**declare(Access.WRITE), **operation(ok=DeleteRecordResponse)},
+    )
+    async def delete_record(
+        record_id: str,
+        by: str = Query(default="payload", pattern="^(payload|chonky)$"),
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """Delete a record by its id (`payload_id` = `chonky_id` = `document_id`): a
+        tombstone one revision above the stored one. An id outside the key's reach, or
+        already deleted, is 404 like an unknown one."""
+        grant = authenticate(grants, x_api_key, authorization)
+        heads = await run_in_threadpool(store.heads, [record_id])
+        head: Head | None = next(iter(heads), None)
+        if head is None or head.deleted or not sees(grant, head.namespace, head.galaxy):
+            raise OrreryError(ErrorCode.NOT_FOUND, f"no record {record_id!r}")
+        tombstone = {
+            "namespace": head.namespace,
+            "galaxy": head.galaxy,
+            "snapshot_kind": head.snapshot_kind,
+            "item_id": head.item_id,
+            "revision": head.revision + 1,
+            "deleted": True,
+        }
+        records = parse_batch(
+            [tombstone],
+            max_batch=1,
+            vector_dimension=None,
+            allowed_namespace=None if grant is None else grant.namespace,
+            allowed_galaxy=None if grant is None else grant.galaxy,
+        )
+        result = await run_in_threadpool(write_records, records, store=store, on_commit=on_commit)
+        if result.accepted == 0:
+            raise OrreryError(
+                ErrorCode.REVISION_CONFLICT, "the record changed meanwhile; retry the delete"
+            )
+        out = DeleteRecordResponse(
+            payload_id=head.document_id, document_id=head.document_id, revision=head.revision + 1
+        )
+        return JSONResponse(out.model_dump(mode="json"))
+
+    return router

@@ -1,0 +1,458 @@
+"""ChonkyDB's external read API over the query service (docs/chonkydb.md).
+
+`chonky_topk` / `chonky_retrieve` answer ChonkyDB-shaped bodies on Orrery's own
+`retrieve` paths (`query.entrypoints.http` picks the dialect by the body's fields) by
+calling `topk_records` / `retrieve` and renaming; `create_router` adds the read routes
+ChonkyDB has and Orrery had not: `instance`, `records` (list, get) and `documents/full`.
+No second store: every record comes from `QueryPorts.records`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote
+
+from fastapi import APIRouter, Header, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from contracts.auth import Access, ApiKeyGrant, authenticate, declare
+from contracts.chonkydb import (
+    ALLOWED_INDEXES,
+    MAX_BY_ID,
+    ByIdPlan,
+    ChonkyRetrieveHit,
+    ChonkyRetrieveRequest,
+    ChonkyRetrieveResponse,
+    ChonkyTopKHit,
+    ChonkyTopKRequest,
+    ChonkyTopKResponse,
+    InstanceResponse,
+    RecordListResponse,
+    RecordOut,
+    RecordSummary,
+)
+from contracts.errors import ErrorCode, OrreryError
+from contracts.openapi import operation
+from contracts.records import DEFAULT_GALAXY, derive_document_id
+from contracts.topk import Include, QueryFilters, Ranking, RetrieveRequest, TopKRequest
+from query.ports import StoredRecord
+from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
+
+__all__ = ["chonky_retrieve", "chonky_topk", "create_router"]
+
+# What a hit says it came from: Orrery fuses both sources into one ranking.
+_HYBRID = "hybrid"
+
+
+def _namespace(body_namespace: str | None, who: Principal) -> str:
+    namespace = body_namespace or who.namespace
+    if namespace is None:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST, "namespace is required (or an API key bound to one)"
+        )
+    if who.namespace is not None and who.namespace != namespace:
+        raise OrreryError(
+            ErrorCode.FORBIDDEN,
+            f"this API key may not read namespace {namespace!r}",
+            {"namespace": namespace},
+        )
+    return namespace
+
+
+def _filters(body: ChonkyTopKRequest | ChonkyRetrieveRequest) -> QueryFilters:
+    update: dict[str, Any] = {}
+    for field, value in (
+        ("updated_after", body.temporal_start),
+        ("updated_before", body.temporal_end),
+    ):
+        if value is None:
+            continue
+        if getattr(body.filters, field) is not None:
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                f"give either temporal_{'start' if field == 'updated_after' else 'end'} "
+                f"or filters.{field}, not both",
+            )
+        update[field] = value
+    return body.filters.model_copy(update=update) if update else body.filters
+
+
+def _ranking(allowed_indexes: list[str] | None) -> Ranking:
+    """`allowed_indexes` as the sources ranked: a source left out weighs 0."""
+    if allowed_indexes is None:
+        return Ranking()
+    sources = set()
+    for name in allowed_indexes:
+        lowered = name.lower()
+        found = {src for key, src in ALLOWED_INDEXES.items() if key in lowered}
+        if len(found) != 1:
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                f"allowed_indexes: {name!r} names no index Orrery has (a name containing "
+                "'fulltext', 'bm25', 'lexical' or 'vector')",
+            )
+        sources |= found
+    if sources == {"lexical"}:
+        return Ranking(vector_weight=0.0)
+    if sources == {"vector"}:
+        return Ranking(lexical_weight=0.0)
+    return Ranking()
+
+
+def _scope_ref(scope_ref: str | None) -> str:
+    if scope_ref is None:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            "scope_ref is required to rank (e.g. 'longterm:objects:current'); "
+            "without it give allowed_doc_ids (topk_records' by-id call)",
+        )
+    return scope_ref
+
+
+def _metadata(row: StoredRecord, record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **record["metadata"],
+        "snapshot_kind": row.snapshot_kind,
+        "twinr_snapshot_kind": row.snapshot_kind,
+        "galaxy": row.galaxy,
+        "revision": row.revision,
+        "payload_sha256": row.payload_sha256,
+    }
+
+
+def _content(text: dict[str, Any], max_chars: int | None) -> dict[str, Any]:
+    if max_chars is None:
+        return text
+    return {**text, "body": str(text.get("body", ""))[:max_chars]}
+
+
+def chonky_topk(
+    body: ChonkyTopKRequest, *, principal: Principal, ports: QueryPorts, limits: QueryLimits
+) -> ChonkyTopKResponse:
+    """ChonkyDB's `topk_records`: ranked by `topk_records`, or, with `allowed_doc_ids`,
+    exactly those documents' current records (the by-id call)."""
+    namespace = _namespace(body.namespace, principal)
+    if body.allowed_doc_ids is not None:
+        return _by_id(body, namespace, principal, ports)
+    native = TopKRequest(
+        namespace=namespace,
+        scope_ref=_scope_ref(body.scope_ref),
+        query_text=body.query_text,
+        result_limit=body.result_limit,
+        filters=_filters(body),
+        ranking=_ranking(body.allowed_indexes),
+        include=Include(metadata=body.include_metadata, content=body.include_content),
+        timeout_seconds=body.timeout_seconds,
+        client_request_id=body.client_request_id,
+    )
+    out = topk_records(native, principal=principal, ports=ports, limits=limits)
+    hits = []
+    for r in out.results:
+        metadata = None
+        if r.metadata is not None:
+            metadata = {**r.metadata, "twinr_snapshot_kind": r.metadata.get("snapshot_kind")}
+        hits.append(
+            ChonkyTopKHit(
+                rank=r.rank,
+                payload_id=r.document_id,
+                document_id=r.document_id,
+                item_id=r.item_id,
+                revision=int(r.metadata["revision"]) if r.metadata else 0,
+                payload_schema=r.payload_schema,
+                score=r.score,
+                relevance_score=r.score,
+                source_index=_HYBRID,
+                candidate_origin=_HYBRID,
+                payload=r.payload,
+                metadata=metadata,
+                content=None if r.content is None else _content(r.content, body.max_content_chars),
+                score_breakdown=r.score_breakdown,
+            )
+        )
+    if out.results and out.results[0].metadata is None:
+        # The revision is only in metadata; without it ask the store (top k only).
+        rows = ports.records.heads(namespace, [h.document_id for h in hits])
+        revisions = {row.document_id: row.revision for row in rows}
+        hits = [h.model_copy(update={"revision": revisions.get(h.document_id, 0)}) for h in hits]
+    return ChonkyTopKResponse(
+        scope_ref=out.scope_ref,
+        generation_id=out.generation_id,
+        profile=out.profile,
+        client_request_id=out.client_request_id,
+        results=hits,
+        indexes_used=[] if out.query_plan is None else out.query_plan.indexes_used,
+        query_plan=out.query_plan,
+    )
+
+
+def _by_id(
+    body: ChonkyTopKRequest, namespace: str, principal: Principal, ports: QueryPorts
+) -> ChonkyTopKResponse:
+    started = time.perf_counter()
+    assert body.allowed_doc_ids is not None
+    galaxy = principal.galaxy
+    if body.filters.galaxy is not None:
+        if galaxy is not None and body.filters.galaxy != galaxy:
+            raise OrreryError(
+                ErrorCode.FORBIDDEN,
+                f"this API key is limited to galaxy {galaxy!r}",
+                {"galaxy": body.filters.galaxy},
+            )
+        galaxy = body.filters.galaxy
+    wanted = list(dict.fromkeys(body.allowed_doc_ids))[: min(body.result_limit, MAX_BY_ID)]
+    rows = {r.document_id: r for r in ports.records.heads(namespace, wanted)}
+    hits: list[ChonkyTopKHit] = []
+    for doc_id in wanted:
+        row = rows.get(doc_id)
+        # Another galaxy's document answers like an unknown id: absent.
+        if row is None or (galaxy is not None and row.galaxy != galaxy):
+            continue
+        record = json.loads(row.record_json)
+        hits.append(
+            ChonkyTopKHit(
+                rank=len(hits) + 1,
+                payload_id=row.document_id,
+                document_id=row.document_id,
+                item_id=row.item_id,
+                revision=row.revision,
+                payload_schema=record.get("payload_schema", ""),
+                score=1.0,
+                relevance_score=1.0,
+                source_index="record_store",
+                candidate_origin="allowed_doc_ids",
+                payload=record["payload"],
+                metadata=_metadata(row, record) if body.include_metadata else None,
+                content=_content(record["text"], body.max_content_chars)
+                if body.include_content
+                else None,
+            )
+        )
+    elapsed = round((time.perf_counter() - started) * 1000.0, 3)
+    return ChonkyTopKResponse(
+        scope_ref=body.scope_ref,
+        client_request_id=body.client_request_id,
+        results=hits,
+        indexes_used=["record_store"],
+        query_plan=ByIdPlan(
+            requested=len(wanted),
+            found=len(hits),
+            indexes_used=["record_store"],
+            latency_ms={"payload_materialize": elapsed, "total": elapsed},
+        ),
+    )
+
+
+def chonky_retrieve(
+    body: ChonkyRetrieveRequest, *, principal: Principal, ports: QueryPorts, limits: QueryLimits
+) -> ChonkyRetrieveResponse:
+    """ChonkyDB's `retrieve`: Orrery's `retrieve`, hits renamed, metadata read from the
+    record store at the ranked revisions when asked for (top k only)."""
+    namespace = _namespace(body.namespace, principal)
+    native = RetrieveRequest(
+        namespace=namespace,
+        scope_ref=_scope_ref(body.scope_ref),
+        query_text=body.query_text,
+        limit=body.result_limit,
+        filters=_filters(body),
+        ranking=_ranking(body.allowed_indexes),
+        allowed_doc_ids=body.allowed_doc_ids,
+        timeout_seconds=body.timeout_seconds,
+        client_request_id=body.client_request_id,
+    )
+    out = retrieve(native, principal=principal, ports=ports, limits=limits)
+    stored = (
+        ports.records.fetch([(c.document_id, c.revision) for c in out.candidates])
+        if body.include_metadata
+        else {}
+    )
+    hits = []
+    for c in out.candidates:
+        row = stored.get((c.document_id, c.revision))
+        hits.append(
+            ChonkyRetrieveHit(
+                rank=c.rank,
+                payload_id=c.document_id,
+                document_id=c.document_id,
+                revision=c.revision,
+                score=c.score,
+                relevance_score=c.score,
+                source_index=_HYBRID,
+                candidate_origin=_HYBRID,
+                metadata=None if row is None else _metadata(row, json.loads(row.record_json)),
+                score_breakdown=c.score_breakdown,
+            )
+        )
+    return ChonkyRetrieveResponse(
+        scope_ref=out.scope_ref,
+        generation_id=out.generation_id,
+        profile=out.profile,
+        results=hits,
+        indexes_used=out.query_plan.indexes_used,
+        query_plan=out.query_plan,
+    )
+
+
+def _record_out(row: StoredRecord, include_content: bool, max_chars: int) -> RecordOut:
+    record = json.loads(row.record_json)
+    text = record["text"]
+    content = "\n".join(p for p in (text.get("title", ""), text.get("body", "")) if p)
+    return RecordOut(
+        payload_id=row.document_id,
+        chonky_id=row.document_id,
+        document_id=row.document_id,
+        item_id=row.item_id,
+        snapshot_kind=row.snapshot_kind,
+        revision=row.revision,
+        payload_schema=record.get("payload_schema", ""),
+        payload=record["payload"],
+        metadata=_metadata(row, record),
+        content=content[:max_chars] if include_content else None,
+    )
+
+
+def create_router(
+    *,
+    ports: QueryPorts,
+    grants: dict[str, ApiKeyGrant],
+    ready: Callable[[ApiKeyGrant | None], bool],
+) -> APIRouter:
+    """ChonkyDB's read routes Orrery's own API has no counterpart of. `ready(grant)`:
+    whether the key's view of readiness is ready (`query.entrypoints.http.readiness`)."""
+    router = APIRouter()
+
+    def principal(x_api_key: str | None, authorization: str | None) -> Principal:
+        grant = authenticate(grants, x_api_key, authorization)
+        return Principal() if grant is None else Principal(grant.namespace, grant.galaxy)
+
+    def one(namespace: str, document_id: str, who: Principal) -> StoredRecord:
+        rows = ports.records.heads(namespace, [document_id])
+        row = next(iter(rows), None)
+        # Another galaxy's (or namespace's) document answers exactly like an unknown id.
+        if row is None or (who.galaxy is not None and row.galaxy != who.galaxy):
+            raise OrreryError(ErrorCode.NOT_FOUND, f"no record {document_id!r}")
+        return row
+
+    @router.get(
+        "/v1/external/instance",
+        tags=["chonkydb"],
+        openapi_extra={**declare(Access.OPS), **operation(ok=InstanceResponse)},
+    )
+    async def get_instance(
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """ChonkyDB's instance overview: `ready` is `/v1/readiness`'s answer for this key."""
+        grant = authenticate(grants, x_api_key, authorization)
+        is_ready = await run_in_threadpool(ready, grant)
+        out = InstanceResponse(ready=is_ready, auth_enabled=bool(grants))
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @router.get(
+        "/v1/external/records",
+        tags=["chonkydb"],
+        openapi_extra={**declare(Access.READ), **operation(ok=RecordListResponse)},
+    )
+    async def list_records(
+        offset: int = Query(default=0, ge=0, le=10_000_000),
+        limit: int = Query(default=100, ge=1, le=1_000),
+        include_metadata: bool = Query(default=True),
+        namespace: str | None = Query(default=None, min_length=1, max_length=128),
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """The current records of the key's namespace (or `namespace`), by document id."""
+        who = principal(x_api_key, authorization)
+        ns = _namespace(namespace, who)
+        total, rows = await run_in_threadpool(ports.records.page, ns, who.galaxy, offset, limit)
+        payloads = []
+        for row in rows:
+            metadata = _metadata(row, json.loads(row.record_json)) if include_metadata else None
+            payloads.append(
+                RecordSummary(
+                    payload_id=row.document_id,
+                    chonky_id=row.document_id,
+                    document_id=row.document_id,
+                    item_id=row.item_id,
+                    snapshot_kind=row.snapshot_kind,
+                    revision=row.revision,
+                    metadata=metadata,
+                )
+            )
+        out = RecordListResponse(
+            namespace=ns,
+            offset=offset,
+            limit=limit,
+            total_count=total,
+            returned_count=len(payloads),
+            payloads=payloads,
+        )
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @router.get(
+        "/v1/external/records/{record_id}",
+        tags=["chonkydb"],
+        openapi_extra={**declare(Access.READ), **operation(ok=RecordOut)},
+    )
+    async def get_record(
+        record_id: str,
+        by: str = Query(default="payload", pattern="^(payload|chonky)$"),
+        include_chunks: bool = Query(default=False),
+        include_relationships: bool = Query(default=False),
+        include_document: bool = Query(default=False),
+        include_content: bool = Query(default=True),
+        max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
+        namespace: str | None = Query(default=None, min_length=1, max_length=128),
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """One current record by id (`payload` and `chonky` ids are both the document
+        id; chunks, relationships and the document view are the record itself)."""
+        who = principal(x_api_key, authorization)
+        ns = _namespace(namespace, who)
+        row = await run_in_threadpool(one, ns, record_id, who)
+        out = _record_out(row, include_content, max_content_chars)
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @router.get(
+        "/v1/external/documents/full",
+        tags=["chonkydb"],
+        openapi_extra={**declare(Access.READ), **operation(ok=RecordOut)},
+    )
+    async def get_full_document(
+        document_id: str | None = Query(default=None, min_length=1, max_length=256),
+        origin_uri: str | None = Query(default=None, min_length=1, max_length=512),
+        snapshot_kind: str | None = Query(default=None, min_length=1, max_length=128),
+        include_content: bool = Query(default=True),
+        max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
+        namespace: str | None = Query(default=None, min_length=1, max_length=128),
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """A record by `document_id`, or by the `origin_uri` it was written with (its
+        item id; the snapshot kind from `snapshot_kind` or a `twinr://longterm/` uri)."""
+        who = principal(x_api_key, authorization)
+        ns = _namespace(namespace, who)
+        if document_id is None:
+            document_id = _id_of_uri(ns, origin_uri, snapshot_kind, who)
+        row = await run_in_threadpool(one, ns, document_id, who)
+        out = _record_out(row, include_content, max_content_chars)
+        return JSONResponse(out.model_dump(mode="json"))
+
+    return router
+
+
+def _id_of_uri(namespace: str, uri: str | None, kind: str | None, who: Principal) -> str:
+    if uri is None:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "document_id or origin_uri is required")
+    if kind is None and uri.startswith("twinr://longterm/"):
+        parts = uri[len("twinr://longterm/") :].split("/")
+        kind = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
+    if kind is None:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST, "origin_uri needs snapshot_kind (or a twinr:// uri)"
+        )
+    return derive_document_id(namespace, kind, uri, who.galaxy or DEFAULT_GALAXY)
