@@ -61,16 +61,20 @@ def operation(
     status: int = 200,
     body: type[BaseModel] | tuple[type[BaseModel], ...] | None = None,
     body_required: bool = True,
+    accepted: type[BaseModel] | None = None,
 ) -> dict[str, Any]:
     """The `openapi_extra` fragment of a route: its JSON request body (`body`) and its
     success response (`ok` with `status`). Error responses are `finish_document`'s. A
     tuple of models is a path that takes (or answers) any one of them (`anyOf`), e.g.
-    Orrery's own shape and a dialect's."""
+    Orrery's own shape and a dialect's. `accepted`: the body of a `202` the route also
+    answers (work accepted to finish later)."""
     fragment: dict[str, Any] = {
         "responses": {
             str(status): {"content": {_JSON: {"schema": _schema(ok)}}},
         }
     }
+    if accepted is not None:
+        fragment["responses"]["202"] = {"content": {_JSON: {"schema": _schema(accepted)}}}
     if body is not None:
         fragment["requestBody"] = {
             "required": body_required,

@@ -232,7 +232,7 @@ def create_router(
         tags=["chonkydb"],
         openapi_extra={
             **declare(Access.WRITE),
-            **operation(body=BulkRecordsRequest, ok=BulkRecordsResponse),
+            **operation(body=BulkRecordsRequest, ok=BulkRecordsResponse, accepted=JobAccepted),
         },
     )
     async def post_records_bulk(
