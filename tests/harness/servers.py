@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Local real-server harness: Kafka (KRaft), OpenSearch and Redis on 127.0.0.1, no Docker.
+"""Local real-server harness: Kafka (KRaft), OpenSearch, Redis and PostgreSQL on 127.0.0.1, no
+Docker.
 
 Command line::
 
-    python tests/harness/servers.py up [--only kafka,opensearch,redis]
+    python tests/harness/servers.py up [--only kafka,opensearch,redis,postgres]
     python tests/harness/servers.py status
     python tests/harness/servers.py env        # prints servers.env; eval "$(... env)"
     python tests/harness/servers.py down [--only ...]
@@ -22,9 +23,10 @@ What is guaranteed
   ``$ORRERY_CACHE_DIR`` (default ``~/.cache/orrery``) and are reused by later runs.
 * ``up`` returns only after each started server answered a real protocol request
   (Kafka ApiVersions + Metadata listing this broker, OpenSearch cluster health yellow/green,
-  Redis PING -> PONG), or after it was declared failed (timeout ``$ORRERY_SERVERS_TIMEOUT``
-  seconds, default 180, or the process died). A failure prints the last 40 lines of that
-  server's log, names the server, and stops whatever of it was still running.
+  Redis PING -> PONG, PostgreSQL startup -> ReadyForQuery), or after it was declared failed
+  (timeout ``$ORRERY_SERVERS_TIMEOUT`` seconds, default 180, or the process died). A failure
+  prints the last 40 lines of that server's log, names the server, and stops whatever of it
+  was still running.
 * ``up`` is idempotent: a server from an earlier ``up`` in the same base directory whose
   recorded pid is alive (and is really that server, checked via /proc cmdline) and which
   answers its probe is reused as is, data included. Anything else is (re)started with an
@@ -47,6 +49,7 @@ import argparse
 import base64
 import contextlib
 import fcntl
+import glob
 import hashlib
 import http.client
 import json
@@ -72,11 +75,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO_ROOT / "compose" / "local"
 HOST = "127.0.0.1"
 
-SERVER_NAMES: tuple[str, ...] = ("kafka", "opensearch", "redis")
+SERVER_NAMES: tuple[str, ...] = ("kafka", "opensearch", "redis", "postgres")
 ENV_VARS: dict[str, str] = {
     "kafka": "ORRERY_KAFKA_BOOTSTRAP",
     "opensearch": "ORRERY_OPENSEARCH_URL",
     "redis": "ORRERY_REDIS_URL",
+    "postgres": "ORRERY_DATABASE_URL",
 }
 
 LOG_TAIL_LINES = 40
@@ -476,6 +480,31 @@ def redis_probe(port: int, timeout: float = 2.0) -> bool:
         return False
 
 
+def postgres_probe(port: int, timeout: float = 2.0) -> bool:
+    """True when a protocol-3.0 startup as user ``postgres`` reaches ReadyForQuery.
+
+    A server still starting up, recovering or shutting down answers with an ErrorResponse.
+    """
+    params = b"user\0postgres\0database\0postgres\0\0"
+    startup = struct.pack(">ii", 8 + len(params), 196608) + params
+    try:
+        with socket.create_connection((HOST, port), timeout=timeout) as sock:
+            sock.sendall(startup)
+            while True:
+                kind = _recv_exact(sock, 1)
+                (size,) = struct.unpack(">i", _recv_exact(sock, 4))
+                body = _recv_exact(sock, size - 4)
+                if kind == b"R" and struct.unpack_from(">i", body, 0)[0] != 0:
+                    return False  # A password is asked for: not the harness's trust setup.
+                if kind == b"E":
+                    return False
+                if kind == b"Z":
+                    sock.sendall(b"X" + struct.pack(">i", 4))
+                    return True
+    except (OSError, struct.error):
+        return False
+
+
 # --------------------------------------------------------------------------- servers
 
 
@@ -796,10 +825,151 @@ class RedisServer(Server):
         return redis_probe(ports["port"])
 
 
+POSTGRES_BIN_GLOB = "/usr/lib/postgresql/*/bin"
+
+
+class PostgresServer(Server):
+    """Debian's PostgreSQL (``/usr/lib/postgresql/<major>/bin``): a fresh cluster under the
+    harness dir, TCP on 127.0.0.1 only (no Unix socket), trust authentication for the
+    ``postgres`` superuser (test-only), ``synchronous_commit=off`` (like SQLite's WAL with
+    ``synchronous=NORMAL``: a crash may lose the last commits, never corrupts).
+
+    ``initdb`` and ``postgres`` refuse to run as root: as root they run as the ``postgres``
+    user (``runuser`` for initdb; ``setpriv`` for the server, because it execs instead of
+    forking, so the recorded pid is the postmaster's and SIGTERM reaches it directly).
+    """
+
+    def __init__(self, base_dir: Path, cache_dir: Path) -> None:
+        super().__init__(base_dir, cache_dir, "postgres", {"port": 15432})
+
+    @staticmethod
+    def _find_bin() -> Path | None:
+        def major(path: Path) -> tuple[int, ...]:
+            return tuple(int(p) for p in re.findall(r"\d+", path.parent.name))
+
+        found = [
+            Path(p)
+            for p in sorted(glob.glob(POSTGRES_BIN_GLOB))
+            if (Path(p) / "postgres").exists() and (Path(p) / "initdb").exists()
+        ]
+        return max(found, key=major) if found else None
+
+    def _bin_dir(self) -> Path:
+        found = self._find_bin()
+        if found:
+            return found
+        if os.geteuid() != 0:
+            raise HarnessError(
+                "postgres: no server under /usr/lib/postgresql/*/bin and we are not root; "
+                "run `apt-get install -y postgresql`"
+            )
+        _say("postgres: server missing, installing Debian's postgresql with apt-get (first run)")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"]
+        try:
+            _run_logged(install, self.setup_log_path, "postgres: apt-get install", env=env)
+        except HarnessError:
+            _run_logged(
+                ["apt-get", "update"], self.setup_log_path, "postgres: apt-get update", env=env
+            )
+            _run_logged(install, self.setup_log_path, "postgres: apt-get install", env=env)
+        found = self._find_bin()
+        if not found:
+            raise HarnessError(
+                f"postgres: apt-get installed postgresql but {POSTGRES_BIN_GLOB} "
+                "holds no postgres/initdb"
+            )
+        return found
+
+    def _as_postgres(self, tool: str) -> list[str]:
+        """Prefix that runs a command as the ``postgres`` user when we are root."""
+        if os.geteuid() != 0:
+            return []
+        if tool == "server":
+            # setpriv execs (no fork): the pid we record and signal is the postmaster's.
+            return [
+                _which_or_fail("setpriv", "postgres"),
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--reset-env",
+                "--",
+            ]
+        return [_which_or_fail("runuser", "postgres"), "-u", "postgres", "--"]
+
+    def prepare(self) -> Launch:
+        bin_dir = self._bin_dir()
+        version_out = subprocess.run(
+            [str(bin_dir / "postgres"), "--version"], capture_output=True, text=True, check=False
+        ).stdout
+        match = re.search(r"(\d+(?:\.\d+)+)", version_out)
+        (port,) = pick_ports([self.preferred_ports["port"]])
+        self.reset_data()
+        if os.geteuid() == 0:
+            shutil.chown(self.data_dir, "postgres", "postgres")
+            self.data_dir.chmod(0o700)
+            probe = subprocess.run(
+                ["runuser", "-u", "postgres", "--", "test", "-w", str(self.data_dir)],
+                check=False,
+            )
+            if probe.returncode != 0:
+                raise HarnessError(
+                    f"postgres: user postgres cannot write {self.data_dir}; a parent "
+                    "directory is not traversable for it (choose a base dir under /tmp)"
+                )
+        _run_logged(
+            [
+                *self._as_postgres("initdb"),
+                str(bin_dir / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C.UTF-8",
+                "--no-sync",
+                "--no-instructions",
+            ],
+            self.setup_log_path,
+            "postgres: initdb",
+            env={**os.environ, "LC_ALL": "C.UTF-8"},
+        )
+        return Launch(
+            argv=[
+                *self._as_postgres("server"),
+                str(bin_dir / "postgres"),
+                "-D",
+                str(self.data_dir),
+                "-p",
+                str(port),
+                "-c",
+                f"listen_addresses={HOST}",
+                "-c",
+                "unix_socket_directories=",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "max_connections=200",
+                "-c",
+                "log_min_messages=warning",
+            ],
+            ports={"port": port},
+            version=match.group(1) if match else "unknown",
+        )
+
+    def url(self, ports: dict[str, int]) -> str:
+        return f"postgresql://postgres@{HOST}:{ports['port']}/postgres"
+
+    def probe(self, ports: dict[str, int]) -> bool:
+        return postgres_probe(ports["port"])
+
+
 SERVER_CLASSES: dict[str, type[Server]] = {
     "kafka": KafkaServer,
     "opensearch": OpenSearchServer,
     "redis": RedisServer,
+    "postgres": PostgresServer,
 }
 
 
