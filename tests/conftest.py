@@ -1,4 +1,4 @@
-"""Shared fixtures: the local server harness (Kafka, OpenSearch, Redis).
+"""Shared fixtures: the local server harness (Kafka, OpenSearch, Redis, PostgreSQL).
 
 `make test` runs `make servers-up` first. A test that needs a server asks for its URL
 through `require_server`; when the server is not up the test is skipped with the reason,
@@ -8,6 +8,8 @@ or fails when `ORRERY_REQUIRE_SERVERS=1` (as in CI).
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,6 +19,7 @@ _ENV_NAMES = {
     "kafka": "ORRERY_KAFKA_BOOTSTRAP",
     "opensearch": "ORRERY_OPENSEARCH_URL",
     "redis": "ORRERY_REDIS_URL",
+    "postgres": "ORRERY_DATABASE_URL",
 }
 
 
@@ -29,3 +32,24 @@ def require_server(name: str) -> str:
     if os.environ.get("ORRERY_REQUIRE_SERVERS") == "1":
         pytest.fail(f"ORRERY_REQUIRE_SERVERS=1 but {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """The URL of a new, empty database on the harness's PostgreSQL, dropped afterwards.
+
+    Each test gets its own database, so tables, counters and advisory locks (which
+    PostgreSQL scopes per database) never meet another test's.
+    """
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    server = require_server("postgres")
+    name = f"orrery_t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"'.encode())
+    try:
+        yield make_conninfo(**{**conninfo_to_dict(server), "dbname": name})
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())

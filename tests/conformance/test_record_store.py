@@ -2,24 +2,49 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from contracts.errors import DependencyUnavailable
 from contracts.records import Record
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.model import Decision
 from ingest.ports import RecordStore
 
-FACTORIES: dict[str, Callable[[Path], RecordStore]] = {
-    "sqlite": lambda tmp: SqliteRecordStore(tmp / "orrery.sqlite"),
+
+def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> Callable[[], RecordStore]:
+    return lambda: SqliteRecordStore(tmp / "orrery.sqlite")
+
+
+def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Callable[[], RecordStore]:
+    from ingest.adapters.postgres_db import migrate
+    from ingest.adapters.postgres_store import PostgresRecordStore
+
+    url: str = request.getfixturevalue("postgres_url")
+    migrate(url)
+    return lambda: PostgresRecordStore(url, pool_size=8)
+
+
+# Each factory returns an opener: every call opens another store on the same database,
+# as another process would.
+FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Callable[[], RecordStore]]] = {
+    "sqlite": _sqlite,
+    "postgres": _postgres,
 }
+MARKS = {"postgres": [pytest.mark.servers]}
 
 
-@pytest.fixture(params=sorted(FACTORIES))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RecordStore]:
-    instance = FACTORIES[request.param](tmp_path)
+@pytest.fixture(params=[pytest.param(n, marks=MARKS.get(n, [])) for n in sorted(FACTORIES)])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], RecordStore]:
+    return FACTORIES[request.param](request, tmp_path)
+
+
+@pytest.fixture
+def store(opener: Callable[[], RecordStore]) -> Iterator[RecordStore]:
+    instance = opener()
     yield instance
     instance.close()
 
@@ -65,3 +90,65 @@ def test_tombstone_is_a_revision(store: RecordStore) -> None:
 
 def test_empty_store_high_water_is_zero(store: RecordStore) -> None:
     assert store.high_water() == 0
+
+
+def test_batch_sees_its_own_earlier_records(store: RecordStore) -> None:
+    outcomes = store.write([rec("a", 1), rec("a", 1), rec("a", 3), rec("a", 2)])
+    assert [o.decision for o in outcomes] == [
+        Decision.ACCEPTED,
+        Decision.CONFLICT,
+        Decision.ACCEPTED,
+        Decision.CONFLICT,
+    ]
+    assert outcomes[3].current_revision == 3
+    assert [o.index for o in outcomes] == [0, 1, 2, 3]
+    assert store.write([rec("a", 3)])[0].current_revision == 3
+
+
+def test_positions_are_gap_free_across_concurrent_writers(
+    opener: Callable[[], RecordStore],
+) -> None:
+    """8 writer threads (two stores, as two processes would) × 100 batches: the accepted
+    positions are exactly 1..N, and the high water is N."""
+    threads, batches, size = 8, 100, 3
+    stores = [opener(), opener()]
+    positions: list[int] = []
+    errors: list[BaseException] = []
+    guard = threading.Lock()
+
+    def writer(worker: int) -> None:
+        try:
+            for batch in range(batches):
+                items = [rec(f"w{worker}-b{batch}-{i}", 1) for i in range(size)]
+                # A conflict in every batch: rejected alone, takes no position.
+                items.append(rec(f"w{worker}-b{batch}-0", 1))
+                outcomes = stores[worker % 2].write(items)
+                got = [o.position for o in outcomes if o.decision is Decision.ACCEPTED]
+                assert len(got) == size and None not in got
+                with guard:
+                    positions.extend(p for p in got if p is not None)
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=writer, args=(w,)) for w in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    try:
+        assert not errors, errors
+        total = threads * batches * size
+        assert sorted(positions) == list(range(1, total + 1))
+        assert stores[0].high_water() == total
+    finally:
+        for instance in stores:
+            instance.close()
+
+
+@pytest.mark.servers
+def test_postgres_unreachable_is_dependency_unavailable() -> None:
+    from ingest.adapters.postgres_store import PostgresRecordStore
+
+    with pytest.raises(DependencyUnavailable) as caught:
+        PostgresRecordStore("postgresql://postgres@127.0.0.1:1/none")
+    assert caught.value.details["dependency"] == "postgres"

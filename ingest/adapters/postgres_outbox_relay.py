@@ -1,0 +1,111 @@
+"""The relay's view of the PostgreSQL outbox: claim unpublished rows, mark them.
+
+Any number of relays share one outbox. `unpublished` opens a transaction that claims its
+rows with `SELECT … FOR UPDATE SKIP LOCKED`; `mark_published` marks them and commits.
+Other relays skip claimed rows; when a relay dies its connection drops, PostgreSQL
+releases the claim and another relay takes the rows. A row is claimable only when no
+older row of its document is still unpublished, so a document's events reach the log
+in position order even with several relays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from ingest.adapters.postgres_db import driver_errors, open_pool
+from ingest.relay_ports import OutboxRow
+
+__all__ = ["PostgresOutboxReader"]
+
+_CLAIM = """
+SELECT o.position, o.document_id, o.namespace, o.event_json
+FROM outbox AS o
+WHERE o.published_at IS NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox AS older
+      WHERE older.document_id = o.document_id
+        AND older.published_at IS NULL
+        AND older.position < o.position
+  )
+ORDER BY o.position
+LIMIT %s
+FOR UPDATE OF o SKIP LOCKED
+"""
+
+
+class PostgresOutboxReader:
+    """`OutboxRelaySource` over PostgreSQL, safe for several relays at once.
+
+    Guarantees: each `unpublished` call returns rows that no other live relay holds, in
+    increasing position order, and holds them (row locks in an open transaction) until
+    `mark_published` commits the mark, the next `unpublished` call releases them
+    (publishing failed), or the connection ends. A row is returned only when every older
+    row of its document is published. `mark_published` never overwrites an earlier mark.
+    Driver errors raise `DependencyUnavailable`; the claim is then released.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._pool: ConnectionPool = open_pool(url, max_size=2, name="orrery-relay")
+        self._lock = threading.Lock()
+        self._claim: psycopg.Connection[Any] | None = None
+
+    def _release(self, *, commit: bool) -> None:
+        conn, self._claim = self._claim, None
+        if conn is None:
+            return
+        try:
+            if commit:
+                conn.commit()
+            else:
+                conn.rollback()
+        finally:
+            self._pool.putconn(conn)
+
+    def unpublished(self, limit: int) -> list[OutboxRow]:
+        with self._lock, driver_errors("claim outbox rows"):
+            try:
+                self._release(commit=False)
+                self._claim = self._pool.getconn()
+                rows = self._claim.execute(_CLAIM, (limit,)).fetchall()
+            except psycopg.Error:
+                self._release(commit=False)
+                raise
+            if not rows:
+                self._release(commit=False)
+        return [OutboxRow(int(pos), str(doc), str(ns), str(body)) for pos, doc, ns, body in rows]
+
+    def mark_published(self, positions: Sequence[int]) -> None:
+        if not positions:
+            return
+        unique = sorted(set(positions))
+        with self._lock, driver_errors("mark outbox rows"):
+            try:
+                if self._claim is None:
+                    with self._pool.connection() as conn:
+                        self._mark(conn, unique)
+                    return
+                self._mark(self._claim, unique)
+                self._release(commit=True)
+            except psycopg.Error:
+                self._release(commit=False)
+                raise
+
+    @staticmethod
+    def _mark(conn: psycopg.Connection[Any], positions: list[int]) -> None:
+        conn.execute(
+            "UPDATE outbox SET published_at = now() "
+            "WHERE published_at IS NULL AND position = ANY(%s)",
+            (positions,),
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            with contextlib.suppress(psycopg.Error):  # Closing drops the claim anyway.
+                self._release(commit=False)
+            self._pool.close()

@@ -1,0 +1,170 @@
+"""PostgreSQL canonical store (server mode): revisions, heads and the outbox in one database.
+
+Positions are gap-free and in commit order. A sequence gives neither: a rolled-back
+`nextval` leaves a hole, and a later number can commit first. Instead a batch takes the
+writers' transaction-level advisory lock, and its last statement before COMMIT advances
+the single row of `outbox_counter` by the number of events it writes. A rolled-back batch
+rolls the counter back too (no gap); the next writer waits for the lock, which PostgreSQL
+releases only after the commit is visible, so a reader that sees position N sees every
+position below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from contracts.errors import ErrorCode, OrreryError
+from contracts.events import RecordChanged
+from contracts.records import Record, payload_sha256
+from ingest.adapters.postgres_db import driver_errors, open_pool
+from ingest.model import Decision, Outcome, decide_revision
+
+__all__ = ["WRITER_LOCK_KEY", "PostgresRecordStore"]
+
+# Key of the writers' transaction-level advisory lock ("orrery-w" in ASCII).
+WRITER_LOCK_KEY = 0x6F72726572792D77
+
+
+class PostgresRecordStore:
+    """`RecordStore` over PostgreSQL (schema from `postgres_db.migrate`, which the
+    composition root runs first).
+
+    Guarantees: a batch is one transaction (records, heads and outbox rows together);
+    a stale or equal revision is rejected alone; writers in any number of threads and
+    processes are serialized by one transaction-level advisory lock, so outbox positions
+    are 1, 2, 3, … without gaps, in commit order. Driver errors raise
+    `DependencyUnavailable` and leave nothing written.
+    """
+
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
+        self._pool: ConnectionPool = open_pool(url, max_size=pool_size, name="orrery-ingest")
+
+    def write(self, records: Sequence[Record]) -> list[Outcome]:
+        if not records:
+            return []
+        with driver_errors("write records"), self._pool.connection() as conn:
+            return self._write(conn, records)
+
+    def _write(self, conn: psycopg.Connection[Any], records: Sequence[Record]) -> list[Outcome]:
+        now = datetime.now(UTC)
+        outcomes: list[Outcome] = []
+        with conn.transaction(), conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (WRITER_LOCK_KEY,))
+            doc_ids = sorted({record.doc_id for record in records})
+            cur.execute(
+                "SELECT document_id, revision, namespace, snapshot_kind FROM heads "
+                "WHERE document_id = ANY(%s)",
+                (doc_ids,),
+            )
+            heads: dict[str, tuple[int, str, str]] = {
+                str(doc): (int(rev), str(ns), str(kind)) for doc, rev, ns, kind in cur.fetchall()
+            }
+            accepted: list[tuple[int, Record]] = []
+            for index, record in enumerate(records):
+                doc_id = record.doc_id
+                head = heads.get(doc_id)
+                if head is not None and head[1:] != (record.namespace, record.snapshot_kind):
+                    # The identity rule (contracts.records.derive_document_id) makes this
+                    # unreachable; never let a write re-home another scope's document.
+                    raise OrreryError(
+                        ErrorCode.INTERNAL,
+                        "document id collision across scopes: the write is refused",
+                        {"index": index},
+                    )
+                current = None if head is None else head[0]
+                if decide_revision(record.revision, current) is Decision.CONFLICT:
+                    outcomes.append(
+                        Outcome(
+                            index=index,
+                            document_id=doc_id,
+                            revision=record.revision,
+                            decision=Decision.CONFLICT,
+                            current_revision=current,
+                            code="revision_conflict",
+                            message=(
+                                f"revision {record.revision} is not newer than the stored "
+                                f"revision {current}"
+                            ),
+                        )
+                    )
+                    continue
+                # Later records of the same batch compare against this one.
+                heads[doc_id] = (record.revision, record.namespace, record.snapshot_kind)
+                accepted.append((index, record))
+            if not accepted:
+                return outcomes
+            cur.executemany(
+                "INSERT INTO records VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                [
+                    (
+                        r.doc_id,
+                        r.revision,
+                        r.namespace,
+                        r.snapshot_kind,
+                        r.item_id,
+                        r.galaxy,
+                        r.deleted,
+                        payload_sha256(r.payload),
+                        r.model_dump_json(),
+                        now,
+                    )
+                    for _, r in accepted
+                ],
+            )
+            newest: dict[str, Record] = {r.doc_id: r for _, r in accepted}
+            cur.executemany(
+                "INSERT INTO heads VALUES (%s,%s,%s,%s,%s) ON CONFLICT (document_id) DO UPDATE "
+                "SET revision = excluded.revision, deleted = excluded.deleted",
+                [
+                    (doc, r.revision, r.namespace, r.snapshot_kind, r.deleted)
+                    for doc, r in sorted(newest.items())
+                ],
+            )
+            cur.execute(
+                "UPDATE outbox_counter SET position = position + %s RETURNING position",
+                (len(accepted),),
+            )
+            row = cur.fetchone()
+            assert row is not None, "migration 0001 inserts the counter row"
+            first = int(row[0]) - len(accepted) + 1
+            cur.executemany(
+                "INSERT INTO outbox (position, document_id, revision, namespace, "
+                "snapshot_kind, event_json, created_at) VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                [
+                    (
+                        first + offset,
+                        r.doc_id,
+                        r.revision,
+                        r.namespace,
+                        r.snapshot_kind,
+                        RecordChanged(record=r).model_dump_json(),
+                        now,
+                    )
+                    for offset, (_, r) in enumerate(accepted)
+                ],
+            )
+            for offset, (index, r) in enumerate(accepted):
+                outcomes.append(
+                    Outcome(
+                        index=index,
+                        document_id=r.doc_id,
+                        revision=r.revision,
+                        decision=Decision.ACCEPTED,
+                        position=first + offset,
+                    )
+                )
+        outcomes.sort(key=lambda o: o.index)
+        return outcomes
+
+    def high_water(self) -> int:
+        with driver_errors("high water"), self._pool.connection() as conn:
+            row = conn.execute("SELECT position FROM outbox_counter").fetchone()
+        return 0 if row is None else int(row[0])
+
+    def close(self) -> None:
+        self._pool.close()
