@@ -1,0 +1,206 @@
+"""Conformance suite of the `OutboxRelaySource` port (ingest, server mode).
+
+Each backend gives a record store and a way to open relay sources on the same database
+(each open is another relay, as another process would be). The SQLite outbox serves one
+relay per database (it has no claims); tests of several relays are for backends whose
+`several_relays` is true.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from contracts.records import Record
+from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
+from ingest.adapters.sqlite_store import SqliteRecordStore
+from ingest.ports import RecordStore
+from ingest.relay import relay_outbox
+from ingest.relay_ports import OutboxRelaySource, OutboxRow
+
+
+@dataclass
+class Backend:
+    open_store: Callable[[], RecordStore]
+    open_source: Callable[[], OutboxRelaySource]
+    several_relays: bool
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def store(self) -> RecordStore:
+        store = self.open_store()
+        self.closers.append(store.close)
+        return store
+
+    def source(self) -> OutboxRelaySource:
+        source = self.open_source()
+        self.closers.append(source.close)
+        return source
+
+
+def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> Backend:
+    path = tmp / "orrery.sqlite"
+    return Backend(lambda: SqliteRecordStore(path), lambda: SqliteOutboxReader(path), False)
+
+
+def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Backend:
+    from ingest.adapters.postgres_db import migrate
+    from ingest.adapters.postgres_outbox_relay import PostgresOutboxReader
+    from ingest.adapters.postgres_store import PostgresRecordStore
+
+    url: str = request.getfixturevalue("postgres_url")
+    migrate(url)
+    return Backend(
+        lambda: PostgresRecordStore(url, pool_size=8), lambda: PostgresOutboxReader(url), True
+    )
+
+
+FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Backend]] = {
+    "sqlite": _sqlite,
+    "postgres": _postgres,
+}
+MARKS = {"postgres": [pytest.mark.servers]}
+
+
+@pytest.fixture(params=[pytest.param(n, marks=MARKS.get(n, [])) for n in sorted(FACTORIES)])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    instance = FACTORIES[request.param](request, tmp_path)
+    yield instance
+    for close in reversed(instance.closers):
+        close()
+
+
+def several(backend: Backend) -> None:
+    if not backend.several_relays:
+        pytest.skip("this outbox serves one relay per database (no claims)")
+
+
+def rec(item: str, revision: int = 1) -> Record:
+    return Record(
+        namespace="ns", snapshot_kind="objects", item_id=item, revision=revision, payload={}
+    )
+
+
+class RecordingPublisher:
+    """An `EventPublisher` that keeps what it was given (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self._lock = threading.Lock()
+
+    def publish(self, rows: list[OutboxRow]) -> None:
+        with self._lock:
+            self.positions.extend(row.position for row in rows)
+
+    def close(self) -> None:
+        pass
+
+
+def test_unpublished_in_order_until_marked(backend: Backend) -> None:
+    store, source = backend.store(), backend.source()
+    store.write([rec(f"d{i}") for i in range(5)])
+    rows = source.unpublished(3)
+    assert [r.position for r in rows] == [1, 2, 3]
+    assert rows[0].namespace == "ns" and '"item_id":"d0"' in rows[0].event_json
+    source.mark_published([1, 2, 3])
+    source.mark_published([1, 2, 3, 99])  # idempotent; unknown positions are ignored
+    assert [r.position for r in source.unpublished(10)] == [4, 5]
+
+
+def test_unmarked_rows_come_back_after_a_restart(backend: Backend) -> None:
+    store = backend.store()
+    store.write([rec(f"d{i}") for i in range(3)])
+    first = backend.open_source()
+    assert [r.position for r in first.unpublished(2)] == [1, 2]
+    first.close()  # never marked: a crashed relay
+    again = backend.source()
+    assert [r.position for r in again.unpublished(10)] == [1, 2, 3]
+    again.mark_published([1, 2, 3])
+    assert again.unpublished(10) == []
+
+
+def test_one_relay_beside_writers_publishes_positions_in_order(backend: Backend) -> None:
+    """A relay running while 4 writers commit sees positions only in commit order: it
+    publishes 1..N, each once, in increasing order (a hole filled later would show)."""
+    stores = [backend.store(), backend.store()]
+    source = backend.source()
+    publisher = RecordingPublisher()
+    done = threading.Event()
+
+    def writer(worker: int) -> None:
+        for batch in range(50):
+            stores[worker % 2].write([rec(f"w{worker}-{batch}-{i}") for i in range(4)])
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+
+    def relay() -> None:
+        while not done.is_set():
+            relay_outbox(source=source, publisher=publisher, batch_size=37)
+        relay_outbox(source=source, publisher=publisher, batch_size=37)
+
+    relay_thread = threading.Thread(target=relay)
+    relay_thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    relay_thread.join()
+    assert publisher.positions == list(range(1, 4 * 50 * 4 + 1))
+
+
+def test_two_relays_publish_each_position_once(backend: Backend) -> None:
+    several(backend)
+    store = backend.store()
+    total = 5_000
+    for start in range(0, total, 500):
+        store.write([rec(f"d{i}") for i in range(start, start + 500)])
+    publishers = [RecordingPublisher(), RecordingPublisher()]
+    sources = [backend.source(), backend.source()]
+
+    def relay(n: int) -> None:
+        while relay_outbox(source=sources[n], publisher=publishers[n], batch_size=100):
+            pass
+
+    threads = [threading.Thread(target=relay, args=(n,)) for n in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    published = publishers[0].positions + publishers[1].positions
+    assert sorted(published) == list(range(1, total + 1))
+    assert publishers[0].positions and publishers[1].positions, "both relays took rows"
+    for publisher in publishers:
+        assert publisher.positions == sorted(publisher.positions)
+
+
+def test_claimed_rows_are_skipped_and_a_dead_relays_rows_go_to_another(
+    backend: Backend,
+) -> None:
+    several(backend)
+    store = backend.store()
+    store.write([rec(f"d{i}") for i in range(10)])
+    dying = backend.open_source()
+    other = backend.source()
+    assert [r.position for r in dying.unpublished(4)] == [1, 2, 3, 4]
+    assert [r.position for r in other.unpublished(3)] == [5, 6, 7]
+    other.mark_published([5, 6, 7])
+    dying.close()  # killed mid-batch: published maybe, never marked
+    assert [r.position for r in other.unpublished(100)] == [1, 2, 3, 4, 8, 9, 10]
+
+
+def test_a_documents_later_revision_waits_for_its_earlier_one(backend: Backend) -> None:
+    """With several relays a document's events still reach the log in position order."""
+    several(backend)
+    store = backend.store()
+    store.write([rec("a", 1), rec("b", 1)])
+    store.write([rec("a", 2), rec("c", 1)])
+    first, second = backend.source(), backend.source()
+    assert [r.position for r in first.unpublished(1)] == [1]  # a@1, held
+    assert [r.position for r in second.unpublished(10)] == [2, 4]  # not a@2 (position 3)
+    second.mark_published([2, 4])
+    first.mark_published([1])
+    assert [r.position for r in second.unpublished(10)] == [3]

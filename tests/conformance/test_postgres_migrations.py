@@ -1,0 +1,113 @@
+"""The PostgreSQL migration ledger (`ingest.adapters.postgres_db.migrate`).
+
+PostgreSQL only: SQLite creates its schema with `CREATE … IF NOT EXISTS` at open.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from contracts.errors import DependencyUnavailable
+from ingest.adapters.postgres_db import (
+    Migration,
+    MigrationMismatch,
+    MigrationReport,
+    load_migrations,
+    migrate,
+)
+
+pytestmark = pytest.mark.servers
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ledger(url: str) -> list[tuple[str, int, str]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT component, version, sha256 FROM orrery_migrations ORDER BY 1, 2"
+        ).fetchall()
+    return [(str(c), int(v), str(s)) for c, v, s in rows]
+
+
+def test_files_are_numbered_and_loaded_in_order() -> None:
+    files = load_migrations()
+    assert [m.version for m in files] == list(range(1, len(files) + 1))
+    assert files[0].name == "canonical_store"
+
+
+def test_migrate_twice_is_a_no_op(postgres_url: str) -> None:
+    first = migrate(postgres_url)
+    assert first.applied == tuple(m.version for m in load_migrations())
+    before = ledger(postgres_url)
+    second = migrate(postgres_url)
+    assert second == MigrationReport(applied=(), already=first.applied)
+    assert ledger(postgres_url) == before
+
+
+def test_two_concurrent_migrators_apply_once(postgres_url: str) -> None:
+    """Two processes at once: the advisory lock makes the second wait and find it done."""
+    script = (
+        "import sys; from ingest.adapters.postgres_db import migrate; "
+        "print(len(migrate(sys.argv[1]).applied))"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, postgres_url],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        )
+        for _ in range(2)
+    ]
+    counts = sorted(int(proc.communicate(timeout=60)[0]) for proc in procs)
+    assert [proc.returncode for proc in procs] == [0, 0]
+    assert counts == [0, len(load_migrations())]
+    assert len(ledger(postgres_url)) == len(load_migrations())
+
+
+def test_concurrent_threads_apply_once(postgres_url: str) -> None:
+    reports: list[MigrationReport] = []
+    threads = [
+        threading.Thread(target=lambda: reports.append(migrate(postgres_url))) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(len(r.applied) for r in reports) == len(load_migrations())
+
+
+def test_an_edited_applied_migration_stops_everything(postgres_url: str) -> None:
+    files = [Migration(1, "one", "CREATE TABLE t1 (x int)")]
+    migrate(postgres_url, files, component="test")
+    edited = [
+        Migration(1, "one", "CREATE TABLE t1 (x bigint)"),
+        Migration(2, "two", "CREATE TABLE t2 (x int)"),
+    ]
+    with pytest.raises(MigrationMismatch) as caught:
+        migrate(postgres_url, edited, component="test")
+    assert caught.value.details["version"] == 1
+    assert "edited" in caught.value.message
+    with pytest.raises(MigrationMismatch, match="missing"):
+        migrate(postgres_url, [], component="test")
+    with psycopg.connect(postgres_url) as conn:  # nothing of migration 2 was applied
+        assert conn.execute("SELECT to_regclass('t2')").fetchone() == (None,)
+
+
+def test_a_failing_migration_leaves_nothing_behind(postgres_url: str) -> None:
+    files = [
+        Migration(1, "one", "CREATE TABLE t1 (x int)"),
+        Migration(2, "two", "CREATE TABLE t2 (x int); SELECT no_such_function()"),
+    ]
+    with pytest.raises(DependencyUnavailable):
+        migrate(postgres_url, files, component="test")
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT to_regclass('t1')").fetchone() == (None,)
+    assert migrate(postgres_url, files[:1], component="test").applied == (1,)
