@@ -10,7 +10,14 @@ from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.ports import RecordStore
 from ingest.relay import relay_outbox
 
-__all__ = ["canonical_db_path", "embedded_store", "kafka_relay_step"]
+__all__ = [
+    "canonical_db_path",
+    "describe_store",
+    "embedded_store",
+    "kafka_relay_step",
+    "migrate_database",
+    "server_store",
+]
 
 
 def canonical_db_path(data_dir: Path) -> Path:
@@ -22,9 +29,43 @@ def embedded_store(data_dir: Path) -> RecordStore:
     return SqliteRecordStore(canonical_db_path(data_dir))
 
 
+def migrate_database(database_url: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Apply the canonical store's pending PostgreSQL migrations: (applied, already there).
+
+    Raises `MigrationMismatch` when an applied migration was edited (fatal at start)."""
+    from ingest.adapters.postgres_db import migrate
+
+    report = migrate(database_url)
+    return report.applied, report.already
+
+
+def describe_store(data_dir: Path, database_url: str | None) -> str:
+    """Which canonical store server mode uses, for the start-up line (no password)."""
+    if database_url:
+        from ingest.adapters.postgres_db import redact
+
+        return f"PostgreSQL at {redact(database_url)}"
+    return (
+        f"SQLite at {canonical_db_path(data_dir)} (one host only; set ORRERY_DATABASE_URL "
+        "for PostgreSQL)"
+    )
+
+
+def server_store(data_dir: Path, database_url: str | None) -> RecordStore:
+    """The canonical store of server mode: PostgreSQL (migrated first) when a URL is
+    given, else the single-host SQLite file."""
+    if not database_url:
+        return embedded_store(data_dir)
+    from ingest.adapters.postgres_store import PostgresRecordStore
+
+    migrate_database(database_url)
+    return PostgresRecordStore(database_url)
+
+
 def kafka_relay_step(
     data_dir: Path,
     *,
+    database_url: str | None = None,
     bootstrap_servers: str,
     topic_prefix: str,
     partitions: int,
@@ -34,8 +75,16 @@ def kafka_relay_step(
     # Imported here: the embedded deployment never loads the Kafka client.
     from ingest.adapters.kafka_publisher import KafkaEventPublisher, KafkaPublisherSettings
     from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
+    from ingest.relay_ports import OutboxRelaySource
 
-    source = SqliteOutboxReader(canonical_db_path(data_dir))
+    source: OutboxRelaySource
+    if database_url:
+        from ingest.adapters.postgres_outbox_relay import PostgresOutboxReader
+
+        migrate_database(database_url)
+        source = PostgresOutboxReader(database_url)
+    else:
+        source = SqliteOutboxReader(canonical_db_path(data_dir))
     publisher = KafkaEventPublisher(
         KafkaPublisherSettings(
             bootstrap_servers=bootstrap_servers,

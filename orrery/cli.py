@@ -34,6 +34,8 @@ app = typer.Typer(
 )
 console = Console(stderr=True, soft_wrap=True)
 app.add_typer(gen_app, name="gen")
+db_app = typer.Typer(help="The PostgreSQL canonical store (server mode).", no_args_is_help=True)
+app.add_typer(db_app, name="db")
 
 DataDir = Annotated[
     Path | None,
@@ -222,6 +224,34 @@ def ingest_api(data_dir: DataDir = None, host: Host = None, port: Port = None) -
     settings = _settings(data_dir=data_dir, host=host, port=port, mode="servers")
     _check_bind(settings)
     _run_role(["ingest"], settings, http=True)
+
+
+@db_app.command("migrate")
+def db_migrate(
+    database_url: Annotated[
+        str | None,
+        typer.Option("--database-url", help="PostgreSQL URL [ORRERY_DATABASE_URL]"),
+    ] = None,
+) -> None:
+    """Apply the pending migrations under an advisory lock (also done at every start);
+    exit 1 when an applied migration was edited or the database does not answer."""
+    from contracts.errors import OrreryError
+    from ingest.bootstrap import describe_store, migrate_database
+
+    settings = _settings(database_url=database_url)
+    if not settings.database_url:
+        console.print("[red]no database: set ORRERY_DATABASE_URL or pass --database-url")
+        raise typer.Exit(2)
+    try:
+        applied, already = migrate_database(settings.database_url)
+    except OrreryError as exc:
+        console.print(f"[red]migrate failed: {exc.message}")
+        raise typer.Exit(1) from exc
+    where = describe_store(settings.data_dir, settings.database_url)
+    if applied:
+        console.print(f"{where}: applied migrations {list(applied)} ({len(already)} were there)")
+    else:
+        console.print(f"{where}: up to date ({len(already)} migrations applied)")
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:

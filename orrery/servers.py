@@ -3,7 +3,9 @@
 Roles run as separate processes (`orrery ingest-api`, `orrery relay`, `orrery project`,
 `orrery query-worker`) or together (`orrery serve --mode servers`). The canonical SQLite
 database under `data_dir` holds records, outbox and the generation registry; every role
-of one host shares it.
+of one host shares it. With `ORRERY_DATABASE_URL` the ingest and relay roles use
+PostgreSQL instead (migrated at start); the projector and query roles do not read it yet,
+so a process refuses to combine the URL with them (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from fastapi import APIRouter, FastAPI
 
 from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
-from ingest.bootstrap import canonical_db_path, embedded_store, kafka_relay_step
+from ingest.bootstrap import (
+    canonical_db_path,
+    describe_store,
+    kafka_relay_step,
+    server_store,
+)
 from ingest.entrypoints.chonkydb_http import create_router as create_ingest_chonkydb_router
 from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.entrypoints.relay import RelayLoop
@@ -92,16 +99,25 @@ class ServerStack:
     ) -> ServerStack:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         db_path = canonical_db_path(settings.data_dir)
+        if settings.database_url and roles & {Role.PROJECTOR, Role.QUERY}:
+            raise ValueError(
+                "ORRERY_DATABASE_URL is set, but the projector and query roles still read "
+                "the canonical SQLite store under data_dir (issue 13: their PostgreSQL "
+                "adapters are not done); run only the ingest and relay roles with it "
+                "(`orrery ingest-api`, `orrery relay`), see docs/deploy.md"
+            )
         stack = cls(settings, roles)
         grants = parse_api_keys(settings.api_keys)
-        # The canonical store creates the schema every other role reads.
-        store = embedded_store(settings.data_dir)
+        log.info("canonical store: %s", describe_store(settings.data_dir, settings.database_url))
+        # The canonical store creates (or migrates) the schema every other role reads.
+        store = server_store(settings.data_dir, settings.database_url)
         stack.closers.append(store.close)
         if Role.INGEST in roles:
             stack.store = store
         if Role.RELAY in roles:
             step, close = kafka_relay_step(
                 settings.data_dir,
+                database_url=settings.database_url,
                 bootstrap_servers=settings.kafka_bootstrap,
                 topic_prefix=settings.kafka_topic_prefix,
                 partitions=settings.kafka_partitions,

@@ -103,8 +103,14 @@ class QuerySettings(BaseSettings):
     cache_responses: bool = True
     response_ttl_seconds: float = Field(default=300.0, gt=0.0)
 
-    # Server mode (ORRERY_MODE=servers). The canonical store and the generation registry
-    # stay in SQLite under data_dir, shared by the processes of one host.
+    # Server mode (ORRERY_MODE=servers). Without database_url the canonical store and the
+    # generation registry stay in SQLite under data_dir, shared by the processes of one host.
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL of the canonical store and outbox (ingest and relay "
+        "roles; the projector and query roles do not read it yet, docs/deploy.md). "
+        "Unset = SQLite under data_dir",
+    )
     kafka_bootstrap: str = "127.0.0.1:9092"
     kafka_topic_prefix: str = "orrery.records"
     kafka_partitions: int = Field(default=3, ge=1, le=1_000)

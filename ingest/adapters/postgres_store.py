@@ -23,6 +23,7 @@ from contracts.events import RecordChanged
 from contracts.records import Record, payload_sha256
 from ingest.adapters.postgres_db import driver_errors, open_pool
 from ingest.model import Decision, Outcome, decide_revision
+from ingest.ports import Head
 
 __all__ = ["WRITER_LOCK_KEY", "PostgresRecordStore"]
 
@@ -160,6 +161,21 @@ class PostgresRecordStore:
                 )
         outcomes.sort(key=lambda o: o.index)
         return outcomes
+
+    def heads(self, document_ids: Sequence[str]) -> list[Head]:
+        if not document_ids:
+            return []
+        with driver_errors("read heads"), self._pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT h.document_id, h.namespace, r.galaxy, h.snapshot_kind, r.item_id, "
+                "h.revision, h.deleted FROM heads h JOIN records r ON r.document_id = "
+                "h.document_id AND r.revision = h.revision WHERE h.document_id = ANY(%s)",
+                (list(document_ids),),
+            ).fetchall()
+        return [
+            Head(str(d), str(ns), str(g), str(k), str(i), int(rev), bool(dl))
+            for d, ns, g, k, i, rev, dl in rows
+        ]
 
     def high_water(self) -> int:
         with driver_errors("high water"), self._pool.connection() as conn:
