@@ -23,9 +23,17 @@ _ENV_NAMES = {
 }
 
 
+# Taken out of the environment for the whole session: `ORRERY_DATABASE_URL` switches
+# server mode's canonical store, and a shell that sourced servers.env must not move every
+# server-mode test (and the processes they start) onto PostgreSQL. Tests ask for
+# PostgreSQL through the `postgres_url` fixture, which still finds this URL.
+_DATABASE_URL = os.environ.pop("ORRERY_DATABASE_URL", None)
+
+
 def require_server(name: str) -> str:
     """The URL of a running harness server, else skip (or fail when servers are required)."""
-    url = os.environ.get(_ENV_NAMES[name]) or server_urls().get(name)
+    from_env = _DATABASE_URL if name == "postgres" else os.environ.get(_ENV_NAMES[name])
+    url = from_env or server_urls().get(name)
     if url:
         return url
     reason = f"{name} is not running (start it with `make servers-up`)"
