@@ -152,3 +152,15 @@ def test_postgres_unreachable_is_dependency_unavailable() -> None:
     with pytest.raises(DependencyUnavailable) as caught:
         PostgresRecordStore("postgresql://postgres@127.0.0.1:1/none")
     assert caught.value.details["dependency"] == "postgres"
+
+
+def test_heads_name_the_newest_revision_tombstones_included(store: RecordStore) -> None:
+    store.write([rec("a", 1), rec("b", 1)])
+    store.write([rec("a", 2), rec("b", 2, deleted=True)])
+    a, b = rec("a", 1).doc_id, rec("b", 1).doc_id
+    heads = {h.document_id: h for h in store.heads([a, b, "unknown"])}
+    assert set(heads) == {a, b}
+    assert (heads[a].revision, heads[a].deleted) == (2, False)
+    assert (heads[b].revision, heads[b].deleted) == (2, True)
+    assert heads[a].item_id == "a" and heads[a].snapshot_kind == "objects"
+    assert store.heads([]) == []
