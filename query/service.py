@@ -441,53 +441,45 @@ class _Sources:
         return {"lexical": len(self.lexical), "vector": len(self.vector)}
 
 
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """A ranking request as the pipeline sees it (`topk_records` and `retrieve` alike)."""
+
+    principal: Principal
+    namespace: str
+    scope_ref: str
+    query_text: str
+    filters: QueryFilters
+    profile_id: str | None
+    ranking: Ranking
+    limit: int
+    allowed_doc_ids: Sequence[str] | None
+    timeout_seconds: float
+    endpoint: str = "topk"
+    page_size: int | None = None
+    cursor: str | None = None
+    bound: dict[str, Any] | None = None
+    phrase_plan: PhrasePlan | None = None
+    report_plan: bool = True
+
+
 def _rank(
+    ask: _Ask,
     *,
-    principal: Principal,
-    namespace: str,
-    scope_ref: str,
-    query_text: str,
-    filters: QueryFilters,
-    profile_id: str | None,
-    ranking: Ranking,
-    limit: int,
-    allowed_doc_ids: Sequence[str] | None,
-    timeout_seconds: float,
     ports: QueryPorts,
     limits: QueryLimits,
     cache_probe: Callable[[Route, FusionProfile, _Stopwatch, dict[str, Any]], bool] | None = None,
-    endpoint: str = "topk",
-    page_size: int | None = None,
-    cursor: str | None = None,
-    bound: dict[str, Any] | None = None,
-    phrase_plan: PhrasePlan | None = None,
-    report_plan: bool = True,
 ) -> _Ranked:
     """The pipeline, one stage a step: resolve the scope (and page), probe the cache,
     search both sources, re-score and fuse, page. Each stage's time is one lap."""
-    watch = _Stopwatch(timeout_seconds)
-    if limit > limits.max_result_limit:
+    watch = _Stopwatch(ask.timeout_seconds)
+    if ask.limit > limits.max_result_limit:
         raise OrreryError(
             ErrorCode.RESULT_LIMIT_EXCEEDED,
-            f"result_limit may be at most {limits.max_result_limit}, got {limit}",
+            f"result_limit may be at most {limits.max_result_limit}, got {ask.limit}",
             {"max_result_limit": limits.max_result_limit},
         )
-    q = _resolve(
-        principal=principal,
-        namespace=namespace,
-        scope_ref=scope_ref,
-        query_text=query_text,
-        filters=filters,
-        profile_id=profile_id,
-        ranking=ranking,
-        limit=limit,
-        allowed_doc_ids=allowed_doc_ids,
-        ports=ports,
-        limits=limits,
-        paging_request=(endpoint, page_size, cursor, bound),
-        phrase_plan=phrase_plan,
-        watch=watch,
-    )
+    q = _resolve(ask, ports=ports, limits=limits, watch=watch)
     watch.lap("scope_resolve")
     ranked = _Ranked(
         route=q.route,
@@ -504,58 +496,42 @@ def _rank(
         ranked.cached = True
         return ranked
     sources = _search_sources(q, ports, watch)
-    _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=report_plan)
+    _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=ask.report_plan)
     watch.lap("rerank")
     return ranked
 
 
-def _resolve(
-    *,
-    principal: Principal,
-    namespace: str,
-    scope_ref: str,
-    query_text: str,
-    filters: QueryFilters,
-    profile_id: str | None,
-    ranking: Ranking,
-    limit: int,
-    allowed_doc_ids: Sequence[str] | None,
-    ports: QueryPorts,
-    limits: QueryLimits,
-    paging_request: tuple[str, int | None, str | None, dict[str, Any] | None],
-    phrase_plan: PhrasePlan | None,
-    watch: _Stopwatch,
-) -> _Resolved:
+def _resolve(ask: _Ask, *, ports: QueryPorts, limits: QueryLimits, watch: _Stopwatch) -> _Resolved:
     """Stage 1: who may read what, the scope and its fixed filters, the profile, the
     phrase plan, the page (cursor) and the eligible generation to search."""
-    text = query_text.strip()
-    galaxy = _authorize(principal, namespace, filters)
-    phrases = limits.vocabularies.resolve(namespace, phrase_plan)
-    profile = limits.profiles.resolve(profile_id, ranking)
+    namespace, scope_ref, limit = ask.namespace, ask.scope_ref, ask.limit
+    text = ask.query_text.strip()
+    galaxy = _authorize(ask.principal, namespace, ask.filters)
+    phrases = limits.vocabularies.resolve(namespace, ask.phrase_plan)
+    profile = limits.profiles.resolve(ask.profile_id, ask.ranking)
     resolver = ports.scopes or ScopeResolver(ports.routing)
     target = resolver.target(namespace, scope_ref)
     # A scope's fixed filters narrow like the request's own.
-    filters = merge_filters(filters, target.definition.filters)
-    if not text and filters.is_empty() and allowed_doc_ids is None and not phrases.narrows:
+    filters = merge_filters(ask.filters, target.definition.filters)
+    if not text and filters.is_empty() and ask.allowed_doc_ids is None and not phrases.narrows:
         raise OrreryError(
             ErrorCode.EMPTY_QUERY, "query_text is empty and no filter narrows the scope"
         )
     now = ports.clock()
-    endpoint, page_size, cursor, bound = paging_request
     paging: _Paging | None = None
-    if page_size is not None or cursor is not None:
+    if ask.page_size is not None or ask.cursor is not None:
         material = _fingerprint_material(
-            endpoint,
-            bound or {"namespace": namespace, "scope_ref": scope_ref},
+            ask.endpoint,
+            ask.bound or {"namespace": namespace, "scope_ref": scope_ref},
             text,
             filters,
             galaxy,
-            allowed_doc_ids,
+            ask.allowed_doc_ids,
             profile,
         )
         if phrases.active:
             material["phrase_plan"] = phrases.fingerprint
-        paging = _open_paging(cursor, material, limit, profile, ports, limits, now)
+        paging = _open_paging(ask.cursor, material, limit, profile, ports, limits, now)
     depths = limits.depths(profile, limit) if paging is None else paging.depths
     watch.plan.update(profile=profile.id, candidate_depths=depths)
     cursor_generation = (
@@ -566,7 +542,7 @@ def _resolve(
     route = _admit(route, scope_ref, pinned, ports)
     if pinned is not None:
         watch.plan.update(pinned_generation=pinned)
-    search_filter = phrases.restrict(_search_filter(filters, galaxy, allowed_doc_ids))
+    search_filter = phrases.restrict(_search_filter(filters, galaxy, ask.allowed_doc_ids))
     watch.plan.update(generation_id=route.generation_id, applied_position=route.applied_position)
     return _Resolved(
         text=text,
@@ -903,25 +879,27 @@ def topk_records(
     )
     probe = _ResponseProbe(request, principal, ports)
     ranked = _rank(
-        principal=principal,
-        namespace=request.namespace,
-        scope_ref=request.scope_ref,
-        query_text=request.query_text,
-        filters=request.filters,
-        profile_id=request.profile,
-        ranking=request.ranking,
-        limit=page_size,
-        allowed_doc_ids=None,
-        timeout_seconds=request.timeout_seconds,
+        _Ask(
+            principal=principal,
+            namespace=request.namespace,
+            scope_ref=request.scope_ref,
+            query_text=request.query_text,
+            filters=request.filters,
+            profile_id=request.profile,
+            ranking=request.ranking,
+            limit=page_size,
+            allowed_doc_ids=None,
+            timeout_seconds=request.timeout_seconds,
+            endpoint="topk",
+            page_size=request.page_size,
+            cursor=request.cursor,
+            bound=_bound_fields(request),
+            phrase_plan=request.phrase_plan,
+            report_plan=request.include.query_plan,
+        ),
         ports=ports,
         limits=limits,
         cache_probe=probe,
-        endpoint="topk",
-        page_size=request.page_size,
-        cursor=request.cursor,
-        bound=_bound_fields(request),
-        phrase_plan=request.phrase_plan,
-        report_plan=request.include.query_plan,
     )
     if probe.cached is not None:
         return _from_cache(
@@ -1027,23 +1005,25 @@ def retrieve(
         raise OrreryError(ErrorCode.INVALID_REQUEST, "too many allowed_doc_ids")
     page_size = _page_size(request.page_size, request.limit, "limit" in request.model_fields_set)
     ranked = _rank(
-        principal=principal,
-        namespace=request.namespace,
-        scope_ref=request.scope_ref,
-        query_text=request.query_text,
-        filters=request.filters,
-        profile_id=request.profile,
-        ranking=request.ranking,
-        limit=page_size,
-        allowed_doc_ids=request.allowed_doc_ids,
-        timeout_seconds=request.timeout_seconds,
+        _Ask(
+            principal=principal,
+            namespace=request.namespace,
+            scope_ref=request.scope_ref,
+            query_text=request.query_text,
+            filters=request.filters,
+            profile_id=request.profile,
+            ranking=request.ranking,
+            limit=page_size,
+            allowed_doc_ids=request.allowed_doc_ids,
+            timeout_seconds=request.timeout_seconds,
+            endpoint="retrieve",
+            page_size=request.page_size,
+            cursor=request.cursor,
+            bound=_bound_fields(request),
+            phrase_plan=request.phrase_plan,
+        ),
         ports=ports,
         limits=limits,
-        endpoint="retrieve",
-        page_size=request.page_size,
-        cursor=request.cursor,
-        bound=_bound_fields(request),
-        phrase_plan=request.phrase_plan,
     )
     top = ranked.top(page_size)
     mode = "allowed_doc_ids" if request.allowed_doc_ids is not None else "scope_ref"
