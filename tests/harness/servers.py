@@ -75,10 +75,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO_ROOT / "compose" / "local"
 HOST = "127.0.0.1"
 
-SERVER_NAMES: tuple[str, ...] = ("kafka", "opensearch", "redis", "postgres")
+SERVER_NAMES: tuple[str, ...] = ("kafka", "opensearch", "qdrant", "redis", "postgres")
 ENV_VARS: dict[str, str] = {
     "kafka": "ORRERY_KAFKA_BOOTSTRAP",
     "opensearch": "ORRERY_OPENSEARCH_URL",
+    "qdrant": "ORRERY_QDRANT_URL",
     "redis": "ORRERY_REDIS_URL",
     "postgres": "ORRERY_DATABASE_URL",
 }
@@ -505,6 +506,20 @@ def postgres_probe(port: int, timeout: float = 2.0) -> bool:
         return False
 
 
+def qdrant_probe(http_port: int, grpc_port: int, timeout: float = 2.0) -> bool:
+    """True when ``GET /readyz`` answers 200 (collections loaded, consensus up) and the gRPC
+    port accepts a connection (the server adapter may use either)."""
+    url = f"http://{HOST}:{http_port}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            if response.status != 200:
+                return False
+        with socket.create_connection((HOST, grpc_port), timeout=timeout):
+            return True
+    except (OSError, http.client.HTTPException):
+        return False
+
+
 # --------------------------------------------------------------------------- servers
 
 
@@ -756,6 +771,62 @@ class OpenSearchServer(Server):
         return opensearch_probe(ports["http"])
 
 
+class QdrantServer(Server):
+    """The Qdrant server binary (``$ORRERY_QDRANT_BIN``, else ``../shared/bin/qdrant`` next to
+    the repository; see that directory's README), one node, storage under its dir."""
+
+    def __init__(self, base_dir: Path, cache_dir: Path) -> None:
+        super().__init__(base_dir, cache_dir, "qdrant", {"http": 16333, "grpc": 16334})
+
+    @staticmethod
+    def binary() -> Path:
+        given = os.environ.get("ORRERY_QDRANT_BIN")
+        path = Path(given) if given else REPO_ROOT.parent / "shared" / "bin" / "qdrant"
+        if not path.is_file() or not os.access(path, os.X_OK):
+            how = "ORRERY_QDRANT_BIN" if given else "the default (set ORRERY_QDRANT_BIN)"
+            raise HarnessError(f"qdrant: no executable server binary at {path} ({how})")
+        return path.resolve()
+
+    def prepare(self) -> Launch:
+        binary = self.binary()
+        version_out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, check=False, timeout=30
+        ).stdout
+        match = re.search(r"qdrant (\S+)", version_out)
+        http, grpc = pick_ports(list(self.preferred_ports.values()))
+        self.reset_data()
+        config = self.dir / "config.yaml"
+        # JSON is YAML: no YAML writer needed in a stdlib-only harness. Everything the server
+        # writes goes under data/ (storage, snapshots, temp files); it runs with cwd = self.dir.
+        config.write_text(
+            json.dumps(
+                {
+                    "log_level": "INFO",
+                    "telemetry_disabled": True,
+                    "storage": {
+                        "storage_path": str(self.data_dir / "storage"),
+                        "snapshots_path": str(self.data_dir / "snapshots"),
+                        "temp_path": str(self.dir / "tmp"),
+                    },
+                    "service": {"host": HOST, "http_port": http, "grpc_port": grpc},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        return Launch(
+            argv=[str(binary), "--config-path", str(config), "--disable-telemetry"],
+            ports={"http": http, "grpc": grpc},
+            version=match.group(1) if match else "unknown",
+        )
+
+    def url(self, ports: dict[str, int]) -> str:
+        return f"http://{HOST}:{ports['http']}"
+
+    def probe(self, ports: dict[str, int]) -> bool:
+        return qdrant_probe(ports["http"], ports["grpc"])
+
+
 class RedisServer(Server):
     """Debian's redis-server, no persistence."""
 
@@ -968,6 +1039,7 @@ class PostgresServer(Server):
 SERVER_CLASSES: dict[str, type[Server]] = {
     "kafka": KafkaServer,
     "opensearch": OpenSearchServer,
+    "qdrant": QdrantServer,
     "redis": RedisServer,
     "postgres": PostgresServer,
 }
