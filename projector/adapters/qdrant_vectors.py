@@ -306,11 +306,17 @@ class QdrantServerVectorIndex:
 
         One `update_collection_aliases` call (delete + create): readers of the alias see
         the previous collection or this one, never none. An unknown generation is
-        `NOT_FOUND`; an alias named like an existing collection is `INVALID_REQUEST`.
+        `NOT_FOUND` and leaves the alias as it was; an alias named like an existing
+        collection is `INVALID_REQUEST`.
         """
         _check_alias(alias)
         name = self.collection_name(generation_id)
         self._check_open()
+        # A Qdrant server (1.16) applies the delete even when the create then fails on a
+        # missing collection, which would leave no alias at all: refuse before changing it.
+        with _translated(f"find generation {generation_id}", generation_id):
+            if not self._client.collection_exists(name):
+                raise _not_found(generation_id)
         operations: list[models.AliasOperations] = [
             models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias)),
             models.CreateAliasOperation(
