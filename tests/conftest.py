@@ -1,4 +1,4 @@
-"""Shared fixtures: the local server harness (Kafka, OpenSearch, Redis, PostgreSQL).
+"""Shared fixtures: the local server harness (Kafka, OpenSearch, Qdrant, Redis, PostgreSQL).
 
 `make test` runs `make servers-up` first. A test that needs a server asks for its URL
 through `require_server`; when the server is not up the test is skipped with the reason,
@@ -18,6 +18,7 @@ from tests.harness.servers import server_urls
 _ENV_NAMES = {
     "kafka": "ORRERY_KAFKA_BOOTSTRAP",
     "opensearch": "ORRERY_OPENSEARCH_URL",
+    "qdrant": "ORRERY_QDRANT_URL",
     "redis": "ORRERY_REDIS_URL",
     "postgres": "ORRERY_DATABASE_URL",
 }

@@ -1,7 +1,7 @@
 """Conformance suite for `EngineReadback` (`stored_pairs`): what an engine holds for a
 generation, read back from the engine itself. Every lexical and vector engine runs every
-test; server engines are marked `servers` (OpenSearch needs the harness; Qdrant runs in
-qdrant-client's local mode).
+test; server engines are marked `servers` (OpenSearch and the Qdrant server come from
+the harness).
 
 `stored_pairs` is the evidence `orrery gen verify` and the query workers' eligibility
 checks compare with the registry, so it must see exactly what searches see: writes,
@@ -72,8 +72,8 @@ def _qdrant_edge(workdir: Path) -> Engine:
     return _engine(index, lambda g: index.create(g, DIM))
 
 
-def _qdrant_local(workdir: Path) -> Engine:
-    index = QdrantServerVectorIndex(path=str(workdir / "qdrant"), collection_prefix=PREFIX)
+def _qdrant(workdir: Path) -> Engine:
+    index = QdrantServerVectorIndex(url=require_server("qdrant"), collection_prefix=PREFIX)
     return _engine(index, lambda g: index.create(g, DIM))
 
 
@@ -81,9 +81,12 @@ ENGINES: dict[str, Callable[[Path], Engine]] = {
     "tantivy": _tantivy,
     "opensearch": _opensearch,
     "qdrant-edge": _qdrant_edge,
-    "qdrant": _qdrant_local,
+    "qdrant": _qdrant,
 }
-MARKS: dict[str, Sequence[pytest.MarkDecorator]] = {"opensearch": [pytest.mark.servers]}
+MARKS: dict[str, Sequence[pytest.MarkDecorator]] = {
+    "opensearch": [pytest.mark.servers],
+    "qdrant": [pytest.mark.servers],
+}
 
 
 @pytest.fixture(params=[pytest.param(n, marks=MARKS.get(n, ())) for n in ENGINES])

@@ -1,15 +1,17 @@
 """Native alias mirrors and other specifics of the Qdrant server vector adapters.
 
-Runs against the server at `ORRERY_QDRANT_URL` when set (collections and aliases carry a
-unique prefix per test and are dropped afterwards), else against qdrant-client's local
-mode in memory. Not marked `servers`: CI runs it without a Qdrant server. The shared
-port cases are in `test_vector_index.py` (engine "qdrant-server").
+Runs against the harness's Qdrant server (`ORRERY_QDRANT_URL`; collections and aliases
+carry a unique prefix per test and are dropped afterwards), so these tests are marked
+`servers`. The few tests at the end that build their own index use qdrant-client's local
+mode on purpose: they check the constructor, closing, and local mode's one-client-per-path
+rule, which need no server. The shared port cases are in `test_vector_index.py` (engines
+"qdrant-server" and "qdrant-local").
 """
 
 from __future__ import annotations
 
 import gc
-import os
+import importlib.metadata
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from projector.adapters import qdrant_edge_vectors
 from projector.adapters.qdrant_vectors import QdrantServerVectorIndex, open_qdrant_client
 from query.adapters.qdrant_vectors import QdrantServerVectorSearch
 from tests.conformance.corpus import CORPUS, DIM, doc, unit
+from tests.conftest import require_server
 
 
 @dataclass
@@ -51,10 +54,9 @@ class Qdrant:
         return {str((point.payload or {})["document_id"]) for point in response.points}
 
 
-@pytest.fixture
+@pytest.fixture(params=[pytest.param("qdrant-server", marks=[pytest.mark.servers])])
 def qdrant() -> Iterator[Qdrant]:
-    url = os.environ.get("ORRERY_QDRANT_URL")
-    client = QdrantClient(url=url, check_compatibility=False) if url else QdrantClient(":memory:")
+    client = QdrantClient(url=require_server("qdrant"), check_compatibility=False)
     prefix = f"orrery-test-{uuid.uuid4().hex[:8]}"
     harness = Qdrant(
         client=client,
@@ -215,7 +217,7 @@ def test_create_requests_every_payload_index(
         return create_payload_index(collection_name, field_name, **kwargs)
 
     monkeypatch.setattr(qdrant.client, "create_payload_index", recording)
-    qdrant.index.create("g", DIM)  # local mode ignores them, without leaking its warning
+    qdrant.index.create("g", DIM)
     keyword = models.KeywordIndexType.KEYWORD
 
     def graphed(**params: Any) -> models.KeywordIndexParams:
@@ -318,3 +320,22 @@ def test_unreachable_server_is_dependency_unavailable() -> None:
     finally:
         index.close()
         search.close()
+
+
+def test_the_client_is_newer_than_the_server_on_purpose(qdrant: Qdrant) -> None:
+    """qdrant-client 1.20 against the Qdrant 1.16 server (the harness's binary; compose pins
+    the same image): the minor-version check is lifted deliberately (the adapters open
+    clients with `check_compatibility=False`), and this module plus the "qdrant-server"
+    engine of `test_vector_index.py` are what shows the pair works. What the skew costs is
+    pinned here so an upgrade of either side comes back to it: a 1.16 server accepts but
+    does not keep `enable_hnsw` on payload indexes (1.17+), so the per-field choice of
+    payload-aware graph links (`GRAPH_FIELDS`) has no effect there; filters still select
+    exactly (test_filter_agreement.py)."""
+    client_minor = importlib.metadata.version("qdrant-client").split(".")[:2]
+    server_minor = qdrant.client.info().version.split(".")[:2]
+    assert (client_minor, server_minor) == (["1", "20"], ["1", "16"])
+    qdrant.index.create("g", DIM)
+    schema = qdrant.client.get_collection(qdrant.index.collection_name("g")).payload_schema
+    galaxy = schema["galaxy"].params
+    assert isinstance(galaxy, models.KeywordIndexParams) and galaxy.is_tenant
+    assert galaxy.enable_hnsw is None  # sent as True; a 1.16 server drops it

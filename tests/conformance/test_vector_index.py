@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import random
 import shutil
 import threading
@@ -45,6 +44,7 @@ from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.qdrant_vectors import QdrantServerVectorSearch
 from query.ports import VectorSearch
 from tests.conformance.corpus import CORPUS, DIM, doc, unit
+from tests.conftest import require_server
 
 # -- engines under test ----------------------------------------------------------------
 
@@ -72,21 +72,17 @@ def _qdrant_edge(storage: Path) -> Engine:
     return Engine(index=index, search=QdrantEdgeVectorSearch(index.shard_for), optimize=optimize)
 
 
-# A real server (`ORRERY_QDRANT_URL`) is shared: this run's collections carry their own prefix.
+# The harness's Qdrant server is shared: this run's collections carry their own prefix.
 _QDRANT_TEST_PREFIX = f"orrery-test-{uuid.uuid4().hex[:8]}"
 
 
 def _qdrant_server(storage: Path) -> Engine:
-    """The server adapters on `ORRERY_QDRANT_URL`, else on qdrant-client local mode.
+    """The server adapters on the harness's Qdrant server (`ORRERY_QDRANT_URL`).
 
-    Local mode persists under `storage` (one client per path: index and search share it,
-    and `restart` reopens it from disk). Neither builds HNSW on request: `optimize` is a
-    no-op (a server indexes on its own schedule, local mode is brute force).
+    `restart` opens a new client: the collection lives in the server. `optimize` is a
+    no-op: the server indexes on its own schedule.
     """
-    url = os.environ.get("ORRERY_QDRANT_URL")
-    client = (
-        QdrantClient(url=url, check_compatibility=False) if url else QdrantClient(path=str(storage))
-    )
+    client = QdrantClient(url=require_server("qdrant"), check_compatibility=False)
     return Engine(
         index=QdrantServerVectorIndex(client, collection_prefix=_QDRANT_TEST_PREFIX),
         search=QdrantServerVectorSearch(client, collection_prefix=_QDRANT_TEST_PREFIX),
@@ -94,8 +90,27 @@ def _qdrant_server(storage: Path) -> Engine:
     )
 
 
-ENGINES: dict[str, EngineFactory] = {"qdrant-edge": _qdrant_edge, "qdrant-server": _qdrant_server}
-ENGINE_MARKS: dict[str, list[pytest.MarkDecorator]] = {}
+def _qdrant_local(storage: Path) -> Engine:
+    """The same adapters on qdrant-client's local mode under `storage`.
+
+    Kept on purpose: server mode without `ORRERY_QDRANT_URL` still runs on local mode
+    (`orrery.servers.qdrant_client`), so that path must keep passing the port's suite.
+    One client per path: index and search share it; `restart` reopens it from disk.
+    """
+    client = QdrantClient(path=str(storage))
+    return Engine(
+        index=QdrantServerVectorIndex(client, collection_prefix=_QDRANT_TEST_PREFIX),
+        search=QdrantServerVectorSearch(client, collection_prefix=_QDRANT_TEST_PREFIX),
+        optimize=lambda _generation_id: None,
+    )
+
+
+ENGINES: dict[str, EngineFactory] = {
+    "qdrant-edge": _qdrant_edge,
+    "qdrant-server": _qdrant_server,
+    "qdrant-local": _qdrant_local,
+}
+ENGINE_MARKS: dict[str, list[pytest.MarkDecorator]] = {"qdrant-server": [pytest.mark.servers]}
 
 
 class Harness:

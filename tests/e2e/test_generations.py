@@ -883,7 +883,7 @@ def test_a_rebuilt_generation_keeps_deletes_made_before_its_snapshot(
 @pytest.mark.servers
 @pytest.mark.slow
 def test_server_mode_build_verify_promote_rollback(tmp_path: Path) -> None:
-    """The main flow over OpenSearch + Qdrant (qdrant-client local mode) + Kafka: the
+    """The main flow over OpenSearch + Qdrant server + Kafka: the
     same admin API, with native aliases mirrored on promote and rollback."""
     from tests.e2e.test_servers_http import server_env
 

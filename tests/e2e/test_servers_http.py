@@ -1,5 +1,4 @@
-"""End to end in server mode: real Kafka, OpenSearch and Redis (local harness), Qdrant
-through qdrant-client's local mode (or a real server with ORRERY_QDRANT_URL).
+"""End to end in server mode: real Kafka, OpenSearch, Qdrant and Redis (local harness).
 
 The same corpus gives the same answers as the embedded deployment.
 """
@@ -42,6 +41,7 @@ def server_env(tag: str, **overrides: str) -> dict[str, str]:
         "ORRERY_MODE": "servers",
         "ORRERY_KAFKA_BOOTSTRAP": require_server("kafka"),
         "ORRERY_OPENSEARCH_URL": require_server("opensearch"),
+        "ORRERY_QDRANT_URL": require_server("qdrant"),
         "ORRERY_REDIS_URL": require_server("redis"),
         "ORRERY_KAFKA_TOPIC_PREFIX": f"orrery-test-{tag}.records",
         "ORRERY_KAFKA_GROUP": f"orrery-test-{tag}",
@@ -200,7 +200,7 @@ def test_separate_processes_and_projector_crash(tmp_path: Path) -> None:
             require_server("opensearch"), index_prefix=f"orrery-test-{tag}"
         )
         vectors = QdrantServerVectorIndex(
-            path=str(data_dir / "qdrant-local"), collection_prefix=f"orrery-test-{tag}"
+            url=require_server("qdrant"), collection_prefix=f"orrery-test-{tag}"
         )
         try:
             for evidence in (lexical.evidence(generation), vectors.evidence(generation)):
