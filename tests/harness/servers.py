@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Local real-server harness: Kafka (KRaft), OpenSearch, Redis and PostgreSQL on 127.0.0.1, no
-Docker.
+"""Local real-server harness: Kafka (KRaft), OpenSearch, Qdrant, Redis and PostgreSQL on
+127.0.0.1, no Docker.
 
 Command line::
 
-    python tests/harness/servers.py up [--only kafka,opensearch,redis,postgres]
+    python tests/harness/servers.py up [--only kafka,opensearch,qdrant,redis,postgres]
     python tests/harness/servers.py status
     python tests/harness/servers.py env        # prints servers.env; eval "$(... env)"
     python tests/harness/servers.py down [--only ...]
@@ -23,7 +23,8 @@ What is guaranteed
   ``$ORRERY_CACHE_DIR`` (default ``~/.cache/orrery``) and are reused by later runs.
 * ``up`` returns only after each started server answered a real protocol request
   (Kafka ApiVersions + Metadata listing this broker, OpenSearch cluster health yellow/green,
-  Redis PING -> PONG, PostgreSQL startup -> ReadyForQuery), or after it was declared failed
+  Qdrant /readyz 200 + gRPC port open, Redis PING -> PONG, PostgreSQL startup ->
+  ReadyForQuery), or after it was declared failed
   (timeout ``$ORRERY_SERVERS_TIMEOUT`` seconds, default 180, or the process died). A failure
   prints the last 40 lines of that server's log, names the server, and stops whatever of it
   was still running.
@@ -795,6 +796,8 @@ class QdrantServer(Server):
         match = re.search(r"qdrant (\S+)", version_out)
         http, grpc = pick_ports(list(self.preferred_ports.values()))
         self.reset_data()
+        # Qdrant marks its working directory as initialised; a fresh start has fresh storage.
+        (self.dir / ".qdrant-initialized").unlink(missing_ok=True)
         config = self.dir / "config.yaml"
         # JSON is YAML: no YAML writer needed in a stdlib-only harness. Everything the server
         # writes goes under data/ (storage, snapshots, temp files); it runs with cwd = self.dir.
@@ -1327,8 +1330,9 @@ def server_status(base_dir: str | Path | None = None) -> dict[str, dict[str, Any
 
 def server_urls(base_dir: str | Path | None = None) -> dict[str, str | None]:
     """For test fixtures: {"kafka": "127.0.0.1:P" | None, "opensearch": url | None,
-    "redis": url | None} from servers.json; None if the server is missing, failed, stopped,
-    or its recorded process is no longer alive. Cheap (no network calls); never raises.
+    "qdrant": url | None, "redis": url | None, "postgres": url | None} from servers.json;
+    None if the server is missing, failed, stopped, or its recorded process is no longer
+    alive. Cheap (no network calls); never raises.
     """
     base = _resolve(base_dir, default_base_dir)
     summary = _read_json(base / "servers.json") or {}
