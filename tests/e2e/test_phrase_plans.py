@@ -1,5 +1,5 @@
 """Controlled-term phrase plans end to end over HTTP: a real `orrery serve` (embedded
-stack, real embedder), and in server mode (OpenSearch, Qdrant local mode, Kafka, Redis)
+stack, real embedder), and in server mode (OpenSearch, Qdrant server, Kafka, Redis)
 the same plans giving the same answers.
 
 Every error code of phrase plans is exercised: `unknown_vocabulary`,
