@@ -11,6 +11,7 @@ through the oversized bodies.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, start_server
+from tests.e2e.test_generations import DEPLOYMENTS
+from tests.e2e.test_servers_http import server_env
 
 NS = "hostile"
 KIND = "objects"
@@ -323,11 +326,16 @@ def searchable(srv: Server, item: str, text: str) -> bool:
     return any(r["item_id"] == item for r in response.json()["results"])
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_server(
-        tmp_path_factory.mktemp("hostile") / "data", env={"ORRERY_ADMIN_KEY": ADMIN_KEY}
-    )
+@pytest.fixture(scope="module", params=DEPLOYMENTS)
+def srv(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """The same table against both deployments: embedded, and server mode (ingest, relay
+    to Kafka, projector, query on OpenSearch + the Qdrant server in one process)."""
+    env = {"ORRERY_ADMIN_KEY": ADMIN_KEY}
+    if request.param == "servers":
+        env.update(server_env(uuid.uuid4().hex[:8]))
+    server = start_server(tmp_path_factory.mktemp("hostile") / "data", env=env)
     yield server
     server.stop()
 

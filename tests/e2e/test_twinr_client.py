@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import types
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ import pytest
 
 from contracts.records import derive_document_id
 from tests.e2e.conftest import Server, start_server
+from tests.e2e.test_generations import DEPLOYMENTS
+from tests.e2e.test_servers_http import server_env
 
 pytestmark = [pytest.mark.slow]
 
@@ -52,12 +55,17 @@ def _import_client() -> Any:
     return client, models
 
 
-@pytest.fixture(scope="module")
-def twinr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, Server]]:
+@pytest.fixture(scope="module", params=DEPLOYMENTS)
+def twinr(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, Any, Server]]:
+    """Twinr's client against both deployments (server mode: Kafka, OpenSearch, the
+    Qdrant server, Redis)."""
     client_mod, models = _import_client()
-    srv = start_server(
-        tmp_path_factory.mktemp("twinr") / "data", env={"ORRERY_API_KEYS": f"{API_KEY}={NAMESPACE}"}
-    )
+    env = {"ORRERY_API_KEYS": f"{API_KEY}={NAMESPACE}"}
+    if request.param == "servers":
+        env.update(server_env(uuid.uuid4().hex[:8]))
+    srv = start_server(tmp_path_factory.mktemp("twinr") / "data", env=env)
     config = models.ChonkyDBConnectionConfig(
         base_url=f"http://127.0.0.1:{srv.port}", api_key=API_KEY, timeout_s=30.0
     )
