@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.generations import EvidenceCheck, GenerationDescriptor, GenerationState
+from contracts.names import Namespace
 from contracts.records import Name
 
 __all__ = [
@@ -37,12 +38,12 @@ class _Strict(BaseModel):
 
 
 class BuildRequest(_Strict):
-    namespace: Name
+    namespace: Namespace
     snapshot_kind: Name
 
 
 class RollbackRequest(_Strict):
-    namespace: Name
+    namespace: Namespace
     snapshot_kind: Name
 
 

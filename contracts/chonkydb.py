@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.names import Namespace
 from contracts.records import AwareDatetime, Name
 from contracts.topk import QueryFilters, QueryPlan, ScoreBreakdown
 
@@ -114,7 +115,7 @@ class _DialectQuery(_Strict):
     allowed_indexes: list[str] | None = Field(
         default=None, min_length=1, max_length=8, description=_INDEXES_DESCRIPTION
     )
-    namespace: Name | None = Field(
+    namespace: Namespace | None = Field(
         default=None, description="None = the API key's namespace (required without a key)"
     )
     scope_ref: str | None = Field(default=None, min_length=1, max_length=256)
@@ -275,7 +276,7 @@ class BulkRecordItem(_Strict):
     include_insights_in_response: bool = False
     timeout_seconds: float | None = Field(default=None, gt=0.0)
     targets: list[dict[str, Any]] | None = Field(default=None, max_length=16)
-    namespace: Name | None = None
+    namespace: Namespace | None = None
     galaxy: Name | None = None
     snapshot_kind: Name | None = None
     item_id: str | None = Field(default=None, min_length=1, max_length=512)

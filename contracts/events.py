@@ -6,6 +6,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.names import namespace_token
 from contracts.records import Record
 
 __all__ = ["POSITION_HEADER", "LogEntry", "RecordChanged", "topic_for", "topic_pattern"]
@@ -49,8 +50,9 @@ POSITION_HEADER = "orrery-position"
 
 
 def topic_for(topic_prefix: str, namespace: str) -> str:
-    """The topic that carries a namespace's events."""
-    return f"{topic_prefix}.{namespace}"
+    """The topic that carries a namespace's events: `{prefix}.{namespace_token(ns)}`,
+    within Kafka's topic alphabet and length (249) for any namespace."""
+    return f"{topic_prefix}.{namespace_token(namespace)}"
 
 
 def topic_pattern(topic_prefix: str) -> str:

@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, model_validator
 
 from contracts.index_fields import TEXT_TOKEN_MAX_BYTES
+from contracts.names import Namespace
 from contracts.records import Name
 
 __all__ = [
@@ -146,10 +147,11 @@ class PhrasePlanReport(BaseModel):
     )
 
 
-class VocabularySet(RootModel[dict[Name, dict[Name, dict[Term, list[Phrase]]]]]):
+class VocabularySet(RootModel[dict[Namespace, dict[Name, dict[Term, list[Phrase]]]]]):
     """`ORRERY_VOCABULARIES`: `{namespace: {vocabulary: {term: [phrase, ...]}}}`.
 
-    Namespace and vocabulary names follow the record name rule (letters, digits, `_.-`).
+    Namespaces follow the namespace rule (`contracts.names`), vocabulary names the record
+    name rule (letters, digits, `_.-`).
 
     Every term stands for 1..32 phrases; a phrase must contain a word (letters or
     digits) and no word of 40 or more UTF-8 bytes (the analyzer would drop it). Two

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from contracts.digests import sha256_json
+from contracts.names import Namespace
 
 __all__ = [
     "DEFAULT_GALAXY",
@@ -204,7 +205,7 @@ class Record(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    namespace: Name
+    namespace: Namespace
     snapshot_kind: Name
     item_id: Annotated[str, AfterValidator(_check_item_id)] = Field(min_length=1, max_length=512)
     revision: int = Field(ge=1, le=2**62)

@@ -12,11 +12,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.generations import CoverageFallback
-from contracts.phrases import PhrasePlan, PhrasePlanReport
 
-# `Name`: a namespace no record can have (NUL, spaces, …) is 422, not a scope that is
+# `Namespace`: a namespace no record can have (NUL, `/`, …) is 422, not a scope that is
 # never ready (503).
-from contracts.records import AwareDatetime, Name
+from contracts.names import Namespace
+from contracts.phrases import PhrasePlan, PhrasePlanReport
+from contracts.records import AwareDatetime
 
 __all__ = [
     "MAX_RESULT_LIMIT",
@@ -112,7 +113,7 @@ class Include(_Strict):
 
 
 class TopKRequest(_Strict):
-    namespace: Name = Field(min_length=1, max_length=128)
+    namespace: Namespace
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
     result_limit: int = Field(default=10, ge=1)
@@ -248,7 +249,7 @@ class TopKResponse(BaseModel):
 class RetrieveRequest(_Strict):
     """The generic API: ranked candidates without payloads."""
 
-    namespace: Name = Field(min_length=1, max_length=128)
+    namespace: Namespace
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
     limit: int = Field(default=10, ge=1)
@@ -304,7 +305,7 @@ class DocumentIdsResponse(BaseModel):
 
 
 class RecordsByIdRequest(_Strict):
-    namespace: Name = Field(min_length=1, max_length=128)
+    namespace: Namespace
     document_ids: list[str] = Field(min_length=1, max_length=1_000)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contracts.embedding import Embedder
 from contracts.generations import Topology
 from contracts.index_fields import TextLanguages
+from contracts.names import namespace_token
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
@@ -62,6 +63,11 @@ def writer_lock_path(data_dir: Path) -> Path:
 def operator_lock(data_dir: Path) -> OperatorLock:
     """The lock that lets one process at a time open `data_dir`'s embedded engines."""
     return OperatorLock(data_dir / "operator.lock")
+
+
+def _embedded_alias_name(_engine: str, namespace: str, kind: str) -> str:
+    """The alias a promote records for the embedded engines (no native aliases)."""
+    return f"live.{namespace_token(namespace)}.{kind}"
 
 
 def _embedded_topology(generation_id: str) -> Topology:
@@ -214,7 +220,7 @@ def embedded_generation_admin(
                 LEXICAL_ENGINE, VECTOR_ENGINE, projector.embedder.embedder_id
             ),
             topology=_embedded_topology,
-            alias_name=lambda _engine, namespace, kind: f"live.{namespace}.{kind}",
+            alias_name=_embedded_alias_name,
             aliases={LEXICAL_ENGINE: None, VECTOR_ENGINE: None},
             drive_log=drive_log,
             options=options,
@@ -274,7 +280,7 @@ def bulk_load_ports(
         vector_engine=VECTOR_ENGINE,
         schema_digest=schema_digest(LEXICAL_ENGINE, VECTOR_ENGINE, embedder.embedder_id),
         topology=_embedded_topology,
-        alias_name=lambda _engine, namespace, kind: f"live.{namespace}.{kind}",
+        alias_name=_embedded_alias_name,
         aliases={LEXICAL_ENGINE: None, VECTOR_ENGINE: None},
         options=options,
     )
@@ -408,8 +414,8 @@ def server_generation_admin(
     """The lifecycle over OpenSearch and Qdrant, and the function that closes what it
     opened. Uses the projector's engines and registry when this process runs one, else
     opens its own (`qdrant` is the process's shared `QdrantClient`, left open). Promote
-    mirrors both engines' native aliases `{prefix}-live.{namespace}.{kind}` (lowercase
-    for OpenSearch)."""
+    mirrors both engines' native aliases `{prefix}-live.{namespace_token}.{kind}`
+    (`contracts.names`; lowercase for OpenSearch)."""
     from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
     from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 
@@ -434,8 +440,8 @@ def server_generation_admin(
 
     def alias_name(engine: str, namespace: str, kind: str) -> str:
         if engine == "opensearch":
-            return f"{opensearch_index_prefix}-live.{namespace}.{kind}".lower()
-        return f"{qdrant_collection_prefix}-live.{namespace}.{kind}"
+            return f"{opensearch_index_prefix}-live.{namespace_token(namespace)}.{kind}".lower()
+        return f"{qdrant_collection_prefix}-live.{namespace_token(namespace)}.{kind}"
 
     lexical_mirror: AliasMirror = lexical
     vector_mirror: AliasMirror = vectors

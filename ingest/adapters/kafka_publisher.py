@@ -2,8 +2,8 @@
 
 Wire format (read by `projector.adapters.kafka_log`):
 
-- topic: `f"{topic_prefix}.{namespace}"`, e.g. `orrery.records.demo`, created on first
-  use with `partitions` partitions;
+- topic: `contracts.events.topic_for` = `f"{topic_prefix}.{namespace_token(namespace)}"`,
+  e.g. `orrery.records.demo`, created on first use with `partitions` partitions;
 - key: the document id (UTF-8), so every event of a document goes to one partition and
   keeps its order there;
 - value: the outbox row's `event_json` byte for byte, i.e. a `RecordChanged` JSON

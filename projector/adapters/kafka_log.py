@@ -1,7 +1,8 @@
 """The server-mode event log: the relay's Kafka topics, read in a consumer group.
 
 Reads what `ingest.adapters.kafka_publisher` writes: one topic per namespace named
-`f"{topic_prefix}.{namespace}"`, key = document id, value = `RecordChanged` JSON, header
+`topic_for(topic_prefix, namespace)` (`{prefix}.{namespace_token}`), key = document id,
+value = `RecordChanged` JSON (which names the namespace), header
 `orrery-position` = the outbox position in ASCII digits.
 """
 

@@ -36,6 +36,7 @@ from contracts.chonkydb import (
     RecordSummary,
 )
 from contracts.errors import ErrorCode, OrreryError
+from contracts.names import Namespace
 from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.topk import Include, QueryFilters, Ranking, RetrieveRequest, TopKRequest
@@ -360,7 +361,7 @@ def create_router(
         offset: int = Query(default=0, ge=0, le=10_000_000),
         limit: int = Query(default=100, ge=1, le=1_000),
         include_metadata: bool = Query(default=True),
-        namespace: str | None = Query(default=None, min_length=1, max_length=128),
+        namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
@@ -405,7 +406,7 @@ def create_router(
         include_document: bool = Query(default=False),
         include_content: bool = Query(default=True),
         max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
-        namespace: str | None = Query(default=None, min_length=1, max_length=128),
+        namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
@@ -428,7 +429,7 @@ def create_router(
         snapshot_kind: str | None = Query(default=None, min_length=1, max_length=128),
         include_content: bool = Query(default=True),
         max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
-        namespace: str | None = Query(default=None, min_length=1, max_length=128),
+        namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:

@@ -74,7 +74,8 @@ def test_an_explicit_document_id_must_be_the_derived_one() -> None:
     "change",
     [
         {"revision": 0},
-        {"namespace": "bad namespace"},
+        {"namespace": "bad/namespace"},
+        {"namespace": " padded"},
         {"ring": "a//b"},
         {"metadata": {"updated_at": "2026-03-19T12:00:00"}},
         {"metadata": {"room": {"nested": 1}}},
