@@ -40,6 +40,7 @@ __all__ = [
     "TOKEN_MAX_LENGTH",
     "Namespace",
     "check_namespace",
+    "live_alias_name",
     "namespace_token",
 ]
 
@@ -77,6 +78,15 @@ def namespace_token(namespace: str) -> str:
     hashed = base64.b32encode(digest).decode("ascii").lower()[:_HASH_CHARS]
     slug = _SLUG_DROP.sub("-", namespace.lower()).strip("-")[:_SLUG_MAX].strip("-")
     return f"_{slug}-{hashed}" if slug else f"_{hashed}"
+
+
+def live_alias_name(namespace: str, snapshot_kind: str, prefix: str | None = None) -> str:
+    """The name of the alias that mirrors a scope's live pointer: `live.<token>.<kind>`,
+    as `{prefix}-live.<token>.<kind>` when the engine's names carry a prefix. The token
+    has no `.`, so the name splits back into token and kind at its first `.` after
+    `live`. (OpenSearch folds the name to lowercase; the token already is.)"""
+    name = f"live.{namespace_token(namespace)}.{snapshot_kind}"
+    return name if prefix is None else f"{prefix}-{name}"
 
 
 Namespace = Annotated[

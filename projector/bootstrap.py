@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contracts.embedding import Embedder
 from contracts.generations import Topology
 from contracts.index_fields import TextLanguages
-from contracts.names import namespace_token
+from contracts.names import live_alias_name
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
@@ -67,7 +67,7 @@ def operator_lock(data_dir: Path) -> OperatorLock:
 
 def _embedded_alias_name(_engine: str, namespace: str, kind: str) -> str:
     """The alias a promote records for the embedded engines (no native aliases)."""
-    return f"live.{namespace_token(namespace)}.{kind}"
+    return live_alias_name(namespace, kind)
 
 
 def _embedded_topology(generation_id: str) -> Topology:
@@ -440,8 +440,8 @@ def server_generation_admin(
 
     def alias_name(engine: str, namespace: str, kind: str) -> str:
         if engine == "opensearch":
-            return f"{opensearch_index_prefix}-live.{namespace_token(namespace)}.{kind}".lower()
-        return f"{qdrant_collection_prefix}-live.{namespace_token(namespace)}.{kind}"
+            return live_alias_name(namespace, kind, opensearch_index_prefix).lower()
+        return live_alias_name(namespace, kind, qdrant_collection_prefix)
 
     lexical_mirror: AliasMirror = lexical
     vector_mirror: AliasMirror = vectors

@@ -103,3 +103,17 @@ CORPUS: list[IndexDocument] = [
         updated_at=datetime(2026, 5, 1, tzinfo=UTC),
     ),
 ]
+
+
+# Namespaces the rule accepts (`contracts.names`) that must never become a name as they
+# are: Twinr's, path tricks without `/` (which the rule refuses), another script and an
+# emoji, 255 characters, and a case twin of "ns" (OpenSearch folds case).
+HOSTILE_NAMESPACES: tuple[str, ...] = (
+    "twinr_longterm_v1:twinr:deff13356ec6",
+    "twinr_longterm_v1:Mein Zuhause (alt):a7f1ed265838",
+    "..",
+    "..:..%2F..",
+    "日本語 🪐 Küche",
+    "NS",
+    "n" * 255,
+)

@@ -11,6 +11,7 @@ import pytest
 from query.adapters.memory_cache import MemoryCache
 from query.adapters.redis_cache import RedisCache
 from query.ports import Cache
+from tests.conformance.corpus import HOSTILE_NAMESPACES
 from tests.conftest import require_server
 
 
@@ -75,3 +76,12 @@ def test_redis_down_raises_dependency_unavailable() -> None:
     with pytest.raises(DependencyUnavailable):
         dead.set("k", b"v", 1)
     dead.close()
+
+
+def test_keys_naming_hostile_namespaces_stay_apart(cache: Cache) -> None:
+    # Orrery's own keys hash the namespace (`query.service`, `query.scopes`); the port
+    # must still keep any key text apart, byte for byte.
+    keys = [f"scope:{ns}" for ns in ("ns", *HOSTILE_NAMESPACES)]
+    for n, key in enumerate(keys):
+        cache.set(key, str(n).encode(), 60)
+    assert [cache.get(key) for key in keys] == [str(n).encode() for n in range(len(keys))]

@@ -25,6 +25,7 @@ from ingest.relay import relay_outbox
 from projector.adapters.kafka_log import KafkaEventLog, KafkaLogSettings
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
 from projector.ports import EventLog, Undecodable
+from tests.conformance.corpus import HOSTILE_NAMESPACES
 from tests.conftest import require_server
 
 
@@ -335,3 +336,14 @@ def test_acknowledging_out_of_order_still_commits_everything(harness: LogHarness
     log.acknowledge(entries[:-1])
     assert log.lag() == 0
     assert harness.log(committed=entries[-1].position).fetch(10) == []
+
+
+def test_hostile_namespaces_round_trip(harness: LogHarness) -> None:
+    records = [
+        Record(namespace=ns, snapshot_kind="objects", item_id=f"i{n}", revision=1)
+        for n, ns in enumerate(("ns", *HOSTILE_NAMESPACES))
+    ]
+    harness.append(records)
+    entries = fetch_all(harness.log(), len(records))
+    assert sorted(e.event.record.namespace for e in entries) == sorted(r.namespace for r in records)
+    assert {e.event.record.document_id for e in entries} == {r.doc_id for r in records}

@@ -17,12 +17,15 @@ from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.generations import EvidenceCheck, GenerationState, Topology
 from contracts.records import Record
+from contracts.vector_payload import check_generation_id
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
 from projector.generations import DeferredWrites
 from projector.model import transition
+from query.adapters.sqlite_routing import SqliteRouting
+from tests.conformance.corpus import HOSTILE_NAMESPACES
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -356,3 +359,21 @@ def test_routing_reads_state_digest_fallbacks_and_lag_age(tmp_path: Path) -> Non
     finally:
         registry.close()
         store.close()
+
+
+def test_hostile_namespaces_get_their_own_live_generation_and_safe_paths(
+    registry: SqliteProjectorState, tmp_path: Path
+) -> None:
+    # Generation ids, not namespaces, name directories, indexes and collections.
+    live = {ns: _live(registry, ns) for ns in ("ns", *HOSTILE_NAMESPACES)}
+    assert len(set(live.values())) == len(live)
+    routing = SqliteRouting(tmp_path / "orrery.sqlite")
+    for ns, generation_id in live.items():
+        check_generation_id(generation_id)
+        pointer = registry.live_pointer(ns, "objects")
+        assert pointer is not None and pointer.generation_id == generation_id
+        _, descriptor = registry.generation(generation_id)
+        assert descriptor.namespace == ns
+        assert ns not in (descriptor.topology.lexical_index, descriptor.topology.vector_index)
+        route = routing.route(ns, "objects")
+        assert route is not None and route.generation_id == generation_id

@@ -16,8 +16,9 @@ import pytest
 from opensearchpy import OpenSearch
 
 from contracts.errors import ErrorCode, OrreryError
+from contracts.names import live_alias_name
 from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
-from tests.conformance.corpus import CORPUS, doc
+from tests.conformance.corpus import CORPUS, HOSTILE_NAMESPACES, doc
 from tests.conftest import require_server
 
 pytestmark = pytest.mark.servers
@@ -118,3 +119,20 @@ def test_an_alias_named_like_an_index_is_rejected(aliases: AliasHarness) -> None
         aliases.index.mirror_alias(aliases.name("g2"), "g1")
     assert raised.value.code is ErrorCode.INVALID_REQUEST
     assert aliases.client.indices.exists(index=aliases.name("g2"))
+
+
+def test_aliases_of_hostile_namespaces_are_valid_and_distinct(aliases: AliasHarness) -> None:
+    aliases.index.apply("g1", CORPUS, [])
+    # As `projector.bootstrap` names them for OpenSearch.
+    names = {
+        ns: live_alias_name(ns, "objects", aliases.prefix).lower()
+        for ns in ("ns", *HOSTILE_NAMESPACES)
+    }
+    assert len(set(names.values())) == len(names)
+    for ns, alias in names.items():
+        aliases.index.mirror_alias(alias, "g1" if ns != "NS" else "g2")
+    for ns, alias in names.items():
+        answer = aliases.client.indices.get_alias(name=alias)
+        assert set(answer) == {aliases.name("g1" if ns != "NS" else "g2")}, ns
+        expected = len(CORPUS) if ns != "NS" else 0
+        assert aliases.client.count(index=alias)["count"] == expected, ns

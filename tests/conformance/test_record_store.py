@@ -13,6 +13,7 @@ from contracts.records import Record
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.model import Decision
 from ingest.ports import RecordStore
+from tests.conformance.corpus import HOSTILE_NAMESPACES
 
 
 def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> Callable[[], RecordStore]:
@@ -164,3 +165,15 @@ def test_heads_name_the_newest_revision_tombstones_included(store: RecordStore) 
     assert (heads[b].revision, heads[b].deleted) == (2, True)
     assert heads[a].item_id == "a" and heads[a].snapshot_kind == "objects"
     assert store.heads([]) == []
+
+
+def test_hostile_namespaces_round_trip(store: RecordStore) -> None:
+    records = [
+        Record(namespace=ns, snapshot_kind="objects", item_id="same", revision=1)
+        for ns in ("ns", *HOSTILE_NAMESPACES)
+    ]
+    store.write(records)
+    heads = {h.document_id: h for h in store.heads([r.doc_id for r in records])}
+    assert {r.doc_id: r.namespace for r in records} == {
+        doc_id: head.namespace for doc_id, head in heads.items()
+    }

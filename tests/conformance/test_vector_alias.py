@@ -24,10 +24,11 @@ from qdrant_client import QdrantClient, models
 from contracts import vector_payload
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import SearchFilter
+from contracts.names import live_alias_name
 from projector.adapters import qdrant_edge_vectors
 from projector.adapters.qdrant_vectors import QdrantServerVectorIndex, open_qdrant_client
 from query.adapters.qdrant_vectors import QdrantServerVectorSearch
-from tests.conformance.corpus import CORPUS, DIM, doc, unit
+from tests.conformance.corpus import CORPUS, DIM, HOSTILE_NAMESPACES, doc, unit
 from tests.conftest import require_server
 
 
@@ -183,6 +184,21 @@ def test_unsafe_alias_names_are_rejected(qdrant: Qdrant) -> None:
         with pytest.raises(OrreryError) as raised:
             qdrant.index.mirror_alias(bad, "g1")
         assert raised.value.code is ErrorCode.INVALID_REQUEST
+
+
+def test_aliases_of_hostile_namespaces_are_valid_and_distinct(qdrant: Qdrant) -> None:
+    _two_generations(qdrant)
+    # As `projector.bootstrap` names them for Qdrant.
+    names = {
+        ns: live_alias_name(ns, "objects", qdrant.prefix) for ns in ("ns", *HOSTILE_NAMESPACES)
+    }
+    assert len(set(names.values())) == len(names)
+    for ns, alias in names.items():
+        qdrant.index.mirror_alias(alias, "g2" if ns == "NS" else "g1")
+    for ns, alias in names.items():
+        assert qdrant.index.resolve_alias(alias) == ("g2" if ns == "NS" else "g1"), ns
+        expected = {"b1", "b2", "b3"} if ns == "NS" else {"a1", "a2"}
+        assert qdrant.ids_through_alias(alias) == expected, ns
 
 
 # -- server adapter specifics -----------------------------------------------------------
