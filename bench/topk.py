@@ -783,6 +783,8 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     env = {
         **ingest_env(args.batch_size),
         "ORRERY_OPTIMIZE_INTERVAL_SECONDS": f"{OPTIMIZE_INTERVAL_S:g}",
+        # Whatever the server's default, the limit measured must be allowed.
+        "ORRERY_MAX_RESULT_LIMIT": str(max(args.result_limit, 100)),
     }
     result: dict[str, Any] = {"size": size, "corpus_generate_seconds": round(generate_s, 2)}
     result["server_source_sha256"] = source_digest()
@@ -968,6 +970,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "server_env": {
                 "ORRERY_MAX_BATCH": args.batch_size,
                 "ORRERY_OPTIMIZE_INTERVAL_SECONDS": OPTIMIZE_INTERVAL_S,
+                "ORRERY_MAX_RESULT_LIMIT": max(args.result_limit, 100),
             },
             "bytes_counted": (
                 "HTTP/1.1 request and response bodies exactly (no content-encoding) plus "
