@@ -71,7 +71,7 @@ class QueryLimits:
     rank inside the window is known).
     """
 
-    max_result_limit: int = 100
+    max_result_limit: int = 500
     candidate_depth: int = 100
     freshness_half_life_days: float = 30.0
     response_ttl_seconds: float = 300.0

@@ -32,7 +32,13 @@ class QuerySettings(BaseSettings):
         "counted while a chunked body streams in) = 413 body_too_large. A batch of "
         "max_batch records with vectors may need more (about 8 KB per 384-d vector)",
     )
-    max_result_limit: int = Field(default=100, ge=1, le=1_000)
+    max_result_limit: int = Field(
+        default=500,
+        ge=1,
+        le=1_000,
+        description="Largest result_limit / page_size (Twinr asks for up to 500; the cost "
+        "per limit: docs/chonkydb.md)",
+    )
     candidate_depth: int = Field(
         default=100, ge=1, le=10_000, description="Candidates fetched per source"
     )
