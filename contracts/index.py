@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.errors import ErrorCode, OrreryError
 from contracts.index_fields import BODY, SOURCE_TEXT_FIELDS, TAGS, TEXT, TITLE
 from contracts.records import AwareDatetime, Record
 
@@ -24,6 +25,7 @@ __all__ = [
     "IndexDocument",
     "SearchFilter",
     "field_boosts",
+    "id_lookup_size",
     "is_unicode",
     "to_index_document",
 ]
@@ -153,6 +155,19 @@ class SearchFilter(BaseModel):
             *self.phrases,
         ]
         return any(values is not None and len(values) == 0 for values in lists)
+
+
+def id_lookup_size(filter: SearchFilter, engine: str) -> int:
+    """How many documents a score lookup by id (the ports' `scores`) can return: the
+    distinct ids `filter.document_ids` lists. A filter without ids is refused
+    (`INTERNAL`): lookups are bounded by their ids, never a scan."""
+    if filter.document_ids is None:
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "a score lookup needs a filter with document_ids",
+            {"engine": engine},
+        )
+    return len(set(filter.document_ids))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

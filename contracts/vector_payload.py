@@ -65,6 +65,7 @@ __all__ = [
     "check_generation_id",
     "check_query_vector",
     "check_vector",
+    "cosine_score",
     "facet_terms",
     "payload_of",
     "point_id",
@@ -229,6 +230,12 @@ def check_query_vector(vector: Sequence[float]) -> list[float]:
     return values
 
 
+def cosine_score(score: float) -> float:
+    """An engine's cosine clamped to [-1, 1] (engines compute it in float32, which can
+    land a hair outside the range)."""
+    return min(1.0, max(-1.0, float(score)))
+
+
 def candidate_of(payload: Mapping[str, Any], score: float) -> Candidate:
     """The candidate of a scored point; the score is clamped to [-1, 1].
 
@@ -237,7 +244,7 @@ def candidate_of(payload: Mapping[str, Any], score: float) -> Candidate:
     return Candidate(
         document_id=str(payload[DOCUMENT_ID]),
         revision=int(payload[REVISION]),
-        score=min(1.0, max(-1.0, float(score))),
+        score=cosine_score(score),
         updated_at=datetime.fromisoformat(str(payload[UPDATED_AT])),
         status=str(payload[STATUS]),
     )

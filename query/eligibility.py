@@ -412,6 +412,20 @@ class ReportingLexicalSearch:
             _report(self._gate, generation_id, exc)
             raise
 
+    def scores(
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        *,
+        field_boosts: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        try:
+            return self._inner.scores(generation_id, query_text, filter, field_boosts=field_boosts)
+        except OrreryError as exc:
+            _report(self._gate, generation_id, exc)
+            raise
+
 
 class ReportingVectorSearch:
     """A `VectorSearch` that makes the gate re-check a generation whose engine failed."""
@@ -429,6 +443,15 @@ class ReportingVectorSearch:
     ) -> list[Candidate]:
         try:
             return self._inner.search(generation_id, vector, filter, limit)
+        except OrreryError as exc:
+            _report(self._gate, generation_id, exc)
+            raise
+
+    def scores(
+        self, generation_id: str, vector: Sequence[float], filter: SearchFilter
+    ) -> dict[str, float]:
+        try:
+            return self._inner.scores(generation_id, vector, filter)
         except OrreryError as exc:
             _report(self._gate, generation_id, exc)
             raise

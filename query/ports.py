@@ -46,6 +46,19 @@ class LexicalSearch(Protocol):
         field_boosts: Mapping[str, float] | None = None,
     ) -> list[Candidate]: ...
 
+    def scores(
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        *,
+        field_boosts: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        """The score `search` gives each document `filter` lets through, by document id,
+        without building candidates. `filter.document_ids` must be set (it bounds the
+        work); documents that match no query term are absent, blank text scores every
+        match 0.0."""
+
 
 class VectorSearch(Protocol):
     """Nearest neighbours (cosine) over one generation's vector index.
@@ -61,6 +74,13 @@ class VectorSearch(Protocol):
         filter: SearchFilter,
         limit: int,
     ) -> list[Candidate]: ...
+
+    def scores(
+        self, generation_id: str, vector: Sequence[float], filter: SearchFilter
+    ) -> dict[str, float]:
+        """The exact cosine of each document `filter` lets through, by document id: the
+        score `search` gives it wherever `search` is exact, without building candidates.
+        `filter.document_ids` must be set (it bounds the work)."""
 
 
 class Route(BaseModel):

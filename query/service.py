@@ -715,11 +715,11 @@ def _rescore(
 ) -> Rescored:
     """Exact scores of each source's candidates in the other source, fetched by id.
 
-    Both ports restrict before scoring and never change scores, so an id filter returns
-    each listed document's own score (lexical: its BM25 under the profile's field boosts,
-    absent when no term matches; vectors: its cosine, computed exactly because so few
-    points pass the filter). Two extra engine calls at most, each bounded by the
-    candidate depth.
+    Both ports restrict before scoring and never change scores, so a lookup by id
+    (`scores`) returns each listed document's own score (lexical: its BM25 under the
+    profile's field boosts, absent when no term matches; vectors: its exact cosine).
+    Two extra engine calls at most, each bounded by the candidate depth; neither builds
+    candidates.
     """
     lexical_ids = {c.document_id for c in lexical}
     vector_ids = {c.document_id for c in vector}
@@ -730,18 +730,16 @@ def _rescore(
     looked_up = 0
     if lexical_ids and only_vector:
         by_id = search_filter.model_copy(update={"document_ids": tuple(only_vector)})
-        found = ports.lexical.search(
-            generation_id, text, by_id, len(only_vector), field_boosts=profile.lexical_boosts()
+        lexical_scores = ports.lexical.scores(
+            generation_id, text, by_id, field_boosts=profile.lexical_boosts()
         )
-        lexical_scores = {c.document_id: c.score for c in found}
         looked_up += len(only_vector)
     if query_vector is not None and vector_ids and only_lexical:
         # Lexical candidates passed the phrase groups already; vector engines take none.
         by_id = search_filter.model_copy(
             update={"document_ids": tuple(only_lexical), "phrases": ()}
         )
-        found = ports.vectors.search(generation_id, query_vector, by_id, len(only_lexical))
-        vector_scores = {c.document_id: c.score for c in found}
+        vector_scores = ports.vectors.scores(generation_id, query_vector, by_id)
         looked_up += len(only_lexical)
     return Rescored(lexical=lexical_scores, vector=vector_scores, looked_up=looked_up)
 

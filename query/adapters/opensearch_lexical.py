@@ -18,7 +18,7 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import OpenSearchException, TransportError
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import Candidate, SearchFilter, field_boosts, is_unicode
+from contracts.index import Candidate, SearchFilter, field_boosts, id_lookup_size, is_unicode
 from contracts.index_fields import (
     DOCUMENT_ID,
     FACET_SEPARATOR,
@@ -108,6 +108,39 @@ class OpenSearchLexicalSearch:
         fields = _fields(field_boosts)
         if limit <= 0 or filter.matches_nothing():
             return []
+        hits, scored = self._run(generation_id, query_text, filter, limit, fields, field_boosts)
+        return [_candidate(hit, scored) for hit in hits]
+
+    def scores(
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        *,
+        field_boosts: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        """`LexicalSearch.scores`: the query `search` sends, with only `document_id` as
+        a doc-value field."""
+        fields = _fields(field_boosts)
+        size = id_lookup_size(filter, _ENGINE)
+        if size == 0 or filter.matches_nothing():
+            return {}
+        hits, scored = self._run(
+            generation_id, query_text, filter, size, fields, field_boosts, [DOCUMENT_ID]
+        )
+        return {_document_id(hit): _score(hit, scored) for hit in hits}
+
+    def _run(
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        limit: int,
+        fields: list[str],
+        field_boosts: Mapping[str, float] | None,
+        docvalue_fields: list[str] = _DOCVALUE_FIELDS,
+    ) -> tuple[list[Any], bool]:
+        """The hits of `search`'s query (best first) and whether they carry scores."""
         if not _GENERATION_ID.fullmatch(generation_id):
             raise _unknown(generation_id)  # No index can have this name.
         index = f"{self._prefix}-{generation_id}"
@@ -120,24 +153,23 @@ class OpenSearchLexicalSearch:
             clauses.extend(_any_phrase(group, analyzer) for group in filter.phrases)
         if not query_text.strip():
             query: dict[str, Any] = {"bool": {"filter": clauses}} if clauses else {"match_all": {}}
-            return self._collect(index, generation_id, query, [{DOCUMENT_ID: "asc"}], limit)
+            sort: list[Any] = [{DOCUMENT_ID: "asc"}]
+            return self._hits(index, generation_id, query, sort, limit, docvalue_fields), False
         # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
         text = query_text.encode("utf-8", "replace").decode("utf-8")
         sort = [{"_score": "desc"}, {DOCUMENT_ID: "asc"}]
         if not fields:
-            return []
+            return [], True
         try:
-            return self._collect(
-                index, generation_id, _text_query(text, clauses, fields), sort, limit
-            )
+            query = _text_query(text, clauses, fields)
+            return self._hits(index, generation_id, query, sort, limit, docvalue_fields), True
         except _TooManyClauses:
             pass
         words = list(dict.fromkeys(word.lower() for word in _WORD.findall(text)))
         shorter = " ".join(words[:_FALLBACK_WORDS])
         try:
-            return self._collect(
-                index, generation_id, _text_query(shorter, clauses, fields), sort, limit
-            )
+            query = _text_query(shorter, clauses, fields)
+            return self._hits(index, generation_id, query, sort, limit, docvalue_fields), True
         except _TooManyClauses as exc:
             raise OrreryError(
                 ErrorCode.INVALID_REQUEST,
@@ -180,35 +212,35 @@ class OpenSearchLexicalSearch:
             )
         return name
 
-    def _collect(
+    def _hits(
         self,
         index: str,
         generation_id: str,
         query: dict[str, Any],
         sort: list[Any],
         limit: int,
-    ) -> list[Candidate]:
-        scored = "_score" in sort[0]
-        candidates: list[Candidate] = []
+        docvalue_fields: list[str],
+    ) -> list[Any]:
+        found: list[Any] = []
         search_after: list[Any] | None = None
-        while len(candidates) < limit:
-            size = min(limit - len(candidates), _MAX_PAGE)
+        while len(found) < limit:
+            size = min(limit - len(found), _MAX_PAGE)
             body: dict[str, Any] = {
                 "size": size,
                 "query": query,
                 "sort": sort,
                 "track_total_hits": False,
                 "_source": False,
-                "docvalue_fields": _DOCVALUE_FIELDS,
+                "docvalue_fields": docvalue_fields,
             }
             if search_after is not None:
                 body["search_after"] = search_after
             hits = self._search(index, generation_id, body)
-            candidates.extend(_candidate(hit, scored) for hit in hits)
+            found.extend(hits)
             if len(hits) < size:
                 break
             search_after = hits[-1]["sort"]
-        return candidates
+        return found
 
     def _search(self, index: str, generation_id: str, body: dict[str, Any]) -> list[Any]:
         try:
@@ -346,6 +378,21 @@ def _epoch_micros(value: datetime) -> int:
     return (value - _EPOCH) // _MICROSECOND
 
 
+def _score(hit: dict[str, Any], scored: bool) -> float:
+    return float(hit["_score"]) if scored and hit.get("_score") is not None else 0.0
+
+
+def _document_id(hit: dict[str, Any]) -> str:
+    try:
+        return str(hit["fields"][DOCUMENT_ID][0])
+    except (KeyError, IndexError, TypeError) as exc:
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "index document lacks its document_id",
+            {"engine": _ENGINE, "_id": hit.get("_id")},
+        ) from exc
+
+
 def _candidate(hit: dict[str, Any], scored: bool) -> Candidate:
     fields = hit.get("fields") or {}
     try:
@@ -359,7 +406,7 @@ def _candidate(hit: dict[str, Any], scored: bool) -> Candidate:
             "index document lacks a field a candidate needs",
             {"engine": _ENGINE, "_id": hit.get("_id"), "fields": sorted(fields)},
         ) from exc
-    score = float(hit["_score"]) if scored and hit.get("_score") is not None else 0.0
+    score = _score(hit, scored)
     return Candidate(
         document_id=str(document_id),
         revision=int(revision),

@@ -29,7 +29,7 @@ from qdrant_edge import (
 )
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import Candidate, SearchFilter
+from contracts.index import Candidate, SearchFilter, id_lookup_size
 from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, STATUS, UPDATED_AT, VISIBILITY
 from contracts.vector_payload import (
     RETURNED_FIELDS,
@@ -37,6 +37,7 @@ from contracts.vector_payload import (
     best_first,
     candidate_of,
     check_query_vector,
+    cosine_score,
     facet_terms,
     utc_timestamp,
 )
@@ -84,16 +85,44 @@ class QdrantEdgeVectorSearch:
         engine_filter = edge_filter(filter)
         if limit <= 0 or filter.matches_nothing():
             return []
+        shard = self._shard(generation_id)
+        points = self._top(shard, generation_id, query_vector, engine_filter, limit)
+        return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
+
+    def scores(
+        self, generation_id: str, vector: Sequence[float], filter: SearchFilter
+    ) -> dict[str, float]:
+        """`VectorSearch.scores`: one exact request (`SearchParams(exact=True)`) over the
+        listed ids, returning only `document_id` of each point."""
+        query_vector = check_query_vector(vector)
+        engine_filter = edge_filter(filter)
+        size = id_lookup_size(filter, DEPENDENCY)
+        if size == 0 or filter.matches_nothing():
+            return {}
+        shard = self._shard(generation_id)
+        request = QueryRequest(
+            limit=size,
+            query=Query.Nearest(query_vector, using=VECTOR_NAME),
+            filter=engine_filter,
+            with_payload=[DOCUMENT_ID],
+            with_vector=False,
+            params=SearchParams(exact=True),
+        )
         try:
-            shard = self._shard_provider(generation_id)
+            points = shard.query(request)
+        except Exception as error:  # the driver raises bare Exception
+            raise _translate(error, generation_id) from error
+        return {str((p.payload or {})[DOCUMENT_ID]): cosine_score(p.score) for p in points}
+
+    def _shard(self, generation_id: str) -> EdgeShard:
+        try:
+            return self._shard_provider(generation_id)
         except KeyError:
             raise OrreryError(
                 ErrorCode.COVERAGE_UNAVAILABLE,
                 f"no vector index for generation {generation_id!r}",
                 {"generation_id": generation_id},
             ) from None
-        points = self._top(shard, generation_id, query_vector, engine_filter, limit)
-        return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
 
     def _top(
         self,

@@ -20,7 +20,7 @@ from qdrant_client.common.client_exceptions import QdrantException
 from qdrant_client.http.exceptions import ApiException
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import Candidate, SearchFilter
+from contracts.index import Candidate, SearchFilter, id_lookup_size
 from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, STATUS, UPDATED_AT, VISIBILITY
 from contracts.vector_payload import (
     RETURNED_FIELDS,
@@ -30,6 +30,7 @@ from contracts.vector_payload import (
     check_collection_prefix,
     check_generation_id,
     check_query_vector,
+    cosine_score,
     facet_terms,
     utc_instant,
 )
@@ -93,6 +94,33 @@ class QdrantServerVectorSearch:
         collection = f"{self._prefix}-{generation_id}"
         points = self._top(collection, generation_id, query_vector, engine_filter, limit)
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
+
+    def scores(
+        self, generation_id: str, vector: Sequence[float], filter: SearchFilter
+    ) -> dict[str, float]:
+        """`VectorSearch.scores`: one exact request (`SearchParams(exact=True)`; local mode
+        is exact anyway) over the listed ids, returning only `document_id` of each point."""
+        query_vector = check_query_vector(vector)
+        engine_filter = qdrant_filter(filter)
+        size = id_lookup_size(filter, DEPENDENCY)
+        if size == 0 or filter.matches_nothing():
+            return {}
+        check_generation_id(generation_id)
+        collection = f"{self._prefix}-{generation_id}"
+        try:
+            response = self._client.query_points(
+                collection,
+                query=query_vector,
+                using=VECTOR_NAME,
+                query_filter=engine_filter,
+                limit=size,
+                with_payload=[DOCUMENT_ID],
+                with_vectors=False,
+                search_params=None if self._local else models.SearchParams(exact=True),
+            )
+        except _DRIVER_ERRORS as error:
+            raise self._diagnose(error, collection, generation_id, len(query_vector)) from error
+        return {str((p.payload or {})[DOCUMENT_ID]): cosine_score(p.score) for p in response.points}
 
     def close(self) -> None:
         """Close the client (shared with a projector index in local mode: close once)."""

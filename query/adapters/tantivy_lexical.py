@@ -16,7 +16,7 @@ from typing import Any
 import tantivy
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import Candidate, SearchFilter, field_boosts, is_unicode
+from contracts.index import Candidate, SearchFilter, field_boosts, id_lookup_size, is_unicode
 from contracts.index_fields import (
     DOCUMENT_ID,
     FACET_SEPARATOR,
@@ -107,6 +107,48 @@ class TantivyLexicalSearch:
         except _DRIVER_ERRORS as exc:
             raise DependencyUnavailable(
                 "tantivy", f"search failed: {exc}", {"generation_id": generation_id}
+            ) from exc
+
+    def scores(
+        self,
+        generation_id: str,
+        query_text: str,
+        filter: SearchFilter,
+        *,
+        field_boosts: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        """`LexicalSearch.scores`: the query `search` runs, collected whole (at most one
+        live document per listed id) and reading only each hit's `document_id`."""
+        _boosts(field_boosts, combined_field=True)
+        size = id_lookup_size(filter, "tantivy")
+        if size == 0 or filter.matches_nothing():
+            return {}
+        index, analyzer_name, analyzer = self._index(generation_id)
+        boosts = _boosts(field_boosts, combined_field=has_combined_field(analyzer_name))
+        try:
+            schema = index.schema
+            restriction = _filter_query(schema, filter, analyzer)
+            if restriction is None:  # unreachable: the ids restrict
+                restriction = tantivy.Query.all_query()
+            searcher = index.searcher()
+            if not query_text.strip():
+                hits = searcher.search(restriction, size, count=False).hits
+                return {_document_id(searcher, address): 0.0 for _score, address in hits}
+            text = query_text.encode("utf-8", "replace").decode("utf-8")
+            terms = list(dict.fromkeys(analyzer.analyze(text)))
+            if not terms or not boosts:
+                return {}
+            query = tantivy.Query.boolean_query(
+                [
+                    (tantivy.Occur.Must, _text_query(schema, terms, boosts)),
+                    (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0)),
+                ]
+            )
+            hits = searcher.search(query, size, count=False).hits
+            return {_document_id(searcher, address): float(score) for score, address in hits}
+        except _DRIVER_ERRORS as exc:
+            raise DependencyUnavailable(
+                "tantivy", f"score lookup failed: {exc}", {"generation_id": generation_id}
             ) from exc
 
     def _index(self, generation_id: str) -> tuple[tantivy.Index, str, tantivy.TextAnalyzer]:
@@ -250,6 +292,17 @@ def _best(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[
     candidates = [_candidate(searcher, address, float(score)) for score, address in hits]
     candidates.sort(key=lambda candidate: (-candidate.score, candidate.document_id))
     return candidates[:limit]
+
+
+def _document_id(searcher: tantivy.Searcher, address: tantivy.DocAddress) -> str:
+    document_id = searcher.doc(address).get_first(DOCUMENT_ID)
+    if not isinstance(document_id, str):
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "index document lacks its stored document_id",
+            {"engine": "tantivy"},
+        )
+    return document_id
 
 
 def _candidate(searcher: tantivy.Searcher, address: tantivy.DocAddress, score: float) -> Candidate:

@@ -614,6 +614,77 @@ def test_filters_do_not_change_scores(corpus: Lexical, filter: SearchFilter) -> 
     assert scores == sorted(scores, reverse=True)
 
 
+# -- score lookups by id (`scores`) -------------------------------------------------
+
+ALL_IDS = ("d1", "d2", "d3", "d4", "d5", "nope")
+
+
+@pytest.mark.parametrize("filter", [SearchFilter(), *FILTERS_FOR_SCORES])
+@pytest.mark.parametrize("text", ["the red thermos kettle", "thermos", "kettle"])
+def test_scores_are_exactly_the_search_scores_of_the_listed_ids(
+    corpus: Lexical, filter: SearchFilter, text: str
+) -> None:
+    listed = ALL_IDS if filter.document_ids is None else filter.document_ids
+    by_id = filter.model_copy(update={"document_ids": listed})
+    expected = {c.document_id: c.score for c in corpus.query(text, by_id, limit=100)}
+    assert corpus.search.scores(corpus.generation_id, text, by_id) == expected
+    assert expected  # the lookup is not trivially empty
+
+
+def test_scores_leave_out_documents_that_match_no_term(corpus: Lexical) -> None:
+    matching = set(corpus.ids("thermos", limit=100))
+    found = corpus.search.scores(
+        corpus.generation_id, "thermos", SearchFilter(document_ids=ALL_IDS)
+    )
+    assert set(found) == matching != set(ALL_IDS)
+    assert (
+        corpus.search.scores(corpus.generation_id, "zzzunknown", SearchFilter(document_ids=ALL_IDS))
+        == {}
+    )
+    assert (
+        corpus.search.scores(corpus.generation_id, "!!!", SearchFilter(document_ids=ALL_IDS)) == {}
+    )
+
+
+def test_scores_under_field_boosts_and_phrases_match_search(lexical: Lexical) -> None:
+    lexical.apply(PHRASE_DOCS)
+    ids = ("p1", "p2", "p3", "p4", "p5", "p6")
+    for boosts in ({"title": 0.0, "body": 0.0, "tags": 0.0, "text": 1.0}, {"body": 2.0}):
+        for filter in (SearchFilter(document_ids=ids), phrases(["red thermos"])):
+            by_id = filter.model_copy(update={"document_ids": ids})
+            found = lexical.search.search(
+                lexical.generation_id, "red thermos hall", by_id, 100, field_boosts=boosts
+            )
+            assert lexical.search.scores(
+                lexical.generation_id, "red thermos hall", by_id, field_boosts=boosts
+            ) == {c.document_id: c.score for c in found}
+
+
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_scores_of_blank_text_are_zero_for_filter_matches(corpus: Lexical, blank: str) -> None:
+    by_id = SearchFilter(galaxy="default", document_ids=ALL_IDS)
+    assert corpus.search.scores(corpus.generation_id, blank, by_id) == {
+        document_id: 0.0 for document_id in corpus.ids(blank, by_id, limit=100)
+    }
+
+
+def test_scores_need_listed_ids(corpus: Lexical) -> None:
+    with pytest.raises(OrreryError) as raised:
+        corpus.search.scores(corpus.generation_id, "thermos", SearchFilter())
+    assert raised.value.code is ErrorCode.INTERNAL
+    assert (
+        corpus.search.scores(corpus.generation_id, "thermos", SearchFilter(document_ids=())) == {}
+    )
+
+
+def test_scores_of_an_unknown_generation_are_coverage_unavailable(lexical: Lexical) -> None:
+    with pytest.raises(OrreryError) as raised:
+        lexical.search.scores(
+            f"missing-{uuid.uuid4().hex[:8]}", "thermos", SearchFilter(document_ids=("d1",))
+        )
+    assert raised.value.code is ErrorCode.COVERAGE_UNAVAILABLE
+
+
 # -- empty query --------------------------------------------------------------------
 
 

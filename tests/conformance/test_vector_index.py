@@ -279,6 +279,38 @@ def test_filter_does_not_change_scores(loaded: Harness, case: str) -> None:
         assert candidate.score == pytest.approx(unfiltered[candidate.document_id], abs=1e-6)
 
 
+@pytest.mark.parametrize("case", list(FILTER_CASES))
+def test_scores_are_exactly_the_search_scores_of_the_listed_ids(loaded: Harness, case: str) -> None:
+    search_filter, expected = FILTER_CASES[case]
+    listed = search_filter.document_ids or ("d1", "d2", "d3", "d4", "d5", "unknown")
+    if search_filter.document_ids is None:
+        search_filter = search_filter.model_copy(update={"document_ids": listed})
+    for vector in (unit(1, 0, 0, 0), unit(0, 1, 0, 0), unit(0.3, -0.2, 0.9, 0.1)):
+        searched = loaded.query(vector, search_filter, limit=10)
+        scores = loaded.search.scores(loaded.generation_id, vector, search_filter)
+        assert scores == {c.document_id: c.score for c in searched}
+        assert set(scores) == expected
+
+
+def test_scores_need_listed_ids(loaded: Harness) -> None:
+    with pytest.raises(OrreryError) as raised:
+        loaded.search.scores(loaded.generation_id, unit(1, 0, 0, 0), SearchFilter())
+    assert raised.value.code is ErrorCode.INTERNAL
+
+
+def test_scores_refuse_what_search_refuses(loaded: Harness) -> None:
+    by_id = SearchFilter(document_ids=("d1",))
+    with pytest.raises(OrreryError) as raised:
+        loaded.search.scores("gen-never-created", unit(1, 0, 0, 0), by_id)
+    assert raised.value.code is ErrorCode.COVERAGE_UNAVAILABLE
+    with pytest.raises(OrreryError) as raised:
+        loaded.search.scores(loaded.generation_id, (1.0, 0.0, 0.0), by_id)
+    assert raised.value.code is ErrorCode.EMBEDDER_MISMATCH
+    with pytest.raises(OrreryError) as raised:
+        loaded.search.scores(loaded.generation_id, (0.0, 0.0, 0.0, 0.0), by_id)
+    assert raised.value.code is ErrorCode.INVALID_REQUEST
+
+
 def test_filter_restricts_before_the_limit(loaded: Harness) -> None:
     # d3 and d4 are the two worst matches: a post-filter on the top 2 would return nothing.
     assert loaded.ids(filter=SearchFilter(facets={"room": ("flur", "garden")}), limit=2) == [
@@ -470,8 +502,15 @@ def test_optimize_keeps_the_top_results(engine: Harness) -> None:
         return [engine.ids(q, filter=f, limit=10) for q in queries for f in filters]
 
     before = top()
+    exact = {c.document_id: c.score for c in engine.query(queries[0], limit=600)}
     engine.optimize()
     assert top() == before
+    # Score lookups stay exact over indexed segments.
+    some = SearchFilter(document_ids=tuple(sorted(exact)[::7]))
+    looked_up = engine.search.scores(engine.generation_id, queries[0], some)
+    assert looked_up.keys() == set(some.document_ids or ())
+    for document_id, score in looked_up.items():
+        assert score == pytest.approx(exact[document_id], abs=1e-6)
     engine.apply([doc("late", vector=queries[0], galaxy="g1")])  # writes after optimize
     assert engine.ids(queries[0], filter=filters[1], limit=1) == ["late"]
 
