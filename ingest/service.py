@@ -14,7 +14,17 @@ from contracts.records import Record, identity_violation
 from ingest.model import Decision
 from ingest.ports import RecordStore
 
-__all__ = ["parse_batch", "write_records"]
+__all__ = ["check_batch_size", "parse_batch", "write_records"]
+
+
+def check_batch_size(size: int, max_batch: int) -> None:
+    """`413 batch_too_large` for a batch of more than `max_batch` records."""
+    if size > max_batch:
+        raise OrreryError(
+            ErrorCode.BATCH_TOO_LARGE,
+            f"a batch holds at most {max_batch} records, got {size}",
+            {"max_batch": max_batch, "size": size},
+        )
 
 
 def parse_batch(
@@ -39,12 +49,7 @@ def parse_batch(
         )
     if not items:
         raise OrreryError(ErrorCode.INVALID_REQUEST, "the batch is empty")
-    if len(items) > max_batch:
-        raise OrreryError(
-            ErrorCode.BATCH_TOO_LARGE,
-            f"a batch holds at most {max_batch} records, got {len(items)}",
-            {"max_batch": max_batch, "size": len(items)},
-        )
+    check_batch_size(len(items), max_batch)
     records: list[Record] = []
     problems: list[dict[str, Any]] = []
     for index, item in enumerate(items):

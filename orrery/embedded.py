@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
-from contracts.auth import parse_api_keys
+from contracts.auth import ApiKeyGrant, parse_api_keys
 from contracts.embedding import Embedder
 from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.entrypoints.chonkydb_http import create_router as create_ingest_chonkydb_router
@@ -38,6 +40,7 @@ from query.eligibility import EligibilityGate, ReportingLexicalSearch, Reporting
 from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
 from query.entrypoints.http import create_router as create_query_router
 from query.entrypoints.http import ready_check
+from query.service import QueryPorts
 from query.settings import QuerySettings
 
 __all__ = ["EmbeddedStack", "generation_options"]
@@ -69,6 +72,61 @@ def eligibility_gate(
         interval_seconds=settings.eligibility_interval_seconds,
         fallback=settings.coverage_fallback,
     )
+
+
+def ingest_routers(
+    settings: QuerySettings,
+    store: RecordStore,
+    grants: dict[str, ApiKeyGrant],
+    *,
+    vector_dimension: int | None,
+    on_commit: Callable[[], None] | None,
+) -> list[APIRouter]:
+    """The write side of a process: Orrery's `/v1/records` and the ChonkyDB dialect."""
+    return [
+        factory(
+            store=store,
+            grants=grants,
+            max_batch=settings.max_batch,
+            vector_dimension=vector_dimension,
+            on_commit=on_commit,
+        )
+        for factory in (create_ingest_router, create_ingest_chonkydb_router)
+    ]
+
+
+def query_routers(
+    settings: QuerySettings,
+    ports: QueryPorts,
+    grants: dict[str, ApiKeyGrant],
+    *,
+    admin: GenerationAdmin,
+    status: Callable[[], dict[str, Any]],
+) -> tuple[EligibilityGate, list[APIRouter]]:
+    """The read side of a process: the eligibility gate in front of both searches, and
+    Orrery's query routes and the ChonkyDB dialect over the gated ports."""
+    routing = ports.routing
+    assert isinstance(routing, SqliteRouting)
+    gate = eligibility_gate(settings, admin, routing)
+    gated = dataclasses.replace(
+        ports,
+        lexical=ReportingLexicalSearch(ports.lexical, gate),
+        vectors=ReportingVectorSearch(ports.vectors, gate),
+        eligibility=gate,
+    )
+    return gate, [
+        create_query_router(
+            ports=gated,
+            limits=query_limits(settings),
+            grants=grants,
+            document_ids=functools.partial(generation_document_ids, routing),
+            status=status,
+            eligibility=gate,
+        ),
+        create_query_chonkydb_router(
+            ports=gated, grants=grants, ready=ready_check(routing, status, gate)
+        ),
+    ]
 
 
 log = logging.getLogger("orrery")
@@ -141,47 +199,13 @@ class EmbeddedStack:
             scopes=scope_registry(settings),
             cursors=cursor_codec(settings),
         )
-        routing = ports.routing
-        assert isinstance(routing, SqliteRouting)
-        gate = eligibility_gate(settings, admin, routing)
-        ports = dataclasses.replace(
-            ports,
-            lexical=ReportingLexicalSearch(ports.lexical, gate),
-            vectors=ReportingVectorSearch(ports.vectors, gate),
-            eligibility=gate,
-        )
-        ingest_router = create_ingest_router(
-            store=store,
-            grants=grants,
-            max_batch=settings.max_batch,
-            vector_dimension=embedder.dimension,
-            on_commit=loop.wake,
-        )
-        query_router = create_query_router(
-            ports=ports,
-            limits=query_limits(settings),
-            grants=grants,
-            document_ids=functools.partial(generation_document_ids, routing),
-            status=loop.status,
-            eligibility=gate,
+        gate, readers = query_routers(settings, ports, grants, admin=admin, status=loop.status)
+        writers = ingest_routers(
+            settings, store, grants, vector_dimension=embedder.dimension, on_commit=loop.wake
         )
         app = build_app(
             "Orrery",
-            [
-                query_router,
-                ingest_router,
-                create_query_chonkydb_router(
-                    ports=ports, grants=grants, ready=ready_check(routing, loop.status, gate)
-                ),
-                create_ingest_chonkydb_router(
-                    store=store,
-                    grants=grants,
-                    max_batch=settings.max_batch,
-                    vector_dimension=embedder.dimension,
-                    on_commit=loop.wake,
-                ),
-                create_admin_router(admin, admin_key=settings.admin_key),
-            ],
+            [*readers, *writers, create_admin_router(admin, admin_key=settings.admin_key)],
             max_body_bytes=settings.max_body_bytes,
         )
         if not grants:

@@ -10,8 +10,6 @@ so a process refuses to combine the URL with them (docs/deploy.md).
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,11 +27,9 @@ from ingest.bootstrap import (
     kafka_relay_step,
     server_store,
 )
-from ingest.entrypoints.chonkydb_http import create_router as create_ingest_chonkydb_router
-from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.entrypoints.relay import RelayLoop
 from ingest.ports import RecordStore
-from orrery.embedded import eligibility_gate, generation_options
+from orrery.embedded import generation_options, ingest_routers, query_routers
 from orrery.http import build_app
 from projector.bootstrap import (
     ServerProjector,
@@ -45,12 +41,9 @@ from projector.bootstrap import (
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import ORPHANED_AFTER, GenerationAdmin
-from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
-from query.bootstrap import cursor_codec, query_limits, scope_registry, server_query_ports
-from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
-from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
-from query.entrypoints.http import create_router as create_query_router
-from query.entrypoints.http import ready_check
+from query.adapters.sqlite_routing import SqliteRouting
+from query.bootstrap import cursor_codec, scope_registry, server_query_ports
+from query.eligibility import EligibilityGate
 from query.settings import QuerySettings
 
 __all__ = ["Role", "ServerStack"]
@@ -158,23 +151,12 @@ class ServerStack:
         routers: list[APIRouter] = []
         if Role.INGEST in roles:
             wake = stack.relay.wake if stack.relay is not None else None
-            routers.append(
-                create_ingest_router(
-                    store=store,
-                    grants=grants,
-                    max_batch=settings.max_batch,
-                    vector_dimension=None if embedder is None else embedder.dimension,
-                    on_commit=wake,
-                )
-            )
-            routers.append(
-                create_ingest_chonkydb_router(
-                    store=store,
-                    grants=grants,
-                    max_batch=settings.max_batch,
-                    vector_dimension=None if embedder is None else embedder.dimension,
-                    on_commit=wake,
-                )
+            routers += ingest_routers(
+                settings,
+                store,
+                grants,
+                vector_dimension=None if embedder is None else embedder.dimension,
+                on_commit=wake,
             )
         if Role.QUERY in roles:
             assert embedder is not None
@@ -222,29 +204,13 @@ class ServerStack:
                 log.warning("generation %s: its builder is gone; marked failed", generation_id)
             # A promote killed between the pointer flip and the alias mirror heals here.
             stack.admin.mirror_live_aliases()
-            gate = eligibility_gate(settings, stack.admin, routing)
-            stack.gate = gate
-            ports = dataclasses.replace(
-                ports,
-                lexical=ReportingLexicalSearch(ports.lexical, gate),
-                vectors=ReportingVectorSearch(ports.vectors, gate),
-                eligibility=gate,
+            stack.gate, readers = query_routers(
+                settings, ports, grants, admin=stack.admin, status=stack.status
             )
             routers.append(create_admin_router(stack.admin, admin_key=settings.admin_key))
-            query_router = create_query_router(
-                ports=ports,
-                limits=query_limits(settings),
-                grants=grants,
-                document_ids=functools.partial(generation_document_ids, routing),
-                status=stack.status,
-                eligibility=gate,
-            )
-            chonkydb_router = create_query_chonkydb_router(
-                ports=ports, grants=grants, ready=ready_check(routing, stack.status, gate)
-            )
             stack.app = build_app(
                 "Orrery",
-                [query_router, chonkydb_router, *routers],
+                [*readers, *routers],
                 max_body_bytes=settings.max_body_bytes,
             )
         elif routers:

@@ -36,7 +36,7 @@ from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.wire import loads_strict, validate_strict
 from ingest.ports import Head, RecordStore
-from ingest.service import parse_batch, write_records
+from ingest.service import check_batch_size, parse_batch, write_records
 
 __all__ = ["JOB_HISTORY", "create_router", "to_record"]
 
@@ -244,12 +244,7 @@ def create_router(
         written); `async`: 202 with a job id once the batch is valid (`GET jobs/{id}`)."""
         grant = authenticate(grants, x_api_key, authorization)
         body = validate_strict(loads_strict(await request.body()), BulkRecordsRequest)
-        if len(body.items) > max_batch:
-            raise OrreryError(
-                ErrorCode.BATCH_TOO_LARGE,
-                f"a batch holds at most {max_batch} records, got {len(body.items)}",
-                {"max_batch": max_batch, "size": len(body.items)},
-            )
+        check_batch_size(len(body.items), max_batch)  # before any store read
         records = await run_in_threadpool(prepare, body, grant)
         if body.execution_mode == "async":
             job = _Job(grant=grant, items=len(records))

@@ -249,14 +249,18 @@ def readiness_for(body: dict[str, Any], grant: ApiKeyGrant) -> dict[str, Any]:
             scope = {k: v for k, v in scope.items() if k != "document_count"}
         scopes.append(scope)
     out = {k: body[k] for k in _TENANT_READINESS if k in body}
-    log_ok = body.get("projector_log", {}).get("current", True) and (
-        body.get("projector_log", {}).get("lag_events", 0) == 0
-    )
     out["scopes"] = scopes
-    out["ready"] = bool(log_ok) and all(
-        s["lag_events"] == 0 and s.get("eligible", True) for s in scopes
-    )
+    out["ready"] = _is_ready(scopes, body.get("projector_log"))
     return out
+
+
+def _is_ready(scopes: list[dict[str, Any]], projector_log: dict[str, Any] | None) -> bool:
+    """Every scope caught up and eligible, and the projector's own log lag (when it
+    measures one) taken at the high water or later and 0."""
+    log_ok = projector_log is None or (
+        bool(projector_log["current"]) and projector_log["lag_events"] == 0
+    )
+    return log_ok and all(s["lag_events"] == 0 and s.get("eligible", True) for s in scopes)
 
 
 def ready_check(
@@ -312,18 +316,19 @@ def readiness(
             )
             entry["eligibility"] = verdict
         scopes.append(entry)
+    projector_log = (
+        None
+        if log_status is None
+        else {**log_status.model_dump(mode="json"), "current": log_current}
+    )
     body: dict[str, Any] = {
         "success": True,
         "log_high_water": high_water,
         "scopes": scopes,
-        "ready": all(s["lag_events"] == 0 and s.get("eligible", True) for s in scopes)
-        and (log_status is None or (log_current and log_status.lag_events == 0)),
+        "ready": _is_ready(scopes, projector_log),
     }
-    if log_status is not None:
-        body["projector_log"] = {
-            **log_status.model_dump(mode="json"),
-            "current": log_current,
-        }
+    if projector_log is not None:
+        body["projector_log"] = projector_log
     if eligibility is not None:
         body["coverage_fallback"] = eligibility.fallback
     if status is not None:
