@@ -11,7 +11,6 @@ file once, and a failed file leaves nothing behind (PostgreSQL DDL is transactio
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.migrations import Migration, migrations_from
 
 __all__ = [
     "COMPONENT",
@@ -40,7 +40,6 @@ COMPONENT = "ingest"
 DEPENDENCY = "postgres"
 # Key of the advisory lock every migrator takes (any fixed bigint; "orrery-m" in ASCII).
 MIGRATION_LOCK_KEY = 0x6F72726572792D6D
-_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
 LEDGER = """
 CREATE TABLE IF NOT EXISTS orrery_migrations (
@@ -63,17 +62,6 @@ class MigrationMismatch(OrreryError):
 
     def __init__(self, message: str, details: dict[str, Any]) -> None:
         super().__init__(ErrorCode.INTERNAL, message, details)
-
-
-@dataclass(frozen=True, slots=True)
-class Migration:
-    version: int
-    name: str
-    sql: str
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,16 +108,13 @@ def open_pool(url: str, *, max_size: int = 4, name: str = "orrery") -> Connectio
 
 def load_migrations(package: str = f"{__package__}.postgres_migrations") -> list[Migration]:
     """The migration files of `package`, in version order (versions must be unique)."""
-    found: list[Migration] = []
-    for entry in resources.files(package).iterdir():
-        match = _FILE_NAME.match(entry.name)
-        if match:
-            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    if len(set(versions)) != len(versions):
-        raise ValueError(f"{package}: duplicate migration versions {versions}")
-    return found
+    return migrations_from(
+        (
+            (entry.name, entry.read_text(encoding="utf-8"))
+            for entry in resources.files(package).iterdir()
+        ),
+        where=package,
+    )
 
 
 def migrate(

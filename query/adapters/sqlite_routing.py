@@ -142,6 +142,14 @@ class SqliteRouting(_Reader):
             dead_letters=int(str(dead)),
         )
 
+    def document_ids(self, generation_id: str, galaxy: str | None = None) -> list[str]:
+        """See `generation_document_ids`."""
+        return generation_document_ids(self, generation_id, galaxy)
+
+    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """See the module's `dead_letters`."""
+        return dead_letters(self, limit)
+
 
 class SqliteRecordReader(_Reader):
     """`RecordReader` over ingest's `records` and `heads` tables."""
