@@ -15,6 +15,7 @@ import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from importlib.resources.abc import Traversable
 
 __all__ = ["Migration", "migrations_from"]
 
@@ -32,14 +33,15 @@ class Migration:
         return hashlib.sha256(self.sql.encode()).hexdigest()
 
 
-def migrations_from(files: Iterable[tuple[str, str]], *, where: str = "") -> list[Migration]:
-    """The migrations among `(file name, text)` pairs, in version order; other names are
-    ignored. Raises `ValueError` for duplicate versions."""
+def migrations_from(entries: Iterable[Traversable], *, where: str = "") -> list[Migration]:
+    """The migrations among a package's files (`importlib.resources.files(...)` entries),
+    in version order; other entries are ignored. Raises `ValueError` for duplicate
+    versions."""
     found: list[Migration] = []
-    for name, text in files:
-        match = _FILE_NAME.match(name)
-        if match:
-            found.append(Migration(int(match[1]), match[2], text))
+    for entry in entries:
+        match = _FILE_NAME.match(entry.name)
+        if match and entry.is_file():
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):

@@ -108,13 +108,7 @@ def open_pool(url: str, *, max_size: int = 4, name: str = "orrery") -> Connectio
 
 def load_migrations(package: str = f"{__package__}.postgres_migrations") -> list[Migration]:
     """The migration files of `package`, in version order (versions must be unique)."""
-    return migrations_from(
-        (
-            (entry.name, entry.read_text(encoding="utf-8"))
-            for entry in resources.files(package).iterdir()
-        ),
-        where=package,
-    )
+    return migrations_from(resources.files(package).iterdir(), where=package)
 
 
 def migrate(

@@ -111,3 +111,18 @@ def test_a_failing_migration_leaves_nothing_behind(postgres_url: str) -> None:
     with psycopg.connect(postgres_url) as conn:
         assert conn.execute("SELECT to_regclass('t1')").fetchone() == (None,)
     assert migrate(postgres_url, files[:1], component="test").applied == (1,)
+
+
+def test_each_package_keeps_its_own_migration_set_in_one_ledger(postgres_url: str) -> None:
+    from projector.adapters.postgres_migrations import COMPONENT, migrations
+
+    projector_files = migrations()
+    assert [m.version for m in projector_files] == list(range(1, len(projector_files) + 1))
+    migrate(postgres_url)
+    first = migrate(postgres_url, projector_files, component=COMPONENT)
+    assert first.applied == tuple(m.version for m in projector_files)
+    # The ingest set is untouched by the projector's, and both are no-ops the second time.
+    assert migrate(postgres_url).applied == ()
+    assert migrate(postgres_url, projector_files, component=COMPONENT).applied == ()
+    components = {c for c, _, _ in ledger(postgres_url)}
+    assert components == {"ingest", COMPONENT}

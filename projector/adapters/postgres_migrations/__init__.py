@@ -14,10 +14,4 @@ COMPONENT = "projector"
 
 def migrations() -> list[Migration]:
     """This package's migration files, in version order."""
-    return migrations_from(
-        (
-            (entry.name, entry.read_text(encoding="utf-8"))
-            for entry in resources.files(__name__).iterdir()
-        ),
-        where=__name__,
-    )
+    return migrations_from(resources.files(__name__).iterdir(), where=__name__)
