@@ -5,10 +5,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.ports import RecordStore
 from ingest.relay import relay_outbox
+
+if TYPE_CHECKING:
+    from contracts.migrations import Migration
 
 __all__ = [
     "canonical_db_path",
@@ -29,13 +33,20 @@ def embedded_store(data_dir: Path) -> RecordStore:
     return SqliteRecordStore(canonical_db_path(data_dir))
 
 
-def migrate_database(database_url: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Apply the canonical store's pending PostgreSQL migrations: (applied, already there).
+def migrate_database(
+    database_url: str,
+    migrations: list[Migration] | None = None,
+    *,
+    component: str = "ingest",
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Apply the pending PostgreSQL migrations of `component` (by default the canonical
+    store's own; another package passes its set, `contracts.migrations`): (applied,
+    already there).
 
     Raises `MigrationMismatch` when an applied migration was edited (fatal at start)."""
     from ingest.adapters.postgres_db import migrate
 
-    report = migrate(database_url)
+    report = migrate(database_url, migrations, component=component)
     return report.applied, report.already
 
 

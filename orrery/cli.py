@@ -197,15 +197,27 @@ def project(
 ) -> None:
     """Server mode: consume Kafka into OpenSearch + Qdrant generations."""
     if dead_letters:
-        from query.adapters.sqlite_routing import SqliteRouting
-        from query.adapters.sqlite_routing import dead_letters as parked
-
         settings = _settings(data_dir=data_dir)
-        for letter in parked(SqliteRouting(canonical_db_path(settings.data_dir)), limit):
+        for letter in _dead_letters(settings, limit):
             print(json.dumps(letter, ensure_ascii=False))
         return
     _logging()
     _run_role(["projector"], _settings(data_dir=data_dir, mode="servers"), http=False)
+
+
+def _dead_letters(settings: QuerySettings, limit: int) -> list[dict[str, Any]]:
+    """The projector's parked messages, from PostgreSQL with a URL, else the SQLite file."""
+    if settings.database_url:
+        from query.adapters.postgres_routing import PostgresRouting, open_reads
+
+        reads = open_reads(settings.database_url, pool_size=1)
+        try:
+            return PostgresRouting(reads).dead_letters(limit)
+        finally:
+            reads.close()
+    from query.adapters.sqlite_routing import SqliteRouting
+
+    return SqliteRouting(canonical_db_path(settings.data_dir)).dead_letters(limit)
 
 
 @app.command("query-worker")
@@ -236,22 +248,27 @@ def db_migrate(
     """Apply the pending migrations under an advisory lock (also done at every start);
     exit 1 when an applied migration was edited or the database does not answer."""
     from contracts.errors import OrreryError
-    from ingest.bootstrap import describe_store, migrate_database
+    from ingest.bootstrap import describe_store
+    from orrery.servers import migrate_all
 
     settings = _settings(database_url=database_url)
     if not settings.database_url:
         console.print("[red]no database: set ORRERY_DATABASE_URL or pass --database-url")
         raise typer.Exit(2)
     try:
-        applied, already = migrate_database(settings.database_url)
+        reports = migrate_all(settings.database_url)
     except OrreryError as exc:
         console.print(f"[red]migrate failed: {exc.message}")
         raise typer.Exit(1) from exc
     where = describe_store(settings.data_dir, settings.database_url)
-    if applied:
-        console.print(f"{where}: applied migrations {list(applied)} ({len(already)} were there)")
-    else:
-        console.print(f"{where}: up to date ({len(already)} migrations applied)")
+    for component, (applied, already) in reports.items():
+        if applied:
+            console.print(
+                f"{where}: {component}: applied migrations {list(applied)} "
+                f"({len(already)} were there)"
+            )
+        else:
+            console.print(f"{where}: {component}: up to date ({len(already)} migrations applied)")
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:

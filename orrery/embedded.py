@@ -8,11 +8,10 @@ meet; import-linter allows exactly these imports.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 from fastapi import APIRouter, FastAPI
 
@@ -34,12 +33,12 @@ from projector.bootstrap import (
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import GenerationAdmin, GenerationOptions
-from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
 from query.bootstrap import cursor_codec, embedded_query_ports, query_limits, scope_registry
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
 from query.entrypoints.http import create_router as create_query_router
 from query.entrypoints.http import ready_check
+from query.ports import Routing
 from query.service import QueryPorts
 from query.settings import QuerySettings
 
@@ -63,8 +62,15 @@ def generation_options(settings: QuerySettings, *, ordered_log: bool = True) -> 
     )
 
 
+class RegistryRouting(Routing, Protocol):
+    """The routing of both registries (SQLite, PostgreSQL): the port plus the live
+    document ids of a generation (`GET /v1/scopes/document_ids`)."""
+
+    def document_ids(self, generation_id: str, galaxy: str | None = None) -> list[str]: ...
+
+
 def eligibility_gate(
-    settings: QuerySettings, admin: GenerationAdmin, routing: SqliteRouting
+    settings: QuerySettings, admin: GenerationAdmin, routing: Routing
 ) -> EligibilityGate:
     return EligibilityGate(
         admin,
@@ -105,8 +111,7 @@ def query_routers(
 ) -> tuple[EligibilityGate, list[APIRouter]]:
     """The read side of a process: the eligibility gate in front of both searches, and
     Orrery's query routes and the ChonkyDB dialect over the gated ports."""
-    routing = ports.routing
-    assert isinstance(routing, SqliteRouting)
+    routing = cast(RegistryRouting, ports.routing)
     gate = eligibility_gate(settings, admin, routing)
     gated = dataclasses.replace(
         ports,
@@ -119,7 +124,7 @@ def query_routers(
             ports=gated,
             limits=query_limits(settings),
             grants=grants,
-            document_ids=functools.partial(generation_document_ids, routing),
+            document_ids=routing.document_ids,
             status=status,
             eligibility=gate,
         ),

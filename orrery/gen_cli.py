@@ -299,13 +299,15 @@ class DirectAdmin:
     def _open_servers(cls, settings: QuerySettings) -> DirectAdmin:
         from ingest.bootstrap import canonical_db_path
         from orrery.embedded import generation_options
-        from orrery.servers import qdrant_client
+        from orrery.servers import migrate_all, qdrant_client
         from projector.bootstrap import (
             default_embedder,
             server_generation_admin,
             writer_lock_path,
         )
 
+        if settings.database_url:
+            migrate_all(settings.database_url)
         admin, close = server_generation_admin(
             canonical_db_path(settings.data_dir),
             projector=None,
@@ -319,6 +321,7 @@ class DirectAdmin:
             drive_log=None,
             options=generation_options(settings, ordered_log=False),
             text_languages=settings.text_languages(),
+            database_url=settings.database_url,
         )
         return cls(admin, [close])
 

@@ -1,11 +1,13 @@
 """Composition root of the server deployment: Kafka, OpenSearch, Qdrant, Redis.
 
 Roles run as separate processes (`orrery ingest-api`, `orrery relay`, `orrery project`,
-`orrery query-worker`) or together (`orrery serve --mode servers`). The canonical SQLite
-database under `data_dir` holds records, outbox and the generation registry; every role
-of one host shares it. With `ORRERY_DATABASE_URL` the ingest and relay roles use
-PostgreSQL instead (migrated at start); the projector and query roles do not read it yet,
-so a process refuses to combine the URL with them (docs/deploy.md).
+`orrery query-worker`) or together (`orrery serve --mode servers`). With
+`ORRERY_DATABASE_URL` every role keeps its state in PostgreSQL (records, outbox,
+generation registry, writer lock; both packages' migrations are applied at start), so the
+roles can run on any number of machines; a query worker then keeps nothing on disk and
+needs `ORRERY_CURSOR_KEYS` and `ORRERY_QDRANT_URL`. Without the URL the canonical SQLite
+database under `data_dir` holds it all and every role of one host shares it
+(docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ingest.bootstrap import (
     canonical_db_path,
     describe_store,
     kafka_relay_step,
+    migrate_database,
     server_store,
 )
 from ingest.entrypoints.relay import RelayLoop
@@ -34,6 +37,7 @@ from orrery.http import build_app
 from projector.bootstrap import (
     ServerProjector,
     default_embedder,
+    postgres_migrations,
     server_generation_admin,
     server_projector,
     writer_lock_path,
@@ -41,12 +45,11 @@ from projector.bootstrap import (
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import ORPHANED_AFTER, GenerationAdmin
-from query.adapters.sqlite_routing import SqliteRouting
 from query.bootstrap import cursor_codec, scope_registry, server_query_ports
 from query.eligibility import EligibilityGate
 from query.settings import QuerySettings
 
-__all__ = ["Role", "ServerStack"]
+__all__ = ["Role", "ServerStack", "check_settings", "migrate_all"]
 
 log = logging.getLogger("orrery")
 
@@ -56,6 +59,39 @@ class Role(StrEnum):
     RELAY = "relay"
     PROJECTOR = "projector"
     QUERY = "query"
+
+
+def migrate_all(database_url: str) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Apply every package's pending PostgreSQL migrations (ingest's canonical store, then
+    the projector's registry), each under the ledger's advisory lock: per component,
+    (applied, already there). `MigrationMismatch` when an applied file was edited."""
+    component, files = postgres_migrations()
+    return {
+        "ingest": migrate_database(database_url),
+        component: migrate_database(database_url, files, component=component),
+    }
+
+
+def check_settings(settings: QuerySettings, roles: frozenset[Role]) -> None:
+    """Refuse (`ValueError`, a message naming the setting) what cannot work across
+    machines: with `ORRERY_DATABASE_URL`, the query role needs shared cursor keys (a
+    cursor signed by one worker must verify on every other), and the projector and query
+    roles need a Qdrant server (qdrant-client's local mode keeps vectors in a file of
+    this host)."""
+    if not settings.database_url:
+        return
+    if Role.QUERY in roles and not settings.cursor_keys.strip():
+        raise ValueError(
+            "ORRERY_DATABASE_URL is set but ORRERY_CURSOR_KEYS is not: every query worker "
+            "must verify the continuation cursors the others sign; set the same "
+            "ORRERY_CURSOR_KEYS (kid:secret,…) on every query worker (docs/deploy.md)"
+        )
+    if roles & {Role.PROJECTOR, Role.QUERY} and not settings.qdrant_url:
+        raise ValueError(
+            "ORRERY_DATABASE_URL is set but ORRERY_QDRANT_URL is not: the projector and "
+            "query roles need a Qdrant server shared by every machine (qdrant-client's "
+            "local mode keeps vectors in a file under data_dir)"
+        )
 
 
 def qdrant_client(settings: QuerySettings) -> Any:
@@ -90,20 +126,19 @@ class ServerStack:
         *,
         embedder: Embedder | None = None,
     ) -> ServerStack:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        check_settings(settings, roles)
+        database_url = settings.database_url
+        if database_url:
+            # Nothing of this process goes under data_dir: it is not even created.
+            migrate_all(database_url)
+        else:
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
         db_path = canonical_db_path(settings.data_dir)
-        if settings.database_url and roles & {Role.PROJECTOR, Role.QUERY}:
-            raise ValueError(
-                "ORRERY_DATABASE_URL is set, but the projector and query roles still read "
-                "the canonical SQLite store under data_dir (issue 13: their PostgreSQL "
-                "adapters are not done); run only the ingest and relay roles with it "
-                "(`orrery ingest-api`, `orrery relay`), see docs/deploy.md"
-            )
         stack = cls(settings, roles)
         grants = parse_api_keys(settings.api_keys)
-        log.info("canonical store: %s", describe_store(settings.data_dir, settings.database_url))
+        log.info("canonical store: %s", describe_store(settings.data_dir, database_url))
         # The canonical store creates (or migrates) the schema every other role reads.
-        store = server_store(settings.data_dir, settings.database_url)
+        store = server_store(settings.data_dir, database_url)
         stack.closers.append(store.close)
         if Role.INGEST in roles:
             stack.store = store
@@ -143,6 +178,7 @@ class ServerStack:
                 qdrant=shared_qdrant,
                 qdrant_collection_prefix=settings.qdrant_collection_prefix,
                 text_languages=settings.text_languages(),
+                database_url=database_url,
             )
             stack.projector_loop = ProjectorLoop(
                 stack.projector.step, poll_seconds=settings.projector_poll_seconds
@@ -160,7 +196,7 @@ class ServerStack:
             )
         if Role.QUERY in roles:
             assert embedder is not None
-            ports = server_query_ports(
+            ports, close_ports = server_query_ports(
                 db_path,
                 embedder=embedder,
                 opensearch_url=settings.opensearch_url,
@@ -171,9 +207,9 @@ class ServerStack:
                 cache_responses=settings.cache_responses,
                 scopes=scope_registry(settings),
                 cursors=cursor_codec(settings),
+                database_url=database_url,
             )
-            routing = ports.routing
-            assert isinstance(routing, SqliteRouting)
+            stack.closers.append(close_ports)
             loop = stack.projector_loop
 
             def wake_projector() -> bool:
@@ -194,6 +230,7 @@ class ServerStack:
                 drive_log=wake_projector,
                 options=generation_options(settings, ordered_log=False),
                 text_languages=settings.text_languages(),
+                database_url=database_url,
             )
             stack.closers.append(close_admin)
             # Builds of other processes stay `building` while their heartbeat is fresh.

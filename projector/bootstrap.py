@@ -33,8 +33,12 @@ from projector.ports import AliasMirror, EngineReadback, EventLog
 from projector.service import BatchReport, project_batch, schema_digest
 
 if TYPE_CHECKING:
+    from contracts.migrations import Migration
     from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
+    from projector.adapters.postgres_lock import PostgresWriterLock
+    from projector.adapters.postgres_state import PostgresProjectorState
     from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
+    from projector.ports import CanonicalSnapshot
 
 __all__ = [
     "EmbeddedProjector",
@@ -45,6 +49,7 @@ __all__ = [
     "embedded_generation_admin",
     "embedded_projector",
     "operator_lock",
+    "postgres_migrations",
     "server_generation_admin",
     "server_projector",
     "writer_lock_path",
@@ -53,6 +58,36 @@ __all__ = [
 LEXICAL_ENGINE = "tantivy"
 VECTOR_ENGINE = "qdrant-edge"
 CONSUMER = "projector"
+
+
+def postgres_migrations() -> tuple[str, list[Migration]]:
+    """The projector's PostgreSQL migration set and its ledger component (the
+    composition root applies it with the ledger's driver, `contracts.migrations`)."""
+    from projector.adapters.postgres_migrations import COMPONENT, migrations
+
+    return COMPONENT, migrations()
+
+
+def _server_state(
+    db_path: Path, lock_path: Path, database_url: str | None
+) -> tuple[SqliteProjectorState | PostgresProjectorState, FileWriterLock | PostgresWriterLock]:
+    """Server mode's registry and writer lock: PostgreSQL (an advisory lock that fences
+    every commit) with a URL, else the single-host SQLite file and flock."""
+    if not database_url:
+        return SqliteProjectorState(db_path), FileWriterLock(lock_path)
+    from projector.adapters.postgres_lock import PostgresWriterLock
+    from projector.adapters.postgres_state import PostgresProjectorState
+
+    lock = PostgresWriterLock(database_url)
+    return PostgresProjectorState(database_url, fence=lock.assert_held), lock
+
+
+def _server_snapshot(db_path: Path, database_url: str | None) -> CanonicalSnapshot:
+    if not database_url:
+        return SqliteCanonicalSnapshot(db_path)
+    from projector.adapters.postgres_snapshot import PostgresCanonicalSnapshot
+
+    return PostgresCanonicalSnapshot(database_url)
 
 
 def writer_lock_path(data_dir: Path) -> Path:
@@ -296,15 +331,16 @@ def bulk_load_ports(
 
 @dataclass(slots=True)
 class ServerProjector:
-    """The server-mode projector: Kafka in, OpenSearch + Qdrant out, registry in SQLite."""
+    """The server-mode projector: Kafka in, OpenSearch + Qdrant out, registry in
+    PostgreSQL (or, on one host, SQLite)."""
 
-    state: SqliteProjectorState
+    state: SqliteProjectorState | PostgresProjectorState
     log: EventLog
     lexical: OpenSearchLexicalIndex
     vectors: QdrantServerVectorIndex
     embedder: Embedder
     step: Callable[[], BatchReport]
-    lock: FileWriterLock
+    lock: FileWriterLock | PostgresWriterLock
 
     def close(self) -> None:
         self.log.close()
@@ -332,16 +368,19 @@ def server_projector(
     text_languages: TextLanguages | None = None,
     kafka_metadata_max_age_ms: int = 30_000,
     kafka_join_timeout_ms: int = 60_000,
+    database_url: str | None = None,
 ) -> ServerProjector:
     """Kafka consumer group as the log; OpenSearch and Qdrant (a `QdrantClient`) as the
-    indexes. `qdrant` is shared with the query side when both run in one process
-    (qdrant-client's local mode allows one client per path)."""
+    indexes; the registry in PostgreSQL when `database_url` is given (migrated first by
+    the composition root), else in the SQLite file `db_path`. `qdrant` is shared with the
+    query side when both run in one process (qdrant-client's local mode allows one client
+    per path)."""
     # Imported here: the embedded deployment never loads these drivers.
     from projector.adapters.kafka_log import KafkaEventLog, KafkaLogSettings
     from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
     from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 
-    state = SqliteProjectorState(db_path)
+    state, lock = _server_state(db_path, lock_path, database_url)
     log = KafkaEventLog(
         KafkaLogSettings(
             bootstrap_servers=kafka_bootstrap,
@@ -359,7 +398,6 @@ def server_projector(
         refresh_interval=opensearch_refresh_interval,
     )
     vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
-    lock = FileWriterLock(lock_path)
 
     def topology(generation_id: str) -> Topology:
         return _server_topology(lexical, vectors, generation_id)
@@ -410,6 +448,7 @@ def server_generation_admin(
     drive_log: Callable[[], bool] | None,
     options: GenerationOptions,
     text_languages: TextLanguages | None = None,
+    database_url: str | None = None,
 ) -> tuple[GenerationAdmin, Callable[[], None]]:
     """The lifecycle over OpenSearch and Qdrant, and the function that closes what it
     opened. Uses the projector's engines and registry when this process runs one, else
@@ -420,6 +459,8 @@ def server_generation_admin(
     from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 
     closers: list[Callable[[], None]] = []
+    state: SqliteProjectorState | PostgresProjectorState
+    lock: FileWriterLock | PostgresWriterLock
     if projector is not None:
         state, lexical, vectors, lock = (
             projector.state,
@@ -428,14 +469,13 @@ def server_generation_admin(
             projector.lock,
         )
     else:
-        state = SqliteProjectorState(db_path)
+        state, lock = _server_state(db_path, lock_path, database_url)
         lexical = OpenSearchLexicalIndex(
             opensearch_url,
             index_prefix=opensearch_index_prefix,
             refresh_interval=opensearch_refresh_interval,
         )
         vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
-        lock = FileWriterLock(lock_path)
         closers += [lexical.close, state.close, lock.close]
 
     def alias_name(engine: str, namespace: str, kind: str) -> str:
@@ -447,6 +487,7 @@ def server_generation_admin(
     vector_mirror: AliasMirror = vectors
     lexical_readback: EngineReadback = lexical
     vector_readback: EngineReadback = vectors
+    snapshot = _server_snapshot(db_path, database_url)  # closed by admin.close
     admin = GenerationAdmin(
         GenerationPorts(
             registry=state,
@@ -454,7 +495,7 @@ def server_generation_admin(
             maintenance=state,
             evidence_log=state,
             cache=state,
-            snapshot=SqliteCanonicalSnapshot(db_path),
+            snapshot=snapshot,
             lexical=lexical,
             vectors=vectors,
             lexical_readback=lexical_readback,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contracts.embedding import Embedder
 from query.adapters.memory_cache import MemoryCache
@@ -14,11 +14,14 @@ from query.adapters.sqlite_routing import SqliteRecordReader, SqliteRouting
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from query.cursors import CursorCodec, parse_cursor_keys
 from query.phrases import VocabularyRegistry, parse_vocabularies
-from query.ports import Cache
+from query.ports import Cache, RecordReader
 from query.profiles import ProfileRegistry, parse_profiles
 from query.scopes import ScopeRegistry, ScopeResolver, parse_scopes
 from query.service import QueryEmbeddingCache, QueryLimits, QueryPorts
 from query.settings import QuerySettings
+
+if TYPE_CHECKING:
+    from query.adapters.postgres_routing import PostgresRouting
 
 __all__ = [
     "cursor_codec",
@@ -143,24 +146,46 @@ def server_query_ports(
     cache_responses: bool = True,
     scopes: ScopeRegistry | None = None,
     cursors: CursorCodec | None = None,
-) -> QueryPorts:
-    """Query ports over the servers: OpenSearch, Qdrant (`qdrant` is a `QdrantClient`),
-    Redis for responses and query vectors (in-process when `redis_url` is None); routing
-    and payloads from the canonical SQLite database."""
+    database_url: str | None = None,
+) -> tuple[QueryPorts, Callable[[], None]]:
+    """Query ports over the servers, and the function that closes what they opened:
+    OpenSearch, Qdrant (`qdrant` is a `QdrantClient`), Redis for responses and query
+    vectors (in-process when `redis_url` is None); routing and payloads from PostgreSQL
+    when `database_url` is given (nothing on disk), else from the canonical SQLite
+    database `db_path`."""
     # Imported here: the embedded deployment never loads these drivers.
     from query.adapters.opensearch_lexical import OpenSearchLexicalSearch
     from query.adapters.qdrant_vectors import QdrantServerVectorSearch
     from query.adapters.redis_cache import RedisCache
 
     shared: Cache = MemoryCache() if redis_url is None else RedisCache(redis_url)
-    routing = SqliteRouting(db_path)
-    return QueryPorts(
+    routing: SqliteRouting | PostgresRouting
+    records: RecordReader
+    close: Callable[[], None] = shared.close
+    if database_url:
+        from query.adapters.postgres_routing import (
+            PostgresRecordReader,
+            PostgresRouting,
+            open_reads,
+        )
+
+        reads = open_reads(database_url)
+        routing, records = PostgresRouting(reads), PostgresRecordReader(reads)
+
+        def close() -> None:
+            shared.close()
+            reads.close()
+
+    else:
+        routing, records = SqliteRouting(db_path), SqliteRecordReader(db_path)
+    ports = QueryPorts(
         routing=routing,
         lexical=OpenSearchLexicalSearch(opensearch_url, index_prefix=opensearch_index_prefix),
         vectors=QdrantServerVectorSearch(qdrant, collection_prefix=qdrant_collection_prefix),
-        records=SqliteRecordReader(db_path),
+        records=records,
         query_vectors=QueryEmbeddingCache(embedder, shared=None if redis_url is None else shared),
         responses=shared if cache_responses else None,
         scopes=ScopeResolver(routing, scopes, shared=None if redis_url is None else shared),
         cursors=cursors,
     )
+    return ports, close

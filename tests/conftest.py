@@ -7,6 +7,7 @@ or fails when `ORRERY_REQUIRE_SERVERS=1` (as in CI).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -43,13 +44,10 @@ def require_server(name: str) -> str:
     pytest.skip(reason)
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """The URL of a new, empty database on the harness's PostgreSQL, dropped afterwards.
-
-    Each test gets its own database, so tables, counters and advisory locks (which
-    PostgreSQL scopes per database) never meet another test's.
-    """
+@contextlib.contextmanager
+def new_database() -> Iterator[str]:
+    """The URL of a new, empty database on the harness's PostgreSQL, dropped afterwards
+    (`WITH (FORCE)`: sessions of killed processes included)."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -62,3 +60,14 @@ def postgres_url() -> Iterator[str]:
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """The URL of a new, empty database on the harness's PostgreSQL, dropped afterwards.
+
+    Each test gets its own database, so tables, counters and advisory locks (which
+    PostgreSQL scopes per database) never meet another test's.
+    """
+    with new_database() as url:
+        yield url

@@ -69,10 +69,22 @@ def test_start_stops_on_an_edited_migration(postgres_url: str, tmp_path: Path) -
         ServerStack.open(settings, frozenset({Role.INGEST}))
 
 
-def test_projector_and_query_roles_refuse_the_url(tmp_path: Path) -> None:
-    settings = QuerySettings(
-        mode="servers", data_dir=tmp_path, database_url="postgresql://u@127.0.0.1:1/x"
+def test_roles_refuse_settings_that_do_not_work_across_machines(tmp_path: Path) -> None:
+    # Checked before anything connects: the database does not even exist.
+    url = "postgresql://u@127.0.0.1:1/x"
+    no_keys = QuerySettings(
+        mode="servers", data_dir=tmp_path, database_url=url, qdrant_url="http://q:6333"
+    )
+    with pytest.raises(ValueError, match="ORRERY_CURSOR_KEYS"):
+        ServerStack.open(no_keys, frozenset({Role.QUERY}))
+    no_qdrant = QuerySettings(
+        mode="servers",
+        data_dir=tmp_path,
+        database_url=url,
+        qdrant_url=None,
+        cursor_keys="k1:0123456789abcdef0123",
     )
     for role in (Role.PROJECTOR, Role.QUERY):
-        with pytest.raises(ValueError, match="projector and query roles"):
-            ServerStack.open(settings, frozenset({Role.INGEST, role}))
+        with pytest.raises(ValueError, match="ORRERY_QDRANT_URL"):
+            ServerStack.open(no_qdrant, frozenset({Role.INGEST, role}))
+    assert list(tmp_path.iterdir()) == []
