@@ -434,9 +434,9 @@ def publish(
 
 def harness_servers_env(label: str = "bench") -> dict[str, str]:
     """`orrery serve` environment for server mode on the local harness
-    (`tests/harness/servers.py`): its Kafka, OpenSearch and Redis, with Kafka topics and
-    group, OpenSearch indexes and Qdrant collections named uniquely for this run.
-    Qdrant itself runs in qdrant-client's local mode under the data dir (no server).
+    (`tests/harness/servers.py`): its Kafka, OpenSearch, Qdrant server and Redis, with
+    Kafka topics and group, OpenSearch indexes and Qdrant collections named uniquely for
+    this run.
 
     Raises `SystemExit` naming the harness servers that are not running."""
     from tests.harness.servers import server_urls
@@ -451,6 +451,7 @@ def harness_servers_env(label: str = "bench") -> dict[str, str]:
         "ORRERY_KAFKA_BOOTSTRAP": str(urls["kafka"]),
         "ORRERY_OPENSEARCH_URL": str(urls["opensearch"]),
         "ORRERY_REDIS_URL": str(urls["redis"]),
+        "ORRERY_QDRANT_URL": str(urls["qdrant"]),
         "ORRERY_KAFKA_TOPIC_PREFIX": f"{tag}.records",
         "ORRERY_KAFKA_GROUP": tag,
         "ORRERY_KAFKA_SESSION_TIMEOUT_MS": "6000",

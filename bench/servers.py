@@ -2,14 +2,19 @@
 
     .venv/bin/python bench/servers.py [--size 100000] [--server-size N] [--queries 100]
                                       [--fresh 30] [--out docs/bench/servers.json]
-                                      [--skip-startup]
+                                      [--skip-startup] [--scaleout [--scaleout-size N]
+                                      [--qps-seconds 20] [--qps-clients 4]]
+                                      [--only-scaleout]
 
 Run it under `flock /tmp/orrery-bench.lock` on a shared machine (`make bench-servers`
-does). Needs the local harness (`make servers-up`): Kafka, OpenSearch and Redis.
-**Qdrant runs in qdrant-client's local mode** (brute force in Python, under the server's
-data dir): no Qdrant server can run on these machines, so the server-mode vector figures
-are those of that stand-in, not of a Qdrant server. The lexical-only profile (OpenSearch
-alone) shows the server path's own cost next to them.
+does). Needs the local harness (`make servers-up`): Kafka, OpenSearch, the Qdrant server
+(1.16.3), Redis and PostgreSQL. The lexical-only profile (OpenSearch alone) shows the
+server path's own cost next to the hybrid one.
+
+With `--scaleout` (or `--only-scaleout`, which skips 1 and 2) every role also runs as its
+own process (`bench/scaleout.py`): ingest records/s with SQLite vs PostgreSQL and with 1
+and 2 relays/projectors, freshness lag, `topk_records` through OpenSearch + the Qdrant
+server with each stage's share, and queries per second with 1 vs 2 query workers.
 
 1. **Start-up** (skipped with `--skip-startup`): a second harness instance in its own
    state dir (the shared servers hold the default ports, so it gets free ports): `up`
@@ -118,11 +123,7 @@ ADMIN_KEY = "bench-admin"
 REQUEST_TIMEOUT_S = 60.0
 FRESH_POLL_PAUSE_S = 0.005
 FRESH_TIMEOUT_S = 60.0
-QDRANT_NOTE = (
-    "Qdrant: qdrant-client local mode (exact brute force in Python inside the server "
-    "process); no Qdrant server can run on this machine, so server-mode vector figures "
-    "are the stand-in's, not a Qdrant server's"
-)
+QDRANT_NOTE = "Qdrant: the harness's Qdrant server 1.16.3 (ORRERY_QDRANT_URL)"
 
 console = Console(stderr=True)
 
@@ -419,7 +420,42 @@ def run_mode(mode: str, size: int, args: argparse.Namespace, vocab: Vocabulary) 
 # -- output ---------------------------------------------------------------------------------
 
 
+def print_scaleout(scaleout: Mapping[str, Any]) -> None:
+    table = Table(title=f"scale-out: every role its own process (N = {scaleout['size']:,})")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for run in scaleout["ingest"]:
+        table.add_row(
+            f"ingest records/s, {run['backend']}, {run['relays']} relay(s) / "
+            f"{run['projectors']} projector(s)",
+            f"{run['records_per_s']:,.0f}",
+        )
+    if "freshness" in scaleout:
+        lag = scaleout["freshness"]["lag_ms"]
+        table.add_row("freshness lag p50 / p95 (ms)", f"{lag['p50']:.0f} / {lag['p95']:.0f}")
+    if "topk" in scaleout:
+        topk = scaleout["topk"]
+        table.add_row(
+            "topk_records default profile p50 / p95 (ms)",
+            f"{topk['latency_ms']['p50']:.1f} / {topk['latency_ms']['p95']:.1f}",
+        )
+        table.add_row(
+            "  stage shares of the server total",
+            ", ".join(f"{k} {v:.0%}" for k, v in topk["stage_share_of_server_total"].items()),
+        )
+    for run in scaleout.get("qps", []):
+        table.add_row(
+            f"qps with {run['workers']} query worker(s), {run['clients']} clients",
+            f"{run['qps']:.1f} (p95 {run['latency_ms']['p95']:.0f} ms)",
+        )
+    Console(width=140).print(table)
+
+
 def print_table(report: Mapping[str, Any]) -> None:
+    if report.get("scaleout"):
+        print_scaleout(report["scaleout"])
+    if not report["runs"]:
+        return
     runs = {run["mode"]: run for run in report["runs"]}
     table = Table(title="embedded vs servers (one run; ms unless noted)")
     for column in ("figure", *runs):
@@ -508,6 +544,8 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = report["runs"]
+    if not runs:
+        return
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
     labels = [f"{r['mode']}\n(N={r['size']:,})" for r in runs]
     x = np.arange(len(runs))
@@ -539,8 +577,7 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     ax.set_title("topk_records latency (ms, log)")
     ax.legend(fontsize=7)
     fig.suptitle(
-        "Orrery embedded vs servers (Kafka + OpenSearch + Redis; Qdrant = qdrant-client "
-        "local mode, brute force)",
+        "Orrery embedded vs servers (Kafka + OpenSearch + Qdrant server + Redis)",
         fontsize=10,
     )
     fig.tight_layout()
@@ -564,6 +601,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--index-wait", type=float, default=900.0)
     parser.add_argument("--timeout", type=int, default=7_200, help="global deadline (s)")
     parser.add_argument("--skip-startup", action="store_true")
+    parser.add_argument("--scaleout", action="store_true", help="add bench/scaleout.py's figures")
+    parser.add_argument(
+        "--only-scaleout", action="store_true", help="only the scale-out figures (no 1, 2)"
+    )
+    parser.add_argument("--scaleout-size", type=int, default=None, help="default --size")
+    parser.add_argument("--qps-seconds", type=float, default=20.0)
+    parser.add_argument("--qps-clients", type=int, default=4)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "servers.json")
     return parser.parse_args(argv)
 
@@ -590,20 +634,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             "result_limit": RESULT_LIMIT,
             "lexical_only_request": LEXICAL_ONLY,
             "filtered_queries": "every second: status any-of + galaxy",
+            "command": " ".join(
+                ["bench/servers.py", *(argv if argv is not None else sys.argv[1:])]
+            ),
         },
         "runs": [],
     }
     try:
         with deadline(args.timeout):
-            if not args.skip_startup:
+            if not args.skip_startup and not args.only_scaleout:
                 try:
                     report["startup"] = measure_startup()
                 except Exception as error:  # reported, the rest of the run still counts
                     console.print(f"[red]start-up measurement failed: {error!r}")
                     report["startup_error"] = repr(error)
-            for mode in MODES:
+            for mode in () if args.only_scaleout else MODES:
                 report["runs"].append(run_mode(mode, sizes[mode], args, vocab))
                 write_json(args.out, {**report, "partial": mode != MODES[-1]})
+            if args.scaleout or args.only_scaleout:
+                from bench.scaleout import run_scaleout
+
+                report["scaleout"] = run_scaleout(
+                    args.scaleout_size or args.size,
+                    batch_size=args.batch_size,
+                    seed=args.seed,
+                    queries=args.queries,
+                    fresh=args.fresh,
+                    qps_seconds=args.qps_seconds,
+                    clients=args.qps_clients,
+                )
     except BenchTimeout as error:
         console.print(f"[red]{error}")
         write_json(args.out, {**report, "partial": True, "error": str(error)})

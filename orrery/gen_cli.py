@@ -83,7 +83,8 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts)")
 
 
 def write_server_file(settings: QuerySettings) -> Path:
-    """Tell `orrery gen` where the server of this data directory listens."""
+    """Tell `orrery gen` where the server of this data directory listens (`orrery serve`
+    only: it creates the data directory when server mode on PostgreSQL did not need it)."""
     host = settings.host if settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     path = settings.data_dir / SERVER_FILE
     body = {
@@ -94,6 +95,7 @@ def write_server_file(settings: QuerySettings) -> Path:
         "mode": settings.mode,
         "started_at": datetime.now(UTC).isoformat(),
     }
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)

@@ -62,6 +62,22 @@ def new_database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
+# Databases of helpers that are no fixtures (`session_database`), dropped at session end.
+_SESSION_DATABASES = contextlib.ExitStack()
+
+
+def session_database() -> str:
+    """The URL of a new, empty database that lives until the test session ends (for
+    server processes a test starts through a plain helper such as `server_env`)."""
+    return _SESSION_DATABASES.enter_context(new_database())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_session_databases() -> Iterator[None]:
+    yield
+    _SESSION_DATABASES.close()
+
+
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """The URL of a new, empty database on the harness's PostgreSQL, dropped afterwards.

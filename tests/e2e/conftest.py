@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,6 +31,8 @@ class Server:
     process: subprocess.Popen[bytes]
     client: httpx.Client
     log_path: Path
+    # The PostgreSQL database of a server-mode process (None: the SQLite file in data_dir).
+    database_url: str | None = None
 
     def stop(self) -> None:
         self.client.close()
@@ -72,6 +76,30 @@ class Server:
             time.sleep(0.05)
 
 
+def canonical_heads(
+    data_dir: Path, namespace: str, kind: str, database_url: str | None = None
+) -> list[tuple[str, int]]:
+    """The canonical store's live `(document_id, revision)` pairs of a scope, read from
+    PostgreSQL when a server-mode deployment uses it, else from `data_dir`'s SQLite file."""
+    if database_url:
+        import psycopg
+
+        with psycopg.connect(database_url) as conn:
+            rows = conn.execute(
+                "SELECT document_id, revision FROM heads WHERE namespace = %s AND "
+                "snapshot_kind = %s AND NOT deleted",
+                (namespace, kind),
+            ).fetchall()
+    else:
+        with contextlib.closing(sqlite3.connect(data_dir / "orrery.sqlite")) as conn:
+            rows = conn.execute(
+                "SELECT document_id, revision FROM heads WHERE namespace = ? AND "
+                "snapshot_kind = ? AND deleted = 0",
+                (namespace, kind),
+            ).fetchall()
+    return [(str(d), int(r)) for d, r in rows]
+
+
 def start_server(
     data_dir: Path, *extra: str, env: dict[str, str] | None = None, command: str = "serve"
 ) -> Server:
@@ -109,7 +137,8 @@ def start_server(
             process.kill()
             raise AssertionError(f"orrery serve did not start: {log_path.read_text()[-3000:]}")
         time.sleep(0.1)
-    return Server(data_dir, port, process, client, log_path)
+    database_url = (env or {}).get("ORRERY_DATABASE_URL") or None
+    return Server(data_dir, port, process, client, log_path, database_url)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ Steps × deployments are listed in `docs/reliability.md`.
 from __future__ import annotations
 
 import contextlib
-import sqlite3
 import subprocess
 import time
 import uuid
@@ -28,7 +27,7 @@ import pytest
 
 from contracts.faults import CRASH_ENV, CRASH_EXIT_CODE
 from tests.conftest import require_server
-from tests.e2e.conftest import Server, start_server
+from tests.e2e.conftest import Server, canonical_heads, start_server
 from tests.e2e.test_generations import (
     BASE_ENV,
     KIND,
@@ -152,14 +151,8 @@ def post_until_crash(srv: Server, batch: list[dict[str, Any]]) -> None:
     wait_crashed(srv)
 
 
-def canonical_ids(data_dir: Path) -> dict[str, int]:
-    with sqlite3.connect(data_dir / "orrery.sqlite") as conn:
-        rows = conn.execute(
-            "SELECT document_id, revision FROM heads WHERE namespace = ? AND snapshot_kind = ? "
-            "AND deleted = 0",
-            (NS, KIND),
-        ).fetchall()
-    return {str(d): int(r) for d, r in rows}
+def canonical_ids(srv: Server) -> dict[str, int]:
+    return dict(canonical_heads(srv.data_dir, NS, KIND, srv.database_url))
 
 
 def live_generation(srv: Server) -> str:
@@ -170,7 +163,7 @@ def live_generation(srv: Server) -> str:
 def converged(srv: Server, data_dir: Path, expected: int) -> str:
     """Every check of the module docstring; returns the live generation."""
     srv.wait_projected(timeout=120, documents={(NS, KIND): expected})
-    store = canonical_ids(data_dir)
+    store = canonical_ids(srv)
     assert len(store) == expected
     generation_id = live_generation(srv)
     listed = srv.client.get(

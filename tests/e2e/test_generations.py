@@ -13,7 +13,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ from contracts.errors import ErrorCode, OrreryError
 from contracts.events import LogEntry
 from contracts.records import Record
 from tests.conftest import require_server
-from tests.e2e.conftest import Server, start_server
+from tests.e2e.conftest import Server, canonical_heads, start_server
 from tests.fakes import FakeHashingEmbedder
 
 ADMIN_KEY = "test-admin-key"
@@ -196,15 +195,12 @@ def gen_cli(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> An
     return result.returncode, body, result.stderr
 
 
-def canonical(data_dir: Path, namespace: str = NS) -> tuple[int, str]:
+def canonical(
+    data_dir: Path, namespace: str = NS, database_url: str | None = None
+) -> tuple[int, str]:
     """The canonical store's live set of the scope: count and ID-set digest."""
-    with sqlite3.connect(data_dir / "orrery.sqlite") as conn:
-        rows = conn.execute(
-            "SELECT document_id, revision FROM heads WHERE namespace = ? AND snapshot_kind = ? "
-            "AND deleted = 0",
-            (namespace, KIND),
-        ).fetchall()
-    return len(rows), id_set_digest((str(d), int(r)) for d, r in rows)
+    pairs = canonical_heads(data_dir, namespace, KIND, database_url)
+    return len(pairs), id_set_digest(pairs)
 
 
 def live_generation(srv: Server) -> str:
@@ -443,7 +439,7 @@ def test_writes_during_a_build_reach_the_new_generation(tmp_path: Path, deployme
         srv.wait_projected(timeout=60, documents={(NS, KIND): 317})
         check = verify(srv, generation_id)
         assert check["verified"], check
-        count, digest = canonical(srv.data_dir)
+        count, digest = canonical(srv.data_dir, database_url=srv.database_url)
         assert check["check"]["expected_digest"] == digest and count == 300 + 20 - 3
         promote(srv, generation_id)
         answer = ok(topk(srv, "zebra number 310"))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from contracts.digests import id_set_digest
-from tests.conftest import require_server
+from tests.conftest import require_server, session_database
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_embedded_http import CORPUS, NS, SCOPE, rec
 
@@ -35,8 +35,14 @@ QUERIES: list[dict[str, Any]] = [
 ]
 
 
-def server_env(tag: str, **overrides: str) -> dict[str, str]:
-    """Environment of a server-mode process: harness URLs, names unique to this run."""
+# Every server-mode query worker on PostgreSQL must verify the others' cursors.
+CURSOR_KEYS = "e2e:server-mode-e2e-secret-01"
+
+
+def server_env(tag: str, *, database: bool = True, **overrides: str) -> dict[str, str]:
+    """Environment of a server-mode process: harness URLs, names unique to this run, and
+    (unless `database` is False: the single-host SQLite file under data_dir) a PostgreSQL
+    database of its own that lives until the session ends."""
     env = {
         "ORRERY_MODE": "servers",
         "ORRERY_KAFKA_BOOTSTRAP": require_server("kafka"),
@@ -51,6 +57,9 @@ def server_env(tag: str, **overrides: str) -> dict[str, str]:
         "ORRERY_QDRANT_COLLECTION_PREFIX": f"orrery-test-{tag}",
         "ORRERY_OPENSEARCH_REFRESH_INTERVAL": "100ms",
     }
+    if database:
+        env["ORRERY_DATABASE_URL"] = session_database()
+        env["ORRERY_CURSOR_KEYS"] = CURSOR_KEYS
     env.update(overrides)
     return env
 
@@ -161,10 +170,11 @@ def _canonical_digest(data_dir: Path) -> tuple[int, str]:
 
 
 def test_separate_processes_and_projector_crash(tmp_path: Path) -> None:
-    """ingest-api, relay and projector+query as separate processes; SIGKILL the
+    """ingest-api, relay and projector+query as separate processes of one host sharing
+    the SQLite file under data_dir (server mode without ORRERY_DATABASE_URL); SIGKILL the
     projector mid-stream, restart it, and the engines' ID sets equal the store's."""
     tag = uuid.uuid4().hex[:8]
-    env = server_env(tag, ORRERY_PROJECTOR_BATCH_SIZE="50")
+    env = server_env(tag, database=False, ORRERY_PROJECTOR_BATCH_SIZE="50")
     data_dir = tmp_path / "data"
     ingest = start_server(data_dir, env=env, command="ingest-api")
     relay = _spawn(["relay"], data_dir, env, tmp_path / "relay.log")
