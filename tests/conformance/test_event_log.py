@@ -49,7 +49,7 @@ class LogHarness:
             close()
 
 
-def _sqlite(tmp: Path) -> LogHarness:
+def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
     store = SqliteRecordStore(tmp / "orrery.sqlite")
 
     def append(records: list[Record]) -> None:
@@ -70,8 +70,26 @@ def _sqlite(tmp: Path) -> LogHarness:
     return LogHarness(append, open_log, append_garbage, [store.close])
 
 
-def _kafka(tmp: Path) -> LogHarness:
-    """Records go SQLite store -> outbox -> relay -> Kafka (3 partitions per topic).
+def _kafka(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
+    """Records go SQLite store -> outbox -> relay -> Kafka (3 partitions per topic)."""
+    store = SqliteRecordStore(tmp / "orrery.sqlite")
+    return _kafka_from(store, SqliteOutboxReader(tmp / "orrery.sqlite"))
+
+
+def _kafka_postgres(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
+    """Records go PostgreSQL store -> outbox -> relay (SKIP LOCKED claims) -> Kafka: the
+    positions a Kafka consumer sees are the PostgreSQL store's."""
+    from ingest.adapters.postgres_db import migrate
+    from ingest.adapters.postgres_outbox_relay import PostgresOutboxReader
+    from ingest.adapters.postgres_store import PostgresRecordStore
+
+    url: str = request.getfixturevalue("postgres_url")
+    migrate(url)
+    return _kafka_from(PostgresRecordStore(url), PostgresOutboxReader(url))
+
+
+def _kafka_from(store: Any, source: Any) -> LogHarness:
+    """Records go `store` -> its outbox -> `source` (relay) -> Kafka (3 partitions per topic).
 
     Topics and the consumer group are unique to the test and dropped afterwards. The
     durable position of a Kafka consumer is its group's committed offsets, so `open_log`
@@ -81,8 +99,6 @@ def _kafka(tmp: Path) -> LogHarness:
     bootstrap = require_server("kafka")
     run = f"orrery-conf-{uuid.uuid4().hex[:12]}"
     prefix = f"{run}.records"
-    store = SqliteRecordStore(tmp / "orrery.sqlite")
-    source = SqliteOutboxReader(tmp / "orrery.sqlite")
     publisher = KafkaEventPublisher(
         KafkaPublisherSettings(
             bootstrap,
@@ -153,18 +169,22 @@ def _drop_kafka_resources(bootstrap: str, prefix: str, group_id: str) -> None:
         admin.close()
 
 
-FACTORIES: dict[str, Callable[[Path], LogHarness]] = {
+FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], LogHarness]] = {
     "sqlite-outbox": _sqlite,
     "kafka": _kafka,
+    "kafka-postgres": _kafka_postgres,
 }
-FACTORY_MARKS: dict[str, Sequence[pytest.MarkDecorator]] = {"kafka": (pytest.mark.servers,)}
+FACTORY_MARKS: dict[str, Sequence[pytest.MarkDecorator]] = {
+    "kafka": (pytest.mark.servers,),
+    "kafka-postgres": (pytest.mark.servers,),
+}
 
 
 @pytest.fixture(
     params=[pytest.param(name, marks=FACTORY_MARKS.get(name, ())) for name in sorted(FACTORIES)]
 )
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogHarness]:
-    instance = FACTORIES[request.param](tmp_path)
+    instance = FACTORIES[request.param](request, tmp_path)
     yield instance
     instance.close()
 
