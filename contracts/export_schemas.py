@@ -23,6 +23,7 @@ from contracts.admin import (
     VerifyResponse,
 )
 from contracts.chonkydb import (
+    AuthInfoResponse,
     BulkRecordsRequest,
     BulkRecordsResponse,
     ChonkyRetrieveRequest,
@@ -91,6 +92,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "chonkydb_retrieve_request": ChonkyRetrieveRequest,
     "chonkydb_retrieve_response": ChonkyRetrieveResponse,
     "chonkydb_instance_response": InstanceResponse,
+    "chonkydb_auth_info_response": AuthInfoResponse,
     "chonkydb_record_list_response": RecordListResponse,
     "chonkydb_record": RecordOut,
     "chonkydb_delete_record_response": DeleteRecordResponse,
