@@ -36,6 +36,8 @@ SCOPES = {
     "longterm:objects:current": "objects",
     "longterm:conflicts:current": "conflicts",
     "longterm:archive:current": "archive",
+    "longterm:midterm:current": "midterm",
+    "longterm:graph_nodes:current": "graph_nodes",
 }
 
 
@@ -105,11 +107,13 @@ def test_twinr_client_long_term_path(twinr: tuple[Any, Any, Server]) -> None:
                 _item(models, "objects", "fact:keys", "The spare keys hang by the door"),
                 _item(models, "conflicts", "conflict:keys", "Keys: door or drawer?"),
                 _item(models, "archive", "fact:old_thermos", "Früher stand die Thermoskanne"),
+                _item(models, "midterm", "packet:keys", "Asked twice today where the keys are"),
+                _item(models, "graph_nodes", "node:thermos", "Thermoskanne, red, hall cupboard"),
             ),
             client_request_id="bulk-1",
         )
     )
-    assert written["success"] and written["succeeded"] == 4
+    assert written["success"] and written["succeeded"] == 6
     thermos_id = derive_document_id(NAMESPACE, "objects", "fact:thermos")
     assert written["items"][0]["payload_id"] == thermos_id
     assert written["items"][0]["document_id"] == thermos_id
@@ -188,7 +192,7 @@ def test_twinr_client_long_term_path(twinr: tuple[Any, Any, Server]) -> None:
 
     # Records: list, get, full document.
     listed = client.list_records(limit=2)
-    assert listed.total_count == 5 and listed.returned_count == 2
+    assert listed.total_count == 7 and listed.returned_count == 2
     record = client.get_record(thermos_id)
     assert record["payload"]["memory_id"] == "fact:thermos"
     full = client.fetch_full_document(document_id=thermos_id, include_content=False)
@@ -201,7 +205,7 @@ def test_twinr_client_long_term_path(twinr: tuple[Any, Any, Server]) -> None:
         client.get_record(glasses_id)
     assert getattr(missing.value, "status_code", None) == 404
     _wait(srv)
-    assert client.list_records().total_count == 4
+    assert client.list_records().total_count == 6
 
 
 def test_unknown_fields_fail_loudly_in_orrerys_shape(twinr: tuple[Any, Any, Server]) -> None:
@@ -364,6 +368,53 @@ def test_recorded_shapes_parse_from_live_answers(twinr: tuple[Any, Any, Server])
     # ChonkyDB's route test: `include_document=true` adds the document.
     with_document = client.get_record(meds_id, include_document=True)
     assert with_document["document"]["document_id"] == meds_id
+
+    # Refusals with a code: a mode Orrery lacks, a `by` ChonkyDB lacks too, a by-id call
+    # over its bound, allowed ids of a snapshot kind no scope ref reads.
+    refusals = [
+        (
+            lambda: client.topk_records(
+                models.ChonkyDBTopKRecordsRequest(
+                    query_text="tea", mode="basic", namespace=NAMESPACE
+                )
+            ),
+            422,
+        ),
+        (lambda: client.get_record(meds_id, by="uri"), 422),
+        (
+            lambda: client.topk_records(
+                models.ChonkyDBTopKRecordsRequest(
+                    query_text="__allowed_doc_ids__",
+                    allowed_doc_ids=tuple(f"id-{i}" for i in range(501)),
+                )
+            ),
+            422,
+        ),
+    ]
+    notes = client.store_records_bulk(
+        models.ChonkyDBBulkRecordRequest(
+            items=(
+                models.ChonkyDBRecordItem(
+                    payload={"memory_id": "note:1", "text": "a loose note about tea"},
+                    metadata={"twinr_namespace": NAMESPACE, "twinr_snapshot_kind": "notes"},
+                ),
+            )
+        )
+    )
+    notes_id = notes["items"][0]["document_id"]
+    refusals.append(
+        (
+            lambda: client.retrieve(
+                models.ChonkyDBRetrieveRequest(query_text="tea", allowed_doc_ids=(notes_id,))
+            ),
+            404,
+        )
+    )
+    for call, status in refusals:
+        with pytest.raises(client_mod.ChonkyDBError) as refusal:
+            call()
+        assert refusal.value.status_code == status
+        assert isinstance(refusal.value.response_json["error"]["code"], str)
 
     # test_job_status_builds_status_endpoint_url: a job this process does not know.
     with pytest.raises(client_mod.ChonkyDBError) as unknown_job:
