@@ -127,14 +127,16 @@ def _scope_ref(scope_ref: str | None) -> str:
 
 
 def _scope_of_ids(
-    namespace: str, scope_ref: str | None, ids: list[str], ports: QueryPorts
+    namespace: str, scope_ref: str | None, ids: list[str], who: Principal, ports: QueryPorts
 ) -> str | None:
     """The scope to rank `allowed_doc_ids` in: `scope_ref` when given, else the one scope
-    ref (without fixed filters) of the snapshot kind the current ones among them have.
-    None when none of them is a current record (nothing to rank)."""
+    ref (without fixed filters) of the snapshot kind the current ones among them have
+    (within the key's galaxy: another galaxy's id counts like an unknown one). None when
+    none of them is a current record (nothing to rank)."""
     if scope_ref is not None:
         return scope_ref
-    kinds = sorted({row.snapshot_kind for row in ports.records.heads(namespace, ids)})
+    rows = ports.records.heads(namespace, ids)
+    kinds = sorted({r.snapshot_kind for r in rows if who.galaxy is None or r.galaxy == who.galaxy})
     if not kinds:
         return None
     if len(kinds) > 1:
@@ -249,7 +251,7 @@ def _ranked_within(
     """`topk_records` ranked within `allowed_doc_ids` (Twinr's filtered catalog search):
     Orrery's `retrieve` with those ids, payloads read at the ranked revisions."""
     assert body.allowed_doc_ids is not None
-    scope_ref = _scope_of_ids(namespace, body.scope_ref, body.allowed_doc_ids, ports)
+    scope_ref = _scope_of_ids(namespace, body.scope_ref, body.allowed_doc_ids, principal, ports)
     if scope_ref is None:
         return ChonkyTopKResponse(
             scope_ref=body.scope_ref,
@@ -385,7 +387,7 @@ def chonky_retrieve(
     if body.allowed_doc_ids is None:
         scope_ref: str | None = _scope_ref(body.scope_ref)
     else:
-        scope_ref = _scope_of_ids(namespace, body.scope_ref, body.allowed_doc_ids, ports)
+        scope_ref = _scope_of_ids(namespace, body.scope_ref, body.allowed_doc_ids, principal, ports)
     if scope_ref is None:
         return ChonkyRetrieveResponse(
             scope_ref=body.scope_ref,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from contracts.records import derive_document_id
 from tests.e2e.conftest import Server, start_server
 
 NS = "e2e"
@@ -434,6 +435,28 @@ def test_api_keys_scope_namespace_and_galaxy(tmp_path: Path) -> None:
             headers={"x-api-key": "k-all"},
         )
         assert other.status_code == 403
+        # The ChonkyDB dialect infers a scope from allowed ids within the key's galaxy
+        # only: another galaxy's id (of another kind here) counts like an unknown one.
+        conflict = rec("conflict:keys", snapshot_kind="conflicts", title="Keys?", body="door")
+        written = srv.client.post("/v1/records", json=[conflict], headers={"x-api-key": "k-all"})
+        assert written.status_code == 200
+        garden_id = derive_document_id(NS, "objects", "fact:garden", "anna")
+        conflict_id = derive_document_id(NS, "conflicts", "conflict:keys")
+        srv.wait_projected(headers={"x-api-key": "k-all"})
+        chonky = {"mode": "advanced", "query_text": "garden hose keys", "result_limit": 5}
+        mixed = srv.client.post(
+            "/v1/external/retrieve",
+            json={**chonky, "allowed_doc_ids": [conflict_id, garden_id]},
+            headers={"x-api-key": "k-anna"},
+        )
+        assert mixed.status_code == 200, mixed.text
+        assert [r["payload_id"] for r in mixed.json()["results"]] == [garden_id]
+        foreign = srv.client.post(
+            "/v1/external/retrieve",
+            json={**chonky, "allowed_doc_ids": [conflict_id]},
+            headers={"x-api-key": "k-anna"},
+        )
+        assert foreign.status_code == 200 and foreign.json()["results"] == []
     finally:
         srv.stop()
 
