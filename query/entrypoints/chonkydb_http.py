@@ -3,7 +3,8 @@
 `chonky_topk` / `chonky_retrieve` answer ChonkyDB-shaped bodies on Orrery's own
 `retrieve` paths (`query.entrypoints.http` picks the dialect by the body's fields) by
 calling `topk_records` / `retrieve` and renaming; `create_router` adds the read routes
-ChonkyDB has and Orrery had not: `instance`, `records` (list, get) and `documents/full`.
+ChonkyDB has and Orrery had not: `instance`, `admin/auth`, `records` (list, get) and
+`documents/full`.
 No second store: every record comes from `QueryPorts.records`.
 """
 
@@ -183,8 +184,9 @@ def _content(text: dict[str, Any], max_chars: int | None) -> dict[str, Any]:
 def chonky_topk(
     body: ChonkyTopKRequest, *, principal: Principal, ports: QueryPorts, limits: QueryLimits
 ) -> ChonkyTopKResponse:
-    """ChonkyDB's `topk_records`: ranked by `topk_records`, or, with `allowed_doc_ids`,
-    exactly those documents' current records (the by-id call)."""
+    """ChonkyDB's `topk_records`: ranked by `topk_records`; with `allowed_doc_ids` and
+    the query `__allowed_doc_ids__` (or none), exactly those documents' current records
+    (the by-id call); with `allowed_doc_ids` and a real query, ranked within them."""
     namespace = _namespace(body.namespace, principal)
     if body.allowed_doc_ids is not None:
         if body.query_text.strip() in ("", BY_ID_QUERY):
