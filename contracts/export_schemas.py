@@ -38,6 +38,15 @@ from contracts.chonkydb import (
     RecordOut,
 )
 from contracts.errors import ErrorResponse
+from contracts.koutendb_io import (
+    BackupRequest,
+    BackupResponse,
+    CompactResponse,
+    DumpDocumentLine,
+    DumpMetaLine,
+    DumpRingLine,
+    ImportResponse,
+)
 from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor
 from contracts.ingest_api import WriteRequest, WriteResponse
@@ -100,6 +109,13 @@ MODELS: dict[str, type[BaseModel]] = {
     "chonkydb_bulk_records_response": BulkRecordsResponse,
     "chonkydb_job_accepted": JobAccepted,
     "chonkydb_job_status_response": JobStatusResponse,
+    "koutendb_import_response": ImportResponse,
+    "koutendb_dump_meta_line": DumpMetaLine,
+    "koutendb_dump_ring_line": DumpRingLine,
+    "koutendb_dump_document_line": DumpDocumentLine,
+    "admin_backup_request": BackupRequest,
+    "admin_backup_response": BackupResponse,
+    "admin_compact_response": CompactResponse,
 }
 
 

@@ -167,13 +167,15 @@ class BackupResponse(_Out):
 
 class CompactResponse(_Out):
     """`POST /v1/admin/compact`: sizes of the canonical database before and after, the
-    record revisions left (`items`) and what was dropped."""
+    record revisions left (`items`: live heads, tombstones and revisions a generation
+    still lists), and what was dropped. A deleted document keeps only its tombstone (its
+    revision floor; docs/koutendb.md)."""
 
     success: bool = True
     beforeBytes: int
     afterBytes: int
     items: int
     liveItems: int
+    tombstones: int
     droppedRevisions: int
-    droppedTombstones: int
     droppedOutboxRows: int

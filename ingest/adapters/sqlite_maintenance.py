@@ -16,8 +16,8 @@ a restore forgets the generations (their index directories are not in a backup).
 - **restore**: a verified backup into an empty (or, with `overwrite`, cleared) data
   directory, through a temporary file renamed into place; the registry is reset so the
   projector rebuilds every scope's first generation from the outbox.
-- **compact**: drops superseded revisions and tombstoned documents the log and every
-  generation are done with, then `VACUUM`s.
+- **compact**: drops superseded revisions (for a deleted document: everything but its
+  tombstone) that the log and every generation are done with, then `VACUUM`s.
 """
 
 from __future__ import annotations
@@ -100,8 +100,8 @@ class CompactInfo:
     after_bytes: int
     items: int
     live_items: int
+    tombstones: int
     dropped_revisions: int
-    dropped_tombstones: int
     dropped_outbox_rows: int
 
 
@@ -290,8 +290,9 @@ def verify_backup(backup_dir: Path) -> BackupInfo:
 def restore_database(backup_dir: Path, data_dir: Path, *, overwrite: bool = False) -> BackupInfo:
     """Restore a verified backup as `data_dir`'s database (see the module docstring).
 
-    `409 invalid_state` when `data_dir` holds anything but `backups/` and lock files, and `overwrite` is
-    not set; the caller makes sure no process uses `data_dir` meanwhile."""
+    `409 invalid_state` when `data_dir` holds anything but `backups/` and lock files,
+    and `overwrite` is not set; the caller makes sure no process uses `data_dir`
+    meanwhile."""
     info = verify_backup(backup_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     present = sorted(p.name for p in data_dir.iterdir() if p.name not in _KEPT_ENTRIES)
@@ -340,12 +341,14 @@ def compact_database(db_path: Path, *, log_is_outbox: bool) -> CompactInfo:
     writer lock (no projector batch or snapshot in flight).
 
     An outbox row is *consumed* when the relay published it, or (`log_is_outbox`: the
-    embedded log) the projector's position passed it. Dropped: a revision that is not its
-    document's head, that no generation lists and whose outbox row is consumed; a
-    tombstoned document (every revision, its head, outbox rows and the registry's
-    deleted entries) once no generation lists a live revision of it and its outbox rows
-    are consumed; consumed outbox rows of non-head revisions. Head revisions of live
-    documents and their outbox rows always stay (a restore replays them)."""
+    embedded log) the projector's position passed it. Dropped: every revision that is
+    not its document's head, that no generation lists and whose outbox row is consumed
+    (for a deleted document that is all its content), and consumed outbox rows of
+    non-head revisions. Kept: the head revision of every document with its outbox row (a
+    restore replays them) and, for a deleted document, its tombstone (one small row, no
+    payload): it is the revision floor that makes a re-created item continue above the
+    deleted revision, which every engine needs (OpenSearch's external versions remember
+    a delete, and would silently ignore a lower revision)."""
     before = database_bytes(db_path)
     try:
         conn = sqlite3.connect(db_path, timeout=30.0, isolation_level=None)
@@ -353,7 +356,6 @@ def compact_database(db_path: Path, *, log_is_outbox: bool) -> CompactInfo:
         raise _sqlite_errors(f"open {db_path}")(exc) from exc
     try:
         tables = _tables(conn)
-        registry = "generation_documents" in tables
         consumed_to = 0
         if log_is_outbox and "projector_positions" in tables:
             row = conn.execute(
@@ -361,7 +363,6 @@ def compact_database(db_path: Path, *, log_is_outbox: bool) -> CompactInfo:
             ).fetchone()
             consumed_to = 0 if row is None else int(row[0])
         consumed = "(published_at IS NOT NULL OR position <= :upto)"
-        consumed_o = "(o.published_at IS NOT NULL OR o.position <= :upto)"
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(
@@ -373,38 +374,10 @@ def compact_database(db_path: Path, *, log_is_outbox: bool) -> CompactInfo:
                 f"WHERE NOT {consumed}",
                 {"upto": consumed_to},
             )
-            if registry:
+            if "generation_documents" in tables:
                 conn.execute(
                     "INSERT OR IGNORE INTO temp.pinned SELECT document_id, revision "
                     "FROM generation_documents"
-                )
-            # Tombstoned documents nobody needs: no live revision in a generation, no
-            # unconsumed outbox row.
-            conn.execute("CREATE TEMP TABLE gone (document_id TEXT PRIMARY KEY) WITHOUT ROWID")
-            live_in_registry = (
-                "OR EXISTS (SELECT 1 FROM generation_documents g WHERE g.document_id = "
-                "h.document_id AND g.deleted = 0)"
-                if registry
-                else ""
-            )
-            conn.execute(
-                "INSERT INTO temp.gone SELECT h.document_id FROM heads h WHERE h.deleted = 1 "
-                "AND NOT (EXISTS (SELECT 1 FROM outbox o WHERE o.document_id = h.document_id "
-                f"AND NOT {consumed_o}) "
-                f"{live_in_registry})",
-                {"upto": consumed_to},
-            )
-            tombstones = int(conn.execute("SELECT COUNT(*) FROM temp.gone").fetchone()[0])
-            gone_revisions = conn.execute(
-                "DELETE FROM records WHERE document_id IN (SELECT document_id FROM temp.gone)"
-            ).rowcount
-            conn.execute(
-                "DELETE FROM heads WHERE document_id IN (SELECT document_id FROM temp.gone)"
-            )
-            if registry:
-                conn.execute(
-                    "DELETE FROM generation_documents WHERE deleted = 1 AND document_id IN "
-                    "(SELECT document_id FROM temp.gone)"
                 )
             superseded = conn.execute(
                 "DELETE FROM records WHERE NOT EXISTS (SELECT 1 FROM heads h WHERE "
@@ -418,7 +391,6 @@ def compact_database(db_path: Path, *, log_is_outbox: bool) -> CompactInfo:
                 {"upto": consumed_to},
             ).rowcount
             conn.execute("DROP TABLE temp.pinned")
-            conn.execute("DROP TABLE temp.gone")
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -426,6 +398,7 @@ def compact_database(db_path: Path, *, log_is_outbox: bool) -> CompactInfo:
         conn.execute("VACUUM")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         items, live, _ = _counts(conn)
+        tombstones = int(conn.execute("SELECT COUNT(*) FROM heads WHERE deleted = 1").fetchone()[0])
     except sqlite3.Error as exc:
         raise _sqlite_errors(f"compact {db_path}")(exc) from exc
     finally:
@@ -435,8 +408,8 @@ def compact_database(db_path: Path, *, log_is_outbox: bool) -> CompactInfo:
         after_bytes=database_bytes(db_path),
         items=items,
         live_items=live,
-        dropped_revisions=superseded + gone_revisions,
-        dropped_tombstones=tombstones,
+        tombstones=tombstones,
+        dropped_revisions=superseded,
         dropped_outbox_rows=outbox,
     )
 
@@ -478,8 +451,8 @@ class SqliteStoreMaintenance:
             afterBytes=info.after_bytes,
             items=info.items,
             liveItems=info.live_items,
+            tombstones=info.tombstones,
             droppedRevisions=info.dropped_revisions,
-            droppedTombstones=info.dropped_tombstones,
             droppedOutboxRows=info.dropped_outbox_rows,
         )
 
