@@ -38,6 +38,9 @@ from contracts.chonkydb import (
     RecordOut,
 )
 from contracts.errors import ErrorResponse
+from contracts.events import LogEntry
+from contracts.generations import EvidenceCheck, GenerationDescriptor
+from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.koutendb_io import (
     BackupRequest,
     BackupResponse,
@@ -47,9 +50,6 @@ from contracts.koutendb_io import (
     DumpRingLine,
     ImportResponse,
 )
-from contracts.events import LogEntry
-from contracts.generations import EvidenceCheck, GenerationDescriptor
-from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.ops import HealthResponse, ReadinessResponse
 from contracts.phrases import VocabularySet
 from contracts.profiles import ProfileSet
