@@ -43,7 +43,20 @@ from projector.adapters.sqlite_state import SqliteProjectorState
 OUT = REPO_ROOT / "docs" / "bench" / "kouten_io.json"
 DIM = 384
 NS = "bench"
-WORDS = "orbit ring galaxy halo comet nebula pulsar quasar meteor aurora zenith nadir".split()
+WORDS = [
+    "orbit",
+    "ring",
+    "galaxy",
+    "halo",
+    "comet",
+    "nebula",
+    "pulsar",
+    "quasar",
+    "meteor",
+    "aurora",
+    "zenith",
+    "nadir",
+]
 
 
 def export_lines(count: int, seed: int = 7) -> bytes:

@@ -43,12 +43,8 @@ def build_app(
     and `routers` mounted in order."""
     app = FastAPI(title=title, version="0.1.0")
     install_error_handlers(app)
-    install_request_guard(
-        app,
-        max_body_bytes=max_body_bytes,
-        stream_paths=stream_paths,
-        max_stream_bytes=max_stream_bytes,
-    )
+    install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
+                          max_stream_bytes=max_stream_bytes)  # fmt: skip
     install_openapi(app)
 
     @app.get(
