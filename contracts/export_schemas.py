@@ -48,6 +48,7 @@ from contracts.koutendb_io import (
     DumpDocumentLine,
     DumpMetaLine,
     DumpRingLine,
+    ImportLine,
     ImportResponse,
 )
 from contracts.ops import HealthResponse, ReadinessResponse
@@ -109,6 +110,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "chonkydb_bulk_records_response": BulkRecordsResponse,
     "chonkydb_job_accepted": JobAccepted,
     "chonkydb_job_status_response": JobStatusResponse,
+    "koutendb_import_line": ImportLine,
     "koutendb_import_response": ImportResponse,
     "koutendb_dump_meta_line": DumpMetaLine,
     "koutendb_dump_ring_line": DumpRingLine,

@@ -26,6 +26,7 @@ __all__ = [
     "DumpDocumentLine",
     "DumpMetaLine",
     "DumpRingLine",
+    "ImportLine",
     "ImportLineError",
     "ImportResponse",
     "backup_name_problem",
@@ -76,6 +77,14 @@ def payload_codec(payload_schema: str, payload: dict[str, Any]) -> tuple[str, st
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ImportLine(BaseModel):
+    """One line of an import body (JSON lines): any JSON object. A `koutendb.dump.v1`
+    line (`meta`, `ring`, `document`) is read as such; any other object is a row mapped
+    by `ringField`, `payloadField`, `vecField`, `idField` (docs/koutendb.md)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class ImportLineError(_Out):

@@ -14,6 +14,7 @@ request's `galaxy`, else `default`; a key bound to a galaxy naming another is `4
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
@@ -22,7 +23,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, check_reach, declare
 from contracts.errors import ErrorCode, OrreryError
-from contracts.koutendb_io import MAX_IMPORT_BATCH, ImportResponse
+from contracts.koutendb_io import (
+    MAX_IMPORT_BATCH,
+    DumpDocumentLine,
+    DumpMetaLine,
+    DumpRingLine,
+    ImportLine,
+    ImportResponse,
+)
 from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, Name
 from ingest.koutendb_io import ImportOptions, JsonlImporter, LineSplitter, dump_lines
@@ -59,6 +67,23 @@ _IMPORT_PARAMS = frozenset(
 )
 _DUMP_PARAMS = frozenset({"namespace", "scopeRef", "galaxy", "includeVectors"})
 _NAME: TypeAdapter[str] = TypeAdapter(Name)
+
+
+def _import_openapi() -> dict[str, Any]:
+    """One JSON object per line: `application/x-ndjson` (or JSON lines' other names),
+    and `application/json` for a body of one line."""
+    fragment = operation(body=ImportLine, ok=ImportResponse)
+    content = fragment["requestBody"]["content"]
+    content[NDJSON] = content["application/json"]
+    return fragment
+
+
+def _dump_openapi() -> dict[str, Any]:
+    """The 200 is JSON lines, each one of the three line shapes."""
+    fragment = operation(ok=(DumpMetaLine, DumpRingLine, DumpDocumentLine))
+    ok = fragment["responses"]["200"]["content"]
+    ok[NDJSON] = ok.pop("application/json")
+    return fragment
 
 
 def resolve_galaxy(grant: ApiKeyGrant | None, requested: str | None) -> str:
@@ -144,14 +169,7 @@ def create_router(
 
     @router.post(
         IMPORT_PATH,
-        openapi_extra={
-            **declare(Access.WRITE),
-            **operation(ok=ImportResponse),
-            "requestBody": {
-                "required": True,
-                "content": {NDJSON: {"schema": {"type": "string"}}},
-            },
-        },
+        openapi_extra={**declare(Access.WRITE), **_import_openapi()},
     )
     async def post_import(
         request: Request,
@@ -193,10 +211,8 @@ def create_router(
 
     @router.get(
         DUMP_PATH,
-        openapi_extra={
-            **declare(Access.READ),
-            "responses": {"200": {"content": {NDJSON: {"schema": {"type": "string"}}}}},
-        },
+        response_class=StreamingResponse,
+        openapi_extra={**declare(Access.READ), **_dump_openapi()},
     )
     async def get_dump(
         request: Request,
