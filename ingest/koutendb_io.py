@@ -323,7 +323,9 @@ class JsonlImporter:
         for item, doc_id in zip(pending, ids, strict=True):
             revision = next_revision.get(doc_id, 1)
             try:
-                record = Record.model_validate({**item.raw, "revision": revision})
+                record = Record.model_validate(
+                    {**item.raw, "revision": revision, "document_id": doc_id}
+                )
             except ValidationError as exc:
                 first = exc.errors(include_url=False, include_input=False)[0]
                 where = ".".join(str(p) for p in first["loc"])
