@@ -7,7 +7,8 @@ This module works on that whole file, so it names a few registry tables: the reg
 is copied with the store, compaction keeps every revision a generation still lists, and
 a restore forgets the generations (their index directories are not in a backup).
 
-- **backup**: SQLite's online backup API copies a consistent snapshot (writers go on)
+- **backup**: SQLite's online backup API copies a consistent snapshot in one step (one
+  read transaction; writers go on)
   into `backups/.<name>.tmp-<random>/`, with `manifest.json` (counts and the sha256 of
   the copy); both files and the directory are fsynced, then the directory is renamed to
   `backups/<name>`. A backup that fails at any point leaves nothing under its name.
@@ -55,8 +56,10 @@ __all__ = [
 BACKUP_DB = "orrery.sqlite"
 MANIFEST = "manifest.json"
 _MANIFEST_FORMAT = "orrery.backup.v1"
-# Pages copied per step of the online backup (writers interleave between steps).
-_BACKUP_PAGES = 4_096
+# The whole database in one step: in WAL mode that step is one read transaction
+# (writers go on), and nothing written meanwhile restarts it — a stepwise copy restarts
+# after every write of another connection and may never finish under steady writes.
+_BACKUP_PAGES = -1
 # Registry tables a restore empties: they describe index directories a backup lacks.
 _DERIVED_TABLES = (
     "generations",

@@ -185,6 +185,12 @@ class SqliteRecordStore:
         return outcomes
 
     def heads(self, document_ids: Sequence[str]) -> list[Head]:
+        try:
+            return self._heads(document_ids)
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", f"read heads: {exc}") from exc
+
+    def _heads(self, document_ids: Sequence[str]) -> list[Head]:
         out: list[Head] = []
         with self._lock:
             for start in range(0, len(document_ids), 500):
@@ -203,8 +209,11 @@ class SqliteRecordStore:
         return out
 
     def high_water(self) -> int:
-        with self._lock:
-            row = self._conn.execute("SELECT COALESCE(MAX(position), 0) FROM outbox").fetchone()
+        try:
+            with self._lock:
+                row = self._conn.execute("SELECT COALESCE(MAX(position), 0) FROM outbox").fetchone()
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", f"high water: {exc}") from exc
         return int(row[0])
 
     def live_records(self, namespace: str, snapshot_kind: str, galaxy: str) -> Iterator[Record]:

@@ -200,13 +200,24 @@ def create_router(
         )
         importer = JsonlImporter(options, store, on_commit)
         splitter = LineSplitter()
-        async for chunk in request.stream():
-            for line in splitter.feed(chunk):
-                if importer.add(line):
-                    await run_in_threadpool(importer.write_pending)
-        for line in splitter.close():
-            importer.add(line)
-        await run_in_threadpool(importer.write_pending)
+        try:
+            async for chunk in request.stream():
+                for line in splitter.feed(chunk):
+                    if importer.add(line):
+                        await run_in_threadpool(importer.write_pending)
+            for line in splitter.close():
+                importer.add(line)
+            await run_in_threadpool(importer.write_pending)
+        except OrreryError as exc:
+            # A store fault (or the body limit) stops the import: say how far it got, the
+            # batches before it are written.
+            progress = importer.result().model_dump(mode="json", exclude={"errorLines"})
+            raise OrreryError(
+                exc.code,
+                f"{exc.message} (the import stopped after {importer.imported} records; "
+                "re-running it updates them)",
+                {**exc.details, "progress": progress},
+            ) from exc
         return JSONResponse(importer.result().model_dump(mode="json"))
 
     @router.get(

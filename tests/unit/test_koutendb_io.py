@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -151,3 +152,42 @@ def test_backup_names_are_never_paths(bad: str) -> None:
 
 def test_backup_names() -> None:
     assert backup_name_problem("nightly-2026.12.01_a") is None
+
+
+def test_a_store_fault_stops_the_import_with_its_progress(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from ingest.adapters.sqlite_store import SqliteRecordStore
+    from ingest.entrypoints.koutendb_http import create_router
+    from orrery.http import build_app
+
+    store = SqliteRecordStore(tmp_path / "orrery.sqlite")
+    router = create_router(
+        store=store,
+        grants={},
+        max_batch=1_000,
+        vector_dimension=None,
+        resolve_scope=lambda _ns, _ref: "objects",
+    )
+    app = build_app("t", [router], stream_paths=["/v1/koutendb/import"])
+    body = b'{"a": 1}\n{"a": 2}\n{"a": 3}\n'
+    with TestClient(app, raise_server_exceptions=False) as client:
+        ok = client.post(
+            "/v1/koutendb/import",
+            params={"namespace": "ns", "batchSize": 2},
+            content=body,
+            headers={"content-type": "application/x-ndjson"},
+        )
+        assert ok.status_code == 200 and ok.json()["imported"] == 3
+        store.close()  # the database goes away: a dependency fault, not a 500
+        failed = client.post(
+            "/v1/koutendb/import",
+            params={"namespace": "ns", "batchSize": 2},
+            content=body,
+            headers={"content-type": "application/x-ndjson"},
+        )
+        assert failed.status_code == 503, failed.text
+        error = failed.json()["error"]
+        assert error["code"] == "dependency_unavailable"
+        assert error["details"]["progress"]["imported"] == 0
+        assert error["details"]["progress"]["read"] == 2
