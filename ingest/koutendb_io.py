@@ -145,14 +145,12 @@ def _vector(value: Any, dimension: int | None) -> list[float]:
     types = set(map(type, value))
     if not types <= _NUMBER_TYPES:
         raise LineError(ErrorCode.INVALID_REQUEST, "the vector holds something not a number")
-    if types == _FLOAT:
-        return value
     if dimension is not None and len(value) != dimension:
         raise LineError(
             ErrorCode.EMBEDDER_MISMATCH,
             f"the vector has {len(value)} dimensions, the embedder produces {dimension}",
         )
-    return [float(x) for x in value]
+    return value if types == _FLOAT else [float(x) for x in value]
 
 
 def _id(value: Any, line: bytes) -> str:

@@ -97,6 +97,11 @@ def test_the_id_is_the_lines_sha256_without_an_id_field() -> None:
             ErrorCode.EMBEDDER_MISMATCH,
         ),
         (
+            # Floats take the fast path; the dimension is checked all the same.
+            line({"type": "document", "ring": "", "payload": "x", "vec": [1.5, 2.5, 3.5]}),
+            ErrorCode.EMBEDDER_MISMATCH,
+        ),
+        (
             line({"type": "document", "ring": "", "payload": "x", "vec": ["a", 1]}),
             ErrorCode.INVALID_REQUEST,
         ),
