@@ -8,7 +8,7 @@ DATA_DIR ?= ./orrery-data
 export ORRERY_SERVERS_DIR ?= /tmp/orrery-servers
 SCIFACT ?= ../shared/data/scifact
 
-.PHONY: help venv run test test-unit check lint format typecheck imports bench bench-quality bench-servers schemas servers-up servers-down clean
+.PHONY: help venv run test test-unit check lint format typecheck imports bench bench-quality bench-servers bench-chonkydb schemas servers-up servers-down clean
 
 help:
 	@echo "make run        embedded stack with the sample corpus on http://127.0.0.1:8080"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench      benchmarks (writes docs/bench/)"
 	@echo "make bench-quality  nDCG@10 / Recall@100 on SciFact over HTTP (SCIFACT=dir)"
 	@echo "make bench-servers  ingest, freshness and top-k: embedded vs servers at 100k"
+	@echo "make bench-chonkydb  the ChonkyDB dialect's p50 overhead over native topk_records"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found"; exit 1; }
@@ -63,6 +64,10 @@ bench-quality: venv
 
 bench-servers: venv servers-up
 	flock /tmp/orrery-bench.lock $(PY) bench/servers.py
+
+bench-chonkydb: venv
+	cat /proc/loadavg
+	$(PY) bench/chonkydb.py
 
 schemas: venv
 	$(PY) -m contracts.export_schemas docs/schemas

@@ -14,6 +14,7 @@ __all__ = [
     "Access",
     "ApiKeyGrant",
     "authenticate",
+    "check_admin_key",
     "check_reach",
     "declare",
     "parse_api_keys",
@@ -67,6 +68,26 @@ def check_reach(grant: ApiKeyGrant | None, namespace: str, galaxy: str | None = 
             f"this API key is limited to galaxy {grant.galaxy!r}",
             {"galaxy": galaxy},
         )
+
+
+def check_admin_key(configured: str, x_admin_key: str | None, authorization: str | None) -> None:
+    """The admin key check of every admin route: `UNAUTHORIZED` without a presented key,
+    `FORBIDDEN` for a wrong one or when no admin key is configured (the API is off)."""
+    presented = x_admin_key
+    if presented is None and authorization is not None:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            presented = token.strip()
+    if presented is None:
+        raise OrreryError(
+            ErrorCode.UNAUTHORIZED, "send the admin key as 'x-admin-key' or 'Authorization: Bearer'"
+        )
+    if not configured:
+        raise OrreryError(
+            ErrorCode.FORBIDDEN, "the admin API is disabled: the server has no ORRERY_ADMIN_KEY"
+        )
+    if not hmac.compare_digest(configured.encode(), presented.encode()):
+        raise OrreryError(ErrorCode.FORBIDDEN, "the admin key is not valid")
 
 
 def sees(grant: ApiKeyGrant | None, namespace: str, galaxy: str) -> bool:

@@ -19,13 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.names import Namespace
 from contracts.records import AwareDatetime, Name
-from contracts.topk import QueryFilters, QueryPlan, ScoreBreakdown
+from contracts.topk import MAX_ALLOWED_DOC_IDS, QueryFilters, QueryPlan, ScoreBreakdown
 
 __all__ = [
     "ALLOWED_INDEXES",
+    "BY_ID_QUERY",
     "MAX_BY_ID",
     "RETRIEVE_DIALECT_FIELDS",
     "TOPK_DIALECT_FIELDS",
+    "AuthInfoResponse",
     "BulkItemOut",
     "BulkRecordItem",
     "BulkRecordsRequest",
@@ -65,6 +67,9 @@ TOPK_DIALECT_FIELDS = frozenset(
 RETRIEVE_DIALECT_FIELDS = (TOPK_DIALECT_FIELDS - {"allowed_doc_ids"}) | {"result_limit"}
 # The by-id call: at most this many ids, answered exactly from the record store.
 MAX_BY_ID = 500
+# The query text Twinr sends with `allowed_doc_ids` when it wants those records, not a
+# ranking of them (an empty text means the same).
+BY_ID_QUERY = "__allowed_doc_ids__"
 # `allowed_indexes` names Orrery understands, by the source each one means.
 ALLOWED_INDEXES: dict[str, str] = {
     "bm25": "lexical",
@@ -122,18 +127,20 @@ class _DialectQuery(_Strict):
 
 
 class ChonkyTopKRequest(_DialectQuery):
-    """ChonkyDB's `topk_records` request. With `allowed_doc_ids` it is the by-id call:
-    those documents' current records, in the order asked, at most `result_limit` and
-    `MAX_BY_ID`; no ranking (`query_text`, `scope_ref` and `filters` other than
-    `galaxy` are not used)."""
+    """ChonkyDB's `topk_records` request. With `allowed_doc_ids` and `query_text`
+    empty or `BY_ID_QUERY` it is the by-id call: those documents' current records, in
+    the order asked, at most `result_limit` and `MAX_BY_ID`; no ranking (`scope_ref`
+    and `filters` other than `galaxy` are not used). With `allowed_doc_ids` and a real
+    `query_text` it ranks within those documents (the scope: `scope_ref`, else the one
+    scope their snapshot kind belongs to)."""
 
-    allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_BY_ID)
+    allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 
 
 class ChonkyRetrieveRequest(_DialectQuery):
     """ChonkyDB's `retrieve` request: ranked hits with metadata (no payloads)."""
 
-    allowed_doc_ids: list[str] | None = Field(default=None, max_length=100_000)
+    allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 
 
 class ChonkyTopKHit(BaseModel):
@@ -190,14 +197,17 @@ class ChonkyRetrieveHit(BaseModel):
 
 
 class ChonkyRetrieveResponse(BaseModel):
+    """`scope_ref`, `generation_id`, `profile` and `query_plan` are None only when
+    nothing was ranked: none of `allowed_doc_ids` is a current record."""
+
     success: Literal[True] = True
     mode: str = "advanced"
-    scope_ref: str
-    generation_id: str
-    profile: str
+    scope_ref: str | None
+    generation_id: str | None
+    profile: str | None
     results: list[ChonkyRetrieveHit]
     indexes_used: list[str]
-    query_plan: QueryPlan
+    query_plan: QueryPlan | None
 
 
 class InstanceResponse(BaseModel):
@@ -205,6 +215,18 @@ class InstanceResponse(BaseModel):
     service: str = "orrery"
     ready: bool
     auth_enabled: bool
+
+
+class AuthInfoResponse(BaseModel):
+    """ChonkyDB's `admin/auth`: how a client authenticates (no key material)."""
+
+    success: Literal[True] = True
+    auth_enabled: bool
+    scheme: Literal["api_key"] = "api_key"
+    header_name: Literal["x-api-key"] = "x-api-key"
+    allow_bearer: Literal[True] = True
+    exempt_paths: list[str] = Field(default_factory=lambda: ["/healthz"])
+    api_key_configured: bool
 
 
 class RecordSummary(BaseModel):
@@ -219,7 +241,7 @@ class RecordSummary(BaseModel):
 
 class RecordListResponse(BaseModel):
     success: Literal[True] = True
-    namespace: str
+    namespace: str | None = Field(description="None: every namespace (no API keys)")
     offset: int
     limit: int
     total_count: int
@@ -242,6 +264,12 @@ class RecordOut(BaseModel):
     metadata: dict[str, Any]
     content: str | None = Field(
         default=None, description="The stored text body (title first), when asked for"
+    )
+    origin_uri: str | None = Field(
+        default=None, description="The `uri` the record was written with (facet origin_uri)"
+    )
+    document: RecordOut | None = Field(
+        default=None, description="`GET records/{id}?include_document=true`: the same record"
     )
 
 

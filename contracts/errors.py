@@ -42,6 +42,7 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     NOT_FOUND = "not_found"
+    UNKNOWN_JOB = "unknown_job"
     REVISION_CONFLICT = "revision_conflict"
     EMBEDDER_MISMATCH = "embedder_mismatch"
     SCOPE_NOT_READY = "scope_not_ready"
@@ -73,6 +74,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNAUTHORIZED: 401,
     ErrorCode.FORBIDDEN: 403,
     ErrorCode.NOT_FOUND: 404,
+    ErrorCode.UNKNOWN_JOB: 404,
     ErrorCode.REVISION_CONFLICT: 409,
     ErrorCode.EMBEDDER_MISMATCH: 422,
     ErrorCode.SCOPE_NOT_READY: 503,

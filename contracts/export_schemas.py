@@ -23,6 +23,7 @@ from contracts.admin import (
     VerifyResponse,
 )
 from contracts.chonkydb import (
+    AuthInfoResponse,
     BulkRecordsRequest,
     BulkRecordsResponse,
     ChonkyRetrieveRequest,
@@ -40,6 +41,16 @@ from contracts.errors import ErrorResponse
 from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor
 from contracts.ingest_api import WriteRequest, WriteResponse
+from contracts.koutendb_io import (
+    BackupRequest,
+    BackupResponse,
+    CompactResponse,
+    DumpDocumentLine,
+    DumpMetaLine,
+    DumpRingLine,
+    ImportLine,
+    ImportResponse,
+)
 from contracts.ops import HealthResponse, ReadinessResponse
 from contracts.phrases import VocabularySet
 from contracts.profiles import ProfileSet
@@ -91,6 +102,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "chonkydb_retrieve_request": ChonkyRetrieveRequest,
     "chonkydb_retrieve_response": ChonkyRetrieveResponse,
     "chonkydb_instance_response": InstanceResponse,
+    "chonkydb_auth_info_response": AuthInfoResponse,
     "chonkydb_record_list_response": RecordListResponse,
     "chonkydb_record": RecordOut,
     "chonkydb_delete_record_response": DeleteRecordResponse,
@@ -98,6 +110,14 @@ MODELS: dict[str, type[BaseModel]] = {
     "chonkydb_bulk_records_response": BulkRecordsResponse,
     "chonkydb_job_accepted": JobAccepted,
     "chonkydb_job_status_response": JobStatusResponse,
+    "koutendb_import_line": ImportLine,
+    "koutendb_import_response": ImportResponse,
+    "koutendb_dump_meta_line": DumpMetaLine,
+    "koutendb_dump_ring_line": DumpRingLine,
+    "koutendb_dump_document_line": DumpDocumentLine,
+    "admin_backup_request": BackupRequest,
+    "admin_backup_response": BackupResponse,
+    "admin_compact_response": CompactResponse,
 }
 
 

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ingest.adapters.sqlite_store import SqliteRecordStore
-from ingest.ports import RecordStore
+from ingest.ports import RecordStore, StoreMaintenance
 from ingest.relay import relay_outbox
 
 if TYPE_CHECKING:
     from contracts.migrations import Migration
 
 __all__ = [
+    "backups_dir",
     "canonical_db_path",
     "describe_store",
     "embedded_store",
     "kafka_relay_step",
     "migrate_database",
     "server_store",
+    "store_maintenance",
 ]
 
 
@@ -112,3 +115,30 @@ def kafka_relay_step(
         source.close()
 
     return step, close
+
+
+def store_maintenance(
+    data_dir: Path,
+    database_url: str | None,
+    *,
+    exclusive: Callable[[], AbstractContextManager[None]],
+    log_is_outbox: bool,
+) -> StoreMaintenance:
+    """Backups and compaction of the canonical store: the SQLite file under `data_dir`
+    (backups in `data_dir/backups`), or, with PostgreSQL, refusals naming its tools."""
+    if database_url:
+        from ingest.adapters.postgres_maintenance import PostgresStoreMaintenance
+
+        return PostgresStoreMaintenance()
+    from ingest.adapters.sqlite_maintenance import SqliteStoreMaintenance
+
+    return SqliteStoreMaintenance(
+        canonical_db_path(data_dir),
+        backups_dir(data_dir),
+        exclusive=exclusive,
+        log_is_outbox=log_is_outbox,
+    )
+
+
+def backups_dir(data_dir: Path) -> Path:
+    return data_dir / "backups"

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from contracts.koutendb_io import BackupResponse, CompactResponse
 from contracts.records import Record
 from ingest.model import Outcome
 
-__all__ = ["Head", "RecordStore"]
+__all__ = ["Head", "RecordStore", "StoreMaintenance"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,4 +46,31 @@ class RecordStore(Protocol):
     def high_water(self) -> int:
         """The position of the newest outbox event (0 when empty)."""
 
+    def live_records(self, namespace: str, snapshot_kind: str, galaxy: str) -> Iterator[Record]:
+        """The head revision of every live (not deleted) document of one scope and galaxy,
+        in `item_id` order, all from one consistent snapshot of the store (writes that
+        commit meanwhile are not seen). Read lazily; close the iterator (or exhaust it)
+        to release the snapshot."""
+
     def close(self) -> None: ...
+
+
+class StoreMaintenance(Protocol):
+    """Backups and compaction of the canonical store (with the generation registry when
+    it shares the store's database).
+
+    Guarantees:
+    - `backup` writes a consistent snapshot under `name` or nothing: a backup that fails
+      at any point leaves nothing visible under its name;
+    - `verify` re-reads a backup and answers the same counts `backup` answered, or
+      `409 invalid_state` naming what differs;
+    - `compact` keeps every live document's head revision, every revision a generation
+      lists and every outbox row a reader has not passed; live data stays retrievable.
+    A store that cannot do one of them raises a `4xx` `OrreryError` saying what to use.
+    """
+
+    def backup(self, name: str) -> BackupResponse: ...
+
+    def verify(self, name: str) -> BackupResponse: ...
+
+    def compact(self) -> CompactResponse: ...

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from contracts.errors import OrreryError
 from contracts.records import Record
 from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
@@ -318,6 +319,209 @@ def ingest(
     finally:
         store.close()
     console.print(f"{accepted} accepted, {rejected} rejected as stale (already stored)")
+
+
+Namespace = Annotated[str, typer.Option("--namespace", help="The namespace")]
+ScopeRef = Annotated[str, typer.Option("--scope-ref", help="Scope ref naming the snapshot kind")]
+Galaxy = Annotated[str, typer.Option("--galaxy", help="The galaxy (default: default)")]
+
+
+def _fail(exc: OrreryError) -> typer.Exit:
+    console.print(f"[red]{exc.code.value}: {exc.message}")
+    return typer.Exit(1)
+
+
+def _snapshot_kind(settings: QuerySettings, namespace: str, scope_ref: str) -> str:
+    from query.bootstrap import scope_registry
+
+    return scope_registry(settings).target(namespace, scope_ref).snapshot_kind
+
+
+@app.command("import-jsonl")
+def import_jsonl(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A JSON-lines file")],
+    namespace: Namespace,
+    data_dir: DataDir = None,
+    scope_ref: ScopeRef = "longterm:objects:current",
+    galaxy: Galaxy = "default",
+    default_ring: Annotated[str, typer.Option("--default-ring")] = "imported",
+    ring_field: Annotated[str | None, typer.Option("--ring-field")] = None,
+    ring_prefix: Annotated[str, typer.Option("--ring-prefix")] = "",
+    payload_field: Annotated[str | None, typer.Option("--payload-field")] = None,
+    vec_field: Annotated[str | None, typer.Option("--vec-field")] = None,
+    id_field: Annotated[str | None, typer.Option("--id-field")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, max=10_000)] = 1_000,
+) -> None:
+    """Import JSON lines (a KoutenDB dump or any NoSQL export) into the canonical store,
+    with the rules of `POST /v1/koutendb/import`; prints its JSON answer. A running
+    `serve` on the same data dir projects them within its poll interval."""
+    from ingest.koutendb_io import ImportOptions, JsonlImporter, LineSplitter
+    from projector.bootstrap import default_embedder
+
+    settings = _settings(data_dir=data_dir)
+    try:
+        options = ImportOptions(
+            namespace=namespace,
+            snapshot_kind=_snapshot_kind(settings, namespace, scope_ref),
+            galaxy=galaxy,
+            default_ring=default_ring,
+            ring_field=ring_field,
+            ring_prefix=ring_prefix,
+            payload_field=payload_field,
+            vec_field=vec_field,
+            id_field=id_field,
+            batch_size=batch_size,
+            vector_dimension=default_embedder(1).dimension,
+        )
+    except OrreryError as exc:
+        raise _fail(exc) from exc
+    store = embedded_store(settings.data_dir)
+    importer = JsonlImporter(options, store)
+    splitter = LineSplitter()
+    try:
+        with file.open("rb") as handle, _progress() as progress:
+            task = progress.add_task("import", total=file.stat().st_size, rate="")
+            while chunk := handle.read(1 << 20):
+                for line in splitter.feed(chunk):
+                    if importer.add(line):
+                        importer.write_pending()
+                elapsed = progress.tasks[0].elapsed or 1e-9
+                progress.update(
+                    task, advance=len(chunk), rate=f"{importer.read / elapsed:,.0f} lines/s"
+                )
+            for line in splitter.close():
+                importer.add(line)
+            importer.write_pending()
+    except OrreryError as exc:
+        raise _fail(exc) from exc
+    finally:
+        store.close()
+    print(importer.result().model_dump_json())
+
+
+@app.command()
+def dump(
+    namespace: Namespace,
+    data_dir: DataDir = None,
+    scope_ref: ScopeRef = "longterm:objects:current",
+    galaxy: Galaxy = "default",
+    out: Annotated[
+        Path | None, typer.Option("--out", help="File to write (default stdout)")
+    ] = None,
+    include_vectors: Annotated[bool, typer.Option("--vectors/--no-vectors")] = True,
+) -> None:
+    """Write the live records of one galaxy as `koutendb.dump.v1` JSON lines (what
+    `GET /v1/koutendb/dump` answers)."""
+    from ingest.koutendb_io import dump_lines
+
+    settings = _settings(data_dir=data_dir)
+    store = embedded_store(settings.data_dir)
+    try:
+        lines = dump_lines(
+            store=store,
+            namespace=namespace,
+            snapshot_kind=_snapshot_kind(settings, namespace, scope_ref),
+            galaxy=galaxy,
+            include_vectors=include_vectors,
+        )
+        if out is None:
+            for chunk in lines:
+                sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+        else:
+            temp = out.with_name(f".{out.name}.tmp")
+            with temp.open("wb") as handle:
+                for chunk in lines:
+                    handle.write(chunk)
+            temp.replace(out)
+    except OrreryError as exc:
+        raise _fail(exc) from exc
+    finally:
+        store.close()
+
+
+def _maintenance(settings: QuerySettings) -> Any:
+    from ingest.bootstrap import store_maintenance
+    from projector.adapters.file_lock import FileWriterLock
+    from projector.bootstrap import writer_lock_path
+
+    lock = FileWriterLock(writer_lock_path(settings.data_dir))
+    return store_maintenance(
+        settings.data_dir,
+        settings.database_url,
+        exclusive=lock.hold,
+        log_is_outbox=settings.mode != "servers",
+    )
+
+
+@app.command()
+def backup(
+    name: Annotated[str, typer.Option("--name", help="The backup's name (not a path)")],
+    data_dir: DataDir = None,
+) -> None:
+    """Back up the canonical store and the generation registry to
+    `DATA_DIR/backups/NAME` (consistent while a server writes; nothing is left under the
+    name when it fails); prints the counts as JSON."""
+    settings = _settings(data_dir=data_dir)
+    try:
+        result = _maintenance(settings).backup(name)
+        verified = _maintenance(settings).verify(name)
+    except OrreryError as exc:
+        raise _fail(exc) from exc
+    print(
+        verified.model_dump_json() if verified.items == result.items else result.model_dump_json()
+    )
+
+
+@app.command()
+def restore(
+    backup_dir: Annotated[
+        Path, typer.Option("--backup", exists=True, file_okay=False, help="A backup directory")
+    ],
+    data_dir: Annotated[Path, typer.Option("--data-dir", help="The data dir to restore into")],
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the data of a non-empty data dir")
+    ] = False,
+) -> None:
+    """Restore a backup into a data dir that is empty (or, with --overwrite, replaced).
+    Generations are rebuilt: the next `orrery serve` projects the restored outbox."""
+    from ingest.adapters.sqlite_maintenance import restore_database
+    from projector.bootstrap import operator_lock
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = operator_lock(data_dir)
+    try:
+        lock.acquire()
+    except OrreryError as exc:
+        raise _fail(exc) from exc
+    try:
+        info = restore_database(backup_dir, data_dir, overwrite=overwrite)
+    except OrreryError as exc:
+        raise _fail(exc) from exc
+    finally:
+        lock.release()
+    print(
+        json.dumps(
+            {
+                "restored": info.name,
+                "dataDir": str(data_dir),
+                "items": info.items,
+                "liveItems": info.live_items,
+            }
+        )
+    )
+
+
+@app.command()
+def compact(data_dir: DataDir = None) -> None:
+    """Drop tombstones and superseded revisions no reader needs, then VACUUM; prints the
+    sizes before and after as JSON."""
+    settings = _settings(data_dir=data_dir)
+    try:
+        result = _maintenance(settings).compact()
+    except OrreryError as exc:
+        raise _fail(exc) from exc
+    print(result.model_dump_json())
 
 
 def main() -> None:

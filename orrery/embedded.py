@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -17,9 +18,12 @@ from fastapi import APIRouter, FastAPI
 
 from contracts.auth import ApiKeyGrant, parse_api_keys
 from contracts.embedding import Embedder
-from ingest.bootstrap import canonical_db_path, embedded_store
+from ingest.bootstrap import canonical_db_path, embedded_store, store_maintenance
+from ingest.entrypoints.admin_http import create_router as create_store_admin_router
 from ingest.entrypoints.chonkydb_http import create_router as create_ingest_chonkydb_router
 from ingest.entrypoints.http import create_router as create_ingest_router
+from ingest.entrypoints.koutendb_http import IMPORT_PATH
+from ingest.entrypoints.koutendb_http import create_router as create_ingest_koutendb_router
 from ingest.ports import RecordStore
 from orrery.http import build_app
 from projector.adapters.file_lock import OperatorLock
@@ -42,7 +46,17 @@ from query.ports import Routing
 from query.service import QueryPorts
 from query.settings import QuerySettings
 
-__all__ = ["EmbeddedStack", "generation_options"]
+__all__ = [
+    "STREAM_PATHS",
+    "EmbeddedStack",
+    "generation_options",
+    "ingest_routers",
+    "query_routers",
+    "store_admin_router",
+]
+
+# Routes that read their body as a stream of JSON lines (`orrery.guard`).
+STREAM_PATHS = (IMPORT_PATH,)
 
 # A build that started in a process that is gone can never finish.
 ORPHANED_BUILD = "the builder stopped before sealing (its process ended)"
@@ -88,8 +102,9 @@ def ingest_routers(
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None,
 ) -> list[APIRouter]:
-    """The write side of a process: Orrery's `/v1/records` and the ChonkyDB dialect."""
-    return [
+    """The write side of a process: Orrery's `/v1/records`, the ChonkyDB dialect, and
+    KoutenDB's import and dump (scope refs resolved like the query side resolves them)."""
+    routers = [
         factory(
             store=store,
             grants=grants,
@@ -99,6 +114,35 @@ def ingest_routers(
         )
         for factory in (create_ingest_router, create_ingest_chonkydb_router)
     ]
+    scopes = scope_registry(settings)
+    routers.append(
+        create_ingest_koutendb_router(
+            store=store,
+            grants=grants,
+            max_batch=settings.max_batch,
+            vector_dimension=vector_dimension,
+            on_commit=on_commit,
+            resolve_scope=lambda namespace, ref: scopes.target(namespace, ref).snapshot_kind,
+        )
+    )
+    return routers
+
+
+def store_admin_router(
+    settings: QuerySettings,
+    *,
+    exclusive: Callable[[], AbstractContextManager[None]],
+    log_is_outbox: bool,
+) -> APIRouter:
+    """`/v1/admin/backups…` and `/v1/admin/compact` over the canonical store;
+    `exclusive` is the generation writer lock of `settings.data_dir`."""
+    maintenance = store_maintenance(
+        settings.data_dir,
+        settings.database_url,
+        exclusive=exclusive,
+        log_is_outbox=log_is_outbox,
+    )
+    return create_store_admin_router(maintenance, admin_key=settings.admin_key)
 
 
 def query_routers(
@@ -210,8 +254,15 @@ class EmbeddedStack:
         )
         app = build_app(
             "Orrery",
-            [*readers, *writers, create_admin_router(admin, admin_key=settings.admin_key)],
+            [
+                *readers,
+                *writers,
+                create_admin_router(admin, admin_key=settings.admin_key),
+                store_admin_router(settings, exclusive=projector.lock.hold, log_is_outbox=True),
+            ],
             max_body_bytes=settings.max_body_bytes,
+            stream_paths=STREAM_PATHS,
+            max_stream_bytes=settings.max_import_bytes,
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

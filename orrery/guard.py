@@ -7,7 +7,11 @@ A pure ASGI middleware (nothing buffered here), installed by every app factory
   when `Content-Length` declares it, and for a body without one (chunked) as soon as the
   bytes received pass the limit — a route never holds more than the limit plus one chunk;
 - a POST/PUT/PATCH whose `Content-Type` is present and not JSON (`application/json` or
-  `…+json`) is `415 unsupported_media_type`; no `Content-Type` is read as JSON.
+  `…+json`) is `415 unsupported_media_type`; no `Content-Type` is read as JSON;
+- a *streamed* path (`stream_paths`: `POST /v1/koutendb/import`, whose route reads its
+  body line by line and never holds more than a batch) takes JSON lines as well
+  (`application/x-ndjson`, `application/jsonl`, `application/x-jsonlines`) and has its
+  own limit, `max_stream_bytes` (`ORRERY_MAX_IMPORT_BYTES`).
 
 Errors leave in Orrery's shape (`contracts.errors.ErrorResponse`). The rest of a refused
 body is discarded by the server (uvicorn reads and drops it to keep the connection).
@@ -15,13 +19,21 @@ body is discarded by the server (uvicorn reads and drops it to keep the connecti
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.errors import ErrorCode, OrreryError
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyTooLarge", "RequestGuard"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_STREAM_BYTES",
+    "JSON_LINES_TYPES",
+    "BodyTooLarge",
+    "RequestGuard",
+]
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -38,10 +50,18 @@ class BodyTooLarge(OrreryError):
         )
 
 
-def _is_json(content_type: str) -> bool:
+DEFAULT_MAX_STREAM_BYTES = 2 * 1024 * 1024 * 1024
+JSON_LINES_TYPES = frozenset(
+    {"application/x-ndjson", "application/jsonl", "application/x-jsonlines"}
+)
+
+
+def _is_json(content_type: str, *, lines: bool = False) -> bool:
     media_type = content_type.partition(";")[0].strip().lower()
-    return media_type == "application/json" or (
-        media_type.startswith("application/") and media_type.endswith("+json")
+    return (
+        media_type == "application/json"
+        or (media_type.startswith("application/") and media_type.endswith("+json"))
+        or (lines and media_type in JSON_LINES_TYPES)
     )
 
 
@@ -55,11 +75,20 @@ class RequestGuard:
     docstring). Guarantee: the wrapped app never receives more than `max_body_bytes` bytes
     of one request's body."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        if max_body_bytes < 1:
-            raise ValueError("max_body_bytes must be at least 1")
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        stream_paths: Iterable[str] = (),
+        max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
+    ) -> None:
+        if max_body_bytes < 1 or max_stream_bytes < 1:
+            raise ValueError("max_body_bytes and max_stream_bytes must be at least 1")
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.stream_paths = frozenset(stream_paths)
+        self.max_stream_bytes = max_stream_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -67,8 +96,9 @@ class RequestGuard:
             return
         headers = Headers(scope=scope)
         content_type = headers.get("content-type")
+        streamed = scope.get("path") in self.stream_paths
         wants_json = scope["method"] in _BODY_METHODS and content_type is not None
-        if wants_json and content_type is not None and not _is_json(content_type):
+        if wants_json and content_type is not None and not _is_json(content_type, lines=streamed):
             error = OrreryError(
                 ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                 f"send the body as application/json, not {content_type[:100]!r}",
@@ -76,7 +106,7 @@ class RequestGuard:
             )
             await _send_error(error, scope, receive, send)
             return
-        limit = self.max_body_bytes
+        limit = self.max_stream_bytes if streamed else self.max_body_bytes
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await _send_error(BodyTooLarge(limit), scope, receive, send)

@@ -24,7 +24,7 @@ from contracts.auth import Access, declare
 from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, OrreryError
 from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
-from orrery.guard import DEFAULT_MAX_BODY_BYTES, RequestGuard
+from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
 
 __all__ = ["build_app", "install_error_handlers", "install_openapi", "install_request_guard"]
 
@@ -36,12 +36,15 @@ def build_app(
     routers: Sequence[APIRouter],
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    stream_paths: Sequence[str] = (),
+    max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
 ) -> FastAPI:
     """An app with Orrery's error shape, request guard and OpenAPI document, `/healthz`,
     and `routers` mounted in order."""
     app = FastAPI(title=title, version="0.1.0")
     install_error_handlers(app)
-    install_request_guard(app, max_body_bytes=max_body_bytes)
+    install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
+                          max_stream_bytes=max_stream_bytes)  # fmt: skip
     install_openapi(app)
 
     @app.get(
@@ -73,9 +76,21 @@ _FRAMEWORK_CODES = {
 }
 
 
-def install_request_guard(app: FastAPI, *, max_body_bytes: int) -> None:
-    """Every app's body limit and content-type check (`orrery.guard`)."""
-    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes)
+def install_request_guard(
+    app: FastAPI,
+    *,
+    max_body_bytes: int,
+    stream_paths: Sequence[str] = (),
+    max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
+) -> None:
+    """Every app's body limit and content-type check (`orrery.guard`); `stream_paths`
+    take JSON lines up to `max_stream_bytes`."""
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=max_body_bytes,
+        stream_paths=stream_paths,
+        max_stream_bytes=max_stream_bytes,
+    )
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -32,8 +32,15 @@ from ingest.bootstrap import (
 )
 from ingest.entrypoints.relay import RelayLoop
 from ingest.ports import RecordStore
-from orrery.embedded import generation_options, ingest_routers, query_routers
+from orrery.embedded import (
+    STREAM_PATHS,
+    generation_options,
+    ingest_routers,
+    query_routers,
+    store_admin_router,
+)
 from orrery.http import build_app
+from projector.adapters.file_lock import FileWriterLock
 from projector.bootstrap import (
     ServerProjector,
     default_embedder,
@@ -194,6 +201,14 @@ class ServerStack:
                 vector_dimension=None if embedder is None else embedder.dimension,
                 on_commit=wake,
             )
+            if stack.projector is not None:
+                writer_lock = stack.projector.lock
+            else:
+                writer_lock = FileWriterLock(writer_lock_path(settings.data_dir))
+                stack.closers.append(writer_lock.close)
+            routers.append(
+                store_admin_router(settings, exclusive=writer_lock.hold, log_is_outbox=False)
+            )
         if Role.QUERY in roles:
             assert embedder is not None
             ports, close_ports = server_query_ports(
@@ -249,9 +264,17 @@ class ServerStack:
                 "Orrery",
                 [*readers, *routers],
                 max_body_bytes=settings.max_body_bytes,
+                stream_paths=STREAM_PATHS,
+                max_stream_bytes=settings.max_import_bytes,
             )
         elif routers:
-            stack.app = build_app("Orrery ingest", routers, max_body_bytes=settings.max_body_bytes)
+            stack.app = build_app(
+                "Orrery ingest",
+                routers,
+                max_body_bytes=settings.max_body_bytes,
+                stream_paths=STREAM_PATHS,
+                max_stream_bytes=settings.max_import_bytes,
+            )
         if not grants and stack.app is not None:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
         return stack

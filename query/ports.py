@@ -217,14 +217,16 @@ class RecordReader(Protocol):
 
     def fetch(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredRecord]: ...
 
-    def heads(self, namespace: str, document_ids: Sequence[str]) -> list[StoredRecord]:
-        """The current (non-deleted) revision of each listed document that exists."""
+    def heads(self, namespace: str | None, document_ids: Sequence[str]) -> list[StoredRecord]:
+        """The current (non-deleted) revision of each listed document of `namespace`
+        (None: of any namespace) that exists."""
 
     def page(
-        self, namespace: str, galaxy: str | None, offset: int, limit: int
+        self, namespace: str | None, galaxy: str | None, offset: int, limit: int
     ) -> tuple[int, list[StoredRecord]]:
-        """The current (non-deleted) records of `namespace` (of one galaxy, unless None)
-        ordered by document id: how many there are, and `limit` of them after `offset`."""
+        """The current (non-deleted) records of `namespace` (None: of every namespace;
+        of one galaxy, unless None) ordered by document id: how many there are, and
+        `limit` of them after `offset`."""
 
 
 class Cache(Protocol):

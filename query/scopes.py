@@ -2,7 +2,9 @@
 
 A scope ref names one snapshot kind of a namespace (`longterm:objects:current` →
 `objects`), optionally with fixed filters that every query of that ref also applies.
-The five refs of the Twinr seed are built into every namespace; operators add more with
+The five refs of the Twinr seed, and the two more Twinr's client sends
+(`longterm:midterm:current`, `longterm:graph_nodes:current`), are built into every
+namespace; operators add more with
 `ORRERY_SCOPES` (see `parse_scopes`).
 
 **Pinning.** `<scope ref>@<generation id>` reads one generation instead of the live
@@ -61,6 +63,9 @@ BUILTIN_SCOPES: Mapping[str, str] = {
     "longterm:archive:current": "archive",
     "graph:current": "graph",
     "midterm:current": "midterm",
+    # Twinr's client names every collection `longterm:<snapshot kind>:current`.
+    "longterm:midterm:current": "midterm",
+    "longterm:graph_nodes:current": "graph_nodes",
 }
 PIN_SEPARATOR = "@"
 # `ORRERY_SCOPES` key of refs registered in every namespace.

@@ -32,6 +32,12 @@ class QuerySettings(BaseSettings):
         "counted while a chunked body streams in) = 413 body_too_large. A batch of "
         "max_batch records with vectors may need more (about 8 KB per 384-d vector)",
     )
+    max_import_bytes: int = Field(
+        default=2 * 1024 * 1024 * 1024,
+        ge=1_024,
+        description="Largest body of a streamed JSON-lines import (POST /v1/koutendb/import); "
+        "it is read line by line, at most one batch held at a time",
+    )
     max_result_limit: int = Field(
         default=500,
         ge=1,

@@ -11,7 +11,7 @@ position below it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -181,6 +181,25 @@ class PostgresRecordStore:
         with driver_errors("high water"), self._pool.connection() as conn:
             row = conn.execute("SELECT position FROM outbox_counter").fetchone()
         return 0 if row is None else int(row[0])
+
+    def live_records(self, namespace: str, snapshot_kind: str, galaxy: str) -> Iterator[Record]:
+        # One REPEATABLE READ transaction is the snapshot; a server-side cursor streams it.
+        with driver_errors("read live records"), self._pool.connection() as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            try:
+                with conn.transaction(), conn.cursor(name="orrery_live_records") as cur:
+                    cur.itersize = 500
+                    cur.execute(
+                        "SELECT r.record_json FROM heads h JOIN records r ON r.document_id = "
+                        "h.document_id AND r.revision = h.revision WHERE h.namespace = %s AND "
+                        "h.snapshot_kind = %s AND NOT h.deleted AND r.galaxy = %s "
+                        'ORDER BY r.item_id COLLATE "C"',
+                        (namespace, snapshot_kind, galaxy),
+                    )
+                    for (record_json,) in cur:
+                        yield Record.model_validate_json(record_json)
+            finally:
+                conn.isolation_level = None
 
     def close(self) -> None:
         self._pool.close()

@@ -185,6 +185,12 @@ class SqliteRecordStore:
         return outcomes
 
     def heads(self, document_ids: Sequence[str]) -> list[Head]:
+        try:
+            return self._heads(document_ids)
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", f"read heads: {exc}") from exc
+
+    def _heads(self, document_ids: Sequence[str]) -> list[Head]:
         out: list[Head] = []
         with self._lock:
             for start in range(0, len(document_ids), 500):
@@ -203,9 +209,35 @@ class SqliteRecordStore:
         return out
 
     def high_water(self) -> int:
-        with self._lock:
-            row = self._conn.execute("SELECT COALESCE(MAX(position), 0) FROM outbox").fetchone()
+        try:
+            with self._lock:
+                row = self._conn.execute("SELECT COALESCE(MAX(position), 0) FROM outbox").fetchone()
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", f"high water: {exc}") from exc
         return int(row[0])
+
+    def live_records(self, namespace: str, snapshot_kind: str, galaxy: str) -> Iterator[Record]:
+        # A connection of its own: its read transaction is the snapshot, and a long dump
+        # never holds the writers' lock (WAL: readers and the writer do not block).
+        try:
+            conn = sqlite3.connect(self._path, timeout=30.0, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", f"cannot open {self._path}: {exc}") from exc
+        try:
+            conn.execute("BEGIN")
+            cursor = conn.execute(
+                "SELECT r.record_json FROM heads h JOIN records r ON r.document_id = "
+                "h.document_id AND r.revision = h.revision WHERE h.namespace = ? AND "
+                "h.snapshot_kind = ? AND h.deleted = 0 AND r.galaxy = ? ORDER BY r.item_id",
+                (namespace, snapshot_kind, galaxy),
+            )
+            while rows := cursor.fetchmany(500):
+                for (record_json,) in rows:
+                    yield Record.model_validate_json(record_json)
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", str(exc)) from exc
+        finally:
+            conn.close()
 
     def close(self) -> None:
         with self._lock:

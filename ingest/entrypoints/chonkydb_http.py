@@ -273,12 +273,21 @@ def create_router(
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
         """An async bulk write's state: accepted → running → done (with the written
-        document ids) or failed. Jobs live in the process that accepted them; another
-        key's job answers like an unknown one (404)."""
+        document ids) or failed. Jobs live in the process that accepted them (not
+        persisted); an unknown job, and another key's, is `404 unknown_job`."""
         grant = authenticate(grants, x_api_key, authorization)
         job = jobs.get(job_id)
         if job is None or (grant is not None and job.grant != grant):
-            raise OrreryError(ErrorCode.NOT_FOUND, f"no job {job_id!r}")
+            # Jobs are not persisted (docs/chonkydb.md): the code says so to a client
+            # that polls another worker, or this one after a restart.
+            raise OrreryError(
+                ErrorCode.UNKNOWN_JOB,
+                f"no job {job_id!r} in this process: async bulk jobs are kept only by the "
+                f"worker that accepted them, for its last {JOB_HISTORY} jobs and until it "
+                "restarts; the records a finished job wrote are in the store "
+                "(GET /v1/external/records/{id})",
+                {"job_id": job_id},
+            )
         out = JobStatusResponse(
             job_id=job_id,
             status=job.status,

@@ -20,7 +20,6 @@ handlers (`{"success": false, "error": {...}}`).
 
 from __future__ import annotations
 
-import hmac
 from typing import TypeVar
 
 from fastapi import APIRouter, Header, Request
@@ -39,7 +38,7 @@ from contracts.admin import (
     RollbackRequest,
     VerifyResponse,
 )
-from contracts.auth import Access, declare
+from contracts.auth import Access, check_admin_key, declare
 from contracts.errors import ErrorCode, OrreryError
 from contracts.openapi import operation
 from contracts.wire import loads_strict
@@ -49,26 +48,6 @@ __all__ = ["ADMIN_PREFIX", "check_admin_key", "create_admin_router"]
 
 ADMIN_PREFIX = "/v1/admin/generations"
 M = TypeVar("M", bound=BaseModel)
-
-
-def check_admin_key(configured: str, x_admin_key: str | None, authorization: str | None) -> None:
-    """Raise `UNAUTHORIZED` without a presented key, `FORBIDDEN` for a wrong one or when
-    no admin key is configured."""
-    presented = x_admin_key
-    if presented is None and authorization is not None:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            presented = token.strip()
-    if presented is None:
-        raise OrreryError(
-            ErrorCode.UNAUTHORIZED, "send the admin key as 'x-admin-key' or 'Authorization: Bearer'"
-        )
-    if not configured:
-        raise OrreryError(
-            ErrorCode.FORBIDDEN, "the admin API is disabled: the server has no ORRERY_ADMIN_KEY"
-        )
-    if not hmac.compare_digest(configured.encode(), presented.encode()):
-        raise OrreryError(ErrorCode.FORBIDDEN, "the admin key is not valid")
 
 
 async def _body(request: Request, model: type[M]) -> M:

@@ -3,7 +3,8 @@
 `chonky_topk` / `chonky_retrieve` answer ChonkyDB-shaped bodies on Orrery's own
 `retrieve` paths (`query.entrypoints.http` picks the dialect by the body's fields) by
 calling `topk_records` / `retrieve` and renaming; `create_router` adds the read routes
-ChonkyDB has and Orrery had not: `instance`, `records` (list, get) and `documents/full`.
+ChonkyDB has and Orrery had not: `instance`, `admin/auth`, `records` (list, get) and
+`documents/full`.
 No second store: every record comes from `QueryPorts.records`.
 """
 
@@ -22,7 +23,9 @@ from fastapi.responses import JSONResponse
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.chonkydb import (
     ALLOWED_INDEXES,
+    BY_ID_QUERY,
     MAX_BY_ID,
+    AuthInfoResponse,
     ByIdPlan,
     ChonkyRetrieveHit,
     ChonkyRetrieveRequest,
@@ -41,6 +44,7 @@ from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.topk import Include, QueryFilters, Ranking, RetrieveRequest, TopKRequest
 from query.ports import StoredRecord
+from query.scopes import ScopeRegistry
 from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
 
 __all__ = ["chonky_retrieve", "chonky_topk", "create_router"]
@@ -62,6 +66,14 @@ def _namespace(body_namespace: str | None, who: Principal) -> str:
             {"namespace": namespace},
         )
     return namespace
+
+
+def _read_namespace(query_namespace: str | None, who: Principal) -> str | None:
+    """The namespace a record read looks in: `?namespace=`, else the key's, else (no API
+    keys configured: an open instance, as ChonkyDB's facade is) every namespace."""
+    if query_namespace is None and who.namespace is None:
+        return None
+    return _namespace(query_namespace, who)
 
 
 def _filters(body: ChonkyTopKRequest | ChonkyRetrieveRequest) -> QueryFilters:
@@ -108,10 +120,48 @@ def _scope_ref(scope_ref: str | None) -> str:
     if scope_ref is None:
         raise OrreryError(
             ErrorCode.INVALID_REQUEST,
-            "scope_ref is required to rank (e.g. 'longterm:objects:current'); "
-            "without it give allowed_doc_ids (topk_records' by-id call)",
+            "scope_ref is required to rank without allowed_doc_ids (e.g. "
+            "'longterm:objects:current'): Orrery's indexes are per namespace and snapshot "
+            "kind, so there is no instance-wide index to search",
         )
     return scope_ref
+
+
+def _scope_of_ids(
+    namespace: str, scope_ref: str | None, ids: list[str], who: Principal, ports: QueryPorts
+) -> str | None:
+    """The scope to rank `allowed_doc_ids` in: `scope_ref` when given, else the one scope
+    ref (without fixed filters) of the snapshot kind the current ones among them have
+    (within the key's galaxy: another galaxy's id counts like an unknown one). None when
+    none of them is a current record (nothing to rank)."""
+    if scope_ref is not None:
+        return scope_ref
+    rows = ports.records.heads(namespace, ids)
+    kinds = sorted({r.snapshot_kind for r in rows if who.galaxy is None or r.galaxy == who.galaxy})
+    if not kinds:
+        return None
+    if len(kinds) > 1:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"allowed_doc_ids span the snapshot kinds {kinds}: give scope_ref to say which "
+            "scope to rank in",
+            {"snapshot_kinds": kinds},
+        )
+    registry = ports.scopes.registry if ports.scopes is not None else ScopeRegistry()
+    refs = [
+        ref
+        for ref, definition in registry.refs(namespace).items()
+        if definition.snapshot_kind == kinds[0] and definition.filters is None
+    ]
+    if not refs:
+        raise OrreryError(
+            ErrorCode.UNKNOWN_SCOPE,
+            f"no scope ref reads snapshot kind {kinds[0]!r} in namespace {namespace!r}; "
+            "give scope_ref",
+            {"snapshot_kind": kinds[0], "namespace": namespace},
+        )
+    # Built-in refs first (registry order), so the answer does not depend on set order.
+    return refs[0]
 
 
 def _metadata(row: StoredRecord, record: dict[str, Any]) -> dict[str, Any]:
@@ -134,11 +184,14 @@ def _content(text: dict[str, Any], max_chars: int | None) -> dict[str, Any]:
 def chonky_topk(
     body: ChonkyTopKRequest, *, principal: Principal, ports: QueryPorts, limits: QueryLimits
 ) -> ChonkyTopKResponse:
-    """ChonkyDB's `topk_records`: ranked by `topk_records`, or, with `allowed_doc_ids`,
-    exactly those documents' current records (the by-id call)."""
+    """ChonkyDB's `topk_records`: ranked by `topk_records`; with `allowed_doc_ids` and
+    the query `__allowed_doc_ids__` (or none), exactly those documents' current records
+    (the by-id call); with `allowed_doc_ids` and a real query, ranked within them."""
     namespace = _namespace(body.namespace, principal)
     if body.allowed_doc_ids is not None:
-        return _by_id(body, namespace, principal, ports)
+        if body.query_text.strip() in ("", BY_ID_QUERY):
+            return _by_id(body, namespace, principal, ports)
+        return _ranked_within(body, namespace, principal, ports, limits)
     native = TopKRequest(
         namespace=namespace,
         scope_ref=_scope_ref(body.scope_ref),
@@ -190,11 +243,91 @@ def chonky_topk(
     )
 
 
+def _ranked_within(
+    body: ChonkyTopKRequest,
+    namespace: str,
+    principal: Principal,
+    ports: QueryPorts,
+    limits: QueryLimits,
+) -> ChonkyTopKResponse:
+    """`topk_records` ranked within `allowed_doc_ids` (Twinr's filtered catalog search):
+    Orrery's `retrieve` with those ids, payloads read at the ranked revisions."""
+    assert body.allowed_doc_ids is not None
+    scope_ref = _scope_of_ids(namespace, body.scope_ref, body.allowed_doc_ids, principal, ports)
+    if scope_ref is None:
+        return ChonkyTopKResponse(
+            scope_ref=body.scope_ref,
+            client_request_id=body.client_request_id,
+            results=[],
+            indexes_used=[],
+        )
+    native = RetrieveRequest(
+        namespace=namespace,
+        scope_ref=scope_ref,
+        query_text=body.query_text,
+        limit=body.result_limit,
+        filters=_filters(body),
+        ranking=_ranking(body.allowed_indexes),
+        allowed_doc_ids=body.allowed_doc_ids,
+        timeout_seconds=body.timeout_seconds,
+        client_request_id=body.client_request_id,
+    )
+    out = retrieve(native, principal=principal, ports=ports, limits=limits)
+    stored = ports.records.fetch([(c.document_id, c.revision) for c in out.candidates])
+    hits = []
+    for c in out.candidates:
+        row = stored.get((c.document_id, c.revision))
+        if row is None:
+            raise OrreryError(
+                ErrorCode.COVERAGE_UNAVAILABLE,
+                f"document {c.document_id} revision {c.revision} is indexed but missing "
+                "from the record store",
+                {"generation_id": out.generation_id},
+            )
+        record = json.loads(row.record_json)
+        hits.append(
+            ChonkyTopKHit(
+                rank=c.rank,
+                payload_id=c.document_id,
+                document_id=c.document_id,
+                item_id=row.item_id,
+                revision=c.revision,
+                payload_schema=record.get("payload_schema", ""),
+                score=c.score,
+                relevance_score=c.score,
+                source_index=_HYBRID,
+                candidate_origin=_HYBRID,
+                payload=record["payload"],
+                metadata=_metadata(row, record) if body.include_metadata else None,
+                content=_content(record["text"], body.max_content_chars)
+                if body.include_content
+                else None,
+                score_breakdown=c.score_breakdown,
+            )
+        )
+    return ChonkyTopKResponse(
+        scope_ref=out.scope_ref,
+        generation_id=out.generation_id,
+        profile=out.profile,
+        client_request_id=body.client_request_id,
+        results=hits,
+        indexes_used=out.query_plan.indexes_used,
+        query_plan=out.query_plan,
+    )
+
+
 def _by_id(
     body: ChonkyTopKRequest, namespace: str, principal: Principal, ports: QueryPorts
 ) -> ChonkyTopKResponse:
     started = time.perf_counter()
     assert body.allowed_doc_ids is not None
+    if len(body.allowed_doc_ids) > MAX_BY_ID:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"the by-id call takes at most {MAX_BY_ID} allowed_doc_ids, got "
+            f"{len(body.allowed_doc_ids)}",
+            {"max_by_id": MAX_BY_ID},
+        )
     galaxy = principal.galaxy
     if body.filters.galaxy is not None:
         if galaxy is not None and body.filters.galaxy != galaxy:
@@ -253,9 +386,22 @@ def chonky_retrieve(
     """ChonkyDB's `retrieve`: Orrery's `retrieve`, hits renamed, metadata read from the
     record store at the ranked revisions when asked for (top k only)."""
     namespace = _namespace(body.namespace, principal)
+    if body.allowed_doc_ids is None:
+        scope_ref: str | None = _scope_ref(body.scope_ref)
+    else:
+        scope_ref = _scope_of_ids(namespace, body.scope_ref, body.allowed_doc_ids, principal, ports)
+    if scope_ref is None:
+        return ChonkyRetrieveResponse(
+            scope_ref=body.scope_ref,
+            generation_id=None,
+            profile=None,
+            results=[],
+            indexes_used=[],
+            query_plan=None,
+        )
     native = RetrieveRequest(
         namespace=namespace,
-        scope_ref=_scope_ref(body.scope_ref),
+        scope_ref=scope_ref,
         query_text=body.query_text,
         limit=body.result_limit,
         filters=_filters(body),
@@ -312,7 +458,13 @@ def _record_out(row: StoredRecord, include_content: bool, max_chars: int) -> Rec
         payload=record["payload"],
         metadata=_metadata(row, record),
         content=content[:max_chars] if include_content else None,
+        origin_uri=_origin_uri(record["metadata"]),
     )
+
+
+def _origin_uri(metadata: dict[str, Any]) -> str | None:
+    value = metadata.get("origin_uri")
+    return value if isinstance(value, str) else None
 
 
 def create_router(
@@ -329,7 +481,7 @@ def create_router(
         grant = authenticate(grants, x_api_key, authorization)
         return Principal() if grant is None else Principal(grant.namespace, grant.galaxy)
 
-    def one(namespace: str, document_id: str, who: Principal) -> StoredRecord:
+    def one(namespace: str | None, document_id: str, who: Principal) -> StoredRecord:
         rows = ports.records.heads(namespace, [document_id])
         row = next(iter(rows), None)
         # Another galaxy's (or namespace's) document answers exactly like an unknown id.
@@ -353,6 +505,20 @@ def create_router(
         return JSONResponse(out.model_dump(mode="json"))
 
     @router.get(
+        "/v1/external/admin/auth",
+        tags=["chonkydb"],
+        openapi_extra={**declare(Access.OPS), **operation(ok=AuthInfoResponse)},
+    )
+    async def get_auth_info(
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """ChonkyDB's auth overview: keys in `x-api-key` or `Authorization: Bearer`."""
+        authenticate(grants, x_api_key, authorization)
+        out = AuthInfoResponse(auth_enabled=bool(grants), api_key_configured=bool(grants))
+        return JSONResponse(out.model_dump(mode="json"))
+
+    @router.get(
         "/v1/external/records",
         tags=["chonkydb"],
         openapi_extra={**declare(Access.READ), **operation(ok=RecordListResponse)},
@@ -365,9 +531,10 @@ def create_router(
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
-        """The current records of the key's namespace (or `namespace`), by document id."""
+        """The current records of the key's namespace (or `namespace`; without API keys
+        and `namespace`, of every namespace), by document id."""
         who = principal(x_api_key, authorization)
-        ns = _namespace(namespace, who)
+        ns = _read_namespace(namespace, who)
         total, rows = await run_in_threadpool(ports.records.page, ns, who.galaxy, offset, limit)
         payloads = []
         for row in rows:
@@ -411,11 +578,14 @@ def create_router(
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
         """One current record by id (`payload` and `chonky` ids are both the document
-        id; chunks, relationships and the document view are the record itself)."""
+        id; chunks and relationships are the record itself; `include_document` adds
+        `document`, the record as `documents/full` answers it)."""
         who = principal(x_api_key, authorization)
-        ns = _namespace(namespace, who)
+        ns = _read_namespace(namespace, who)
         row = await run_in_threadpool(one, ns, record_id, who)
         out = _record_out(row, include_content, max_content_chars)
+        if include_document:
+            out = out.model_copy(update={"document": out.model_copy()})
         return JSONResponse(out.model_dump(mode="json"))
 
     @router.get(
@@ -436,7 +606,7 @@ def create_router(
         """A record by `document_id`, or by the `origin_uri` it was written with (its
         item id; the snapshot kind from `snapshot_kind` or a `twinr://longterm/` uri)."""
         who = principal(x_api_key, authorization)
-        ns = _namespace(namespace, who)
+        ns = _read_namespace(namespace, who)
         if document_id is None:
             document_id = _id_of_uri(ns, origin_uri, snapshot_kind, who)
         row = await run_in_threadpool(one, ns, document_id, who)
@@ -446,12 +616,20 @@ def create_router(
     return router
 
 
-def _id_of_uri(namespace: str, uri: str | None, kind: str | None, who: Principal) -> str:
+def _id_of_uri(namespace: str | None, uri: str | None, kind: str | None, who: Principal) -> str:
     if uri is None:
         raise OrreryError(ErrorCode.INVALID_REQUEST, "document_id or origin_uri is required")
-    if kind is None and uri.startswith("twinr://longterm/"):
+    if uri.startswith("twinr://longterm/"):
         parts = uri[len("twinr://longterm/") :].split("/")
-        kind = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
+        if kind is None:
+            kind = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
+        if namespace is None:
+            namespace = unquote(parts[0]) or None
+    if namespace is None:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            "origin_uri needs namespace (or a twinr://longterm/<namespace>/… uri)",
+        )
     if kind is None:
         raise OrreryError(
             ErrorCode.INVALID_REQUEST, "origin_uri needs snapshot_kind (or a twinr:// uri)"

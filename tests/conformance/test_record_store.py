@@ -177,3 +177,55 @@ def test_hostile_namespaces_round_trip(store: RecordStore) -> None:
     assert {r.doc_id: r.namespace for r in records} == {
         doc_id: head.namespace for doc_id, head in heads.items()
     }
+
+
+def _in(
+    item: str, revision: int, *, galaxy: str = "default", kind: str = "objects", **kw: object
+) -> Record:
+    return Record.model_validate(
+        {
+            "namespace": "ns",
+            "snapshot_kind": kind,
+            "galaxy": galaxy,
+            "item_id": item,
+            "revision": revision,
+            "payload": {"v": revision, "item": item},
+            **kw,
+        }
+    )
+
+
+def test_live_records_are_the_heads_of_one_scope_and_galaxy_in_item_order(
+    store: RecordStore,
+) -> None:
+    store.write(
+        [
+            _in("b", 1, galaxy="g1", ring="x/y"),
+            _in("a", 1, galaxy="g1", vector=[0.5, 0.25]),
+            _in("c", 1, galaxy="g1"),
+            _in("a", 1, galaxy="g2"),
+            _in("a", 1, galaxy="g1", kind="archive"),
+            _in("Z", 1, galaxy="g1"),
+            _in("é", 1, galaxy="g1"),
+        ]
+    )
+    store.write([_in("b", 2, galaxy="g1", ring="x/z"), _in("c", 2, galaxy="g1", deleted=True)])
+    live = list(store.live_records("ns", "objects", "g1"))
+    # Byte order of the UTF-8 item ids, in every store.
+    assert [r.item_id for r in live] == ["Z", "a", "b", "é"]
+    assert [r.revision for r in live] == [1, 1, 2, 1]
+    assert live[2].ring == "x/z" and live[2].payload == {"v": 2, "item": "b"}
+    assert live[1].vector == [0.5, 0.25]
+    assert list(store.live_records("ns", "objects", "nope")) == []
+
+
+def test_live_records_read_one_snapshot(store: RecordStore) -> None:
+    store.write([_in(f"i{n:04d}", 1) for n in range(1_200)])
+    reader = store.live_records("ns", "objects", "default")
+    first = next(reader)
+    # Writes committed while the iterator is open are not seen by it.
+    store.write([_in("i0000", 2), _in("zzz", 1)])
+    rest = list(reader)
+    assert first.item_id == "i0000" and first.revision == 1
+    assert len(rest) == 1_199 and all(r.revision == 1 for r in rest)
+    assert rest[-1].item_id == "i1199"

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from contracts.records import derive_document_id
 from tests.e2e.conftest import Server, start_server
 
 NS = "e2e"
@@ -434,6 +435,28 @@ def test_api_keys_scope_namespace_and_galaxy(tmp_path: Path) -> None:
             headers={"x-api-key": "k-all"},
         )
         assert other.status_code == 403
+        # The ChonkyDB dialect infers a scope from allowed ids within the key's galaxy
+        # only: another galaxy's id (of another kind here) counts like an unknown one.
+        conflict = rec("conflict:keys", snapshot_kind="conflicts", title="Keys?", body="door")
+        written = srv.client.post("/v1/records", json=[conflict], headers={"x-api-key": "k-all"})
+        assert written.status_code == 200
+        garden_id = derive_document_id(NS, "objects", "fact:garden", "anna")
+        conflict_id = derive_document_id(NS, "conflicts", "conflict:keys")
+        srv.wait_projected(headers={"x-api-key": "k-all"})
+        chonky = {"mode": "advanced", "query_text": "garden hose keys", "result_limit": 5}
+        mixed = srv.client.post(
+            "/v1/external/retrieve",
+            json={**chonky, "allowed_doc_ids": [conflict_id, garden_id]},
+            headers={"x-api-key": "k-anna"},
+        )
+        assert mixed.status_code == 200, mixed.text
+        assert [r["payload_id"] for r in mixed.json()["results"]] == [garden_id]
+        foreign = srv.client.post(
+            "/v1/external/retrieve",
+            json={**chonky, "allowed_doc_ids": [conflict_id]},
+            headers={"x-api-key": "k-anna"},
+        )
+        assert foreign.status_code == 200 and foreign.json()["results"] == []
     finally:
         srv.stop()
 
@@ -464,3 +487,41 @@ def test_response_cache_hits_and_is_invalidated_by_writes(loaded: Server) -> Non
     assert third["query_plan"]["cache"] == "miss"
     assert third["query_plan"]["applied_position"] > first["query_plan"]["applied_position"]
     assert "fact:doorbell" in [r["item_id"] for r in third["results"]]
+
+
+def test_chonkydb_record_reads_without_api_keys_need_no_namespace(loaded: Server) -> None:
+    """Without API keys (an open instance, as ChonkyDB's facade is), Twinr's record
+    reads — which never send a namespace — find a record by its id in any namespace;
+    a `twinr://longterm/<namespace>/…` uri names its own namespace."""
+    namespace = "twinr_longterm_v1:open:abc123"
+    uri = "twinr://longterm/twinr_longterm_v1%3Aopen%3Aabc123/objects/fact:open"
+    bulk = loaded.client.post(
+        "/v1/external/records/bulk",
+        json={
+            "items": [
+                {
+                    "payload": {"memory_id": "fact:open", "summary": "an open instance"},
+                    "metadata": {"twinr_namespace": namespace, "twinr_snapshot_kind": "objects"},
+                    "uri": uri,
+                }
+            ]
+        },
+    )
+    assert bulk.status_code == 200, bulk.text
+    doc_id = bulk.json()["items"][0]["document_id"]
+    record = loaded.client.get(f"/v1/external/records/{doc_id}")
+    assert record.status_code == 200, record.text
+    assert record.json()["payload"]["memory_id"] == "fact:open"
+    assert record.json()["origin_uri"] == uri
+    full = loaded.client.get("/v1/external/documents/full", params={"origin_uri": uri})
+    assert full.status_code == 200, full.text
+    assert full.json()["document_id"] == doc_id
+    listed = loaded.client.get("/v1/external/records", params={"limit": 1000}).json()
+    assert listed["namespace"] is None
+    ids = {p["document_id"] for p in listed["payloads"]}
+    assert doc_id in ids and listed["total_count"] > 1  # the corpus's too
+    # `?namespace=` still narrows: another namespace does not see the record.
+    other = loaded.client.get(f"/v1/external/records/{doc_id}", params={"namespace": "demo"})
+    assert other.status_code == 404
+    narrowed = loaded.client.get("/v1/external/records", params={"namespace": namespace}).json()
+    assert [p["document_id"] for p in narrowed["payloads"]] == [doc_id]

@@ -146,3 +146,35 @@ def test_every_app_factory_installs_the_guard() -> None:
 def test_the_guard_refuses_a_nonsense_limit() -> None:
     with pytest.raises(ValueError):
         RequestGuard(FastAPI(), max_body_bytes=0)
+
+
+def test_a_streamed_path_takes_json_lines_past_the_body_limit() -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+    install_request_guard(
+        app, max_body_bytes=LIMIT, stream_paths=["/lines"], max_stream_bytes=LIMIT * 4
+    )
+
+    @app.post("/lines")
+    async def lines(request: Request) -> dict[str, Any]:
+        count = 0
+        async for chunk in request.stream():
+            count += chunk.count(b"\n")
+        return {"lines": count}
+
+    @app.post("/echo")
+    async def echo(request: Request) -> dict[str, Any]:
+        return {"length": len((await parse_body(request, Echo)).text)}
+
+    body = b'{"text": "x"}\n' * (LIMIT * 2 // 14)
+    ndjson = {"content-type": "application/x-ndjson"}
+    with TestClient(app, raise_server_exceptions=False) as test:
+        answer = test.post("/lines", content=body, headers=ndjson)
+        assert answer.status_code == 200 and answer.json() == {"lines": LIMIT * 2 // 14}
+        error_of(test.post("/lines", content=body * 3, headers=ndjson), 413, "body_too_large")
+        error_of(test.post("/echo", content=b"{}", headers=ndjson), 415, "unsupported_media_type")
+        error_of(
+            test.post("/lines", content=b"x", headers={"content-type": "text/csv"}),
+            415,
+            "unsupported_media_type",
+        )

@@ -1,0 +1,259 @@
+"""KoutenDB's data routes over the canonical store: `POST /v1/koutendb/import` (JSONL in)
+and `GET /v1/koutendb/dump` (`koutendb.dump.v1` out).
+
+Both live on the write side (ingest) because the canonical store is ingest's: an import
+is a sequence of record batches written like `POST /v1/records` writes them, and a dump
+reads the live head revisions of the store (not an index generation), so it holds
+exactly what was acknowledged, projected or not. The envelope routes of `/v1/koutendb`
+(retrieve, plan, atlas, …) are the query side's.
+
+Galaxy rule: a request reads or writes exactly one galaxy, the API key's, else the
+request's `galaxy`, else `default`; a key bound to a galaxy naming another is `403`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import TypeAdapter, ValidationError
+
+from contracts.auth import Access, ApiKeyGrant, authenticate, check_reach, declare
+from contracts.errors import ErrorCode, OrreryError
+from contracts.koutendb_io import (
+    MAX_IMPORT_BATCH,
+    DumpDocumentLine,
+    DumpMetaLine,
+    DumpRingLine,
+    ImportLine,
+    ImportResponse,
+)
+from contracts.openapi import operation
+from contracts.records import DEFAULT_GALAXY, Name
+from ingest.koutendb_io import ImportOptions, JsonlImporter, LineSplitter, dump_lines
+from ingest.ports import RecordStore
+
+__all__ = [
+    "DEFAULT_SCOPE_REF",
+    "DUMP_PATH",
+    "IMPORT_PATH",
+    "NDJSON",
+    "create_router",
+    "resolve_galaxy",
+]
+
+IMPORT_PATH = "/v1/koutendb/import"
+DUMP_PATH = "/v1/koutendb/dump"
+NDJSON = "application/x-ndjson"
+# KoutenDB clients know no scope refs: without one, import and dump use Orrery's default.
+DEFAULT_SCOPE_REF = "longterm:objects:current"
+
+_IMPORT_PARAMS = frozenset(
+    {
+        "namespace",
+        "scopeRef",
+        "galaxy",
+        "defaultRing",
+        "ringField",
+        "ringPrefix",
+        "payloadField",
+        "vecField",
+        "idField",
+        "batchSize",
+    }
+)
+_DUMP_PARAMS = frozenset({"namespace", "scopeRef", "galaxy", "includeVectors"})
+_NAME: TypeAdapter[str] = TypeAdapter(Name)
+
+
+def _import_openapi() -> dict[str, Any]:
+    """One JSON object per line: `application/x-ndjson` (or JSON lines' other names),
+    and `application/json` for a body of one line."""
+    fragment = operation(body=ImportLine, ok=ImportResponse)
+    content = fragment["requestBody"]["content"]
+    content[NDJSON] = content["application/json"]
+    return fragment
+
+
+def _dump_openapi() -> dict[str, Any]:
+    """The 200 is JSON lines, each one of the three line shapes."""
+    fragment = operation(ok=(DumpMetaLine, DumpRingLine, DumpDocumentLine))
+    ok = fragment["responses"]["200"]["content"]
+    ok[NDJSON] = ok.pop("application/json")
+    return fragment
+
+
+def resolve_galaxy(grant: ApiKeyGrant | None, requested: str | None) -> str:
+    """The one galaxy a request reaches: the key's, else the request's, else `default`;
+    `403 forbidden` when a key bound to a galaxy names another one."""
+    if grant is not None and grant.galaxy is not None:
+        if requested not in (None, "", grant.galaxy):
+            raise OrreryError(
+                ErrorCode.FORBIDDEN,
+                f"this API key is limited to galaxy {grant.galaxy!r}",
+                {"galaxy": requested},
+            )
+        return grant.galaxy
+    galaxy = requested or DEFAULT_GALAXY
+    try:
+        return _NAME.validate_python(galaxy)
+    except ValidationError as exc:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST, f"galaxy {galaxy[:100]!r} is not a valid name"
+        ) from exc
+
+
+def _params(request: Request, allowed: frozenset[str]) -> dict[str, str]:
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise OrreryError(
+            ErrorCode.UNKNOWN_FIELD,
+            f"unknown query parameters: {', '.join(unknown)}",
+            {"unknown": unknown, "allowed": sorted(allowed)},
+        )
+    repeated = sorted(k for k in allowed if len(request.query_params.getlist(k)) > 1)
+    if repeated:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, f"given more than once: {repeated}")
+    return dict(request.query_params)
+
+
+def _namespace(grant: ApiKeyGrant | None, params: dict[str, str]) -> str:
+    namespace = params.get("namespace") or (None if grant is None else grant.namespace)
+    if not namespace:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "namespace is required")
+    return namespace
+
+
+def _int(params: dict[str, str], name: str, default: int, low: int, high: int) -> int:
+    text = params.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST, f"{name} must be an integer from {low} to {high}"
+        )
+    return int(text)
+
+
+def _bool(params: dict[str, str], name: str, default: bool) -> bool:
+    text = params.get(name)
+    if text is None:
+        return default
+    if text.lower() not in ("true", "false", "1", "0"):
+        raise OrreryError(ErrorCode.INVALID_REQUEST, f"{name} must be true or false")
+    return text.lower() in ("true", "1")
+
+
+def _ring_text(params: dict[str, str], name: str, default: str) -> str:
+    value = params.get(name, default)
+    if len(value) > 512:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, f"{name} is longer than 512 characters")
+    return value
+
+
+def create_router(
+    *,
+    store: RecordStore,
+    grants: dict[str, ApiKeyGrant],
+    max_batch: int,
+    vector_dimension: int | None,
+    on_commit: Callable[[], None] | None = None,
+    resolve_scope: Callable[[str, str], str],
+) -> APIRouter:
+    """The import and dump routes over `store`. `resolve_scope(namespace, scope_ref)` is
+    the snapshot kind a scope ref names (`404 unknown_scope` otherwise)."""
+    router = APIRouter(tags=["koutendb"])
+
+    @router.post(
+        IMPORT_PATH,
+        openapi_extra={**declare(Access.WRITE), **_import_openapi()},
+    )
+    async def post_import(
+        request: Request,
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """Import JSON lines (KoutenDB dump lines or any NoSQL export) into one galaxy of
+        one scope, `batchSize` records per store transaction. A line that cannot become a
+        record is counted in `errors` with its line number; the import goes on."""
+        grant = authenticate(grants, x_api_key, authorization)
+        params = _params(request, _IMPORT_PARAMS)
+        namespace = _namespace(grant, params)
+        galaxy = resolve_galaxy(grant, params.get("galaxy"))
+        check_reach(grant, namespace, galaxy)
+        kind = resolve_scope(namespace, params.get("scopeRef") or DEFAULT_SCOPE_REF)
+        options = ImportOptions(
+            namespace=namespace,
+            snapshot_kind=kind,
+            galaxy=galaxy,
+            default_ring=_ring_text(params, "defaultRing", "imported"),
+            ring_field=params.get("ringField") or None,
+            ring_prefix=_ring_text(params, "ringPrefix", ""),
+            payload_field=params.get("payloadField") or None,
+            vec_field=params.get("vecField") or None,
+            id_field=params.get("idField") or None,
+            batch_size=_int(params, "batchSize", 1_000, 1, min(max_batch, MAX_IMPORT_BATCH)),
+            vector_dimension=vector_dimension,
+        )
+        importer = JsonlImporter(options, store, on_commit)
+        splitter = LineSplitter()
+        try:
+            async for chunk in request.stream():
+                for line in splitter.feed(chunk):
+                    if importer.add(line):
+                        await run_in_threadpool(importer.write_pending)
+            for line in splitter.close():
+                importer.add(line)
+            await run_in_threadpool(importer.write_pending)
+        except OrreryError as exc:
+            # A store fault (or the body limit) stops the import: say how far it got, the
+            # batches before it are written.
+            progress = importer.result().model_dump(mode="json", exclude={"errorLines"})
+            raise OrreryError(
+                exc.code,
+                f"{exc.message} (the import stopped after {importer.imported} records; "
+                "re-running it updates them)",
+                {**exc.details, "progress": progress},
+            ) from exc
+        return JSONResponse(importer.result().model_dump(mode="json"))
+
+    @router.get(
+        DUMP_PATH,
+        response_class=StreamingResponse,
+        openapi_extra={**declare(Access.READ), **_dump_openapi()},
+    )
+    async def get_dump(
+        request: Request,
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> StreamingResponse:
+        """The live records of one galaxy of one scope as `koutendb.dump.v1` JSON lines:
+        a `meta` line, a `ring` line per ring (implied parents too), a `document` line per
+        record (`vec` when `includeVectors` and the record carries its own vector)."""
+        grant = authenticate(grants, x_api_key, authorization)
+        params = _params(request, _DUMP_PARAMS)
+        namespace = _namespace(grant, params)
+        galaxy = resolve_galaxy(grant, params.get("galaxy"))
+        check_reach(grant, namespace, galaxy)
+        kind = resolve_scope(namespace, params.get("scopeRef") or DEFAULT_SCOPE_REF)
+        lines = dump_lines(
+            store=store,
+            namespace=namespace,
+            snapshot_kind=kind,
+            galaxy=galaxy,
+            include_vectors=_bool(params, "includeVectors", True),
+        )
+        # The snapshot is read before the status line goes out: a store fault is an
+        # explicit error response, never a 200 with a cut-off body.
+        first = await run_in_threadpool(next, lines)
+
+        def body() -> Iterator[bytes]:
+            yield first
+            yield from lines
+
+        return StreamingResponse(body(), media_type=NDJSON)
+
+    return router
