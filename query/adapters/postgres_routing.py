@@ -238,21 +238,24 @@ class PostgresRecordReader:
         stored = [_stored(row) for row in rows]
         return {(s.document_id, s.revision): s for s in stored}
 
-    def heads(self, namespace: str, document_ids: Sequence[str]) -> list[StoredRecord]:
+    def heads(self, namespace: str | None, document_ids: Sequence[str]) -> list[StoredRecord]:
         if not document_ids:
             return []
         rows = self._reads.query(
-            f"SELECT {self._COLUMNS} {self._JOIN} WHERE h.namespace = %s AND NOT h.deleted "
-            "AND h.document_id = ANY(%s)",
-            (namespace, list(document_ids)),
+            f"SELECT {self._COLUMNS} {self._JOIN} WHERE (%s::text IS NULL OR h.namespace = %s) "
+            "AND NOT h.deleted AND h.document_id = ANY(%s)",
+            (namespace, namespace, list(document_ids)),
         )
         return [_stored(row) for row in rows]
 
     def page(
-        self, namespace: str, galaxy: str | None, offset: int, limit: int
+        self, namespace: str | None, galaxy: str | None, offset: int, limit: int
     ) -> tuple[int, list[StoredRecord]]:
-        where = "h.namespace = %s AND NOT h.deleted AND (%s::text IS NULL OR r.galaxy = %s)"
-        args: list[object] = [namespace, galaxy, galaxy]
+        where = (
+            "NOT h.deleted AND (%s::text IS NULL OR h.namespace = %s) "
+            "AND (%s::text IS NULL OR r.galaxy = %s)"
+        )
+        args: list[object] = [namespace, namespace, galaxy, galaxy]
         total = self._reads.query(f"SELECT COUNT(*) {self._JOIN} WHERE {where}", args)
         rows = self._reads.query(
             f"SELECT {self._COLUMNS} {self._JOIN} WHERE {where} "

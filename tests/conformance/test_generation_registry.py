@@ -548,3 +548,23 @@ def test_record_reader_returns_exact_revisions_heads_and_pages(backend: Backend)
     assert total == 2
     assert [r.document_id for r in first + rest] == sorted([doc["a"], doc["b"]])
     assert reader.page("ns", "other-galaxy", 0, 5) == (0, [])
+
+
+def test_record_reader_pages_every_namespace(backend: Backend) -> None:
+    store = backend.open(backend.store)
+    reader = backend.open(backend.records)
+    store.write(
+        [
+            _record("a", 1),
+            Record(namespace="other", snapshot_kind="objects", item_id="z", revision=1),
+        ]
+    )
+    total, rows = reader.page(None, None, 0, 10)
+    assert total == 2 and sorted(r.namespace for r in rows) == ["ns", "other"]
+    assert reader.page("other", None, 0, 10)[0] == 1
+    other = Record(namespace="other", snapshot_kind="objects", item_id="z", revision=1).doc_id
+    assert [h.namespace for h in reader.heads(None, [_record("a", 1).doc_id, other])] in (
+        ["ns", "other"],
+        ["other", "ns"],
+    )
+    assert reader.heads("ns", [other]) == []

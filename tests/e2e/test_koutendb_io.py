@@ -45,7 +45,9 @@ def srv(
     if request.param == SERVERS:
         from tests.e2e.test_servers_http import server_env
 
-        env.update(server_env(uuid.uuid4().hex[:8]))
+        # Backups and compaction are Orrery's only for the SQLite store (PostgreSQL ones
+        # are refused, naming pg_dump): single-host server mode.
+        env.update(server_env(uuid.uuid4().hex[:8], database=False))
     server = start_server(tmp_path_factory.mktemp("kouten-io") / "data", env=env)
     try:
         yield server
