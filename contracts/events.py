@@ -9,7 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from contracts.names import namespace_token
 from contracts.records import Record
 
-__all__ = ["POSITION_HEADER", "LogEntry", "RecordChanged", "topic_for", "topic_pattern"]
+__all__ = [
+    "POSITION_HEADER",
+    "LogEntry",
+    "RecordChanged",
+    "record_changed_json",
+    "topic_for",
+    "topic_pattern",
+]
 
 
 class RecordChanged(BaseModel):
@@ -32,6 +39,12 @@ class RecordChanged(BaseModel):
     @property
     def revision(self) -> int:
         return self.record.revision
+
+
+def record_changed_json(record_json: str) -> str:
+    """`RecordChanged(record=r).model_dump_json()` from `r.model_dump_json()`, without
+    serializing the record (and its vector) a second time: the same bytes."""
+    return '{"event_type":"record_changed","record":' + record_json + "}"
 
 
 class LogEntry(BaseModel):
