@@ -2,6 +2,12 @@
 
 In embedded mode the outbox table is the event log itself: an event's position is its
 outbox row id. In server mode a relay publishes outbox rows to Kafka and marks them.
+
+An outbox row's `event_json` is the `RecordChanged` JSON, or empty (`OUTBOX_EVENT_IS_RECORD`,
+how this store writes them): then the event is `record_changed_json` of the `records`
+row with the outbox row's `(document_id, revision)`, written in the same transaction
+and never changed (revisions are append-only). So a record with its vector is stored
+once, not twice; readers join the two (`contracts.events.outbox_event_json`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.events import record_changed_json
+from contracts.events import OUTBOX_EVENT_IS_RECORD
 from contracts.records import Record, payload_sha256
 from ingest.model import Decision, Outcome, decide_revision
 from ingest.ports import Head
@@ -137,7 +143,7 @@ class SqliteRecordStore:
                 accepted.append((index, record))
             if not accepted:
                 return outcomes
-            # One serialization per record: the outbox event embeds the stored JSON.
+            # One serialization per record, stored once: the outbox row refers to it.
             record_jsons = [record.model_dump_json() for _, record in accepted]
             conn.executemany(
                 "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -176,10 +182,10 @@ class SqliteRecordStore:
                         r.revision,
                         r.namespace,
                         r.snapshot_kind,
-                        record_changed_json(record_json),
+                        OUTBOX_EVENT_IS_RECORD,
                         now,
                     )
-                    for (_, r), record_json in zip(accepted, record_jsons, strict=True)
+                    for _, r in accepted
                 ],
             )
             # The write lock is held and AUTOINCREMENT positions only grow: the rows

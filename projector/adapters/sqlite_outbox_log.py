@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from contracts.errors import DependencyUnavailable
-from contracts.events import LogEntry, RecordChanged
+from contracts.events import LogEntry, RecordChanged, outbox_event_json
 from projector.ports import Undecodable
 
 __all__ = ["SqliteOutboxLog"]
@@ -44,8 +44,10 @@ class SqliteOutboxLog:
         try:
             with self._lock:
                 rows = self._conn.execute(
-                    "SELECT position, event_json FROM outbox WHERE position > ? "
-                    "ORDER BY position LIMIT ?",
+                    "SELECT o.position, o.event_json, r.record_json FROM outbox o "
+                    "LEFT JOIN records r ON r.document_id = o.document_id "
+                    "AND r.revision = o.revision "
+                    "WHERE o.position > ? ORDER BY o.position LIMIT ?",
                     (self._cursor, limit),
                 ).fetchall()
                 if rows:
@@ -54,7 +56,7 @@ class SqliteOutboxLog:
             if "no such table" in str(exc):
                 return []
             raise DependencyUnavailable("sqlite", str(exc)) from exc
-        return [_decode(int(pos), body) for pos, body in rows]
+        return [_decode(int(pos), outbox_event_json(event, record)) for pos, event, record in rows]
 
     def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
         positions = [e.position for e in entries if e.position is not None]
