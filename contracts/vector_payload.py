@@ -192,6 +192,12 @@ def payload_of(document: IndexDocument) -> dict[str, Any]:
     }
 
 
+def _all_finite(vector: Sequence[float]) -> bool:
+    # A finite sum means every element is finite (an infinity or a NaN never sums back
+    # to a finite value); only a sum that overflowed needs the element-wise look.
+    return math.isfinite(sum(vector)) or all(map(math.isfinite, vector))
+
+
 def check_vector(document: IndexDocument, dimension: int | None) -> None:
     """Reject a document whose vector cannot be stored: `EMBEDDER_MISMATCH`.
 
@@ -204,7 +210,7 @@ def check_vector(document: IndexDocument, dimension: int | None) -> None:
         problem = "has no vector"
     elif dimension is not None and len(vector) != dimension:
         problem = f"has a {len(vector)}-d vector, the generation holds {dimension}-d vectors"
-    elif not all(math.isfinite(x) for x in vector):
+    elif not _all_finite(vector):
         problem = "has a vector with non-finite values"
     elif not any(vector):
         problem = "has an all-zero vector (cosine is undefined)"

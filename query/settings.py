@@ -108,7 +108,7 @@ class QuerySettings(BaseSettings):
         description="Candidates per source of paged requests (page_size or cursor): the "
         "window pages can reach; None = the usual candidate depths",
     )
-    projector_batch_size: int = Field(default=512, ge=1, le=100_000)
+    projector_batch_size: int = Field(default=2_048, ge=1, le=100_000)
     projector_poll_seconds: float = Field(default=0.05, gt=0.0)
     embedder_threads: int = Field(default=2, ge=1, le=64)
     optimize_interval_seconds: float = Field(default=5.0, gt=0.0)
