@@ -85,6 +85,18 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _skeleton(raw: bytes) -> bytes:
+    """`raw` with every string's content removed (`""` left in its place)."""
+    if b"\\" not in raw:
+        # No escapes: quotes alternate open/close, so every second piece is a string's
+        # content (twice as fast as the regex over megabytes of vectors). An odd number
+        # of quotes (an unterminated string) takes the regex, as any escape does.
+        pieces = raw.split(b'"')
+        if len(pieces) % 2 == 1:
+            return b'""'.join(pieces[::2])
+    return _STRING.sub(b'""', raw)
+
+
 def _depth(skeleton: bytes) -> int:
     brackets = skeleton.translate(None, _NOT_BRACKET)
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
@@ -104,7 +116,7 @@ def loads_strict(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _invalid(f"invalid UTF-8 at byte {exc.start}", byte=exc.start) from None
-    skeleton = _STRING.sub(b'""', raw)
+    skeleton = _skeleton(raw)
     depth = _depth(skeleton)
     if depth > max_depth:
         raise _invalid(f"nested deeper than {max_depth} levels", max_depth=max_depth)

@@ -135,3 +135,13 @@ def test_bodies_of_vectors_parse_exactly() -> None:
     ]
     raw = json.dumps(body).encode()
     assert loads_strict(raw) == json.loads(raw) == body
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values, st.booleans())
+def test_the_fast_skeleton_is_the_regex_skeleton(value: Any, ensure_ascii: bool) -> None:
+    from contracts.wire import _STRING, _skeleton
+
+    raw = json.dumps(value, ensure_ascii=ensure_ascii).encode()
+    for body in (raw, raw + b' "open', b'["a", "b"] "' + raw):
+        assert _skeleton(body) == _STRING.sub(b'""', body)
