@@ -215,7 +215,6 @@ class EmbeddedStack:
         db_path = canonical_db_path(data_dir)
         grants = parse_api_keys(settings.api_keys)
         embedder = embedder or default_embedder(settings.embedder_threads)
-        store = embedded_store(data_dir)
         projector = embedded_projector(
             data_dir,
             db_path,
@@ -223,6 +222,7 @@ class EmbeddedStack:
             batch_size=settings.projector_batch_size,
             text_languages=settings.text_languages(),
         )
+        store = embedded_store(data_dir, on_committed=projector.log.remember)
         for generation_id in projector.state.fail_orphaned_builds(ORPHANED_BUILD, older_than=None):
             log.warning("generation %s: %s; marked failed", generation_id, ORPHANED_BUILD)
         loop = ProjectorLoop(projector.step, poll_seconds=settings.projector_poll_seconds)

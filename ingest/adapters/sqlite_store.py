@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.events import OUTBOX_EVENT_IS_RECORD
+from contracts.events import OUTBOX_EVENT_IS_RECORD, LogEntry, RecordChanged
 from contracts.records import Record, payload_sha256
 from ingest.model import Decision, Outcome, decide_revision
 from ingest.ports import Head
@@ -78,11 +78,16 @@ class SqliteRecordStore:
 
     Guarantees: a batch is one transaction (records, heads and outbox rows together);
     a stale or equal revision is rejected alone; all writes are serialized in-process by
-    a lock and across processes by SQLite's write lock.
+    a lock and across processes by SQLite's write lock. After a batch committed,
+    `on_committed` (if given) gets its outbox events as written, in position order (the
+    embedded projector's log takes them instead of decoding the rows again).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, *, on_committed: Callable[[list[LogEntry]], None] | None = None
+    ) -> None:
         self._path = path
+        self._on_committed = on_committed
         self._lock = threading.Lock()
         try:
             self._conn = connect(path)
@@ -213,6 +218,13 @@ class SqliteRecordStore:
                     )
                 )
         outcomes.sort(key=lambda outcome: outcome.index)
+        if self._on_committed is not None and accepted:
+            self._on_committed(
+                [
+                    LogEntry(position=position, event=RecordChanged(record=r))
+                    for (_, r), position in zip(accepted, positions, strict=True)
+                ]
+            )
         return outcomes
 
     @staticmethod
