@@ -18,6 +18,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
 from contracts.phrases import PhrasePlan, PhrasePlanReport
 from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
+from contracts.timing import engine_clock
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
     CandidateOut,
@@ -185,6 +186,8 @@ class _Stopwatch:
             0.0,
         )
         self.plan: dict[str, Any] = {}
+        # Milliseconds inside engine library calls (`contracts.timing`), by engine.
+        self.engine_ms: dict[str, float] = {}
         self._mark = self.start
 
     def lap(self, stage: str) -> None:
@@ -495,8 +498,9 @@ def _rank(
     if cache_probe is not None and cache_probe(q.route, q.profile, watch, _cache_extra(q)):
         ranked.cached = True
         return ranked
-    sources = _search_sources(q, ports, watch)
-    _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=ask.report_plan)
+    with engine_clock() as watch.engine_ms:
+        sources = _search_sources(q, ports, watch)
+        _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=ask.report_plan)
     watch.lap("rerank")
     return ranked
 
@@ -751,6 +755,7 @@ def _plan(ranked: _Ranked, mode: str, cache: str = "disabled") -> QueryPlan:
         indexes_used=ranked.indexes_used,
         reranked_count=len(ranked.fused),
         latency_ms=ranked.watch.latency(),
+        engine_ms={k: round(v, 3) for k, v in sorted(ranked.watch.engine_ms.items())},
         generation_id=ranked.route.generation_id,
         applied_position=ranked.route.applied_position,
         profile=ranked.profile.id,
@@ -984,7 +989,9 @@ def _from_cache(
                 }
             )
     if plan is not None:
-        plan = plan.model_copy(update={"latency_ms": ranked.watch.latency(), "cache": "hit"})
+        plan = plan.model_copy(
+            update={"latency_ms": ranked.watch.latency(), "engine_ms": {}, "cache": "hit"}
+        )
     return cached.model_copy(
         update={
             "client_request_id": client_request_id,

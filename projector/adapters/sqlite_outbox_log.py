@@ -58,8 +58,7 @@ class SqliteOutboxLog:
                 positions = [
                     int(row[0])
                     for row in self._conn.execute(
-                        "SELECT position FROM outbox WHERE position > ? "
-                        "ORDER BY position LIMIT ?",
+                        "SELECT position FROM outbox WHERE position > ? ORDER BY position LIMIT ?",
                         (self._cursor, limit),
                     )
                 ]

@@ -31,6 +31,7 @@ from qdrant_edge import (
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter, id_lookup_size
 from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, STATUS, UPDATED_AT, VISIBILITY
+from contracts.timing import engine_call
 from contracts.vector_payload import (
     RETURNED_FIELDS,
     VECTOR_NAME,
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["QdrantEdgeVectorSearch", "ShardProvider", "edge_filter"]
 
 DEPENDENCY = "qdrant-edge"
+# The `QueryPlan.engine_ms` key of qdrant-edge's query calls.
+ENGINE = "qdrant_edge_query"
 
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
@@ -109,7 +112,8 @@ class QdrantEdgeVectorSearch:
             params=SearchParams(exact=True),
         )
         try:
-            points = shard.query(request)
+            with engine_call(ENGINE):
+                points = shard.query(request)
         except Exception as error:  # the driver raises bare Exception
             raise _translate(error, generation_id) from error
         return {str((p.payload or {})[DOCUMENT_ID]): cosine_score(p.score) for p in points}
@@ -148,7 +152,8 @@ class QdrantEdgeVectorSearch:
                 params=SearchParams(hnsw_ef=max(self._hnsw_ef, fetch)),
             )
             try:
-                points = shard.query(request)
+                with engine_call(ENGINE):
+                    points = shard.query(request)
             except Exception as error:  # the driver raises bare Exception
                 raise _translate(error, generation_id) from error
             if len(points) < fetch or points[-1].score != points[limit - 1].score:

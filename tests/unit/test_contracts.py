@@ -141,7 +141,7 @@ def test_record_changed_json_is_the_events_own_json() -> None:
         snapshot_kind="objects",
         item_id="a\u00e9\U0001f600",
         revision=3,
-        payload={"z": [1, 2.5, None], "a": {"b": "\\\""}},
+        payload={"z": [1, 2.5, None], "a": {"b": '\\"'}},
         text={"title": "t", "tags": ["x"]},
         metadata={"status": "active", "updated_at": "2026-01-01T00:00:00Z", "room": "hall"},
         vector=[0.1, -0.25, 1e-7],
