@@ -214,6 +214,8 @@ class EmbeddedStack:
         data_dir = settings.data_dir
         db_path = canonical_db_path(data_dir)
         grants = parse_api_keys(settings.api_keys)
+        # Queries embed in a session of their own; an injected embedder serves both.
+        query_embedder = embedder or default_embedder(settings.query_embedder_threads)
         embedder = embedder or default_embedder(settings.embedder_threads)
         projector = embedded_projector(
             data_dir,
@@ -236,7 +238,7 @@ class EmbeddedStack:
         )
         ports = embedded_query_ports(
             db_path,
-            embedder=embedder,
+            embedder=query_embedder,
             lexical_index_provider=projector.lexical.searchable,
             vector_shard_provider=projector.vectors.shard_for,
             cache_responses=settings.cache_responses,

@@ -126,8 +126,11 @@ class ServerStack:
             stack.relay = RelayLoop(step, poll_seconds=settings.projector_poll_seconds * 4)
             stack.closers.append(close)
         needs_embedder = Role.PROJECTOR in roles or Role.QUERY in roles
+        # Queries embed in a session of their own; an injected embedder serves both.
+        query_embedder = embedder
         if needs_embedder and embedder is None:
             embedder = default_embedder(settings.embedder_threads)
+            query_embedder = default_embedder(settings.query_embedder_threads)
         shared_qdrant = None
         if Role.PROJECTOR in roles or Role.QUERY in roles:
             shared_qdrant = qdrant_client(settings)
@@ -174,10 +177,10 @@ class ServerStack:
                 store_admin_router(settings, exclusive=writer_lock.hold, log_is_outbox=False)
             )
         if Role.QUERY in roles:
-            assert embedder is not None
+            assert embedder is not None and query_embedder is not None
             ports = server_query_ports(
                 db_path,
-                embedder=embedder,
+                embedder=query_embedder,
                 opensearch_url=settings.opensearch_url,
                 opensearch_index_prefix=settings.opensearch_index_prefix,
                 qdrant=shared_qdrant,
