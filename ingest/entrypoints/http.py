@@ -49,11 +49,11 @@ def create_router(
         record was accepted; 4xx with nothing written when any record is invalid.
         """
         grant = authenticate(grants, x_api_key, authorization)
-        body = await request.body()
+        raw = await request.body()
 
         def parse() -> list[Record]:
             return parse_batch(
-                loads_strict(body),
+                loads_strict(raw),
                 max_batch=max_batch,
                 vector_dimension=vector_dimension,
                 allowed_namespace=None if grant is None else grant.namespace,
