@@ -220,14 +220,19 @@ class SqliteRecordStore:
                         position=position,
                     )
                 )
-        outcomes.sort(key=lambda outcome: outcome.index)
-        if self._on_committed is not None and accepted:
-            self._on_committed(
-                [
+            # Built before the commit, handed over right after it: the projector may
+            # fetch these positions in between and then reads them from the table.
+            events = (
+                []
+                if self._on_committed is None
+                else [
                     LogEntry(position=position, event=RecordChanged(record=r))
                     for (_, r), position in zip(accepted, positions, strict=True)
                 ]
             )
+        outcomes.sort(key=lambda outcome: outcome.index)
+        if self._on_committed is not None:
+            self._on_committed(events)
         return outcomes
 
     @staticmethod
