@@ -15,8 +15,9 @@ from projector.ports import Undecodable
 
 __all__ = ["MAX_REMEMBERED", "SqliteOutboxLog"]
 
-# Remembered events held at most (a projector far behind reads the rest from the table).
-MAX_REMEMBERED = 50_000
+# Remembered events held at most: four default projector batches, ~10 KB each with a
+# 384-d vector (a projector further behind reads the rest from the table).
+MAX_REMEMBERED = 8_192
 # Positions per `IN (...)` read of rows that were not remembered.
 _CHUNK = 500
 
