@@ -181,6 +181,7 @@ def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> 
     from orrery.servers import Role, ServerStack
 
     stack = ServerStack.open(settings, frozenset(Role(r) for r in role_names))
+    tune_gc()
     stack.start()
     try:
         if http:
