@@ -18,7 +18,6 @@ import contextlib
 import sqlite3
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ import httpx
 import pytest
 
 from contracts.faults import CRASH_ENV, CRASH_EXIT_CODE
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import (
     BASE_ENV,
@@ -101,7 +100,7 @@ class Deployment:
     def __init__(self, kind: str, data_dir: Path) -> None:
         self.kind = kind
         self.data_dir = data_dir
-        self.tag = uuid.uuid4().hex[:8]
+        self.tag = run_tag()
         self.env: dict[str, str] = {**BASE_ENV, "ORRERY_PROJECTOR_BATCH_SIZE": "40"}
         if kind == SERVERS:
             from tests.e2e.test_servers_http import server_env

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import DEPLOYMENTS, SERVERS
 
@@ -45,7 +46,7 @@ def srv(
     if request.param == SERVERS:
         from tests.e2e.test_servers_http import server_env
 
-        env.update(server_env(uuid.uuid4().hex[:8]))
+        env.update(server_env(run_tag()))
     server = start_server(tmp_path_factory.mktemp("kouten-io") / "data", env=env)
     try:
         yield server
