@@ -16,7 +16,8 @@ Payload of a point (`payload_of`):
 | `revision`    | int                                     | integer                           |
 | `item_id`     | str                                     | -                                 |
 | `galaxy`      | str                                     | keyword (tenant)                  |
-| `ring`        | str                                     | -                                 |
+| `ring`        | str                                     | keyword                           |
+| `ring_path`   | the ring and its ancestors (`ring_path`) | keyword                          |
 | `status`      | str                                     | keyword                           |
 | `visibility`  | list of labels                          | keyword                           |
 | `facets`      | sorted list of `"name=value"` strings   | keyword                           |
@@ -46,9 +47,11 @@ from contracts.index_fields import (
     ITEM_ID,
     REVISION,
     RING,
+    RING_PATH,
     STATUS,
     UPDATED_AT,
     VISIBILITY,
+    ring_path,
 )
 
 __all__ = [
@@ -87,6 +90,8 @@ PAYLOAD_INDEXES: Mapping[str, PayloadIndexKind] = {
     STATUS: "keyword",
     VISIBILITY: "keyword",
     FACETS: "keyword",
+    RING: "keyword",
+    RING_PATH: "keyword",
     DOCUMENT_ID: "keyword",
     REVISION: "integer",
     UPDATED_AT: "datetime",
@@ -183,6 +188,7 @@ def payload_of(document: IndexDocument) -> dict[str, Any]:
         ITEM_ID: document.item_id,
         GALAXY: document.galaxy,
         RING: document.ring,
+        RING_PATH: list(ring_path(document.ring)),
         STATUS: document.status,
         UPDATED_AT: utc_timestamp(document.updated_at),
         VISIBILITY: list(document.visibility),

@@ -30,7 +30,16 @@ from qdrant_edge import (
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter, id_lookup_size
-from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, STATUS, UPDATED_AT, VISIBILITY
+from contracts.index_fields import (
+    DOCUMENT_ID,
+    FACETS,
+    GALAXY,
+    RING,
+    RING_PATH,
+    STATUS,
+    UPDATED_AT,
+    VISIBILITY,
+)
 from contracts.timing import engine_call
 from contracts.vector_payload import (
     RETURNED_FIELDS,
@@ -195,6 +204,10 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
         must.append(FieldCondition(FACETS, match=MatchAny(facet_terms(name, values))))
     if filter.document_ids is not None:
         must.append(FieldCondition(DOCUMENT_ID, match=MatchAny(list(filter.document_ids))))
+    if filter.rings is not None:
+        must.append(FieldCondition(RING, match=MatchAny(list(filter.rings))))
+    if filter.ring_trees is not None:
+        must.append(FieldCondition(RING_PATH, match=MatchAny(list(filter.ring_trees))))
     return Filter(must=must) if must else None
 
 

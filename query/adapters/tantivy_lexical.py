@@ -23,6 +23,8 @@ from contracts.index_fields import (
     FACETS,
     GALAXY,
     REVISION,
+    RING,
+    RING_PATH,
     SOURCE_TEXT_FIELDS,
     STATUS,
     UPDATED_AT,
@@ -219,6 +221,10 @@ def _filter_query(
         clauses.append(_any_of(schema, FACETS, terms))
     if filter.document_ids is not None:
         clauses.append(_any_of(schema, DOCUMENT_ID, filter.document_ids))
+    if filter.rings is not None:
+        clauses.append(_any_of(schema, RING, filter.rings))
+    if filter.ring_trees is not None:
+        clauses.append(_any_of(schema, RING_PATH, filter.ring_trees))
     for group in filter.phrases:
         clauses.append(_any_phrase(schema, group, analyzer))
     if not clauses:
