@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI
 
@@ -39,11 +39,18 @@ from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import GenerationAdmin, GenerationOptions
 from query.adapters.sqlite_routing import SqliteRouting, generation_document_ids
-from query.bootstrap import cursor_codec, embedded_query_ports, query_limits, scope_registry
+from query.bootstrap import (
+    cursor_codec,
+    embedded_query_ports,
+    kouten_ports,
+    query_limits,
+    scope_registry,
+)
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
 from query.entrypoints.http import create_router as create_query_router
 from query.entrypoints.http import ready_check
+from query.entrypoints.koutendb_http import create_router as create_query_koutendb_router
 from query.service import QueryPorts
 from query.settings import QuerySettings
 
@@ -146,9 +153,11 @@ def query_routers(
     *,
     admin: GenerationAdmin,
     status: Callable[[], dict[str, Any]],
+    backend: Literal["embedded", "servers"] = "embedded",
 ) -> tuple[EligibilityGate, list[APIRouter]]:
     """The read side of a process: the eligibility gate in front of both searches, and
-    Orrery's query routes and the ChonkyDB dialect over the gated ports."""
+    Orrery's query routes, the ChonkyDB dialect and KoutenDB's envelope over the gated
+    ports."""
     routing = ports.routing
     assert isinstance(routing, SqliteRouting)
     gate = eligibility_gate(settings, admin, routing)
@@ -169,6 +178,10 @@ def query_routers(
         ),
         create_query_chonkydb_router(
             ports=gated, grants=grants, ready=ready_check(routing, status, gate)
+        ),
+        create_query_koutendb_router(
+            ports=kouten_ports(settings, gated, registry_path=routing.path, backend=backend),
+            grants=grants,
         ),
     ]
 

@@ -223,7 +223,7 @@ class ServerStack:
             # A promote killed between the pointer flip and the alias mirror heals here.
             stack.admin.mirror_live_aliases()
             stack.gate, readers = query_routers(
-                settings, ports, grants, admin=stack.admin, status=stack.status
+                settings, ports, grants, admin=stack.admin, status=stack.status, backend="servers"
             )
             routers.append(create_admin_router(stack.admin, admin_key=settings.admin_key))
             stack.app = build_app(

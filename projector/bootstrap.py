@@ -18,6 +18,7 @@ from contracts.names import live_alias_name
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
+from projector.adapters.sqlite_ring_stats import SqliteRingStatistics
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
 from projector.adapters.subprocess_bulk_load import SubprocessBulkLoader
@@ -30,6 +31,7 @@ from projector.generations import (
     LogHandover,
 )
 from projector.ports import AliasMirror, EngineReadback, EventLog
+from projector.ring_stats import RingStatsVectorIndex
 from projector.service import BatchReport, project_batch, schema_digest
 
 if TYPE_CHECKING:
@@ -92,10 +94,13 @@ class EmbeddedProjector:
     step: Callable[[], BatchReport]
     lock: FileWriterLock
     data_dir: Path
-    deferred: DeferredWrites = field(default_factory=DeferredWrites)
-    text_languages: TextLanguages = field(default_factory=TextLanguages)
+    deferred: DeferredWrites
+    text_languages: TextLanguages
+    # The vector index every write goes through: ring statistics are kept with it.
+    writes: RingStatsVectorIndex
 
     def close(self) -> None:
+        self.writes.close()
         self.vectors.close()
         self.lexical.close()
         self.log.close()
@@ -125,6 +130,7 @@ def embedded_projector(
     log = SqliteOutboxLog(db_path, start_after=state.position(CONSUMER))
     lexical = TantivyLexicalIndex(data_dir / "generations" / "lexical")
     vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
+    writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
     lock = FileWriterLock(writer_lock_path(data_dir))
     deferred = DeferredWrites()
     step = functools.partial(
@@ -132,7 +138,7 @@ def embedded_projector(
         log=log,
         state=deferred.wrap(state),
         lexical=lexical,
-        vectors=vectors,
+        vectors=writes,
         embedder=embedder,
         cache=state,
         lexical_engine=LEXICAL_ENGINE,
@@ -146,7 +152,7 @@ def embedded_projector(
         text_languages=languages,
     )
     return EmbeddedProjector(
-        state, log, lexical, vectors, embedder, step, lock, data_dir, deferred, languages
+        state, log, lexical, vectors, embedder, step, lock, data_dir, deferred, languages, writes
     )
 
 
@@ -209,7 +215,7 @@ def embedded_generation_admin(
             cache=projector.state,
             snapshot=SqliteCanonicalSnapshot(db_path),
             lexical=projector.lexical,
-            vectors=projector.vectors,
+            vectors=projector.writes,
             lexical_readback=projector.lexical,
             vector_readback=projector.vectors,
             lock=projector.lock,
@@ -263,6 +269,7 @@ def bulk_load_ports(
     snapshot = SqliteCanonicalSnapshot(db_path)
     lexical = TantivyLexicalIndex(data_dir / "generations" / "lexical")
     vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
+    writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
     ports = GenerationPorts(
         registry=state,
         contents=state,
@@ -271,7 +278,7 @@ def bulk_load_ports(
         cache=state,
         snapshot=snapshot,
         lexical=lexical,
-        vectors=vectors,
+        vectors=writes,
         lexical_readback=lexical,
         vector_readback=vectors,
         lock=_NoLock(),
@@ -286,6 +293,7 @@ def bulk_load_ports(
     )
 
     def close() -> None:
+        writes.close()
         vectors.close()
         lexical.close()
         snapshot.close()
@@ -305,9 +313,11 @@ class ServerProjector:
     embedder: Embedder
     step: Callable[[], BatchReport]
     lock: FileWriterLock
+    writes: RingStatsVectorIndex
 
     def close(self) -> None:
         self.log.close()
+        self.writes.close()
         self.vectors.close()
         self.lexical.close()
         self.state.close()
@@ -359,6 +369,7 @@ def server_projector(
         refresh_interval=opensearch_refresh_interval,
     )
     vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
+    writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
     lock = FileWriterLock(lock_path)
 
     def topology(generation_id: str) -> Topology:
@@ -369,7 +380,7 @@ def server_projector(
         log=log,
         state=state,
         lexical=lexical,
-        vectors=vectors,
+        vectors=writes,
         embedder=embedder,
         cache=state,
         lexical_engine="opensearch",
@@ -382,7 +393,7 @@ def server_projector(
         health=state,
         text_languages=text_languages or TextLanguages(),
     )
-    return ServerProjector(state, log, lexical, vectors, embedder, step, lock)
+    return ServerProjector(state, log, lexical, vectors, embedder, step, lock, writes)
 
 
 def _server_topology(
@@ -427,6 +438,7 @@ def server_generation_admin(
             projector.vectors,
             projector.lock,
         )
+        writes = projector.writes
     else:
         state = SqliteProjectorState(db_path)
         lexical = OpenSearchLexicalIndex(
@@ -435,8 +447,9 @@ def server_generation_admin(
             refresh_interval=opensearch_refresh_interval,
         )
         vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
+        writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
         lock = FileWriterLock(lock_path)
-        closers += [lexical.close, state.close, lock.close]
+        closers += [lexical.close, writes.close, state.close, lock.close]
 
     def alias_name(engine: str, namespace: str, kind: str) -> str:
         if engine == "opensearch":
@@ -456,7 +469,7 @@ def server_generation_admin(
             cache=state,
             snapshot=SqliteCanonicalSnapshot(db_path),
             lexical=lexical,
-            vectors=vectors,
+            vectors=writes,
             lexical_readback=lexical_readback,
             vector_readback=vector_readback,
             lock=lock,
