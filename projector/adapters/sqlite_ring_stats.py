@@ -83,9 +83,10 @@ class _Delta:
 class SqliteRingStatistics:
     """`projector.ports.RingStatistics` in SQLite (`ring_members`, `ring_stats`).
 
-    Guarantees: one transaction per `apply`; idempotent on `(document_id, revision)` (a
-    revision at or below the one recorded for a document changes nothing, a delete is
-    remembered as a tombstone at its revision); a document's contribution moves with it
+    Guarantees: one transaction per `apply`; the engines' rule, idempotent on
+    `(document_id, revision)`: an upsert never replaces its own or a newer revision, a
+    delete at r removes revision r or older and is remembered as a tombstone at r (an
+    older upsert replayed later stays out); a document's contribution moves with it
     (its old ring loses it, its new ring gains it). Vectors are summed as their float32
     values, so what is subtracted is exactly what was added.
     """
@@ -142,7 +143,13 @@ class SqliteRingStatistics:
             rows: list[tuple[object, ...]] = []
             for document_id, (revision, change) in sorted(changes.items()):
                 old = members.get(document_id)
-                if old is not None and old[0] >= revision:
+                # An upsert never replaces its own or a newer revision; a delete at r
+                # removes what is at r or older (the engines' rule).
+                if old is not None and (
+                    old[0] > revision or (old[0] == revision and change is not None)
+                ):
+                    continue
+                if old is not None and old[0] == revision and old[1] is None:
                     continue
                 if old is not None and old[1] is not None:
                     deltas[(old[2], old[3])].add(old[1], -1)

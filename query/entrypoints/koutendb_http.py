@@ -117,7 +117,8 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
     @router.post(
         f"{PREFIX}/validate",
         tags=["koutendb"],
-        openapi_extra={**declare(Access.READ), **operation(ok=ValidateResponse)},
+        # Any JSON body is checked; what it is checked against is the envelope.
+        openapi_extra={**declare(Access.READ), **operation(body=Envelope, ok=ValidateResponse)},
     )
     async def post_validate(
         request: Request,
