@@ -10,6 +10,7 @@ totals and plans are per galaxy.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ DIM = 384
 KEY = "kk"
 BOUND = "kb1"  # bound to galaxy s1
 API_KEYS = f"{KEY}={NS},{BOUND}={NS}/s1,other=elsewhere"
+ADMIN_KEY = "kouten-admin"
 H = {"x-api-key": KEY}
 BACKEND: dict[int, str] = {}
 
@@ -87,7 +89,7 @@ CORPUS = [
 def kouten(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
-    env = {"ORRERY_API_KEYS": API_KEYS}
+    env = {"ORRERY_API_KEYS": API_KEYS, "ORRERY_ADMIN_KEY": ADMIN_KEY}
     if request.param == "servers":
         env.update(server_env(uuid.uuid4().hex[:8]))
     srv = start_server(Path(tmp_path_factory.mktemp("kouten")) / "data", env=env)
@@ -444,3 +446,64 @@ def test_request_errors(kouten: Server) -> None:
     assert hybrid["query"]["mode"] == "hybrid" and hybrid["chunks"][0]["payload"] == "history"
     lexical = retrieve(kouten, galaxy="s4", queryText="osaka", mode="lexical")
     assert [c["payload"] for c in lexical["chunks"]] == ["osaka"]
+
+
+def _atlas_counts(srv: Server, galaxy: str) -> tuple[str, dict[str, int]]:
+    response = srv.client.get(
+        "/v1/koutendb/atlas", params={"namespace": NS, "galaxy": galaxy}, headers=H
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    return body["generationId"], {r["name"]: r["documents"] for r in body["ringMap"]}
+
+
+def _admin(srv: Server, method: str, path: str, **kwargs: Any) -> Any:
+    response = srv.client.request(
+        method, f"/v1/admin/generations{path}", headers={"x-admin-key": ADMIN_KEY}, **kwargs
+    )
+    assert response.is_success, response.text
+    return response.json()
+
+
+def test_ring_statistics_follow_writes_and_new_generations(kouten: Server) -> None:
+    """Runs last: it rebuilds the scope's generation (same contents)."""
+    moved = [doc("s7", f"m{i}", "m", 1.0, 0.1 * i) for i in range(3)]
+    assert kouten.client.post("/v1/records", json=moved, headers=H).status_code == 200
+    total = len(CORPUS) + 3
+    kouten.wait_projected(documents={(NS, KIND): total}, headers=H)
+    _, counts = _atlas_counts(kouten, "s7")
+    assert counts == {"m": 3}
+    # One document moves to ring n with another vector, one is deleted.
+    update = {**doc("s7", "m1", "n", 0.0, 1.0), "revision": 2}
+    tombstone = {
+        "namespace": NS,
+        "snapshot_kind": KIND,
+        "item_id": "m2",
+        "galaxy": "s7",
+        "revision": 2,
+        "deleted": True,
+    }
+    assert kouten.client.post("/v1/records", json=[update, tombstone], headers=H).status_code == 200
+    kouten.wait_projected(documents={(NS, KIND): total - 1}, headers=H)
+    live, counts = _atlas_counts(kouten, "s7")
+    assert counts == {"m": 1, "n": 1}
+    env = retrieve(kouten, galaxy="s7", queryVector=vec(0, 1), ring="n")
+    assert [c["payload"] for c in env["chunks"]] == ["m1"]
+    assert env["plan"]["ringFeatures"][0]["centroidScore"] == pytest.approx(1.0, abs=1e-6)
+    # A new generation (the embedded build loads in a child process) has the same
+    # statistics from its own load.
+    built = _admin(kouten, "POST", "/build", json={"namespace": NS, "snapshot_kind": KIND})["row"][
+        "generation_id"
+    ]
+    deadline = time.monotonic() + 180
+    while (view := _admin(kouten, "GET", f"/{built}"))["row"]["state"] == "building":
+        assert time.monotonic() < deadline, view
+        time.sleep(0.2)
+    assert view["row"]["state"] == "sealed", view
+    assert _admin(kouten, "POST", f"/{built}/verify")["verified"]
+    _admin(kouten, "POST", f"/{built}/promote")
+    generation, rebuilt = _atlas_counts(kouten, "s7")
+    assert generation == built != live
+    assert rebuilt == {"m": 1, "n": 1}
+    env = retrieve(kouten, galaxy="s1", queryVector=vec(1, 0), ring="ai", budget=2)
+    assert (env["stats"]["totalVectors"], env["stats"]["scanned"]) == (3, 2)
