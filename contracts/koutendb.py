@@ -42,6 +42,7 @@ __all__ = [
     "PolicyHints",
     "ProfileBody",
     "ProfileOut",
+    "ProfileResponse",
     "ProfilesResponse",
     "Recommendation",
     "RecommendationsResponse",
@@ -327,6 +328,12 @@ class ProfileOut(_Wire):
     depth: str
     note: str
     tuning: Tuning
+
+
+class ProfileResponse(ProfileOut):
+    """`PUT /profiles/{name}`: the stored profile and its tuning."""
+
+    success: Literal[True] = True
 
 
 class ProfilesResponse(_Wire):

@@ -46,6 +46,7 @@ from contracts.koutendb import (
     PolicyHints,
     ProfileBody,
     ProfileOut,
+    ProfileResponse,
     ProfilesResponse,
     Recommendation,
     RecommendationsResponse,
@@ -653,7 +654,7 @@ def _writer(principal: Principal) -> None:
 
 def put_profile(
     name: str, body: ProfileBody, *, principal: Principal, ports: KoutenPorts
-) -> ProfileOut:
+) -> ProfileResponse:
     """Store a profile (words left out are `default`'s built-in words)."""
     _writer(principal)
     ns = _namespace(body.namespace, principal)
@@ -666,7 +667,7 @@ def put_profile(
         note=body.note,
     )
     ports.profiles.put(ns, profile)
-    return _profile_out(profile)
+    return ProfileResponse(**_profile_out(profile).model_dump())
 
 
 def delete_profile(

@@ -25,7 +25,7 @@ from contracts.koutendb import (
     KoutenRetrieveRequest,
     PlanResponse,
     ProfileBody,
-    ProfileOut,
+    ProfileResponse,
     ProfilesResponse,
     RecommendationsResponse,
     ValidateResponse,
@@ -148,7 +148,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
     @router.put(
         f"{PREFIX}/profiles/{{name}}",
         tags=["koutendb"],
-        openapi_extra={**declare(Access.WRITE), **operation(body=ProfileBody, ok=ProfileOut)},
+        openapi_extra={**declare(Access.WRITE), **operation(body=ProfileBody, ok=ProfileResponse)},
     )
     async def put_profile_route(
         name: str,

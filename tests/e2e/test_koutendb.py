@@ -108,7 +108,9 @@ def retrieve(srv: Server, key: str = KEY, **body: Any) -> Any:
         "/v1/koutendb/retrieve", json={"namespace": NS, **body}, headers={"x-api-key": key}
     )
     assert response.status_code == 200, response.text
-    return response.json()
+    envelope = response.json()
+    assert retrieval_envelope_validation_errors(envelope) == []
+    return envelope
 
 
 def plan(srv: Server, **body: Any) -> Any:
@@ -385,6 +387,7 @@ def test_profiles_are_kept_per_namespace(kouten: Server) -> None:
         headers=H,
     )
     assert put.status_code == 200, put.text
+    assert put.json()["success"] is True and put.json()["name"] == "wide"
     assert put.json()["tuning"] == {
         "budget": 16,
         "focus": 45,
