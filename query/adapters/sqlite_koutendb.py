@@ -67,6 +67,9 @@ class SqliteKoutenStore:
                 path, timeout=30.0, isolation_level=None, check_same_thread=False
             )
             self._conn.execute("PRAGMA journal_mode=WAL")
+            # No fsync per kept envelope (one per request): WAL with NORMAL survives a
+            # process crash; a power loss may lose the last envelopes, which are advisory.
+            self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(_SCHEMA)
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
