@@ -171,7 +171,8 @@ def settle(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     corpus = Corpus(args.rings, args.seed)
-    with serve(ingest_env(BATCH)) as server, server.client() as client:
+    env = {**ingest_env(BATCH), "ORRERY_OPTIMIZE_INTERVAL_SECONDS": "1"}
+    with serve(env) as server, server.client() as client:
         started = time.perf_counter()
         for n, batch in enumerate(batches(corpus, args.records), start=1):
             response = client.post("/v1/records", json=batch)
