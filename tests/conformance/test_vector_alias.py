@@ -245,6 +245,9 @@ def test_create_requests_every_payload_index(
         "visibility": graphed(),
         "facets": graphed(),
         "document_id": models.KeywordIndexParams(type=keyword, enable_hnsw=False),
+        # Ring filters (issue 12): small selections, served by the payload index.
+        "ring": models.KeywordIndexParams(type=keyword, enable_hnsw=False),
+        "ring_path": models.KeywordIndexParams(type=keyword, enable_hnsw=False),
         "revision": models.IntegerIndexParams(
             type=models.IntegerIndexType.INTEGER, lookup=True, range=True, enable_hnsw=False
         ),
