@@ -20,6 +20,7 @@ import pytest
 
 from contracts.koutendb import retrieval_envelope_validation_errors
 from contracts.records import derive_document_id
+from tests.conftest import run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import DEPLOYMENTS
 from tests.e2e.test_servers_http import server_env
@@ -91,7 +92,7 @@ def kouten(
 ) -> Iterator[Server]:
     env = {"ORRERY_API_KEYS": API_KEYS, "ORRERY_ADMIN_KEY": ADMIN_KEY}
     if request.param == "servers":
-        env.update(server_env(uuid.uuid4().hex[:8]))
+        env.update(server_env(run_tag()))
     srv = start_server(Path(tmp_path_factory.mktemp("kouten")) / "data", env=env)
     BACKEND[srv.port] = request.param
     try:
@@ -244,7 +245,7 @@ def test_scenario_6_validator_messages(kouten: Server) -> None:
 
 
 def test_scenario_8_recommendations(kouten: Server) -> None:
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     for n in range(5):
         env = retrieve(
             kouten, galaxy="s8", queryVector=vec(1, 0), ring="docs", requestId=f"{tag}-{n}"
