@@ -70,14 +70,18 @@ def check_reach(grant: ApiKeyGrant | None, namespace: str, galaxy: str | None = 
         )
 
 
+def _presented_key(header_key: str | None, authorization: str | None) -> str | None:
+    """The key in its own header, else an `Authorization: Bearer` token, else `None`."""
+    if header_key is not None or authorization is None:
+        return header_key
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
 def check_admin_key(configured: str, x_admin_key: str | None, authorization: str | None) -> None:
     """The admin key check of every admin route: `UNAUTHORIZED` without a presented key,
     `FORBIDDEN` for a wrong one or when no admin key is configured (the API is off)."""
-    presented = x_admin_key
-    if presented is None and authorization is not None:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            presented = token.strip()
+    presented = _presented_key(x_admin_key, authorization)
     if presented is None:
         raise OrreryError(
             ErrorCode.UNAUTHORIZED, "send the admin key as 'x-admin-key' or 'Authorization: Bearer'"
@@ -120,11 +124,7 @@ def authenticate(
     """The grant of the presented key; `None` when no keys are configured (open mode)."""
     if not grants:
         return None
-    presented = x_api_key
-    if presented is None and authorization is not None:
-        scheme, _, token = authorization.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            presented = token.strip()
+    presented = _presented_key(x_api_key, authorization)
     if presented is None:
         raise OrreryError(
             ErrorCode.UNAUTHORIZED, "send an API key as 'x-api-key' or 'Authorization: Bearer'"

@@ -31,6 +31,9 @@ class ErrorCode(StrEnum):
     UNKNOWN_FIELD = "unknown_field"
     UNKNOWN_SCOPE = "unknown_scope"
     UNKNOWN_PROFILE = "unknown_profile"
+    UNKNOWN_SEARCH_PROFILE = "unknown_search_profile"
+    UNKNOWN_REQUEST = "unknown_request"
+    UNKNOWN_CHUNK = "unknown_chunk"
     UNKNOWN_VOCABULARY = "unknown_vocabulary"
     PHRASE_SET_TOO_LARGE = "phrase_set_too_large"
     EMPTY_QUERY = "empty_query"
@@ -63,6 +66,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNKNOWN_FIELD: 422,
     ErrorCode.UNKNOWN_SCOPE: 404,
     ErrorCode.UNKNOWN_PROFILE: 422,
+    ErrorCode.UNKNOWN_SEARCH_PROFILE: 422,
+    ErrorCode.UNKNOWN_REQUEST: 404,
+    ErrorCode.UNKNOWN_CHUNK: 422,
     ErrorCode.UNKNOWN_VOCABULARY: 422,
     ErrorCode.PHRASE_SET_TOO_LARGE: 422,
     ErrorCode.EMPTY_QUERY: 422,

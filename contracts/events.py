@@ -9,7 +9,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from contracts.names import namespace_token
 from contracts.records import Record
 
-__all__ = ["POSITION_HEADER", "LogEntry", "RecordChanged", "topic_for", "topic_pattern"]
+__all__ = [
+    "OUTBOX_EVENT_IS_RECORD",
+    "POSITION_HEADER",
+    "LogEntry",
+    "RecordChanged",
+    "outbox_event_json",
+    "record_changed_json",
+    "topic_for",
+    "topic_pattern",
+]
 
 
 class RecordChanged(BaseModel):
@@ -32,6 +41,26 @@ class RecordChanged(BaseModel):
     @property
     def revision(self) -> int:
         return self.record.revision
+
+
+def record_changed_json(record_json: str) -> str:
+    """`RecordChanged(record=r).model_dump_json()` from `r.model_dump_json()`, without
+    serializing the record (and its vector) a second time: the same bytes."""
+    return '{"event_type":"record_changed","record":' + record_json + "}"
+
+
+# The `event_json` of a SQLite outbox row whose event is the `RecordChanged` of its record
+# row (`records` with the same `document_id` and `revision`, written in the same
+# transaction, never changed): the canonical store keeps a record's JSON once.
+OUTBOX_EVENT_IS_RECORD = ""
+
+
+def outbox_event_json(event_json: str | bytes, record_json: str | None) -> str | bytes:
+    """The event of a SQLite outbox row, from its `event_json` and its record row's
+    `record_json` (None when there is none: the event is then empty, undecodable)."""
+    if event_json != OUTBOX_EVENT_IS_RECORD:
+        return event_json
+    return "" if record_json is None else record_changed_json(record_json)
 
 
 class LogEntry(BaseModel):

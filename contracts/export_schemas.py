@@ -41,6 +41,19 @@ from contracts.errors import ErrorResponse
 from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor
 from contracts.ingest_api import WriteRequest, WriteResponse
+from contracts.koutendb import (
+    Atlas,
+    Envelope,
+    FeedbackRequest,
+    FeedbackResponse,
+    KoutenRetrieveRequest,
+    PlanResponse,
+    ProfileBody,
+    ProfileResponse,
+    ProfilesResponse,
+    RecommendationsResponse,
+    ValidateResponse,
+)
 from contracts.koutendb_io import (
     BackupRequest,
     BackupResponse,
@@ -118,6 +131,17 @@ MODELS: dict[str, type[BaseModel]] = {
     "admin_backup_request": BackupRequest,
     "admin_backup_response": BackupResponse,
     "admin_compact_response": CompactResponse,
+    "koutendb_retrieve_request": KoutenRetrieveRequest,
+    "koutendb_envelope": Envelope,
+    "koutendb_plan_response": PlanResponse,
+    "koutendb_validate_response": ValidateResponse,
+    "koutendb_profile_body": ProfileBody,
+    "koutendb_profile": ProfileResponse,
+    "koutendb_profiles_response": ProfilesResponse,
+    "koutendb_atlas": Atlas,
+    "koutendb_feedback_request": FeedbackRequest,
+    "koutendb_feedback_response": FeedbackResponse,
+    "koutendb_recommendations_response": RecommendationsResponse,
 }
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index_fields import BODY, SOURCE_TEXT_FIELDS, TAGS, TEXT, TITLE
@@ -125,6 +125,10 @@ class SearchFilter(BaseModel):
     - `updated_after` / `updated_before`: inclusive bounds on `updated_at`.
     - `facets`: for every name, the record has at least one of the listed values.
     - `document_ids`: the record is one of these (the generic API's `allowed_doc_ids`).
+    - `rings`: the record's ring is exactly one of these (non-empty ring names).
+    - `ring_trees`: the record's ring is one of these or below one of them (`a/b` takes
+      `a/b` and `a/b/c`, never `a/bc`): one keyword match on the ring path
+      (`contracts.index_fields.RING_PATH`).
     - `phrases`: all-of groups, any-of phrases per group: for every group, one of its
       phrases occurs in a source text field (title, body, a tag) as a phrase — its tokens,
       analyzed like indexed text, adjacent and in order (slop 0) within one value. Lexical
@@ -144,13 +148,24 @@ class SearchFilter(BaseModel):
     updated_before: datetime | None = None
     facets: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     document_ids: tuple[str, ...] | None = None
+    rings: tuple[str, ...] | None = None
+    ring_trees: tuple[str, ...] | None = None
     phrases: tuple[tuple[str, ...], ...] = ()
+
+    @field_validator("rings", "ring_trees")
+    @classmethod
+    def _ring_names(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and any(not ring or "" in ring.split("/") for ring in value):
+            raise ValueError("ring filters name rings: '/'-separated, no empty segment")
+        return value
 
     def matches_nothing(self) -> bool:
         lists = [
             self.status,
             self.visibility,
             self.document_ids,
+            self.rings,
+            self.ring_trees,
             *self.facets.values(),
             *self.phrases,
         ]

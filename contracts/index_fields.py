@@ -33,6 +33,7 @@ __all__ = [
     "NO_STEMMING",
     "REVISION",
     "RING",
+    "RING_PATH",
     "SOURCE_TEXT_FIELDS",
     "STATUS",
     "STEMMER_LANGUAGES",
@@ -50,6 +51,7 @@ __all__ = [
     "combined_text",
     "has_combined_field",
     "parse_text_languages",
+    "ring_path",
     "text_analyzer_language",
     "text_analyzer_name",
 ]
@@ -70,6 +72,9 @@ REVISION = "revision"
 ITEM_ID = "item_id"
 GALAXY = "galaxy"
 RING = "ring"
+# The record's ring and each of its ancestors ("a/b/c" -> "a", "a/b", "a/b/c"), one
+# keyword each: "ring a/b and everything below it" is one term match, not a prefix scan.
+RING_PATH = "ring_path"
 STATUS = "status"
 VISIBILITY = "visibility"
 FACETS = "facets"
@@ -117,6 +122,15 @@ STEMMER_LANGUAGES = frozenset(
 # English: Orrery's benchmark corpora and most deployments are English; a namespace in
 # another language (or mixed, like the German+English sample) says so in the settings.
 DEFAULT_TEXT_LANGUAGE = "english"
+
+
+def ring_path(ring: str) -> tuple[str, ...]:
+    """The `RING_PATH` values of a record in `ring`: the ring and its ancestors, root
+    first ("a/b/c" -> ("a", "a/b", "a/b/c")); none for the empty ring."""
+    if not ring:
+        return ()
+    parts = ring.split("/")
+    return tuple("/".join(parts[: n + 1]) for n in range(len(parts)))
 
 
 def _check_language(language: str) -> str:

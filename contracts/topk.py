@@ -207,6 +207,13 @@ class QueryPlan(BaseModel):
     indexes_used: list[str]
     reranked_count: int
     latency_ms: LatencyMs
+    engine_ms: dict[str, float] = Field(
+        default_factory=dict,
+        description="Milliseconds spent inside engine library calls while answering, by "
+        "engine call (embedded: `tantivy_search`, `tantivy_doc_reads`, "
+        "`qdrant_edge_query`); the rest of `latency_ms.total` is Orrery's own work. "
+        "Empty for a response-cache hit.",
+    )
     generation_id: str
     applied_position: int
     profile: str

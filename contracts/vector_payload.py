@@ -16,7 +16,8 @@ Payload of a point (`payload_of`):
 | `revision`    | int                                     | integer                           |
 | `item_id`     | str                                     | -                                 |
 | `galaxy`      | str                                     | keyword (tenant)                  |
-| `ring`        | str                                     | -                                 |
+| `ring`        | str                                     | keyword                           |
+| `ring_path`   | the ring and its ancestors (`ring_path`) | keyword                          |
 | `status`      | str                                     | keyword                           |
 | `visibility`  | list of labels                          | keyword                           |
 | `facets`      | sorted list of `"name=value"` strings   | keyword                           |
@@ -46,9 +47,11 @@ from contracts.index_fields import (
     ITEM_ID,
     REVISION,
     RING,
+    RING_PATH,
     STATUS,
     UPDATED_AT,
     VISIBILITY,
+    ring_path,
 )
 
 __all__ = [
@@ -87,6 +90,8 @@ PAYLOAD_INDEXES: Mapping[str, PayloadIndexKind] = {
     STATUS: "keyword",
     VISIBILITY: "keyword",
     FACETS: "keyword",
+    RING: "keyword",
+    RING_PATH: "keyword",
     DOCUMENT_ID: "keyword",
     REVISION: "integer",
     UPDATED_AT: "datetime",
@@ -183,6 +188,7 @@ def payload_of(document: IndexDocument) -> dict[str, Any]:
         ITEM_ID: document.item_id,
         GALAXY: document.galaxy,
         RING: document.ring,
+        RING_PATH: list(ring_path(document.ring)),
         STATUS: document.status,
         UPDATED_AT: utc_timestamp(document.updated_at),
         VISIBILITY: list(document.visibility),
@@ -190,6 +196,12 @@ def payload_of(document: IndexDocument) -> dict[str, Any]:
             term for name, values in document.facets.items() for term in facet_terms(name, values)
         ),
     }
+
+
+def _all_finite(vector: Sequence[float]) -> bool:
+    # A finite sum means every element is finite (an infinity or a NaN never sums back
+    # to a finite value); only a sum that overflowed needs the element-wise look.
+    return math.isfinite(sum(vector)) or all(map(math.isfinite, vector))
 
 
 def check_vector(document: IndexDocument, dimension: int | None) -> None:
@@ -204,7 +216,7 @@ def check_vector(document: IndexDocument, dimension: int | None) -> None:
         problem = "has no vector"
     elif dimension is not None and len(vector) != dimension:
         problem = f"has a {len(vector)}-d vector, the generation holds {dimension}-d vectors"
-    elif not all(math.isfinite(x) for x in vector):
+    elif not _all_finite(vector):
         problem = "has a vector with non-finite values"
     elif not any(vector):
         problem = "has an all-zero vector (cosine is undefined)"

@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from contracts.events import LogEntry
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.ports import RecordStore, StoreMaintenance
 from ingest.relay import relay_outbox
@@ -31,9 +32,13 @@ def canonical_db_path(data_dir: Path) -> Path:
     return data_dir / "orrery.sqlite"
 
 
-def embedded_store(data_dir: Path) -> RecordStore:
-    """The canonical store of the embedded deployment: SQLite with its outbox."""
-    return SqliteRecordStore(canonical_db_path(data_dir))
+def embedded_store(
+    data_dir: Path, *, on_committed: Callable[[list[LogEntry]], None] | None = None
+) -> RecordStore:
+    """The canonical store of the embedded deployment: SQLite with its outbox;
+    `on_committed` gets each committed batch's outbox events (the log of a projector in
+    the same process, which then need not read and decode them again)."""
+    return SqliteRecordStore(canonical_db_path(data_dir), on_committed=on_committed)
 
 
 def migrate_database(

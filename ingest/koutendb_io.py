@@ -50,6 +50,7 @@ from contracts.koutendb_io import (
 )
 from contracts.records import Record, RecordText, derive_document_id
 from contracts.wire import loads_strict
+from ingest.model import strings_in
 from ingest.ports import RecordStore
 from ingest.service import write_records
 
@@ -109,16 +110,6 @@ def _at(row: dict[str, Any], path: str) -> Any:
             return None
         value = value[part]
     return value
-
-
-def _text_of(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _text_of(v)]
-    if isinstance(value, list):
-        return [t for v in value for t in _text_of(v)]
-    return []
 
 
 def _payload(value: Any, *, codec: str | None = None) -> tuple[str, dict[str, Any]]:
@@ -207,7 +198,7 @@ def map_line(line: bytes, options: ImportOptions) -> dict[str, Any] | None:
             if found is not None:
                 vector = _vector(found, options.vector_dimension)
         ident = _id(None if options.id_field is None else _at(row, options.id_field), text)
-    body = "\n".join(_text_of(payload["raw"] if schema == RAW_PAYLOAD_SCHEMA else payload))
+    body = "\n".join(strings_in(payload["raw"] if schema == RAW_PAYLOAD_SCHEMA else payload))
     return {
         "namespace": options.namespace,
         "galaxy": options.galaxy,

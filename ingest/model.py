@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 __all__ = ["Decision", "Outcome", "decide_revision"]
 
@@ -36,3 +37,15 @@ def decide_revision(incoming: int, current: int | None) -> Decision:
     if current is None or incoming > current:
         return Decision.ACCEPTED
     return Decision.CONFLICT
+
+
+def strings_in(value: Any) -> list[str]:
+    """Every string inside a JSON value, depth first in document order (the text a
+    payload without text of its own is indexed by)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in strings_in(v)]
+    if isinstance(value, list):
+        return [t for v in value for t in strings_in(v)]
+    return []

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from fastapi import APIRouter, FastAPI
 
@@ -37,11 +37,19 @@ from projector.bootstrap import (
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import GenerationAdmin, GenerationOptions
-from query.bootstrap import cursor_codec, embedded_query_ports, query_limits, scope_registry
+from query.adapters.sqlite_routing import SqliteRouting
+from query.bootstrap import (
+    cursor_codec,
+    embedded_query_ports,
+    kouten_ports,
+    query_limits,
+    scope_registry,
+)
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
 from query.entrypoints.http import create_router as create_query_router
 from query.entrypoints.http import ready_check
+from query.entrypoints.koutendb_http import create_router as create_query_koutendb_router
 from query.ports import Routing
 from query.service import QueryPorts
 from query.settings import QuerySettings
@@ -152,9 +160,11 @@ def query_routers(
     *,
     admin: GenerationAdmin,
     status: Callable[[], dict[str, Any]],
+    backend: Literal["embedded", "servers"] = "embedded",
 ) -> tuple[EligibilityGate, list[APIRouter]]:
     """The read side of a process: the eligibility gate in front of both searches, and
-    Orrery's query routes and the ChonkyDB dialect over the gated ports."""
+    Orrery's query routes, the ChonkyDB dialect and (over the SQLite registry, which
+    keeps the ring statistics) KoutenDB's envelope over the gated ports."""
     routing = cast(RegistryRouting, ports.routing)
     gate = eligibility_gate(settings, admin, routing)
     gated = dataclasses.replace(
@@ -163,7 +173,7 @@ def query_routers(
         vectors=ReportingVectorSearch(ports.vectors, gate),
         eligibility=gate,
     )
-    return gate, [
+    routers = [
         create_query_router(
             ports=gated,
             limits=query_limits(settings),
@@ -176,6 +186,14 @@ def query_routers(
             ports=gated, grants=grants, ready=ready_check(routing, status, gate)
         ),
     ]
+    if isinstance(routing, SqliteRouting):
+        routers.append(
+            create_query_koutendb_router(
+                ports=kouten_ports(settings, gated, registry_path=routing.path, backend=backend),
+                grants=grants,
+            )
+        )
+    return gate, routers
 
 
 log = logging.getLogger("orrery")
@@ -219,8 +237,9 @@ class EmbeddedStack:
         data_dir = settings.data_dir
         db_path = canonical_db_path(data_dir)
         grants = parse_api_keys(settings.api_keys)
+        # Queries embed in a session of their own; an injected embedder serves both.
+        query_embedder = embedder or default_embedder(settings.query_embedder_threads)
         embedder = embedder or default_embedder(settings.embedder_threads)
-        store = embedded_store(data_dir)
         projector = embedded_projector(
             data_dir,
             db_path,
@@ -228,6 +247,7 @@ class EmbeddedStack:
             batch_size=settings.projector_batch_size,
             text_languages=settings.text_languages(),
         )
+        store = embedded_store(data_dir, on_committed=projector.log.remember)
         for generation_id in projector.state.fail_orphaned_builds(ORPHANED_BUILD, older_than=None):
             log.warning("generation %s: %s; marked failed", generation_id, ORPHANED_BUILD)
         loop = ProjectorLoop(projector.step, poll_seconds=settings.projector_poll_seconds)
@@ -241,7 +261,7 @@ class EmbeddedStack:
         )
         ports = embedded_query_ports(
             db_path,
-            embedder=embedder,
+            embedder=query_embedder,
             lexical_index_provider=projector.lexical.searchable,
             vector_shard_provider=projector.vectors.shard_for,
             cache_responses=settings.cache_responses,

@@ -161,8 +161,11 @@ class ServerStack:
             stack.relay = RelayLoop(step, poll_seconds=settings.projector_poll_seconds * 4)
             stack.closers.append(close)
         needs_embedder = Role.PROJECTOR in roles or Role.QUERY in roles
+        # Queries embed in a session of their own; an injected embedder serves both.
+        query_embedder = embedder
         if needs_embedder and embedder is None:
             embedder = default_embedder(settings.embedder_threads)
+            query_embedder = default_embedder(settings.query_embedder_threads)
         shared_qdrant = None
         if Role.PROJECTOR in roles or Role.QUERY in roles:
             shared_qdrant = qdrant_client(settings)
@@ -210,10 +213,10 @@ class ServerStack:
                 store_admin_router(settings, exclusive=writer_lock.hold, log_is_outbox=False)
             )
         if Role.QUERY in roles:
-            assert embedder is not None
+            assert embedder is not None and query_embedder is not None
             ports, close_ports = server_query_ports(
                 db_path,
-                embedder=embedder,
+                embedder=query_embedder,
                 opensearch_url=settings.opensearch_url,
                 opensearch_index_prefix=settings.opensearch_index_prefix,
                 qdrant=shared_qdrant,
@@ -257,7 +260,7 @@ class ServerStack:
             # A promote killed between the pointer flip and the alias mirror heals here.
             stack.admin.mirror_live_aliases()
             stack.gate, readers = query_routers(
-                settings, ports, grants, admin=stack.admin, status=stack.status
+                settings, ports, grants, admin=stack.admin, status=stack.status, backend="servers"
             )
             routers.append(create_admin_router(stack.admin, admin_key=settings.admin_key))
             stack.app = build_app(

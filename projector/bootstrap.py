@@ -18,6 +18,7 @@ from contracts.names import live_alias_name
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
+from projector.adapters.sqlite_ring_stats import SqliteRingStatistics
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
 from projector.adapters.subprocess_bulk_load import SubprocessBulkLoader
@@ -29,7 +30,8 @@ from projector.generations import (
     GenerationPorts,
     LogHandover,
 )
-from projector.ports import AliasMirror, EngineReadback, EventLog
+from projector.ports import AliasMirror, EngineReadback, EventLog, VectorIndex
+from projector.ring_stats import RingStatsVectorIndex
 from projector.service import BatchReport, project_batch, schema_digest
 
 if TYPE_CHECKING:
@@ -90,6 +92,14 @@ def _server_snapshot(db_path: Path, database_url: str | None) -> CanonicalSnapsh
     return PostgresCanonicalSnapshot(database_url)
 
 
+def _server_writes(
+    vectors: VectorIndex, db_path: Path, database_url: str | None
+) -> RingStatsVectorIndex:
+    """The vector index server mode writes through: with ring statistics in the SQLite
+    registry; on PostgreSQL without (no KoutenDB envelope there yet)."""
+    return RingStatsVectorIndex(vectors, None if database_url else SqliteRingStatistics(db_path))
+
+
 def writer_lock_path(data_dir: Path) -> Path:
     """The generation writer lock shared by every process working on `data_dir`."""
     return data_dir / "generations.lock"
@@ -127,10 +137,13 @@ class EmbeddedProjector:
     step: Callable[[], BatchReport]
     lock: FileWriterLock
     data_dir: Path
-    deferred: DeferredWrites = field(default_factory=DeferredWrites)
-    text_languages: TextLanguages = field(default_factory=TextLanguages)
+    deferred: DeferredWrites
+    text_languages: TextLanguages
+    # The vector index every write goes through: ring statistics are kept with it.
+    writes: RingStatsVectorIndex
 
     def close(self) -> None:
+        self.writes.close()
         self.vectors.close()
         self.lexical.close()
         self.log.close()
@@ -160,6 +173,7 @@ def embedded_projector(
     log = SqliteOutboxLog(db_path, start_after=state.position(CONSUMER))
     lexical = TantivyLexicalIndex(data_dir / "generations" / "lexical")
     vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
+    writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
     lock = FileWriterLock(writer_lock_path(data_dir))
     deferred = DeferredWrites()
     step = functools.partial(
@@ -167,7 +181,7 @@ def embedded_projector(
         log=log,
         state=deferred.wrap(state),
         lexical=lexical,
-        vectors=vectors,
+        vectors=writes,
         embedder=embedder,
         cache=state,
         lexical_engine=LEXICAL_ENGINE,
@@ -181,7 +195,7 @@ def embedded_projector(
         text_languages=languages,
     )
     return EmbeddedProjector(
-        state, log, lexical, vectors, embedder, step, lock, data_dir, deferred, languages
+        state, log, lexical, vectors, embedder, step, lock, data_dir, deferred, languages, writes
     )
 
 
@@ -244,7 +258,7 @@ def embedded_generation_admin(
             cache=projector.state,
             snapshot=SqliteCanonicalSnapshot(db_path),
             lexical=projector.lexical,
-            vectors=projector.vectors,
+            vectors=projector.writes,
             lexical_readback=projector.lexical,
             vector_readback=projector.vectors,
             lock=projector.lock,
@@ -298,6 +312,7 @@ def bulk_load_ports(
     snapshot = SqliteCanonicalSnapshot(db_path)
     lexical = TantivyLexicalIndex(data_dir / "generations" / "lexical")
     vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
+    writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
     ports = GenerationPorts(
         registry=state,
         contents=state,
@@ -306,7 +321,7 @@ def bulk_load_ports(
         cache=state,
         snapshot=snapshot,
         lexical=lexical,
-        vectors=vectors,
+        vectors=writes,
         lexical_readback=lexical,
         vector_readback=vectors,
         lock=_NoLock(),
@@ -321,6 +336,7 @@ def bulk_load_ports(
     )
 
     def close() -> None:
+        writes.close()
         vectors.close()
         lexical.close()
         snapshot.close()
@@ -341,9 +357,11 @@ class ServerProjector:
     embedder: Embedder
     step: Callable[[], BatchReport]
     lock: FileWriterLock | PostgresWriterLock
+    writes: RingStatsVectorIndex
 
     def close(self) -> None:
         self.log.close()
+        self.writes.close()
         self.vectors.close()
         self.lexical.close()
         self.state.close()
@@ -398,6 +416,7 @@ def server_projector(
         refresh_interval=opensearch_refresh_interval,
     )
     vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
+    writes = _server_writes(vectors, db_path, database_url)
 
     def topology(generation_id: str) -> Topology:
         return _server_topology(lexical, vectors, generation_id)
@@ -407,7 +426,7 @@ def server_projector(
         log=log,
         state=state,
         lexical=lexical,
-        vectors=vectors,
+        vectors=writes,
         embedder=embedder,
         cache=state,
         lexical_engine="opensearch",
@@ -420,7 +439,7 @@ def server_projector(
         health=state,
         text_languages=text_languages or TextLanguages(),
     )
-    return ServerProjector(state, log, lexical, vectors, embedder, step, lock)
+    return ServerProjector(state, log, lexical, vectors, embedder, step, lock, writes)
 
 
 def _server_topology(
@@ -468,6 +487,7 @@ def server_generation_admin(
             projector.vectors,
             projector.lock,
         )
+        writes = projector.writes
     else:
         state, lock = _server_state(db_path, lock_path, database_url)
         lexical = OpenSearchLexicalIndex(
@@ -476,7 +496,8 @@ def server_generation_admin(
             refresh_interval=opensearch_refresh_interval,
         )
         vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
-        closers += [lexical.close, state.close, lock.close]
+        writes = _server_writes(vectors, db_path, database_url)
+        closers += [lexical.close, writes.close, state.close, lock.close]
 
     def alias_name(engine: str, namespace: str, kind: str) -> str:
         if engine == "opensearch":
@@ -497,7 +518,7 @@ def server_generation_admin(
             cache=state,
             snapshot=snapshot,
             lexical=lexical,
-            vectors=vectors,
+            vectors=writes,
             lexical_readback=lexical_readback,
             vector_readback=vector_readback,
             lock=lock,

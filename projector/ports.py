@@ -33,6 +33,7 @@ __all__ = [
     "LogHealth",
     "ProjectionState",
     "RegistrySnapshot",
+    "RingStatistics",
     "SnapshotKeys",
     "Undecodable",
     "VectorCache",
@@ -100,6 +101,27 @@ class VectorIndex(Protocol):
     ) -> None: ...
 
     def evidence(self, generation_id: str) -> IndexEvidence: ...
+
+    def drop(self, generation_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RingStatistics(Protocol):
+    """Per generation, galaxy and ring: the live documents, the sum of their vectors and
+    the sum of their unit vectors (a ring's centroid and coherence follow from these).
+
+    Guarantees: `apply` takes what a `VectorIndex.apply` call takes, in one transaction,
+    idempotent on `(document_id, revision)` like the engines; a document's contribution
+    moves with it (a changed ring or vector, a delete). `drop` forgets a generation.
+    """
+
+    def apply(
+        self,
+        generation_id: str,
+        upserts: Sequence[IndexDocument],
+        deletes: Sequence[tuple[str, int]],
+    ) -> None: ...
 
     def drop(self, generation_id: str) -> None: ...
 

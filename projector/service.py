@@ -38,7 +38,9 @@ log_ = logging.getLogger("orrery.projector")
 # Bump when the index schema (fields, analyzers, payload indexes) changes.
 # 2: the combined `text` field; the text analyzer is named per generation.
 # 3: payload-aware HNSW links only for `contracts.vector_payload.GRAPH_FIELDS`.
-SCHEMA_VERSION = 3
+# 4: `ring_path` (a record's ring and its ancestors) in every engine; `ring` and
+#    `ring_path` payload indexes in the Qdrant engines (ring filters, issue 12).
+SCHEMA_VERSION = 4
 
 
 @dataclass(slots=True)

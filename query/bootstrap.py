@@ -5,14 +5,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from contracts.embedding import Embedder
 from query.adapters.memory_cache import MemoryCache
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
+from query.adapters.sqlite_koutendb import SqliteKoutenStore
+from query.adapters.sqlite_ring_stats import SqliteRingStats
 from query.adapters.sqlite_routing import SqliteRecordReader, SqliteRouting
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from query.cursors import CursorCodec, parse_cursor_keys
+from query.koutendb import KoutenPorts, RingTables
 from query.phrases import VocabularyRegistry, parse_vocabularies
 from query.ports import Cache, RecordReader
 from query.profiles import ProfileRegistry, parse_profiles
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "cursor_codec",
     "embedded_query_ports",
+    "kouten_ports",
     "profile_registry",
     "query_limits",
     "scope_registry",
@@ -189,3 +193,23 @@ def server_query_ports(
         cursors=cursors,
     )
     return ports, close
+
+
+def kouten_ports(
+    settings: QuerySettings,
+    ports: QueryPorts,
+    *,
+    registry_path: Path,
+    backend: Literal["embedded", "servers"],
+) -> KoutenPorts:
+    """The KoutenDB envelope's ports: ring statistics from the registry database,
+    profiles and kept envelopes in `DATA_DIR/koutendb.sqlite`."""
+    store = SqliteKoutenStore(settings.data_dir / "koutendb.sqlite")
+    return KoutenPorts(
+        query=ports,
+        limits=query_limits(settings),
+        tables=RingTables(SqliteRingStats(registry_path)),
+        profiles=store,
+        envelopes=store,
+        backend=backend,
+    )

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 from contracts.generations import CoverageFallback, EvidenceCheck
@@ -13,14 +16,20 @@ from contracts.index import Candidate, SearchFilter
 
 __all__ = [
     "Cache",
+    "EnvelopeLog",
     "EvidenceSource",
+    "KeptEnvelope",
     "LexicalSearch",
     "ProjectorLogStatus",
     "RecordReader",
+    "RingStat",
+    "RingStatistics",
     "Route",
     "RouteAdmission",
     "Routing",
     "ScopeReadiness",
+    "SearchProfiles",
+    "StoredProfile",
     "StoredRecord",
     "VectorSearch",
 ]
@@ -245,3 +254,88 @@ class Cache(Protocol):
     def set(self, key: str, value: bytes, ttl_seconds: float) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RingStat:
+    """One ring of one galaxy in one generation: its live documents, the sum of their
+    vectors and the sum of their unit vectors (float64, the embedder's dimension)."""
+
+    ring: str
+    documents: int
+    vector_sum: npt.NDArray[np.float64]
+    unit_sum: npt.NDArray[np.float64]
+
+
+class RingStatistics(Protocol):
+    """Ring statistics the projector keeps per generation (`projector.ports`).
+
+    Guarantees: `rings` lists every ring of `galaxy` holding live documents in the
+    generation (the empty ring too), as of one committed write; nothing is computed
+    from the documents at query time.
+    """
+
+    def rings(self, generation_id: str, galaxy: str) -> list[RingStat]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredProfile:
+    """A named search profile of a namespace: its three words and a note."""
+
+    name: str
+    amount: str
+    scope: str
+    depth: str
+    note: str = ""
+
+
+class SearchProfiles(Protocol):
+    """Named KoutenDB search profiles per namespace, persisted.
+
+    Guarantees: `put` replaces a profile of the same name; what `put` stored is what
+    `profiles` lists (ordered by name) until `delete` removes it.
+    """
+
+    def profiles(self, namespace: str) -> list[StoredProfile]: ...
+
+    def put(self, namespace: str, profile: StoredProfile) -> None: ...
+
+    def delete(self, namespace: str, name: str) -> bool:
+        """Remove a profile; whether it existed."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptEnvelope:
+    """An envelope kept for the utility loop: who asked (namespace, galaxy), which plan
+    (base ring, profile, budget), the returned chunk ids and rings in rank order, and the
+    feedback (None until posted)."""
+
+    request_id: str
+    namespace: str
+    galaxy: str
+    base_ring: str
+    profile: str
+    budget: int
+    created_at: datetime
+    chunk_ids: tuple[str, ...]
+    chunk_rings: tuple[str, ...]
+    used: tuple[str, ...] | None = None
+    ignored: tuple[str, ...] | None = None
+
+
+class EnvelopeLog(Protocol):
+    """Envelopes by request id for a limited time (the KoutenDB feedback loop).
+
+    Guarantees: `keep` replaces an envelope of the same request id (its feedback too);
+    `envelope` and `window` never return one kept before `since` / older than the
+    retention the caller asks for; `feedback` replaces earlier feedback.
+    """
+
+    def keep(self, envelope: KeptEnvelope) -> None: ...
+
+    def envelope(self, request_id: str, since: datetime) -> KeptEnvelope | None: ...
+
+    def feedback(self, request_id: str, used: Sequence[str], ignored: Sequence[str]) -> None: ...
+
+    def window(self, namespace: str, galaxy: str, since: datetime) -> list[KeptEnvelope]:
+        """The envelopes of a namespace and galaxy kept at or after `since`, oldest first."""

@@ -18,6 +18,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
 from contracts.phrases import PhrasePlan, PhrasePlanReport
 from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
+from contracts.timing import engine_clock
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
     CandidateOut,
@@ -43,12 +44,24 @@ from query.ports import (
     Route,
     RouteAdmission,
     Routing,
+    StoredRecord,
     VectorSearch,
 )
 from query.profiles import ProfileRegistry
 from query.scopes import ScopeResolver, ScopeTarget, merge_filters
 
-__all__ = ["Principal", "QueryEmbeddingCache", "QueryLimits", "QueryPorts", "topk_records"]
+__all__ = [
+    "Principal",
+    "QueryEmbeddingCache",
+    "QueryLimits",
+    "QueryPorts",
+    "RingHit",
+    "RingHits",
+    "RingSearch",
+    "admitted_route",
+    "search_rings",
+    "topk_records",
+]
 
 log = logging.getLogger("orrery.query")
 
@@ -118,6 +131,10 @@ class QueryEmbeddingCache:
     def embedder_id(self) -> str:
         return self._embedder.embedder_id
 
+    @property
+    def dimension(self) -> int:
+        return self._embedder.dimension
+
     def vector(self, text: str) -> tuple[float, ...]:
         with self._lock:
             hit = self._items.get(text)
@@ -185,6 +202,8 @@ class _Stopwatch:
             0.0,
         )
         self.plan: dict[str, Any] = {}
+        # Milliseconds inside engine library calls (`contracts.timing`), by engine.
+        self.engine_ms: dict[str, float] = {}
         self._mark = self.start
 
     def lap(self, stage: str) -> None:
@@ -396,6 +415,8 @@ class _Ranked:
     paging: _Paging | None = None
     pinned_generation: str | None = None
     phrase_plan: PhrasePlanReport | None = None
+    # The vector source's own scores (cosine), by document id.
+    vector_scores: dict[str, float] = field(default_factory=dict)
 
     def top(self, limit: int) -> list[FusedCandidate]:
         """This answer's candidates: the page of a paged request, else the top `limit`."""
@@ -425,6 +446,7 @@ class _Resolved:
     pinned: str | None
     search_filter: SearchFilter
     lexical_text: str
+    query_vector: tuple[float, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -461,6 +483,12 @@ class _Ask:
     bound: dict[str, Any] | None = None
     phrase_plan: PhrasePlan | None = None
     report_plan: bool = True
+    # The query vector to search with instead of embedding `query_text`.
+    query_vector: tuple[float, ...] | None = None
+    # Only documents in exactly these rings (`SearchFilter.rings`).
+    rings: tuple[str, ...] | None = None
+    # Read this generation (as a cursor's pin does), not the live one.
+    generation_id: str | None = None
 
 
 def _rank(
@@ -495,8 +523,9 @@ def _rank(
     if cache_probe is not None and cache_probe(q.route, q.profile, watch, _cache_extra(q)):
         ranked.cached = True
         return ranked
-    sources = _search_sources(q, ports, watch)
-    _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=ask.report_plan)
+    with engine_clock() as watch.engine_ms:
+        sources = _search_sources(q, ports, watch)
+        _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=ask.report_plan)
     watch.lap("rerank")
     return ranked
 
@@ -513,7 +542,13 @@ def _resolve(ask: _Ask, *, ports: QueryPorts, limits: QueryLimits, watch: _Stopw
     target = resolver.target(namespace, scope_ref)
     # A scope's fixed filters narrow like the request's own.
     filters = merge_filters(ask.filters, target.definition.filters)
-    if not text and filters.is_empty() and ask.allowed_doc_ids is None and not phrases.narrows:
+    if (
+        not text
+        and ask.query_vector is None
+        and filters.is_empty()
+        and ask.allowed_doc_ids is None
+        and not phrases.narrows
+    ):
         raise OrreryError(
             ErrorCode.EMPTY_QUERY, "query_text is empty and no filter narrows the scope"
         )
@@ -535,7 +570,9 @@ def _resolve(ask: _Ask, *, ports: QueryPorts, limits: QueryLimits, watch: _Stopw
     depths = limits.depths(profile, limit) if paging is None else paging.depths
     watch.plan.update(profile=profile.id, candidate_depths=depths)
     cursor_generation = (
-        None if paging is None or paging.position is None else (paging.position.generation_id)
+        ask.generation_id
+        if paging is None or paging.position is None
+        else (paging.position.generation_id)
     )
     route = resolver.route(namespace, target, generation_id=cursor_generation)
     pinned = target.pinned_generation or cursor_generation
@@ -543,6 +580,8 @@ def _resolve(ask: _Ask, *, ports: QueryPorts, limits: QueryLimits, watch: _Stopw
     if pinned is not None:
         watch.plan.update(pinned_generation=pinned)
     search_filter = phrases.restrict(_search_filter(filters, galaxy, ask.allowed_doc_ids))
+    if ask.rings is not None:
+        search_filter = search_filter.model_copy(update={"rings": ask.rings})
     watch.plan.update(generation_id=route.generation_id, applied_position=route.applied_position)
     return _Resolved(
         text=text,
@@ -558,6 +597,7 @@ def _resolve(ask: _Ask, *, ports: QueryPorts, limits: QueryLimits, watch: _Stopw
         pinned=pinned,
         search_filter=search_filter,
         lexical_text=phrases.lexical_text(text),
+        query_vector=ask.query_vector,
     )
 
 
@@ -623,9 +663,12 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
     """Stages 2 and 3: embed the query (lap `candidate_fetch`), then search the lexical
     and the vector index, both restricted before scoring (lap `index_search`)."""
     profile = q.profile
-    use_vector = bool(q.text) and profile.vector_weight > 0.0
+    use_vector = (bool(q.text) or q.query_vector is not None) and profile.vector_weight > 0.0
+    given = q.query_vector
     sources = _Sources(
-        query_vector=ports.query_vectors.vector(q.text) if use_vector else None,
+        query_vector=(given if given is not None else ports.query_vectors.vector(q.text))
+        if use_vector
+        else None,
         lexical=[],
         vector=[],
         indexes_used=[],
@@ -698,6 +741,7 @@ def _fuse_and_page(
     if q.paging is not None:
         _finish_page(q.paging, fused, q.route, q.now)
     ranked.fused = fused
+    ranked.vector_scores = {c.document_id: c.score for c in sources.vector}
     ranked.candidate_count = len(fused)
     ranked.indexes_used = sources.indexes_used
     ranked.source_counts = sources.counts
@@ -751,6 +795,7 @@ def _plan(ranked: _Ranked, mode: str, cache: str = "disabled") -> QueryPlan:
         indexes_used=ranked.indexes_used,
         reranked_count=len(ranked.fused),
         latency_ms=ranked.watch.latency(),
+        engine_ms={k: round(v, 3) for k, v in sorted(ranked.watch.engine_ms.items())},
         generation_id=ranked.route.generation_id,
         applied_position=ranked.route.applied_position,
         profile=ranked.profile.id,
@@ -984,7 +1029,9 @@ def _from_cache(
                 }
             )
     if plan is not None:
-        plan = plan.model_copy(update={"latency_ms": ranked.watch.latency(), "cache": "hit"})
+        plan = plan.model_copy(
+            update={"latency_ms": ranked.watch.latency(), "engine_ms": {}, "cache": "hit"}
+        )
     return cached.model_copy(
         update={
             "client_request_id": client_request_id,
@@ -1050,4 +1097,119 @@ def _breakdown(candidate: FusedCandidate) -> ScoreBreakdown:
         vector=round(candidate.vector, 6),
         freshness=round(candidate.freshness, 6),
         metadata=round(candidate.metadata, 6),
+    )
+
+
+def admitted_route(
+    namespace: str, scope_ref: str, *, principal: Principal, ports: QueryPorts
+) -> Route:
+    """The eligible generation a request on `scope_ref` reads now (after the key's
+    namespace is checked): what `search_rings` is then pinned to, so that planning and
+    searching see one generation."""
+    _authorize(principal, namespace, QueryFilters())
+    resolver = ports.scopes or ScopeResolver(ports.routing)
+    target = resolver.target(namespace, scope_ref)
+    route = resolver.route(namespace, target)
+    return _admit(route, scope_ref, target.pinned_generation, ports)
+
+
+@dataclass(frozen=True, slots=True)
+class RingSearch:
+    """A ranking restricted to rings before scoring (the KoutenDB envelope's search).
+
+    `rings`: only documents in exactly these rings (None: the whole galaxy);
+    `query_vector`: searched with instead of embedding `query_text`; `mode`: `hybrid`
+    (both sources, the fusion profile), `vector` (cosine only: no lexical source, no
+    freshness or metadata component) or `lexical` (BM25 only); `generation_id`: the
+    generation to read (`admitted_route`'s).
+    """
+
+    principal: Principal
+    namespace: str
+    scope_ref: str
+    galaxy: str
+    mode: str
+    limit: int
+    generation_id: str
+    query_text: str = ""
+    query_vector: tuple[float, ...] | None = None
+    rings: tuple[str, ...] | None = None
+    profile_id: str | None = None
+    timeout_seconds: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class RingHit:
+    """One ranked document: its score (the fused score; the cosine in `vector` mode)
+    and its stored revision."""
+
+    document_id: str
+    score: float
+    record: StoredRecord
+
+
+@dataclass(frozen=True, slots=True)
+class RingHits:
+    route: Route
+    profile: str
+    hits: list[RingHit]
+    latency: LatencyMs
+
+
+_MODE_RANKING = {
+    "hybrid": Ranking(),
+    "vector": Ranking(lexical_weight=0.0, freshness_weight=0.0, metadata_weight=0.0),
+    "lexical": Ranking(vector_weight=0.0),
+}
+
+
+def search_rings(request: RingSearch, *, ports: QueryPorts, limits: QueryLimits) -> RingHits:
+    """Rank with the hybrid pipeline (`topk_records`' stages), restricted to
+    `request.rings` in every source before scoring, and read the top `limit` documents
+    at the revisions ranked. No response cache: the envelope is built per request."""
+    ranked = _rank(
+        _Ask(
+            principal=request.principal,
+            namespace=request.namespace,
+            scope_ref=request.scope_ref,
+            query_text=request.query_text,
+            filters=QueryFilters(galaxy=request.galaxy),
+            profile_id=request.profile_id,
+            ranking=_MODE_RANKING[request.mode],
+            limit=request.limit,
+            allowed_doc_ids=None,
+            timeout_seconds=request.timeout_seconds,
+            endpoint="koutendb",
+            report_plan=False,
+            query_vector=request.query_vector,
+            rings=request.rings,
+            generation_id=request.generation_id,
+        ),
+        ports=ports,
+        limits=limits,
+    )
+    top = ranked.top(request.limit)
+    stored = ports.records.fetch([(c.document_id, c.revision) for c in top])
+    hits: list[RingHit] = []
+    for candidate in top:
+        row = stored.get((candidate.document_id, candidate.revision))
+        if row is None:
+            raise OrreryError(
+                ErrorCode.COVERAGE_UNAVAILABLE,
+                f"document {candidate.document_id} revision {candidate.revision} is "
+                "indexed but missing from the record store",
+                {"generation_id": ranked.route.generation_id},
+            )
+        score = (
+            ranked.vector_scores.get(candidate.document_id, 0.0)
+            if request.mode == "vector"
+            else candidate.score
+        )
+        hits.append(RingHit(candidate.document_id, round(score, 6), row))
+    ranked.watch.lap("payload_materialize")
+    return RingHits(
+        route=ranked.route,
+        profile=ranked.profile.id,
+        hits=hits,
+        latency=ranked.watch.latency(),
     )

@@ -108,9 +108,16 @@ class QuerySettings(BaseSettings):
         description="Candidates per source of paged requests (page_size or cursor): the "
         "window pages can reach; None = the usual candidate depths",
     )
-    projector_batch_size: int = Field(default=512, ge=1, le=100_000)
+    projector_batch_size: int = Field(default=2_048, ge=1, le=100_000)
     projector_poll_seconds: float = Field(default=0.05, gt=0.0)
     embedder_threads: int = Field(default=2, ge=1, le=64)
+    query_embedder_threads: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Threads of the query worker's own embedding session (query texts "
+        "only): a document batch being embedded never holds a query's embedding up",
+    )
     optimize_interval_seconds: float = Field(default=5.0, gt=0.0)
     cache_responses: bool = True
     response_ttl_seconds: float = Field(default=300.0, gt=0.0)

@@ -44,6 +44,46 @@ def require_server(name: str) -> str:
     pytest.skip(reason)
 
 
+# Every OpenSearch index and Qdrant collection a test creates is named under
+# `orrery-test-<tag>` with a tag from `run_tag()`; the session drops them all at its end.
+# (A Qdrant node holding a few hundred leftover collections runs out of memory maps and
+# aborts: "failed to allocate an alternative stack".)
+_RUN_TAGS: list[str] = []
+
+
+def run_tag() -> str:
+    """A fresh tag for engine resource names (`orrery-test-<tag>…`), dropped after the run."""
+    tag = uuid.uuid4().hex[:8]
+    _RUN_TAGS.append(tag)
+    return tag
+
+
+def drop_engine_resources(prefix: str) -> None:
+    """Delete the OpenSearch indexes and Qdrant collections whose names start with
+    `prefix` (best effort: a server that is gone has nothing left to drop)."""
+    import httpx
+
+    urls = server_urls()
+    try:
+        if urls.get("opensearch"):
+            httpx.delete(f"{urls['opensearch']}/{prefix}*", timeout=60)
+        if urls.get("qdrant"):
+            qdrant = urls["qdrant"]
+            listed = httpx.get(f"{qdrant}/collections", timeout=30).json()
+            for collection in listed["result"]["collections"]:
+                if collection["name"].startswith(prefix):
+                    httpx.delete(f"{qdrant}/collections/{collection['name']}", timeout=60)
+    except httpx.HTTPError:
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_run_resources() -> Iterator[None]:
+    yield
+    for tag in _RUN_TAGS:
+        drop_engine_resources(f"orrery-test-{tag}")
+
+
 @contextlib.contextmanager
 def new_database() -> Iterator[str]:
     """The URL of a new, empty database on the harness's PostgreSQL, dropped afterwards

@@ -19,7 +19,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from contracts.errors import ErrorCode, OrreryError
-from contracts.events import RecordChanged
+from contracts.events import record_changed_json
 from contracts.records import Record, payload_sha256
 from ingest.adapters.postgres_db import driver_errors, open_pool
 from ingest.model import Decision, Outcome, decide_revision
@@ -143,7 +143,7 @@ class PostgresRecordStore:
                         r.revision,
                         r.namespace,
                         r.snapshot_kind,
-                        RecordChanged(record=r).model_dump_json(),
+                        record_changed_json(r.model_dump_json()),
                         now,
                     )
                     for offset, (_, r) in enumerate(accepted)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts.errors import DependencyUnavailable
+from contracts.events import outbox_event_json
 from ingest.adapters.sqlite_store import SCHEMA, connect
 from ingest.relay_ports import OutboxRow
 
@@ -45,13 +46,18 @@ class SqliteOutboxReader:
         try:
             with self._lock:
                 rows = self._conn.execute(
-                    "SELECT position, document_id, namespace, event_json FROM outbox "
-                    "WHERE published_at IS NULL ORDER BY position LIMIT ?",
+                    "SELECT o.position, o.document_id, o.namespace, o.event_json, r.record_json "
+                    "FROM outbox o LEFT JOIN records r ON r.document_id = o.document_id "
+                    "AND r.revision = o.revision "
+                    "WHERE o.published_at IS NULL ORDER BY o.position LIMIT ?",
                     (limit,),
                 ).fetchall()
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
-        return [OutboxRow(int(pos), str(doc), str(ns), str(body)) for pos, doc, ns, body in rows]
+        return [
+            OutboxRow(int(pos), str(doc), str(ns), str(outbox_event_json(event, record)))
+            for pos, doc, ns, event, record in rows
+        ]
 
     def mark_published(self, positions: Sequence[int]) -> None:
         if not positions:

@@ -35,6 +35,7 @@ from contracts.errors import ErrorCode, OrreryError
 from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.wire import loads_strict, validate_strict
+from ingest.model import strings_in
 from ingest.ports import Head, RecordStore
 from ingest.service import check_batch_size, parse_batch, write_records
 
@@ -55,16 +56,6 @@ def _uri_parts(uri: str | None) -> tuple[str | None, str | None]:
     namespace = unquote(parts[0]) or None
     kind = unquote(parts[1]) if len(parts) > 1 and parts[1] else None
     return namespace, kind
-
-
-def _text_of(value: Any) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _text_of(v)]
-    if isinstance(value, list):
-        return [t for v in value for t in _text_of(v)]
-    return []
 
 
 def to_record(item: BulkRecordItem, grant: ApiKeyGrant | None) -> dict[str, Any]:
@@ -101,7 +92,7 @@ def to_record(item: BulkRecordItem, grant: ApiKeyGrant | None) -> dict[str, Any]
         metadata.pop(key, None)
     if item.uri is not None:
         metadata.setdefault("origin_uri", item.uri)
-    body = item.content if item.content is not None else "\n".join(_text_of(payload))
+    body = item.content if item.content is not None else "\n".join(strings_in(payload))
     return {
         "namespace": namespace,
         "galaxy": item.galaxy

@@ -12,6 +12,7 @@ from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.errors import ErrorCode
 from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.openapi import operation
+from contracts.records import Record
 from contracts.wire import loads_strict
 from ingest.ports import RecordStore
 from ingest.service import parse_batch, write_records
@@ -48,14 +49,20 @@ def create_router(
         record was accepted; 4xx with nothing written when any record is invalid.
         """
         grant = authenticate(grants, x_api_key, authorization)
-        raw = loads_strict(await request.body())
-        records = parse_batch(
-            raw,
-            max_batch=max_batch,
-            vector_dimension=vector_dimension,
-            allowed_namespace=None if grant is None else grant.namespace,
-            allowed_galaxy=None if grant is None else grant.galaxy,
-        )
+        raw = await request.body()
+
+        def parse() -> list[Record]:
+            return parse_batch(
+                loads_strict(raw),
+                max_batch=max_batch,
+                vector_dimension=vector_dimension,
+                allowed_namespace=None if grant is None else grant.namespace,
+                allowed_galaxy=None if grant is None else grant.galaxy,
+            )
+
+        # Parsing a batch of vectors takes tens of ms: off the event loop, which keeps
+        # answering queries meanwhile.
+        records = await run_in_threadpool(parse)
         result = await run_in_threadpool(write_records, records, store=store, on_commit=on_commit)
         if result.accepted == 0:
             body = {

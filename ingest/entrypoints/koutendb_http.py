@@ -167,6 +167,22 @@ def create_router(
     the snapshot kind a scope ref names (`404 unknown_scope` otherwise)."""
     router = APIRouter(tags=["koutendb"])
 
+    def target(
+        request: Request,
+        known: frozenset[str],
+        x_api_key: str | None,
+        authorization: str | None,
+    ) -> tuple[dict[str, str], str, str, str]:
+        """The request's parameters and the namespace, galaxy and snapshot kind it may
+        reach (401/403/404 otherwise)."""
+        grant = authenticate(grants, x_api_key, authorization)
+        params = _params(request, known)
+        namespace = _namespace(grant, params)
+        galaxy = resolve_galaxy(grant, params.get("galaxy"))
+        check_reach(grant, namespace, galaxy)
+        kind = resolve_scope(namespace, params.get("scopeRef") or DEFAULT_SCOPE_REF)
+        return params, namespace, galaxy, kind
+
     @router.post(
         IMPORT_PATH,
         openapi_extra={**declare(Access.WRITE), **_import_openapi()},
@@ -179,12 +195,7 @@ def create_router(
         """Import JSON lines (KoutenDB dump lines or any NoSQL export) into one galaxy of
         one scope, `batchSize` records per store transaction. A line that cannot become a
         record is counted in `errors` with its line number; the import goes on."""
-        grant = authenticate(grants, x_api_key, authorization)
-        params = _params(request, _IMPORT_PARAMS)
-        namespace = _namespace(grant, params)
-        galaxy = resolve_galaxy(grant, params.get("galaxy"))
-        check_reach(grant, namespace, galaxy)
-        kind = resolve_scope(namespace, params.get("scopeRef") or DEFAULT_SCOPE_REF)
+        params, namespace, galaxy, kind = target(request, _IMPORT_PARAMS, x_api_key, authorization)
         options = ImportOptions(
             namespace=namespace,
             snapshot_kind=kind,
@@ -233,12 +244,7 @@ def create_router(
         """The live records of one galaxy of one scope as `koutendb.dump.v1` JSON lines:
         a `meta` line, a `ring` line per ring (implied parents too), a `document` line per
         record (`vec` when `includeVectors` and the record carries its own vector)."""
-        grant = authenticate(grants, x_api_key, authorization)
-        params = _params(request, _DUMP_PARAMS)
-        namespace = _namespace(grant, params)
-        galaxy = resolve_galaxy(grant, params.get("galaxy"))
-        check_reach(grant, namespace, galaxy)
-        kind = resolve_scope(namespace, params.get("scopeRef") or DEFAULT_SCOPE_REF)
+        params, namespace, galaxy, kind = target(request, _DUMP_PARAMS, x_api_key, authorization)
         lines = dump_lines(
             store=store,
             namespace=namespace,

@@ -56,6 +56,7 @@ from contracts.index_fields import (
     NO_STEMMING,
     REVISION,
     RING,
+    RING_PATH,
     SOURCE_TEXT_FIELDS,
     STATUS,
     TAGS,
@@ -69,6 +70,7 @@ from contracts.index_fields import (
     VISIBILITY,
     combined_text,
     has_combined_field,
+    ring_path,
     text_analyzer_language,
 )
 from projector.model import check_keywords, newest_operations
@@ -203,7 +205,7 @@ def _mappings(text_analyzer: str) -> dict[str, Any]:
     keyword = {"type": "keyword"}
     text_fields = TEXT_FIELDS if has_combined_field(text_analyzer) else SOURCE_TEXT_FIELDS
     properties: dict[str, Any] = {name: dict(text) for name in text_fields}
-    for name in (DOCUMENT_ID, ITEM_ID, GALAXY, RING, STATUS, VISIBILITY, FACETS):
+    for name in (DOCUMENT_ID, ITEM_ID, GALAXY, RING, RING_PATH, STATUS, VISIBILITY, FACETS):
         properties[name] = dict(keyword)
     properties[REVISION] = {"type": "long"}
     # Millisecond precision, for outside readers; filters use the exact microseconds.
@@ -551,6 +553,7 @@ def _source(document: IndexDocument, combined: bool) -> dict[str, Any]:
         ITEM_ID: document.item_id,
         GALAXY: document.galaxy,
         RING: document.ring,
+        RING_PATH: list(ring_path(document.ring)),
         STATUS: document.status,
         UPDATED_AT: updated_at.isoformat(),
         UPDATED_AT_MICROS: _epoch_micros(updated_at),

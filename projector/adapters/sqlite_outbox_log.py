@@ -10,10 +10,16 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from contracts.errors import DependencyUnavailable
-from contracts.events import LogEntry, RecordChanged
+from contracts.events import LogEntry, RecordChanged, outbox_event_json
 from projector.ports import Undecodable
 
-__all__ = ["SqliteOutboxLog"]
+__all__ = ["MAX_REMEMBERED", "SqliteOutboxLog"]
+
+# Remembered events held at most: four default projector batches, ~10 KB each with a
+# 384-d vector (a projector further behind reads the rest from the table).
+MAX_REMEMBERED = 8_192
+# Positions per `IN (...)` read of rows that were not remembered.
+_CHUNK = 500
 
 
 class SqliteOutboxLog:
@@ -26,12 +32,19 @@ class SqliteOutboxLog:
     only moves the in-memory mark that `reset` returns to. A row whose `event_json` is
     not a valid `RecordChanged` comes back as an `Undecodable` (`outbox@<position>`).
     `lag` counts the rows after the acknowledged position.
+
+    `remember` takes events this process just committed to the outbox, already decoded
+    (the embedded write path hands them over): `fetch` still reads which positions are
+    committed from the table, but takes a remembered position's event instead of
+    reading and decoding its row again. At most `MAX_REMEMBERED` are held; acknowledged
+    ones are dropped.
     """
 
     def __init__(self, path: Path, *, start_after: int = 0) -> None:
         self._lock = threading.Lock()
         self._cursor = start_after
         self._acknowledged = start_after
+        self._remembered: dict[int, LogEntry] = {}
         try:
             self._conn = sqlite3.connect(
                 path, timeout=30.0, isolation_level=None, check_same_thread=False
@@ -43,24 +56,57 @@ class SqliteOutboxLog:
     def fetch(self, limit: int) -> list[LogEntry | Undecodable]:
         try:
             with self._lock:
-                rows = self._conn.execute(
-                    "SELECT position, event_json FROM outbox WHERE position > ? "
-                    "ORDER BY position LIMIT ?",
-                    (self._cursor, limit),
-                ).fetchall()
-                if rows:
-                    self._cursor = int(rows[-1][0])
+                positions = [
+                    int(row[0])
+                    for row in self._conn.execute(
+                        "SELECT position FROM outbox WHERE position > ? ORDER BY position LIMIT ?",
+                        (self._cursor, limit),
+                    )
+                ]
+                if not positions:
+                    return []
+                remembered = self._remembered
+                missing = [p for p in positions if p not in remembered]
+                bodies = self._read_events(missing)
+                self._cursor = positions[-1]
+                found = {p: remembered[p] for p in positions if p in remembered}
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc):
                 return []
             raise DependencyUnavailable("sqlite", str(exc)) from exc
-        return [_decode(int(pos), body) for pos, body in rows]
+        return [found[p] if p in found else _decode(p, bodies[p]) for p in positions]
+
+    def remember(self, entries: Sequence[LogEntry]) -> None:
+        """Hold `entries` (committed outbox rows, decoded) for `fetch`. Guarantee
+        expected of the caller: each entry is exactly the event its row decodes to."""
+        with self._lock:
+            room = MAX_REMEMBERED - len(self._remembered)
+            for entry in entries[: max(room, 0)]:
+                if entry.position > self._acknowledged:
+                    self._remembered[entry.position] = entry
+
+    def _read_events(self, positions: list[int]) -> dict[int, str | bytes]:
+        """The events of these outbox rows, read from the table. Lock held."""
+        bodies: dict[int, str | bytes] = {}
+        for start in range(0, len(positions), _CHUNK):
+            chunk = positions[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for position, event, record in self._conn.execute(
+                "SELECT o.position, o.event_json, r.record_json FROM outbox o "
+                "LEFT JOIN records r ON r.document_id = o.document_id "
+                f"AND r.revision = o.revision WHERE o.position IN ({marks})",
+                chunk,
+            ):
+                bodies[int(position)] = outbox_event_json(event, record)
+        return bodies
 
     def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
         positions = [e.position for e in entries if e.position is not None]
         if positions:
             with self._lock:
                 self._acknowledged = max(self._acknowledged, max(positions))
+                for position in positions:
+                    self._remembered.pop(position, None)
 
     def reset(self) -> None:
         with self._lock:

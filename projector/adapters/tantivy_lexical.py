@@ -38,6 +38,7 @@ from contracts.index_fields import (
     NO_STEMMING,
     REVISION,
     RING,
+    RING_PATH,
     SOURCE_TEXT_FIELDS,
     STATUS,
     TAGS,
@@ -50,6 +51,7 @@ from contracts.index_fields import (
     VISIBILITY,
     combined_text,
     has_combined_field,
+    ring_path,
     text_analyzer_language,
 )
 from projector.model import IndexOperation, check_keywords, newest_operations
@@ -101,6 +103,7 @@ def _build_schema(text_analyzer: str) -> tantivy.Schema:
     )
     for name in (ITEM_ID, GALAXY, RING, STATUS, VISIBILITY, FACETS):
         builder.add_text_field(name, stored=True, tokenizer_name="raw", index_option="basic")
+    builder.add_text_field(RING_PATH, tokenizer_name="raw", index_option="basic")
     builder.add_integer_field(REVISION, stored=True, fast=True)
     builder.add_date_field(UPDATED_AT, stored=True, indexed=True, fast=True)
     builder.add_integer_field(UPDATED_AT_MICROS, indexed=True, fast=True)
@@ -408,6 +411,8 @@ def _to_document(source: IndexDocument, combined: bool) -> tantivy.Document:
     document.add_text(ITEM_ID, source.item_id)
     document.add_text(GALAXY, source.galaxy)
     document.add_text(RING, source.ring)
+    for ring in ring_path(source.ring):
+        document.add_text(RING_PATH, ring)
     document.add_text(STATUS, source.status)
     updated_at = source.updated_at.astimezone(UTC)
     document.add_date(UPDATED_AT, updated_at)

@@ -25,6 +25,8 @@ from contracts.index_fields import (
     FACETS,
     GALAXY,
     REVISION,
+    RING,
+    RING_PATH,
     SOURCE_TEXT_FIELDS,
     STATUS,
     TEXT,
@@ -321,6 +323,10 @@ def _filter_clauses(filter: SearchFilter) -> list[dict[str, Any]]:
         clauses.append(_any_of(FACETS, [f"{name}{FACET_SEPARATOR}{value}" for value in values]))
     if filter.document_ids is not None:
         clauses.append(_any_of(DOCUMENT_ID, filter.document_ids))
+    if filter.rings is not None:
+        clauses.append(_any_of(RING, filter.rings))
+    if filter.ring_trees is not None:
+        clauses.append(_any_of(RING_PATH, filter.ring_trees))
     return clauses
 
 

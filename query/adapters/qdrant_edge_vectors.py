@@ -30,7 +30,17 @@ from qdrant_edge import (
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter, id_lookup_size
-from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, STATUS, UPDATED_AT, VISIBILITY
+from contracts.index_fields import (
+    DOCUMENT_ID,
+    FACETS,
+    GALAXY,
+    RING,
+    RING_PATH,
+    STATUS,
+    UPDATED_AT,
+    VISIBILITY,
+)
+from contracts.timing import engine_call
 from contracts.vector_payload import (
     RETURNED_FIELDS,
     VECTOR_NAME,
@@ -48,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["QdrantEdgeVectorSearch", "ShardProvider", "edge_filter"]
 
 DEPENDENCY = "qdrant-edge"
+# The `QueryPlan.engine_ms` key of qdrant-edge's query calls.
+ENGINE = "qdrant_edge_query"
 
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
@@ -109,7 +121,8 @@ class QdrantEdgeVectorSearch:
             params=SearchParams(exact=True),
         )
         try:
-            points = shard.query(request)
+            with engine_call(ENGINE):
+                points = shard.query(request)
         except Exception as error:  # the driver raises bare Exception
             raise _translate(error, generation_id) from error
         return {str((p.payload or {})[DOCUMENT_ID]): cosine_score(p.score) for p in points}
@@ -148,7 +161,8 @@ class QdrantEdgeVectorSearch:
                 params=SearchParams(hnsw_ef=max(self._hnsw_ef, fetch)),
             )
             try:
-                points = shard.query(request)
+                with engine_call(ENGINE):
+                    points = shard.query(request)
             except Exception as error:  # the driver raises bare Exception
                 raise _translate(error, generation_id) from error
             if len(points) < fetch or points[-1].score != points[limit - 1].score:
@@ -190,6 +204,10 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
         must.append(FieldCondition(FACETS, match=MatchAny(facet_terms(name, values))))
     if filter.document_ids is not None:
         must.append(FieldCondition(DOCUMENT_ID, match=MatchAny(list(filter.document_ids))))
+    if filter.rings is not None:
+        must.append(FieldCondition(RING, match=MatchAny(list(filter.rings))))
+    if filter.ring_trees is not None:
+        must.append(FieldCondition(RING_PATH, match=MatchAny(list(filter.ring_trees))))
     return Filter(must=must) if must else None
 
 

@@ -21,7 +21,16 @@ from qdrant_client.http.exceptions import ApiException
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter, id_lookup_size
-from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, STATUS, UPDATED_AT, VISIBILITY
+from contracts.index_fields import (
+    DOCUMENT_ID,
+    FACETS,
+    GALAXY,
+    RING,
+    RING_PATH,
+    STATUS,
+    UPDATED_AT,
+    VISIBILITY,
+)
 from contracts.vector_payload import (
     RETURNED_FIELDS,
     VECTOR_NAME,
@@ -224,6 +233,10 @@ def qdrant_filter(filter: SearchFilter) -> models.Filter | None:
         must.append(_any_of(FACETS, facet_terms(name, values)))
     if filter.document_ids is not None:
         must.append(_any_of(DOCUMENT_ID, list(filter.document_ids)))
+    if filter.rings is not None:
+        must.append(_any_of(RING, list(filter.rings)))
+    if filter.ring_trees is not None:
+        must.append(_any_of(RING_PATH, list(filter.ring_trees)))
     return models.Filter(must=must) if must else None
 
 

@@ -29,6 +29,11 @@ class _Reader:
         self._path = path
         self._local = threading.local()
 
+    @property
+    def path(self) -> Path:
+        """The database file read."""
+        return self._path
+
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:

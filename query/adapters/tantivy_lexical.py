@@ -23,6 +23,8 @@ from contracts.index_fields import (
     FACETS,
     GALAXY,
     REVISION,
+    RING,
+    RING_PATH,
     SOURCE_TEXT_FIELDS,
     STATUS,
     UPDATED_AT,
@@ -30,6 +32,7 @@ from contracts.index_fields import (
     VISIBILITY,
     has_combined_field,
 )
+from contracts.timing import engine_call
 
 __all__ = ["TantivyLexicalSearch"]
 
@@ -40,6 +43,9 @@ _MICROSECOND = timedelta(microseconds=1)
 _TERM_SET_MIN_VALUES = 128
 # tantivy-py raises these for engine failures.
 _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
+# `QueryPlan.engine_ms` keys: tantivy's top-k searches, and its stored-document reads.
+ENGINE_SEARCH = "tantivy_search"
+ENGINE_DOCS = "tantivy_doc_reads"
 
 _Hit = tuple[Any, tantivy.DocAddress]
 
@@ -132,8 +138,10 @@ class TantivyLexicalSearch:
                 restriction = tantivy.Query.all_query()
             searcher = index.searcher()
             if not query_text.strip():
-                hits = searcher.search(restriction, size, count=False).hits
-                return {_document_id(searcher, address): 0.0 for _score, address in hits}
+                with engine_call(ENGINE_SEARCH):
+                    hits = searcher.search(restriction, size, count=False).hits
+                with engine_call(ENGINE_DOCS):
+                    return {_document_id(searcher, address): 0.0 for _score, address in hits}
             text = query_text.encode("utf-8", "replace").decode("utf-8")
             terms = list(dict.fromkeys(analyzer.analyze(text)))
             if not terms or not boosts:
@@ -144,8 +152,10 @@ class TantivyLexicalSearch:
                     (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0)),
                 ]
             )
-            hits = searcher.search(query, size, count=False).hits
-            return {_document_id(searcher, address): float(score) for score, address in hits}
+            with engine_call(ENGINE_SEARCH):
+                hits = searcher.search(query, size, count=False).hits
+            with engine_call(ENGINE_DOCS):
+                return {_document_id(searcher, address): float(score) for score, address in hits}
         except _DRIVER_ERRORS as exc:
             raise DependencyUnavailable(
                 "tantivy", f"score lookup failed: {exc}", {"generation_id": generation_id}
@@ -211,6 +221,10 @@ def _filter_query(
         clauses.append(_any_of(schema, FACETS, terms))
     if filter.document_ids is not None:
         clauses.append(_any_of(schema, DOCUMENT_ID, filter.document_ids))
+    if filter.rings is not None:
+        clauses.append(_any_of(schema, RING, filter.rings))
+    if filter.ring_trees is not None:
+        clauses.append(_any_of(schema, RING_PATH, filter.ring_trees))
     for group in filter.phrases:
         clauses.append(_any_phrase(schema, group, analyzer))
     if not clauses:
@@ -272,24 +286,28 @@ def _filter_matches(
     searcher: tantivy.Searcher, restriction: tantivy.Query | None, limit: int
 ) -> list[Candidate]:
     query = tantivy.Query.all_query() if restriction is None else restriction
-    hits = searcher.search(
-        query, limit, count=False, order_by_field=DOCUMENT_ID, order=tantivy.Order.Asc
-    ).hits
-    return [_candidate(searcher, address, 0.0) for _value, address in hits]
+    with engine_call(ENGINE_SEARCH):
+        hits = searcher.search(
+            query, limit, count=False, order_by_field=DOCUMENT_ID, order=tantivy.Order.Asc
+        ).hits
+    with engine_call(ENGINE_DOCS):
+        return [_candidate(searcher, address, 0.0) for _value, address in hits]
 
 
 def _best(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[Candidate]:
     """Top `limit` by score, then `document_id`, widening the fetch past boundary ties."""
     fetch = limit + 1
     while True:
-        hits: list[_Hit] = searcher.search(query, fetch, count=False).hits
+        with engine_call(ENGINE_SEARCH):
+            hits: list[_Hit] = searcher.search(query, fetch, count=False).hits
         if len(hits) < fetch or hits[-1][0] < hits[limit - 1][0]:
             break
         fetch *= 2
     if len(hits) > limit:
         boundary = hits[limit - 1][0]
         hits = [hit for hit in hits if hit[0] >= boundary]
-    candidates = [_candidate(searcher, address, float(score)) for score, address in hits]
+    with engine_call(ENGINE_DOCS):
+        candidates = [_candidate(searcher, address, float(score)) for score, address in hits]
     candidates.sort(key=lambda candidate: (-candidate.score, candidate.document_id))
     return candidates[:limit]
 

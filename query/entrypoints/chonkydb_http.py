@@ -42,7 +42,14 @@ from contracts.errors import ErrorCode, OrreryError
 from contracts.names import Namespace
 from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, derive_document_id
-from contracts.topk import Include, QueryFilters, Ranking, RetrieveRequest, TopKRequest
+from contracts.topk import (
+    Include,
+    QueryFilters,
+    Ranking,
+    RetrieveRequest,
+    RetrieveResponse,
+    TopKRequest,
+)
 from query.ports import StoredRecord
 from query.scopes import ScopeRegistry
 from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
@@ -181,6 +188,29 @@ def _content(text: dict[str, Any], max_chars: int | None) -> dict[str, Any]:
     return {**text, "body": str(text.get("body", ""))[:max_chars]}
 
 
+def _retrieve_native(
+    body: ChonkyTopKRequest | ChonkyRetrieveRequest,
+    namespace: str,
+    scope_ref: str,
+    principal: Principal,
+    ports: QueryPorts,
+    limits: QueryLimits,
+) -> RetrieveResponse:
+    """The dialect's ranked call as Orrery's own `retrieve` in `scope_ref`."""
+    native = RetrieveRequest(
+        namespace=namespace,
+        scope_ref=scope_ref,
+        query_text=body.query_text,
+        limit=body.result_limit,
+        filters=_filters(body),
+        ranking=_ranking(body.allowed_indexes),
+        allowed_doc_ids=body.allowed_doc_ids,
+        timeout_seconds=body.timeout_seconds,
+        client_request_id=body.client_request_id,
+    )
+    return retrieve(native, principal=principal, ports=ports, limits=limits)
+
+
 def chonky_topk(
     body: ChonkyTopKRequest, *, principal: Principal, ports: QueryPorts, limits: QueryLimits
 ) -> ChonkyTopKResponse:
@@ -261,18 +291,7 @@ def _ranked_within(
             results=[],
             indexes_used=[],
         )
-    native = RetrieveRequest(
-        namespace=namespace,
-        scope_ref=scope_ref,
-        query_text=body.query_text,
-        limit=body.result_limit,
-        filters=_filters(body),
-        ranking=_ranking(body.allowed_indexes),
-        allowed_doc_ids=body.allowed_doc_ids,
-        timeout_seconds=body.timeout_seconds,
-        client_request_id=body.client_request_id,
-    )
-    out = retrieve(native, principal=principal, ports=ports, limits=limits)
+    out = _retrieve_native(body, namespace, scope_ref, principal, ports, limits)
     stored = ports.records.fetch([(c.document_id, c.revision) for c in out.candidates])
     hits = []
     for c in out.candidates:
@@ -399,18 +418,7 @@ def chonky_retrieve(
             indexes_used=[],
             query_plan=None,
         )
-    native = RetrieveRequest(
-        namespace=namespace,
-        scope_ref=scope_ref,
-        query_text=body.query_text,
-        limit=body.result_limit,
-        filters=_filters(body),
-        ranking=_ranking(body.allowed_indexes),
-        allowed_doc_ids=body.allowed_doc_ids,
-        timeout_seconds=body.timeout_seconds,
-        client_request_id=body.client_request_id,
-    )
-    out = retrieve(native, principal=principal, ports=ports, limits=limits)
+    out = _retrieve_native(body, namespace, scope_ref, principal, ports, limits)
     stored = (
         ports.records.fetch([(c.document_id, c.revision) for c in out.candidates])
         if body.include_metadata

@@ -28,9 +28,9 @@ from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
 from projector.ports import EngineReadback
 from tests.conformance.corpus import CORPUS, DIM, doc
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 
-PREFIX = f"orrery-test-{uuid.uuid4().hex[:8]}"
+PREFIX = f"orrery-test-{run_tag()}"
 
 
 @dataclass

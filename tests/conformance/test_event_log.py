@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from contracts.events import LogEntry
 from contracts.records import Record
 from ingest.adapters.kafka_publisher import KafkaEventPublisher, KafkaPublisherSettings
 from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
@@ -68,6 +69,33 @@ def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
             )
 
     return LogHarness(append, open_log, append_garbage, [store.close])
+
+
+def _sqlite_remembered(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
+    """The embedded wiring: the store hands each committed batch's events to the logs
+    of this process (`SqliteOutboxLog.remember`), which serve them without decoding."""
+    logs: list[SqliteOutboxLog] = []
+    # A log opened later is handed what came before, as if it had been there.
+    history: list[LogEntry] = []
+
+    def handed_over(entries: list[LogEntry]) -> None:
+        history.extend(entries)
+        for log in logs:
+            log.remember(entries)
+
+    store = SqliteRecordStore(tmp / "orrery.sqlite", on_committed=handed_over)
+    plain = _sqlite(request, tmp)
+
+    def append(records: list[Record]) -> None:
+        store.write(records)
+
+    def open_log(committed: int) -> EventLog:
+        log = SqliteOutboxLog(tmp / "orrery.sqlite", start_after=committed)
+        log.remember(history)
+        logs.append(log)
+        return log
+
+    return LogHarness(append, open_log, plain.append_garbage, [store.close, *plain.closers])
 
 
 def _kafka(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
@@ -171,6 +199,7 @@ def _drop_kafka_resources(bootstrap: str, prefix: str, group_id: str) -> None:
 
 FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], LogHarness]] = {
     "sqlite-outbox": _sqlite,
+    "sqlite-outbox-remembered": _sqlite_remembered,
     "kafka": _kafka,
     "kafka-postgres": _kafka_postgres,
 }
@@ -367,3 +396,41 @@ def test_hostile_namespaces_round_trip(harness: LogHarness) -> None:
     entries = fetch_all(harness.log(), len(records))
     assert sorted(e.event.record.namespace for e in entries) == sorted(r.namespace for r in records)
     assert {e.event.record.document_id for e in entries} == {r.doc_id for r in records}
+
+
+def test_remembered_events_are_served_as_handed_over_and_equal_the_rows(tmp_path: Path) -> None:
+    """The embedded hand-over: what `fetch` returns for a remembered position is the
+    entry handed over, equal to what decoding its row gives; rows never handed over
+    (another writer's) are read from the table in their place."""
+    handed: list[LogEntry] = []
+    store = SqliteRecordStore(tmp_path / "orrery.sqlite", on_committed=handed.extend)
+    records = [
+        Record.model_validate(
+            {
+                "namespace": "ns",
+                "snapshot_kind": "objects",
+                "item_id": f"x{i}",
+                "revision": 1 + i,
+                "payload": {"ä": [1, 2.5, None], "n": {"k": i}},
+                "text": {"title": "T", "body": "B", "tags": ["t"]},
+                "metadata": {"updated_at": "2026-03-19T12:00:00+02:00", "room": i},
+                "vector": [0.1 * (i + 1), -0.2, 3e-9],
+            }
+        )
+        for i in range(5)
+    ]
+    store.write(records[:3])
+    other = SqliteRecordStore(tmp_path / "orrery.sqlite")  # another writer: nothing handed
+    other.write(records[3:])
+    remembering = SqliteOutboxLog(tmp_path / "orrery.sqlite")
+    remembering.remember(handed)
+    reading = SqliteOutboxLog(tmp_path / "orrery.sqlite")
+    try:
+        served, decoded = remembering.fetch(10), reading.fetch(10)
+        assert [e.position for e in served] == [1, 2, 3, 4, 5]
+        assert served == decoded
+        assert all(s is h for s, h in zip(served[:3], handed, strict=True))
+        assert not any(s is h for s in served[3:] for h in handed)
+    finally:
+        for closable in (remembering, reading, store, other):
+            closable.close()

@@ -42,6 +42,10 @@ FACET_VALUES = {
     "lang": ("de", "en", "DE"),
     "tier": ("1", "2", "10"),
 }
+# Rings that share prefixes without being ancestors ("ai" / "ai2", "ai/x" / "ai/xy"),
+# a deep path, upper case, an umlaut and a space, plus records without a ring.
+RINGS = ("", "ai", "ai2", "ai/x", "ai/xy", "ai/x/deep/er", "db", "DB", "jä pan/tokyo")
+RING_QUERIES = ("ai", "ai/x", "ai/x/deep", "db", "jä pan", "jä pan/tokyo", "ai/missing", "a")
 BASE_TIME = datetime(2026, 3, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)
 
@@ -75,6 +79,7 @@ def _random_corpus(rng: random.Random) -> list[IndexDocument]:
                 facets=facets,
                 updated_at=_instant(rng),
                 vector=unit(1.0, rng.random(), rng.random(), rng.random()),
+                ring=rng.choice(RINGS),
             )
         )
     return docs
@@ -107,6 +112,8 @@ def _random_filter(rng: random.Random, ids: list[str]) -> SearchFilter:
     if rng.random() < 0.15:
         document_ids = (*rng.sample(ids, rng.randint(0, 30)), "doc-missing")
     return SearchFilter(
+        rings=_maybe_values(rng, RING_QUERIES) if rng.random() < 0.4 else None,
+        ring_trees=_maybe_values(rng, RING_QUERIES) if rng.random() < 0.6 else None,
         galaxy=rng.choice(GALAXIES) if rng.random() < 0.4 else None,
         status=_maybe_values(rng, STATUSES),
         visibility=_maybe_values(rng, LABELS),
@@ -134,6 +141,12 @@ def _reference(docs: list[IndexDocument], f: SearchFilter) -> set[str]:
         for name, values in f.facets.items():
             if not set(d.facets.get(name, ())) & set(values):
                 return False
+        if f.rings is not None and d.ring not in f.rings:
+            return False
+        if f.ring_trees is not None and not any(
+            d.ring == tree or d.ring.startswith(tree + "/") for tree in f.ring_trees
+        ):
+            return False
         return f.document_ids is None or d.document_id in f.document_ids
 
     return {d.document_id for d in docs if keeps(d)}
@@ -197,10 +210,12 @@ def test_every_engine_selects_what_the_contract_defines(
     rng = random.Random(SEED + 1)
     ids = [d.document_id for d in corpus]
     sizes = []
+    ring_cases = 0
     for case in range(CASES):
         f = _random_filter(rng, ids)
         expected = _reference(corpus, f)
         sizes.append(len(expected))
+        ring_cases += bool((f.rings or f.ring_trees) and expected)
         for engine, selected in engines.selected(f).items():
             missing = sorted(expected - selected)[:10]
             extra = sorted(selected - expected)[:10]
@@ -212,6 +227,7 @@ def test_every_engine_selects_what_the_contract_defines(
     # would prove little.
     assert min(sizes) == 0
     assert sum(1 for n in sizes if 0 < n < CORPUS_SIZE) >= CASES // 3
+    assert ring_cases >= 5
 
 
 def test_reference_follows_the_documented_semantics() -> None:
@@ -236,3 +252,12 @@ def test_reference_follows_the_documented_semantics() -> None:
     assert _reference(docs, SearchFilter(facets={"room": ("hall",)})) == {"b"}
     assert _reference(docs, SearchFilter(facets={"room": ("Hall",)})) == set()
     assert _reference(docs, SearchFilter(document_ids=("a", "zz"))) == {"a"}
+    c = doc("c", ring="ai/x")
+    d = doc("d", ring="ai/xy")
+    e = doc("e", ring="ai")
+    rings = [c, d, e, a]
+    assert _reference(rings, SearchFilter(ring_trees=("ai/x",))) == {"c"}
+    assert _reference(rings, SearchFilter(ring_trees=("ai",))) == {"c", "d", "e"}
+    assert _reference(rings, SearchFilter(rings=("ai",))) == {"e"}
+    assert _reference(rings, SearchFilter(rings=("ai", "ai/xy"))) == {"d", "e"}
+    assert _reference(rings, SearchFilter(ring_trees=())) == set()

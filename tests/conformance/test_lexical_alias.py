@@ -19,7 +19,7 @@ from contracts.errors import ErrorCode, OrreryError
 from contracts.names import live_alias_name
 from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
 from tests.conformance.corpus import CORPUS, HOSTILE_NAMESPACES, doc
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 
 pytestmark = pytest.mark.servers
 
@@ -43,7 +43,7 @@ class AliasHarness:
 @pytest.fixture
 def aliases() -> Iterator[AliasHarness]:
     url = require_server("opensearch")
-    prefix = f"orrery-test-{uuid.uuid4().hex[:8]}"
+    prefix = f"orrery-test-{run_tag()}"
     harness = AliasHarness(
         index=OpenSearchLexicalIndex(url, index_prefix=prefix),
         client=OpenSearch(hosts=[url], timeout=10),

@@ -38,7 +38,7 @@ from query.adapters.opensearch_lexical import OpenSearchLexicalSearch
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from query.ports import LexicalSearch
 from tests.conformance.corpus import CORPUS, doc
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 
 
 @dataclass
@@ -59,7 +59,7 @@ def _tantivy(workdir: Path) -> LexicalPair:
 
 
 # One prefix per test run: every index this run creates is `orrery-test-<uuid8>-<generation>`.
-OPENSEARCH_PREFIX = f"orrery-test-{uuid.uuid4().hex[:8]}"
+OPENSEARCH_PREFIX = f"orrery-test-{run_tag()}"
 
 
 def _opensearch(workdir: Path) -> LexicalPair:

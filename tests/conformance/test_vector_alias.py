@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import importlib.metadata
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from projector.adapters import qdrant_edge_vectors
 from projector.adapters.qdrant_vectors import QdrantServerVectorIndex, open_qdrant_client
 from query.adapters.qdrant_vectors import QdrantServerVectorSearch
 from tests.conformance.corpus import CORPUS, DIM, HOSTILE_NAMESPACES, doc, unit
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 
 
 @dataclass
@@ -58,7 +57,7 @@ class Qdrant:
 @pytest.fixture(params=[pytest.param("qdrant-server", marks=[pytest.mark.servers])])
 def qdrant() -> Iterator[Qdrant]:
     client = QdrantClient(url=require_server("qdrant"), check_compatibility=False)
-    prefix = f"orrery-test-{uuid.uuid4().hex[:8]}"
+    prefix = f"orrery-test-{run_tag()}"
     harness = Qdrant(
         client=client,
         index=QdrantServerVectorIndex(client, collection_prefix=prefix),
@@ -246,6 +245,9 @@ def test_create_requests_every_payload_index(
         "visibility": graphed(),
         "facets": graphed(),
         "document_id": models.KeywordIndexParams(type=keyword, enable_hnsw=False),
+        # Ring filters (issue 12): small selections, served by the payload index.
+        "ring": models.KeywordIndexParams(type=keyword, enable_hnsw=False),
+        "ring_path": models.KeywordIndexParams(type=keyword, enable_hnsw=False),
         "revision": models.IntegerIndexParams(
             type=models.IntegerIndexType.INTEGER, lookup=True, range=True, enable_hnsw=False
         ),

@@ -44,7 +44,7 @@ from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.qdrant_vectors import QdrantServerVectorSearch
 from query.ports import VectorSearch
 from tests.conformance.corpus import CORPUS, DIM, doc, unit
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 
 # -- engines under test ----------------------------------------------------------------
 
@@ -73,7 +73,7 @@ def _qdrant_edge(storage: Path) -> Engine:
 
 
 # The harness's Qdrant server is shared: this run's collections carry their own prefix.
-_QDRANT_TEST_PREFIX = f"orrery-test-{uuid.uuid4().hex[:8]}"
+_QDRANT_TEST_PREFIX = f"orrery-test-{run_tag()}"
 
 
 def _qdrant_server(storage: Path) -> Engine:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import httpx
 import pytest
 
 from contracts.faults import CRASH_ENV, CRASH_EXIT_CODE
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 from tests.e2e.conftest import Server, canonical_heads, start_server
 from tests.e2e.test_generations import (
     BASE_ENV,
@@ -100,7 +99,7 @@ class Deployment:
     def __init__(self, kind: str, data_dir: Path) -> None:
         self.kind = kind
         self.data_dir = data_dir
-        self.tag = uuid.uuid4().hex[:8]
+        self.tag = run_tag()
         self.env: dict[str, str] = {**BASE_ENV, "ORRERY_PROJECTOR_BATCH_SIZE": "40"}
         if kind == SERVERS:
             from tests.e2e.test_servers_http import server_env

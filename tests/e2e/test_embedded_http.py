@@ -142,6 +142,11 @@ def test_response_shape_and_plan(loaded: Server) -> None:
     stages = ["scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize"]
     assert all(latency[s] >= 0 for s in stages)
     assert sum(latency[s] for s in stages) <= latency["total"] + 0.01
+    # Both engines were called; their time is part of the stages that called them.
+    engine = plan["engine_ms"]
+    assert {"tantivy_search", "tantivy_doc_reads", "qdrant_edge_query"} <= set(engine)
+    assert all(ms > 0 for ms in engine.values())
+    assert sum(engine.values()) <= latency["index_search"] + latency["rerank"] + 0.01
 
 
 def test_include_flags_drop_parts(loaded: Server) -> None:
@@ -471,6 +476,7 @@ def test_response_cache_hits_and_is_invalidated_by_writes(loaded: Server) -> Non
     first = loaded.topk(**body, client_request_id="a").json()
     second = loaded.topk(**body, client_request_id="b").json()
     assert second["query_plan"]["cache"] == "hit"
+    assert second["query_plan"]["engine_ms"] == {}
     assert second["client_request_id"] == "b"
     assert second["results"] == first["results"]
     loaded.post_records(

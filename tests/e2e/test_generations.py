@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.events import LogEntry
 from contracts.records import Record
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 from tests.e2e.conftest import Server, canonical_heads, start_server
 from tests.fakes import FakeHashingEmbedder
 
@@ -394,7 +393,7 @@ def deployed(kind: str, data_dir: Path, **env: str) -> Iterator[Server]:
         return
     from tests.e2e.test_servers_http import server_env
 
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     opensearch = require_server("opensearch")
     srv = start_server(data_dir, env={**server_env(tag), **BASE_ENV, **env})
     try:
@@ -883,7 +882,7 @@ def test_server_mode_build_verify_promote_rollback(tmp_path: Path) -> None:
     same admin API, with native aliases mirrored on promote and rollback."""
     from tests.e2e.test_servers_http import server_env
 
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     opensearch = require_server("opensearch")
     srv = start_server(tmp_path / "data", env={**server_env(tag), **BASE_ENV})
     try:
@@ -944,7 +943,7 @@ def test_server_mode_corrupt_replica_is_bypassed_never_served_partially(tmp_path
     generation answers in full, declared in the plan."""
     from tests.e2e.test_servers_http import server_env
 
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     opensearch = require_server("opensearch")
     data_dir = tmp_path / "data"
     env = {**server_env(tag), **BASE_ENV}

@@ -11,7 +11,6 @@ through the oversized bodies.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import DEPLOYMENTS
 from tests.e2e.test_servers_http import server_env
@@ -334,7 +334,7 @@ def srv(
     to Kafka, projector, query on OpenSearch + the Qdrant server in one process)."""
     env = {"ORRERY_ADMIN_KEY": ADMIN_KEY}
     if request.param == "servers":
-        env.update(server_env(uuid.uuid4().hex[:8]))
+        env.update(server_env(run_tag()))
     server = start_server(tmp_path_factory.mktemp("hostile") / "data", env=env)
     yield server
     server.stop()

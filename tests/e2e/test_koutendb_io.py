@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import DEPLOYMENTS, SERVERS
 
@@ -47,7 +48,7 @@ def srv(
 
         # Backups and compaction are Orrery's only for the SQLite store (PostgreSQL ones
         # are refused, naming pg_dump): single-host server mode.
-        env.update(server_env(uuid.uuid4().hex[:8], database=False))
+        env.update(server_env(run_tag(), database=False))
     server = start_server(tmp_path_factory.mktemp("kouten-io") / "data", env=env)
     try:
         yield server

@@ -5,7 +5,6 @@ differs only in case, and reachable by an API key bound to them."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from contracts.events import topic_for
 from contracts.records import derive_document_id
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import DEPLOYMENTS, SERVERS
 from tests.e2e.test_servers_http import server_env
@@ -33,7 +32,7 @@ def deployment(
 ) -> Iterator[tuple[str, Server, dict[str, str]]]:
     env = {"ORRERY_API_KEYS": ",".join(f"{k}={ns}" for k, ns in KEYS.items())}
     if request.param == SERVERS:
-        env.update(server_env(uuid.uuid4().hex[:8]))
+        env.update(server_env(run_tag()))
     srv = start_server(tmp_path_factory.mktemp("namespaces") / "data", env=env)
     try:
         yield request.param, srv, env

@@ -14,7 +14,6 @@ import hashlib
 import hmac
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import require_server
+from tests.conftest import require_server, run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import (
     ADMIN_KEY,
@@ -364,7 +363,7 @@ def test_paging_across_a_promote(embedded: Server) -> None:
 def test_server_mode_paging_pins_and_errors(tmp_path: Path) -> None:
     from tests.e2e.test_servers_http import server_env
 
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     opensearch = require_server("opensearch")
     srv = start_server(tmp_path / "data", env={**server_env(tag), **ENV})
     try:

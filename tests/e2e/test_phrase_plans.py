@@ -10,13 +10,13 @@ Every error code of phrase plans is exercised: `unknown_vocabulary`,
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.conftest import run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_embedded_http import rec
 
@@ -380,7 +380,7 @@ def server_pair(
 ) -> Iterator[tuple[Server, Server]]:
     from tests.e2e.test_servers_http import server_env
 
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     env = server_env(tag, **ENV)
     srv = start_server(tmp_path_factory.mktemp("phrases-servers") / "data", env=env)
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from contracts.topk import Ranking
 from query.profiles import ProfileRegistry, derive_profile
 from query.settings import QuerySettings
+from tests.conftest import run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_embedded_http import CORPUS, NS, SCOPE
 from tests.e2e.test_servers_http import EXPECTED, server_env
@@ -209,7 +209,7 @@ def test_bad_profile_config_stops_startup(tmp_path: Path) -> None:
 @pytest.mark.servers
 @pytest.mark.slow
 def test_profiles_in_server_mode(tmp_path: Path) -> None:
-    srv = start_server(tmp_path / "data", env=server_env(uuid.uuid4().hex[:8]))
+    srv = start_server(tmp_path / "data", env=server_env(run_tag()))
     try:
         assert srv.post_records(CORPUS).status_code == 200
         srv.wait_projected(timeout=120, documents=EXPECTED)

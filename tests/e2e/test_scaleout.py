@@ -13,7 +13,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ import psycopg
 import pytest
 
 from contracts.digests import id_set_digest
-from tests.conftest import new_database, require_server
+from tests.conftest import new_database, require_server, run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import vectors
 from tests.e2e.test_servers_http import _spawn, server_env
@@ -180,7 +179,7 @@ def _kill(process: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("scaleout")
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     with new_database() as url:
         env = server_env(
             tag,

@@ -11,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from contracts.digests import id_set_digest
-from tests.conftest import require_server, session_database
+from tests.conftest import require_server, run_tag, session_database
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_embedded_http import CORPUS, NS, SCOPE, rec
 
@@ -75,7 +74,7 @@ EXPECTED = {(NS, "objects"): len(CORPUS)}
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     servers = start_server(tmp_path_factory.mktemp("servers") / "data", env=server_env(tag))
     embedded = start_server(tmp_path_factory.mktemp("embedded") / "data")
     try:
@@ -132,7 +131,7 @@ def test_writes_flow_through_kafka(pair: tuple[Server, Server]) -> None:
 
 
 def test_redis_down_answers_uncached(tmp_path: Path) -> None:
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     srv = start_server(
         tmp_path / "data", env=server_env(tag, ORRERY_REDIS_URL="redis://127.0.0.1:1/0")
     )
@@ -173,7 +172,7 @@ def test_separate_processes_and_projector_crash(tmp_path: Path) -> None:
     """ingest-api, relay and projector+query as separate processes of one host sharing
     the SQLite file under data_dir (server mode without ORRERY_DATABASE_URL); SIGKILL the
     projector mid-stream, restart it, and the engines' ID sets equal the store's."""
-    tag = uuid.uuid4().hex[:8]
+    tag = run_tag()
     env = server_env(tag, database=False, ORRERY_PROJECTOR_BATCH_SIZE="50")
     data_dir = tmp_path / "data"
     ingest = start_server(data_dir, env=env, command="ingest-api")

@@ -13,7 +13,6 @@ import os
 import sys
 import time
 import types
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from contracts.records import derive_document_id
+from tests.conftest import run_tag
 from tests.e2e.conftest import Server, start_server
 from tests.e2e.test_generations import DEPLOYMENTS
 from tests.e2e.test_servers_http import server_env
@@ -66,7 +66,7 @@ def twinr(
     client_mod, models = _import_client()
     env = {"ORRERY_API_KEYS": f"{API_KEY}={NAMESPACE}"}
     if request.param == "servers":
-        env.update(server_env(uuid.uuid4().hex[:8]))
+        env.update(server_env(run_tag()))
     srv = start_server(tmp_path_factory.mktemp("twinr") / "data", env=env)
     config = models.ChonkyDBConnectionConfig(
         base_url=f"http://127.0.0.1:{srv.port}", api_key=API_KEY, timeout_s=30.0

@@ -131,3 +131,22 @@ def test_api_keys_parse_and_authenticate() -> None:
         assert info.value.code is ErrorCode.UNAUTHORIZED
     with pytest.raises(ValueError):
         parse_api_keys("no-equals-sign")
+
+
+def test_record_changed_json_is_the_events_own_json() -> None:
+    from contracts.events import RecordChanged, record_changed_json
+
+    record = Record(
+        namespace="ns",
+        snapshot_kind="objects",
+        item_id="a\u00e9\U0001f600",
+        revision=3,
+        payload={"z": [1, 2.5, None], "a": {"b": '\\"'}},
+        text={"title": "t", "tags": ["x"]},
+        metadata={"status": "active", "updated_at": "2026-01-01T00:00:00Z", "room": "hall"},
+        vector=[0.1, -0.25, 1e-7],
+        deleted=False,
+    )
+    produced = record_changed_json(record.model_dump_json())
+    assert produced == RecordChanged(record=record).model_dump_json()
+    assert RecordChanged.model_validate_json(produced) == RecordChanged(record=record)

@@ -46,6 +46,9 @@ def rejected(raw: bytes, **kwargs: Any) -> OrreryError:
         (b"[-" + b"1" * (MAX_INT_DIGITS + 1) + b"]", f"{MAX_INT_DIGITS + 1} digits"),
         (b'{"a": 1, "b": 2, "a": 3}', "duplicate object key 'a'"),
         (b'[{"x": {"k": 1, "k": 1}}]', "duplicate object key 'k'"),
+        # Behind a vector and beside colons in strings (the fast path counts keys).
+        (b'[{"v": [0.5, 1, -2e-3], "s": "a:b"}, [0.25, {"k": ":", "k": 2}]]', "key 'k'"),
+        (b'{"p": {"x": 1}, "q": [{"y": 1, "z": 2}], "p": 3}', "duplicate object key 'p'"),
         (nested(10_000), f"nested deeper than {MAX_DEPTH} levels"),
         (b"[" * 100_000, f"nested deeper than {MAX_DEPTH} levels"),
         (b'{"a": ' * 5_000 + b"1" + b"}" * 5_000, f"nested deeper than {MAX_DEPTH}"),
@@ -115,3 +118,30 @@ def test_every_error_code_has_exactly_one_status() -> None:
     assert HTTP_STATUS[ErrorCode.METHOD_NOT_ALLOWED] == 405
     assert HTTP_STATUS[ErrorCode.UNSUPPORTED_MEDIA_TYPE] == 415
     assert HTTP_STATUS[ErrorCode.INVALID_JSON] == 400
+
+
+def test_bodies_of_vectors_parse_exactly() -> None:
+    """The fast parser (bodies without long numbers or surrogate escapes) gives the
+    very floats `json.loads` gives, shortest repr or 17 digits."""
+    rng = random.Random(11)
+    body = [
+        {
+            "item_id": f"v{i}",
+            "vector": [round(rng.uniform(-1, 1), 6) for _ in range(384)],
+            "raw": [float(f"{rng.uniform(-1, 1):.17g}") for _ in range(64)],
+            "meta": {"k": "v:1", "n": [{"a": 1}, {"b": [2, {"c": 3}]}]},
+        }
+        for i in range(20)
+    ]
+    raw = json.dumps(body).encode()
+    assert loads_strict(raw) == json.loads(raw) == body
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values, st.booleans())
+def test_the_fast_skeleton_is_the_regex_skeleton(value: Any, ensure_ascii: bool) -> None:
+    from contracts.wire import _STRING, _skeleton
+
+    raw = json.dumps(value, ensure_ascii=ensure_ascii).encode()
+    for body in (raw, raw + b' "open', b'["a", "b"] "' + raw):
+        assert _skeleton(body) == _STRING.sub(b'""', body)

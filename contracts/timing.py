@@ -1,0 +1,44 @@
+"""Time spent inside engine libraries during one request: what the raw engines cost,
+against which the server's own stage times are compared (`QueryPlan.engine_ms`).
+
+Adapters wrap each call into an engine library in `engine_call(name)`; a request that
+wants the totals opens an `engine_clock()` around its work. Outside a clock the calls
+are not timed (no cost beyond one context-variable read). Stdlib only, no I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+__all__ = ["engine_call", "engine_clock"]
+
+_TOTALS: ContextVar[dict[str, float] | None] = ContextVar("orrery_engine_ms", default=None)
+
+
+@contextmanager
+def engine_clock() -> Iterator[dict[str, float]]:
+    """Collect, in the returned dict, milliseconds per engine of every `engine_call` made
+    in this context (thread) until the block ends."""
+    totals: dict[str, float] = {}
+    token = _TOTALS.set(totals)
+    try:
+        yield totals
+    finally:
+        _TOTALS.reset(token)
+
+
+@contextmanager
+def engine_call(engine: str) -> Iterator[None]:
+    """Add the block's wall time to `engine` of the current clock, if there is one."""
+    totals = _TOTALS.get()
+    if totals is None:
+        yield
+        return
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        totals[engine] = totals.get(engine, 0.0) + (time.perf_counter() - started) * 1000.0

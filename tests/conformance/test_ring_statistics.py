@@ -1,0 +1,169 @@
+"""Conformance of the ring statistics: what the projector's `RingStatistics` writes is
+what the query side's reader returns, for every adapter pair (the registry is SQLite in
+both deployments, so there is one: `SqliteRingStatistics` / `SqliteRingStats`).
+
+Checked against sums computed here from the documents themselves: counts, vector sums,
+unit-vector sums after upserts, moves between rings and galaxies, changed vectors,
+deletes, replays (idempotent on `(document_id, revision)`), stale revisions and drops.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from contracts.index import IndexDocument
+from projector.adapters.sqlite_ring_stats import SqliteRingStatistics
+from projector.ports import RingStatistics
+from query.adapters.sqlite_ring_stats import SqliteRingStats
+from query.ports import RingStatistics as RingReader
+from tests.conformance.corpus import doc
+
+DIM = 4
+GEN = "g-ring"
+
+
+@dataclass
+class Pair:
+    writer: RingStatistics
+    reader: RingReader
+
+
+def _sqlite(path: Path) -> Pair:
+    db = path / "orrery.sqlite"
+    return Pair(SqliteRingStatistics(db), SqliteRingStats(db))
+
+
+ADAPTERS: dict[str, Callable[[Path], Pair]] = {"sqlite": _sqlite}
+
+
+@pytest.fixture(params=sorted(ADAPTERS))
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
+    made = ADAPTERS[request.param](tmp_path)
+    yield made
+    made.writer.close()
+
+
+def d(
+    doc_id: str, revision: int, ring: str, vector: tuple[float, ...], galaxy: str = "g"
+) -> IndexDocument:
+    return doc(doc_id, revision, ring=ring, galaxy=galaxy, vector=vector)
+
+
+def expected(
+    live: dict[str, IndexDocument], galaxy: str
+) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
+    out: dict[str, tuple[int, np.ndarray, np.ndarray]] = {}
+    for document in live.values():
+        if document.galaxy != galaxy:
+            continue
+        v = np.asarray(document.vector, dtype=np.float32).astype(np.float64)
+        n, s, u = out.get(document.ring, (0, np.zeros(DIM), np.zeros(DIM)))
+        out[document.ring] = (n + 1, s + v, u + v / np.linalg.norm(v))
+    return out
+
+
+def read(
+    pair: Pair, galaxy: str, generation: str = GEN
+) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
+    return {
+        s.ring: (s.documents, s.vector_sum, s.unit_sum)
+        for s in pair.reader.rings(generation, galaxy)
+    }
+
+
+def assert_matches(pair: Pair, live: dict[str, IndexDocument], galaxy: str = "g") -> None:
+    want = expected(live, galaxy)
+    got = read(pair, galaxy)
+    assert sorted(got) == sorted(want)
+    for ring, (n, s, u) in want.items():
+        assert got[ring][0] == n
+        np.testing.assert_allclose(got[ring][1], s, atol=1e-9)
+        np.testing.assert_allclose(got[ring][2], u, atol=1e-9)
+
+
+def test_upserts_moves_and_deletes_keep_the_sums(pair: Pair) -> None:
+    a = d("a", 1, "ai", (1.0, 0.0, 0.0, 0.0))
+    b = d("b", 1, "ai", (3.0, 4.0, 0.0, 0.0))
+    c = d("c", 1, "db", (0.0, 0.0, 2.0, 0.0))
+    pair.writer.apply(GEN, [a, b, c], [])
+    live = {"a": a, "b": b, "c": c}
+    assert_matches(pair, live)
+    # b moves to db with a new vector; a is deleted; the ring ai disappears.
+    b2 = d("b", 2, "db", (0.0, 1.0, 1.0, 0.0))
+    pair.writer.apply(GEN, [b2], [("a", 2)])
+    live = {"b": b2, "c": c}
+    assert_matches(pair, live)
+    assert "ai" not in read(pair, "g")
+
+
+def test_replays_and_stale_revisions_change_nothing(pair: Pair) -> None:
+    a1 = d("a", 1, "ai", (1.0, 0.0, 0.0, 0.0))
+    a3 = d("a", 3, "db", (0.0, 1.0, 0.0, 0.0))
+    pair.writer.apply(GEN, [a3], [])
+    pair.writer.apply(GEN, [a3], [])  # replay
+    pair.writer.apply(GEN, [a1], [])  # older revision
+    assert_matches(pair, {"a": a3})
+    pair.writer.apply(GEN, [], [("a", 2)])  # a delete older than the present revision
+    assert_matches(pair, {"a": a3})
+    pair.writer.apply(GEN, [], [("a", 3)])
+    pair.writer.apply(GEN, [a1], [])  # an upsert older than the tombstone stays out
+    assert read(pair, "g") == {}
+    a4 = d("a", 4, "ai", (0.0, 0.0, 0.0, 5.0))
+    pair.writer.apply(GEN, [a4], [])
+    assert_matches(pair, {"a": a4})
+
+
+def test_one_call_keeps_the_newest_change_per_document(pair: Pair) -> None:
+    a1 = d("a", 1, "ai", (1.0, 0.0, 0.0, 0.0))
+    a2 = d("a", 2, "db", (0.0, 1.0, 0.0, 0.0))
+    pair.writer.apply(GEN, [a2, a1], [])
+    assert_matches(pair, {"a": a2})
+    pair.writer.apply(GEN, [d("a", 3, "ai", (1.0, 1.0, 0.0, 0.0))], [("a", 3)])
+    assert read(pair, "g") == {}
+
+
+def test_galaxies_and_generations_are_apart(pair: Pair) -> None:
+    x = d("x", 1, "ai", (1.0, 0.0, 0.0, 0.0), galaxy="g")
+    y = d("y", 1, "ai", (0.0, 1.0, 0.0, 0.0), galaxy="h")
+    pair.writer.apply(GEN, [x, y], [])
+    pair.writer.apply("other", [x], [])
+    assert_matches(pair, {"x": x}, "g")
+    assert_matches(pair, {"y": y}, "h")
+    # y moves to galaxy g (a write there is another document in Orrery, but the
+    # statistics follow whatever the engine was given).
+    y2 = d("y", 2, "ai", (0.0, 1.0, 0.0, 0.0), galaxy="g")
+    pair.writer.apply(GEN, [y2], [])
+    assert_matches(pair, {"x": x, "y": y2}, "g")
+    assert read(pair, "h") == {}
+    pair.writer.drop(GEN)
+    assert read(pair, "g") == {}
+    assert read(pair, "g", "other")["ai"][0] == 1
+
+
+def test_random_histories_match_the_documents(pair: Pair) -> None:
+    rng = random.Random(20261201)
+    live: dict[str, IndexDocument] = {}
+    revisions: dict[str, int] = {}
+    for _ in range(40):
+        upserts: list[IndexDocument] = []
+        deletes: list[tuple[str, int]] = []
+        for doc_id in rng.sample([f"d{i}" for i in range(12)], 5):
+            revisions[doc_id] = revisions.get(doc_id, 0) + 1
+            if rng.random() < 0.25:
+                deletes.append((doc_id, revisions[doc_id]))
+                live.pop(doc_id, None)
+            else:
+                vector = tuple(rng.uniform(-1, 1) for _ in range(DIM))
+                document = d(doc_id, revisions[doc_id], rng.choice(["a", "a/b", "c", ""]), vector)
+                upserts.append(document)
+                live[doc_id] = document
+        pair.writer.apply(GEN, upserts, deletes)
+        if rng.random() < 0.3:  # a replay of the same batch
+            pair.writer.apply(GEN, upserts, deletes)
+    assert_matches(pair, live)
