@@ -489,9 +489,18 @@ def test_concurrent_builders_get_distinct_generation_ids(backend: Backend) -> No
     assert sorted(made, key=lambda g: int(g[1:])) == [f"g{i}" for i in range(1, 21)]
 
 
-def test_a_lost_writer_lock_fails_the_commit(backend: Backend) -> None:
-    if backend.name == "sqlite":
-        pytest.skip("a flock is lost only with its process, which then commits nothing")
+@pytest.fixture
+def postgres_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    made = _postgres(request, tmp_path)
+    yield made
+    for close in reversed(made.closers):
+        close()
+
+
+# PostgreSQL only: a flock is lost only with its process, which then commits nothing.
+@pytest.mark.servers
+def test_a_lost_writer_lock_fails_the_commit(postgres_backend: Backend) -> None:
+    backend = postgres_backend
     import psycopg
 
     from projector.adapters.postgres_state import PostgresProjectorState

@@ -92,7 +92,9 @@ def kouten(
 ) -> Iterator[Server]:
     env = {"ORRERY_API_KEYS": API_KEYS, "ORRERY_ADMIN_KEY": ADMIN_KEY}
     if request.param == "servers":
-        env.update(server_env(run_tag()))
+        # The envelope reads ring statistics from the SQLite registry (not kept on
+        # PostgreSQL yet): single-host server mode.
+        env.update(server_env(run_tag(), database=False))
     srv = start_server(Path(tmp_path_factory.mktemp("kouten")) / "data", env=env)
     BACKEND[srv.port] = request.param
     try:
