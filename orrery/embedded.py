@@ -33,6 +33,7 @@ from projector.bootstrap import (
     embedded_generation_admin,
     embedded_projector,
     operator_lock,
+    warm_query_embedder,
 )
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
@@ -238,7 +239,7 @@ class EmbeddedStack:
         db_path = canonical_db_path(data_dir)
         grants = parse_api_keys(settings.api_keys)
         # Queries embed in a session of their own; an injected embedder serves both.
-        query_embedder = embedder or default_embedder(settings.query_embedder_threads)
+        query_embedder = embedder or warm_query_embedder(settings.query_embedder_threads)
         embedder = embedder or default_embedder(settings.embedder_threads)
         projector = embedded_projector(
             data_dir,

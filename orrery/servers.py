@@ -47,6 +47,7 @@ from projector.bootstrap import (
     postgres_migrations,
     server_generation_admin,
     server_projector,
+    warm_query_embedder,
     writer_lock_path,
 )
 from projector.entrypoints.admin_http import create_admin_router
@@ -165,7 +166,8 @@ class ServerStack:
         query_embedder = embedder
         if needs_embedder and embedder is None:
             embedder = default_embedder(settings.embedder_threads)
-            query_embedder = default_embedder(settings.query_embedder_threads)
+            if Role.QUERY in roles:
+                query_embedder = warm_query_embedder(settings.query_embedder_threads)
         shared_qdrant = None
         if Role.PROJECTOR in roles or Role.QUERY in roles:
             shared_qdrant = qdrant_client(settings)

@@ -158,6 +158,15 @@ def default_embedder(threads: int = 2) -> Embedder:
     return OnnxMiniLMEmbedder(intra_op_num_threads=threads)
 
 
+def warm_query_embedder(threads: int) -> Embedder:
+    """The query side's embedder (a session of its own), loaded and run once now: the
+    first query must not pay the model load (seconds on a busy machine, past a 2 s
+    request deadline)."""
+    embedder = default_embedder(threads)
+    embedder.embed(["warm up"])
+    return embedder
+
+
 def embedded_projector(
     data_dir: Path,
     db_path: Path,
