@@ -95,9 +95,13 @@ def _server_snapshot(db_path: Path, database_url: str | None) -> CanonicalSnapsh
 def _server_writes(
     vectors: VectorIndex, db_path: Path, database_url: str | None
 ) -> RingStatsVectorIndex:
-    """The vector index server mode writes through: with ring statistics in the SQLite
-    registry; on PostgreSQL without (no KoutenDB envelope there yet)."""
-    return RingStatsVectorIndex(vectors, None if database_url else SqliteRingStatistics(db_path))
+    """The vector index server mode writes through, with ring statistics next to the
+    registry: its PostgreSQL tables with `database_url`, else the SQLite registry."""
+    if not database_url:
+        return RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
+    from projector.adapters.postgres_ring_stats import PostgresRingStatistics
+
+    return RingStatsVectorIndex(vectors, PostgresRingStatistics(database_url))
 
 
 def writer_lock_path(data_dir: Path) -> Path:

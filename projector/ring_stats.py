@@ -3,12 +3,26 @@ are maintained by the projector per generation, never recomputed per query)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 from contracts.index import IndexDocument
 from projector.ports import IndexEvidence, RingStatistics, VectorIndex
 
-__all__ = ["RingStatsVectorIndex"]
+__all__ = [
+    "RingDelta",
+    "RingMember",
+    "RingMemberRow",
+    "RingStatsVectorIndex",
+    "RingVector",
+    "member_vector",
+    "merged_sums",
+    "newest_changes",
+    "ring_moves",
+]
 
 
 class RingStatsVectorIndex:
@@ -20,8 +34,7 @@ class RingStatsVectorIndex:
     vectors. The engine is written first: a failure in between makes the batch fail and
     be delivered again, and both writes are idempotent on `(document_id, revision)`.
 
-    `stats=None` writes the engine only: server mode on PostgreSQL keeps no ring
-    statistics yet, and serves no KoutenDB envelope (docs/koutendb.md).
+    `stats=None` writes the engine only (tests and tools that need no statistics).
     """
 
     def __init__(self, inner: VectorIndex, stats: RingStatistics | None) -> None:
@@ -52,3 +65,106 @@ class RingStatsVectorIndex:
     def close(self) -> None:
         if self.stats is not None:
             self.stats.close()
+
+
+# -- the bookkeeping both `RingStatistics` adapters share (no I/O) ----------------------
+
+RingVector = npt.NDArray[np.float64]
+# What a generation holds for a document: (revision, vector or None when deleted, galaxy,
+# ring).
+RingMember = tuple[int, RingVector | None, str, str]
+# A row of `ring_members`: (document_id, revision, deleted, galaxy, ring, float32 bytes).
+RingMemberRow = tuple[str, int, bool, str, str, bytes | None]
+
+
+class RingDelta:
+    """Changes to one ring's sums within one `RingStatistics.apply`."""
+
+    __slots__ = ("documents", "unit_sum", "vector_sum")
+
+    def __init__(self) -> None:
+        self.documents = 0
+        self.vector_sum: RingVector | None = None
+        self.unit_sum: RingVector | None = None
+
+    def add(self, vector: RingVector, sign: int) -> None:
+        norm = float(np.linalg.norm(vector))
+        unit = vector / norm if norm > 0.0 else vector
+        self.documents += sign
+        if self.vector_sum is None or self.unit_sum is None:
+            self.vector_sum = sign * vector
+            self.unit_sum = sign * unit
+        else:
+            self.vector_sum += sign * vector
+            self.unit_sum += sign * unit
+
+
+def newest_changes(
+    upserts: Sequence[IndexDocument], deletes: Sequence[tuple[str, int]]
+) -> dict[str, tuple[int, IndexDocument | None]]:
+    """The newest change per document within one call (a delete at the same revision as
+    an upsert removes it, as in the engines): document id → (revision, upsert or None)."""
+    changes: dict[str, tuple[int, IndexDocument | None]] = {}
+    for upsert in upserts:
+        held = changes.get(upsert.document_id)
+        if held is None or upsert.revision > held[0]:
+            changes[upsert.document_id] = (upsert.revision, upsert)
+    for document_id, revision in deletes:
+        held = changes.get(document_id)
+        if held is None or revision >= held[0]:
+            changes[document_id] = (revision, None)
+    return changes
+
+
+def ring_moves(
+    changes: dict[str, tuple[int, IndexDocument | None]], members: dict[str, RingMember]
+) -> tuple[list[RingMemberRow], dict[tuple[str, str], RingDelta]]:
+    """The `ring_members` rows to write and the per-(galaxy, ring) deltas, given what the
+    generation holds (`members`): an upsert never replaces its own or a newer revision, a
+    delete at r removes what is at r or older and stays as a tombstone at r; a document's
+    contribution moves with it. Vectors count as their float32 values. Raises
+    `ValueError` for an upsert without a vector."""
+    deltas: dict[tuple[str, str], RingDelta] = defaultdict(RingDelta)
+    rows: list[RingMemberRow] = []
+    for document_id, (revision, change) in sorted(changes.items()):
+        old = members.get(document_id)
+        if old is not None and (old[0] > revision or (old[0] == revision and change is not None)):
+            continue
+        if old is not None and old[0] == revision and old[1] is None:
+            continue
+        if old is not None and old[1] is not None:
+            deltas[(old[2], old[3])].add(old[1], -1)
+        if change is None:
+            rows.append((document_id, revision, True, "", "", None))
+            continue
+        if change.vector is None:
+            raise ValueError(f"document {document_id} has no vector")
+        stored = np.asarray(change.vector, dtype=np.float32)
+        deltas[(change.galaxy, change.ring)].add(stored.astype(np.float64), 1)
+        rows.append((document_id, revision, False, change.galaxy, change.ring, stored.tobytes()))
+    return rows, deltas
+
+
+def member_vector(deleted: bool, blob: bytes | None) -> RingVector | None:
+    """A stored member's vector (float32 bytes) as float64; None for a tombstone."""
+    if deleted or blob is None:
+        return None
+    return np.frombuffer(blob, dtype=np.float32).astype(np.float64)
+
+
+def merged_sums(
+    delta: RingDelta, held: tuple[int, bytes, bytes] | None
+) -> tuple[int, RingVector, RingVector] | None:
+    """A ring's new (documents, vector_sum, unit_sum) from its stored row (float64
+    bytes) plus `delta`; None when the delta is empty (nothing to write). A stored row of
+    another dimension is replaced."""
+    if delta.vector_sum is None or delta.unit_sum is None:
+        return None
+    documents, vector_sum, unit_sum = delta.documents, delta.vector_sum, delta.unit_sum
+    if held is not None:
+        old_vectors = np.frombuffer(held[1], dtype=np.float64)
+        if old_vectors.shape == vector_sum.shape:
+            documents += int(held[0])
+            vector_sum = vector_sum + old_vectors
+            unit_sum = unit_sum + np.frombuffer(held[2], dtype=np.float64)
+    return documents, vector_sum, unit_sum

@@ -20,15 +20,19 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import numpy as np
-import numpy.typing as npt
-
 from contracts.errors import DependencyUnavailable
 from contracts.index import IndexDocument
+from projector.ring_stats import (
+    RingDelta,
+    RingMember,
+    member_vector,
+    merged_sums,
+    newest_changes,
+    ring_moves,
+)
 
 __all__ = ["RING_STATS_SCHEMA", "SqliteRingStatistics"]
 
@@ -54,30 +58,7 @@ CREATE TABLE IF NOT EXISTS ring_stats (
 );
 """
 
-_Vector = npt.NDArray[np.float64]
 _CHUNK = 500
-
-
-class _Delta:
-    """Changes to one ring's sums within one call."""
-
-    __slots__ = ("documents", "unit_sum", "vector_sum")
-
-    def __init__(self) -> None:
-        self.documents = 0
-        self.vector_sum: _Vector | None = None
-        self.unit_sum: _Vector | None = None
-
-    def add(self, vector: _Vector, sign: int) -> None:
-        norm = float(np.linalg.norm(vector))
-        unit = vector / norm if norm > 0.0 else vector
-        self.documents += sign
-        if self.vector_sum is None or self.unit_sum is None:
-            self.vector_sum = sign * vector
-            self.unit_sum = sign * unit
-        else:
-            self.vector_sum += sign * vector
-            self.unit_sum += sign * unit
 
 
 class SqliteRingStatistics:
@@ -124,60 +105,18 @@ class SqliteRingStatistics:
         deletes: Sequence[tuple[str, int]],
     ) -> None:
         """Move each changed document's contribution; see the class guarantees."""
-        # The newest change per document within the call wins (a delete at the same
-        # revision as an upsert removes it, as in the engines).
-        changes: dict[str, tuple[int, IndexDocument | None]] = {}
-        for upsert in upserts:
-            held = changes.get(upsert.document_id)
-            if held is None or upsert.revision > held[0]:
-                changes[upsert.document_id] = (upsert.revision, upsert)
-        for document_id, revision in deletes:
-            held = changes.get(document_id)
-            if held is None or revision >= held[0]:
-                changes[document_id] = (revision, None)
+        changes = newest_changes(upserts, deletes)
         if not changes:
             return
         with self._transaction() as conn:
             members = self._members(conn, generation_id, sorted(changes))
-            deltas: dict[tuple[str, str], _Delta] = defaultdict(_Delta)
-            rows: list[tuple[object, ...]] = []
-            for document_id, (revision, change) in sorted(changes.items()):
-                old = members.get(document_id)
-                # An upsert never replaces its own or a newer revision; a delete at r
-                # removes what is at r or older (the engines' rule).
-                if old is not None and (
-                    old[0] > revision or (old[0] == revision and change is not None)
-                ):
-                    continue
-                if old is not None and old[0] == revision and old[1] is None:
-                    continue
-                if old is not None and old[1] is not None:
-                    deltas[(old[2], old[3])].add(old[1], -1)
-                if change is None:
-                    rows.append((generation_id, document_id, revision, 1, "", "", None))
-                    continue
-                doc = change
-                if doc.vector is None:
-                    raise ValueError(f"document {document_id} has no vector")
-                stored = np.asarray(doc.vector, dtype=np.float32)
-                deltas[(doc.galaxy, doc.ring)].add(stored.astype(np.float64), 1)
-                rows.append(
-                    (
-                        generation_id,
-                        document_id,
-                        revision,
-                        0,
-                        doc.galaxy,
-                        doc.ring,
-                        stored.tobytes(),
-                    )
-                )
+            rows, deltas = ring_moves(changes, members)
             conn.executemany(
                 "INSERT INTO ring_members VALUES (?,?,?,?,?,?,?) "
                 "ON CONFLICT(generation_id, document_id) DO UPDATE SET "
                 "revision = excluded.revision, deleted = excluded.deleted, "
                 "galaxy = excluded.galaxy, ring = excluded.ring, vector = excluded.vector",
-                rows,
+                [(generation_id, i, r, int(d), g, ring, v) for i, r, d, g, ring, v in rows],
             )
             self._add(conn, generation_id, deltas)
 
@@ -194,8 +133,8 @@ class SqliteRingStatistics:
     @staticmethod
     def _members(
         conn: sqlite3.Connection, generation_id: str, document_ids: Sequence[str]
-    ) -> dict[str, tuple[int, _Vector | None, str, str]]:
-        out: dict[str, tuple[int, _Vector | None, str, str]] = {}
+    ) -> dict[str, RingMember]:
+        out: dict[str, RingMember] = {}
         for start in range(0, len(document_ids), _CHUNK):
             chunk = list(document_ids[start : start + _CHUNK])
             marks = ",".join("?" * len(chunk))
@@ -204,34 +143,24 @@ class SqliteRingStatistics:
                 f"WHERE generation_id = ? AND document_id IN ({marks})",
                 [generation_id, *chunk],
             ):
-                vector = (
-                    None
-                    if deleted or blob is None
-                    else np.frombuffer(blob, dtype=np.float32).astype(np.float64)
-                )
+                vector = member_vector(bool(deleted), blob)
                 out[str(document_id)] = (int(revision), vector, str(galaxy), str(ring))
         return out
 
     @staticmethod
     def _add(
-        conn: sqlite3.Connection, generation_id: str, deltas: dict[tuple[str, str], _Delta]
+        conn: sqlite3.Connection, generation_id: str, deltas: dict[tuple[str, str], RingDelta]
     ) -> None:
         for (galaxy, ring), delta in sorted(deltas.items()):
-            if delta.vector_sum is None or delta.unit_sum is None:
-                continue
             row = conn.execute(
                 "SELECT documents, vector_sum, unit_sum FROM ring_stats "
                 "WHERE generation_id = ? AND galaxy = ? AND ring = ?",
                 (generation_id, galaxy, ring),
             ).fetchone()
-            documents = delta.documents
-            vector_sum, unit_sum = delta.vector_sum, delta.unit_sum
-            if row is not None:
-                old_vectors = np.frombuffer(row[1], dtype=np.float64)
-                if old_vectors.shape == vector_sum.shape:
-                    documents += int(row[0])
-                    vector_sum = vector_sum + old_vectors
-                    unit_sum = unit_sum + np.frombuffer(row[2], dtype=np.float64)
+            sums = merged_sums(delta, None if row is None else (int(row[0]), row[1], row[2]))
+            if sums is None:
+                continue
+            documents, vector_sum, unit_sum = sums
             if documents <= 0:
                 conn.execute(
                     "DELETE FROM ring_stats WHERE generation_id = ? AND galaxy = ? AND ring = ?",

@@ -66,6 +66,18 @@ class PostgresReads:
         with self._errors("read"), self._pool.connection() as conn:
             return list(conn.execute(sql, params).fetchall())
 
+    @contextmanager
+    def transaction(self, what: str) -> Iterator[psycopg.Cursor[Any]]:
+        """One read-write transaction (the KoutenDB store's writes: profiles, kept
+        envelopes, feedback)."""
+        with (
+            self._errors(what),
+            self._pool.connection() as conn,
+            conn.transaction(),
+            conn.cursor() as cur,
+        ):
+            yield cur
+
     def close(self) -> None:
         self._pool.close()
 

@@ -1,6 +1,7 @@
 """Conformance of `SearchProfiles` and `EnvelopeLog` (the KoutenDB envelope's query-side
-stores) for every adapter: `SqliteKoutenStore` (`DATA_DIR/koutendb.sqlite`, both
-deployments)."""
+stores) for every adapter: `SqliteKoutenStore` (`DATA_DIR/koutendb.sqlite`: embedded, and
+server mode without `ORRERY_DATABASE_URL`) and `PostgresKoutenStore` (server mode with
+it; marked `servers`)."""
 
 from __future__ import annotations
 
@@ -16,16 +17,42 @@ from query.ports import KeptEnvelope, StoredProfile
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
-ADAPTERS: dict[str, Callable[[Path], Any]] = {
-    "sqlite": lambda path: SqliteKoutenStore(path / "koutendb.sqlite"),
+
+def _sqlite(request: pytest.FixtureRequest, path: Path) -> tuple[Any, Callable[[], None]]:
+    made = SqliteKoutenStore(path / "koutendb.sqlite")
+    return made, made.close
+
+
+def _postgres(request: pytest.FixtureRequest, path: Path) -> tuple[Any, Callable[[], None]]:
+    from ingest.adapters.postgres_db import migrate
+    from query.adapters.postgres_koutendb import PostgresKoutenStore
+    from query.adapters.postgres_migrations import COMPONENT, migrations
+    from query.adapters.postgres_routing import open_reads
+
+    url: str = request.getfixturevalue("postgres_url")
+    migrate(url, migrations(), component=COMPONENT)
+    reads = open_reads(url, pool_size=2)
+    made = PostgresKoutenStore(reads)
+
+    def close() -> None:
+        made.close()
+        reads.close()
+
+    return made, close
+
+
+ADAPTERS: dict[str, Callable[[pytest.FixtureRequest, Path], tuple[Any, Callable[[], None]]]] = {
+    "sqlite": _sqlite,
+    "postgres": _postgres,
 }
+MARKS = {"postgres": [pytest.mark.servers]}
 
 
-@pytest.fixture(params=sorted(ADAPTERS))
+@pytest.fixture(params=[pytest.param(n, marks=MARKS.get(n, [])) for n in sorted(ADAPTERS)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    made = ADAPTERS[request.param](tmp_path)
+    made, close = ADAPTERS[request.param](request, tmp_path)
     yield made
-    made.close()
+    close()
 
 
 def kept(request_id: str, at: datetime, galaxy: str = "g", **fields: Any) -> KeptEnvelope:

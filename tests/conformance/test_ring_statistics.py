@@ -1,6 +1,7 @@
 """Conformance of the ring statistics: what the projector's `RingStatistics` writes is
-what the query side's reader returns, for every adapter pair (the registry is SQLite in
-both deployments, so there is one: `SqliteRingStatistics` / `SqliteRingStats`).
+what the query side's reader returns, for every adapter pair: `SqliteRingStatistics` / `SqliteRingStats` (the registry's
+SQLite database) and `PostgresRingStatistics` / `PostgresRingStats` (server mode with
+`ORRERY_DATABASE_URL`; marked `servers`).
 
 Checked against sums computed here from the documents themselves: counts, vector sums,
 unit-vector sums after upserts, moves between rings and galaxies, changed vectors,
@@ -10,6 +11,7 @@ deletes, replays (idempotent on `(document_id, revision)`), stale revisions and 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,21 +34,50 @@ GEN = "g-ring"
 class Pair:
     writer: RingStatistics
     reader: RingReader
+    close_reader: Callable[[], None] | None = None
+    # Another writer on the same tables (a second process of the deployment).
+    another: Callable[[], RingStatistics] | None = None
 
 
-def _sqlite(path: Path) -> Pair:
+def _sqlite(request: pytest.FixtureRequest, path: Path) -> Pair:
     db = path / "orrery.sqlite"
-    return Pair(SqliteRingStatistics(db), SqliteRingStats(db))
+    return Pair(
+        SqliteRingStatistics(db), SqliteRingStats(db), another=lambda: SqliteRingStatistics(db)
+    )
 
 
-ADAPTERS: dict[str, Callable[[Path], Pair]] = {"sqlite": _sqlite}
+def _postgres(request: pytest.FixtureRequest, path: Path) -> Pair:
+    from ingest.adapters.postgres_db import migrate
+    from projector.adapters.postgres_migrations import COMPONENT, migrations
+    from projector.adapters.postgres_ring_stats import PostgresRingStatistics
+    from query.adapters.postgres_ring_stats import PostgresRingStats
+    from query.adapters.postgres_routing import open_reads
+
+    url: str = request.getfixturevalue("postgres_url")
+    migrate(url, migrations(), component=COMPONENT)
+    reads = open_reads(url, pool_size=2)
+    return Pair(
+        PostgresRingStatistics(url),
+        PostgresRingStats(reads),
+        reads.close,
+        another=lambda: PostgresRingStatistics(url),
+    )
 
 
-@pytest.fixture(params=sorted(ADAPTERS))
+ADAPTERS: dict[str, Callable[[pytest.FixtureRequest, Path], Pair]] = {
+    "sqlite": _sqlite,
+    "postgres": _postgres,
+}
+MARKS = {"postgres": [pytest.mark.servers]}
+
+
+@pytest.fixture(params=[pytest.param(n, marks=MARKS.get(n, [])) for n in sorted(ADAPTERS)])
 def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
-    made = ADAPTERS[request.param](tmp_path)
+    made = ADAPTERS[request.param](request, tmp_path)
     yield made
     made.writer.close()
+    if made.close_reader is not None:
+        made.close_reader()
 
 
 def d(
@@ -166,4 +197,49 @@ def test_random_histories_match_the_documents(pair: Pair) -> None:
         pair.writer.apply(GEN, upserts, deletes)
         if rng.random() < 0.3:  # a replay of the same batch
             pair.writer.apply(GEN, upserts, deletes)
+    assert_matches(pair, live)
+
+
+def test_concurrent_writers_of_one_generation_lose_no_contribution(pair: Pair) -> None:
+    """Two writers (the projector and a hand-over replay, say) adding documents to the
+    same rings at once: each ring's read-modify-write is serialized, no sum is lost."""
+    assert pair.another is not None
+    second = pair.another()
+    live: dict[str, IndexDocument] = {}
+    batches: dict[int, list[list[IndexDocument]]] = {0: [], 1: []}
+    rng = random.Random(7)
+    for writer in (0, 1):
+        for batch in range(15):
+            docs = [
+                d(
+                    f"w{writer}-{batch}-{i}",
+                    1,
+                    rng.choice(["a", "b"]),
+                    tuple(rng.uniform(0.1, 1) for _ in range(DIM)),
+                )
+                for i in range(4)
+            ]
+            batches[writer].append(docs)
+            live.update({x.document_id: x for x in docs})
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def run(writer: RingStatistics, mine: list[list[IndexDocument]]) -> None:
+        try:
+            barrier.wait()
+            for docs in mine:
+                writer.apply(GEN, docs, [])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=(pair.writer, batches[0])),
+        threading.Thread(target=run, args=(second, batches[1])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    second.close()
+    assert errors == []
     assert_matches(pair, live)
