@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from fastapi import APIRouter, FastAPI
 
@@ -54,6 +54,9 @@ from query.entrypoints.koutendb_http import create_router as create_query_kouten
 from query.ports import Routing
 from query.service import QueryPorts
 from query.settings import QuerySettings
+
+if TYPE_CHECKING:
+    from query.adapters.postgres_routing import PostgresRouting
 
 __all__ = [
     "STREAM_PATHS",
@@ -164,8 +167,8 @@ def query_routers(
     backend: Literal["embedded", "servers"] = "embedded",
 ) -> tuple[EligibilityGate, list[APIRouter]]:
     """The read side of a process: the eligibility gate in front of both searches, and
-    Orrery's query routes, the ChonkyDB dialect and (over the SQLite registry, which
-    keeps the ring statistics) KoutenDB's envelope over the gated ports."""
+    Orrery's query routes, the ChonkyDB dialect and KoutenDB's envelope over the gated
+    ports (ring statistics, profiles and kept envelopes next to the registry)."""
     routing = cast(RegistryRouting, ports.routing)
     gate = eligibility_gate(settings, admin, routing)
     gated = dataclasses.replace(
@@ -187,13 +190,17 @@ def query_routers(
             ports=gated, grants=grants, ready=ready_check(routing, status, gate)
         ),
     ]
-    if isinstance(routing, SqliteRouting):
-        routers.append(
-            create_query_koutendb_router(
-                ports=kouten_ports(settings, gated, registry_path=routing.path, backend=backend),
-                grants=grants,
-            )
+    routers.append(
+        create_query_koutendb_router(
+            ports=kouten_ports(
+                settings,
+                gated,
+                routing=cast("SqliteRouting | PostgresRouting", routing),
+                backend=backend,
+            ),
+            grants=grants,
         )
+    )
     return gate, routers
 
 

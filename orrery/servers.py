@@ -54,6 +54,7 @@ from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import ORPHANED_AFTER, GenerationAdmin
 from query.bootstrap import cursor_codec, scope_registry, server_query_ports
+from query.bootstrap import postgres_migrations as query_migrations
 from query.eligibility import EligibilityGate
 from query.settings import QuerySettings
 
@@ -70,14 +71,14 @@ class Role(StrEnum):
 
 
 def migrate_all(database_url: str) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """Apply every package's pending PostgreSQL migrations (ingest's canonical store, then
-    the projector's registry), each under the ledger's advisory lock: per component,
-    (applied, already there). `MigrationMismatch` when an applied file was edited."""
-    component, files = postgres_migrations()
-    return {
-        "ingest": migrate_database(database_url),
-        component: migrate_database(database_url, files, component=component),
-    }
+    """Apply every package's pending PostgreSQL migrations (ingest's canonical store, the
+    projector's registry and ring statistics, then the query workers' KoutenDB store),
+    each under the ledger's advisory lock: per component, (applied, already there).
+    `MigrationMismatch` when an applied file was edited."""
+    out = {"ingest": migrate_database(database_url)}
+    for component, files in (postgres_migrations(), query_migrations()):
+        out[component] = migrate_database(database_url, files, component=component)
+    return out
 
 
 def check_settings(settings: QuerySettings, roles: frozenset[Role]) -> None:

@@ -17,19 +17,21 @@ from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from query.cursors import CursorCodec, parse_cursor_keys
 from query.koutendb import KoutenPorts, RingTables
 from query.phrases import VocabularyRegistry, parse_vocabularies
-from query.ports import Cache, RecordReader
+from query.ports import Cache, EnvelopeLog, RecordReader, RingStatistics, SearchProfiles
 from query.profiles import ProfileRegistry, parse_profiles
 from query.scopes import ScopeRegistry, ScopeResolver, parse_scopes
 from query.service import QueryEmbeddingCache, QueryLimits, QueryPorts
 from query.settings import QuerySettings
 
 if TYPE_CHECKING:
+    from contracts.migrations import Migration
     from query.adapters.postgres_routing import PostgresRouting
 
 __all__ = [
     "cursor_codec",
     "embedded_query_ports",
     "kouten_ports",
+    "postgres_migrations",
     "profile_registry",
     "query_limits",
     "scope_registry",
@@ -38,6 +40,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("orrery.query")
+
+
+def postgres_migrations() -> tuple[str, list[Migration]]:
+    """The query workers' PostgreSQL migration set (the KoutenDB store) and its ledger
+    component (the composition root applies it with the ledger's driver)."""
+    from query.adapters.postgres_migrations import COMPONENT, migrations
+
+    return COMPONENT, migrations()
 
 
 def _json_or_file(value: str, setting: str) -> str:
@@ -199,17 +209,30 @@ def kouten_ports(
     settings: QuerySettings,
     ports: QueryPorts,
     *,
-    registry_path: Path,
+    routing: SqliteRouting | PostgresRouting,
     backend: Literal["embedded", "servers"],
 ) -> KoutenPorts:
-    """The KoutenDB envelope's ports: ring statistics from the registry database,
-    profiles and kept envelopes in `DATA_DIR/koutendb.sqlite`."""
-    store = SqliteKoutenStore(settings.data_dir / "koutendb.sqlite")
+    """The KoutenDB envelope's ports, next to the registry `routing` reads: over the
+    SQLite registry, ring statistics from its database and profiles and kept envelopes
+    in `DATA_DIR/koutendb.sqlite`; over PostgreSQL, both from its tables (on the
+    worker's pool: nothing on disk)."""
+    profiles: SearchProfiles
+    envelopes: EnvelopeLog
+    rings: RingStatistics
+    if isinstance(routing, SqliteRouting):
+        store = SqliteKoutenStore(settings.data_dir / "koutendb.sqlite")
+        profiles, envelopes, rings = store, store, SqliteRingStats(routing.path)
+    else:
+        from query.adapters.postgres_koutendb import PostgresKoutenStore
+        from query.adapters.postgres_ring_stats import PostgresRingStats
+
+        shared = PostgresKoutenStore(routing.reads)
+        profiles, envelopes, rings = shared, shared, PostgresRingStats(routing.reads)
     return KoutenPorts(
         query=ports,
         limits=query_limits(settings),
-        tables=RingTables(SqliteRingStats(registry_path)),
-        profiles=store,
-        envelopes=store,
+        tables=RingTables(rings),
+        profiles=profiles,
+        envelopes=envelopes,
         backend=backend,
     )

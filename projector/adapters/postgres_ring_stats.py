@@ -126,8 +126,7 @@ class PostgresRingStatistics:
             documents, vector_sum, unit_sum = sums
             if documents <= 0:
                 cur.execute(
-                    "DELETE FROM ring_stats WHERE generation_id = %s AND galaxy = %s "
-                    "AND ring = %s",
+                    "DELETE FROM ring_stats WHERE generation_id = %s AND galaxy = %s AND ring = %s",
                     (generation_id, galaxy, ring),
                 )
                 continue

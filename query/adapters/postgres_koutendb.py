@@ -97,8 +97,7 @@ class PostgresKoutenStore:
 
     def envelope(self, request_id: str, since: datetime) -> KeptEnvelope | None:
         rows = self._reads.query(
-            f"SELECT {_COLUMNS} FROM kouten_envelopes "
-            "WHERE request_id = %s AND created_at >= %s",
+            f"SELECT {_COLUMNS} FROM kouten_envelopes WHERE request_id = %s AND created_at >= %s",
             (request_id, since),
         )
         return _envelope(rows[0]) if rows else None

@@ -98,6 +98,11 @@ class PostgresRouting:
     def __init__(self, reads: PostgresReads) -> None:
         self._reads = reads
 
+    @property
+    def reads(self) -> PostgresReads:
+        """The worker's connection pool (shared with the KoutenDB adapters)."""
+        return self._reads
+
     def route(self, namespace: str, snapshot_kind: str) -> Route | None:
         rows = self._reads.query(
             f"SELECT {self._ROUTE_COLUMNS} "

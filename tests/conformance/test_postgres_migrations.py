@@ -126,3 +126,21 @@ def test_each_package_keeps_its_own_migration_set_in_one_ledger(postgres_url: st
     assert migrate(postgres_url, projector_files, component=COMPONENT).applied == ()
     components = {c for c, _, _ in ledger(postgres_url)}
     assert components == {"ingest", COMPONENT}
+
+
+def test_a_server_start_migrates_every_set_including_the_query_workers(postgres_url: str) -> None:
+    """`migrate_all` (every start, `orrery db migrate`): ingest, the projector (registry
+    and ring statistics) and the query workers (the KoutenDB store), each its own
+    component in the ledger."""
+    from orrery.servers import migrate_all
+    from projector.adapters.postgres_migrations import migrations as projector_files
+    from query.adapters.postgres_migrations import migrations as query_files
+
+    first = migrate_all(postgres_url)
+    assert first["projector"] == (tuple(m.version for m in projector_files()), ())
+    assert first["query"] == (tuple(m.version for m in query_files()), ())
+    assert all(applied == () for applied, _ in migrate_all(postgres_url).values())
+    assert {c for c, _, _ in ledger(postgres_url)} == {"ingest", "projector", "query"}
+    with psycopg.connect(postgres_url) as conn:
+        for table in ("ring_members", "ring_stats", "kouten_profiles", "kouten_envelopes"):
+            assert conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() == (table,)

@@ -1,7 +1,7 @@
 """Conformance of the ring statistics: what the projector's `RingStatistics` writes is
-what the query side's reader returns, for every adapter pair: `SqliteRingStatistics` / `SqliteRingStats` (the registry's
-SQLite database) and `PostgresRingStatistics` / `PostgresRingStats` (server mode with
-`ORRERY_DATABASE_URL`; marked `servers`).
+what the query side's reader returns, for every adapter pair: `SqliteRingStatistics` /
+`SqliteRingStats` (the registry's SQLite database) and `PostgresRingStatistics` /
+`PostgresRingStats` (server mode with `ORRERY_DATABASE_URL`; marked `servers`).
 
 Checked against sums computed here from the documents themselves: counts, vector sums,
 unit-vector sums after upserts, moves between rings and galaxies, changed vectors,

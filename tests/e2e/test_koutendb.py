@@ -92,9 +92,9 @@ def kouten(
 ) -> Iterator[Server]:
     env = {"ORRERY_API_KEYS": API_KEYS, "ORRERY_ADMIN_KEY": ADMIN_KEY}
     if request.param == "servers":
-        # The envelope reads ring statistics from the SQLite registry (not kept on
-        # PostgreSQL yet): single-host server mode.
-        env.update(server_env(run_tag(), database=False))
+        # On PostgreSQL like the other server e2e tests: ring statistics, profiles and
+        # kept envelopes in its tables.
+        env.update(server_env(run_tag()))
     srv = start_server(Path(tmp_path_factory.mktemp("kouten")) / "data", env=env)
     BACKEND[srv.port] = request.param
     try:
@@ -427,6 +427,19 @@ def test_profiles_are_kept_per_namespace(kouten: Server) -> None:
     assert error(
         kouten, "PUT", "/v1/koutendb/profiles/bad", json={"namespace": NS, "amount": "raLots"}
     ) == (422, "invalid_request")
+    # Where they live: DATA_DIR/koutendb.sqlite embedded; PostgreSQL in server mode
+    # (a query worker keeps nothing on disk).
+    if kouten.database_url is None:
+        assert (kouten.data_dir / "koutendb.sqlite").exists()
+    else:
+        import psycopg
+
+        assert not (kouten.data_dir / "koutendb.sqlite").exists()
+        with psycopg.connect(kouten.database_url) as conn:
+            stored = conn.execute(
+                "SELECT name FROM kouten_profiles WHERE namespace = %s", (NS,)
+            ).fetchall()
+        assert stored == [("wide",)]
 
 
 def test_request_errors(kouten: Server) -> None:
