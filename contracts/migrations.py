@@ -2,11 +2,12 @@
 
 Each package that keeps tables in PostgreSQL owns its migration set, the files
 `NNNN_name.sql` under its `adapters/postgres_migrations/` (ingest: the canonical store;
-projector: the generation registry, positions, evidence and caches). One ledger table,
+projector: the generation registry, positions, evidence, caches and ring statistics;
+query: KoutenDB's search profiles and kept envelopes). One ledger table,
 `orrery_migrations`, records every applied file per `component` (the owning package), so
 the sets never meet; the driver that applies them is `ingest.adapters.postgres_db.migrate`,
-called by the composition root for each component. Query workers own no tables: they read
-both sets (docs/deploy.md).
+called by the composition root for each component. Query workers read the other two sets
+(docs/deploy.md).
 """
 
 from __future__ import annotations
