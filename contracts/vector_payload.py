@@ -234,8 +234,12 @@ def check_vector(document: IndexDocument, dimension: int | None) -> None:
 
 def check_query_vector(vector: Sequence[float]) -> list[float]:
     """The query vector as floats; empty, non-finite or all-zero is `INVALID_REQUEST`."""
-    values = [float(x) for x in vector]
-    if not values or not all(math.isfinite(x) for x in values):
+    values = list(map(float, vector))
+    # A finite sum proves every value finite (an inf or a nan makes the sum inf or nan);
+    # only a non-finite sum (or an overflowing one) needs the per-value check.
+    if not values or (
+        not math.isfinite(sum(values)) and not all(map(math.isfinite, values))
+    ):
         raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector must be finite numbers")
     if not any(values):
         raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector is all zeros")

@@ -190,11 +190,14 @@ def fuse_weighted_profile(
     lw, vw, fw, mw = weights
     boosts, other = profile.status_boosts, profile.other_status_boost
     fsum = math.fsum
+    # `freshness` inlined, its arithmetic in the same order (so bit for bit the same).
+    exp, neg_ln2 = math.exp, -math.log(2.0)
     fused: list[FusedCandidate] = []
     for doc_id, candidate in seen.items():
         lx = lex.get(doc_id, 0.0)
         vx = vec.get(doc_id, 0.0)
-        fresh = freshness(candidate.updated_at, now, half_life)
+        age_days = (now - candidate.updated_at).total_seconds() / 86_400.0
+        fresh = exp(neg_ln2 * (age_days if age_days > 0.0 else 0.0) / half_life)
         meta = boosts.get(candidate.status, other)
         score = fsum((lw * lx, vw * vx, fw * fresh, mw * meta)) / total
         fused.append(FusedCandidate(doc_id, candidate.revision, score, lx, vx, fresh, meta))

@@ -292,6 +292,26 @@ def test_scores_are_exactly_the_search_scores_of_the_listed_ids(loaded: Harness,
         assert set(scores) == expected
 
 
+def test_scores_of_canonical_uuid_ids_and_their_other_spellings(engine: Harness) -> None:
+    """Documents whose ids are canonical UUIDs (their point ids, as derived ids are), the
+    same UUIDs spelled in uppercase (other documents, other point ids) and plain ids, in
+    one lookup and in lookups of each kind alone: exactly the search's scores."""
+    canonical = [str(uuid.UUID(int=i + 1)) for i in range(4)]
+    upper = [canonical[0].upper(), canonical[1].upper()]
+    plain = ["p1", "p2"]
+    vectors = [unit(1, 0, 0, 0), unit(0.9, 0.3, 0, 0), unit(0, 1, 0, 0), unit(0.2, 0.2, 0.9, 0)]
+    ids = [*canonical, *upper, *plain]
+    engine.apply([doc(d, 1, vector=vectors[i % 4]) for i, d in enumerate(ids)])
+    listings = [tuple(ids), tuple(canonical[:3]), (*upper, canonical[0]), (*plain, "unknown")]
+    for listed in listings:
+        by_id = SearchFilter(document_ids=listed)
+        for vector in (unit(1, 0, 0, 0), unit(0.3, -0.2, 0.9, 0.1)):
+            searched = engine.query(vector, by_id, limit=20)
+            scores = engine.search.scores(engine.generation_id, vector, by_id)
+            assert scores == {c.document_id: c.score for c in searched}
+            assert set(scores) == set(listed) - {"unknown"}
+
+
 def test_scores_need_listed_ids(loaded: Harness) -> None:
     with pytest.raises(OrreryError) as raised:
         loaded.search.scores(loaded.generation_id, unit(1, 0, 0, 0), SearchFilter())
