@@ -237,9 +237,7 @@ def check_query_vector(vector: Sequence[float]) -> list[float]:
     values = list(map(float, vector))
     # A finite sum proves every value finite (an inf or a nan makes the sum inf or nan);
     # only a non-finite sum (or an overflowing one) needs the per-value check.
-    if not values or (
-        not math.isfinite(sum(values)) and not all(map(math.isfinite, values))
-    ):
+    if not values or (not math.isfinite(sum(values)) and not all(map(math.isfinite, values))):
         raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector must be finite numbers")
     if not any(values):
         raise OrreryError(ErrorCode.INVALID_REQUEST, "query vector is all zeros")
