@@ -6,7 +6,8 @@ directory, with no projector running, so the figures are the canonical store's s
 alone: an import of N JSON lines that carry their own 384-d vectors (the embedder is
 not involved), a dump of them, a backup, its verification, a restore into a fresh data
 directory and a compaction after re-importing every line once more (N superseded
-revisions; the log position is set past them as after a projector caught up).
+revisions; the log position is set past them as after a projector caught up). The
+garbage collector is tuned as the servers and the CLI tune it (`orrery.cli.tune_gc`).
 
     python -m bench.kouten_io                  # 100k lines (target: ≥ 5,000 lines/s)
     python -m bench.kouten_io --lines 10000    # smaller
@@ -38,6 +39,7 @@ from ingest.adapters.sqlite_maintenance import (
 )
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.koutendb_io import ImportOptions, JsonlImporter, LineSplitter, dump_lines
+from orrery.cli import tune_gc
 from projector.adapters.sqlite_state import SqliteProjectorState
 
 OUT = REPO_ROOT / "docs" / "bench" / "kouten_io.json"
@@ -128,6 +130,9 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    # The collector tuned as `orrery serve` and `orrery import-jsonl` run it: the figures
+    # are the HTTP route's and the CLI's, not those of a default-tuned interpreter.
+    tune_gc()
     load_before = os.getloadavg()
     seconds: dict[str, float] = {}
     root = Path(tempfile.mkdtemp(prefix="orrery-bench-kouten-io-"))
@@ -164,6 +169,7 @@ def main() -> None:
             "lines": args.lines,
             "vector_dimension": DIM,
             "path": "in-process use cases (the HTTP route's and the CLI's code), no projector",
+            "gc": "orrery.cli.tune_gc (as serve and import-jsonl run)",
             "input_bytes": len(data),
             "dump_bytes": dump_bytes,
             "import": {**stats, "errorLines": len(stats["errorLines"])},

@@ -395,6 +395,7 @@ def import_jsonl(
         )
     except OrreryError as exc:
         raise _fail(exc) from exc
+    tune_gc()  # a batch job allocating millions of containers, as a server does
     store = embedded_store(settings.data_dir)
     importer = JsonlImporter(options, store)
     splitter = LineSplitter()

@@ -196,3 +196,44 @@ def test_a_store_fault_stops_the_import_with_its_progress(tmp_path: Path) -> Non
         assert error["code"] == "dependency_unavailable"
         assert error["details"]["progress"]["imported"] == 0
         assert error["details"]["progress"]["read"] == 2
+
+
+def test_imported_records_are_the_records_full_validation_makes(tmp_path: Path) -> None:
+    """The importer validates a record's vector once (in `map_line`), not again in
+    `Record`: what it writes is what `Record.model_validate` of the mapped line makes,
+    and a vector past Record's bound is still refused with Record's own message."""
+    from contracts.records import Record
+    from ingest.adapters.sqlite_store import SqliteRecordStore
+    from ingest.koutendb_io import JsonlImporter
+
+    options = ImportOptions(
+        namespace="ns", snapshot_kind="objects", galaxy="g", vec_field="v", id_field="k"
+    )
+    lines = [
+        line({"k": "a", "v": [1, 2.5, -3]}),  # ints become floats
+        line({"k": "b", "v": [0.25] * 4096}),
+        line({"k": "c", "v": [0.5] * 4097}),  # past Record's bound
+        line({"k": "d", "v": [0.125, 1e-7], "t": "x"}),
+    ]
+    store = SqliteRecordStore(tmp_path / "orrery.sqlite")
+    try:
+        importer = JsonlImporter(options, store)
+        for raw in lines:
+            importer.add(raw)
+        importer.write_pending()
+        result = importer.result()
+        assert (result.imported, result.errors) == (3, 1)
+        error = result.errorLines[0]
+        assert (error.line, error.code) == (3, "invalid_request")
+        assert error.message.startswith("vector: List should have at most 4096 items")
+        stored = {r.item_id: r for r in store.live_records("ns", "objects", "g")}
+        for raw in (lines[0], lines[1], lines[3]):
+            mapped = map_line(raw, options)
+            assert mapped is not None
+            expected = Record.model_validate({**mapped, "revision": 1})
+            got = stored[expected.item_id]
+            assert got.model_dump(exclude={"metadata"}) == expected.model_dump(exclude={"metadata"})
+            assert got.vector is not None and {type(x) for x in got.vector} == {float}
+        assert stored["g:a"].vector == [1.0, 2.5, -3.0]
+    finally:
+        store.close()
