@@ -25,10 +25,7 @@ from contracts.records import Record, payload_sha256
 from ingest.model import Decision, Outcome, decide_revision
 from ingest.ports import Head
 
-__all__ = ["SCHEMA", "WAL_AUTOCHECKPOINT_PAGES", "SqliteRecordStore", "connect"]
-
-# Pages (4 KiB) of write-ahead log after which a commit checkpoints it (SQLite: 1,000).
-WAL_AUTOCHECKPOINT_PAGES = 10_000
+__all__ = ["SCHEMA", "SqliteRecordStore", "connect"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -76,12 +73,6 @@ def connect(path: Path) -> sqlite3.Connection:
     # 64 MiB of page cache (default 2 MiB): a batch of records with vectors is ~10 MB,
     # and the B-tree pages it touches stay cached (write path ~15 % less CPU, measured).
     conn.execute("PRAGMA cache_size=-65536")
-    # Checkpoint the WAL into the database every ~40 MB of log (default ~4 MB): a batch
-    # of 1,000 records with 384-d vectors is ~8 MB of pages, so at the default every
-    # commit ran a checkpoint (two fsyncs, and the heads/outbox pages a batch rewrites
-    # copied each time). Durability is unchanged (a commit is in the WAL either way);
-    # the WAL file may grow to about this size between checkpoints.
-    conn.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
     return conn
 
 
