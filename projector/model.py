@@ -3,7 +3,7 @@ generation lifecycle; comparing read-back evidence with what is expected."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,6 +16,7 @@ from contracts.generations import (
     GenerationDescriptor,
     GenerationState,
     StateChange,
+    Topology,
 )
 from contracts.index import IndexDocument, is_unicode
 from contracts.index_fields import FACET_SEPARATOR
@@ -116,6 +117,49 @@ WRITABLE_STATES: frozenset[GenerationState] = frozenset(
 
 # How many differing ids a check reports per kind of difference.
 DIFF_SAMPLE = 20
+
+
+def engine_named_topology(lexical_engine: str, vector_engine: str) -> Callable[[str], Topology]:
+    """The default topology of a new generation: both engine indexes named like it."""
+
+    def topology(generation_id: str) -> Topology:
+        return Topology(
+            lexical_engine=lexical_engine,
+            lexical_index=generation_id,
+            vector_engine=vector_engine,
+            vector_index=generation_id,
+        )
+
+    return topology
+
+
+def new_generation(
+    seq: int,
+    namespace: str,
+    snapshot_kind: str,
+    *,
+    state: GenerationState,
+    reason: str,
+    at: datetime,
+    embedder_id: str,
+    embedder_dim: int,
+    schema_digest: str,
+    topology: Callable[[str], Topology],
+) -> GenerationDescriptor:
+    """The descriptor of the registry's `seq`-th generation (`g{seq}`), digest included."""
+    generation_id = f"g{seq}"
+    return GenerationDescriptor(
+        generation_id=generation_id,
+        namespace=namespace,
+        snapshot_kind=snapshot_kind,
+        state=state,
+        created_at=at,
+        embedder_id=embedder_id,
+        embedder_dim=embedder_dim,
+        topology=topology(generation_id),
+        schema_digest=schema_digest,
+        history=(StateChange(state=state, at=at, reason=reason),),
+    ).with_digest()
 
 
 def transition(

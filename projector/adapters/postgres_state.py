@@ -32,11 +32,10 @@ from contracts.generations import (
     GenerationDescriptor,
     GenerationState,
     LivePointer,
-    StateChange,
     Topology,
 )
 from projector.adapters.postgres_pool import driver_errors, open_pool
-from projector.model import WRITABLE_STATES, transition
+from projector.model import WRITABLE_STATES, engine_named_topology, new_generation, transition
 from projector.ports import DeadLetter, RegistrySnapshot, Undecodable
 
 __all__ = ["PostgresProjectorState"]
@@ -192,14 +191,6 @@ class PostgresProjectorState:
         """Register a new generation (`live` at once when `make_live`, else `building`)."""
         now = datetime.now(UTC)
 
-        def default_topology(generation_id: str) -> Topology:
-            return Topology(
-                lexical_engine=lexical_engine,
-                lexical_index=generation_id,
-                vector_engine=vector_engine,
-                vector_index=generation_id,
-            )
-
         state = GenerationState.LIVE if make_live else GenerationState.BUILDING
         reason = "first generation of the scope, made live by the projector" if make_live else ""
         with self._transaction("create generation") as cur:
@@ -213,7 +204,7 @@ class PostgresProjectorState:
                 embedder_id=embedder_id,
                 embedder_dim=embedder_dim,
                 schema_digest=schema_digest,
-                topology=topology or default_topology,
+                topology=topology or engine_named_topology(lexical_engine, vector_engine),
             )
             if make_live:
                 cur.execute(
@@ -243,19 +234,19 @@ class PostgresProjectorState:
         row = cur.fetchone()
         assert row is not None
         seq = int(row[0])
-        generation_id = f"g{seq}"
-        descriptor = GenerationDescriptor(
-            generation_id=generation_id,
-            namespace=namespace,
-            snapshot_kind=snapshot_kind,
+        descriptor = new_generation(
+            seq,
+            namespace,
+            snapshot_kind,
             state=state,
-            created_at=at,
+            reason=reason,
+            at=at,
             embedder_id=embedder_id,
             embedder_dim=embedder_dim,
-            topology=topology(generation_id),
             schema_digest=schema_digest,
-            history=(StateChange(state=state, at=at, reason=reason),),
-        ).with_digest()
+            topology=topology,
+        )
+        generation_id = descriptor.generation_id
         cur.execute(
             "INSERT INTO generations (seq, generation_id, namespace, snapshot_kind, state,"
             " descriptor_json, descriptor_digest, heartbeat_at) VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",

@@ -31,10 +31,9 @@ from contracts.generations import (
     GenerationDescriptor,
     GenerationState,
     LivePointer,
-    StateChange,
     Topology,
 )
-from projector.model import WRITABLE_STATES, transition
+from projector.model import WRITABLE_STATES, engine_named_topology, new_generation, transition
 from projector.ports import DeadLetter, RegistrySnapshot, Undecodable
 
 __all__ = ["STATE_SCHEMA", "SqliteProjectorState"]
@@ -263,14 +262,6 @@ class SqliteProjectorState:
         """
         now = datetime.now(UTC)
 
-        def default_topology(generation_id: str) -> Topology:
-            return Topology(
-                lexical_engine=lexical_engine,
-                lexical_index=generation_id,
-                vector_engine=vector_engine,
-                vector_index=generation_id,
-            )
-
         state = GenerationState.LIVE if make_live else GenerationState.BUILDING
         reason = "first generation of the scope, made live by the projector" if make_live else ""
         with self._transaction() as conn:
@@ -284,7 +275,7 @@ class SqliteProjectorState:
                 embedder_id=embedder_id,
                 embedder_dim=embedder_dim,
                 schema_digest=schema_digest,
-                topology=topology or default_topology,
+                topology=topology or engine_named_topology(lexical_engine, vector_engine),
             )
             generation_id = descriptor.generation_id
             if make_live:
@@ -311,19 +302,19 @@ class SqliteProjectorState:
         topology: Callable[[str], Topology],
     ) -> GenerationDescriptor:
         seq = int(conn.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM generations").fetchone()[0])
-        generation_id = f"g{seq}"
-        descriptor = GenerationDescriptor(
-            generation_id=generation_id,
-            namespace=namespace,
-            snapshot_kind=snapshot_kind,
+        descriptor = new_generation(
+            seq,
+            namespace,
+            snapshot_kind,
             state=state,
-            created_at=at,
+            reason=reason,
+            at=at,
             embedder_id=embedder_id,
             embedder_dim=embedder_dim,
-            topology=topology(generation_id),
             schema_digest=schema_digest,
-            history=(StateChange(state=state, at=at, reason=reason),),
-        ).with_digest()
+            topology=topology,
+        )
+        generation_id = descriptor.generation_id
         conn.execute(
             "INSERT INTO generations (seq, generation_id, namespace, snapshot_kind, state,"
             " descriptor_json, descriptor_digest, heartbeat_at) VALUES (?,?,?,?,?,?,?,?)",
