@@ -8,6 +8,7 @@ are not timed (no cost beyond one context-variable read). Stdlib only, no I/O.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,12 +17,15 @@ from contextvars import ContextVar
 __all__ = ["engine_call", "engine_clock"]
 
 _TOTALS: ContextVar[dict[str, float] | None] = ContextVar("orrery_engine_ms", default=None)
+# A request's calls may run on two threads at once (`query.overlap`), adding to one dict.
+_ADD = threading.Lock()
 
 
 @contextmanager
 def engine_clock() -> Iterator[dict[str, float]]:
     """Collect, in the returned dict, milliseconds per engine of every `engine_call` made
-    in this context (thread) until the block ends."""
+    in this context (thread, or a thread running a copy of it) until the block ends.
+    Calls that overlap in time each count in full."""
     totals: dict[str, float] = {}
     token = _TOTALS.set(totals)
     try:
@@ -41,4 +45,6 @@ def engine_call(engine: str) -> Iterator[None]:
     try:
         yield
     finally:
-        totals[engine] = totals.get(engine, 0.0) + (time.perf_counter() - started) * 1000.0
+        elapsed = (time.perf_counter() - started) * 1000.0
+        with _ADD:
+            totals[engine] = totals.get(engine, 0.0) + elapsed

@@ -16,6 +16,7 @@ from query.adapters.sqlite_routing import SqliteRecordReader, SqliteRouting
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from query.cursors import CursorCodec, parse_cursor_keys
 from query.koutendb import KoutenPorts, RingTables
+from query.overlap import shared_source_pool
 from query.phrases import VocabularyRegistry, parse_vocabularies
 from query.ports import Cache, EnvelopeLog, RecordReader, RingStatistics, SearchProfiles
 from query.profiles import ProfileRegistry, parse_profiles
@@ -145,6 +146,7 @@ def embedded_query_ports(
         responses=MemoryCache() if cache_responses else None,
         scopes=ScopeResolver(routing, scopes),
         cursors=cursors,
+        overlap=shared_source_pool(),
     )
 
 
@@ -201,6 +203,7 @@ def server_query_ports(
         responses=shared if cache_responses else None,
         scopes=ScopeResolver(routing, scopes, shared=None if redis_url is None else shared),
         cursors=cursors,
+        overlap=shared_source_pool(),
     )
     return ports, close
 

@@ -36,6 +36,7 @@ from contracts.topk import (
 )
 from query.cursors import SORT, CursorCodec, CursorPosition, paginate
 from query.fusion import FusedCandidate, Rescored, fuse
+from query.overlap import DeadlinePassed, Pending, SourcePool
 from query.phrases import ResolvedPhrasePlan, VocabularyRegistry
 from query.ports import (
     Cache,
@@ -183,6 +184,9 @@ class QueryPorts:
     eligibility: RouteAdmission | None = None
     scopes: ScopeResolver | None = None
     cursors: CursorCodec | None = None
+    # Runs a request's two sources (and its two score lookups) side by side; None: one
+    # after the other on the request's thread. Rankings are the same either way.
+    overlap: SourcePool | None = None
 
 
 class _Stopwatch:
@@ -211,20 +215,33 @@ class _Stopwatch:
         self.stages[stage] += (now - self._mark) * 1000.0
         self._mark = now
         if now > self.deadline:
-            raise OrreryError(
-                ErrorCode.DEADLINE_EXCEEDED,
-                f"the request exceeded timeout_seconds={self.timeout_seconds} during {stage}",
-                {
-                    "stage": stage,
-                    "timeout_seconds": self.timeout_seconds,
+            raise self.overrun(stage)
+
+    def wait(self, pending: Pending[Any], stage: str) -> Any:
+        """The result of a call running beside this request, waited for until the
+        deadline (then `DEADLINE_EXCEEDED` for `stage`, like `lap`)."""
+        try:
+            return pending.result(self.deadline)
+        except DeadlinePassed:
+            self.lap(stage)
+            raise self.overrun(stage) from None
+
+    def overrun(self, stage: str) -> OrreryError:
+        """The error of a request whose deadline passed during `stage`."""
+        return OrreryError(
+            ErrorCode.DEADLINE_EXCEEDED,
+            f"the request exceeded timeout_seconds={self.timeout_seconds} during {stage}",
+            {
+                "stage": stage,
+                "timeout_seconds": self.timeout_seconds,
+                "latency_ms": self.latency().model_dump(),
+                "query_plan": {
+                    **self.plan,
+                    "completed_stages": [s for s, ms in self.stages.items() if ms > 0.0],
                     "latency_ms": self.latency().model_dump(),
-                    "query_plan": {
-                        **self.plan,
-                        "completed_stages": [s for s, ms in self.stages.items() if ms > 0.0],
-                        "latency_ms": self.latency().model_dump(),
-                    },
                 },
-            )
+            },
+        )
 
     def latency(self) -> LatencyMs:
         total = (time.perf_counter() - self.start) * 1000.0
@@ -661,9 +678,27 @@ def _cache_extra(q: _Resolved) -> dict[str, Any]:
 
 def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sources:
     """Stages 2 and 3: embed the query (lap `candidate_fetch`), then search the lexical
-    and the vector index, both restricted before scoring (lap `index_search`)."""
+    and the vector index, both restricted before scoring (lap `index_search`).
+
+    With `ports.overlap` the lexical search starts first, beside the embedding and the
+    vector search (its time then shows in whichever lap it ends in)."""
     profile = q.profile
     use_vector = (bool(q.text) or q.query_vector is not None) and profile.vector_weight > 0.0
+    generation_id = q.route.generation_id
+    use_lexical = profile.lexical_weight > 0.0 or not use_vector
+
+    def search_lexical() -> list[Candidate]:
+        return ports.lexical.search(
+            generation_id,
+            q.lexical_text,
+            q.search_filter,
+            q.depths["lexical"],
+            field_boosts=profile.lexical_boosts(),
+        )
+
+    lexical: Pending[list[Candidate]] | None = None
+    if use_lexical and use_vector and ports.overlap is not None:
+        lexical = ports.overlap.start(search_lexical)
     given = q.query_vector
     sources = _Sources(
         query_vector=(given if given is not None else ports.query_vectors.vector(q.text))
@@ -674,21 +709,27 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
         indexes_used=[],
     )
     watch.lap("candidate_fetch")
-    generation_id = q.route.generation_id
-    if profile.lexical_weight > 0.0 or not use_vector:
-        sources.lexical = ports.lexical.search(
-            generation_id,
-            q.lexical_text,
-            q.search_filter,
-            q.depths["lexical"],
-            field_boosts=profile.lexical_boosts(),
-        )
+    if use_lexical and lexical is None:
+        sources.lexical = search_lexical()
+    # A failure of both sources reports the lexical one, whichever order they ran in.
+    vector_error: Exception | None = None
+    if sources.query_vector is not None:
+        try:
+            vector_filter = q.phrases.vector_filter(q.search_filter, generation_id, ports.lexical)
+            sources.vector = ports.vectors.search(
+                generation_id, sources.query_vector, vector_filter, q.depths["vector"]
+            )
+        except Exception as exc:
+            if lexical is None:
+                raise
+            vector_error = exc
+    if lexical is not None:
+        sources.lexical = watch.wait(lexical, "index_search")
+    if vector_error is not None:
+        raise vector_error
+    if use_lexical:
         sources.indexes_used.append("bm25" if q.lexical_text else "filter")
     if sources.query_vector is not None:
-        vector_filter = q.phrases.vector_filter(q.search_filter, generation_id, ports.lexical)
-        sources.vector = ports.vectors.search(
-            generation_id, sources.query_vector, vector_filter, q.depths["vector"]
-        )
         sources.indexes_used.append("vector")
     if q.search_filter != SearchFilter() or (
         isinstance(profile, WeightedProfile) and profile.metadata_weight > 0.0
@@ -722,6 +763,7 @@ def _fuse_and_page(
             sources.vector,
             ports,
             profile,
+            watch=ranked.watch,
         )
     fused = fuse(
         profile,
@@ -756,6 +798,8 @@ def _rescore(
     vector: Sequence[Candidate],
     ports: QueryPorts,
     profile: FusionProfile,
+    *,
+    watch: _Stopwatch,
 ) -> Rescored:
     """Exact scores of each source's candidates in the other source, fetched by id.
 
@@ -763,28 +807,40 @@ def _rescore(
     (`scores`) returns each listed document's own score (lexical: its BM25 under the
     profile's field boosts, absent when no term matches; vectors: its exact cosine).
     Two extra engine calls at most, each bounded by the candidate depth; neither builds
-    candidates.
+    candidates. With `ports.overlap` the two run side by side.
     """
     lexical_ids = {c.document_id for c in lexical}
     vector_ids = {c.document_id for c in vector}
     only_vector = sorted(vector_ids - lexical_ids)
     only_lexical = sorted(lexical_ids - vector_ids)
-    lexical_scores: dict[str, float] = {}
-    vector_scores: dict[str, float] = {}
     looked_up = 0
+    lookup_vectors: Callable[[], dict[str, float]] | None = None
+    if query_vector is not None and vector_ids and only_lexical:
+        # Lexical candidates passed the phrase groups already; vector engines take none.
+        by_ids = search_filter.model_copy(
+            update={"document_ids": tuple(only_lexical), "phrases": ()}
+        )
+
+        def lookup_vectors() -> dict[str, float]:
+            assert query_vector is not None
+            return ports.vectors.scores(generation_id, query_vector, by_ids)
+
+        looked_up += len(only_lexical)
+    pending: Pending[dict[str, float]] | None = None
+    if lookup_vectors is not None and ports.overlap is not None:
+        pending = ports.overlap.start(lookup_vectors)
+    lexical_scores: dict[str, float] = {}
     if lexical_ids and only_vector:
         by_id = search_filter.model_copy(update={"document_ids": tuple(only_vector)})
         lexical_scores = ports.lexical.scores(
             generation_id, text, by_id, field_boosts=profile.lexical_boosts()
         )
         looked_up += len(only_vector)
-    if query_vector is not None and vector_ids and only_lexical:
-        # Lexical candidates passed the phrase groups already; vector engines take none.
-        by_id = search_filter.model_copy(
-            update={"document_ids": tuple(only_lexical), "phrases": ()}
-        )
-        vector_scores = ports.vectors.scores(generation_id, query_vector, by_id)
-        looked_up += len(only_lexical)
+    vector_scores: dict[str, float] = {}
+    if pending is not None:
+        vector_scores = watch.wait(pending, "rerank")
+    elif lookup_vectors is not None:
+        vector_scores = lookup_vectors()
     return Rescored(lexical=lexical_scores, vector=vector_scores, looked_up=looked_up)
 
 

@@ -1,0 +1,134 @@
+"""`query.overlap`: a request's second engine call beside its own thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from contracts.errors import ErrorCode, OrreryError
+from contracts.timing import engine_call, engine_clock
+from query.overlap import DeadlinePassed, SourcePool
+from query.service import _Stopwatch
+
+WAIT_S = 30.0  # never reached when the code is right: only bounds a broken run
+
+
+@pytest.fixture
+def pool() -> Iterator[SourcePool]:
+    made = SourcePool(workers=1)
+    yield made
+    made.close()
+
+
+def _far() -> float:
+    return time.perf_counter() + WAIT_S
+
+
+def test_runs_on_a_pool_thread_and_returns_its_value(pool: SourcePool) -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def call() -> str:
+        started.set()
+        assert release.wait(WAIT_S)
+        return threading.current_thread().name
+
+    pending = pool.start(call)
+    # The call runs while the caller does other work: it started before being asked for.
+    assert started.wait(WAIT_S)
+    release.set()
+    name = pending.result(_far())
+    assert name.startswith("orrery-source") and name != threading.current_thread().name
+
+
+def test_the_calls_exception_is_raised_by_result(pool: SourcePool) -> None:
+    def call() -> None:
+        raise OrreryError(ErrorCode.COVERAGE_UNAVAILABLE, "no index")
+
+    pending = pool.start(call)
+    with pytest.raises(OrreryError) as caught:
+        pending.result(_far())
+    assert caught.value.code is ErrorCode.COVERAGE_UNAVAILABLE
+
+
+def test_a_busy_pool_hands_the_call_back_to_the_caller(pool: SourcePool) -> None:
+    release = threading.Event()
+    blocker = pool.start(lambda: release.wait(WAIT_S))
+    calls: list[str] = []
+
+    def call() -> str:
+        calls.append(threading.current_thread().name)
+        return "done"
+
+    queued = pool.start(call)
+    # The only pool thread is busy: asking for the result runs the call right here,
+    # without waiting for the blocker.
+    assert queued.result(_far()) == "done"
+    assert calls == [threading.current_thread().name]
+    release.set()
+    assert blocker.result(_far()) is True
+    assert calls == [threading.current_thread().name]  # it ran once, not again on the pool
+
+
+def test_result_stops_waiting_at_the_deadline(pool: SourcePool) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    def call() -> int:
+        entered.set()
+        release.wait(WAIT_S)
+        return 1
+
+    pending = pool.start(call)
+    assert entered.wait(WAIT_S)
+    with pytest.raises(DeadlinePassed):
+        pending.result(time.perf_counter() + 0.01)
+    release.set()
+
+
+def test_the_engine_clock_counts_calls_on_the_pool(pool: SourcePool) -> None:
+    def call() -> None:
+        with engine_call("far"):
+            time.sleep(0.001)
+
+    with engine_clock() as totals:
+        pool.start(call).result(_far())
+        with engine_call("near"):
+            pass
+    assert set(totals) == {"far", "near"} and totals["far"] > 0.0
+
+
+def test_a_closed_pool_runs_calls_on_the_caller() -> None:
+    pool = SourcePool(workers=1)
+    pool.close()
+    pending = pool.start(lambda: threading.current_thread().name)
+    assert pending.result(_far()) == threading.current_thread().name
+
+
+def test_a_wait_past_the_request_deadline_is_deadline_exceeded(pool: SourcePool) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    def call() -> int:
+        entered.set()
+        release.wait(WAIT_S)
+        return 1
+
+    watch = _Stopwatch(timeout_seconds=0.01)
+    pending = pool.start(call)
+    assert entered.wait(WAIT_S)
+    try:
+        with pytest.raises(OrreryError) as caught:
+            watch.wait(pending, "index_search")
+    finally:
+        release.set()
+    assert caught.value.code is ErrorCode.DEADLINE_EXCEEDED
+    assert caught.value.details["stage"] == "index_search"
+
+
+def test_a_pool_needs_a_worker() -> None:
+    with pytest.raises(ValueError):
+        SourcePool(workers=0)
