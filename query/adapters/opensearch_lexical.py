@@ -50,6 +50,9 @@ _MAX_PAGE = 10_000
 # `index.max_terms_count` (65 536 by default) caps one `terms` query.
 _MAX_TERMS = 65_536
 _DOCVALUE_FIELDS = [DOCUMENT_ID, REVISION, UPDATED_AT_MICROS, STATUS]
+_SCORE_SORT: list[Any] = [{"_score": "desc"}, {DOCUMENT_ID: "asc"}]
+# Only what is read back: a smaller response to send and to parse.
+_FILTER_PATH = "hits.hits._id,hits.hits._score,hits.hits.fields,hits.hits.sort"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 # Lucene counts every leaf clause of a query against `indices.query.bool.max_clause_count`
@@ -74,9 +77,11 @@ class OpenSearchLexicalSearch:
       `document_id`).
     - Every filter is a non-scoring `bool.filter` clause, so a document's score is the same
       with and without them. Filter values that are not valid Unicode match nothing.
-    - Order is score descending, then `document_id` ascending, done by the engine's sort,
-      so ties at the `limit` boundary are exact. Limits above 10 000 are fetched in pages
-      (`search_after`).
+    - Order is score descending, then `document_id` ascending, and ties at the `limit`
+      boundary are exact: up to 10 000 hits the engine ranks by score alone (so it can
+      skip documents that cannot make the top) and every hit tied at the boundary is
+      fetched and ordered here; beyond, the engine sorts and pages (`search_after`).
+      Responses carry only the fields read (`filter_path`).
     - Text with so many distinct words that the engine refuses the query (more than
       `max_clause_count` clauses) is retried with its first 300 distinct words.
     - An unknown generation raises `OrreryError(COVERAGE_UNAVAILABLE)`; an unreachable or
@@ -128,7 +133,7 @@ class OpenSearchLexicalSearch:
         if size == 0 or filter.matches_nothing():
             return {}
         hits, scored = self._run(
-            generation_id, query_text, filter, size, fields, field_boosts, [DOCUMENT_ID]
+            generation_id, query_text, filter, size, fields, field_boosts, [DOCUMENT_ID], False
         )
         return {_document_id(hit): _score(hit, scored) for hit in hits}
 
@@ -141,8 +146,10 @@ class OpenSearchLexicalSearch:
         fields: list[str],
         field_boosts: Mapping[str, float] | None,
         docvalue_fields: list[str] = _DOCVALUE_FIELDS,
+        ordered: bool = True,
     ) -> tuple[list[Any], bool]:
-        """The hits of `search`'s query (best first) and whether they carry scores."""
+        """The hits of `search`'s query (best first; in any order when not `ordered`)
+        and whether they carry scores."""
         if not _GENERATION_ID.fullmatch(generation_id):
             raise _unknown(generation_id)  # No index can have this name.
         index = f"{self._prefix}-{generation_id}"
@@ -159,19 +166,18 @@ class OpenSearchLexicalSearch:
             return self._hits(index, generation_id, query, sort, limit, docvalue_fields), False
         # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
         text = query_text.encode("utf-8", "replace").decode("utf-8")
-        sort = [{"_score": "desc"}, {DOCUMENT_ID: "asc"}]
         if not fields:
             return [], True
         try:
             query = _text_query(text, clauses, fields)
-            return self._hits(index, generation_id, query, sort, limit, docvalue_fields), True
+            return self._scored(index, generation_id, query, limit, docvalue_fields, ordered), True
         except _TooManyClauses:
             pass
         words = list(dict.fromkeys(word.lower() for word in _WORD.findall(text)))
         shorter = " ".join(words[:_FALLBACK_WORDS])
         try:
             query = _text_query(shorter, clauses, fields)
-            return self._hits(index, generation_id, query, sort, limit, docvalue_fields), True
+            return self._scored(index, generation_id, query, limit, docvalue_fields, ordered), True
         except _TooManyClauses as exc:
             raise OrreryError(
                 ErrorCode.INVALID_REQUEST,
@@ -244,9 +250,39 @@ class OpenSearchLexicalSearch:
             search_after = hits[-1]["sort"]
         return found
 
+    def _scored(
+        self,
+        index: str,
+        generation_id: str,
+        query: dict[str, Any],
+        limit: int,
+        docvalue_fields: list[str],
+        ordered: bool,
+    ) -> list[Any]:
+        """The best `limit` hits of a scoring query, by score descending, then
+        `document_id` ascending (any order when not `ordered`).
+
+        The engine ranks by score alone (no `sort`: with one, it scores every matching
+        document, without it skips those that cannot make the top), breaking ties by
+        its internal order; so one extra hit is fetched and, while it ties with the
+        `limit`-th, the fetch doubles: every document tied at the boundary is then in
+        hand and the `document_id` tie-break is exact. Beyond one page (10 000 hits)
+        the engine's sort and `search_after` paging do it instead.
+        """
+        if not ordered and limit <= _MAX_PAGE:
+            return self._search(index, generation_id, _body(query, limit, docvalue_fields))
+        fetch = limit + 1
+        while fetch <= _MAX_PAGE:
+            hits = self._search(index, generation_id, _body(query, fetch, docvalue_fields))
+            if len(hits) < fetch or _score(hits[-1], True) != _score(hits[limit - 1], True):
+                hits.sort(key=lambda hit: (-_score(hit, True), _document_id(hit)))
+                return hits[:limit]
+            fetch *= 2
+        return self._hits(index, generation_id, query, _SCORE_SORT, limit, docvalue_fields)
+
     def _search(self, index: str, generation_id: str, body: dict[str, Any]) -> list[Any]:
         try:
-            response = self._client.search(index=index, body=body)
+            response = self._client.search(index=index, body=body, filter_path=_FILTER_PATH)
         except OpenSearchConnectionError as exc:
             raise _unavailable(exc, generation_id) from exc
         except TransportError as exc:
@@ -268,8 +304,20 @@ class OpenSearchLexicalSearch:
                 f"search failed: {exc}",
                 {"engine": _ENGINE, "generation_id": generation_id},
             ) from exc
-        hits: list[Any] = response["hits"]["hits"]
+        # `filter_path` leaves out what it filtered to nothing: no hits, no `hits` key.
+        hits: list[Any] = response.get("hits", {}).get("hits", [])
         return hits
+
+
+def _body(query: dict[str, Any], size: int, docvalue_fields: list[str]) -> dict[str, Any]:
+    """A one-page request ranked by the engine's score (ties in its internal order)."""
+    return {
+        "size": size,
+        "query": query,
+        "track_total_hits": False,
+        "_source": False,
+        "docvalue_fields": docvalue_fields,
+    }
 
 
 class _TooManyClauses(Exception):
