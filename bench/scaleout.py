@@ -15,8 +15,9 @@ Then, on the `postgres` deployment with 2 relays and 2 projectors:
 - **freshness lag**: one new record at a time, POST returned → first visible in a
   lexical-only `topk_records` poll;
 - **top-k**: `topk_records` with the default profile through OpenSearch + the Qdrant server
-  (response cache off, query vectors warmed), p50/p95 and each stage's share of the
-  server-side total (`query_plan.latency_ms`);
+  (response cache off, query vectors warmed, after the Qdrant collection is `green`:
+  HNSW built), p50/p95 and each stage's share of the server-side total
+  (`query_plan.latency_ms`);
 - **qps with 1 vs 2 query workers**: C client threads for D seconds each; the load
   generator is the round-robin proxy (each request goes to the next worker's URL, no
   extra hop). Every process shares the machine's CPUs with the servers and the load
@@ -285,6 +286,37 @@ def _verify_live(deployment: Deployment) -> dict[str, Any]:
     }
 
 
+def _wait_vectors_indexed(deployment: Deployment, timeout_s: float = 1800.0) -> dict[str, Any]:
+    """Wait until the Qdrant server finished indexing the live generation (collection
+    status `green`: HNSW built, optimizers idle), so that no query is timed against a
+    half-built index (at 100k the build outlasts the ingest)."""
+    worker = deployment.workers[0]
+    with worker.client(30) as client:
+        (generation_id,) = {
+            s["generation_id"] for s in bench_scopes(client.get("/v1/readiness").json())
+        }
+    name = f"{deployment.env['ORRERY_QDRANT_COLLECTION_PREFIX']}-{generation_id}"
+    started = time.perf_counter()
+    with httpx.Client(
+        base_url=deployment.env["ORRERY_QDRANT_URL"], timeout=30, trust_env=False
+    ) as qdrant:
+        while True:
+            info = qdrant.get(f"/collections/{name}").json()["result"]
+            if info["status"] == "green":
+                break
+            if time.perf_counter() - started > timeout_s:
+                raise RuntimeError(
+                    f"collection {name} not green after {timeout_s} s: {info['status']}"
+                )
+            time.sleep(1.0)
+    return {
+        "status": info["status"],
+        "indexed_vectors": info.get("indexed_vectors_count"),
+        "points": info.get("points_count"),
+        "wait_seconds": round(time.perf_counter() - started, 1),
+    }
+
+
 LEXICAL_ONLY: dict[str, Any] = {
     "profile": "weighted@1",
     "ranking": {
@@ -458,6 +490,7 @@ def run_scaleout(
             if not last:
                 continue
             out["eligibility"] = _verify_live(deployment)
+            out["vectors_indexed"] = _wait_vectors_indexed(deployment)
             out["topk"] = measure_topk(deployment, asked, warmup)
             print(f"  topk: {out['topk']['latency_ms']}", file=sys.stderr)
             out["freshness"] = measure_freshness(deployment, fresh)
