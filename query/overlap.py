@@ -44,6 +44,10 @@ class Pending(Generic[T]):
         self._call = call
         self._future = future
 
+    def running(self) -> bool:
+        """Whether the call is running on the pool right now (started, not finished)."""
+        return self._future is not None and self._future.running()
+
     def result(self, deadline: float) -> T:
         """The call's result; `deadline` is a `time.perf_counter()` instant."""
         future = self._future

@@ -474,6 +474,9 @@ class _Sources:
     lexical: list[Candidate]
     vector: list[Candidate]
     indexes_used: list[str]
+    # The lexical scores of the vector candidates, looked up while the lexical search
+    # still ran (a re-scoring profile with `ports.overlap`); None: not looked up.
+    lexical_scores: dict[str, float] | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -723,6 +726,8 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
             if lexical is None:
                 raise
             vector_error = exc
+        if lexical is not None and vector_error is None and _rescores(q) and lexical.running():
+            sources.lexical_scores = _prefetch_lexical_scores(q, sources.vector, ports)
     if lexical is not None:
         sources.lexical = watch.wait(lexical, "index_search")
     if vector_error is not None:
@@ -740,6 +745,36 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
     return sources
 
 
+def _rescores(q: _Resolved) -> bool:
+    """Whether the ranking looks missing scores up (`_rescore`)."""
+    profile = q.profile
+    return isinstance(profile, WeightedProfile) and profile.missing == "rescore" and bool(q.text)
+
+
+def _prefetch_lexical_scores(
+    q: _Resolved, vector: Sequence[Candidate], ports: QueryPorts
+) -> dict[str, float] | None:
+    """The lexical scores of every vector candidate, looked up while the lexical search
+    still runs: the re-score needs those of the candidates the lexical source will not
+    return, not yet known. A lookup by id returns each document's own score whatever
+    else is listed, so the re-score keeps exactly the ones it needs. A failure here is
+    not reported: the re-score then looks them up itself (and reports its failure)."""
+    if not vector:
+        return None
+    by_ids = q.search_filter.model_copy(
+        update={"document_ids": tuple(sorted({c.document_id for c in vector}))}
+    )
+    try:
+        return ports.lexical.scores(
+            q.route.generation_id,
+            q.lexical_text,
+            by_ids,
+            field_boosts=q.profile.lexical_boosts(),
+        )
+    except OrreryError:
+        return None
+
+
 def _fuse_and_page(
     q: _Resolved,
     sources: _Sources,
@@ -753,7 +788,7 @@ def _fuse_and_page(
     the phrase plan, cut the page; fills `ranked`."""
     profile = q.profile
     rescored: Rescored | None = None
-    if isinstance(profile, WeightedProfile) and profile.missing == "rescore" and q.text:
+    if _rescores(q):
         rescored = _rescore(
             q.route.generation_id,
             q.lexical_text,
@@ -764,6 +799,7 @@ def _fuse_and_page(
             ports,
             profile,
             watch=ranked.watch,
+            prefetched=sources.lexical_scores,
         )
     fused = fuse(
         profile,
@@ -800,6 +836,7 @@ def _rescore(
     profile: FusionProfile,
     *,
     watch: _Stopwatch,
+    prefetched: dict[str, float] | None = None,
 ) -> Rescored:
     """Exact scores of each source's candidates in the other source, fetched by id.
 
@@ -807,7 +844,8 @@ def _rescore(
     (`scores`) returns each listed document's own score (lexical: its BM25 under the
     profile's field boosts, absent when no term matches; vectors: its exact cosine).
     Two extra engine calls at most, each bounded by the candidate depth; neither builds
-    candidates. With `ports.overlap` the two run side by side.
+    candidates. With `ports.overlap` the two run side by side. `prefetched`: lexical
+    scores of (at least) every vector candidate, looked up already.
     """
     lexical_ids = {c.document_id for c in lexical}
     vector_ids = {c.document_id for c in vector}
@@ -827,14 +865,17 @@ def _rescore(
 
         looked_up += len(only_lexical)
     pending: Pending[dict[str, float]] | None = None
-    if lookup_vectors is not None and ports.overlap is not None:
+    if lookup_vectors is not None and ports.overlap is not None and prefetched is None:
         pending = ports.overlap.start(lookup_vectors)
     lexical_scores: dict[str, float] = {}
     if lexical_ids and only_vector:
-        by_id = search_filter.model_copy(update={"document_ids": tuple(only_vector)})
-        lexical_scores = ports.lexical.scores(
-            generation_id, text, by_id, field_boosts=profile.lexical_boosts()
-        )
+        if prefetched is not None:
+            lexical_scores = {d: prefetched[d] for d in only_vector if d in prefetched}
+        else:
+            by_id = search_filter.model_copy(update={"document_ids": tuple(only_vector)})
+            lexical_scores = ports.lexical.scores(
+                generation_id, text, by_id, field_boosts=profile.lexical_boosts()
+            )
         looked_up += len(only_vector)
     vector_scores: dict[str, float] = {}
     if pending is not None:
