@@ -132,3 +132,22 @@ def test_a_wait_past_the_request_deadline_is_deadline_exceeded(pool: SourcePool)
 def test_a_pool_needs_a_worker() -> None:
     with pytest.raises(ValueError):
         SourcePool(workers=0)
+
+
+def test_running_is_true_only_while_the_pool_runs_the_call(pool: SourcePool) -> None:
+    release = threading.Event()
+    entered = threading.Event()
+
+    def call() -> int:
+        entered.set()
+        release.wait(WAIT_S)
+        return 1
+
+    pending = pool.start(call)
+    assert entered.wait(WAIT_S)
+    assert pending.running()
+    queued = pool.start(lambda: 2)
+    assert not queued.running()  # waiting for the only pool thread
+    release.set()
+    assert pending.result(_far()) == 1 and not pending.running()
+    assert queued.result(_far()) == 2
