@@ -146,7 +146,9 @@ def embedded_query_ports(
         responses=MemoryCache() if cache_responses else None,
         scopes=ScopeResolver(routing, scopes),
         cursors=cursors,
-        overlap=shared_source_pool(),
+        # Sources one after the other: both engines run in this process, and on the
+        # embedded A/B (`bench/topk.py --sizes 20000`) the overlap did not pay.
+        overlap=None,
     )
 
 
