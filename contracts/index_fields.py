@@ -154,8 +154,10 @@ def document_key(document_id: str) -> tuple[int, int] | None:
 
 
 def document_id_of_key(high: int, low: int) -> str:
-    """The document id whose `document_key` is `(high, low)`."""
-    return str(uuid.UUID(int=(high << 64) | low))
+    """The document id whose `document_key` is `(high, low)`: the canonical UUID string
+    (formatted directly: a third of `str(uuid.UUID(int=...))`'s time, once per hit)."""
+    digits = f"{high:016x}{low:016x}"
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 def status_key(status: str) -> int:
