@@ -434,12 +434,13 @@ def _document_ids(
     """The `document_id` of each hit: from the document-key fast fields where the index
     has them, else from the stored document."""
     addresses = [address for _score, address in hits]
+    highs: list[Any]
+    lows: list[Any]
     with engine_call(ENGINE_FAST_FIELDS):
         try:
             highs = searcher.fast_field_values(DOCUMENT_KEY_HIGH, addresses)
         except ValueError:  # schema version 4 and older
-            highs = [None] * len(addresses)
-            lows: list[Any] = highs
+            highs = lows = [None] * len(addresses)
         else:
             lows = searcher.fast_field_values(DOCUMENT_KEY_LOW, addresses)
     ids = [
