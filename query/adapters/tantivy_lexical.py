@@ -361,7 +361,8 @@ class _HitReader:
     """Candidates of hits: from the fast fields of schema version 5 (document key,
     revision, `updated_at` microseconds, status key) in five batched column reads, or,
     for an index without them or a hit lacking one (a non-UUID id), from the stored
-    document. Both give the same values: `tests/conformance` reads each way."""
+    document. Both give the same values (`tests/unit/test_tantivy_hit_keys.py` compares
+    a version 4 and a version 5 index; the conformance suite checks every field)."""
 
     def __init__(
         self, searcher: tantivy.Searcher, generation_id: str, statuses: _StatusNames
@@ -414,7 +415,8 @@ def _fast_columns(
     searcher: tantivy.Searcher, addresses: list[tantivy.DocAddress]
 ) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any]] | None:
     """The fast-field columns a candidate needs, per address; None for an index without
-    them (schema version 4 and older: tantivy refuses the unknown field)."""
+    them (schema version 4 and older: tantivy refuses the unknown field). Any other
+    refusal also falls back to stored documents: slower, never different."""
     try:
         keys = searcher.fast_field_values(STATUS_KEY, addresses)
     except ValueError:
