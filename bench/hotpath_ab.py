@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 if __package__ in (None, ""):  # run as `python bench/hotpath_ab.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    # Appended, not prepended: a worker imports its tree's code (PYTHONPATH) first.
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
 
 from bench.topk import QuerySpec, Vocabulary, corpus_batches, make_queries, topk_body
 
