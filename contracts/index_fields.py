@@ -16,7 +16,9 @@ Keyword fields hold exact values; `FACETS` holds one `name=value` term per facet
 
 from __future__ import annotations
 
+import hashlib
 import json
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -26,6 +28,8 @@ __all__ = [
     "DEFAULT_TEXT_ANALYZER",
     "DEFAULT_TEXT_LANGUAGE",
     "DOCUMENT_ID",
+    "DOCUMENT_KEY_HIGH",
+    "DOCUMENT_KEY_LOW",
     "FACETS",
     "FACET_SEPARATOR",
     "GALAXY",
@@ -36,6 +40,7 @@ __all__ = [
     "RING_PATH",
     "SOURCE_TEXT_FIELDS",
     "STATUS",
+    "STATUS_KEY",
     "STEMMER_LANGUAGES",
     "TAGS",
     "TEXT",
@@ -49,9 +54,12 @@ __all__ = [
     "VISIBILITY",
     "TextLanguages",
     "combined_text",
+    "document_id_of_key",
+    "document_key",
     "has_combined_field",
     "parse_text_languages",
     "ring_path",
+    "status_key",
     "text_analyzer_language",
     "text_analyzer_name",
 ]
@@ -82,6 +90,14 @@ UPDATED_AT = "updated_at"
 # `updated_at` as integer microseconds since the Unix epoch (UTC): exact range filters on
 # engines whose date type truncates (tantivy indexes dates at second precision).
 UPDATED_AT_MICROS = "updated_at_us"
+# Numeric copies of what a search hit must report, for engines that read numeric
+# columns per hit far faster than stored documents (tantivy fast fields): the document's
+# UUID as two unsigned 64-bit halves (`document_key`; absent for an id that is not a
+# canonical UUID) and `status_key(status)`. With `REVISION` and `UPDATED_AT_MICROS`
+# they make a candidate without a stored-document read.
+DOCUMENT_KEY_HIGH = "document_key_hi"
+DOCUMENT_KEY_LOW = "document_key_lo"
+STATUS_KEY = "status_key"
 
 # A facet value is indexed as the single term f"{name}{FACET_SEPARATOR}{value}".
 FACET_SEPARATOR = "="
@@ -122,6 +138,38 @@ STEMMER_LANGUAGES = frozenset(
 # English: Orrery's benchmark corpora and most deployments are English; a namespace in
 # another language (or mixed, like the German+English sample) says so in the settings.
 DEFAULT_TEXT_LANGUAGE = "english"
+
+
+def document_key(document_id: str) -> tuple[int, int] | None:
+    """The `(DOCUMENT_KEY_HIGH, DOCUMENT_KEY_LOW)` values of `document_id`: its UUID's
+    upper and lower 64 bits; None unless `document_id` is a UUID in canonical form
+    (lowercase, hyphenated), so that `document_id_of_key` gives back the very string."""
+    try:
+        value = uuid.UUID(document_id)
+    except ValueError:
+        return None
+    if str(value) != document_id:
+        return None
+    return value.int >> 64, value.int & _LOW_64
+
+
+def document_id_of_key(high: int, low: int) -> str:
+    """The document id whose `document_key` is `(high, low)`: the canonical UUID string
+    (formatted directly: a third of `str(uuid.UUID(int=...))`'s time, once per hit)."""
+    digits = f"{high:016x}{low:016x}"
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
+
+
+def status_key(status: str) -> int:
+    """`STATUS_KEY` of `status`: the first 8 bytes of its SHA-256 (UTF-8), big-endian.
+    Readers map keys back through the index's own status terms and fall back to the
+    stored value for a key two of them share."""
+    return int.from_bytes(
+        hashlib.sha256(status.encode("utf-8", "surrogatepass")).digest()[:8], "big"
+    )
+
+
+_LOW_64 = (1 << 64) - 1
 
 
 def ring_path(ring: str) -> tuple[str, ...]:

@@ -40,7 +40,10 @@ log_ = logging.getLogger("orrery.projector")
 # 3: payload-aware HNSW links only for `contracts.vector_payload.GRAPH_FIELDS`.
 # 4: `ring_path` (a record's ring and its ancestors) in every engine; `ring` and
 #    `ring_path` payload indexes in the Qdrant engines (ring filters, issue 12).
-SCHEMA_VERSION = 4
+# 5: tantivy fast fields `document_key_hi`/`_lo` and `status_key`: a hit is read from
+#    fast fields, not from its stored document (issue 14); version 4 indexes are still
+#    searched, with stored-document reads.
+SCHEMA_VERSION = 5
 
 
 @dataclass(slots=True)

@@ -31,6 +31,8 @@ from contracts.index_fields import (
     BODY,
     DEFAULT_TEXT_ANALYZER,
     DOCUMENT_ID,
+    DOCUMENT_KEY_HIGH,
+    DOCUMENT_KEY_LOW,
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
@@ -41,6 +43,7 @@ from contracts.index_fields import (
     RING_PATH,
     SOURCE_TEXT_FIELDS,
     STATUS,
+    STATUS_KEY,
     TAGS,
     TEXT,
     TEXT_FIELDS,
@@ -50,8 +53,10 @@ from contracts.index_fields import (
     UPDATED_AT_MICROS,
     VISIBILITY,
     combined_text,
+    document_key,
     has_combined_field,
     ring_path,
+    status_key,
     text_analyzer_language,
 )
 from projector.model import IndexOperation, check_keywords, newest_operations
@@ -71,6 +76,8 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 # tantivy-py raises these for engine failures (I/O, lock, schema, consumed writer).
 _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
+# Fast fields of schema version 5; an index created before has none (and takes none).
+_HIT_KEYS = (DOCUMENT_KEY_HIGH, DOCUMENT_KEY_LOW, STATUS_KEY)
 
 
 def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
@@ -88,11 +95,12 @@ def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
     return builder.build()
 
 
-def _build_schema(text_analyzer: str) -> tantivy.Schema:
+def _build_schema(text_analyzer: str, *, hit_keys: bool = True) -> tantivy.Schema:
     """The schema of a generation's index whose text fields use `text_analyzer`.
 
     Text fields keep positions so that phrase queries stay possible without a rebuild.
-    Keyword fields use the `raw` tokenizer (one exact term per value).
+    Keyword fields use the `raw` tokenizer (one exact term per value). `hit_keys=False`
+    is the schema before version 5 (tests build such indexes).
     """
     builder = tantivy.SchemaBuilder()
     text_fields = TEXT_FIELDS if has_combined_field(text_analyzer) else SOURCE_TEXT_FIELDS
@@ -107,6 +115,9 @@ def _build_schema(text_analyzer: str) -> tantivy.Schema:
     builder.add_integer_field(REVISION, stored=True, fast=True)
     builder.add_date_field(UPDATED_AT, stored=True, indexed=True, fast=True)
     builder.add_integer_field(UPDATED_AT_MICROS, indexed=True, fast=True)
+    # Schema version 5: what a hit reports, as fast fields (no stored-document read).
+    for name in _HIT_KEYS if hit_keys else ():
+        builder.add_unsigned_field(name, fast=True)
     return builder.build()
 
 
@@ -129,6 +140,8 @@ class _Generation:
     writer: tantivy.IndexWriter | None = None
     # Set by `drop` and `close`: a writer that still holds this object must look again.
     retired: bool = False
+    # Whether the schema has the `_HIT_KEYS` (version 5 and later).
+    hit_keys: bool = True
 
 
 class TantivyLexicalIndex:
@@ -195,7 +208,9 @@ class TantivyLexicalIndex:
                 index.register_tokenizer(text_analyzer, analyzer)
             except _DRIVER_ERRORS as exc:
                 raise _unavailable("cannot create index", generation_id, exc) from exc
-            self._generations[generation_id] = _Generation(index, text_analyzer, analyzer)
+            self._generations[generation_id] = _Generation(
+                index, text_analyzer, analyzer, hit_keys=_schema_has_hit_keys(path / _META_FILE)
+            )
 
     def apply(
         self,
@@ -287,13 +302,14 @@ class TantivyLexicalIndex:
             return None
         try:
             text_analyzer = _schema_analyzer(path / _META_FILE)
+            hit_keys = _schema_has_hit_keys(path / _META_FILE)
             index = tantivy.Index.open(str(path))
             # Tokenizers are not persisted: without this, writes fail on the text fields.
             analyzer = _text_analyzer(text_analyzer)
             index.register_tokenizer(text_analyzer, analyzer)
         except (*_DRIVER_ERRORS, KeyError, TypeError) as exc:
             raise _unavailable("cannot open index", generation_id, exc) from exc
-        generation = _Generation(index, text_analyzer, analyzer)
+        generation = _Generation(index, text_analyzer, analyzer, hit_keys=hit_keys)
         self._generations[generation_id] = generation
         return generation
 
@@ -322,7 +338,7 @@ class TantivyLexicalIndex:
                         continue
                     # Deleting first keeps the id unique even if `held` were stale.
                     writer.delete_documents_by_term(DOCUMENT_ID, document_id)
-                    writer.add_document(_to_document(operation, combined))
+                    writer.add_document(_to_document(operation, combined, generation.hit_keys))
                 else:
                     if present is None or present > operation:
                         continue
@@ -399,12 +415,18 @@ def _schema_analyzer(meta_file: Path) -> str:
     raise KeyError(f"no {BODY!r} field in {meta_file}")
 
 
+def _schema_has_hit_keys(meta_file: Path) -> bool:
+    """Whether the index's persisted schema has the fast fields of schema version 5."""
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    return {entry["name"] for entry in meta["schema"]} >= set(_HIT_KEYS)
+
+
 def _analyzed(text: str) -> str:
     """`text` with anything that is not valid Unicode replaced by a separator ("?")."""
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _to_document(source: IndexDocument, combined: bool) -> tantivy.Document:
+def _to_document(source: IndexDocument, combined: bool, hit_keys: bool) -> tantivy.Document:
     document = tantivy.Document()
     document.add_text(DOCUMENT_ID, source.document_id)
     document.add_integer(REVISION, source.revision)
@@ -414,6 +436,12 @@ def _to_document(source: IndexDocument, combined: bool) -> tantivy.Document:
     for ring in ring_path(source.ring):
         document.add_text(RING_PATH, ring)
     document.add_text(STATUS, source.status)
+    if hit_keys:
+        document.add_unsigned(STATUS_KEY, status_key(source.status))
+        key = document_key(source.document_id)
+        if key is not None:
+            document.add_unsigned(DOCUMENT_KEY_HIGH, key[0])
+            document.add_unsigned(DOCUMENT_KEY_LOW, key[1])
     updated_at = source.updated_at.astimezone(UTC)
     document.add_date(UPDATED_AT, updated_at)
     document.add_integer(UPDATED_AT_MICROS, _epoch_micros(updated_at))

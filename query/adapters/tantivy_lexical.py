@@ -9,6 +9,7 @@ indexed text.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,6 +20,8 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter, field_boosts, id_lookup_size, is_unicode
 from contracts.index_fields import (
     DOCUMENT_ID,
+    DOCUMENT_KEY_HIGH,
+    DOCUMENT_KEY_LOW,
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
@@ -27,10 +30,13 @@ from contracts.index_fields import (
     RING_PATH,
     SOURCE_TEXT_FIELDS,
     STATUS,
+    STATUS_KEY,
     UPDATED_AT,
     UPDATED_AT_MICROS,
     VISIBILITY,
+    document_id_of_key,
     has_combined_field,
+    status_key,
 )
 from contracts.timing import engine_call
 
@@ -43,8 +49,10 @@ _MICROSECOND = timedelta(microseconds=1)
 _TERM_SET_MIN_VALUES = 128
 # tantivy-py raises these for engine failures.
 _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
-# `QueryPlan.engine_ms` keys: tantivy's top-k searches, and its stored-document reads.
+# `QueryPlan.engine_ms` keys: tantivy's top-k searches, its fast-field reads of the hits
+# (schema version 5) and its stored-document reads (older indexes, odd ids).
 ENGINE_SEARCH = "tantivy_search"
+ENGINE_FAST_FIELDS = "tantivy_fast_fields"
 ENGINE_DOCS = "tantivy_doc_reads"
 
 _Hit = tuple[Any, tantivy.DocAddress]
@@ -75,6 +83,7 @@ class TantivyLexicalSearch:
         self, index_provider: Callable[[str], tuple[tantivy.Index, str, tantivy.TextAnalyzer]]
     ) -> None:
         self._index_provider = index_provider
+        self._statuses = _StatusNames()
 
     def search(
         self,
@@ -94,8 +103,9 @@ class TantivyLexicalSearch:
             schema = index.schema
             restriction = _filter_query(schema, filter, analyzer)
             searcher = index.searcher()
+            read = _HitReader(searcher, generation_id, self._statuses)
             if not query_text.strip():
-                return _filter_matches(searcher, restriction, limit)
+                return _filter_matches(searcher, restriction, limit, read)
             # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
             text = query_text.encode("utf-8", "replace").decode("utf-8")
             terms = list(dict.fromkeys(analyzer.analyze(text)))
@@ -109,7 +119,7 @@ class TantivyLexicalSearch:
                         (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0)),
                     ]
                 )
-            return _best(searcher, query, limit)
+            return _best(searcher, query, limit, read)
         except _DRIVER_ERRORS as exc:
             raise DependencyUnavailable(
                 "tantivy", f"search failed: {exc}", {"generation_id": generation_id}
@@ -124,7 +134,8 @@ class TantivyLexicalSearch:
         field_boosts: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
         """`LexicalSearch.scores`: the query `search` runs, collected whole (at most one
-        live document per listed id) and reading only each hit's `document_id`."""
+        live document per listed id) and reading only each hit's `document_id` (from
+        fast fields where the index has them)."""
         _boosts(field_boosts, combined_field=True)
         size = id_lookup_size(filter, "tantivy")
         if size == 0 or filter.matches_nothing():
@@ -140,8 +151,7 @@ class TantivyLexicalSearch:
             if not query_text.strip():
                 with engine_call(ENGINE_SEARCH):
                     hits = searcher.search(restriction, size, count=False).hits
-                with engine_call(ENGINE_DOCS):
-                    return {_document_id(searcher, address): 0.0 for _score, address in hits}
+                return dict.fromkeys(_document_ids(searcher, hits), 0.0)
             text = query_text.encode("utf-8", "replace").decode("utf-8")
             terms = list(dict.fromkeys(analyzer.analyze(text)))
             if not terms or not boosts:
@@ -154,8 +164,12 @@ class TantivyLexicalSearch:
             )
             with engine_call(ENGINE_SEARCH):
                 hits = searcher.search(query, size, count=False).hits
-            with engine_call(ENGINE_DOCS):
-                return {_document_id(searcher, address): float(score) for score, address in hits}
+            return {
+                document_id: float(score)
+                for document_id, (score, _address) in zip(
+                    _document_ids(searcher, hits), hits, strict=True
+                )
+            }
         except _DRIVER_ERRORS as exc:
             raise DependencyUnavailable(
                 "tantivy", f"score lookup failed: {exc}", {"generation_id": generation_id}
@@ -283,18 +297,22 @@ def _epoch_micros(value: datetime | None) -> int | None:
 
 
 def _filter_matches(
-    searcher: tantivy.Searcher, restriction: tantivy.Query | None, limit: int
+    searcher: tantivy.Searcher,
+    restriction: tantivy.Query | None,
+    limit: int,
+    read: _HitReader,
 ) -> list[Candidate]:
     query = tantivy.Query.all_query() if restriction is None else restriction
     with engine_call(ENGINE_SEARCH):
         hits = searcher.search(
             query, limit, count=False, order_by_field=DOCUMENT_ID, order=tantivy.Order.Asc
         ).hits
-    with engine_call(ENGINE_DOCS):
-        return [_candidate(searcher, address, 0.0) for _value, address in hits]
+    return read([(0.0, address) for _value, address in hits])
 
 
-def _best(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[Candidate]:
+def _best(
+    searcher: tantivy.Searcher, query: tantivy.Query, limit: int, read: _HitReader
+) -> list[Candidate]:
     """Top `limit` by score, then `document_id`, widening the fetch past boundary ties."""
     fetch = limit + 1
     while True:
@@ -306,10 +324,137 @@ def _best(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[
     if len(hits) > limit:
         boundary = hits[limit - 1][0]
         hits = [hit for hit in hits if hit[0] >= boundary]
-    with engine_call(ENGINE_DOCS):
-        candidates = [_candidate(searcher, address, float(score)) for score, address in hits]
+    candidates = read(hits)
     candidates.sort(key=lambda candidate: (-candidate.score, candidate.document_id))
     return candidates[:limit]
+
+
+class _StatusNames:
+    """`status_key` -> status, per generation, from the index's own `STATUS` terms.
+
+    Refreshed when a key is not known yet (a status first written after the last
+    refresh). A key that two of the terms share maps to None: its hits read the stored
+    document instead. The map of a generation only ever gains keys, and each entry is a
+    pure function of the terms, so readers on other threads never see a wrong entry.
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[str, dict[int, str | None]] = {}
+        self._refresh_lock = threading.Lock()
+
+    def names(
+        self, generation_id: str, searcher: tantivy.Searcher, keys: Sequence[int | None]
+    ) -> dict[int, str | None]:
+        names = self._names.get(generation_id)
+        if names is not None and all(key in names for key in keys if key is not None):
+            return names
+        with self._refresh_lock:
+            fresh: dict[int, str | None] = {}
+            for term, _count in searcher.terms_with_prefix(STATUS, ""):
+                key = status_key(term)
+                fresh[key] = term if fresh.get(key, term) == term else None
+            self._names[generation_id] = fresh
+        return fresh
+
+
+class _HitReader:
+    """Candidates of hits: from the fast fields of schema version 5 (document key,
+    revision, `updated_at` microseconds, status key) in five batched column reads, or,
+    for an index without them or a hit lacking one (a non-UUID id), from the stored
+    document. Both give the same values (`tests/unit/test_tantivy_hit_keys.py` compares
+    a version 4 and a version 5 index; the conformance suite checks every field)."""
+
+    def __init__(
+        self, searcher: tantivy.Searcher, generation_id: str, statuses: _StatusNames
+    ) -> None:
+        self._searcher = searcher
+        self._generation_id = generation_id
+        self._statuses = statuses
+
+    def __call__(self, hits: Sequence[tuple[Any, tantivy.DocAddress]]) -> list[Candidate]:
+        if not hits:
+            return []
+        searcher = self._searcher
+        addresses = [address for _score, address in hits]
+        with engine_call(ENGINE_FAST_FIELDS):
+            columns = _fast_columns(searcher, addresses)
+            names = (
+                None
+                if columns is None
+                else self._statuses.names(self._generation_id, searcher, columns[4])
+            )
+        if columns is None or names is None:
+            with engine_call(ENGINE_DOCS):
+                return [_candidate(searcher, address, float(score)) for score, address in hits]
+        candidates: list[Candidate] = []
+        missing: list[int] = []
+        for (score, _address), high, low, revision, micros, key in zip(hits, *columns, strict=True):
+            status = None if key is None else names.get(key)
+            if high is None or low is None or revision is None or micros is None or status is None:
+                missing.append(len(candidates))
+                candidates.append(_MISSING)
+                continue
+            candidates.append(
+                Candidate(
+                    document_id=document_id_of_key(high, low),
+                    revision=revision,
+                    score=float(score),
+                    updated_at=_EPOCH + micros * _MICROSECOND,
+                    status=status,
+                )
+            )
+        if missing:
+            with engine_call(ENGINE_DOCS):
+                for position in missing:
+                    score, address = hits[position]
+                    candidates[position] = _candidate(searcher, address, float(score))
+        return candidates
+
+
+def _fast_columns(
+    searcher: tantivy.Searcher, addresses: list[tantivy.DocAddress]
+) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any]] | None:
+    """The fast-field columns a candidate needs, per address; None for an index without
+    them (schema version 4 and older: tantivy refuses the unknown field). Any other
+    refusal also falls back to stored documents: slower, never different."""
+    try:
+        keys = searcher.fast_field_values(STATUS_KEY, addresses)
+    except ValueError:
+        return None
+    return (
+        searcher.fast_field_values(DOCUMENT_KEY_HIGH, addresses),
+        searcher.fast_field_values(DOCUMENT_KEY_LOW, addresses),
+        searcher.fast_field_values(REVISION, addresses),
+        searcher.fast_field_values(UPDATED_AT_MICROS, addresses),
+        keys,
+    )
+
+
+def _document_ids(
+    searcher: tantivy.Searcher, hits: Sequence[tuple[Any, tantivy.DocAddress]]
+) -> list[str]:
+    """The `document_id` of each hit: from the document-key fast fields where the index
+    has them, else from the stored document."""
+    addresses = [address for _score, address in hits]
+    highs: list[Any]
+    lows: list[Any]
+    with engine_call(ENGINE_FAST_FIELDS):
+        try:
+            highs = searcher.fast_field_values(DOCUMENT_KEY_HIGH, addresses)
+        except ValueError:  # schema version 4 and older
+            highs = lows = [None] * len(addresses)
+        else:
+            lows = searcher.fast_field_values(DOCUMENT_KEY_LOW, addresses)
+    ids = [
+        "" if high is None or low is None else document_id_of_key(high, low)
+        for high, low in zip(highs, lows, strict=True)
+    ]
+    missing = [position for position, document_id in enumerate(ids) if not document_id]
+    if missing:
+        with engine_call(ENGINE_DOCS):
+            for position in missing:
+                ids[position] = _document_id(searcher, addresses[position])
+    return ids
 
 
 def _document_id(searcher: tantivy.Searcher, address: tantivy.DocAddress) -> str:
@@ -347,3 +492,7 @@ def _candidate(searcher: tantivy.Searcher, address: tantivy.DocAddress, score: f
         updated_at=updated_at,
         status=status,
     )
+
+
+# A placeholder for a hit read from its stored document afterwards.
+_MISSING = Candidate(document_id="", revision=0, score=0.0, updated_at=_EPOCH, status="")

@@ -277,6 +277,41 @@ def test_candidate_carries_stored_fields(lexical: Lexical) -> None:
     assert candidate.score > 0
 
 
+def test_candidates_report_every_field_exactly_for_any_id(lexical: Lexical) -> None:
+    """What a hit reports does not depend on how the engine stores it: UUID ids (tantivy
+    reads them from fast fields), a UUID in another spelling and other ids (read from
+    the stored document), statuses, revisions and sub-second times, across two commits
+    and a restart, in `search` and in `scores`."""
+    base = datetime(2025, 11, 2, 8, 15, 59, 999999, tzinfo=timezone(timedelta(hours=-5)))
+    ids = [str(uuid.UUID(int=(n * 0x9E3779B97F4A7C15) % (1 << 128))) for n in range(1, 7)]
+    ids += [ids[0].upper(), "plain-id", "ü/ß"]
+    statuses = ["active", "candidate", "geprüft ✓", "x" * 64, "", "superseded"]
+    documents = [
+        doc(
+            document_id,
+            revision=3 + n,
+            title="lantern" + " lantern" * (n % 3),
+            status=statuses[n % len(statuses)],
+            updated_at=base + timedelta(microseconds=n * 1_000_003),
+        )
+        for n, document_id in enumerate(ids)
+    ]
+    lexical.apply(documents[:4])
+    lexical.apply(documents[4:])
+    expected = {d.document_id: (d.revision, d.status, d.updated_at) for d in documents}
+    for _ in range(2):
+        hits = lexical.query("lantern", limit=len(ids))
+        assert {c.document_id: (c.revision, c.status, c.updated_at) for c in hits} == expected
+        blank = lexical.query("", SearchFilter(document_ids=tuple(ids)), limit=len(ids))
+        assert [c.document_id for c in blank] == sorted(ids)
+        assert {c.document_id: (c.revision, c.status, c.updated_at) for c in blank} == expected
+        scores = lexical.search.scores(
+            lexical.generation_id, "lantern", SearchFilter(document_ids=tuple(ids))
+        )
+        assert scores == {c.document_id: c.score for c in hits}
+        lexical.restart()
+
+
 def test_unknown_words_match_nothing(corpus: Lexical) -> None:
     assert corpus.query("xylophone quuxification") == []
 

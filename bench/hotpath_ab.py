@@ -1,0 +1,300 @@
+"""Interleaved A/B of the one-shot query path: two source trees, one data dir, one clock.
+
+    .venv/bin/python bench/hotpath_ab.py --a /work/main --b . [--size 20000]
+        [--queries 200] [--rounds 3] [--data-dir DIR] [--out FILE.json]
+
+1. Builds (or reuses, `--data-dir`) an embedded data dir of `--size` records of
+   `bench/topk.py`'s corpus with the B tree's code (so its indexes have B's schema),
+   then builds the HNSW index in place.
+2. Starts one worker process per tree (`PYTHONPATH=<tree>`), each on its own copy of
+   that data dir, with the query clock fixed (freshness is the same for both) and the
+   response cache off; each warms up on 50 queries.
+3. Sends the same `topk_records` requests (bench/topk.py's queries, every second one
+   filtered) to A and B in turn, alternating who goes first, `--rounds` times over
+   `--queries` queries, through each worker's FastAPI app in process (no sockets).
+4. Reports whether every answer was identical (ids, scores, score breakdowns,
+   `payload_sha256`), the p50/p95 of the client-side time and of the server's
+   `latency_ms.total`, their B/A ratios, each side's `engine_ms` p50s and its
+   server-total / raw-engine ratio, and the machine's load before and after.
+
+Figures are reported, never asserted; under load, read the ratios, not the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, cast
+
+if __package__ in (None, ""):  # run as `python bench/hotpath_ab.py`
+    # Appended, not prepended: a worker imports its tree's code (PYTHONPATH) first.
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+from bench.topk import QuerySpec, Vocabulary, corpus_batches, make_queries, topk_body
+
+FIXED_NOW = datetime(2026, 1, 15, tzinfo=UTC)
+SEED = 20_260_101
+WARMUP = 50
+
+
+def _queries(count: int) -> list[QuerySpec]:
+    """bench/topk.py's timed queries (after its warm-up queries), same seed."""
+    vocab = Vocabulary.build(random.Random(SEED))
+    rng = random.Random(SEED + 1)
+    make_queries(rng, vocab, 20)
+    return make_queries(rng, vocab, count)
+
+
+def _stack(data_dir: Path, *, fixed_clock: bool) -> Any:
+    import orrery.embedded as embedded
+    from query.settings import QuerySettings
+
+    if fixed_clock:
+        # The stack builds its query ports through this name: wrap it to fix the clock.
+        module = cast(Any, embedded)
+        ports_of = module.embedded_query_ports
+
+        def fixed_ports(*args: Any, **kwargs: Any) -> Any:
+            return dataclasses.replace(ports_of(*args, **kwargs), clock=lambda: FIXED_NOW)
+
+        module.embedded_query_ports = fixed_ports
+    settings = QuerySettings(
+        data_dir=data_dir,
+        cache_responses=False,
+        max_body_bytes=64 * 1024 * 1024,
+        max_batch=2_000,
+    )
+    return embedded.EmbeddedStack.open(settings)
+
+
+def build(data_dir: Path, size: int) -> None:
+    """Ingest `size` records through the app, wait for zero lag, build HNSW in place."""
+    from starlette.testclient import TestClient
+
+    stack = _stack(data_dir, fixed_clock=False)
+    stack.loop.start()
+    vocab = Vocabulary.build(random.Random(SEED))
+    started = time.perf_counter()
+    with TestClient(stack.app) as client:
+        for body in corpus_batches(size, 2_000, SEED, vocab):
+            response = client.post(
+                "/v1/records", content=body, headers={"content-type": "application/json"}
+            )
+            if response.status_code != 200:
+                raise RuntimeError(f"POST /v1/records: {response.text[:300]}")
+        while True:
+            scopes = client.get("/v1/readiness").json().get("scopes", [])
+            count = sum(s["document_count"] for s in scopes)
+            if scopes and count == size and sum(s["lag_events"] for s in scopes) == 0:
+                break
+            time.sleep(0.2)
+    print(f"ingested {size:,} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    for generation_id, _namespace, _kind, _state in stack.projector.state.generations():
+        started = time.perf_counter()
+        stack.projector.vectors.optimize_in_place(generation_id)
+        print(
+            f"optimized {generation_id} in {time.perf_counter() - started:.1f} s", file=sys.stderr
+        )
+    stack.close()
+
+
+def worker(data_dir: Path) -> None:
+    """Answer query indexes read from stdin, one JSON line each (see the module doc)."""
+    from starlette.testclient import TestClient
+
+    stack = _stack(data_dir, fixed_clock=True)
+    queries = _queries(1_000)
+    with TestClient(stack.app) as client:
+
+        def one(query: QuerySpec) -> tuple[float, dict[str, Any]]:
+            started = time.perf_counter()
+            response = client.post("/v1/external/retrieve/topk_records", json=topk_body(query, 10))
+            seconds = time.perf_counter() - started
+            if response.status_code != 200:
+                raise RuntimeError(f"topk_records: {response.text[:300]}")
+            body: dict[str, Any] = response.json()
+            return seconds, body
+
+        for query in queries[:WARMUP]:
+            one(query)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            seconds, body = one(queries[int(line)])
+            plan = body["query_plan"]
+            answer = [
+                [
+                    r["document_id"],
+                    r["score"],
+                    r["score_breakdown"],
+                    r["metadata"]["payload_sha256"],
+                ]
+                for r in body["results"]
+            ]
+            print(
+                json.dumps(
+                    {
+                        "ms": seconds * 1000.0,
+                        "total": plan["latency_ms"]["total"],
+                        "engine": plan.get("engine_ms") or {},
+                        "results": answer,
+                    }
+                ),
+                flush=True,
+            )
+    stack.close()
+
+
+class Worker:
+    """A worker process over its own copy of the data dir, with one tree's code."""
+
+    def __init__(self, tree: Path, data_dir: Path, copy: Path) -> None:
+        shutil.copytree(data_dir, copy)
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", str(copy)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(tree.resolve())},
+        )
+        if self._out.readline().strip() != "ready":
+            raise RuntimeError(f"worker for {tree} did not start")
+
+    @property
+    def _out(self) -> IO[str]:
+        assert self.process.stdout is not None
+        return self.process.stdout
+
+    def ask(self, index: int) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{index}\n")
+        self.process.stdin.flush()
+        answer: dict[str, Any] = json.loads(self._out.readline())
+        return answer
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=120)
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def _side(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    client = [s["ms"] for s in samples]
+    total = [s["total"] for s in samples]
+    keys = sorted({k for s in samples for k in s["engine"]})
+    raw = [
+        s["engine"].get("tantivy_search", 0.0) + s["engine"].get("qdrant_edge_query", 0.0)
+        for s in samples
+    ]
+    ratio = [t / r for t, r in zip(total, raw, strict=True) if r > 0]
+    return {
+        "client_ms": {"p50": round(_pct(client, 50), 3), "p95": round(_pct(client, 95), 3)},
+        "server_total_ms": {"p50": round(_pct(total, 50), 3), "p95": round(_pct(total, 95), 3)},
+        "engine_ms_p50": {
+            k: round(_pct([s["engine"].get(k, 0.0) for s in samples], 50), 3) for k in keys
+        },
+        "server_over_raw_engines": {
+            "p50": round(_pct(ratio, 50), 3),
+            "p95": round(_pct(ratio, 95), 3),
+        },
+    }
+
+
+def compare(a: Path, b: Path, data_dir: Path, queries: int, rounds: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="orrery-ab-"))
+    try:
+        workers = {"A": Worker(a, data_dir, work / "A"), "B": Worker(b, data_dir, work / "B")}
+        load_before = Path("/proc/loadavg").read_text().strip()
+        samples: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
+        identical = different = 0
+        for round_ in range(rounds):
+            for index in range(queries):
+                order = ("A", "B") if (index + round_) % 2 == 0 else ("B", "A")
+                answers = {side: workers[side].ask(index) for side in order}
+                for side in order:
+                    samples[side].append(answers[side])
+                if answers["A"]["results"] == answers["B"]["results"]:
+                    identical += 1
+                else:
+                    different += 1
+        load_after = Path("/proc/loadavg").read_text().strip()
+        for running in workers.values():
+            running.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    sides = {side: _side(s) for side, s in samples.items()}
+    return {
+        "benchmark": "hotpath_ab",
+        "trees": {"A": str(a), "B": str(b)},
+        "queries": queries,
+        "rounds": rounds,
+        "identical_answers": identical,
+        "different_answers": different,
+        "loadavg": {"before": load_before, "after": load_after},
+        "sides": sides,
+        "b_over_a": {
+            f"{what}_{p}": round(sides["B"][what][p] / sides["A"][what][p], 3)
+            for what in ("client_ms", "server_total_ms")
+            for p in ("p50", "p95")
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--a", type=Path, help="tree A (e.g. /work/main)")
+    parser.add_argument("--b", type=Path, help="tree B (builds the data dir)")
+    parser.add_argument("--size", type=int, default=20_000)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data-dir", type=Path, help="reuse (or keep) this data dir")
+    parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
+    parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.build is not None:
+        build(args.build, args.size)
+        return 0
+    if args.worker is not None:
+        worker(args.worker)
+        return 0
+    if args.a is None or args.b is None:
+        parser.error("--a and --b are required")
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="orrery-ab-data-")) / "data"
+    if not (data_dir / "orrery.sqlite").exists():
+        subprocess.run(
+            [
+                *(sys.executable, str(Path(__file__).resolve()), "--build", str(data_dir)),
+                *("--size", str(args.size)),
+            ],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(args.b.resolve())},
+        )
+    report = compare(args.a, args.b, data_dir, args.queries, args.rounds)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    if args.data_dir is None:
+        shutil.rmtree(data_dir.parent, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

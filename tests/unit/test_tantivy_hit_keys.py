@@ -1,0 +1,169 @@
+"""tantivy hits read from fast fields (schema version 5) or stored documents (before).
+
+The conformance suite checks what a hit reports; these tests check which way tantivy
+reads it (through `QueryPlan.engine_ms`'s keys) and that both ways agree: an index of
+schema version 4 (no hit keys) still answers, and exactly as a version 5 index does.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+import projector.adapters.tantivy_lexical as projector_tantivy
+import query.adapters.tantivy_lexical as query_tantivy
+from contracts.index import Candidate, SearchFilter
+from contracts.index_fields import document_id_of_key, document_key, status_key
+from contracts.timing import engine_clock
+from projector.adapters.tantivy_lexical import TantivyLexicalIndex
+from query.adapters.tantivy_lexical import (
+    ENGINE_DOCS,
+    ENGINE_FAST_FIELDS,
+    ENGINE_SEARCH,
+    TantivyLexicalSearch,
+)
+from tests.conformance.corpus import doc
+
+UUIDS = [str(uuid.UUID(int=(n * 0x9E3779B97F4A7C15) % (1 << 128))) for n in range(1, 41)]
+STATUSES = ("active", "candidate", "uncertain", "geprüft")
+
+
+def _documents() -> list:  # type: ignore[type-arg]
+    start = datetime(2026, 2, 1, 9, 0, 0, 250_001, tzinfo=UTC)
+    return [
+        doc(
+            document_id,
+            revision=1 + n % 4,
+            title=" ".join(["harbour"] * (1 + n % 5)),
+            body="crane" if n % 2 else "harbour crane",
+            status=STATUSES[n % len(STATUSES)],
+            galaxy=f"g{n % 3}",
+            updated_at=start + timedelta(seconds=n * 3607, microseconds=n),
+        )
+        for n, document_id in enumerate(UUIDS)
+    ]
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[TantivyLexicalIndex]:
+    index = TantivyLexicalIndex(tmp_path / "tantivy")
+    yield index
+    index.close()
+
+
+def _searched(
+    search: TantivyLexicalSearch, generation_id: str, text: str, filter: SearchFilter
+) -> tuple[list[Candidate], dict[str, float]]:
+    with engine_clock() as calls:
+        hits = search.search(generation_id, text, filter, 25)
+    assert ENGINE_SEARCH in calls
+    return hits, calls
+
+
+QUERIES = [
+    ("harbour", SearchFilter()),
+    ("harbour crane", SearchFilter(status=("active", "geprüft"))),
+    ("crane", SearchFilter(galaxy="g1")),
+    ("", SearchFilter(galaxy="g2")),
+]
+
+
+def test_document_keys_round_trip_canonical_uuids_only() -> None:
+    for document_id in UUIDS:
+        key = document_key(document_id)
+        assert key is not None
+        assert document_id_of_key(*key) == document_id
+    assert document_key(UUIDS[0].upper()) is None
+    assert document_key("{" + UUIDS[0] + "}") is None
+    assert document_key("d1") is None
+    assert status_key("active") != status_key("Active")
+
+
+def test_a_version_5_index_reads_hits_from_fast_fields_only(
+    index: TantivyLexicalIndex,
+) -> None:
+    index.create("g5")
+    documents = _documents()
+    index.apply("g5", documents[:20], [])
+    index.apply("g5", documents[20:], [])
+    search = TantivyLexicalSearch(index.searchable)
+    for text, filter in QUERIES:
+        hits, calls = _searched(search, "g5", text, filter)
+        assert hits
+        assert ENGINE_FAST_FIELDS in calls
+        assert ENGINE_DOCS not in calls
+        with engine_clock() as calls:
+            search.scores("g5", text, filter.model_copy(update={"document_ids": tuple(UUIDS)}))
+        assert ENGINE_DOCS not in calls
+
+
+def test_a_version_4_index_answers_exactly_like_a_version_5_index(
+    tmp_path: Path, index: TantivyLexicalIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            projector_tantivy,
+            "_build_schema",
+            functools.partial(projector_tantivy._build_schema, hit_keys=False),
+        )
+        old_writer = TantivyLexicalIndex(tmp_path / "tantivy")
+        old_writer.create("g4")
+        old_writer.close()
+    index.create("g5")
+    documents = _documents()
+    for generation_id in ("g4", "g5"):
+        index.apply(generation_id, documents[:25], [])
+        index.apply(generation_id, documents[25:], [(UUIDS[3], 4)])
+    index.close()  # reopened from disk: the schema read back decides
+    search = TantivyLexicalSearch(index.searchable)
+    for text, filter in QUERIES:
+        old, old_calls = _searched(search, "g4", text, filter)
+        new, new_calls = _searched(search, "g5", text, filter)
+        assert old == new
+        assert old and UUIDS[3] not in {c.document_id for c in old}
+        assert ENGINE_DOCS in old_calls and ENGINE_DOCS not in new_calls
+        by_id = filter.model_copy(update={"document_ids": tuple(UUIDS[::3])})
+        assert search.scores("g4", text, by_id) == search.scores("g5", text, by_id)
+
+
+def test_statuses_sharing_a_key_are_read_from_stored_documents(
+    index: TantivyLexicalIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two statuses whose keys collide (forced here) are never confused."""
+
+    def colliding(status: str) -> int:
+        return 7
+
+    monkeypatch.setattr(projector_tantivy, "status_key", colliding)
+    monkeypatch.setattr(query_tantivy, "status_key", colliding)
+    index.create("g5")
+    documents = _documents()
+    index.apply("g5", documents, [])
+    search = TantivyLexicalSearch(index.searchable)
+    hits, calls = _searched(search, "g5", "harbour", SearchFilter())
+    expected = {d.document_id: d.status for d in documents}
+    assert {c.document_id: c.status for c in hits} == {
+        c.document_id: expected[c.document_id] for c in hits
+    }
+    assert len({c.status for c in hits}) > 1
+    assert ENGINE_DOCS in calls
+
+
+def test_a_status_written_after_the_first_search_is_named(
+    index: TantivyLexicalIndex,
+) -> None:
+    index.create("g5")
+    documents = _documents()
+    index.apply("g5", documents[:10], [])
+    search = TantivyLexicalSearch(index.searchable)
+    assert search.search("g5", "harbour", SearchFilter(), 10)
+    late = doc(str(uuid.UUID(int=12345)), title="harbour " * 9, status="brand-new")
+    index.apply("g5", [late], [])
+    hits, calls = _searched(search, "g5", "harbour", SearchFilter(status=("brand-new",)))
+    assert [(c.document_id, c.status) for c in hits] == [(late.document_id, "brand-new")]
+    assert ENGINE_DOCS not in calls
