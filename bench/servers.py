@@ -420,6 +420,17 @@ def run_mode(mode: str, size: int, args: argparse.Namespace, vocab: Vocabulary) 
 # -- output ---------------------------------------------------------------------------------
 
 
+def _plans(text: str) -> list[tuple[str, int, int]]:
+    """`--scaleout-plans`: `backend:relays:projectors,...`."""
+    plans = []
+    for each in text.split(","):
+        backend, relays, projectors = each.split(":")
+        if backend not in ("sqlite", "postgres"):
+            raise argparse.ArgumentTypeError(f"unknown backend {backend!r}")
+        plans.append((backend, int(relays), int(projectors)))
+    return plans
+
+
 def print_scaleout(scaleout: Mapping[str, Any]) -> None:
     table = Table(title=f"scale-out: every role its own process (N = {scaleout['size']:,})")
     table.add_column("figure")
@@ -606,6 +617,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--only-scaleout", action="store_true", help="only the scale-out figures (no 1, 2)"
     )
     parser.add_argument("--scaleout-size", type=int, default=None, help="default --size")
+    parser.add_argument(
+        "--scaleout-plans",
+        type=_plans,
+        default=None,
+        help="ingest deployments as backend:relays:projectors,... "
+        "(default sqlite:1:1,postgres:1:1,postgres:2:2; query figures on the last)",
+    )
+    parser.add_argument(
+        "--scaleout-ingest-only", action="store_true", help="scale-out ingest figures only"
+    )
     parser.add_argument("--qps-seconds", type=float, default=20.0)
     parser.add_argument("--qps-clients", type=int, default=4)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "servers.json")
@@ -662,6 +683,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fresh=args.fresh,
                     qps_seconds=args.qps_seconds,
                     clients=args.qps_clients,
+                    ingest_only=args.scaleout_ingest_only,
+                    **({"plans": args.scaleout_plans} if args.scaleout_plans else {}),
                 )
     except BenchTimeout as error:
         console.print(f"[red]{error}")
