@@ -263,7 +263,7 @@ def _cpu_roles(deployment: Deployment) -> dict[str, int]:
 
     roles = {"ingest-api": deployment.ingest.process.pid, "bench (load generator)": os.getpid()}
     for process in deployment.others:
-        name = "relay" if "relay" in process.args else "project"
+        name = "relay" if isinstance(process.args, list) and "relay" in process.args else "project"
         count = sum(1 for k in roles if k.startswith(name))
         roles[f"{name}{count}"] = process.pid
     for i, worker in enumerate(deployment.workers):
@@ -306,9 +306,7 @@ def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) 
             time.sleep(0.1)
     applied = time.perf_counter() - started
     cpu_after = _cpu_snapshot(roles)
-    per_1k = {
-        name: round((cpu_after[name] - cpu_before[name]) * 1000 / size, 3) for name in roles
-    }
+    per_1k = {name: round((cpu_after[name] - cpu_before[name]) * 1000 / size, 3) for name in roles}
     return {
         "records": size,
         "post_seconds": round(posted, 3),

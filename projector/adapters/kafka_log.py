@@ -44,6 +44,8 @@ __all__ = ["POSITION_HEADER", "KafkaEventLog", "KafkaLogSettings"]
 # Written by ingest.adapters.kafka_publisher (the packages share no code).
 
 log = logging.getLogger("orrery.projector")
+# Pause between polls that return nothing while this member is not stable in its group.
+_REJOIN_PAUSE_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +378,11 @@ class KafkaEventLog:
                 break
             if consumer.group_metadata().state != MemberState.STABLE:
                 if time.monotonic() < deadline:
+                    if not batch:
+                        # A poll during a rebalance can return at once: without a pause
+                        # this loop spins and starves the client's network thread (the
+                        # GIL), which then misses the join (seen: 60 s rebalances).
+                        time.sleep(_REJOIN_PAUSE_S)
                     continue  # each poll drives the join
                 if out:
                     break
