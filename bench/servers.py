@@ -3,7 +3,9 @@
     .venv/bin/python bench/servers.py [--size 100000] [--server-size N] [--queries 100]
                                       [--fresh 30] [--out docs/bench/servers.json]
                                       [--skip-startup] [--scaleout [--scaleout-size N]
-                                      [--qps-seconds 20] [--qps-clients 4]]
+                                      [--qps-seconds 20] [--qps-clients 4]
+                                      [--scaleout-plans sqlite:1:1,postgres:1:1,...]
+                                      [--scaleout-ingest-only]]
                                       [--only-scaleout]
 
 Run it under `flock /tmp/orrery-bench.lock` on a shared machine (`make bench-servers`
@@ -15,6 +17,10 @@ With `--scaleout` (or `--only-scaleout`, which skips 1 and 2) every role also ru
 own process (`bench/scaleout.py`): ingest records/s with SQLite vs PostgreSQL and with 1
 and 2 relays/projectors, freshness lag, `topk_records` through OpenSearch + the Qdrant
 server with each stage's share, and queries per second with 1 vs 2 query workers.
+Each ingest also reports CPU seconds per 1,000 records of every process (each role, each
+harness server, the load generator): with everything on one machine their sum bounds
+the throughput. Shared harness servers also count other users' work; a private harness
+(`ORRERY_SERVERS_DIR=/tmp/x tests/harness/servers.py up`) gives clean server figures.
 
 1. **Start-up** (skipped with `--skip-startup`): a second harness instance in its own
    state dir (the shared servers hold the default ports, so it gets free ports): `up`
