@@ -64,6 +64,7 @@ __all__ = ["run_scaleout"]
 CURSOR_KEYS = "bench:scaleout-bench-secret-0123456789"
 REQUEST_TIMEOUT_S = 60.0
 FRESH_TIMEOUT_S = 60.0
+PLANS = (("sqlite", 1, 1), ("postgres", 1, 1), ("postgres", 2, 2))
 STAGES = ("scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize")
 
 
@@ -230,10 +231,63 @@ def _applied(ready: Mapping[str, Any], size: int) -> bool:
     )
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _tree_cpu_seconds(pid: int, skip: frozenset[int] = frozenset()) -> float:
+    """CPU seconds (user + system) of `pid`, its waited-for children and its live
+    descendants but those in `skip` and theirs (PostgreSQL's backends; a JVM's threads
+    are in the process itself); 0 for a process that is gone."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        each = int(stat.parent.name)
+        parents[each] = int(fields[1])
+        # utime, stime, cutime, cstime (fields 14-17 of proc(5); fields[0] is field 3)
+        times[each] = sum(int(v) for v in fields[11:15]) / _CLOCK_TICKS
+    total, todo = 0.0, [pid]
+    while todo:
+        each = todo.pop()
+        total += times.get(each, 0.0)
+        todo.extend(c for c, parent in parents.items() if parent == each and c not in skip)
+    return total
+
+
+def _cpu_roles(deployment: Deployment) -> dict[str, int]:
+    """The processes whose CPU an ingest costs: every role of the deployment, each
+    harness server (from its servers.json) and this load generator."""
+    from tests.harness.servers import server_status
+
+    roles = {"ingest-api": deployment.ingest.process.pid, "bench (load generator)": os.getpid()}
+    for process in deployment.others:
+        name = "relay" if isinstance(process.args, list) and "relay" in process.args else "project"
+        count = sum(1 for k in roles if k.startswith(name))
+        roles[f"{name}{count}"] = process.pid
+    for i, worker in enumerate(deployment.workers):
+        roles[f"query-worker{i}"] = worker.process.pid
+    for name, server in server_status().items():
+        if server["pid"] is not None:
+            roles[name] = server["pid"]
+    return roles
+
+
+def _cpu_snapshot(roles: Mapping[str, int]) -> dict[str, float]:
+    pids = frozenset(roles.values())
+    return {name: _tree_cpu_seconds(pid, pids) for name, pid in roles.items()}
+
+
 def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) -> dict[str, Any]:
     """POST every batch to the ingest API, then poll a worker's readiness until all of
-    it is applied."""
+    it is applied. Also the CPU seconds per 1,000 records of each process (roles,
+    servers, load generator) over that time: with every process on one machine, their
+    sum bounds the throughput."""
     worker = deployment.workers[0]
+    roles = _cpu_roles(deployment)
+    cpu_before = _cpu_snapshot(roles)
     started = time.perf_counter()
     with deployment.ingest.client(REQUEST_TIMEOUT_S) as ingest:
         for body in batches:
@@ -252,12 +306,20 @@ def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) 
                 raise RuntimeError(f"not applied after an hour: {ready}")
             time.sleep(0.1)
     applied = time.perf_counter() - started
+    cpu_after = _cpu_snapshot(roles)
+    per_1k = {name: round((cpu_after[name] - cpu_before[name]) * 1000 / size, 3) for name in roles}
     return {
         "records": size,
         "post_seconds": round(posted, 3),
         "applied_seconds": round(applied, 3),
         "records_per_s": round(size / applied, 1),
         "post_records_per_s": round(size / posted, 1),
+        "cpu_seconds_per_1k_records": per_1k,
+        "cpu_seconds_per_1k_records_total": round(sum(per_1k.values()), 3),
+        "cpu_utilisation_of_machine": round(
+            sum(cpu_after[n] - cpu_before[n] for n in roles) / (applied * (os.cpu_count() or 1)),
+            3,
+        ),
     }
 
 
@@ -460,16 +522,19 @@ def run_scaleout(
     fresh: int,
     qps_seconds: float,
     clients: int,
+    plans: Sequence[tuple[str, int, int]] = PLANS,
+    ingest_only: bool = False,
 ) -> dict[str, Any]:
-    """Every scale-out figure of the module doc; prints progress to stderr."""
+    """Every scale-out figure of the module doc; prints progress to stderr. `plans` are
+    the ingest deployments (backend, relays, projectors); the query figures are taken on
+    the last one unless `ingest_only`."""
     vocab = Vocabulary.build(random.Random(seed))
     query_rng = random.Random(seed + 1)
     warmup = make_queries(query_rng, vocab, 10)
     asked = make_queries(query_rng, vocab, queries)
     out: dict[str, Any] = {"size": size, "ingest": []}
-    plans = [("sqlite", 1, 1), ("postgres", 1, 1), ("postgres", 2, 2)]
     for backend, relays, projectors in plans:
-        last = (backend, relays, projectors) == plans[-1]
+        last = (backend, relays, projectors) == plans[-1] and not ingest_only
         print(
             f"scaleout: {backend} relays={relays} projectors={projectors} N={size}", file=sys.stderr
         )
@@ -486,7 +551,12 @@ def run_scaleout(
             out["ingest"].append(
                 {"backend": backend, "relays": relays, "projectors": projectors, **figures}
             )
-            print(f"  ingest: {figures['records_per_s']} records/s", file=sys.stderr)
+            print(
+                f"  ingest: {figures['records_per_s']} records/s "
+                f"(POSTs {figures['post_records_per_s']}/s); CPU s per 1k records: "
+                f"{figures['cpu_seconds_per_1k_records']}",
+                file=sys.stderr,
+            )
             if not last:
                 continue
             out["eligibility"] = _verify_live(deployment)

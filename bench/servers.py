@@ -3,7 +3,9 @@
     .venv/bin/python bench/servers.py [--size 100000] [--server-size N] [--queries 100]
                                       [--fresh 30] [--out docs/bench/servers.json]
                                       [--skip-startup] [--scaleout [--scaleout-size N]
-                                      [--qps-seconds 20] [--qps-clients 4]]
+                                      [--qps-seconds 20] [--qps-clients 4]
+                                      [--scaleout-plans sqlite:1:1,postgres:1:1,...]
+                                      [--scaleout-ingest-only]]
                                       [--only-scaleout]
 
 Run it under `flock /tmp/orrery-bench.lock` on a shared machine (`make bench-servers`
@@ -15,6 +17,10 @@ With `--scaleout` (or `--only-scaleout`, which skips 1 and 2) every role also ru
 own process (`bench/scaleout.py`): ingest records/s with SQLite vs PostgreSQL and with 1
 and 2 relays/projectors, freshness lag, `topk_records` through OpenSearch + the Qdrant
 server with each stage's share, and queries per second with 1 vs 2 query workers.
+Each ingest also reports CPU seconds per 1,000 records of every process (each role, each
+harness server, the load generator): with everything on one machine their sum bounds
+the throughput. Shared harness servers also count other users' work; a private harness
+(`ORRERY_SERVERS_DIR=/tmp/x tests/harness/servers.py up`) gives clean server figures.
 
 1. **Start-up** (skipped with `--skip-startup`): a second harness instance in its own
    state dir (the shared servers hold the default ports, so it gets free ports): `up`
@@ -420,6 +426,17 @@ def run_mode(mode: str, size: int, args: argparse.Namespace, vocab: Vocabulary) 
 # -- output ---------------------------------------------------------------------------------
 
 
+def _plans(text: str) -> list[tuple[str, int, int]]:
+    """`--scaleout-plans`: `backend:relays:projectors,...`."""
+    plans = []
+    for each in text.split(","):
+        backend, relays, projectors = each.split(":")
+        if backend not in ("sqlite", "postgres"):
+            raise argparse.ArgumentTypeError(f"unknown backend {backend!r}")
+        plans.append((backend, int(relays), int(projectors)))
+    return plans
+
+
 def print_scaleout(scaleout: Mapping[str, Any]) -> None:
     table = Table(title=f"scale-out: every role its own process (N = {scaleout['size']:,})")
     table.add_column("figure")
@@ -606,6 +623,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--only-scaleout", action="store_true", help="only the scale-out figures (no 1, 2)"
     )
     parser.add_argument("--scaleout-size", type=int, default=None, help="default --size")
+    parser.add_argument(
+        "--scaleout-plans",
+        type=_plans,
+        default=None,
+        help="ingest deployments as backend:relays:projectors,... "
+        "(default sqlite:1:1,postgres:1:1,postgres:2:2; query figures on the last)",
+    )
+    parser.add_argument(
+        "--scaleout-ingest-only", action="store_true", help="scale-out ingest figures only"
+    )
     parser.add_argument("--qps-seconds", type=float, default=20.0)
     parser.add_argument("--qps-clients", type=int, default=4)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "servers.json")
@@ -662,6 +689,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fresh=args.fresh,
                     qps_seconds=args.qps_seconds,
                     clients=args.qps_clients,
+                    ingest_only=args.scaleout_ingest_only,
+                    **({"plans": args.scaleout_plans} if args.scaleout_plans else {}),
                 )
     except BenchTimeout as error:
         console.print(f"[red]{error}")

@@ -423,9 +423,13 @@ def server_projector(
             join_timeout_ms=kafka_join_timeout_ms,
         )
     )
+    # Each apply refreshes once at its end (not `wait_for` the next scheduled refresh):
+    # a batch is searchable before its registry commit, without idling under the writer
+    # lock, and a large batch makes one segment instead of one per refresh interval.
     lexical = OpenSearchLexicalIndex(
         opensearch_url,
         index_prefix=opensearch_index_prefix,
+        refresh="true",
         refresh_interval=opensearch_refresh_interval,
     )
     vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)
@@ -506,6 +510,7 @@ def server_generation_admin(
         lexical = OpenSearchLexicalIndex(
             opensearch_url,
             index_prefix=opensearch_index_prefix,
+            refresh="true",  # as the projector's
             refresh_interval=opensearch_refresh_interval,
         )
         vectors = QdrantServerVectorIndex(qdrant, collection_prefix=qdrant_collection_prefix)

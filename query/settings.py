@@ -150,9 +150,10 @@ class QuerySettings(BaseSettings):
     opensearch_url: str = "http://127.0.0.1:9200"
     opensearch_index_prefix: str = "orrery"
     opensearch_refresh_interval: str = Field(
-        default="250ms",
-        description="Index refresh interval; writes wait for the next refresh (wait_for), "
-        "so this bounds freshness lag and how often one generation takes a batch.",
+        default="1s",
+        description="Index refresh interval, a backstop: the projector refreshes an index "
+        "at the end of each batch it writes (before committing it), so this bounds neither "
+        "freshness lag nor batch time; shorter means more segments during bulk ingest.",
     )
     qdrant_url: str | None = Field(
         default=None,

@@ -99,6 +99,8 @@ class PostgresRecordStore:
                 accepted.append((index, record))
             if not accepted:
                 return outcomes
+            # Serialized once: the records row and the outbox event carry the same JSON.
+            bodies = [r.model_dump_json() for _, r in accepted]
             cur.executemany(
                 "INSERT INTO records VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                 [
@@ -111,10 +113,10 @@ class PostgresRecordStore:
                         r.galaxy,
                         r.deleted,
                         payload_sha256(r.payload),
-                        r.model_dump_json(),
+                        body,
                         now,
                     )
-                    for _, r in accepted
+                    for (_, r), body in zip(accepted, bodies, strict=True)
                 ],
             )
             newest: dict[str, Record] = {r.doc_id: r for _, r in accepted}
@@ -143,10 +145,10 @@ class PostgresRecordStore:
                         r.revision,
                         r.namespace,
                         r.snapshot_kind,
-                        record_changed_json(r.model_dump_json()),
+                        record_changed_json(body),
                         now,
                     )
-                    for offset, (_, r) in enumerate(accepted)
+                    for offset, ((_, r), body) in enumerate(zip(accepted, bodies, strict=True))
                 ],
             )
             for offset, (index, r) in enumerate(accepted):

@@ -60,9 +60,9 @@ _UPSERT_DOCUMENT = (
     "revision = excluded.revision, deleted = excluded.deleted "
     "WHERE excluded.revision > generation_documents.revision"
 )
-_RECOUNT = (
-    "document_count = (SELECT COUNT(*) FROM generation_documents d WHERE "
-    "d.generation_id = generations.generation_id AND NOT d.deleted)"
+_LIVE_AMONG = (
+    "SELECT COUNT(*) FROM generation_documents WHERE generation_id = %s "
+    "AND document_id = ANY(%s) AND NOT deleted"
 )
 
 Cursor = psycopg.Cursor[Any]
@@ -152,14 +152,12 @@ class PostgresProjectorState:
             if self._fence is not None:
                 self._fence(cur)
             for generation_id, docs in sorted(changes.items()):
-                cur.executemany(
-                    _UPSERT_DOCUMENT,
-                    [(generation_id, d, rev, dead) for d, (rev, dead) in sorted(docs.items())],
-                )
+                added = _record_documents(cur, generation_id, docs)
                 cur.execute(
                     "UPDATE generations SET applied_position = GREATEST(applied_position, %s), "
-                    f"commit_seq = commit_seq + 1, {_RECOUNT} WHERE generation_id = %s",
-                    (position, generation_id),
+                    "commit_seq = commit_seq + 1, document_count = document_count + %s "
+                    "WHERE generation_id = %s",
+                    (position, added, generation_id),
                 )
             cur.execute(
                 "INSERT INTO projector_positions VALUES (%s,%s,%s) ON CONFLICT (consumer) "
@@ -471,14 +469,11 @@ class PostgresProjectorState:
     # -- GenerationContents ------------------------------------------------------------
     def record_documents(self, generation_id: str, changes: Mapping[str, tuple[int, bool]]) -> None:
         with self._transaction("record documents") as cur:
-            cur.executemany(
-                _UPSERT_DOCUMENT,
-                [(generation_id, d, rev, dead) for d, (rev, dead) in sorted(changes.items())],
-            )
+            added = _record_documents(cur, generation_id, changes)
             cur.execute(
-                f"UPDATE generations SET commit_seq = commit_seq + 1, {_RECOUNT} "
-                "WHERE generation_id = %s",
-                (generation_id,),
+                "UPDATE generations SET commit_seq = commit_seq + 1, "
+                "document_count = document_count + %s WHERE generation_id = %s",
+                (added, generation_id),
             )
 
     def mark_applied(self, generation_id: str, position: int) -> None:
@@ -733,3 +728,23 @@ def _row(row: Sequence[Any]) -> tuple[GenerationRow, GenerationDescriptor]:
         ),
         descriptor,
     )
+
+
+def _record_documents(cur: Cursor, generation_id: str, docs: Mapping[str, tuple[int, bool]]) -> int:
+    """Upsert a generation's document revisions (newer ones win); returns how many more
+    live documents it holds now (negative when deletes outnumber new documents).
+
+    The change of `document_count` is counted over the batch's documents only (not a
+    recount of the generation: that made every commit O(documents held)). The
+    generation's row is locked first, and every writer of its documents goes through
+    here, so no other transaction changes these documents between the two counts.
+    """
+    ids = sorted(docs)
+    cur.execute("SELECT 1 FROM generations WHERE generation_id = %s FOR UPDATE", (generation_id,))
+    cur.execute(_LIVE_AMONG, (generation_id, ids))
+    before = cur.fetchone()
+    cur.executemany(_UPSERT_DOCUMENT, [(generation_id, d, docs[d][0], docs[d][1]) for d in ids])
+    cur.execute(_LIVE_AMONG, (generation_id, ids))
+    after = cur.fetchone()
+    assert before is not None and after is not None
+    return int(after[0]) - int(before[0])

@@ -303,6 +303,29 @@ def test_record_documents_keeps_the_newer_revision(registry: Registry) -> None:
     assert registry.generation(generation_id)[0].document_count == 1
 
 
+def test_document_count_follows_upserts_deletes_and_stale_writes(registry: Registry) -> None:
+    """`document_count` is the number of live documents after every kind of change, by
+    either writer (a projector batch, a build's `record_documents`)."""
+    live = _live(registry)
+
+    def counted() -> tuple[int, int]:
+        live_now = len(registry.registry_pairs(live).pairs)
+        return registry.generation(live)[0].document_count, live_now
+
+    registry.commit("projector", 1, {live: {"a": (1, False), "b": (1, False), "c": (1, False)}})
+    assert counted() == (3, 3)
+    # A delete, a tombstone for a document never seen, a stale upsert (ignored).
+    registry.commit("projector", 2, {live: {"a": (2, True), "z": (1, True), "b": (0, False)}})
+    assert counted() == (2, 2)
+    # Back from the dead, a stale delete (ignored), a new one; then a repeat (no change).
+    registry.record_documents(live, {"a": (3, False), "c": (0, True), "d": (1, False)})
+    assert counted() == (4, 4)
+    registry.record_documents(live, {"a": (3, False), "d": (1, False)})
+    assert counted() == (4, 4)
+    registry.commit("projector", 3, {live: {"a": (4, True), "b": (2, True), "c": (2, True)}})
+    assert counted() == (1, 1)
+
+
 def test_mark_applied_never_lowers(registry: Registry) -> None:
     generation_id = _begin(registry)
     registry.mark_applied(generation_id, 10)

@@ -144,3 +144,16 @@ def test_a_server_start_migrates_every_set_including_the_query_workers(postgres_
     with psycopg.connect(postgres_url) as conn:
         for table in ("ring_members", "ring_stats", "kouten_profiles", "kouten_envelopes"):
             assert conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() == (table,)
+
+
+def test_record_json_is_lz4_compressed(postgres_url: str) -> None:
+    """Migration 0002: the two columns that hold every record's JSON use lz4 (cheaper to
+    write than pglz) on a server built with it, as the harness's Debian PostgreSQL is."""
+    migrate(postgres_url)
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute(
+            "SELECT attrelid::regclass::text, attname, attcompression FROM pg_attribute "
+            "WHERE (attrelid, attname) IN (('records'::regclass, 'record_json'), "
+            "('outbox'::regclass, 'event_json')) ORDER BY 1"
+        ).fetchall()
+    assert rows == [("outbox", "event_json", "l"), ("records", "record_json", "l")]
