@@ -130,11 +130,12 @@ def write_records(
     if on_commit is not None and any(o.decision is Decision.ACCEPTED for o in outcomes):
         on_commit()
     items: list[WriteItem] = []
+    # Built without validation (one per record): the values are the store's outcomes.
     for outcome in outcomes:
         assert outcome.document_id is not None and outcome.revision is not None
         accepted = outcome.decision is Decision.ACCEPTED
         items.append(
-            WriteItem(
+            WriteItem.model_construct(
                 index=outcome.index,
                 document_id=outcome.document_id,
                 revision=outcome.revision,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.errors import ErrorCode
@@ -42,7 +42,7 @@ def create_router(
         request: Request,
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
-    ) -> JSONResponse:
+    ) -> Response:
         """Write a batch of records (upserts and tombstones) in one transaction.
 
         200 with per-record statuses (201 accepted, 409 stale revision); 409 when no
@@ -74,6 +74,7 @@ def create_router(
                 },
             }
             return JSONResponse(body, status_code=409)
-        return JSONResponse(result.model_dump(mode="json"), status_code=200)
+        # Serialized by pydantic in one call: a batch's response holds an item per record.
+        return Response(result.model_dump_json(), status_code=200, media_type="application/json")
 
     return router

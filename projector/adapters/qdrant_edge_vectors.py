@@ -173,6 +173,9 @@ _COPY_CHUNK = 1 << 20
 # early once at most `_CATCH_UP_SLACK` are left for the round under the lock.
 _CATCH_UP_ROUNDS = 3
 _CATCH_UP_SLACK = 32
+# The background optimizer puts off a generation that keeps taking writes at most this
+# long (`QdrantEdgeVectorIndex._writes_flowing`).
+_MAX_DEFERRAL_S = 60.0
 
 
 def _index_params(field: str, kind: PayloadIndexKind) -> PayloadSchemaParams:
@@ -390,6 +393,10 @@ class QdrantEdgeVectorIndex:
         self._generations: dict[str, _Generation] = {}
         # Unindexed count at which optimize last changed nothing: retried only above it.
         self._idle_at: dict[str, int] = {}
+        # Per generation: when `apply` last wrote, and since when the background
+        # optimizer has put it off because writes kept coming (monotonic seconds).
+        self._written_at: dict[str, float] = {}
+        self._deferred_since: dict[str, float] = {}
         self._closed = False
         self._stop = threading.Event()
         self._optimizer: threading.Thread | None = None
@@ -465,6 +472,7 @@ class QdrantEdgeVectorIndex:
                 raise
             if journal is not None:
                 journal.record(writes)
+            self._written_at[generation_id] = time.monotonic()
 
     def evidence(self, generation_id: str) -> IndexEvidence:
         """Count and `id_set_digest` of the `(document_id, revision)` pairs the shard holds."""
@@ -484,6 +492,8 @@ class QdrantEdgeVectorIndex:
         check_generation_id(generation_id)
         with self._lock:
             self._idle_at.pop(generation_id, None)
+            self._written_at.pop(generation_id, None)
+            self._deferred_since.pop(generation_id, None)
             generation = self._generations.pop(generation_id, None)
             if generation is not None:
                 self._close_generation(generation_id, generation)
@@ -595,7 +605,9 @@ class QdrantEdgeVectorIndex:
     def start_background_optimizer(
         self, interval_s: float = 5.0, *, min_unindexed: int = 1_000
     ) -> None:
-        """Every `interval_s`, `optimize_if_needed` each open generation, one at a time.
+        """Every `interval_s`, `optimize_if_needed` each open generation, one at a time,
+        except one written within the last `interval_s` (up to `_MAX_DEFERRAL_S`: an
+        optimize during a stream of writes redoes them, see `_writes_flowing`).
 
         A daemon thread; `close()` stops it (cancelling a running optimize). A second
         call while it runs does nothing. Failures are logged and retried next round.
@@ -623,11 +635,36 @@ class QdrantEdgeVectorIndex:
             for generation_id in generation_ids:
                 if self._stop.is_set():
                     return
+                if self._writes_flowing(generation_id, interval_s):
+                    continue
                 try:
                     self.optimize_if_needed(generation_id, min_unindexed=min_unindexed)
                 except OrreryError as error:
                     if error.code is not ErrorCode.NOT_FOUND and not self._stop.is_set():
                         _log.warning("optimizing %s failed: %s", generation_id, error.message)
+
+    def _writes_flowing(self, generation_id: str, interval_s: float) -> bool:
+        """Whether the background optimizer should put the generation off: it was
+        written within the last `interval_s` and has not been put off for
+        `_MAX_DEFERRAL_S` yet.
+
+        An optimize started while writes stream in is mostly wasted: every write made
+        meanwhile is applied twice (live shard, then the journal replay into the copy,
+        both holding the GIL), loading the copy holds the GIL too, the child takes the
+        other CPU from the writers, and past `max_journal_documents` the optimize is
+        abandoned. Search stays exact meanwhile; under writes that never pause the
+        optimize still runs once per `_MAX_DEFERRAL_S`.
+        """
+        now = time.monotonic()
+        written = self._written_at.get(generation_id)
+        if written is None or now - written >= interval_s:
+            self._deferred_since.pop(generation_id, None)
+            return False
+        since = self._deferred_since.setdefault(generation_id, now)
+        if now - since >= _MAX_DEFERRAL_S:
+            self._deferred_since.pop(generation_id, None)
+            return False
+        return True
 
     def _copy_optimize_swap(self, generation_id: str, generation: _Generation) -> bool:
         live, staging, _ = self._paths(generation_id)

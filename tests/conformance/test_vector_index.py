@@ -620,6 +620,23 @@ def test_edge_background_optimizer(edge: QdrantEdgeVectorIndex) -> None:
     edge.drop("g")  # waits for a running optimize, then removes the shard
 
 
+def test_edge_background_optimizer_defers_while_writes_flow(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An optimize during a stream of writes would apply each of them twice (live shard,
+    # journal replay): the loop puts a generation off while it was written within the
+    # last interval, but never longer than _MAX_DEFERRAL_S.
+    edge.create("g", DIM)
+    assert not edge._writes_flowing("g", 60.0)  # never written: nothing to wait for
+    edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
+    assert edge._writes_flowing("g", 60.0)  # written just now
+    assert not edge._writes_flowing("g", 0.0)  # quiet for a whole (empty) interval
+    monkeypatch.setattr(edge_module, "_MAX_DEFERRAL_S", 0.0)
+    assert not edge._writes_flowing("g", 60.0)  # put off long enough: optimize anyway
+    edge.drop("g")
+    assert not edge._writes_flowing("g", 60.0)  # forgotten with the generation
+
+
 def test_edge_reopens_generations_lazily(tmp_path: Path) -> None:
     first = QdrantEdgeVectorIndex(tmp_path / "edge")
     first.create("g", DIM)

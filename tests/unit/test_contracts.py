@@ -1,12 +1,20 @@
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from pydantic import ValidationError
 
 from contracts.auth import authenticate, parse_api_keys
 from contracts.digests import canonical_json, id_set_digest
 from contracts.errors import ErrorCode, OrreryError
-from contracts.records import Record, derive_document_id, identity_violation, payload_sha256
+from contracts.records import (
+    DOCUMENT_ID_NAMESPACE,
+    Record,
+    derive_document_id,
+    identity_violation,
+    payload_sha256,
+)
 from contracts.topk import TopKRequest
 
 
@@ -29,6 +37,19 @@ def test_document_id_is_stable_and_scoped() -> None:
     assert one != derive_document_id("ns", "conflicts", "fact:1")
     record = Record(namespace="ns", snapshot_kind="objects", item_id="fact:1", revision=1)
     assert record.document_id == one
+
+
+def test_document_id_is_the_uuid5_of_the_identity() -> None:
+    # The ids every index is keyed by: the fast derivation must equal uuid5 exactly.
+    for namespace, kind, item, galaxy in [
+        ("ns", "objects", "fact:1", "default"),
+        ("ns", "objects", "fact:1", "g1"),
+        ("näme", "archive", "ünïcode 💫 id", "default"),
+        ("a" * 128, "b" * 128, "c" * 512, "d" * 128),
+    ]:
+        parts = [namespace, kind, item] + ([] if galaxy == "default" else [galaxy])
+        expected = str(uuid.uuid5(DOCUMENT_ID_NAMESPACE, "\x1f".join(parts)))
+        assert derive_document_id(namespace, kind, item, galaxy) == expected
 
 
 def test_document_id_is_scoped_by_namespace_and_galaxy() -> None:
