@@ -10,7 +10,7 @@ import pytest
 
 from contracts.errors import ErrorCode, OrreryError
 from contracts.timing import engine_call, engine_clock
-from query.overlap import DeadlinePassed, SourcePool
+from query.overlap import DeadlinePassed, Pending, SourcePool
 from query.service import _Stopwatch
 
 WAIT_S = 30.0  # never reached when the code is right: only bounds a broken run
@@ -73,7 +73,9 @@ def test_a_busy_pool_hands_the_call_back_to_the_caller(pool: SourcePool) -> None
     assert calls == [threading.current_thread().name]  # it ran once, not again on the pool
 
 
-def test_result_stops_waiting_at_the_deadline(pool: SourcePool) -> None:
+def _start_blocked(pool: SourcePool) -> tuple[Pending[int], threading.Event]:
+    """Start a call on the pool that holds its thread until the returned event is set;
+    returns once the call has begun."""
     release = threading.Event()
     entered = threading.Event()
 
@@ -84,6 +86,11 @@ def test_result_stops_waiting_at_the_deadline(pool: SourcePool) -> None:
 
     pending = pool.start(call)
     assert entered.wait(WAIT_S)
+    return pending, release
+
+
+def test_result_stops_waiting_at_the_deadline(pool: SourcePool) -> None:
+    pending, release = _start_blocked(pool)
     with pytest.raises(DeadlinePassed):
         pending.result(time.perf_counter() + 0.01)
     release.set()
@@ -109,17 +116,8 @@ def test_a_closed_pool_runs_calls_on_the_caller() -> None:
 
 
 def test_a_wait_past_the_request_deadline_is_deadline_exceeded(pool: SourcePool) -> None:
-    release = threading.Event()
-    entered = threading.Event()
-
-    def call() -> int:
-        entered.set()
-        release.wait(WAIT_S)
-        return 1
-
     watch = _Stopwatch(timeout_seconds=0.01)
-    pending = pool.start(call)
-    assert entered.wait(WAIT_S)
+    pending, release = _start_blocked(pool)
     try:
         with pytest.raises(OrreryError) as caught:
             watch.wait(pending, "index_search")
@@ -135,16 +133,7 @@ def test_a_pool_needs_a_worker() -> None:
 
 
 def test_running_is_true_only_while_the_pool_runs_the_call(pool: SourcePool) -> None:
-    release = threading.Event()
-    entered = threading.Event()
-
-    def call() -> int:
-        entered.set()
-        release.wait(WAIT_S)
-        return 1
-
-    pending = pool.start(call)
-    assert entered.wait(WAIT_S)
+    pending, release = _start_blocked(pool)
     assert pending.running()
     queued = pool.start(lambda: 2)
     assert not queued.running()  # waiting for the only pool thread
