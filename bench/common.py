@@ -200,10 +200,20 @@ def start_serve(
 
 @contextlib.contextmanager
 def serve(
-    env: Mapping[str, str], *, keep_data: bool = False, startup_s: float = 120.0
+    env: Mapping[str, str],
+    *,
+    keep_data: bool = False,
+    startup_s: float = 120.0,
+    root: Path | None = None,
 ) -> Iterator[ServeProcess]:
-    """A fresh `orrery serve` on a fresh temp data dir; stopped and deleted on exit."""
-    root = Path(tempfile.mkdtemp(prefix="orrery-bench-"))
+    """A fresh `orrery serve` on a fresh temp data dir; stopped and deleted on exit.
+
+    With `root`, the server runs on `root/data` (created or reused) and `root` is kept."""
+    if root is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        keep_data = True
+    else:
+        root = Path(tempfile.mkdtemp(prefix="orrery-bench-"))
     server: ServeProcess | None = None
     try:
         server = start_serve(root / "data", root / "serve.log", env, startup_s)

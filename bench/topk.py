@@ -1,7 +1,12 @@
 """Top-k latency over HTTP: the one-shot `topk_records` against the old split path.
 
     .venv/bin/python bench/topk.py [--sizes 10000,100000] [--queries 200]
-                                   [--out docs/bench/topk.json]
+                                   [--out docs/bench/topk.json] [--data-root DIR]
+
+With `--data-root DIR`, each size's data dir is DIR/<N> and is kept with a `build.json`
+of its ingest and HNSW figures; a later run with the same DIR skips steps 1-2 (it waits
+only for a quiet optimizer) and reports those figures as the build's. So a 1M corpus can
+be built once, on a busy machine if need be, and its queries measured on a quiet one.
 
 For each corpus size N, against a fresh `orrery serve` on 127.0.0.1 (own temp data dir):
 
@@ -953,10 +958,18 @@ def targets(
 
 def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str, Any]:
     console.rule(f"[bold]N = {size:,}")
-    started = time.perf_counter()
-    batches = SpooledCorpus(corpus_batches(size, args.batch_size, args.seed, vocab))
-    generate_s = time.perf_counter() - started
-    console.print(f"generated {size:,} records in {generate_s:.1f} s ({len(batches)} batches)")
+    root = None if args.data_root is None else args.data_root / str(size)
+    build_path = None if root is None else root / BUILD_FILE
+    built = _load_build(build_path, size, args.seed)
+    batches: SpooledCorpus | None = None
+    generate_s = 0.0
+    if built is None:
+        started = time.perf_counter()
+        batches = SpooledCorpus(corpus_batches(size, args.batch_size, args.seed, vocab))
+        generate_s = time.perf_counter() - started
+        console.print(f"generated {size:,} records in {generate_s:.1f} s ({len(batches)} batches)")
+    else:
+        console.print(f"reusing the data dir built at {built['built_at']} under {root}")
     query_rng = random.Random(args.seed + 1)
     warmup = make_queries(query_rng, vocab, WARMUP_QUERIES)
     queries = make_queries(query_rng, vocab, args.queries)
@@ -968,13 +981,23 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     }
     result: dict[str, Any] = {"size": size, "corpus_generate_seconds": round(generate_s, 2)}
     result["server_source_sha256"] = source_digest()
-    with serve(env, keep_data=args.keep_data) as server, server.client() as client:
-        try:
-            result["ingest"] = ingest(server, client, batches, size)
-        finally:
-            batches.close()
-        result["memory_kb_after_ingest"] = server.memory_kb()
-        result["vector_index_wait"] = wait_for_vector_index(
+    with (
+        serve(env, keep_data=args.keep_data, root=root) as server,
+        server.client() as client,
+    ):
+        if batches is not None:
+            try:
+                result["ingest"] = ingest(server, client, batches, size)
+            finally:
+                batches.close()
+            result["memory_kb_after_ingest"] = server.memory_kb()
+        else:
+            assert built is not None
+            result["built"] = {key: built[key] for key in ("built_at", "server_source_sha256")}
+            for key in _BUILD_KEYS:
+                result[key] = built[key]
+            result["memory_kb_after_start"] = server.memory_kb()
+        wait = wait_for_vector_index(
             server,
             client,
             warmup,
@@ -983,9 +1006,13 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
             ready_wall=result["ingest"]["wall_ready"],
             max_wait_s=args.index_wait or index_wait_s(size),
         )
-        result["hnsw_build"] = hnsw_build(
-            result["vector_index_wait"], OptimizerLog.parse(server.log_text())
-        )
+        if batches is not None:
+            result["vector_index_wait"] = wait
+            result["hnsw_build"] = hnsw_build(wait, OptimizerLog.parse(server.log_text()))
+            if build_path is not None:
+                _save_build(build_path, size, args.seed, result)
+        else:
+            result["vector_index_wait_on_reuse"] = wait
         result["readiness_has_vector_index_state"] = _has_vector_index_state(_readiness(client))
         before = OptimizerLog.parse(server.log_text())
         busy_before = optimizer_busy(server)
@@ -1023,6 +1050,44 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     for key in ("wall_start", "wall_ready"):
         result["ingest"].pop(key)
     return result
+
+
+BUILD_FILE = "build.json"
+# What a reused data dir carries over from the run that built it.
+_BUILD_KEYS = (
+    "corpus_generate_seconds",
+    "ingest",
+    "memory_kb_after_ingest",
+    "vector_index_wait",
+    "hnsw_build",
+)
+
+
+def _save_build(path: Path, size: int, seed: int, result: Mapping[str, Any]) -> None:
+    """Record the build of `path.parent/data` (ingest and HNSW figures) for a later
+    `--data-root` run that measures queries on it without rebuilding."""
+    build = {key: result[key] for key in _BUILD_KEYS}
+    build.update(
+        size=size,
+        seed=seed,
+        built_at=utc_now(),
+        server_source_sha256=result["server_source_sha256"],
+    )
+    path.write_text(json.dumps(build, indent=1))
+
+
+def _load_build(path: Path | None, size: int, seed: int) -> dict[str, Any] | None:
+    """The build record of a complete data dir of `size` records of `seed`'s corpus,
+    or None (no `--data-root`, or nothing built there yet)."""
+    if path is None or not path.exists():
+        return None
+    build: dict[str, Any] = json.loads(path.read_text())
+    if (build.get("size"), build.get("seed")) != (size, seed):
+        raise SystemExit(
+            f"{path} holds a build of {build.get('size')} records, seed "
+            f"{build.get('seed')}: not {size}, {seed}"
+        )
+    return build
 
 
 def _has_vector_index_state(ready: dict[str, Any]) -> bool:
@@ -1137,6 +1202,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=int, default=None, help="global timeout in s (by N)")
     parser.add_argument("--keep-data", action="store_true", help="keep each temp data dir")
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        default=None,
+        help="build each size's data dir under DIR/<N> and keep it; a later run with the "
+        "same DIR measures the queries on it without ingesting again",
+    )
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
     if args.queries < 1 or not args.sizes:
