@@ -42,7 +42,7 @@ class FlowLimits:
       (`?wait=searchable`) waits for the projector to apply it.
     """
 
-    max_lag_events: int = 10_000
+    max_lag_events: int = 4_096
     backlog_wait_seconds: float = 30.0
     searchable_wait_seconds: float = 30.0
 

@@ -17,7 +17,7 @@ class IngestSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORRERY_INGEST_", extra="ignore")
 
     max_lag_events: int = Field(
-        default=10_000,
+        default=4_096,
         ge=0,
         description="A batch is written only while the projector is at most this many "
         "events behind; else the POST waits (0: never)",
