@@ -90,23 +90,13 @@ class RingDelta:
     def add(self, vector: RingVector, sign: int) -> None:
         norm = float(np.linalg.norm(vector))
         unit = vector / norm if norm > 0.0 else vector
-        self._sum(1, vector, unit, sign)
-
-    def add_rows(self, vectors: RingVector, sign: int) -> None:
-        """`add` of each row of `vectors` (one 2-d array: one numpy pass per ring and
-        batch instead of several calls per document)."""
-        norms = np.linalg.norm(vectors, axis=1)
-        units = vectors / np.where(norms > 0.0, norms, 1.0)[:, None]
-        self._sum(len(vectors), vectors.sum(axis=0), units.sum(axis=0), sign)
-
-    def _sum(self, documents: int, vector_sum: RingVector, unit_sum: RingVector, sign: int) -> None:
-        self.documents += sign * documents
+        self.documents += sign
         if self.vector_sum is None or self.unit_sum is None:
-            self.vector_sum = sign * vector_sum
-            self.unit_sum = sign * unit_sum
+            self.vector_sum = sign * vector
+            self.unit_sum = sign * unit
         else:
-            self.vector_sum += sign * vector_sum
-            self.unit_sum += sign * unit_sum
+            self.vector_sum += sign * vector
+            self.unit_sum += sign * unit
 
 
 def newest_changes(
@@ -136,8 +126,6 @@ def ring_moves(
     `ValueError` for an upsert without a vector."""
     deltas: dict[tuple[str, str], RingDelta] = defaultdict(RingDelta)
     rows: list[RingMemberRow] = []
-    # Upserts that count: (row index, document); their vectors are converted together.
-    added: list[tuple[int, IndexDocument]] = []
     for document_id, (revision, change) in sorted(changes.items()):
         old = members.get(document_id)
         if old is not None and (old[0] > revision or (old[0] == revision and change is not None)):
@@ -151,33 +139,10 @@ def ring_moves(
             continue
         if change.vector is None:
             raise ValueError(f"document {document_id} has no vector")
-        added.append((len(rows), change))
-        rows.append((document_id, revision, False, change.galaxy, change.ring, None))
-    _add_vectors(added, rows, deltas)
+        stored = np.asarray(change.vector, dtype=np.float32)
+        deltas[(change.galaxy, change.ring)].add(stored.astype(np.float64), 1)
+        rows.append((document_id, revision, False, change.galaxy, change.ring, stored.tobytes()))
     return rows, deltas
-
-
-def _add_vectors(
-    added: list[tuple[int, IndexDocument]],
-    rows: list[RingMemberRow],
-    deltas: dict[tuple[str, str], RingDelta],
-) -> None:
-    """Set each added document's float32 bytes on its row and add its vector to its
-    ring's delta: one array conversion per dimension (a batch's vectors share the
-    generation's) and one numpy pass per ring, not several calls per document."""
-    by_dimension: dict[int, list[tuple[int, IndexDocument]]] = defaultdict(list)
-    for index, document in added:
-        assert document.vector is not None
-        by_dimension[len(document.vector)].append((index, document))
-    for pairs in by_dimension.values():
-        matrix = np.asarray([document.vector for _, document in pairs], dtype=np.float32)
-        positions: dict[tuple[str, str], list[int]] = defaultdict(list)
-        for position, (index, document) in enumerate(pairs):
-            document_id, revision, deleted, galaxy, ring, _ = rows[index]
-            rows[index] = (document_id, revision, deleted, galaxy, ring, matrix[position].tobytes())
-            positions[(document.galaxy, document.ring)].append(position)
-        for key, selected in positions.items():
-            deltas[key].add_rows(matrix[selected].astype(np.float64), 1)
 
 
 def member_vector(deleted: bool, blob: bytes | None) -> RingVector | None:
