@@ -156,7 +156,11 @@ class ServeProcess:
 
 
 def start_serve(
-    data_dir: Path, log_path: Path, env: Mapping[str, str], startup_s: float = 180.0
+    data_dir: Path,
+    log_path: Path,
+    env: Mapping[str, str],
+    startup_s: float = 180.0,
+    tree: Path = REPO_ROOT,
 ) -> ServeProcess:
     """`orrery serve` on `data_dir` (created or reused) and a free loopback port, with
     `env` over this environment minus its `ORRERY_*` variables; returns once `/healthz`
@@ -178,7 +182,8 @@ def start_serve(
                 "--port",
                 str(port),
             ],
-            cwd=REPO_ROOT,
+            # `python -m` imports the code of its working directory first: `tree`.
+            cwd=tree,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=child_env,

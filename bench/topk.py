@@ -562,22 +562,29 @@ def freshness(acks: Sequence[tuple[float, int]], watch: PositionWatch) -> dict[s
 
 
 def ingest(
-    server: ServeProcess, client: httpx.Client, batches: Iterable[bytes], size: int
+    server: ServeProcess,
+    client: httpx.Client,
+    batches: Iterable[bytes],
+    size: int,
+    wait: str | None = None,
 ) -> dict[str, Any]:
-    """POST every batch, then poll readiness until the projector applied all of them;
-    meanwhile a `PositionWatch` times each POST's freshness lag."""
+    """POST every batch (with `?wait=searchable` when `wait` says so), then poll
+    readiness until the projector applied all of them; meanwhile a `PositionWatch` times
+    each POST's freshness lag."""
+    path = "/v1/records" if wait is None else f"/v1/records?wait={wait}"
     started = time.perf_counter()
     wall_start = time.time()
-    sent = posts = body_bytes = 0
+    sent = posts = body_bytes = unsearchable = 0
     acks: list[tuple[float, int]] = []
     with _progress() as progress, PositionWatch(server) as watch:
         task = progress.add_task("ingest (POST)", total=size, note="")
         for body in batches:
             posts += 1
             body_bytes += len(body)
-            ex = exchange(client, "POST", "/v1/records", content=body)
+            ex = exchange(client, "POST", path, content=body)
             written = _checked(ex, "POST /v1/records")
             acks.append((time.perf_counter(), int(written["high_water"])))
+            unsearchable += written.get("searchable") is False
             if written["accepted"] + written["rejected"] == 0:
                 raise RuntimeError(f"POST /v1/records wrote nothing: {written}")
             sent += ex.sent
@@ -607,6 +614,8 @@ def ingest(
         "records_per_s": round(size / ready_s, 1),
         "post_records_per_s": round(size / posted_s, 1),
         "freshness": freshness(acks, watch),
+        "wait": wait,
+        "answered_before_searchable": unsearchable if wait else None,
         "wall_start": wall_start,
         "wall_ready": time.time(),
         "projector": ready.get("projector"),
@@ -987,7 +996,7 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     ):
         if batches is not None:
             try:
-                result["ingest"] = ingest(server, client, batches, size)
+                result["ingest"] = ingest(server, client, batches, size, args.ingest_wait)
             finally:
                 batches.close()
             result["memory_kb_after_ingest"] = server.memory_kb()
@@ -1196,6 +1205,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--result-limit", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=2_000, help="records per POST")
     parser.add_argument("--seed", type=int, default=20_260_101)
+    parser.add_argument(
+        "--ingest-wait",
+        choices=["searchable"],
+        default=None,
+        help="POST /v1/records?wait=searchable: each POST answers once its records are "
+        "searchable (default: answer on commit, paced by the projector's backlog)",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "topk.json")
     parser.add_argument(
         "--index-wait", type=float, default=None, help="max s to wait for HNSW (default: by N)"
@@ -1254,6 +1270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "warmup_queries": WARMUP_QUERIES,
             "result_limit": args.result_limit,
             "batch_size": args.batch_size,
+            "ingest_wait": args.ingest_wait,
             "seed": args.seed,
             "vector_dimension": DIMENSION,
             "vocabulary_size": VOCABULARY_SIZE,

@@ -52,6 +52,7 @@ class ErrorCode(StrEnum):
     COVERAGE_UNAVAILABLE = "coverage_unavailable"
     INVALID_STATE = "invalid_state"
     NOT_CAUGHT_UP = "not_caught_up"
+    INGEST_BACKLOG = "ingest_backlog"
     DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     INVALID_CONTINUATION = "invalid_continuation"
@@ -87,6 +88,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.COVERAGE_UNAVAILABLE: 503,
     ErrorCode.INVALID_STATE: 409,
     ErrorCode.NOT_CAUGHT_UP: 409,
+    ErrorCode.INGEST_BACKLOG: 503,
     ErrorCode.DEPENDENCY_UNAVAILABLE: 503,
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.INVALID_CONTINUATION: 400,

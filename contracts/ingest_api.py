@@ -49,3 +49,9 @@ class WriteResponse(BaseModel):
     rejected: int
     high_water: int
     items: list[WriteItem]
+    searchable: bool | None = Field(
+        default=None,
+        description="With ?wait=searchable: whether every accepted record was searchable "
+        "before the answer (false: the wait ran out; the records are written and will "
+        "be). Absent otherwise.",
+    )

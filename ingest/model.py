@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["Decision", "Outcome", "decide_revision"]
+__all__ = ["Decision", "FlowLimits", "Outcome", "decide_revision"]
 
 
 class Decision(StrEnum):
@@ -27,6 +27,24 @@ class Outcome:
     current_revision: int | None = None
     message: str = ""
     code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLimits:
+    """How the write path paces writers against the projector (embedded deployment).
+
+    - `max_lag_events`: a batch is written only while the projector is at most this many
+      events behind the log (0: no bound). A writer finding it further behind waits, up
+      to `backlog_wait_seconds`, and is then refused (`503 ingest_backlog`, nothing
+      written). So, with writers admitted one at a time, an acknowledged record is at
+      most `max_lag_events + max_batch` events from searchable.
+    - `searchable_wait_seconds`: how long a write that asked to wait until searchable
+      (`?wait=searchable`) waits for the projector to apply it.
+    """
+
+    max_lag_events: int = 4_096
+    backlog_wait_seconds: float = 30.0
+    searchable_wait_seconds: float = 30.0
 
 
 def decide_revision(incoming: int, current: int | None) -> Decision:

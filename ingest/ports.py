@@ -10,7 +10,7 @@ from contracts.koutendb_io import BackupResponse, CompactResponse
 from contracts.records import Record
 from ingest.model import Outcome
 
-__all__ = ["Head", "RecordStore", "StoreMaintenance"]
+__all__ = ["Head", "ProjectionProgress", "RecordStore", "StoreMaintenance"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +74,17 @@ class StoreMaintenance(Protocol):
     def verify(self, name: str) -> BackupResponse: ...
 
     def compact(self) -> CompactResponse: ...
+
+
+class ProjectionProgress(Protocol):
+    """How far the indexes of this process are behind its store's log (the embedded
+    deployment: `contracts.progress.LogProgress`).
+
+    Guarantees: `applied` only grows, and every event at or below it is searchable;
+    `lag()` counts the committed events above it.
+    """
+
+    @property
+    def applied(self) -> int: ...
+
+    def lag(self) -> int: ...

@@ -18,16 +18,21 @@ from fastapi import APIRouter, FastAPI
 
 from contracts.auth import ApiKeyGrant, parse_api_keys
 from contracts.embedding import Embedder
+from contracts.events import LogEntry
+from contracts.progress import LogProgress
 from ingest.bootstrap import canonical_db_path, embedded_store, store_maintenance
 from ingest.entrypoints.admin_http import create_router as create_store_admin_router
 from ingest.entrypoints.chonkydb_http import create_router as create_ingest_chonkydb_router
+from ingest.entrypoints.http import WriteFlow
 from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.entrypoints.koutendb_http import IMPORT_PATH
 from ingest.entrypoints.koutendb_http import create_router as create_ingest_koutendb_router
 from ingest.ports import RecordStore
+from ingest.settings import IngestSettings
 from orrery.http import build_app
 from projector.adapters.file_lock import OperatorLock
 from projector.bootstrap import (
+    CONSUMER,
     EmbeddedProjector,
     default_embedder,
     embedded_generation_admin,
@@ -38,6 +43,7 @@ from projector.bootstrap import (
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import GenerationAdmin, GenerationOptions
+from projector.service import BatchReport
 from query.adapters.sqlite_routing import SqliteRouting
 from query.bootstrap import (
     cursor_codec,
@@ -113,18 +119,27 @@ def ingest_routers(
     *,
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None,
+    flow: WriteFlow | None = None,
 ) -> list[APIRouter]:
-    """The write side of a process: Orrery's `/v1/records`, the ChonkyDB dialect, and
-    KoutenDB's import and dump (scope refs resolved like the query side resolves them)."""
+    """The write side of a process: Orrery's `/v1/records` (paced by `flow` when the
+    projector runs in this process), the ChonkyDB dialect, and KoutenDB's import and
+    dump (scope refs resolved like the query side resolves them)."""
     routers = [
-        factory(
+        create_ingest_router(
             store=store,
             grants=grants,
             max_batch=settings.max_batch,
             vector_dimension=vector_dimension,
             on_commit=on_commit,
-        )
-        for factory in (create_ingest_router, create_ingest_chonkydb_router)
+            flow=flow,
+        ),
+        create_ingest_chonkydb_router(
+            store=store,
+            grants=grants,
+            max_batch=settings.max_batch,
+            vector_dimension=vector_dimension,
+            on_commit=on_commit,
+        ),
     ]
     scopes = scope_registry(settings)
     routers.append(
@@ -227,20 +242,32 @@ class EmbeddedStack:
     lock: OperatorLock
 
     @classmethod
-    def open(cls, settings: QuerySettings, *, embedder: Embedder | None = None) -> EmbeddedStack:
+    def open(
+        cls,
+        settings: QuerySettings,
+        *,
+        embedder: Embedder | None = None,
+        ingest: IngestSettings | None = None,
+    ) -> EmbeddedStack:
+        """The stack on `settings.data_dir`; `ingest` paces `POST /v1/records` (default:
+        `IngestSettings()` from the environment)."""
         data_dir = settings.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         lock = operator_lock(data_dir)
         lock.acquire()
         try:
-            return cls._open(settings, lock, embedder)
+            return cls._open(settings, lock, embedder, ingest or IngestSettings())
         except BaseException:
             lock.release()
             raise
 
     @classmethod
     def _open(
-        cls, settings: QuerySettings, lock: OperatorLock, embedder: Embedder | None
+        cls,
+        settings: QuerySettings,
+        lock: OperatorLock,
+        embedder: Embedder | None,
+        ingest: IngestSettings,
     ) -> EmbeddedStack:
         data_dir = settings.data_dir
         db_path = canonical_db_path(data_dir)
@@ -255,10 +282,25 @@ class EmbeddedStack:
             batch_size=settings.projector_batch_size,
             text_languages=settings.text_languages(),
         )
-        store = embedded_store(data_dir, on_committed=projector.log.remember)
+        # What the write path is paced by: positions committed by the store, applied
+        # by the projector (each batch's report, after its commit).
+        progress = LogProgress(applied=projector.state.position(CONSUMER))
+
+        def committed(entries: list[LogEntry]) -> None:
+            projector.log.remember(entries)
+            if entries:
+                progress.wrote(entries[-1].position)
+
+        def step() -> BatchReport:
+            report = projector.step()
+            progress.applied_up_to(report.position)
+            return report
+
+        store = embedded_store(data_dir, on_committed=committed)
+        progress.wrote(store.high_water())
         for generation_id in projector.state.fail_orphaned_builds(ORPHANED_BUILD, older_than=None):
             log.warning("generation %s: %s; marked failed", generation_id, ORPHANED_BUILD)
-        loop = ProjectorLoop(projector.step, poll_seconds=settings.projector_poll_seconds)
+        loop = ProjectorLoop(step, poll_seconds=settings.projector_poll_seconds)
 
         def wake_projector() -> bool:
             loop.wake()
@@ -278,7 +320,12 @@ class EmbeddedStack:
         )
         gate, readers = query_routers(settings, ports, grants, admin=admin, status=loop.status)
         writers = ingest_routers(
-            settings, store, grants, vector_dimension=embedder.dimension, on_commit=loop.wake
+            settings,
+            store,
+            grants,
+            vector_dimension=embedder.dimension,
+            on_commit=loop.wake,
+            flow=WriteFlow(progress, ingest.limits()),
         )
         app = build_app(
             "Orrery",

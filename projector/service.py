@@ -43,7 +43,10 @@ log_ = logging.getLogger("orrery.projector")
 # 5: tantivy fast fields `document_key_hi`/`_lo` and `status_key`: a hit is read from
 #    fast fields, not from its stored document (issue 14); version 4 indexes are still
 #    searched, with stored-document reads.
-SCHEMA_VERSION = 5
+# 6: Qdrant point payloads without `item_id` (no query reads it) and without empty values
+#    (`contracts.vector_payload.payload_of`; issue 14: ~15 us less per point written);
+#    version 5 points are filtered and read the same way.
+SCHEMA_VERSION = 6
 
 
 @dataclass(slots=True)
@@ -153,7 +156,12 @@ def project_batch(
             _park(undecodable, dead_letters, consumer)
             report.parked = len(undecodable)
             report.position = max(report.position, max((u.position or 0) for u in undecodable))
-        _, report.embedded = embed_records(_newest_upserts(entries), embedder=embedder, cache=cache)
+        # Only texts to embed: records that carry their vector need nothing here.
+        _, report.embedded = embed_records(
+            [r for r in _newest_upserts(entries) if r.vector is None],
+            embedder=embedder,
+            cache=cache,
+        )
         with lock.hold() if lock is not None else contextlib.nullcontext():
             changes = _apply_entries(
                 entries,

@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
-from contracts.errors import ErrorCode
+from contracts.errors import ErrorCode, OrreryError
 from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.openapi import operation
 from contracts.records import Record
 from contracts.wire import loads_strict
-from ingest.ports import RecordStore
+from ingest.model import FlowLimits
+from ingest.ports import ProjectionProgress, RecordStore
 from ingest.service import parse_batch, write_records
 
-__all__ = ["create_router"]
+__all__ = ["WAIT_POLL_SECONDS", "WriteFlow", "create_router"]
+
+# How often a waiting POST looks at the projector's progress (an int read): the most a
+# wait adds to the moment the answer could have left.
+WAIT_POLL_SECONDS = 0.002
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFlow:
+    """The projector's progress and the limits a POST is paced by (embedded only)."""
+
+    progress: ProjectionProgress
+    limits: FlowLimits
 
 
 def create_router(
@@ -27,8 +44,16 @@ def create_router(
     max_batch: int,
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None = None,
+    flow: WriteFlow | None = None,
 ) -> APIRouter:
+    """`POST /v1/records`. With a `flow` (the embedded deployment), writers are admitted
+    one at a time and only while the projector is at most `flow.limits.max_lag_events`
+    behind, and `?wait=searchable` is available; without one, `?wait=searchable` is
+    `422 invalid_request`."""
     router = APIRouter()
+    # Held from the backlog check through the write: the bound holds for concurrent
+    # writers too (the store serializes their transactions anyway).
+    admission = asyncio.Lock()
 
     @router.post(
         "/v1/records",
@@ -40,15 +65,28 @@ def create_router(
     )
     async def post_records(
         request: Request,
+        wait: Literal["searchable"] | None = Query(
+            default=None,
+            description="searchable: answer once every accepted record is searchable "
+            "(or the wait ran out: `searchable` false). Embedded deployment only.",
+        ),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> Response:
         """Write a batch of records (upserts and tombstones) in one transaction.
 
         200 with per-record statuses (201 accepted, 409 stale revision); 409 when no
-        record was accepted; 4xx with nothing written when any record is invalid.
+        record was accepted; 4xx with nothing written when any record is invalid; 503
+        `ingest_backlog` (with Retry-After) with nothing written when the indexes stayed
+        too far behind (embedded).
         """
         grant = authenticate(grants, x_api_key, authorization)
+        if wait is not None and flow is None:
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                "wait=searchable needs the embedded deployment (this process does not "
+                "run the projector): poll GET /v1/readiness instead",
+            )
         raw = await request.body()
 
         def parse() -> list[Record]:
@@ -61,20 +99,93 @@ def create_router(
             )
 
         # Parsing a batch of vectors takes tens of ms: off the event loop, which keeps
-        # answering queries meanwhile.
+        # answering queries meanwhile (and before admission: it overlaps the projector).
         records = await run_in_threadpool(parse)
-        result = await run_in_threadpool(write_records, records, store=store, on_commit=on_commit)
+        if flow is None:
+            result = await run_in_threadpool(
+                write_records, records, store=store, on_commit=on_commit
+            )
+        else:
+            deadline = time.monotonic() + flow.limits.backlog_wait_seconds
+            backlog = await _admit(admission, flow, deadline)
+            if backlog is not None:
+                return backlog
+            try:
+                result = await run_in_threadpool(
+                    write_records, records, store=store, on_commit=on_commit
+                )
+            finally:
+                admission.release()
+            if wait == "searchable":
+                result.searchable = await _until_searchable(flow, result)
         if result.accepted == 0:
             body = {
                 "success": False,
                 "error": {
                     "code": ErrorCode.REVISION_CONFLICT.value,
                     "message": "no record was accepted: every revision is stale",
-                    "details": result.model_dump(mode="json"),
+                    "details": result.model_dump(mode="json", exclude={"searchable"}),
                 },
             }
             return JSONResponse(body, status_code=409)
         # Serialized by pydantic in one call: a batch's response holds an item per record.
-        return Response(result.model_dump_json(), status_code=200, media_type="application/json")
+        return Response(
+            # `searchable` only when asked for: other answers keep their shape.
+            result.model_dump_json(exclude={"searchable"} if result.searchable is None else None),
+            status_code=200,
+            media_type="application/json",
+        )
 
     return router
+
+
+async def _admit(admission: asyncio.Lock, flow: WriteFlow, deadline: float) -> Response | None:
+    """Take `admission` once the projector is within `flow.limits.max_lag_events` of the
+    log, by `deadline`; else the `503 ingest_backlog` answer (lock not held)."""
+    limit = flow.limits.max_lag_events
+    if admission.locked():  # else taken at once (no await in between)
+        try:
+            await asyncio.wait_for(admission.acquire(), timeout=deadline - time.monotonic())
+        except TimeoutError:
+            return _backlog(flow, limit)
+    else:
+        await admission.acquire()
+    while limit and flow.progress.lag() > limit:
+        if time.monotonic() >= deadline:
+            admission.release()
+            return _backlog(flow, limit)
+        await asyncio.sleep(WAIT_POLL_SECONDS)
+    return None
+
+
+def _backlog(flow: WriteFlow, limit: int) -> Response:
+    lag = flow.progress.lag()
+    error = OrreryError(
+        ErrorCode.INGEST_BACKLOG,
+        f"the indexes are {lag} events behind (at most {limit} before a write); "
+        "nothing was written: retry later",
+        {
+            "lag_events": lag,
+            "max_lag_events": limit,
+            "waited_seconds": flow.limits.backlog_wait_seconds,
+        },
+    )
+    return JSONResponse(
+        error.to_response().model_dump(mode="json"),
+        status_code=error.http_status,
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _until_searchable(flow: WriteFlow, result: WriteResponse) -> bool:
+    """Wait until the projector applied every accepted item (or the wait ran out)."""
+    positions = [item.position for item in result.items if item.position is not None]
+    if not positions:
+        return True
+    target = max(positions)
+    deadline = time.monotonic() + flow.limits.searchable_wait_seconds
+    while flow.progress.applied < target:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(WAIT_POLL_SECONDS)
+    return True

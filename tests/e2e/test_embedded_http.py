@@ -257,6 +257,26 @@ def test_update_and_delete(loaded: Server) -> None:
     assert "fact:vase" not in ids(response)
 
 
+def test_wait_searchable_answers_when_a_query_finds_the_write(loaded: Server) -> None:
+    """`?wait=searchable`: once the POST answers, the very next query sees the records
+    (no readiness polling), and a tombstone written the same way is gone at once."""
+    record = rec("fact:kite", title="Kite", body="The red kite hangs in the garage loft.")
+    response = loaded.client.post("/v1/records", json=[record], params={"wait": "searchable"})
+    assert response.status_code == 200, response.text
+    assert response.json()["searchable"] is True
+    hits = loaded.topk(namespace=NS, scope_ref=SCOPE, query_text="red kite garage loft")
+    assert ids(hits)[0] == "fact:kite"
+    tombstone = rec("fact:kite", 2, title="Kite", body="")
+    tombstone["deleted"] = True
+    response = loaded.client.post("/v1/records", json=[tombstone], params={"wait": "searchable"})
+    assert response.json()["searchable"] is True
+    hits = loaded.topk(namespace=NS, scope_ref=SCOPE, query_text="red kite garage loft")
+    assert "fact:kite" not in ids(hits)
+    # Without the parameter the answer keeps its shape.
+    plain = loaded.post_records([rec("fact:kite", 3, title="Kite", body="Back on the wall.")])
+    assert "searchable" not in plain.json()
+
+
 def test_revision_conflict_is_per_record(loaded: Server) -> None:
     response = loaded.post_records(
         [

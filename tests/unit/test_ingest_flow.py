@@ -1,0 +1,165 @@
+"""`POST /v1/records` paced by the projector's progress (`ingest.entrypoints.http`,
+`WriteFlow`): the backlog bound and `?wait=searchable`, over a real SQLite store.
+
+The projector is played by the test: it moves `LogProgress.applied` by hand, so every
+state a POST can meet is set up exactly, with no timing involved."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from contracts.events import LogEntry
+from contracts.progress import LogProgress
+from ingest.adapters.sqlite_store import SqliteRecordStore
+from ingest.entrypoints.http import WriteFlow, create_router
+from ingest.model import FlowLimits
+from orrery.http import build_app
+
+
+def records(start: int, count: int) -> list[dict[str, Any]]:
+    return [
+        {"namespace": "ns", "snapshot_kind": "objects", "item_id": f"i{n}", "revision": 1}
+        for n in range(start, start + count)
+    ]
+
+
+class Stack:
+    def __init__(self, tmp_path: Path, limits: FlowLimits | None) -> None:
+        self.progress = LogProgress()
+
+        def committed(entries: list[LogEntry]) -> None:
+            if entries:
+                self.progress.wrote(entries[-1].position)
+
+        self.store = SqliteRecordStore(tmp_path / "orrery.sqlite", on_committed=committed)
+        flow = None if limits is None else WriteFlow(self.progress, limits)
+        router = create_router(
+            store=self.store, grants={}, max_batch=100, vector_dimension=None, flow=flow
+        )
+        self.client = TestClient(build_app("test", [router]))
+
+    def post(self, body: Any, **params: str) -> httpx.Response:
+        return self.client.post("/v1/records", json=body, params=params)
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    stacks: list[Stack] = []
+
+    def factory(limits: FlowLimits | None) -> Stack:
+        stack = Stack(tmp_path / str(len(stacks)), limits)
+        stacks.append(stack)
+        return stack
+
+    yield factory
+    for stack in stacks:
+        stack.client.close()
+        stack.store.close()
+
+
+def test_a_write_beyond_the_backlog_bound_is_refused_and_nothing_is_written(make: Any) -> None:
+    stack = make(FlowLimits(max_lag_events=5, backlog_wait_seconds=0.0))
+    assert stack.post(records(0, 10)).status_code == 200  # lag 0: admitted
+    assert stack.progress.lag() == 10
+
+    refused = stack.post(records(10, 1))
+    assert refused.status_code == 503
+    assert refused.headers["retry-after"] == "1"
+    error = refused.json()["error"]
+    assert error["code"] == "ingest_backlog"
+    assert error["details"]["lag_events"] == 10
+    assert error["details"]["max_lag_events"] == 5
+    assert stack.store.high_water() == 10  # nothing of the refused batch
+
+    stack.progress.applied_up_to(5)  # lag 5: at the bound, admitted
+    accepted = stack.post(records(10, 1))
+    assert accepted.status_code == 200
+    assert accepted.json()["high_water"] == 11
+    assert "searchable" not in accepted.json()
+
+
+def test_a_writer_waits_for_the_backlog_and_then_writes(make: Any) -> None:
+    stack = make(FlowLimits(max_lag_events=5, backlog_wait_seconds=600.0))
+    stack.post(records(0, 10))
+    answers: list[httpx.Response] = []
+    writer = threading.Thread(target=lambda: answers.append(stack.post(records(10, 3))))
+    writer.start()
+    # Whenever we look, the waiting writer has written nothing: the projector is 10
+    # events behind, the bound is 5.
+    writer.join(0.2)
+    assert writer.is_alive() and not answers
+    assert stack.store.high_water() == 10
+    stack.progress.applied_up_to(8)
+    writer.join(60)
+    assert not writer.is_alive()
+    assert answers[0].status_code == 200
+    assert [item["position"] for item in answers[0].json()["items"]] == [11, 12, 13]
+
+
+def test_no_bound_when_max_lag_is_zero(make: Any) -> None:
+    stack = make(FlowLimits(max_lag_events=0, backlog_wait_seconds=0.0))
+    for start in range(0, 50, 10):
+        assert stack.post(records(start, 10)).status_code == 200
+    assert stack.progress.lag() == 50
+
+
+def test_wait_searchable_answers_once_the_projector_applied_the_batch(make: Any) -> None:
+    stack = make(FlowLimits(max_lag_events=0, searchable_wait_seconds=600.0))
+    stack.post(records(0, 4))
+    answers: list[httpx.Response] = []
+    writer = threading.Thread(
+        target=lambda: answers.append(stack.post(records(4, 2), wait="searchable"))
+    )
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive() and not answers
+    stack.progress.applied_up_to(5)  # one of its two records: still waiting
+    writer.join(0.2)
+    assert writer.is_alive() and not answers
+    stack.progress.applied_up_to(6)
+    writer.join(60)
+    assert answers[0].status_code == 200
+    assert answers[0].json()["searchable"] is True
+
+
+def test_wait_searchable_that_runs_out_says_so_and_keeps_the_write(make: Any) -> None:
+    stack = make(FlowLimits(max_lag_events=0, searchable_wait_seconds=0.0))
+    answer = stack.post(records(0, 3), wait="searchable")
+    assert answer.status_code == 200
+    assert answer.json()["searchable"] is False
+    assert answer.json()["accepted"] == 3
+    assert stack.store.high_water() == 3
+
+
+def test_wait_searchable_of_a_batch_with_nothing_accepted_is_a_conflict(make: Any) -> None:
+    stack = make(FlowLimits(max_lag_events=0, searchable_wait_seconds=0.0))
+    stack.post(records(0, 1))
+    stale = stack.post(records(0, 1), wait="searchable")
+    assert stale.status_code == 409
+    assert stale.json()["error"]["code"] == "revision_conflict"
+    assert "searchable" not in stale.json()["error"]["details"]
+
+
+def test_wait_searchable_without_a_projector_in_process_is_invalid(make: Any) -> None:
+    stack = make(None)
+    answer = stack.post(records(0, 1), wait="searchable")
+    assert answer.status_code == 422
+    assert answer.json()["error"]["code"] == "invalid_request"
+    assert stack.store.high_water() == 0
+    assert stack.post(records(0, 1), wait="later").status_code == 422
+
+
+def test_log_progress_only_grows() -> None:
+    progress = LogProgress(written=10, applied=4)
+    progress.wrote(8)
+    progress.applied_up_to(2)
+    assert (progress.written, progress.applied, progress.lag()) == (10, 4, 6)
+    progress.applied_up_to(12)
+    assert progress.lag() == 0
