@@ -1,5 +1,5 @@
-"""The query routes' pieces that are not the use cases: the thread hop and the API key
-headers the hot routes declare by hand."""
+"""The one-shot path's plumbing: the thread hop and the API key headers the hot routes
+declare by hand."""
 
 from __future__ import annotations
 
