@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_core import from_json
 
@@ -67,6 +67,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("orrery.query")
+
+# What a response reports of the response cache (`QueryPlan.cache`).
+CacheState = Literal["hit", "miss", "unavailable", "disabled"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -900,7 +903,7 @@ def _rescore(
     return Rescored(lexical=lexical_scores, vector=vector_scores, looked_up=looked_up)
 
 
-def _plan(ranked: _Ranked, mode: str, cache: str = "disabled") -> QueryPlan:
+def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPlan:
     # Built without re-validation: every value is this module's own, typed already.
     return QueryPlan.model_construct(
         candidate_scope_mode="allowed_doc_ids" if mode == "allowed_doc_ids" else "scope_ref",
@@ -963,7 +966,7 @@ class _ResponseProbe:
     request: TopKRequest
     principal: Principal
     ports: QueryPorts
-    state: str = "disabled"
+    state: CacheState = "disabled"
     key: str = ""
     cached: TopKResponse | None = None
     cached_next: CursorPosition | None = None
