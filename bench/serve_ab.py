@@ -15,7 +15,8 @@
 4. Reports whether A and B returned the same ids and `payload_sha256` (scores carry
    freshness, which moves with the wall clock between the two calls), the client-side
    p50/p95/p99 of misses and hits, the server's `latency_ms.total`, the difference
-   (client minus server: what is spent outside the service) and the B/A ratios.
+   (client minus server: what is spent outside the service), the server process's CPU
+   time per query (all its threads, from /proc) and the B/A ratios.
 
 Figures are reported, never asserted; under load, read the ratios.
 """
@@ -100,13 +101,21 @@ def compare(a: Path, b: Path, data_dir: Path, count: int) -> dict[str, Any]:
         samples: dict[str, dict[str, list[dict[str, Any]]]] = {
             side: {"miss": [], "hit": []} for side in clients
         }
+        # Server CPU seconds (all its threads) while answering, by side and path: /proc's
+        # clock ticks are coarse, their sum over every query is not.
+        cpu_s = {side: {"miss": 0.0, "hit": 0.0} for side in clients}
         same = different = 0
         for index, query in enumerate(timed):
             order = ("A", "B") if index % 2 == 0 else ("B", "A")
             answers = {}
             for side in order:
+                cpu = servers[side].cpu_seconds
+                before = cpu()
                 miss = _ask(clients[side], query)
+                between = cpu()
                 hit = _ask(clients[side], query)
+                cpu_s[side]["miss"] += between - before
+                cpu_s[side]["hit"] += cpu() - between
                 if (miss["cache"], hit["cache"]) != ("miss", "hit"):
                     raise RuntimeError(f"{side}: cache states {miss['cache']}, {hit['cache']}")
                 if miss["answer"] != hit["answer"]:
@@ -129,6 +138,9 @@ def compare(a: Path, b: Path, data_dir: Path, count: int) -> dict[str, Any]:
         side: {path: _summary(s) for path, s in by_path.items()}
         for side, by_path in samples.items()
     }
+    for side, paths in cpu_s.items():
+        for path, seconds in paths.items():
+            sides[side][path]["server_cpu_ms_per_query"] = round(seconds * 1000.0 / count, 3)
     return {
         "benchmark": "serve_ab",
         "trees": {"A": str(a), "B": str(b)},
@@ -142,6 +154,14 @@ def compare(a: Path, b: Path, data_dir: Path, count: int) -> dict[str, Any]:
             for path in ("miss", "hit")
             for what in ("client_ms", "server_total_ms")
             for p in ("p50", "p95")
+        }
+        | {
+            f"{path}_server_cpu_per_query": round(
+                sides["B"][path]["server_cpu_ms_per_query"]
+                / sides["A"][path]["server_cpu_ms_per_query"],
+                3,
+            )
+            for path in ("miss", "hit")
         },
     }
 
