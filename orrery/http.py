@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.auth import Access, declare
@@ -30,6 +31,13 @@ __all__ = ["build_app", "install_error_handlers", "install_openapi", "install_re
 
 log = logging.getLogger("orrery.http")
 
+_NO_TELEMETRY: TelemetryConfig = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "operation_spans": False,
+}
+
 
 def build_app(
     title: str,
@@ -41,7 +49,9 @@ def build_app(
 ) -> FastAPI:
     """An app with Orrery's error shape, request guard and OpenAPI document, `/healthz`,
     and `routers` mounted in order."""
-    app = FastAPI(title=title, version="0.1.0")
+    # FastAPI's native OpenTelemetry bridge looks the global providers up on every
+    # request; Orrery configures none, so it would only ever find them unconfigured.
+    app = FastAPI(title=title, version="0.1.0", telemetry=_NO_TELEMETRY)
     install_error_handlers(app)
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip

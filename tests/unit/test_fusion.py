@@ -196,6 +196,25 @@ def test_weighted_ties_break_on_document_id_and_zero_weights_fail() -> None:
     assert err.value.code is ErrorCode.INVALID_REQUEST
 
 
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcdefghij"), st.sampled_from([0.0, 0.25, 0.5, 1.0])),
+        max_size=10,
+        unique_by=lambda t: t[0],
+    ),
+    st.sampled_from(sorted(BUILTIN)),
+)
+def test_fused_order_is_score_descending_then_document_id(
+    scored: list[tuple[str, float]], profile_id: str
+) -> None:
+    # Few distinct scores: most candidates tie, and the tie order is the id order.
+    lexical = ranked([cand(doc, score) for doc, score in scored])
+    vector = ranked([cand(doc, 1.0 - score) for doc, score in scored[::2]])
+    fused = fuse(BUILTIN[profile_id], lexical, vector, now=NOW, half_life_days=30)
+    assert fused == sorted(fused, key=lambda f: (-f.score, f.document_id))
+    assert sorted(f.document_id for f in fused) == sorted(doc for doc, _ in scored)
+
+
 def test_profile_half_life_overrides_the_server_default() -> None:
     profile = weighted(lexical_weight=0, freshness_weight=1, freshness_half_life_days=10)
     fused = fuse_weighted_profile(

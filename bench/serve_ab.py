@@ -1,0 +1,189 @@
+"""Interleaved A/B of the one-shot query's fixed cost over real HTTP: two `orrery serve`.
+
+    .venv/bin/python bench/serve_ab.py --a /work/main --b . --data-dir DIR
+        [--queries 200] [--out FILE.json]
+
+1. Copies `--data-dir` (an embedded data dir of `bench/topk.py`'s corpus, e.g. the one
+   `bench/hotpath_ab.py --data-dir` built) once per tree and starts `orrery serve` on
+   each copy with that tree's code (`PYTHONPATH=<tree>`), response cache on (the
+   default configuration).
+2. Warms each server up (50 queries) and caches every timed query's vector through
+   `retrieve` (no response is cached by it).
+3. Query by query, alternating which side goes first: `topk_records` once (a response
+   cache miss, checked via `query_plan.cache`) and once more (a hit), on A and on B,
+   with one keep-alive httpx client per server.
+4. Reports whether A and B returned the same ids and `payload_sha256` (scores carry
+   freshness, which moves with the wall clock between the two calls), the client-side
+   p50/p95/p99 of misses and hits, the server's `latency_ms.total`, the difference
+   (client minus server: what is spent outside the service), the server process's CPU
+   time per query (all its threads, from /proc) and the B/A ratios.
+
+Figures are reported, never asserted; under load, read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as `python bench/serve_ab.py`
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+
+import httpx
+
+from bench.common import ServeProcess, exchange, start_serve
+from bench.hotpath_ab import WARMUP, _pct, _queries
+from bench.topk import QuerySpec, retrieve, topk_body
+
+TOPK = "/v1/external/retrieve/topk_records"
+_PCTS = (("p50", 50), ("p95", 95), ("p99", 99))
+
+
+def _start(tree: Path, data_dir: Path, work: Path, name: str) -> ServeProcess:
+    copy = work / name
+    shutil.copytree(data_dir, copy)
+    env = {"PYTHONPATH": str(tree.resolve())}
+    return start_serve(copy, work / f"{name}.log", env)
+
+
+def _ask(client: httpx.Client, query: QuerySpec) -> dict[str, Any]:
+    ex = exchange(client, "POST", TOPK, body=topk_body(query, 10))
+    if ex.response.status_code != 200:
+        raise RuntimeError(
+            f"topk_records: HTTP {ex.response.status_code}: {ex.response.text[:300]}"
+        )
+    body: dict[str, Any] = ex.json()
+    plan = body["query_plan"]
+    return {
+        "ms": ex.seconds * 1000.0,
+        "total": plan["latency_ms"]["total"],
+        "cache": plan["cache"],
+        "answer": [[r["document_id"], r["metadata"]["payload_sha256"]] for r in body["results"]],
+    }
+
+
+def _summary(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    client = [s["ms"] for s in samples]
+    total = [s["total"] for s in samples]
+    outside = [s["ms"] - s["total"] for s in samples]
+    return {
+        "client_ms": {
+            p: round(_pct(client, q), 3) for p, q in (("p50", 50), ("p95", 95), ("p99", 99))
+        },
+        "server_total_ms": {p: round(_pct(total, q), 3) for p, q in (("p50", 50), ("p95", 95))},
+        "outside_service_ms_p50": round(_pct(outside, 50), 3),
+    }
+
+
+def compare(a: Path, b: Path, data_dir: Path, count: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="orrery-serve-ab-"))
+    servers: dict[str, ServeProcess] = {}
+    try:
+        for side, tree in (("A", a), ("B", b)):
+            servers[side] = _start(tree, data_dir, work, side)
+        clients = {side: s.client() for side, s in servers.items()}
+        queries = _queries(count + WARMUP)
+        warm, timed = queries[:WARMUP], queries[WARMUP:]
+        for side, client in clients.items():
+            for query in warm:
+                _ask(client, query)
+            for query in timed:
+                retrieve(client, query, 10)
+            print(f"{side} warm", file=sys.stderr)
+        load_before = Path("/proc/loadavg").read_text().strip()
+        samples: dict[str, dict[str, list[dict[str, Any]]]] = {
+            side: {"miss": [], "hit": []} for side in clients
+        }
+        # Server CPU seconds (all its threads) while answering, by side and path: /proc's
+        # clock ticks are coarse, their sum over every query is not.
+        cpu_s = {side: {"miss": 0.0, "hit": 0.0} for side in clients}
+        same = different = 0
+        for index, query in enumerate(timed):
+            order = ("A", "B") if index % 2 == 0 else ("B", "A")
+            answers = {}
+            for side in order:
+                cpu = servers[side].cpu_seconds
+                before = cpu()
+                miss = _ask(clients[side], query)
+                between = cpu()
+                hit = _ask(clients[side], query)
+                cpu_s[side]["miss"] += between - before
+                cpu_s[side]["hit"] += cpu() - between
+                if (miss["cache"], hit["cache"]) != ("miss", "hit"):
+                    raise RuntimeError(f"{side}: cache states {miss['cache']}, {hit['cache']}")
+                if miss["answer"] != hit["answer"]:
+                    raise RuntimeError(f"{side}: a cache hit answered differently")
+                samples[side]["miss"].append(miss)
+                samples[side]["hit"].append(hit)
+                answers[side] = miss["answer"]
+            if answers["A"] == answers["B"]:
+                same += 1
+            else:
+                different += 1
+        load_after = Path("/proc/loadavg").read_text().strip()
+        for client in clients.values():
+            client.close()
+    finally:
+        for server in servers.values():
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    sides = {
+        side: {path: _summary(s) for path, s in by_path.items()}
+        for side, by_path in samples.items()
+    }
+    for side, paths in cpu_s.items():
+        for path, seconds in paths.items():
+            sides[side][path]["server_cpu_ms_per_query"] = round(seconds * 1000.0 / count, 3)
+    return {
+        "benchmark": "serve_ab",
+        "trees": {"A": str(a), "B": str(b)},
+        "queries": count,
+        "same_answers": same,
+        "different_answers": different,
+        "loadavg": {"before": load_before, "after": load_after},
+        "sides": sides,
+        "b_over_a": {
+            f"{path}_{what}_{p}": round(sides["B"][path][what][p] / sides["A"][path][what][p], 3)
+            for path in ("miss", "hit")
+            for what in ("client_ms", "server_total_ms")
+            for p in ("p50", "p95")
+        }
+        | {
+            f"{path}_server_cpu_per_query": round(
+                sides["B"][path]["server_cpu_ms_per_query"]
+                / sides["A"][path]["server_cpu_ms_per_query"],
+                3,
+            )
+            for path in ("miss", "hit")
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--a", type=Path, required=True, help="tree A (e.g. /work/main)")
+    parser.add_argument("--b", type=Path, required=True, help="tree B")
+    parser.add_argument("--data-dir", type=Path, required=True, help="a ready data dir")
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
+    args = parser.parse_args(argv)
+    if not (args.data_dir / "orrery.sqlite").exists():
+        parser.error(f"{args.data_dir} holds no orrery.sqlite")
+    os.environ.pop("ORRERY_DATA_DIR", None)
+    report = compare(args.a, args.b, args.data_dir, args.queries)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
