@@ -119,9 +119,13 @@ OPTIMIZE_INTERVAL_S = 1.0
 QUIET_S = 5.0
 DENSE = "dense"
 SPARSE = "bm25"
-PATHS = ("orrery", "qdrant_client_rest", "qdrant_client_grpc", "qdrant_raw_rest")
+PATHS = ("orrery", "orrery_rrf2", "qdrant_client_rest", "qdrant_client_grpc", "qdrant_raw_rest")
+# The profile of the path "orrery_rrf2": RRF like Qdrant's query (k = 60, 100 per source)
+# over the same BM25 field, to compare fusion alike; "orrery" is the server's default.
+RRF_PROFILE = "rrf@2"
 PATH_LABELS = {
-    "orrery": "Orrery one-shot topk_records (HTTP, weighted@3)",
+    "orrery": "Orrery one-shot topk_records (HTTP, default weighted@3)",
+    "orrery_rrf2": "Orrery one-shot topk_records (HTTP, rrf@2)",
     "qdrant_client_rest": "Qdrant query_points, qdrant-client REST",
     "qdrant_client_grpc": "Qdrant query_points, qdrant-client gRPC",
     "qdrant_raw_rest": "Qdrant query_points, raw REST JSON (httpx)",
@@ -576,7 +580,9 @@ class Runner:
 
     def run(self, path: str, case: QueryCase, out: PathSamples | None) -> None:
         if path == "orrery":
-            self._orrery(case, out)
+            self._orrery(case, out, None)
+        elif path == "orrery_rrf2":
+            self._orrery(case, out, RRF_PROFILE)
         elif path == "qdrant_raw_rest":
             self._qdrant_raw(case, out)
         else:
@@ -598,8 +604,8 @@ class Runner:
         out.rankings.append(ranked)
         out.ndcg.append(ndcg_at(ranked, self.dataset.qrels[case.query_id], RESULT_LIMIT))
 
-    def _orrery(self, case: QueryCase, out: PathSamples | None) -> None:
-        content = json.dumps(orrery_body(case.text), separators=(",", ":")).encode()
+    def _orrery(self, case: QueryCase, out: PathSamples | None, profile: str | None) -> None:
+        content = json.dumps(orrery_body(case.text, profile), separators=(",", ":")).encode()
         before = self.orrery_cpu()
         ex = exchange(self.orrery, "POST", "/v1/external/retrieve/topk_records", content=content)
         cpu = self.orrery_cpu() - before
@@ -847,11 +853,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     timed = cases[: args.queries] if args.queries else cases
     warmup = cases[-WARMUP_QUERIES:]
     collection = f"orrery-vsqdrant-{uuid.uuid4().hex[:8]}"
-    rest = QdrantClient(url=target.url, prefer_grpc=False, timeout=60)
+    rest = QdrantClient(url=target.url, prefer_grpc=False, timeout=60, check_compatibility=False)
     grpc = None
     if target.grpc_port is not None and not args.no_grpc:
         grpc = QdrantClient(
-            url=target.url, grpc_port=target.grpc_port, prefer_grpc=True, timeout=60
+            url=target.url,
+            grpc_port=target.grpc_port,
+            prefer_grpc=True,
+            timeout=60,
+            check_compatibility=False,
         )
     env = {
         **ingest_env(BATCH),
@@ -897,11 +907,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         console.print(f"Qdrant collection ready: {report['qdrant_collection']}")
         report["server_source_sha256"] = source_digest()
-        with (
-            serve(env) as server,
-            server.client() as orrery,
-            httpx.Client(base_url=target.url, timeout=60, trust_env=False) as qdrant_http,
-        ):
+        # Uncompressed like Orrery's answers (httpx asks for gzip by default, and Qdrant
+        # obliges): exchange() counts the bytes as framed.
+        raw = httpx.Client(
+            base_url=target.url,
+            timeout=60,
+            trust_env=False,
+            headers={"accept-encoding": "identity"},
+        )
+        with serve(env) as server, server.client() as orrery, raw as qdrant_http:
             report["orrery_load"] = load_orrery(server, orrery, dataset, vectors.documents)
             console.print(f"Orrery loaded: {report['orrery_load']}")
             for case in cases:
