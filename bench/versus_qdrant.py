@@ -40,7 +40,8 @@ Both systems get the same vectors and the same analyzer:
    and response parsing included, as a Qdrant user sees it); and the same Qdrant query
    as raw REST JSON through `exchange` on an httpx client of its own (timed exactly like
    Orrery's). Each path's server CPU per query comes from /proc (both servers run on
-   this machine). `/proc/loadavg` is recorded before and after.
+   this machine). After each query, `GET /healthz` of both servers times their HTTP
+   stacks' floor. `/proc/loadavg` is recorded before and after.
 
 With `--py-spy OUT.raw`, after the timed runs the Orrery one-shot is sent once more for
 every query while `py-spy record -r 500 -f raw` samples the server (not timed).
@@ -577,6 +578,15 @@ class Runner:
         self.collection = collection
         self.dataset = dataset
         self.paths = [p for p in PATHS if p != "qdrant_client_grpc" or qdrant_grpc is not None]
+        self.healthz_s: dict[str, list[float]] = {"orrery": [], "qdrant": []}
+
+    def floors(self) -> None:
+        """`GET /healthz` of both servers: what their HTTP stacks cost for an empty answer."""
+        for name, client in (("orrery", self.orrery), ("qdrant", self.qdrant_http)):
+            ex = exchange(client, "GET", "/healthz")
+            if ex.response.status_code != 200:
+                raise RuntimeError(f"{name} /healthz: HTTP {ex.response.status_code}")
+            self.healthz_s[name].append(ex.seconds)
 
     def run(self, path: str, case: QueryCase, out: PathSamples | None) -> None:
         if path == "orrery":
@@ -666,6 +676,7 @@ def measure(
         shift = i % len(runner.paths)
         for path in runner.paths[shift:] + runner.paths[:shift]:
             runner.run(path, case, samples[path])
+        runner.floors()
         if (i + 1) % 50 == 0 or i + 1 == len(cases):
             console.print(f"timed {i + 1}/{len(cases)} queries on {len(runner.paths)} paths")
     return samples
@@ -738,6 +749,11 @@ def print_table(report: Mapping[str, Any]) -> None:
         + f" (sum per query p50 {orrery['engine_ms_total_p50']:.2f})"
     )
     print(f"Qdrant single sources nDCG@10: {report['qdrant_single_sources_ndcg@10']}")
+    floor = report["http_floor_healthz_ms"]
+    print(
+        "HTTP floor, GET /healthz p50/p95: "
+        + ", ".join(f"{k} {v['p50']:.2f}/{v['p95']:.2f} ms" for k, v in floor.items())
+    )
     print(f"agreement: {report['agreement']}")
     print(f"loadavg: {report['loadavg']}")
 
@@ -949,6 +965,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if grpc is not None:
             grpc.close()
     report["paths"] = {path: s.summary() for path, s in samples.items()}
+    report["http_floor_healthz_ms"] = {
+        name: latency_summary(seconds) for name, seconds in runner.healthz_s.items()
+    }
     report["agreement"] = agreement(samples)
     orrery_p = report["paths"]["orrery"]["latency_ms"]
     qdrant_p = report["paths"]["qdrant_client_rest"]["latency_ms"]
