@@ -64,7 +64,7 @@ from bench.common import (
     utc_now,
 )
 
-__all__ = ["Dataset", "load_dataset", "main", "ndcg_at", "recall_at"]
+__all__ = ["Dataset", "beir_record", "load_dataset", "main", "ndcg_at", "recall_at"]
 
 NAMESPACE = "beir"
 SNAPSHOT_KIND = "objects"
@@ -138,7 +138,8 @@ def recall_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int = 100) 
     return len(wanted.intersection(ranked[:k])) / len(wanted) if wanted else 0.0
 
 
-def _record(row: Mapping[str, Any]) -> dict[str, Any]:
+def beir_record(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The `POST /v1/records` item of a BEIR corpus row (no vector: the projector embeds)."""
     return {
         "namespace": NAMESPACE,
         "snapshot_kind": SNAPSHOT_KIND,
@@ -176,7 +177,7 @@ def _scope_count(ready: Mapping[str, Any]) -> int:
 
 def _load(client: httpx.Client, dataset: Dataset, timeout_s: float) -> dict[str, Any]:
     """Write the corpus, then wait until the projector indexed all of it."""
-    records = [_record(row) for row in dataset.corpus]
+    records = [beir_record(row) for row in dataset.corpus]
     total = len(records)
     started = time.perf_counter()
     accepted = 0
