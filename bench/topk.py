@@ -836,8 +836,11 @@ def measure(
     queries: Sequence[QuerySpec],
     result_limit: int,
     server_cpu: Callable[[], float],
+    *,
+    split: bool = True,
 ) -> dict[str, Any]:
-    """Paths (a)-(d) over the same query texts; see the module docstring.
+    """Paths (a)-(d) over the same query texts; see the module docstring (without
+    `split`, (c) is skipped and reported as such).
 
     (a), (d) and (b) are interleaved query by query, so a burst of load from other
     processes hits all three alike. Each path also records the server's CPU time per
@@ -871,29 +874,30 @@ def measure(
 
     _run_each("(a) (d) (b) one-shot, interleaved", len(queries), interleaved)
 
-    split = SplitResult()
-    split_error: str | None = None
+    split_result = SplitResult()
+    split_error: str | None = None if split else "skipped (--no-split)"
     try:
-        for query in warmup[:SPLIT_WARMUP]:
+        for query in warmup[:SPLIT_WARMUP] if split else ():
             split_path(client, query, result_limit, None)
         before = server_cpu()
-        _run_each(
-            "(c) split path",
-            len(queries),
-            lambda i: split_path(client, queries[i], result_limit, split),
-        )
+        if split:
+            _run_each(
+                "(c) split path",
+                len(queries),
+                lambda i: split_path(client, queries[i], result_limit, split_result),
+            )
         cpu_s["split"] = server_cpu() - before
     except RuntimeError as error:  # e.g. the allowed_doc_ids cap: reported, not raised
         split_error = str(error)
 
     paths: dict[str, Any] = {path: one_shots[path].summary() for path in ONE_SHOT_PATHS}
     if split_error is None:
-        agreeing = sum(a == b for a, b in zip(cached_top, split.top_ids, strict=True))
+        agreeing = sum(a == b for a, b in zip(cached_top, split_result.top_ids, strict=True))
         paths["split"] = {
-            **split.total.summary(),
-            "scope_document_ids": split.scope_size,
-            "steps": {name: s.summary() for name, s in split.steps.items()},
-            "client_side_ms_p50": round(median(split.client_side_s) * 1000, 3),
+            **split_result.total.summary(),
+            "scope_document_ids": split_result.scope_size,
+            "steps": {name: s.summary() for name, s in split_result.steps.items()},
+            "client_side_ms_p50": round(median(split_result.client_side_s) * 1000, 3),
             "same_top_k_as_one_shot": f"{agreeing}/{len(queries)}",
         }
     else:
@@ -1026,7 +1030,14 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
         before = OptimizerLog.parse(server.log_text())
         busy_before = optimizer_busy(server)
         load_before = os.getloadavg()
-        result["paths"] = measure(client, warmup, queries, args.result_limit, server.cpu_seconds)
+        result["paths"] = measure(
+            client,
+            warmup,
+            queries,
+            args.result_limit,
+            server.cpu_seconds,
+            split=not args.no_split,
+        )
         # Other processes on the machine share its CPUs: recorded, not controlled.
         result["loadavg_1m"] = {"before_queries": load_before[0], "after": os.getloadavg()[0]}
         after = OptimizerLog.parse(server.log_text())
@@ -1218,6 +1229,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=int, default=None, help="global timeout in s (by N)")
     parser.add_argument("--keep-data", action="store_true", help="keep each temp data dir")
+    parser.add_argument(
+        "--no-split", action="store_true", help="skip (c), the split path (slow at 1M)"
+    )
     parser.add_argument(
         "--data-root",
         type=Path,

@@ -109,6 +109,7 @@ def eligibility_gate(
         routing,
         interval_seconds=settings.eligibility_interval_seconds,
         fallback=settings.coverage_fallback,
+        background_share=settings.eligibility_background_share,
     )
 
 

@@ -57,6 +57,7 @@ from contracts.generations import (
 )
 from contracts.index import IndexDocument, to_index_document
 from contracts.index_fields import TextLanguages
+from contracts.pacing import Pace, no_pace
 from contracts.records import Record
 from projector.model import (
     diff_pairs,
@@ -366,9 +367,12 @@ class GenerationPorts:
 
 
 def _read_evidence(
-    generation_id: str, ports: GenerationPorts, progress: Progress
+    generation_id: str, ports: GenerationPorts, progress: Progress, pace: Pace = no_pace
 ) -> tuple[RegistrySnapshot, str, list[EngineEvidence], str]:
     """Registry set and every engine's read-back compared with it, at one moment.
+
+    `pace` is called between chunks of the engine reads, except in the re-read that
+    holds writers off (pacing there would hold them off for longer).
 
     Returns `(registry snapshot, its id_set_digest, per-engine evidence, error)`;
     `error` is set (and the evidence empty) when an engine could not be read. The
@@ -384,13 +388,16 @@ def _read_evidence(
     # facts it started from (a batch committed meanwhile must make it stale, not current).
     before: list[RegistrySnapshot] = []
 
-    def read() -> tuple[RegistrySnapshot, list[tuple[str, list[tuple[str, int]]]]]:
+    def read(
+        pace: Pace = no_pace,
+    ) -> tuple[RegistrySnapshot, list[tuple[str, list[tuple[str, int]]]]]:
         registry = ports.contents.registry_pairs(generation_id)
         before[:] = [registry]
         progress("registry", len(registry.pairs), len(registry.pairs))
         observed = []
         for engine, readback in readbacks:
-            pairs = readback.stored_pairs(generation_id)
+            pace()
+            pairs = readback.stored_pairs(generation_id, pace=pace)
             progress(engine, len(pairs), len(registry.pairs))
             observed.append((engine, pairs))
         return registry, observed
@@ -405,7 +412,7 @@ def _read_evidence(
         ]
 
     try:
-        registry, observed = read()
+        registry, observed = read(pace)
         digest, evidence = compare(registry, observed)
         unchanged = ports.contents.commit_seq(generation_id) == registry.commit_seq
         if unchanged and all(item.matches for item in evidence):
@@ -422,10 +429,15 @@ def _read_evidence(
 
 
 def check_evidence(
-    generation_id: str, *, ports: GenerationPorts, progress: Progress | None = None
+    generation_id: str,
+    *,
+    ports: GenerationPorts,
+    progress: Progress | None = None,
+    pace: Pace = no_pace,
 ) -> EvidenceCheck:
     """Read the generation back from every engine and compare with the registry at the
-    same position (see the module docstring); record and return the outcome.
+    same position (see the module docstring); record and return the outcome. `pace`:
+    see `_read_evidence` (a background check yields to queries through it).
 
     Never raises for a mismatch or an unreadable engine: that is a failed check. A
     generation that is not sealed, verified or live fails the check by its state.
@@ -446,7 +458,7 @@ def check_evidence(
         )
     else:
         registry, digest, evidence, error = _read_evidence(
-            generation_id, ports, progress or (lambda *_: None)
+            generation_id, ports, progress or (lambda *_: None), pace
         )
         check = _check(
             generation_id,
@@ -1402,8 +1414,8 @@ class GenerationAdmin:
     def verify(self, generation_id: str, progress: Progress | None = None) -> EvidenceCheck:
         return verify_generation(generation_id, ports=self.ports, progress=progress)
 
-    def check(self, generation_id: str) -> EvidenceCheck:
-        return check_evidence(generation_id, ports=self.ports)
+    def check(self, generation_id: str, *, pace: Pace = no_pace) -> EvidenceCheck:
+        return check_evidence(generation_id, ports=self.ports, pace=pace)
 
     def promote(self, generation_id: str) -> PromoteReport:
         return promote_generation(generation_id, ports=self.ports)

@@ -15,6 +15,7 @@ from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor, GenerationState, Topology
 from contracts.index import IndexDocument
 from contracts.index_fields import DEFAULT_TEXT_ANALYZER
+from contracts.pacing import Pace, no_pace
 from contracts.records import Record
 
 __all__ = [
@@ -272,10 +273,13 @@ class EngineReadback(Protocol):
     Guarantees: every `(document_id, revision)` pair comes from the engine itself (a
     scroll or a full search), never from bookkeeping; an id the engine holds twice is
     returned twice; order unspecified. An unknown generation raises `NOT_FOUND` or
-    `COVERAGE_UNAVAILABLE`.
+    `COVERAGE_UNAVAILABLE`. `pace` is called between chunks of the read (pages, batches
+    of document reads), never while an engine resource is held.
     """
 
-    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]: ...
+    def stored_pairs(
+        self, generation_id: str, *, pace: Pace = no_pace
+    ) -> list[tuple[str, int]]: ...
 
 
 class AliasMirror(Protocol):

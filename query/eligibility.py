@@ -39,6 +39,7 @@ from typing import Any, Literal
 from contracts.errors import ErrorCode, OrreryError
 from contracts.generations import CoverageFallback, EvidenceCheck
 from contracts.index import Candidate, SearchFilter
+from contracts.pacing import DutyCycle, Pace, no_pace
 from query.ports import EvidenceSource, LexicalSearch, Route, Routing, VectorSearch
 
 __all__ = [
@@ -137,11 +138,13 @@ class EligibilityGate:
         interval_seconds: float = 60.0,
         fallback: FallbackPolicy = "none",
         first_check_wait_seconds: float = 30.0,
+        background_share: float = 0.25,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._source = source
         self._routing = routing
         self._interval = interval_seconds
+        self._background_share = background_share
         self._fallback = fallback
         self._first_wait = first_check_wait_seconds
         self._clock = clock
@@ -270,10 +273,16 @@ class EligibilityGate:
     # -- checks ------------------------------------------------------------------------
 
     def _check_now(
-        self, generation_id: str, *, wait: float, facts: tuple[str, int] | None = None
+        self,
+        generation_id: str,
+        *,
+        wait: float,
+        facts: tuple[str, int] | None = None,
+        pace: Pace = no_pace,
     ) -> Verdict:
         """Run one check (or wait for the one already running) and cache its verdict,
-        keyed on `facts` (the registry's state and commit_seq; read here when not given)."""
+        keyed on `facts` (the registry's state and commit_seq; read here when not given);
+        the check's engine reads call `pace` between chunks."""
         with self._lock:
             running = self._inflight.get(generation_id)
             if running is None:
@@ -290,7 +299,7 @@ class EligibilityGate:
             if facts is None:
                 facts = self._facts(generation_id)
             try:
-                verdict = Verdict.of(self._source.check(generation_id), facts)
+                verdict = Verdict.of(self._source.check(generation_id, pace=pace), facts)
             except OrreryError as exc:
                 state, commit_seq = facts or _UNKNOWN
                 reason = f"check failed: {exc.message}"
@@ -304,6 +313,18 @@ class EligibilityGate:
             with self._lock:
                 self._inflight.pop(generation_id, None)
             done.set()
+
+    def _pace_for(self, generation_id: str) -> Pace:
+        """How a periodic check of `generation_id` runs: re-checking an eligible
+        generation, it yields to queries (`DutyCycle` at the background share: a full
+        read-back holds the interpreter for seconds at 100k documents); without a
+        positive verdict (a first check, a negative one), queries may be waiting for it
+        (`admit`), so it runs flat out, as do suspects'."""
+        with self._lock:
+            held = self._verdicts.get(generation_id)
+        if held is None or not held.eligible or self._background_share >= 1.0:
+            return no_pace
+        return DutyCycle(self._background_share)
 
     def _facts(self, generation_id: str) -> tuple[str, int] | None:
         try:
@@ -364,8 +385,9 @@ class EligibilityGate:
             now = self._clock()
             scopes = self._routing.scopes()
             with self._lock:
-                due = set(self._due)
+                asked = set(self._due)  # suspects and scheduled re-checks: flat out
                 self._due.clear()
+                due = set(asked)
                 for generation_id, verdict in self._verdicts.items():
                     if (now - verdict.checked_at).total_seconds() >= self._interval:
                         due.add(generation_id)
@@ -379,7 +401,8 @@ class EligibilityGate:
             for generation_id in sorted(due):
                 if self._stop.is_set():
                     return
-                self._check_now(generation_id, wait=0.0)
+                pace = no_pace if generation_id in asked else self._pace_for(generation_id)
+                self._check_now(generation_id, wait=0.0, pace=pace)
         except OrreryError as exc:
             log.warning("eligibility round failed: %s", exc.message)
         except Exception:

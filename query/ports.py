@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from contracts.generations import CoverageFallback, EvidenceCheck
 from contracts.index import Candidate, SearchFilter
+from contracts.pacing import Pace, no_pace
 
 __all__ = [
     "Cache",
@@ -192,10 +193,12 @@ class EvidenceSource(Protocol):
 
     Guarantees: `check` never reports a match that the engines do not hold (it reads
     them back, consistently with the registry) and records its outcome; `checks_since`
-    returns every check recorded after `sequence` (by any process), oldest first.
+    returns every check recorded after `sequence` (by any process), oldest first. `check`
+    calls `pace` between chunks of its engine reads (a background check yields to
+    queries through it).
     """
 
-    def check(self, generation_id: str) -> EvidenceCheck: ...
+    def check(self, generation_id: str, *, pace: Pace = no_pace) -> EvidenceCheck: ...
 
     def checks_since(self, sequence: int) -> list[tuple[int, EvidenceCheck]]: ...
 

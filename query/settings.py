@@ -180,6 +180,14 @@ class QuerySettings(BaseSettings):
         description="How often each routed generation's evidence is re-checked (a full "
         "read-back of every engine: seconds of CPU at 100k documents)",
     )
+    eligibility_background_share: float = Field(
+        default=0.25,
+        gt=0.0,
+        le=1.0,
+        description="Share of the wall time a periodic re-check of an eligible generation "
+        "may work: it sleeps between pages so that queries sharing the interpreter are not "
+        "stalled (1 = flat out). First checks, suspects and negative verdicts run flat out",
+    )
     promote_max_lag_events: int = Field(
         default=1_000, ge=0, description="A promote is refused further behind the log"
     )

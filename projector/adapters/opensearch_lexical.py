@@ -73,6 +73,7 @@ from contracts.index_fields import (
     ring_path,
     text_analyzer_language,
 )
+from contracts.pacing import Pace, no_pace
 from projector.model import check_keywords, newest_operations
 from projector.ports import IndexEvidence
 
@@ -385,11 +386,12 @@ class OpenSearchLexicalIndex:
             ) from exc
         return IndexEvidence(document_count=len(pairs), id_set_digest=digest)
 
-    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]:
-        """Every `(document_id, revision)` the index holds, scrolled from doc values."""
+    def stored_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the index holds, scrolled from doc values
+        (`pace` between pages)."""
         index = self.index_name(generation_id)
         try:
-            return list(self._stored_pairs(index))
+            return list(self._stored_pairs(index, pace))
         except OpenSearchException as exc:
             raise _translate(exc, "cannot read index", generation_id) from exc
 
@@ -483,7 +485,7 @@ class OpenSearchLexicalIndex:
         if response.get("errors"):
             _raise_item_errors(response.get("items", []), operations, generation_id)
 
-    def _stored_pairs(self, index: str) -> Iterator[tuple[str, int]]:
+    def _stored_pairs(self, index: str, pace: Pace = no_pace) -> Iterator[tuple[str, int]]:
         """`(document_id, revision)` of every document, read from doc values by scrolling."""
         body = {
             "size": _SCROLL_PAGE,
@@ -501,6 +503,7 @@ class OpenSearchLexicalIndex:
                     yield _stored_pair(hit)
                 if len(hits) < _SCROLL_PAGE or scroll_id is None:
                     return
+                pace()
                 page = self._client.scroll(
                     body={"scroll": _SCROLL_KEEPALIVE, "scroll_id": scroll_id}
                 )

@@ -118,6 +118,7 @@ from qdrant_edge import (
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
+from contracts.pacing import Pace, no_pace
 from contracts.vector_payload import (
     GRAPH_FIELDS,
     PAYLOAD_INDEXES,
@@ -480,9 +481,10 @@ class QdrantEdgeVectorIndex:
         pairs = self._scroll_pairs(generation, generation_id)
         return IndexEvidence(document_count=len(pairs), id_set_digest=id_set_digest(pairs))
 
-    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]:
-        """Every `(document_id, revision)` the shard holds, from a full scroll."""
-        return self._scroll_pairs(self._require(generation_id), generation_id)
+    def stored_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the shard holds, from a full scroll (`pace`
+        between pages)."""
+        return self._scroll_pairs(self._require(generation_id), generation_id, pace)
 
     def drop(self, generation_id: str) -> None:
         """Close and delete the generation's shard (no-op if absent).
@@ -954,7 +956,9 @@ class QdrantEdgeVectorIndex:
                 if name not in present:
                     shard.update(UpdateOperation.create_field_index(name, schema))
 
-    def _scroll_pairs(self, generation: _Generation, generation_id: str) -> list[tuple[str, int]]:
+    def _scroll_pairs(
+        self, generation: _Generation, generation_id: str, pace: Pace = no_pace
+    ) -> list[tuple[str, int]]:
         """Every `(document_id, revision)`; the shard is fetched per page, never held."""
         pairs: list[tuple[str, int]] = []
         offset: PointId | None = None
@@ -977,6 +981,7 @@ class QdrantEdgeVectorIndex:
                 pairs.append((str(payload["document_id"]), int(payload["revision"])))
             if offset is None:
                 return pairs
+            pace()
 
     @staticmethod
     def _close_generation(generation_id: str, generation: _Generation) -> None:

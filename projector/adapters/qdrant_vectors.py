@@ -51,6 +51,7 @@ from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
 from contracts.index_fields import DOCUMENT_ID, REVISION
+from contracts.pacing import Pace, no_pace
 from contracts.vector_payload import (
     GRAPH_FIELDS,
     PAYLOAD_INDEXES,
@@ -247,8 +248,9 @@ class QdrantServerVectorIndex:
         pairs = self.stored_pairs(generation_id)
         return IndexEvidence(document_count=len(pairs), id_set_digest=id_set_digest(pairs))
 
-    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]:
-        """Every `(document_id, revision)` the collection holds, from a full scroll."""
+    def stored_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the collection holds, from a full scroll
+        (`pace` between pages)."""
         name = self.collection_name(generation_id)
         self._check_open()
         pairs: list[tuple[str, int]] = []
@@ -268,6 +270,7 @@ class QdrantServerVectorIndex:
             if next_offset is None:
                 break
             offset = next_offset
+            pace()
         return pairs
 
     def drop(self, generation_id: str) -> None:

@@ -59,6 +59,7 @@ from contracts.index_fields import (
     status_key,
     text_analyzer_language,
 )
+from contracts.pacing import Pace, no_pace
 from projector.model import IndexOperation, check_keywords, newest_operations
 from projector.ports import IndexEvidence
 
@@ -78,6 +79,7 @@ _MICROSECOND = timedelta(microseconds=1)
 _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
 # Fast fields of schema version 5; an index created before has none (and takes none).
 _HIT_KEYS = (DOCUMENT_KEY_HIGH, DOCUMENT_KEY_LOW, STATUS_KEY)
+_PAIRS_CHUNK = 1_000  # stored documents read between two `pace` calls
 
 
 def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
@@ -243,11 +245,12 @@ class TantivyLexicalIndex:
             ) from exc
         return IndexEvidence(document_count=len(pairs), id_set_digest=digest)
 
-    def stored_pairs(self, generation_id: str) -> list[tuple[str, int]]:
-        """Every `(document_id, revision)` the index holds, from its stored fields."""
+    def stored_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the index holds, from its stored fields
+        (`pace` after every `_PAIRS_CHUNK` documents read)."""
         index = self._require(generation_id).index
         try:
-            return _stored_pairs(index.searcher())
+            return _stored_pairs(index.searcher(), pace)
         except _DRIVER_ERRORS as exc:
             raise _unavailable("cannot read index", generation_id, exc) from exc
 
@@ -473,9 +476,15 @@ def _held_revisions(index: tantivy.Index, document_ids: list[str]) -> dict[str, 
     return held
 
 
-def _stored_pairs(searcher: tantivy.Searcher) -> list[tuple[str, int]]:
+def _stored_pairs(searcher: tantivy.Searcher, pace: Pace = no_pace) -> list[tuple[str, int]]:
     addresses = _all_hits(searcher, tantivy.Query.all_query(), searcher.num_docs)
-    return [_stored_pair(searcher.doc(address)) for _score, address in addresses]
+    pairs: list[tuple[str, int]] = []
+    for start in range(0, len(addresses), _PAIRS_CHUNK):
+        if start:
+            pace()
+        chunk = addresses[start : start + _PAIRS_CHUNK]
+        pairs.extend(_stored_pair(searcher.doc(address)) for _score, address in chunk)
+    return pairs
 
 
 def _all_hits(

@@ -128,3 +128,18 @@ def test_unknown_generation_is_an_error(engine: tuple[Engine, str]) -> None:
     handle, _ = engine
     with pytest.raises(OrreryError):
         handle.readback.stored_pairs(f"missing-{uuid.uuid4().hex[:8]}")
+
+
+def test_a_paced_read_back_yields_between_chunks_and_reads_the_same(
+    engine: tuple[Engine, str],
+) -> None:
+    # More documents than any adapter reads in one page or chunk (at most 5,000).
+    handle, generation_id = engine
+    many = [doc(f"paced-{i:05d}", 1 + i % 3) for i in range(5_001)]
+    for start in range(0, len(many), 1_000):
+        handle.apply(generation_id, many[start : start + 1_000], [])
+    calls: list[int] = []
+    paced = handle.readback.stored_pairs(generation_id, pace=lambda: calls.append(1))
+    assert sorted(paced) == sorted((d.document_id, d.revision) for d in many)
+    assert sorted(paced) == sorted(handle.readback.stored_pairs(generation_id))
+    assert calls

@@ -18,6 +18,7 @@ from contracts.generations import (
     SourceManifest,
     Topology,
 )
+from contracts.pacing import DutyCycle, Pace, no_pace
 from projector.entrypoints.admin_http import check_admin_key
 from projector.model import (
     ALLOWED_TRANSITIONS,
@@ -296,9 +297,11 @@ class FakeSource:
         self.recorded: list[tuple[int, EvidenceCheck]] = []
         self.release = threading.Event()
         self.release.set()
+        self.paces: list[Pace] = []
 
-    def check(self, generation_id: str) -> EvidenceCheck:
+    def check(self, generation_id: str, *, pace: Pace = no_pace) -> EvidenceCheck:
         self.release.wait(5)
+        self.paces.append(pace)
         self.calls[generation_id] = self.calls.get(generation_id, 0) + 1
         return check(generation_id, self.ok[generation_id], datetime.now(UTC))
 
@@ -428,6 +431,49 @@ def test_gate_rechecks_suspects_in_the_background() -> None:
         while gate.status("g2")["eligible"] and datetime.now(UTC) < deadline:
             threading.Event().wait(0.05)
         assert gate.status("g2")["eligible"] is False
+    finally:
+        gate.close()
+
+
+def test_periodic_rechecks_of_an_eligible_generation_yield_and_others_run_flat_out() -> None:
+    source = FakeSource({"g2": True})
+    gate = EligibilityGate(source, FakeRouting([]), interval_seconds=0.05, background_share=0.2)
+    gate.admit(route(), "s")  # the first check: a query waits for it
+    gate.start()
+    try:
+        deadline = datetime.now(UTC) + timedelta(seconds=10)
+        while source.calls.get("g2", 0) < 3 and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.02)
+        assert source.calls["g2"] >= 3
+        assert source.paces[0] is no_pace
+        assert all(isinstance(p, DutyCycle) for p in source.paces[1:3])
+        source.ok["g2"] = False
+        seen = len(source.paces)
+        gate.suspect("g2")  # an engine failed: checked flat out, the verdict turns
+        while gate.status("g2")["eligible"] and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.02)
+        assert gate.status("g2")["eligible"] is False
+        assert no_pace in source.paces[seen:]
+        # A negative verdict's periodic re-checks run flat out too.
+        after = len(source.paces)
+        while len(source.paces) < after + 2 and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.02)
+        assert all(p is no_pace for p in source.paces[after : after + 2])
+    finally:
+        gate.close()
+
+
+def test_a_gate_that_may_work_all_the_time_never_paces() -> None:
+    source = FakeSource({"g2": True})
+    gate = EligibilityGate(source, FakeRouting([]), interval_seconds=0.05, background_share=1.0)
+    gate.admit(route(), "s")
+    gate.start()
+    try:
+        deadline = datetime.now(UTC) + timedelta(seconds=10)
+        while source.calls.get("g2", 0) < 3 and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.02)
+        assert source.calls["g2"] >= 3
+        assert all(p is no_pace for p in source.paces)
     finally:
         gate.close()
 
