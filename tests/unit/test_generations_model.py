@@ -4,6 +4,7 @@ gc choices; the eligibility gate and the admin key check with fakes."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -435,30 +436,30 @@ def test_gate_rechecks_suspects_in_the_background() -> None:
         gate.close()
 
 
+def _eventually(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Whether `condition` holds within `seconds` (polled; for background rounds)."""
+    deadline = datetime.now(UTC) + timedelta(seconds=seconds)
+    while not condition() and datetime.now(UTC) < deadline:
+        threading.Event().wait(0.02)
+    return condition()
+
+
 def test_periodic_rechecks_of_an_eligible_generation_yield_and_others_run_flat_out() -> None:
     source = FakeSource({"g2": True})
     gate = EligibilityGate(source, FakeRouting([]), interval_seconds=0.05, background_share=0.2)
     gate.admit(route(), "s")  # the first check: a query waits for it
     gate.start()
     try:
-        deadline = datetime.now(UTC) + timedelta(seconds=10)
-        while source.calls.get("g2", 0) < 3 and datetime.now(UTC) < deadline:
-            threading.Event().wait(0.02)
-        assert source.calls["g2"] >= 3
+        assert _eventually(lambda: len(source.paces) >= 3)
         assert source.paces[0] is no_pace
         assert all(isinstance(p, DutyCycle) for p in source.paces[1:3])
         source.ok["g2"] = False
-        seen = len(source.paces)
-        gate.suspect("g2")  # an engine failed: checked flat out, the verdict turns
-        while gate.status("g2")["eligible"] and datetime.now(UTC) < deadline:
-            threading.Event().wait(0.02)
-        assert gate.status("g2")["eligible"] is False
-        assert no_pace in source.paces[seen:]
-        # A negative verdict's periodic re-checks run flat out too.
-        after = len(source.paces)
-        while len(source.paces) < after + 2 and datetime.now(UTC) < deadline:
-            threading.Event().wait(0.02)
-        assert all(p is no_pace for p in source.paces[after : after + 2])
+        gate.suspect("g2")  # an engine failed: the verdict turns (flat out once asked)
+        assert _eventually(lambda: gate.status("g2")["eligible"] is False)
+        # Every check of a generation without a positive verdict runs flat out.
+        negative = len(source.paces)
+        assert _eventually(lambda: len(source.paces) >= negative + 2)
+        assert all(p is no_pace for p in source.paces[negative : negative + 2])
     finally:
         gate.close()
 
@@ -469,10 +470,7 @@ def test_a_gate_that_may_work_all_the_time_never_paces() -> None:
     gate.admit(route(), "s")
     gate.start()
     try:
-        deadline = datetime.now(UTC) + timedelta(seconds=10)
-        while source.calls.get("g2", 0) < 3 and datetime.now(UTC) < deadline:
-            threading.Event().wait(0.02)
-        assert source.calls["g2"] >= 3
+        assert _eventually(lambda: len(source.paces) >= 3)
         assert all(p is no_pace for p in source.paces)
     finally:
         gate.close()
