@@ -97,7 +97,17 @@ def tune_gc() -> None:
 
 
 def _serve_http(app: Any, settings: QuerySettings) -> None:
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning")
+    # uvloop + httptools by name (both are dependencies): uvicorn's "auto" would pick
+    # them only where installed, so the same release would serve differently.
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,  # INFO lines, never shown at "warning": not even formatted
+        loop="uvloop",
+        http="httptools",
+    )
     uvicorn.Server(config).run()
 
 
