@@ -51,6 +51,7 @@ __all__ = [
     "machine_facts",
     "median",
     "poll_readiness",
+    "post_records",
     "publish",
     "serve",
     "source_digest",
@@ -344,6 +345,23 @@ def exchange(
         received_body=len(response.content),
         received_headers=_response_head_bytes(response),
     )
+
+
+def post_records(
+    client: httpx.Client, records: Any, *, max_wait_s: float = 900.0
+) -> httpx.Response:
+    """`POST /v1/records` as a well-behaved producer: a `503 ingest_backlog` (the
+    embedded projector is too far behind; nothing was written) is sent again after its
+    `Retry-After`, for at most `max_wait_s`. Any other answer is returned as it is."""
+    deadline_at = time.monotonic() + max_wait_s
+    while True:
+        response = client.post("/v1/records", json=records)
+        backlog = response.status_code == 503 and (
+            response.json().get("error", {}).get("code") == "ingest_backlog"
+        )
+        if not backlog or time.monotonic() >= deadline_at:
+            return response
+        time.sleep(float(response.headers.get("retry-after", "1")))
 
 
 def _request_head_bytes(request: httpx.Request) -> int:

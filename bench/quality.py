@@ -60,6 +60,7 @@ from bench.common import (
     git_facts,
     harness_servers_env,
     machine_facts,
+    post_records,
     start_serve,
     utc_now,
 )
@@ -187,7 +188,7 @@ def _load(client: httpx.Client, dataset: Dataset, timeout_s: float) -> dict[str,
         # A reused data dir that holds the whole corpus already is not written again.
         for start in range(0, total if present < total else 0, BATCH):
             chunk = records[start : start + BATCH]
-            response = client.post("/v1/records", json=chunk)
+            response = post_records(client, chunk)
             stale = response.status_code == 409  # every revision already stored
             if response.status_code != 200 and not stale:
                 raise RuntimeError(
