@@ -20,6 +20,12 @@ Nothing extra is read per query while the facts stand, and every worker sees the
 facts in the shared registry. A positive verdict stands until the timer or an error: the
 evidence does not depend on the state, and dead states are refused by the route's state.
 
+A periodic re-check of an eligible generation shares the interpreter with the queries
+it guards, so it yields to them: its engine reads sleep between pages
+(`contracts.pacing.DutyCycle`, at most `background_share` of the wall time; 1.3-2.2 s
+of CPU flat out at 100k documents, ten times that at 1M). First checks, suspects and
+negative verdicts run flat out: a query may be waiting for them.
+
 When the live generation is not eligible, `admit` either raises `503
 coverage_unavailable` naming the scope and the generation, or — only when configured
 (`fallback="previous_verified"`) — routes to the scope's previous verified generation
