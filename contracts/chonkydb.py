@@ -13,18 +13,24 @@ other body is Orrery's own, unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from contracts.names import Namespace
-from contracts.records import AwareDatetime, Name
+from contracts.records import AwareDatetime, Name, RecordMetadata
 from contracts.topk import MAX_ALLOWED_DOC_IDS, QueryFilters, QueryPlan, ScoreBreakdown
 
 __all__ = [
-    "ALLOWED_INDEXES",
     "BY_ID_QUERY",
+    "INDEX_WORDS",
+    "KEPT_METADATA",
     "MAX_BY_ID",
+    "MAX_KEPT_METADATA_BYTES",
     "RETRIEVE_DIALECT_FIELDS",
     "TOPK_DIALECT_FIELDS",
     "AuthInfoResponse",
@@ -40,13 +46,18 @@ __all__ = [
     "ChonkyTopKRequest",
     "ChonkyTopKResponse",
     "DeleteRecordResponse",
+    "IndexLanes",
     "InstanceResponse",
     "JobAccepted",
     "JobStatusResponse",
     "RecordListResponse",
     "RecordOut",
     "RecordSummary",
+    "client_metadata",
+    "index_lanes",
+    "is_by_id_query",
     "is_dialect",
+    "split_metadata",
 ]
 
 # Fields only ChonkyDB's request shapes have: their presence selects the dialect.
@@ -70,13 +81,134 @@ MAX_BY_ID = 500
 # The query text Twinr sends with `allowed_doc_ids` when it wants those records, not a
 # ranking of them (an empty text means the same).
 BY_ID_QUERY = "__allowed_doc_ids__"
-# `allowed_indexes` names Orrery understands, by the source each one means.
-ALLOWED_INDEXES: dict[str, str] = {
+# ChonkyDB's index names, word by word, as the Orrery lane each word means. ChonkyDB's
+# router hands `allowed_indexes` / `target_indexes` to its engine unchecked, and its
+# names come in several spellings (`fulltext`, `fulltext_index`,
+# `ccodex_memory_fulltext`, `hnsw`, `ccodex_memory_vector_768`, `temporal_index`): a
+# name is split into words on anything but letters, and each word looked up here.
+# `lexical`: the BM25 index (title, body and tags are all in it, so `tags` is lexical);
+# `vector`: the vector index; `filter`: a restriction Orrery applies in whichever lane
+# ranks (`temporal_*`, `filters`); `None`: accepted, Orrery has nothing to do for it.
+INDEX_WORDS: dict[str, str | None] = {
+    "fulltext": "lexical",
     "bm25": "lexical",
     "lexical": "lexical",
-    "fulltext": "lexical",
+    "keyword": "lexical",
+    "tags": "lexical",
+    "tag": "lexical",
     "vector": "vector",
+    "vectors": "vector",
+    "hnsw": "vector",
+    "ann": "vector",
+    "embedding": "vector",
+    "embeddings": "vector",
+    "semantic": "vector",
+    "metadata": "filter",
+    "temporal": "filter",
+    "time": "filter",
+    "facets": "filter",
+    "filter": "filter",
+    "graph": None,
 }
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def index_lanes(name: str) -> frozenset[str] | None:
+    """The lanes (`lexical`, `vector`, `filter`) one ChonkyDB index name means: empty
+    for a name Orrery accepts with nothing to do (`graph`), None for a name none of
+    whose words it knows (ChonkyDB passes such a name to its engine, which then uses no
+    index of that name: Orrery ignores it and says so in `indexes_ignored`)."""
+    words = [w for w in _WORD.findall(name.lower()) if w in INDEX_WORDS]
+    if not words:
+        return None
+    return frozenset(lane for w in words if (lane := INDEX_WORDS[w]) is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexLanes:
+    """What a list of ChonkyDB index names asks of Orrery: the search lanes named
+    (`lexical`, `vector`), whether a filter lane was named, and the names that mean
+    nothing Orrery does (unknown, or accepted with nothing to do)."""
+
+    search: frozenset[str]
+    filter: bool
+    ignored: tuple[str, ...]
+
+    @classmethod
+    def of(cls, names: Sequence[str]) -> IndexLanes:
+        search: set[str] = set()
+        filtered = False
+        ignored: list[str] = []
+        for name in names:
+            lanes = index_lanes(name)
+            if not lanes:
+                ignored.append(name)
+                continue
+            search |= lanes & {"lexical", "vector"}
+            filtered = filtered or "filter" in lanes
+        return cls(frozenset(search), filtered, tuple(ignored))
+
+
+# ChonkyDB metadata is the client's, free-form. Orrery types some keys (`status`,
+# `updated_at`, `visibility`) and wants the rest to be scalar facets with plain names;
+# whatever does not fit is kept, as the client wrote it, in one facet holding its JSON
+# and merged back into every answer's metadata.
+KEPT_METADATA = "chonkydb_metadata"
+# One facet value is one keyword term in the lexical engines (Lucene caps a term at
+# 32,766 bytes): the kept part stays well under it.
+MAX_KEPT_METADATA_BYTES = 16_384
+
+
+def split_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """ChonkyDB item metadata as Orrery record metadata: each key Orrery can read as it
+    stands (a typed field that parses, a facet with a valid name and scalar values) is
+    mapped; the others are kept verbatim in `KEPT_METADATA` (JSON). Raises ValueError
+    only when the kept part exceeds `MAX_KEPT_METADATA_BYTES`."""
+    typed: dict[str, Any] = {}
+    kept: dict[str, Any] = {}
+    for key, value in metadata.items():
+        if key == KEPT_METADATA:
+            kept[key] = value
+            continue
+        try:
+            RecordMetadata.model_validate({key: value})
+        except ValidationError:
+            kept[key] = value
+        else:
+            typed[key] = value
+    if kept:
+        text = json.dumps(kept, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        size = len(text.encode("utf-8"))
+        if size > MAX_KEPT_METADATA_BYTES:
+            raise ValueError(
+                f"metadata Orrery keeps verbatim ({sorted(kept)}) is {size} bytes as JSON; "
+                f"at most {MAX_KEPT_METADATA_BYTES}"
+            )
+        typed[KEPT_METADATA] = text
+    return typed
+
+
+def client_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """Record metadata as the ChonkyDB client wrote it: the kept keys merged back over
+    Orrery's (a key Orrery could not read comes back exactly as written)."""
+    out = dict(metadata)
+    kept = out.pop(KEPT_METADATA, None)
+    if isinstance(kept, str):
+        try:
+            restored = json.loads(kept)
+        except ValueError:
+            restored = None
+        if isinstance(restored, dict):
+            out.update(restored)
+        else:
+            out[KEPT_METADATA] = kept
+    return out
+
+
+def is_by_id_query(query_text: str) -> bool:
+    """Whether a query text with `allowed_doc_ids` asks for those records, not a
+    ranking of them (`__allowed_doc_ids__`, or no text)."""
+    return query_text.strip() in ("", BY_ID_QUERY)
 
 
 def is_dialect(raw: object, fields: frozenset[str]) -> bool:
@@ -89,10 +221,13 @@ class _Strict(BaseModel):
 
 
 _INDEXES_DESCRIPTION = (
-    "Sources to rank with: names containing 'fulltext', 'bm25' or 'lexical' mean the "
-    "lexical index, names containing 'vector' the vector index (ChonkyDB's "
-    "'ccodex_memory_fulltext', 'ccodex_memory_vector_768' work); a source left out "
-    "gets weight 0. Other names are refused."
+    "ChonkyDB index names, read word by word (docs/chonkydb.md): 'fulltext', 'bm25', "
+    "'lexical', 'tags' mean the lexical lane, 'vector', 'hnsw', 'embedding' the vector "
+    "lane ('ccodex_memory_fulltext', 'ccodex_memory_vector_768' work); 'temporal', "
+    "'metadata' are filters, applied in whichever lane ranks. When the names select "
+    "one search lane the other is not searched (weight 0); both or neither: both. "
+    "Names Orrery has nothing for ('graph', unknown ones) are ignored and listed in "
+    "the answer's `indexes_ignored`, as ChonkyDB's router passes them on unchecked."
 )
 
 
@@ -117,8 +252,8 @@ class _DialectQuery(_Strict):
     )
     temporal_end: AwareDatetime | None = Field(default=None, description="= filters.updated_before")
     client_request_id: str | None = Field(default=None, max_length=256)
-    allowed_indexes: list[str] | None = Field(
-        default=None, min_length=1, max_length=8, description=_INDEXES_DESCRIPTION
+    allowed_indexes: list[Annotated[str, Field(max_length=128)]] | None = Field(
+        default=None, max_length=32, description=_INDEXES_DESCRIPTION
     )
     namespace: Namespace | None = Field(
         default=None, description="None = the API key's namespace (required without a key)"
@@ -138,7 +273,9 @@ class ChonkyTopKRequest(_DialectQuery):
 
 
 class ChonkyRetrieveRequest(_DialectQuery):
-    """ChonkyDB's `retrieve` request: ranked hits with metadata (no payloads)."""
+    """ChonkyDB's `retrieve` request: ranked hits with metadata (no payloads). With
+    `allowed_doc_ids` and `query_text` empty or `BY_ID_QUERY` it is the by-id call,
+    answered exactly like `topk_records`'s (a `ChonkyTopKResponse`)."""
 
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 
@@ -179,7 +316,14 @@ class ChonkyTopKResponse(BaseModel):
     profile: str | None = None
     client_request_id: str | None = None
     results: list[ChonkyTopKHit]
-    indexes_used: list[str]
+    indexes_used: list[str] = Field(
+        description="The lanes that answered: Orrery's sources (`bm25`, `vector`, "
+        "`metadata`, `filter`), `record_store` for the by-id call"
+    )
+    indexes_ignored: list[str] = Field(
+        default_factory=list,
+        description="`allowed_indexes` names Orrery has nothing for (unknown, `graph`)",
+    )
     query_plan: QueryPlan | ByIdPlan | None = None
 
 
@@ -207,6 +351,10 @@ class ChonkyRetrieveResponse(BaseModel):
     profile: str | None
     results: list[ChonkyRetrieveHit]
     indexes_used: list[str]
+    indexes_ignored: list[str] = Field(
+        default_factory=list,
+        description="`allowed_indexes` names Orrery has nothing for (unknown, `graph`)",
+    )
     query_plan: QueryPlan | None
 
 

@@ -30,6 +30,7 @@ from contracts.chonkydb import (
     DeleteRecordResponse,
     JobAccepted,
     JobStatusResponse,
+    split_metadata,
 )
 from contracts.errors import ErrorCode, OrreryError
 from contracts.openapi import operation
@@ -92,6 +93,10 @@ def to_record(item: BulkRecordItem, grant: ApiKeyGrant | None) -> dict[str, Any]
         metadata.pop(key, None)
     if item.uri is not None:
         metadata.setdefault("origin_uri", item.uri)
+    try:
+        metadata = split_metadata(metadata)
+    except ValueError as exc:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, f"metadata: {exc}") from exc
     body = item.content if item.content is not None else "\n".join(strings_in(payload))
     return {
         "namespace": namespace,

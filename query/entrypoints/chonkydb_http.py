@@ -22,8 +22,6 @@ from fastapi.responses import JSONResponse
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.chonkydb import (
-    ALLOWED_INDEXES,
-    BY_ID_QUERY,
     MAX_BY_ID,
     AuthInfoResponse,
     ByIdPlan,
@@ -33,10 +31,13 @@ from contracts.chonkydb import (
     ChonkyTopKHit,
     ChonkyTopKRequest,
     ChonkyTopKResponse,
+    IndexLanes,
     InstanceResponse,
     RecordListResponse,
     RecordOut,
     RecordSummary,
+    client_metadata,
+    is_by_id_query,
 )
 from contracts.errors import ErrorCode, OrreryError
 from contracts.names import Namespace
@@ -101,24 +102,16 @@ def _filters(body: ChonkyTopKRequest | ChonkyRetrieveRequest) -> QueryFilters:
     return body.filters.model_copy(update=update) if update else body.filters
 
 
-def _ranking(allowed_indexes: list[str] | None) -> Ranking:
-    """`allowed_indexes` as the sources ranked: a source left out weighs 0."""
-    if allowed_indexes is None:
-        return Ranking()
-    sources = set()
-    for name in allowed_indexes:
-        lowered = name.lower()
-        found = {src for key, src in ALLOWED_INDEXES.items() if key in lowered}
-        if len(found) != 1:
-            raise OrreryError(
-                ErrorCode.INVALID_REQUEST,
-                f"allowed_indexes: {name!r} names no index Orrery has (a name containing "
-                "'fulltext', 'bm25', 'lexical' or 'vector')",
-            )
-        sources |= found
-    if sources == {"lexical"}:
+def _lanes(allowed_indexes: list[str] | None) -> IndexLanes:
+    return IndexLanes.of(allowed_indexes or [])
+
+
+def _ranking(lanes: IndexLanes) -> Ranking:
+    """The search lanes named as the sources ranked: a lane left out weighs 0 (and is
+    not searched); both or neither named: both, with the profile's weights."""
+    if lanes.search == {"lexical"}:
         return Ranking(vector_weight=0.0)
-    if sources == {"vector"}:
+    if lanes.search == {"vector"}:
         return Ranking(lexical_weight=0.0)
     return Ranking()
 
@@ -173,7 +166,7 @@ def _scope_of_ids(
 
 def _metadata(row: StoredRecord, record: dict[str, Any]) -> dict[str, Any]:
     return {
-        **record["metadata"],
+        **client_metadata(record["metadata"]),
         "snapshot_kind": row.snapshot_kind,
         "twinr_snapshot_kind": row.snapshot_kind,
         "galaxy": row.galaxy,
@@ -203,7 +196,7 @@ def _retrieve_native(
         query_text=body.query_text,
         limit=body.result_limit,
         filters=_filters(body),
-        ranking=_ranking(body.allowed_indexes),
+        ranking=_ranking(_lanes(body.allowed_indexes)),
         allowed_doc_ids=body.allowed_doc_ids,
         timeout_seconds=body.timeout_seconds,
         client_request_id=body.client_request_id,
@@ -219,7 +212,7 @@ def chonky_topk(
     (the by-id call); with `allowed_doc_ids` and a real query, ranked within them."""
     namespace = _namespace(body.namespace, principal)
     if body.allowed_doc_ids is not None:
-        if body.query_text.strip() in ("", BY_ID_QUERY):
+        if is_by_id_query(body.query_text):
             return _by_id(body, namespace, principal, ports)
         return _ranked_within(body, namespace, principal, ports, limits)
     native = TopKRequest(
@@ -228,7 +221,7 @@ def chonky_topk(
         query_text=body.query_text,
         result_limit=body.result_limit,
         filters=_filters(body),
-        ranking=_ranking(body.allowed_indexes),
+        ranking=_ranking(_lanes(body.allowed_indexes)),
         include=Include(metadata=body.include_metadata, content=body.include_content),
         timeout_seconds=body.timeout_seconds,
         client_request_id=body.client_request_id,
@@ -238,7 +231,10 @@ def chonky_topk(
     for r in out.results:
         metadata = None
         if r.metadata is not None:
-            metadata = {**r.metadata, "twinr_snapshot_kind": r.metadata.get("snapshot_kind")}
+            metadata = {
+                **client_metadata(r.metadata),
+                "twinr_snapshot_kind": r.metadata.get("snapshot_kind"),
+            }
         hits.append(
             ChonkyTopKHit(
                 rank=r.rank,
@@ -269,6 +265,7 @@ def chonky_topk(
         client_request_id=out.client_request_id,
         results=hits,
         indexes_used=[] if out.query_plan is None else out.query_plan.indexes_used,
+        indexes_ignored=list(_lanes(body.allowed_indexes).ignored),
         query_plan=out.query_plan,
     )
 
@@ -290,6 +287,7 @@ def _ranked_within(
             client_request_id=body.client_request_id,
             results=[],
             indexes_used=[],
+            indexes_ignored=list(_lanes(body.allowed_indexes).ignored),
         )
     out = _retrieve_native(body, namespace, scope_ref, principal, ports, limits)
     stored = ports.records.fetch([(c.document_id, c.revision) for c in out.candidates])
@@ -331,13 +329,19 @@ def _ranked_within(
         client_request_id=body.client_request_id,
         results=hits,
         indexes_used=out.query_plan.indexes_used,
+        indexes_ignored=list(_lanes(body.allowed_indexes).ignored),
         query_plan=out.query_plan,
     )
 
 
 def _by_id(
-    body: ChonkyTopKRequest, namespace: str, principal: Principal, ports: QueryPorts
+    body: ChonkyTopKRequest | ChonkyRetrieveRequest,
+    namespace: str,
+    principal: Principal,
+    ports: QueryPorts,
 ) -> ChonkyTopKResponse:
+    """The by-id call (topk_records' and retrieve's): those documents' current records
+    in the order asked, exactly, from the record store; no index is searched."""
     started = time.perf_counter()
     assert body.allowed_doc_ids is not None
     if len(body.allowed_doc_ids) > MAX_BY_ID:
@@ -390,6 +394,7 @@ def _by_id(
         client_request_id=body.client_request_id,
         results=hits,
         indexes_used=["record_store"],
+        indexes_ignored=list(_lanes(body.allowed_indexes).ignored),
         query_plan=ByIdPlan(
             requested=len(wanted),
             found=len(hits),
@@ -401,10 +406,14 @@ def _by_id(
 
 def chonky_retrieve(
     body: ChonkyRetrieveRequest, *, principal: Principal, ports: QueryPorts, limits: QueryLimits
-) -> ChonkyRetrieveResponse:
+) -> ChonkyRetrieveResponse | ChonkyTopKResponse:
     """ChonkyDB's `retrieve`: Orrery's `retrieve`, hits renamed, metadata read from the
-    record store at the ranked revisions when asked for (top k only)."""
+    record store at the ranked revisions when asked for (top k only). With
+    `allowed_doc_ids` and the query `__allowed_doc_ids__` (or none): the by-id call,
+    answered as `topk_records` answers it (payloads included)."""
     namespace = _namespace(body.namespace, principal)
+    if body.allowed_doc_ids is not None and is_by_id_query(body.query_text):
+        return _by_id(body, namespace, principal, ports)
     if body.allowed_doc_ids is None:
         scope_ref: str | None = _scope_ref(body.scope_ref)
     else:
@@ -416,6 +425,7 @@ def chonky_retrieve(
             profile=None,
             results=[],
             indexes_used=[],
+            indexes_ignored=list(_lanes(body.allowed_indexes).ignored),
             query_plan=None,
         )
     out = _retrieve_native(body, namespace, scope_ref, principal, ports, limits)
@@ -447,6 +457,7 @@ def chonky_retrieve(
         profile=out.profile,
         results=hits,
         indexes_used=out.query_plan.indexes_used,
+        indexes_ignored=list(_lanes(body.allowed_indexes).ignored),
         query_plan=out.query_plan,
     )
 

@@ -164,7 +164,7 @@ def create_router(
             **declare(Access.READ),
             **operation(
                 body=(RetrieveRequest, ChonkyRetrieveRequest),
-                ok=(RetrieveResponse, ChonkyRetrieveResponse),
+                ok=(RetrieveResponse, ChonkyRetrieveResponse, ChonkyTopKResponse),
             ),
             "parameters": KEY_HEADER_PARAMETERS,
         },
