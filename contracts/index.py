@@ -15,7 +15,7 @@ from types import MappingProxyType
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contracts.errors import ErrorCode, OrreryError
-from contracts.index_fields import BODY, SOURCE_TEXT_FIELDS, TAGS, TEXT, TITLE
+from contracts.index_fields import BODY, HIDDEN_FACET, SOURCE_TEXT_FIELDS, TAGS, TEXT, TITLE
 from contracts.records import AwareDatetime, Record
 
 __all__ = [
@@ -97,13 +97,26 @@ def is_unicode(value: str) -> bool:
     return True
 
 
+_LANES = ("lexical", "vector")
+
+
+def _facets(record: Record) -> dict[str, tuple[str, ...]]:
+    facets = {k: tuple(v) for k, v in record.metadata.facets().items()}
+    if record.index_lanes is not None:
+        hidden = tuple(lane for lane in _LANES if lane not in record.index_lanes)
+        if hidden:
+            facets[HIDDEN_FACET] = hidden
+    return facets
+
+
 def to_index_document(record: Record, vector: tuple[float, ...] | None) -> IndexDocument:
     """Project a (non-deleted) record revision into its index form.
 
-    Built without validation: every value comes from a validated `Record` (its
-    `updated_at` is already aware UTC) and has the field's type, and validating the
-    vector again cost more than the rest of the projection (the projector builds one per
-    record)."""
+    A lane the record's `index_lanes` leaves out is named in the facet `HIDDEN_FACET`,
+    which every search of that lane excludes. Built without validation: every value
+    comes from a validated `Record` (its `updated_at` is already aware UTC) and has the
+    field's type, and validating the vector again cost more than the rest of the
+    projection (the projector builds one per record)."""
     return IndexDocument.model_construct(
         document_id=record.doc_id,
         revision=record.revision,
@@ -113,7 +126,7 @@ def to_index_document(record: Record, vector: tuple[float, ...] | None) -> Index
         status=record.metadata.status,
         updated_at=record.metadata.updated_at,
         visibility=tuple(record.metadata.visibility),
-        facets={k: tuple(v) for k, v in record.metadata.facets().items()},
+        facets=_facets(record),
         title=record.text.title,
         body=record.text.body,
         tags=tuple(record.text.tags),

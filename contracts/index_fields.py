@@ -33,6 +33,7 @@ __all__ = [
     "FACETS",
     "FACET_SEPARATOR",
     "GALAXY",
+    "HIDDEN_FACET",
     "ITEM_ID",
     "NO_STEMMING",
     "REVISION",
@@ -57,6 +58,7 @@ __all__ = [
     "document_id_of_key",
     "document_key",
     "has_combined_field",
+    "hidden_term",
     "parse_text_languages",
     "ring_path",
     "status_key",
@@ -101,6 +103,17 @@ STATUS_KEY = "status_key"
 
 # A facet value is indexed as the single term f"{name}{FACET_SEPARATOR}{value}".
 FACET_SEPARATOR = "="
+# The facet that keeps a document out of a search lane (`Record.index_lanes`): its
+# values are the lanes left out (`lexical`, `vector`). No client facet can have this
+# name (facet names start with a letter or digit), and every search of a lane excludes
+# `hidden_term(lane)`, so a document indexed before the facet existed stays searchable.
+HIDDEN_FACET = "~hidden"
+
+
+def hidden_term(lane: str) -> str:
+    """The facet term that keeps a document out of `lane` (`lexical` or `vector`)."""
+    return f"{HIDDEN_FACET}{FACET_SEPARATOR}{lane}"
+
 
 # Names under which engines register the text analyzer; the version is bumped whenever
 # its behaviour changes, since that needs a new generation. Version 1 (no stemming, no

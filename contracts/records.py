@@ -6,7 +6,7 @@ import hashlib
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -233,6 +233,13 @@ class Record(BaseModel):
     text: RecordText = Field(default_factory=RecordText)
     metadata: RecordMetadata = Field(default_factory=RecordMetadata)
     vector: list[float] | None = Field(default=None, min_length=1, max_length=4_096)
+    index_lanes: list[Literal["lexical", "vector"]] | None = Field(
+        default=None,
+        max_length=2,
+        description="The search lanes that index this record; None = all of them. A lane "
+        "left out never returns the record as a hit (`[]`: stored and readable by id, "
+        "never a search hit); the record is still in every index, hidden.",
+    )
     deleted: bool = False
 
     @model_validator(mode="after")

@@ -28,6 +28,7 @@ from contracts.chonkydb import (
     BulkRecordsRequest,
     BulkRecordsResponse,
     DeleteRecordResponse,
+    IndexLanes,
     JobAccepted,
     JobStatusResponse,
     split_metadata,
@@ -109,7 +110,16 @@ def to_record(item: BulkRecordItem, grant: ApiKeyGrant | None) -> dict[str, Any]
         "text": {"body": body, "tags": list(item.tags or [])},
         "metadata": metadata,
         **({"revision": item.revision} if item.revision is not None else {}),
+        **_lanes(item.target_indexes),
     }
+
+
+def _lanes(target_indexes: list[str] | None) -> dict[str, Any]:
+    """`target_indexes` as the record's `index_lanes`: absent = every lane; `[]` (or
+    names of no search lane) = none, the record is stored but never a search hit."""
+    if target_indexes is None:
+        return {}
+    return {"index_lanes": sorted(IndexLanes.of(target_indexes).search)}
 
 
 def _str(value: Any) -> str | None:

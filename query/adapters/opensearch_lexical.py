@@ -34,6 +34,7 @@ from contracts.index_fields import (
     UPDATED_AT_MICROS,
     VISIBILITY,
     has_combined_field,
+    hidden_term,
 )
 
 __all__ = ["DEFAULT_INDEX_PREFIX", "OpenSearchLexicalSearch"]
@@ -161,7 +162,7 @@ class OpenSearchLexicalSearch:
             analyzer = self._text_analyzer(index, generation_id)
             clauses.extend(_any_phrase(group, analyzer) for group in filter.phrases)
         if not query_text.strip():
-            query: dict[str, Any] = {"bool": {"filter": clauses}} if clauses else {"match_all": {}}
+            query: dict[str, Any] = {"bool": {"filter": clauses, "must_not": [_HIDDEN]}}
             sort: list[Any] = [{DOCUMENT_ID: "asc"}]
             return self._hits(index, generation_id, query, sort, limit, docvalue_fields), False
         # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
@@ -347,7 +348,11 @@ def _text_query(text: str, clauses: list[dict[str, Any]], fields: list[str]) -> 
             "zero_terms_query": "none",
         }
     }
-    return {"bool": {"must": [match], "filter": clauses}}
+    return {"bool": {"must": [match], "filter": clauses, "must_not": [_HIDDEN]}}
+
+
+# Documents hidden from the lexical lane (`Record.index_lanes`) are never a hit.
+_HIDDEN = {"term": {FACETS: hidden_term("lexical")}}
 
 
 def _filter_clauses(filter: SearchFilter) -> list[dict[str, Any]]:

@@ -40,6 +40,7 @@ from contracts.index_fields import (
     STATUS,
     UPDATED_AT,
     VISIBILITY,
+    hidden_term,
 )
 from contracts.timing import engine_call
 from contracts.vector_payload import (
@@ -201,7 +202,8 @@ class QdrantEdgeVectorSearch:
 
 
 def edge_filter(filter: SearchFilter) -> Filter | None:
-    """The engine filter equivalent to `filter` (None when it restricts nothing).
+    """The engine filter equivalent to `filter`, less the documents hidden from the
+    vector lane (never None: that exclusion always applies).
 
     Every clause is a `must`; any-of lists are `MatchAny` on keyword indexes, facets are
     matched as `"name=value"` strings, time bounds are inclusive datetime ranges in UTC
@@ -238,7 +240,11 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
         must.append(FieldCondition(RING, match=MatchAny(list(filter.rings))))
     if filter.ring_trees is not None:
         must.append(FieldCondition(RING_PATH, match=MatchAny(list(filter.ring_trees))))
-    return Filter(must=must) if must else None
+    return Filter(must=must, must_not=[_HIDDEN])
+
+
+# Documents hidden from the vector lane (`Record.index_lanes`) are never a hit.
+_HIDDEN = FieldCondition(FACETS, match=MatchValue(hidden_term("vector")))
 
 
 def _bound(value: datetime | None) -> str | None:

@@ -30,6 +30,7 @@ from contracts.index_fields import (
     STATUS,
     UPDATED_AT,
     VISIBILITY,
+    hidden_term,
 )
 from contracts.vector_payload import (
     RETURNED_FIELDS,
@@ -198,7 +199,8 @@ class QdrantServerVectorSearch:
 
 
 def qdrant_filter(filter: SearchFilter) -> models.Filter | None:
-    """The engine filter equivalent to `filter` (None when it restricts nothing).
+    """The engine filter equivalent to `filter`, less the documents hidden from the
+    vector lane (never None: that exclusion always applies).
 
     Every clause is a `must`; any-of lists are `MatchAny` on keyword indexes, facets are
     matched as `"name=value"` strings, time bounds are inclusive datetime ranges in UTC
@@ -237,7 +239,11 @@ def qdrant_filter(filter: SearchFilter) -> models.Filter | None:
         must.append(_any_of(RING, list(filter.rings)))
     if filter.ring_trees is not None:
         must.append(_any_of(RING_PATH, list(filter.ring_trees)))
-    return models.Filter(must=must) if must else None
+    return models.Filter(must=must, must_not=[_HIDDEN])
+
+
+# Documents hidden from the vector lane (`Record.index_lanes`) are never a hit.
+_HIDDEN = models.FieldCondition(key=FACETS, match=models.MatchValue(value=hidden_term("vector")))
 
 
 def _any_of(field: str, values: list[str]) -> models.FieldCondition:

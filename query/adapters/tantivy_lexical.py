@@ -36,6 +36,7 @@ from contracts.index_fields import (
     VISIBILITY,
     document_id_of_key,
     has_combined_field,
+    hidden_term,
     status_key,
 )
 from contracts.timing import engine_call
@@ -105,21 +106,18 @@ class TantivyLexicalSearch:
             searcher = index.searcher()
             read = _HitReader(searcher, generation_id, self._statuses)
             if not query_text.strip():
-                return _filter_matches(searcher, restriction, limit, read)
+                return _filter_matches(searcher, _visible(schema, restriction), limit, read)
             # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
             text = query_text.encode("utf-8", "replace").decode("utf-8")
             terms = list(dict.fromkeys(analyzer.analyze(text)))
             if not terms or not boosts:
                 return []
-            query = _text_query(schema, terms, boosts)
+            clauses = [(tantivy.Occur.Must, _text_query(schema, terms, boosts)), _hidden(schema)]
             if restriction is not None:
-                query = tantivy.Query.boolean_query(
-                    [
-                        (tantivy.Occur.Must, query),
-                        (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0)),
-                    ]
+                clauses.append(
+                    (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0))
                 )
-            return _best(searcher, query, limit, read)
+            return _best(searcher, tantivy.Query.boolean_query(clauses), limit, read)
         except _DRIVER_ERRORS as exc:
             raise DependencyUnavailable(
                 "tantivy", f"search failed: {exc}", {"generation_id": generation_id}
@@ -145,8 +143,7 @@ class TantivyLexicalSearch:
         try:
             schema = index.schema
             restriction = _filter_query(schema, filter, analyzer)
-            if restriction is None:  # unreachable: the ids restrict
-                restriction = tantivy.Query.all_query()
+            restriction = _visible(schema, restriction)
             searcher = index.searcher()
             if not query_text.strip():
                 with engine_call(ENGINE_SEARCH):
@@ -204,6 +201,24 @@ def _text_query(
                 query = tantivy.Query.boost_query(query, boost)
             clauses.append((tantivy.Occur.Should, query))
     return tantivy.Query.boolean_query(clauses)
+
+
+def _hidden(schema: tantivy.Schema) -> tuple[tantivy.Occur, tantivy.Query]:
+    """The clause that keeps documents hidden from the lexical lane out of a search."""
+    return (
+        tantivy.Occur.MustNot,
+        tantivy.Query.term_query(schema, FACETS, hidden_term("lexical")),
+    )
+
+
+def _visible(schema: tantivy.Schema, restriction: tantivy.Query | None) -> tantivy.Query:
+    """`restriction` (None: every document) less the documents hidden from this lane."""
+    return tantivy.Query.boolean_query(
+        [
+            (tantivy.Occur.Must, tantivy.Query.all_query() if restriction is None else restriction),
+            _hidden(schema),
+        ]
+    )
 
 
 def _filter_query(

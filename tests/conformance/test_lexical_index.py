@@ -26,6 +26,7 @@ from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index import TITLE_BOOST, Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import (
+    HIDDEN_FACET,
     NO_STEMMING,
     STEMMER_LANGUAGES,
     TEXT_ANALYZER_V1,
@@ -1143,3 +1144,27 @@ def test_combined_field_bm25_agrees_across_engines(
             )
             for mine, theirs in zip(candidates, reference, strict=True):
                 assert mine.score == pytest.approx(theirs.score, rel=1e-3)
+
+
+# -- lanes (`Record.index_lanes`) ------------------------------------------------------
+
+
+def test_documents_hidden_from_the_lexical_lane_are_never_a_hit(lexical: Lexical) -> None:
+    hidden = {HIDDEN_FACET: ("lexical",)}
+    lexical.apply(
+        [
+            doc("h1", title="catalog segment thermos", facets=hidden),
+            doc("h2", title="thermos", facets={HIDDEN_FACET: ("vector",), "room": ("hall",)}),
+            doc("h3", title="thermos flask", facets={"room": ("hall",)}),
+        ]
+    )
+    assert set(lexical.ids("thermos")) == {"h2", "h3"}
+    assert lexical.ids("catalog segment") == []
+    assert lexical.id_set(SearchFilter()) == {"h2", "h3"}
+    assert lexical.id_set(SearchFilter(document_ids=("h1", "h3"))) == {"h3"}
+    scores = lexical.search.scores(
+        lexical.generation_id, "thermos", SearchFilter(document_ids=("h1", "h2", "h3"))
+    )
+    assert set(scores) == {"h2", "h3"}
+    # Still held: the generation's evidence counts it.
+    assert lexical.index.evidence(lexical.generation_id).document_count == 3

@@ -31,6 +31,7 @@ from qdrant_edge import EdgeShard, Query, QueryRequest, SearchParams
 from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index import Candidate, IndexDocument, SearchFilter
+from contracts.index_fields import HIDDEN_FACET
 from projector.adapters import qdrant_edge_vectors as edge_module
 from projector.adapters.qdrant_edge_vectors import (
     VECTOR_NAME,
@@ -1187,3 +1188,20 @@ def test_edge_optimize_figures_at_10k_points(
         assert max(during) < 2.0
     finally:
         index.close()
+
+
+def test_documents_hidden_from_the_vector_lane_are_never_a_hit(engine: Harness) -> None:
+    engine.apply(
+        [
+            doc("h1", vector=unit(1, 0, 0, 0), facets={HIDDEN_FACET: ("vector",)}),
+            doc("h2", vector=unit(1, 0.1, 0, 0), facets={HIDDEN_FACET: ("lexical",)}),
+            doc("h3", vector=unit(0, 1, 0, 0), facets={"room": ("hall",)}),
+        ]
+    )
+    assert engine.ids(limit=10) == ["h2", "h3"]
+    assert engine.ids(filter=SearchFilter(document_ids=("h1", "h3"))) == ["h3"]
+    scores = engine.search.scores(
+        engine.generation_id, unit(1, 0, 0, 0), SearchFilter(document_ids=("h1", "h2", "h3"))
+    )
+    assert set(scores) == {"h2", "h3"}
+    assert engine.evidence().document_count == 3
