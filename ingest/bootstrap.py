@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from contracts.events import LogEntry
 from ingest.adapters.sqlite_store import SqliteRecordStore
-from ingest.ports import RecordStore, StoreMaintenance
+from ingest.ports import JobStore, RecordStore, StoreMaintenance
 from ingest.relay import relay_outbox
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ __all__ = [
     "canonical_db_path",
     "describe_store",
     "embedded_store",
+    "job_store",
     "kafka_relay_step",
     "migrate_database",
     "server_store",
@@ -79,6 +80,21 @@ def server_store(data_dir: Path, database_url: str | None) -> RecordStore:
 
     migrate_database(database_url)
     return PostgresRecordStore(database_url)
+
+
+def job_store(data_dir: Path, database_url: str | None) -> JobStore:
+    """Where ChonkyDB's async bulk jobs live: the PostgreSQL database of the canonical
+    store (migrated first) when a URL is given, else a SQLite file under `data_dir`
+    (shared by the processes of one host)."""
+    if not database_url:
+        from ingest.adapters.sqlite_jobs import SqliteJobStore
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        return SqliteJobStore(data_dir / "chonkydb_jobs.sqlite")
+    from ingest.adapters.postgres_jobs import PostgresJobStore
+
+    migrate_database(database_url)
+    return PostgresJobStore(database_url)
 
 
 def kafka_relay_step(

@@ -10,7 +10,7 @@ from contracts.koutendb_io import BackupResponse, CompactResponse
 from contracts.records import Record
 from ingest.model import Outcome
 
-__all__ = ["Head", "ProjectionProgress", "RecordStore", "StoreMaintenance"]
+__all__ = ["Head", "Job", "JobStore", "ProjectionProgress", "RecordStore", "StoreMaintenance"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +88,43 @@ class ProjectionProgress(Protocol):
     def applied(self) -> int: ...
 
     def lag(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One async bulk write (ChonkyDB's `records/bulk` with `execution_mode: async`).
+
+    `tenant`: the namespace the job wrote to (the unit its history is bounded in; `""`
+    for a batch over several namespaces, possible only without API keys); `owner`: who
+    may read it (`contracts.auth` reach of the key, `""` for an open instance);
+    `result`: the sync answer's JSON once done; `updated_at`: seconds since the epoch
+    of the last state change."""
+
+    job_id: str
+    tenant: str
+    owner: str
+    status: str
+    items: int
+    result: dict[str, object] | None = None
+    error: str | None = None
+    document_ids: tuple[str, ...] = ()
+    updated_at: float = 0.0
+
+
+class JobStore(Protocol):
+    """Async bulk jobs, shared by every worker on the same database and kept across
+    restarts.
+
+    Guarantees: a job `put` by one worker is `get`-able by any other as soon as `put`
+    returns; `finish` replaces its state atomically; each tenant keeps at most
+    `history` jobs (its oldest dropped first, never another tenant's)."""
+
+    def put(self, job: Job, *, history: int) -> None: ...
+
+    def finish(self, job: Job) -> None:
+        """Record a job's new state (`running`, `done`, `failed`) and its outcome."""
+        ...
+
+    def get(self, job_id: str) -> Job | None: ...
+
+    def close(self) -> None: ...

@@ -20,14 +20,14 @@ from contracts.auth import ApiKeyGrant, parse_api_keys
 from contracts.embedding import Embedder
 from contracts.events import LogEntry
 from contracts.progress import LogProgress
-from ingest.bootstrap import canonical_db_path, embedded_store, store_maintenance
+from ingest.bootstrap import canonical_db_path, embedded_store, job_store, store_maintenance
 from ingest.entrypoints.admin_http import create_router as create_store_admin_router
 from ingest.entrypoints.chonkydb_http import create_router as create_ingest_chonkydb_router
 from ingest.entrypoints.http import WriteFlow
 from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.entrypoints.koutendb_http import IMPORT_PATH
 from ingest.entrypoints.koutendb_http import create_router as create_ingest_koutendb_router
-from ingest.ports import RecordStore
+from ingest.ports import JobStore, RecordStore
 from ingest.settings import IngestSettings
 from orrery.http import build_app
 from projector.adapters.file_lock import OperatorLock
@@ -120,6 +120,7 @@ def ingest_routers(
     *,
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None,
+    jobs: JobStore,
     flow: WriteFlow | None = None,
 ) -> list[APIRouter]:
     """The write side of a process: Orrery's `/v1/records` (paced by `flow` when the
@@ -136,6 +137,7 @@ def ingest_routers(
         ),
         create_ingest_chonkydb_router(
             store=store,
+            jobs=jobs,
             grants=grants,
             max_batch=settings.max_batch,
             vector_dimension=vector_dimension,
@@ -326,6 +328,7 @@ class EmbeddedStack:
             grants,
             vector_dimension=embedder.dimension,
             on_commit=loop.wake,
+            jobs=job_store(data_dir, None),
             flow=WriteFlow(progress, ingest.limits()),
         )
         app = build_app(

@@ -26,6 +26,7 @@ from contracts.embedding import Embedder
 from ingest.bootstrap import (
     canonical_db_path,
     describe_store,
+    job_store,
     kafka_relay_step,
     migrate_database,
     server_store,
@@ -206,6 +207,7 @@ class ServerStack:
                 grants,
                 vector_dimension=None if embedder is None else embedder.dimension,
                 on_commit=wake,
+                jobs=job_store(settings.data_dir, settings.database_url),
             )
             if stack.projector is not None:
                 writer_lock = stack.projector.lock

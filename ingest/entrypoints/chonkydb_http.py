@@ -3,17 +3,18 @@ async with `GET /v1/external/jobs/{job_id}`) and `DELETE /v1/external/records/{i
 
 Thin: each ChonkyDB item becomes one Orrery record (identity and field mapping in
 docs/chonkydb.md), validated by `ingest.service.parse_batch` and written by
-`write_records` like `POST /v1/records`; nothing here stores anything itself except the
-in-process job table.
+`write_records` like `POST /v1/records`; async jobs are kept in a `JobStore` (SQLite file or
+PostgreSQL table) that every worker shares.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -38,12 +39,14 @@ from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.wire import loads_strict, validate_strict
 from ingest.model import strings_in
-from ingest.ports import Head, RecordStore
+from ingest.ports import Head, Job, JobStore, RecordStore
 from ingest.service import check_batch_size, parse_batch, write_records
 
-__all__ = ["JOB_HISTORY", "create_router", "to_record"]
+__all__ = ["JOB_HISTORY", "JOB_LEASE_SECONDS", "create_router", "to_record"]
 
-# Finished jobs kept for `GET jobs/{id}`, oldest dropped first.
+log = logging.getLogger(__name__)
+
+# Jobs kept per namespace (tenant) for `GET jobs/{id}`, its oldest dropped first.
 JOB_HISTORY = 1_024
 _TWINR_URI = "twinr://longterm/"
 # Metadata keys that carry identity or the payload, not facets.
@@ -126,60 +129,103 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-@dataclass(slots=True)
-class _Job:
-    grant: ApiKeyGrant | None
-    items: int
-    status: str = "accepted"
-    result: BulkRecordsResponse | None = None
-    error: str | None = None
-    document_ids: list[str] = field(default_factory=list)
+# A job still `accepted` or `running` this long after its last change has lost the
+# worker that accepted it (a write takes seconds): it is reported `failed`.
+JOB_LEASE_SECONDS = 600.0
+
+
+def _owner(grant: ApiKeyGrant | None) -> str:
+    """Who may read a job: the reach of the key that wrote it (`""`: no API keys)."""
+    if grant is None:
+        return ""
+    return f"{grant.namespace}\x1f{grant.galaxy or ''}"
 
 
 class _Jobs:
-    """Async bulk writes of this process: one writer thread, the last `JOB_HISTORY` kept."""
+    """Async bulk writes: state in the shared `JobStore` (any worker answers), work on
+    a thread of the worker that accepted them, the last `JOB_HISTORY` per tenant kept."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+    def __init__(self, store: JobStore, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._clock = clock
 
-    def start(self, job: _Job, work: Callable[[], BulkRecordsResponse]) -> str:
-        job_id = f"job-{uuid.uuid4().hex}"
-        with self._lock:
-            self._jobs[job_id] = job
-            while len(self._jobs) > JOB_HISTORY:
-                self._jobs.popitem(last=False)
+    def start(
+        self,
+        tenant: str,
+        grant: ApiKeyGrant | None,
+        items: int,
+        work: Callable[[], BulkRecordsResponse],
+    ) -> str:
+        job = Job(
+            job_id=f"job-{uuid.uuid4().hex}",
+            tenant=tenant,
+            owner=_owner(grant),
+            status="accepted",
+            items=items,
+            updated_at=self._clock(),
+        )
+        self._store.put(job, history=JOB_HISTORY)
 
         def run() -> None:
-            job.status = "running"
+            state = replace(job, status="running", updated_at=self._clock())
             try:
-                job.result = work()
-                job.document_ids = [i.document_id for i in job.result.items if i.success]
-                job.status = "done"
+                self._store.finish(state)
+                result = work()
+                state = replace(
+                    state,
+                    status="done",
+                    result=result.model_dump(mode="json"),
+                    document_ids=tuple(i.document_id for i in result.items if i.success),
+                )
             except OrreryError as exc:
-                job.error, job.status = f"{exc.code.value}: {exc.message}", "failed"
+                state = replace(state, status="failed", error=f"{exc.code.value}: {exc.message}")
             except Exception as exc:  # a job must end in a state, never vanish
-                job.error, job.status = f"internal: {type(exc).__name__}", "failed"
+                state = replace(state, status="failed", error=f"internal: {type(exc).__name__}")
+            try:
+                self._store.finish(replace(state, updated_at=self._clock()))
+            except OrreryError:
+                log.exception("job %s: its final state could not be stored", job.job_id)
 
-        threading.Thread(target=run, name=f"orrery-{job_id}", daemon=True).start()
-        return job_id
+        threading.Thread(target=run, name=f"orrery-{job.job_id}", daemon=True).start()
+        return job.job_id
 
-    def get(self, job_id: str) -> _Job | None:
-        with self._lock:
-            return self._jobs.get(job_id)
+    def get(self, job_id: str) -> Job | None:
+        job = self._store.get(job_id)
+        if (
+            job is not None
+            and job.status in ("accepted", "running")
+            and self._clock() - job.updated_at > JOB_LEASE_SECONDS
+        ):
+            return replace(
+                job,
+                status="failed",
+                error="worker_lost: the worker that accepted this job stopped before it "
+                "finished; records it wrote are in the store (GET /v1/external/records/{id})",
+            )
+        return job
+
+
+def _tenant(grant: ApiKeyGrant | None, records: Sequence[Any]) -> str:
+    """The namespace a batch writes to (`""` for several: only without API keys)."""
+    if grant is not None:
+        return grant.namespace
+    namespaces = {r.namespace for r in records}
+    return namespaces.pop() if len(namespaces) == 1 else ""
 
 
 def create_router(
     *,
     store: RecordStore,
+    jobs: JobStore,
     grants: dict[str, ApiKeyGrant],
     max_batch: int,
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None = None,
 ) -> APIRouter:
-    """ChonkyDB's write routes over `store` (the same store `POST /v1/records` uses)."""
+    """ChonkyDB's write routes over `store` (the same store `POST /v1/records` uses);
+    async jobs in `jobs` (shared by every worker on the same database)."""
     router = APIRouter()
-    jobs = _Jobs()
+    job_table = _Jobs(jobs)
 
     def prepare(body: BulkRecordsRequest, grant: ApiKeyGrant | None) -> list[Any]:
         raws = [to_record(item, grant) for item in body.items]
@@ -253,8 +299,13 @@ def create_router(
         check_batch_size(len(body.items), max_batch)  # before any store read
         records = await run_in_threadpool(prepare, body, grant)
         if body.execution_mode == "async":
-            job = _Job(grant=grant, items=len(records))
-            job_id = jobs.start(job, lambda: write(records, body))
+            job_id = await run_in_threadpool(
+                job_table.start,
+                _tenant(grant, records),
+                grant,
+                len(records),
+                lambda: write(records, body),
+            )
             accepted = JobAccepted(
                 job_id=job_id, items=len(records), client_request_id=body.client_request_id
             )
@@ -279,27 +330,25 @@ def create_router(
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
         """An async bulk write's state: accepted → running → done (with the written
-        document ids) or failed. Jobs live in the process that accepted them (not
-        persisted); an unknown job, and another key's, is `404 unknown_job`."""
+        document ids) or failed. Any worker on the same database answers; finished jobs
+        outlive restarts (the last `JOB_HISTORY` per namespace). An unknown job, one
+        pushed out of its namespace's history, and another key's are `404 unknown_job`."""
         grant = authenticate(grants, x_api_key, authorization)
-        job = jobs.get(job_id)
-        if job is None or (grant is not None and job.grant != grant):
-            # Jobs are not persisted (docs/chonkydb.md): the code says so to a client
-            # that polls another worker, or this one after a restart.
+        job = await run_in_threadpool(job_table.get, job_id)
+        if job is None or (grant is not None and job.owner != _owner(grant)):
             raise OrreryError(
                 ErrorCode.UNKNOWN_JOB,
-                f"no job {job_id!r} in this process: async bulk jobs are kept only by the "
-                f"worker that accepted them, for its last {JOB_HISTORY} jobs and until it "
-                "restarts; the records a finished job wrote are in the store "
-                "(GET /v1/external/records/{id})",
+                f"no job {job_id!r}: jobs are kept for the last {JOB_HISTORY} async bulk "
+                "writes of each namespace; the records a finished job wrote are in the "
+                "store (GET /v1/external/records/{id})",
                 {"job_id": job_id},
             )
         out = JobStatusResponse(
             job_id=job_id,
             status=job.status,
             items=job.items,
-            document_ids=job.document_ids,
-            result=job.result,
+            document_ids=list(job.document_ids),
+            result=None if job.result is None else BulkRecordsResponse.model_validate(job.result),
             error=job.error,
         )
         return JSONResponse(out.model_dump(mode="json"))
