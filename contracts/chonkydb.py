@@ -371,7 +371,9 @@ class AuthInfoResponse(BaseModel):
     success: Literal[True] = True
     auth_enabled: bool
     scheme: Literal["api_key"] = "api_key"
-    header_name: Literal["x-api-key"] = "x-api-key"
+    header_name: str = Field(
+        default="x-api-key", description="The API-key header (`ORRERY_API_KEY_HEADER`)"
+    )
     allow_bearer: Literal[True] = True
     exempt_paths: list[str] = Field(default_factory=lambda: ["/healthz"])
     api_key_configured: bool
@@ -418,6 +420,12 @@ class RecordOut(BaseModel):
     )
     document: RecordOut | None = Field(
         default=None, description="`GET records/{id}?include_document=true`: the same record"
+    )
+    chunks: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="With `include_chunks=true`: the record's chunks. Orrery does not "
+        "split records, so there is one: `chunk_index` 0, the record's `content` (not "
+        "truncated), `metadata` and `payload`",
     )
 
 

@@ -205,7 +205,10 @@ def query_routers(
             eligibility=gate,
         ),
         create_query_chonkydb_router(
-            ports=gated, grants=grants, ready=ready_check(routing, status, gate)
+            ports=gated,
+            grants=grants,
+            ready=ready_check(routing, status, gate),
+            api_key_header=settings.api_key_header,
         ),
     ]
     routers.append(
@@ -342,6 +345,7 @@ class EmbeddedStack:
             max_body_bytes=settings.max_body_bytes,
             stream_paths=STREAM_PATHS,
             max_stream_bytes=settings.max_import_bytes,
+            api_key_header=settings.api_key_header,
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

@@ -67,7 +67,8 @@ def _is_json(content_type: str, *, lines: bool = False) -> bool:
 
 async def _send_error(error: OrreryError, scope: Scope, receive: Receive, send: Send) -> None:
     body = error.to_response().model_dump(mode="json")
-    await JSONResponse(body, status_code=error.http_status)(scope, receive, send)
+    headers = {"Retry-After": "1"} if error.http_status in (429, 503) else None
+    await JSONResponse(body, status_code=error.http_status, headers=headers)(scope, receive, send)
 
 
 class RequestGuard:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.auth import Access, declare
 from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, OrreryError
@@ -39,6 +40,10 @@ _NO_TELEMETRY: TelemetryConfig = {
 }
 
 
+# The header every route reads an API key from.
+API_KEY_HEADER = "x-api-key"
+
+
 def build_app(
     title: str,
     routers: Sequence[APIRouter],
@@ -46,9 +51,11 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     stream_paths: Sequence[str] = (),
     max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
+    api_key_header: str = API_KEY_HEADER,
 ) -> FastAPI:
     """An app with Orrery's error shape, request guard and OpenAPI document, `/healthz`,
-    and `routers` mounted in order."""
+    and `routers` mounted in order; API keys read from `api_key_header` (and
+    `Authorization: Bearer`)."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
     app = FastAPI(title=title, version="0.1.0", telemetry=_NO_TELEMETRY)
@@ -56,6 +63,8 @@ def build_app(
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip
     install_openapi(app)
+    if api_key_header.lower() != API_KEY_HEADER:
+        app.add_middleware(ApiKeyHeader, header=api_key_header)
 
     @app.get(
         "/healthz",
@@ -71,9 +80,48 @@ def build_app(
     return app
 
 
+class ApiKeyHeader:
+    """ASGI middleware for a configured API-key header other than `x-api-key`
+    (`ORRERY_API_KEY_HEADER`): its value is what the routes read as `x-api-key`, and an
+    `x-api-key` the client sent besides is dropped (only the configured header counts)."""
+
+    def __init__(self, app: ASGIApp, *, header: str) -> None:
+        self._app = app
+        self._header = header.lower().encode("latin-1")
+        self._target = API_KEY_HEADER.encode("latin-1")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = [
+                (self._target if name == self._header else name, value)
+                for name, value in scope["headers"]
+                if name != self._target
+            ]
+            scope = {**scope, "headers": headers}
+        await self._app(scope, receive, send)
+
+
 def _error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> JSONResponse:
     err = OrreryError(code, message, details)
-    return JSONResponse(err.to_response().model_dump(mode="json"), status_code=err.http_status)
+    return JSONResponse(
+        err.to_response().model_dump(mode="json"),
+        status_code=err.http_status,
+        headers=retry_after(err.http_status),
+    )
+
+
+# How long a client waits before it retries an answer that says "not now" (429, 503):
+# one second, the pace Orrery's own backlog answer asks for. ChonkyDB's client (Twinr)
+# reads the header; without it a client guesses.
+RETRY_AFTER_SECONDS = 1
+
+
+def retry_after(status: int, headers: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """`headers` plus `Retry-After` for a 429 or 503 that has none."""
+    out = dict(headers or {})
+    if status in (429, 503) and not any(k.lower() == "retry-after" for k in out):
+        out["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return out or None
 
 
 _FRAMEWORK_CODES = {
@@ -122,7 +170,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OrreryError)
     async def _orrery(_: Request, exc: OrreryError) -> JSONResponse:
-        return JSONResponse(exc.to_response().model_dump(mode="json"), status_code=exc.http_status)
+        return JSONResponse(
+            exc.to_response().model_dump(mode="json"),
+            status_code=exc.http_status,
+            headers=retry_after(exc.http_status),
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -142,7 +194,9 @@ def install_error_handlers(app: FastAPI) -> None:
         )
         body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail)))
         return JSONResponse(
-            body.model_dump(mode="json"), status_code=HTTP_STATUS[code], headers=exc.headers
+            body.model_dump(mode="json"),
+            status_code=HTTP_STATUS[code],
+            headers=retry_after(HTTP_STATUS[code], exc.headers),
         )
 
     @app.exception_handler(Exception)

@@ -274,6 +274,7 @@ class ServerStack:
                 max_body_bytes=settings.max_body_bytes,
                 stream_paths=STREAM_PATHS,
                 max_stream_bytes=settings.max_import_bytes,
+                api_key_header=settings.api_key_header,
             )
         elif routers:
             stack.app = build_app(
@@ -282,6 +283,7 @@ class ServerStack:
                 max_body_bytes=settings.max_body_bytes,
                 stream_paths=STREAM_PATHS,
                 max_stream_bytes=settings.max_import_bytes,
+                api_key_header=settings.api_key_header,
             )
         if not grants and stack.app is not None:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

@@ -23,6 +23,14 @@ class QuerySettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: str = Field(default="", description="key=namespace[/galaxy],…")
+    api_key_header: str = Field(
+        default="x-api-key",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
+        description="The header an API key travels in (ChonkyDB's `api_key_header`); "
+        "`Authorization: Bearer` works whatever it is",
+    )
     max_batch: int = Field(default=1_000, ge=1, le=100_000)
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024,

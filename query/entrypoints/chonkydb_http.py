@@ -462,11 +462,26 @@ def chonky_retrieve(
     )
 
 
-def _record_out(row: StoredRecord, include_content: bool, max_chars: int) -> RecordOut:
+def _record_out(
+    row: StoredRecord, include_content: bool, max_chars: int, include_chunks: bool = False
+) -> RecordOut:
     record = json.loads(row.record_json)
     text = record["text"]
     content = "\n".join(p for p in (text.get("title", ""), text.get("body", "")) if p)
+    metadata = _metadata(row, record)
+    chunks = None
+    if include_chunks:
+        chunks = [
+            {
+                "chunk_index": 0,
+                "document_id": row.document_id,
+                "content": content,
+                "metadata": metadata,
+                "payload": record["payload"],
+            }
+        ]
     return RecordOut(
+        chunks=chunks,
         payload_id=row.document_id,
         chonky_id=row.document_id,
         document_id=row.document_id,
@@ -475,7 +490,7 @@ def _record_out(row: StoredRecord, include_content: bool, max_chars: int) -> Rec
         revision=row.revision,
         payload_schema=record.get("payload_schema", ""),
         payload=record["payload"],
-        metadata=_metadata(row, record),
+        metadata=metadata,
         content=content[:max_chars] if include_content else None,
         origin_uri=_origin_uri(record["metadata"]),
     )
@@ -491,6 +506,7 @@ def create_router(
     ports: QueryPorts,
     grants: dict[str, ApiKeyGrant],
     ready: Callable[[ApiKeyGrant | None], bool],
+    api_key_header: str = "x-api-key",
 ) -> APIRouter:
     """ChonkyDB's read routes Orrery's own API has no counterpart of. `ready(grant)`:
     whether the key's view of readiness is ready (`query.entrypoints.http.readiness`)."""
@@ -532,9 +548,14 @@ def create_router(
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
-        """ChonkyDB's auth overview: keys in `x-api-key` or `Authorization: Bearer`."""
+        """ChonkyDB's auth overview: keys in `header_name` (`ORRERY_API_KEY_HEADER`,
+        default `x-api-key`) or `Authorization: Bearer`."""
         authenticate(grants, x_api_key, authorization)
-        out = AuthInfoResponse(auth_enabled=bool(grants), api_key_configured=bool(grants))
+        out = AuthInfoResponse(
+            auth_enabled=bool(grants),
+            header_name=api_key_header,
+            api_key_configured=bool(grants),
+        )
         return JSONResponse(out.model_dump(mode="json"))
 
     @router.get(
@@ -597,12 +618,12 @@ def create_router(
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
         """One current record by id (`payload` and `chonky` ids are both the document
-        id; chunks and relationships are the record itself; `include_document` adds
+        id; `include_chunks` adds its one chunk, relationships are none; `include_document` adds
         `document`, the record as `documents/full` answers it)."""
         who = principal(x_api_key, authorization)
         ns = _read_namespace(namespace, who)
         row = await run_in_threadpool(one, ns, record_id, who)
-        out = _record_out(row, include_content, max_content_chars)
+        out = _record_out(row, include_content, max_content_chars, include_chunks)
         if include_document:
             out = out.model_copy(update={"document": out.model_copy()})
         return JSONResponse(out.model_dump(mode="json"))
@@ -617,6 +638,7 @@ def create_router(
         origin_uri: str | None = Query(default=None, min_length=1, max_length=512),
         snapshot_kind: str | None = Query(default=None, min_length=1, max_length=128),
         include_content: bool = Query(default=True),
+        include_chunks: bool = Query(default=False),
         max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
@@ -629,7 +651,7 @@ def create_router(
         if document_id is None:
             document_id = _id_of_uri(ns, origin_uri, snapshot_kind, who)
         row = await run_in_threadpool(one, ns, document_id, who)
-        out = _record_out(row, include_content, max_content_chars)
+        out = _record_out(row, include_content, max_content_chars, include_chunks)
         return JSONResponse(out.model_dump(mode="json"))
 
     return router

@@ -76,9 +76,7 @@ def test_a_job_accepted_by_one_worker_is_answered_by_another(tmp_path: Path) -> 
         first.stop()
         first = start_server(tmp_path / "a" / "data", env=env, command="ingest-api")
         for worker in (first, second):
-            again = worker.client.get(
-                f"/v1/external/jobs/{job_id}", headers={"x-api-key": "key-a"}
-            )
+            again = worker.client.get(f"/v1/external/jobs/{job_id}", headers={"x-api-key": "key-a"})
             assert again.status_code == 200 and again.json()["status"] == "done"
     finally:
         first.stop()

@@ -473,6 +473,16 @@ def test_twinr_long_term_store_writes_and_reads_through_orrery(
     candidates = list(catalog._iter_retrieve_result_candidates(fallback))
     assert [c["payload_id"] for c in candidates] == doc_ids
     assert [c["metadata"]["twinr_memory_item_id"] for c in candidates] == asked
+    # Chunks, when asked for (Twinr reads payloads out of them): one per record.
+    record = client.get_record(doc_ids[0], include_chunks=True)
+    assert len(record["chunks"]) == 1
+    assert record["chunks"][0]["metadata"]["twinr_memory_item_id"] == "fact:keys"
+    full = server.client.get(
+        "/v1/external/documents/full",
+        params={"document_id": doc_ids[0], "include_chunks": "true"},
+        headers={"x-api-key": API_KEY},
+    )
+    assert full.status_code == 200 and full.json()["chunks"][0]["document_id"] == doc_ids[0]
     del client_mod
 
     # Delete, Twinr's way: the collection written again without the item. The catalog,
