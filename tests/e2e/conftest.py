@@ -135,6 +135,8 @@ def start_server(
             pass
         if time.monotonic() > deadline:
             process.kill()
+            process.wait(timeout=30)  # reaped: no ResourceWarning in a later test
+            client.close()
             raise AssertionError(f"orrery serve did not start: {log_path.read_text()[-3000:]}")
         time.sleep(0.1)
     database_url = (env or {}).get("ORRERY_DATABASE_URL") or None
