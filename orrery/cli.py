@@ -323,15 +323,27 @@ def ingest(
 ) -> None:
     """Load records from a JSONL file into the canonical store (a running `serve` on the
     same data dir projects them within its poll interval)."""
+    from contracts.admission import record_problems
+    from projector.bootstrap import default_embedder
+
     settings = _settings(data_dir=data_dir)
+    dimension = default_embedder(1).dimension
     lines = list(_read_jsonl(file))
     records: list[Record] = []
     for line_no, raw in lines:
         try:
-            records.append(Record.model_validate(raw))
+            record = Record.model_validate(raw)
         except ValidationError as exc:
             console.print(f"[red]{file}:{line_no}: invalid record:\n{exc}")
             raise typer.Exit(1) from exc
+        # What `POST /v1/records` refuses with 422: nothing an engine cannot take is written.
+        problems = record_problems(record, dimension=dimension)
+        for problem in problems:
+            where = ".".join(map(str, problem.loc))
+            console.print(f"[red]{file}:{line_no}: {where}: {problem.msg} ({problem.type})")
+        if problems:
+            raise typer.Exit(1)
+        records.append(record)
     store = embedded_store(settings.data_dir)
     accepted = rejected = 0
     try:
