@@ -26,13 +26,18 @@ The limits, and where they come from:
 - at most `MAX_FACET_VALUES` facet values per record: every value is a keyword term and
   a payload entry of the record's vector point (Qdrant's request size is bounded);
 - keywords are valid Unicode (no lone surrogate): no engine stores one
-  (`projector.model.check_keywords`).
+  (`projector.model.check_keywords`);
+- a record's JSON is at most `MAX_RECORD_BYTES`: in server mode each record travels as
+  one Kafka message, and a Kafka producer refuses a message over its
+  `max_request_size` (1 MiB by default, as the broker's `message.max.bytes`) on every
+  attempt — one such record would stop the relay, and every tenant's writes behind it.
 
 Pure functions of the record (and the deployment's dimension); no I/O.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import struct
@@ -48,6 +53,7 @@ __all__ = [
     "FLOAT32_MAX",
     "KEYWORD_MAX_BYTES",
     "MAX_FACET_VALUES",
+    "MAX_RECORD_BYTES",
     "Problem",
     "check_record",
     "problem_dicts",
@@ -59,6 +65,10 @@ FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_EPSILON = 1.1920928955078125e-07
 KEYWORD_MAX_BYTES = 8_192
 MAX_FACET_VALUES = 1_024
+# 1 MiB (Kafka's default message size) less room for the event envelope, key and headers.
+MAX_RECORD_BYTES = 1_000_000
+# The most bytes one vector component takes in JSON (`-1.2345678901234567e-308,`).
+_VECTOR_COMPONENT_BYTES = 25
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +76,7 @@ class Problem:
     """Why a record cannot be applied: the field (`loc`, as pydantic names it), a human
     message and a machine-readable `type` (`vector_not_finite`, `vector_zero`,
     `embedder_mismatch` for a wrong dimension, `keyword_too_long`, `too_many_facets`,
-    `not_unicode`)."""
+    `not_unicode`, `record_too_large`)."""
 
     loc: tuple[str | int, ...]
     msg: str
@@ -128,11 +138,14 @@ def _keyword_problem(loc: tuple[str | int, ...], value: str) -> Problem | None:
     return None
 
 
-def record_problems(record: Record, *, dimension: int | None, vector: bool = True) -> list[Problem]:
+def record_problems(
+    record: Record, *, dimension: int | None, vector: bool = True, size: bool = True
+) -> list[Problem]:
     """Every reason a (validated) record cannot be applied by the projector and every
     engine; empty when it can. A tombstone has none (nothing of it is indexed).
     `dimension` is the embedder's (None: unchecked); `vector=False` leaves the vector
-    out (a caller that checked it with `vector_problem` already)."""
+    out (a caller that checked it with `vector_problem` already); `size=False` the
+    record's size (a record read from the log has travelled already)."""
     if record.deleted:
         return []
     problems: list[Problem] = []
@@ -166,6 +179,9 @@ def record_problems(record: Record, *, dimension: int | None, vector: bool = Tru
         problem = _keyword_problem(loc, value)
         if problem is not None:
             problems.append(problem)
+    too_large = _size_problem(record) if size else None
+    if too_large is not None:
+        problems.append(too_large)
     for loc, text in (
         (("text", "title"), record.text.title),
         (("text", "body"), record.text.body),
@@ -176,6 +192,40 @@ def record_problems(record: Record, *, dimension: int | None, vector: bool = Tru
                 Problem(loc, "must be valid Unicode (no lone surrogates)", "not_unicode")
             )
     return problems
+
+
+def _size_problem(record: Record) -> Problem | None:
+    """`record_too_large` naming the largest field, when the record's JSON (its vector
+    counted at the most a component can take) is over `MAX_RECORD_BYTES`."""
+    vector = 0 if record.vector is None else len(record.vector) * _VECTOR_COMPONENT_BYTES
+    # Cheap bounds first: most records are far below the limit.
+    text = record.text
+    chars = len(text.title) + len(text.body) + sum(map(len, text.tags))
+    if 4 * chars + vector < MAX_RECORD_BYTES // 2:
+        payload = len(json.dumps(record.payload, ensure_ascii=False, separators=(",", ":")))
+        if payload + 4 * chars + vector < MAX_RECORD_BYTES // 2:
+            return None
+    try:
+        size = len(record.model_dump_json(exclude={"vector"}).encode("utf-8")) + vector
+    except UnicodeEncodeError:
+        return None  # reported as `not_unicode`
+    if size <= MAX_RECORD_BYTES:
+        return None
+    parts = {
+        ("payload",): len(json.dumps(record.payload, ensure_ascii=False)),
+        ("text", "body"): len(text.body),
+        ("text", "title"): len(text.title),
+        ("text", "tags"): sum(map(len, text.tags)),
+        ("metadata",): len(record.metadata.model_dump_json()),
+        ("vector",): vector,
+    }
+    largest = max(parts, key=lambda loc: parts[loc])
+    return Problem(
+        largest,
+        f"the record is {size} bytes as JSON, at most {MAX_RECORD_BYTES} "
+        f"(one event on the log); its largest field is {'.'.join(largest)}",
+        "record_too_large",
+    )
 
 
 def _is_unicode(value: str) -> bool:

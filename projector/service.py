@@ -362,7 +362,8 @@ def _apply_entries(
             upsert_records: list[Record] = []
             removed: list[tuple[str, int]] = []
             for record in plan.upserts.values():
-                problems = record_problems(record, dimension=embedder.dimension)
+                # Its size was a limit of the transport it came through already.
+                problems = record_problems(record, dimension=embedder.dimension, size=False)
                 if not problems:
                     upsert_records.append(record)
                     continue

@@ -14,6 +14,7 @@ from contracts.admission import (
     FLOAT32_MAX,
     KEYWORD_MAX_BYTES,
     MAX_FACET_VALUES,
+    MAX_RECORD_BYTES,
     record_problems,
     vector_problem,
 )
@@ -125,3 +126,16 @@ def test_float32_max_is_the_largest_value_that_packs() -> None:
     struct.pack("<f", FLOAT32_MAX)
     with pytest.raises(OverflowError):
         struct.pack("<f", FLOAT32_MAX * 1.0000001)
+
+
+def test_a_record_larger_than_one_log_event_is_refused_naming_its_largest_field() -> None:
+    big = record(payload={"blob": "p" * (MAX_RECORD_BYTES + 10)})
+    assert [(p.loc, p.type) for p in record_problems(big, dimension=None)] == [
+        (("payload",), "record_too_large")
+    ]
+    wide = record(text={"body": "\u00e9" * 190_000}, payload={"blob": "q" * 700_000})
+    assert [p.type for p in record_problems(wide, dimension=None)] == ["record_too_large"]
+    # Read back from the log, it is not refused again for its size.
+    assert record_problems(big, dimension=None, size=False) == []
+    near = record(payload={"blob": "r" * (MAX_RECORD_BYTES - 2_000)})
+    assert record_problems(near, dimension=None) == []
