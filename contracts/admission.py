@@ -39,8 +39,7 @@ from __future__ import annotations
 
 import json
 import math
-import operator
-import struct
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -63,6 +62,8 @@ __all__ = [
 
 FLOAT32_MAX = 3.4028234663852886e38
 FLOAT32_EPSILON = 1.1920928955078125e-07
+# The longest vector whose squared length float32 holds.
+_FLOAT32_MAX_LENGTH = math.sqrt(FLOAT32_MAX)
 KEYWORD_MAX_BYTES = 8_192
 MAX_FACET_VALUES = 1_024
 # 1 MiB (Kafka's default message size) less room for the event envelope, key and headers.
@@ -93,29 +94,27 @@ def vector_problem(vector: Sequence[float], dimension: int | None) -> Problem | 
             ErrorCode.EMBEDDER_MISMATCH.value,
         )
     try:
-        # `struct` rounds each value to float32 exactly as numpy and the engines do, and
-        # raises where the rounded value overflows (CPython's PyFloat_Pack4).
-        packed = struct.pack(f"<{len(vector)}f", *vector)
-    except OverflowError:
+        # Rounded to float32 in C exactly as numpy and the engines round (a value past
+        # float32's range becomes an infinity).
+        as_float32 = array("f", vector)
+    except (TypeError, OverflowError):
+        return Problem(("vector",), "vector must be a list of numbers", "vector_not_finite")
+    # In float64 and without overflow: an infinity or a NaN makes it non-finite.
+    length = math.hypot(*as_float32)
+    if not math.isfinite(length):
         return Problem(
             ("vector",),
-            f"vector holds a value outside float32's range (|x| > {FLOAT32_MAX:.7g})",
+            f"vector holds NaN, an infinity or a value outside float32's range "
+            f"(|x| > {FLOAT32_MAX:.7g})",
             "vector_not_finite",
         )
-    except (struct.error, TypeError):
-        return Problem(("vector",), "vector must be a list of numbers", "vector_not_finite")
-    as_float32 = struct.unpack(f"<{len(vector)}f", packed)
-    # A finite sum proves every value finite; only a non-finite one needs a closer look.
-    if not math.isfinite(math.fsum(as_float32)) and not all(map(math.isfinite, as_float32)):
-        return Problem(("vector",), "vector holds NaN or an infinity", "vector_not_finite")
-    squares = math.fsum(map(operator.mul, as_float32, as_float32))
-    if squares > FLOAT32_MAX:
+    if length > _FLOAT32_MAX_LENGTH:
         return Problem(
             ("vector",),
             "vector is too long to normalize in float32 (its squared length overflows)",
             "vector_not_finite",
         )
-    if not any(as_float32) or math.sqrt(squares) < FLOAT32_EPSILON:
+    if length < FLOAT32_EPSILON:
         return Problem(
             ("vector",),
             "vector is all zeros, or too short to normalize in float32 (cosine is undefined)",

@@ -3,7 +3,8 @@ check agrees with the door (issue 22)."""
 
 from __future__ import annotations
 
-import struct
+import math
+from array import array
 from typing import Any
 
 import pytest
@@ -122,10 +123,12 @@ def test_a_tombstone_has_no_problem() -> None:
     assert record_problems(record(deleted=True, vector=[0.0] * DIM), dimension=DIM) == []
 
 
-def test_float32_max_is_the_largest_value_that_packs() -> None:
-    struct.pack("<f", FLOAT32_MAX)
-    with pytest.raises(OverflowError):
-        struct.pack("<f", FLOAT32_MAX * 1.0000001)
+def test_float32_max_is_the_largest_finite_float32() -> None:
+    assert array("f", [FLOAT32_MAX])[0] == FLOAT32_MAX
+    assert array("f", [FLOAT32_MAX * 1.0000001])[0] == math.inf
+    # Finite as float32, but too long to normalize; past it, not finite at all.
+    assert vector_problem([FLOAT32_MAX, 0.0], None).msg.startswith("vector is too long")  # type: ignore[union-attr]
+    assert "NaN, an infinity" in vector_problem([FLOAT32_MAX * 1.0000001, 0.0], None).msg  # type: ignore[union-attr]
 
 
 def test_a_record_larger_than_one_log_event_is_refused_naming_its_largest_field() -> None:
