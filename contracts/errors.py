@@ -14,12 +14,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "DETERMINISTIC_CODES",
     "HTTP_STATUS",
     "DependencyUnavailable",
     "ErrorBody",
     "ErrorCode",
     "ErrorResponse",
     "OrreryError",
+    "is_deterministic",
 ]
 
 
@@ -145,3 +147,27 @@ class DependencyUnavailable(OrreryError):
             f"{dependency}: {message}",
             {"dependency": dependency, **(details or {})},
         )
+
+
+# Codes that say the request (a record, a document) itself is wrong: the same request
+# fails the same way on every attempt. Every other code — an unreachable or overloaded
+# dependency, a deadline, a missing index, a state that moved, an internal error — may
+# pass on a retry.
+DETERMINISTIC_CODES: frozenset[ErrorCode] = frozenset(
+    {
+        ErrorCode.INVALID_JSON,
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.UNKNOWN_FIELD,
+        ErrorCode.EMBEDDER_MISMATCH,
+        ErrorCode.BODY_TOO_LARGE,
+        ErrorCode.BATCH_TOO_LARGE,
+    }
+)
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """Whether `exc` fails the same way on every retry of the same request: an
+    `OrreryError` with a code in `DETERMINISTIC_CODES` (adapters translate an engine's
+    refusal of a document — a 4xx for its content — to one of them, and a fault of the
+    engine itself — unreachable, a timeout, a 5xx — to `DependencyUnavailable`)."""
+    return isinstance(exc, OrreryError) and exc.code in DETERMINISTIC_CODES

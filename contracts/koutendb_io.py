@@ -93,6 +93,14 @@ class ImportLineError(_Out):
     line: int = Field(ge=1)
     code: str
     message: str
+    field: str | None = Field(
+        default=None, description="The record field refused (e.g. `vector`), when one is."
+    )
+    reason: str | None = Field(
+        default=None,
+        description="Why, machine-readable (e.g. `vector_zero`, `vector_not_finite`, "
+        "`keyword_too_long`: see `contracts.admission`).",
+    )
 
 
 class ImportResponse(_Out):

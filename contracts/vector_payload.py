@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from contracts.admission import vector_problem
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index import Candidate, IndexDocument
 from contracts.index_fields import (
@@ -213,28 +214,21 @@ def payload_of(document: IndexDocument) -> dict[str, Any]:
     return payload
 
 
-def _all_finite(vector: Sequence[float]) -> bool:
-    # A finite sum means every element is finite (an infinity or a NaN never sums back
-    # to a finite value); only a sum that overflowed needs the element-wise look.
-    return math.isfinite(sum(vector)) or all(map(math.isfinite, vector))
-
-
 def check_vector(document: IndexDocument, dimension: int | None) -> None:
     """Reject a document whose vector cannot be stored: `EMBEDDER_MISMATCH`.
 
-    Missing, of another dimension than `dimension` (unchecked when None), non-finite, or
-    all zeros (cosine is undefined for it).
+    Missing, or refused by `contracts.admission.vector_problem` (another dimension than
+    `dimension`, unchecked when None; a value non-finite in float32; all zeros or too
+    short or long to normalize in float32): the rule the write routes apply at the door.
     """
     vector = document.vector
     problem: str | None = None
     if vector is None:
         problem = "has no vector"
-    elif dimension is not None and len(vector) != dimension:
-        problem = f"has a {len(vector)}-d vector, the generation holds {dimension}-d vectors"
-    elif not _all_finite(vector):
-        problem = "has a vector with non-finite values"
-    elif not any(vector):
-        problem = "has an all-zero vector (cosine is undefined)"
+    else:
+        refused = vector_problem(vector, dimension)
+        if refused is not None:
+            problem = f"cannot be stored: {refused.msg} ({refused.type})"
     if problem is not None:
         raise OrreryError(
             ErrorCode.EMBEDDER_MISMATCH,

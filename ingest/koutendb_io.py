@@ -34,6 +34,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
+from contracts.admission import record_problems, vector_problem
 from contracts.errors import ErrorCode, OrreryError
 from contracts.koutendb_io import (
     DUMP_FORMAT,
@@ -96,10 +97,14 @@ class ImportOptions:
 class LineError(Exception):
     """Why one line cannot become a record (its code and message are reported)."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(
+        self, code: ErrorCode, message: str, field: str | None = None, reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.field = field
+        self.reason = reason
 
 
 SKIP = None
@@ -143,8 +148,14 @@ def _vector(value: Any, dimension: int | None) -> list[float]:
         raise LineError(
             ErrorCode.EMBEDDER_MISMATCH,
             f"the vector has {len(value)} dimensions, the embedder produces {dimension}",
+            "vector",
+            ErrorCode.EMBEDDER_MISMATCH.value,
         )
-    return value if types == _FLOAT else [float(x) for x in value]
+    vector = value if types == _FLOAT else [float(x) for x in value]
+    problem = vector_problem(vector, None)
+    if problem is not None:
+        raise LineError(ErrorCode.INVALID_REQUEST, f"vector: {problem.msg}", "vector", problem.type)
+    return vector
 
 
 def _id(value: Any, line: bytes) -> str:
@@ -290,7 +301,7 @@ class JsonlImporter:
         try:
             raw = map_line(line, self.options)
         except LineError as exc:
-            self._error(self.read, exc.code, exc.message)
+            self._error(self.read, exc.code, exc.message, exc.field, exc.reason)
             return False
         if raw is None:
             self.skipped += 1
@@ -331,7 +342,25 @@ class JsonlImporter:
             except ValidationError as exc:
                 first = exc.errors(include_url=False, include_input=False)[0]
                 where = ".".join(str(p) for p in first["loc"])
-                self._error(item.line_no, ErrorCode.INVALID_REQUEST, f"{where}: {first['msg']}")
+                self._error(
+                    item.line_no,
+                    ErrorCode.INVALID_REQUEST,
+                    f"{where}: {first['msg']}",
+                    where,
+                    first["type"],
+                )
+                continue
+            # The vector was checked by `map_line`; the rest of what engines refuse here.
+            refused = record_problems(record, dimension=None, vector=False)
+            if refused:
+                where = ".".join(str(p) for p in refused[0].loc)
+                self._error(
+                    item.line_no,
+                    ErrorCode.INVALID_REQUEST,
+                    f"{where}: {refused[0].msg}",
+                    where,
+                    refused[0].type,
+                )
                 continue
             # The same id twice in one batch: the later line is the newer revision.
             next_revision[doc_id] = revision + 1
@@ -364,11 +393,20 @@ class JsonlImporter:
             defaultRing=self.options.default_ring,
         )
 
-    def _error(self, line_no: int, code: ErrorCode, message: str) -> None:
+    def _error(
+        self,
+        line_no: int,
+        code: ErrorCode,
+        message: str,
+        field: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         self.errors += 1
         if len(self.error_lines) < MAX_REPORTED_ERRORS:
             self.error_lines.append(
-                ImportLineError(line=line_no, code=code.value, message=message[:500])
+                ImportLineError(
+                    line=line_no, code=code.value, message=message[:500], field=field, reason=reason
+                )
             )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from contracts.admission import problem_dicts, record_problems
 from contracts.errors import ErrorBody, ErrorCode, OrreryError
 from contracts.faults import crash_point
 from contracts.ingest_api import WriteItem, WriteResponse
@@ -37,7 +38,10 @@ def parse_batch(
 ) -> list[Record]:
     """Validate a request body (a list of records, or `{"records": [...]}`).
 
-    Nothing is written when anything is invalid: the error names every bad record. A
+    Nothing is written when anything is invalid: the error names every bad record and,
+    per record, each field wrong (`loc`, `msg`, `type`), including everything an engine
+    would refuse (`contracts.admission.record_problems`: a zero or non-finite-in-float32
+    vector, one of another dimension than `vector_dimension`, a keyword too long). A
     record outside the key's namespace (or galaxy) is `403` before anything else is
     looked at.
     """
@@ -81,24 +85,9 @@ def parse_batch(
                 }
             )
             continue
-        if (
-            record.vector is not None
-            and vector_dimension is not None
-            and len(record.vector) != vector_dimension
-        ):
-            problems.append(
-                {
-                    "index": index,
-                    "errors": [
-                        {
-                            "loc": ["vector"],
-                            "msg": f"vector has {len(record.vector)} dimensions, the embedder "
-                            f"produces {vector_dimension}",
-                            "type": ErrorCode.EMBEDDER_MISMATCH.value,
-                        }
-                    ],
-                }
-            )
+        refused = record_problems(record, dimension=vector_dimension)
+        if refused:
+            problems.append({"index": index, "errors": problem_dicts(refused)})
             continue
         records.append(record)
     if problems:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
@@ -225,30 +226,70 @@ def project(
         ),
     ] = False,
     limit: Annotated[int, typer.Option(help="At most this many dead letters")] = 100,
+    redrive: Annotated[
+        bool,
+        typer.Option(
+            "--redrive",
+            help="Write each dead-lettered record again as its next revision (after a fix), "
+            "print the outcomes (JSON lines) and exit",
+        ),
+    ] = False,
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", help="Only this namespace's dead letters")
+    ] = None,
 ) -> None:
     """Server mode: consume Kafka into OpenSearch + Qdrant generations."""
     if dead_letters:
         settings = _settings(data_dir=data_dir)
-        for letter in _dead_letters(settings, limit):
+        for letter in _dead_letters(settings, limit, namespace):
             print(json.dumps(letter, ensure_ascii=False))
+        return
+    if redrive:
+        for outcome in _redrive(_settings(data_dir=data_dir), limit, namespace):
+            print(json.dumps(dataclasses.asdict(outcome), ensure_ascii=False))
         return
     _logging()
     _run_role(["projector"], _settings(data_dir=data_dir, mode="servers"), http=False)
 
 
-def _dead_letters(settings: QuerySettings, limit: int) -> list[dict[str, Any]]:
+def _dead_letters(
+    settings: QuerySettings, limit: int, namespace: str | None = None
+) -> list[dict[str, Any]]:
     """The projector's parked messages, from PostgreSQL with a URL, else the SQLite file."""
     if settings.database_url:
         from query.adapters.postgres_routing import PostgresRouting, open_reads
 
         reads = open_reads(settings.database_url, pool_size=1)
         try:
-            return PostgresRouting(reads).dead_letters(limit)
+            return PostgresRouting(reads).dead_letters(limit, namespace=namespace)
         finally:
             reads.close()
     from query.adapters.sqlite_routing import SqliteRouting
 
-    return SqliteRouting(canonical_db_path(settings.data_dir)).dead_letters(limit)
+    return SqliteRouting(canonical_db_path(settings.data_dir)).dead_letters(
+        limit, namespace=namespace
+    )
+
+
+def _redrive(settings: QuerySettings, limit: int, namespace: str | None) -> list[Any]:
+    """`orrery.redrive.redrive_dead_letters` on this deployment's store and state."""
+    from ingest.bootstrap import server_store
+    from orrery.redrive import redrive_dead_letters
+    from projector.bootstrap import dead_letter_box, default_embedder
+
+    store = server_store(settings.data_dir, settings.database_url)
+    box = dead_letter_box(canonical_db_path(settings.data_dir), settings.database_url)
+    try:
+        return redrive_dead_letters(
+            box=box,
+            store=store,
+            dimension=default_embedder(1).dimension,
+            namespace=namespace,
+            limit=limit,
+        )
+    finally:
+        box.close()
+        store.close()
 
 
 @app.command("query-worker")
@@ -323,15 +364,27 @@ def ingest(
 ) -> None:
     """Load records from a JSONL file into the canonical store (a running `serve` on the
     same data dir projects them within its poll interval)."""
+    from contracts.admission import record_problems
+    from projector.bootstrap import default_embedder
+
     settings = _settings(data_dir=data_dir)
+    dimension = default_embedder(1).dimension
     lines = list(_read_jsonl(file))
     records: list[Record] = []
     for line_no, raw in lines:
         try:
-            records.append(Record.model_validate(raw))
+            record = Record.model_validate(raw)
         except ValidationError as exc:
             console.print(f"[red]{file}:{line_no}: invalid record:\n{exc}")
             raise typer.Exit(1) from exc
+        # What `POST /v1/records` refuses with 422: nothing an engine cannot take is written.
+        problems = record_problems(record, dimension=dimension)
+        for problem in problems:
+            where = ".".join(map(str, problem.loc))
+            console.print(f"[red]{file}:{line_no}: {where}: {problem.msg} ({problem.type})")
+        if problems:
+            raise typer.Exit(1)
+        records.append(record)
     store = embedded_store(settings.data_dir)
     accepted = rejected = 0
     try:

@@ -32,7 +32,7 @@ from projector.generations import (
 )
 from projector.ports import AliasMirror, EngineReadback, EventLog, VectorIndex
 from projector.ring_stats import RingStatsVectorIndex
-from projector.service import BatchReport, project_batch, schema_digest
+from projector.service import BatchReport, PoisonGuard, project_batch, schema_digest
 
 if TYPE_CHECKING:
     from contracts.migrations import Migration
@@ -68,6 +68,19 @@ def postgres_migrations() -> tuple[str, list[Migration]]:
     from projector.adapters.postgres_migrations import COMPONENT, migrations
 
     return COMPONENT, migrations()
+
+
+def dead_letter_box(
+    db_path: Path, database_url: str | None
+) -> SqliteProjectorState | PostgresProjectorState:
+    """The projector's state as a `DeadLetterBox` for an operator's tools (listing and
+    re-driving dead letters): PostgreSQL with a URL, else the SQLite file `db_path`.
+    The caller closes it."""
+    if not database_url:
+        return SqliteProjectorState(db_path)
+    from projector.adapters.postgres_state import PostgresProjectorState
+
+    return PostgresProjectorState(database_url, pool_size=1)
 
 
 def _server_state(
@@ -206,6 +219,7 @@ def embedded_projector(
         dead_letters=state,
         health=state,
         text_languages=languages,
+        poison=PoisonGuard(),
     )
     return EmbeddedProjector(
         state, log, lexical, vectors, embedder, step, lock, data_dir, deferred, languages, writes
@@ -455,6 +469,7 @@ def server_projector(
         dead_letters=state,
         health=state,
         text_languages=text_languages or TextLanguages(),
+        poison=PoisonGuard(),
     )
     return ServerProjector(state, log, lexical, vectors, embedder, step, lock, writes)
 

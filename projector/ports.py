@@ -34,6 +34,7 @@ __all__ = [
     "LogHealth",
     "ProjectionState",
     "RegistrySnapshot",
+    "RejectedRecord",
     "RingStatistics",
     "SnapshotKeys",
     "Undecodable",
@@ -182,29 +183,62 @@ class EventLog(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class RejectedRecord:
+    """A decoded event the projector could not apply, deterministically (a poison record).
+
+    `position` is its log position (unique per log), `record` the revision refused,
+    `code` machine-readable (`contracts.admission` problem types such as `vector_zero`,
+    or the engine's error code) and `reason` what failed. As a dead letter its `where` is
+    `event@<position>`.
+    """
+
+    position: int
+    record: Record
+    code: str
+    reason: str
+
+    @property
+    def where(self) -> str:
+        return f"event@{self.position}"
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetter:
-    """An `Undecodable` message the projector parked instead of applying, and when."""
+    """A message the projector parked instead of applying, and when: an `Undecodable`
+    message, or a `RejectedRecord` (then `namespace`, `snapshot_kind`, `document_id` and
+    `revision` name it, and `message.value` holds its `RecordChanged` JSON)."""
 
     seq: int
     consumer: str
     message: Undecodable
     parked_at: datetime
+    namespace: str | None = None
+    snapshot_kind: str | None = None
+    document_id: str | None = None
+    revision: int | None = None
 
 
 class DeadLetterBox(Protocol):
-    """Where the projector parks messages it cannot decode.
+    """Where the projector parks messages it cannot decode and records it cannot apply.
 
-    Guarantees: `park` is durable when it returns and idempotent on
-    `(consumer, message.where)` (a replayed batch parks nothing twice); parked messages
-    are kept, raw bytes included, until an operator deletes them; `dead_letters` lists
-    them oldest first.
+    Guarantees: `park` and `park_rejected` are durable when they return and idempotent
+    on `(consumer, where)` (a replayed batch parks nothing twice); parked messages are
+    kept, raw bytes included, until `remove` deletes them (an operator's re-drive);
+    `dead_letters` lists them oldest first, those of one namespace when it is given.
     """
 
     def park(self, consumer: str, messages: Sequence[Undecodable]) -> None: ...
 
-    def dead_letters(self, limit: int = 100) -> list[DeadLetter]: ...
+    def park_rejected(self, consumer: str, rejected: Sequence[RejectedRecord]) -> None: ...
+
+    def dead_letters(
+        self, limit: int = 100, *, namespace: str | None = None
+    ) -> list[DeadLetter]: ...
 
     def dead_letter_count(self) -> int: ...
+
+    def remove(self, seqs: Collection[int]) -> int:
+        """Delete the dead letters with these sequence numbers; how many there were."""
 
 
 class LogHealth(Protocol):

@@ -4,7 +4,7 @@ are maintained by the projector per generation, never recomputed per query)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -18,10 +18,14 @@ __all__ = [
     "RingMemberRow",
     "RingStatsVectorIndex",
     "RingVector",
+    "contributes",
+    "finite_sums",
     "member_vector",
     "merged_sums",
     "newest_changes",
+    "recomputed_sums",
     "ring_moves",
+    "settled_sums",
 ]
 
 
@@ -88,6 +92,11 @@ class RingDelta:
         self.unit_sum: RingVector | None = None
 
     def add(self, vector: RingVector, sign: int) -> None:
+        if not contributes(vector):
+            # A vector non-finite as float32 (one written before the door refused such
+            # vectors) counts in no sum: added or subtracted, it would leave the ring's
+            # statistics NaN for good (issue 22). Both directions skip it alike.
+            return
         norm = float(np.linalg.norm(vector))
         unit = vector / norm if norm > 0.0 else vector
         self.documents += sign
@@ -97,6 +106,54 @@ class RingDelta:
         else:
             self.vector_sum += sign * vector
             self.unit_sum += sign * unit
+
+
+def contributes(vector: RingVector) -> bool:
+    """Whether a member's vector counts in its ring's sums: every value and its length
+    finite (the door refuses anything else; older stores may hold such vectors)."""
+    if not np.isfinite(vector).all():
+        return False
+    with np.errstate(over="ignore"):
+        return bool(np.isfinite(np.linalg.norm(vector)))
+
+
+def finite_sums(sums: tuple[int, RingVector, RingVector]) -> bool:
+    """Whether a ring's `(documents, vector_sum, unit_sum)` holds only finite values."""
+    return bool(np.isfinite(sums[1]).all()) and bool(np.isfinite(sums[2]).all())
+
+
+def recomputed_sums(blobs: Iterable[bytes]) -> tuple[int, RingVector, RingVector] | None:
+    """A ring's `(documents, vector_sum, unit_sum)` from its live members' stored
+    vectors (float32 bytes), those that `contributes` only; None when none does. The
+    repair for a stored row that is not finite (written before non-finite vectors were
+    skipped): subtraction can never bring a NaN back."""
+    delta = RingDelta()
+    for blob in blobs:
+        delta.add(np.frombuffer(blob, dtype=np.float32).astype(np.float64), 1)
+    if delta.vector_sum is None or delta.unit_sum is None:
+        return None
+    return delta.documents, delta.vector_sum, delta.unit_sum
+
+
+def settled_sums(
+    delta: RingDelta,
+    held: tuple[int, bytes, bytes] | None,
+    live_vectors: Callable[[], Iterable[bytes]],
+) -> tuple[int, RingVector, RingVector] | None:
+    """`merged_sums`, unless the stored row or the merged one is not finite: then the
+    ring's sums rebuilt from `live_vectors()` (its live members' float32 bytes, read
+    after this apply's member rows were written), `documents` 0 when none contributes
+    (the row is then deleted). None: nothing to write."""
+    sums = merged_sums(delta, held)
+    stale = held is not None and not (
+        np.isfinite(np.frombuffer(held[1], dtype=np.float64)).all()
+        and np.isfinite(np.frombuffer(held[2], dtype=np.float64)).all()
+    )
+    if stale or (sums is not None and not finite_sums(sums)):
+        rebuilt = recomputed_sums(live_vectors())
+        empty = np.zeros(0, dtype=np.float64)
+        return rebuilt if rebuilt is not None else (0, empty, empty)
+    return sums
 
 
 def newest_changes(
@@ -139,7 +196,8 @@ def ring_moves(
             continue
         if change.vector is None:
             raise ValueError(f"document {document_id} has no vector")
-        stored = np.asarray(change.vector, dtype=np.float32)
+        with np.errstate(over="ignore"):  # past float32's range: infinite, not counted
+            stored = np.asarray(change.vector, dtype=np.float32)
         deltas[(change.galaxy, change.ring)].add(stored.astype(np.float64), 1)
         rows.append((document_id, revision, False, change.galaxy, change.ring, stored.tobytes()))
     return rows, deltas

@@ -9,9 +9,10 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from contracts.admission import record_problems
 from contracts.digests import sha256_json
 from contracts.embedding import Embedder, embedding_text, text_digest
-from contracts.errors import ErrorCode, OrreryError
+from contracts.errors import ErrorCode, OrreryError, is_deterministic
 from contracts.events import LogEntry
 from contracts.faults import crash_point
 from contracts.generations import Topology
@@ -25,13 +26,20 @@ from projector.ports import (
     LexicalIndex,
     LogHealth,
     ProjectionState,
+    RejectedRecord,
     Undecodable,
     VectorCache,
     VectorIndex,
     WriterLock,
 )
 
-__all__ = ["BatchReport", "analyzed_schema_digest", "embed_records", "project_batch"]
+__all__ = [
+    "BatchReport",
+    "PoisonGuard",
+    "analyzed_schema_digest",
+    "embed_records",
+    "project_batch",
+]
 
 log_ = logging.getLogger("orrery.projector")
 
@@ -62,7 +70,33 @@ class BatchReport:
     generations_created: list[str] = field(default_factory=list)
     seconds: float = 0.0
     parked: int = 0
+    dead_lettered: int = 0
     lag: int | None = None
+
+
+@dataclass(slots=True)
+class PoisonGuard:
+    """How the projector contains a record that fails deterministically (issue 22: one
+    bad record must never stop the world), and its memory across batches.
+
+    A record refused by `contracts.admission.record_problems` (what the write routes
+    refuse at the door) is dead-lettered at once: the check is a pure function, a retry
+    cannot pass. A record an engine refuses deterministically (`contracts.errors.
+    is_deterministic`) is isolated by bisecting its batch (every engine write is
+    idempotent on `(document_id, revision)`, so writing halves again is harmless) and
+    dead-lettered alone once the engine has taken another write in the same batch
+    (proof that the engine takes writes: the record is the problem) or after
+    `max_attempts` batches failed on it — never retried forever, and never a reason to
+    hold another record back. A transient fault (an engine unreachable, a timeout, a
+    5xx) fails the batch, which is delivered again and retried with backoff.
+
+    `failures` counts the batches that failed on each log location (`event@<position>`)
+    without the engine taking any write; kept by the caller across `project_batch`
+    calls (one guard per projector process: a restart counts anew, still bounded).
+    """
+
+    max_attempts: int = 3
+    failures: dict[str, int] = field(default_factory=dict)
 
 
 def schema_digest(lexical_engine: str, vector_engine: str, embedder_id: str) -> str:
@@ -122,6 +156,7 @@ def project_batch(
     dead_letters: DeadLetterBox | None = None,
     health: LogHealth | None = None,
     text_languages: TextLanguages | None = None,
+    poison: PoisonGuard | None = None,
 ) -> BatchReport:
     """Apply the next batch of the log to each generation that takes writes.
 
@@ -138,6 +173,13 @@ def project_batch(
     the commit, so a replay parks nothing twice), logged at ERROR and acknowledged with
     the batch: the projector continues and nothing is dropped unseen. Without a
     `dead_letters` box the batch fails instead (and is delivered again).
+
+    Records that cannot be applied (see `PoisonGuard`, `poison`: one per process; None
+    counts failures within this call only) are parked the same way, each alone, and
+    their document is removed from the generation at their revision (a delete at that
+    revision in every engine, `(revision, deleted)` in the registry): engines and
+    registry agree, and a later revision of the document (or a re-drive, which writes
+    one) applies normally. Every other record of the batch is applied.
 
     With `health`, the log's lag is measured after each batch and after an empty fetch
     and recorded with the position committed at that moment (`BatchReport.lag`); a
@@ -163,6 +205,7 @@ def project_batch(
             cache=cache,
         )
         with lock.hold() if lock is not None else contextlib.nullcontext():
+            rejected: list[RejectedRecord] = []
             changes = _apply_entries(
                 entries,
                 report,
@@ -175,7 +218,11 @@ def project_batch(
                 vector_engine=vector_engine,
                 topology=topology,
                 text_languages=text_languages if text_languages is not None else TextLanguages(),
+                containment=_Containment(poison if poison is not None else PoisonGuard(), rejected),
             )
+            if rejected:
+                _park_rejected(rejected, dead_letters, consumer)
+                report.dead_lettered = len({r.where for r in rejected})
             report.events = len(fetched)
             if entries:
                 report.position = max(report.position, max(e.position for e in entries))
@@ -209,6 +256,32 @@ def _park(messages: Sequence[Undecodable], box: DeadLetterBox | None, consumer: 
             {"where": [m.where for m in messages]},
         )
     box.park(consumer, messages)
+
+
+def _park_rejected(
+    rejected: Sequence[RejectedRecord], box: DeadLetterBox | None, consumer: str
+) -> None:
+    unique = list({r.where: r for r in rejected}.values())
+    for letter in unique:
+        log_.error(
+            "record %s revision %d of namespace %r at %s cannot be applied (%s: %s) — %s",
+            letter.record.doc_id,
+            letter.record.revision,
+            letter.record.namespace,
+            letter.where,
+            letter.code,
+            letter.reason,
+            "parked as a dead letter" if box is not None else "no dead-letter box: retrying",
+        )
+    if box is None:
+        first = unique[0]
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"{len(unique)} record(s) cannot be applied and no dead-letter box, first "
+            f"{first.record.doc_id} at {first.where}: {first.reason}",
+            {"where": [r.where for r in unique]},
+        )
+    box.park_rejected(consumer, unique)
 
 
 def _measure_lag(
@@ -249,6 +322,7 @@ def _apply_entries(
     vector_engine: str,
     topology: Callable[[str], Topology] | None,
     text_languages: TextLanguages,
+    containment: _Containment,
 ) -> dict[str, dict[str, tuple[int, bool]]]:
     by_scope: dict[tuple[str, str], list[LogEntry]] = defaultdict(list)
     for entry in entries:
@@ -278,32 +352,150 @@ def _apply_entries(
             report.generations_created.append(descriptor.generation_id)
             targets = [descriptor.generation_id]
         events = [e.event for e in scoped]
+        positions = {(e.event.document_id, e.event.revision): e.position for e in scoped}
         doc_ids = sorted({e.document_id for e in events})
         for generation_id in targets:
             plan = plan_batch(events, state.revisions(generation_id, doc_ids))
             report.skipped += plan.skipped
             if not plan.revisions:
                 continue
-            upsert_records = list(plan.upserts.values())
+            upsert_records: list[Record] = []
+            removed: list[tuple[str, int]] = []
+            for record in plan.upserts.values():
+                # Its size was a limit of the transport it came through already.
+                problems = record_problems(record, dimension=embedder.dimension, size=False)
+                if not problems:
+                    upsert_records.append(record)
+                    continue
+                removed.append((record.doc_id, record.revision))
+                first = problems[0]
+                containment.reject(
+                    positions[(record.doc_id, record.revision)],
+                    record,
+                    first.type,
+                    f"{'.'.join(map(str, first.loc))}: {first.msg}",
+                )
             vecs, embedded = embed_records(upsert_records, embedder=embedder, cache=cache)
             report.embedded += embedded
             docs: list[IndexDocument] = [
                 to_index_document(r, vecs[r.doc_id]) for r in upsert_records
             ]
             deletes = sorted(plan.deletes.items())
-            _write_generation(
-                generation_id,
-                docs,
-                deletes,
-                lexical=lexical,
-                vectors=vectors,
-                text_analyzer=text_languages.analyzer_for(namespace),
-                dimension=embedder.dimension,
-            )
-            report.upserts += len(docs)
+
+            def write(
+                docs: Sequence[IndexDocument],
+                deletes: Sequence[tuple[str, int]],
+                generation_id: str = generation_id,
+                namespace: str = namespace,
+            ) -> None:
+                _write_generation(
+                    generation_id,
+                    docs,
+                    deletes,
+                    lexical=lexical,
+                    vectors=vectors,
+                    text_analyzer=text_languages.analyzer_for(namespace),
+                    dimension=embedder.dimension,
+                )
+
+            refused = containment.write(write, docs, deletes, positions, plan.upserts)
+            # A refused revision leaves the generation: a delete at its revision removes
+            # whatever an engine took of it before another refused it.
+            refused_upserts = [(d, r) for d, r in refused if d in plan.upserts]
+            removed = sorted({*removed, *refused_upserts})
+            if removed:
+                write([], removed)
+            for document_id, revision in removed:
+                plan.revisions[document_id] = (revision, True)
+            report.upserts += len(docs) - len(refused_upserts)
             report.deletes += len(deletes)
             changes[generation_id] = plan.revisions
     return changes
+
+
+@dataclass(slots=True)
+class _Containment:
+    """One batch's poison-record containment (see `PoisonGuard`)."""
+
+    guard: PoisonGuard
+    rejected: list[RejectedRecord]
+    # Whether an engine write of this batch succeeded (the engines take writes).
+    wrote: bool = False
+
+    def reject(self, position: int, record: Record, code: str, reason: str) -> None:
+        self.rejected.append(RejectedRecord(position, record, code, reason))
+
+    def write(
+        self,
+        write: Callable[[Sequence[IndexDocument], Sequence[tuple[str, int]]], None],
+        docs: Sequence[IndexDocument],
+        deletes: Sequence[tuple[str, int]],
+        positions: dict[tuple[str, int], int],
+        upserts: dict[str, Record],
+    ) -> list[tuple[str, int]]:
+        """Write `docs` and `deletes`; on a deterministic failure, bisect to the
+        operations that fail alone and return those refused for good, as
+        `(document_id, revision)`. Raises what is transient, and a deterministic failure
+        not yet retried `max_attempts` times while nothing was written."""
+        if not docs and not deletes:
+            return []
+        operations: list[IndexDocument | tuple[str, int]] = [*docs, *deletes]
+        try:
+            write(docs, deletes)
+        except OrreryError as exc:
+            if not is_deterministic(exc):
+                raise
+            failing = self._isolate(write, operations, exc)
+        else:
+            self.wrote = True
+            return []
+        refused: list[tuple[str, int]] = []
+        for operation, error in failing:
+            document_id, revision = (
+                (operation.document_id, operation.revision)
+                if isinstance(operation, IndexDocument)
+                else operation
+            )
+            where = f"event@{positions[(document_id, revision)]}"
+            attempts = self.guard.failures.get(where, 0) + 1
+            if not self.wrote and attempts < self.guard.max_attempts:
+                # Nothing of this batch was written: the engine may refuse everything
+                # (its own fault, not the record's). Fail the batch; retried with backoff.
+                self.guard.failures[where] = attempts
+                raise error
+            self.guard.failures.pop(where, None)
+            record = upserts.get(document_id)
+            if record is not None and record.revision == revision:
+                self.reject(
+                    positions[(document_id, revision)], record, error.code.value, error.message
+                )
+            refused.append((document_id, revision))
+        return refused
+
+    def _isolate(
+        self,
+        write: Callable[[Sequence[IndexDocument], Sequence[tuple[str, int]]], None],
+        operations: list[IndexDocument | tuple[str, int]],
+        error: OrreryError,
+    ) -> list[tuple[IndexDocument | tuple[str, int], OrreryError]]:
+        """The operations that fail deterministically on their own, each with its error
+        (`operations` failed together with `error`)."""
+        if len(operations) == 1:
+            return [(operations[0], error)]
+        middle = len(operations) // 2
+        failing: list[tuple[IndexDocument | tuple[str, int], OrreryError]] = []
+        for half in (operations[:middle], operations[middle:]):
+            docs = [o for o in half if isinstance(o, IndexDocument)]
+            deletes = [o for o in half if not isinstance(o, IndexDocument)]
+            try:
+                write(docs, deletes)
+            except OrreryError as exc:
+                if not is_deterministic(exc):
+                    raise
+                failing += self._isolate(write, half, exc)
+            else:
+                self.wrote = True
+        return failing
 
 
 def _write_generation(

@@ -116,7 +116,8 @@ class Route(BaseModel):
 
 class ScopeReadiness(BaseModel):
     """A scope's live generation as the registry shows it (`commit_seq`: its committed
-    batches; None when the routing does not say)."""
+    batches; None when the routing does not say; `dead_letters`: the scope's records
+    the projector could not apply and parked, see `orrery project --dead-letters`)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -128,6 +129,7 @@ class ScopeReadiness(BaseModel):
     applied_position: int
     descriptor_digest: str = ""
     commit_seq: int | None = None
+    dead_letters: int = 0
 
 
 class ProjectorLogStatus(BaseModel):

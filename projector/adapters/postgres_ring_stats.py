@@ -8,6 +8,7 @@ The tables `ring_members` and `ring_stats` of the projector's migration set
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -21,9 +22,9 @@ from projector.ring_stats import (
     RingDelta,
     RingMember,
     member_vector,
-    merged_sums,
     newest_changes,
     ring_moves,
+    settled_sums,
 )
 
 __all__ = ["PostgresRingStatistics"]
@@ -120,7 +121,11 @@ class PostgresRingStatistics:
             )
             row = cur.fetchone()
             held = None if row is None else (int(row[0]), bytes(row[1]), bytes(row[2]))
-            sums = merged_sums(delta, held)
+            sums = settled_sums(
+                delta,
+                held,
+                functools.partial(_live_vectors, cur, generation_id, galaxy, ring),
+            )
             if sums is None:
                 continue
             documents, vector_sum, unit_sum = sums
@@ -137,3 +142,12 @@ class PostgresRingStatistics:
                 "unit_sum = excluded.unit_sum",
                 (generation_id, galaxy, ring, documents, vector_sum.tobytes(), unit_sum.tobytes()),
             )
+
+
+def _live_vectors(cur: Cursor, generation_id: str, galaxy: str, ring: str) -> list[bytes]:
+    cur.execute(
+        "SELECT vector FROM ring_members WHERE generation_id = %s AND galaxy = %s AND "
+        "ring = %s AND NOT deleted AND vector IS NOT NULL",
+        (generation_id, galaxy, ring),
+    )
+    return [bytes(blob) for (blob,) in cur.fetchall()]

@@ -35,8 +35,9 @@ from contracts.generations import (
     Topology,
 )
 from projector.adapters.postgres_pool import driver_errors, open_pool
+from projector.dead_letters import dead_letter_of, rejected_value
 from projector.model import WRITABLE_STATES, engine_named_topology, new_generation, transition
-from projector.ports import DeadLetter, RegistrySnapshot, Undecodable
+from projector.ports import DeadLetter, RegistrySnapshot, RejectedRecord, Undecodable
 
 __all__ = ["PostgresProjectorState"]
 
@@ -662,31 +663,52 @@ class PostgresProjectorState:
                 ],
             )
 
-    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+    def park_rejected(self, consumer: str, rejected: Sequence[RejectedRecord]) -> None:
+        if not rejected:
+            return
+        now = datetime.now(UTC)
+        with self._transaction("park rejected records") as cur:
+            cur.executemany(
+                "INSERT INTO dead_letters (consumer, location, position, message_key, "
+                "message_value, headers_json, reason, parked_at, namespace, snapshot_kind, "
+                "document_id, revision) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "ON CONFLICT (consumer, location) DO NOTHING",
+                [
+                    (
+                        consumer,
+                        r.where,
+                        r.position,
+                        r.record.doc_id.encode(),
+                        rejected_value(r),
+                        "[]",
+                        f"{r.code}: {r.reason}",
+                        now,
+                        r.record.namespace,
+                        r.record.snapshot_kind,
+                        r.record.doc_id,
+                        r.record.revision,
+                    )
+                    for r in rejected
+                ],
+            )
+
+    def dead_letters(self, limit: int = 100, *, namespace: str | None = None) -> list[DeadLetter]:
+        where, params = ("", ()) if namespace is None else (" WHERE namespace = %s", (namespace,))
         rows = self._rows(
             "read dead letters",
             "SELECT seq, consumer, location, position, message_key, message_value, "
-            "headers_json, reason, parked_at FROM dead_letters ORDER BY seq LIMIT %s",
-            (limit,),
+            "headers_json, reason, parked_at, namespace, snapshot_kind, document_id, revision "
+            f"FROM dead_letters{where} ORDER BY seq LIMIT %s",
+            (*params, limit),
         )
-        return [
-            DeadLetter(
-                seq=int(seq),
-                consumer=str(consumer),
-                message=Undecodable(
-                    where=str(where),
-                    position=None if position is None else int(position),
-                    key=None if key is None else bytes(key),
-                    value=bytes(value),
-                    headers=tuple(
-                        (str(k), base64.b64decode(v)) for k, v in json.loads(str(headers))
-                    ),
-                    reason=str(reason),
-                ),
-                parked_at=parked_at,
-            )
-            for seq, consumer, where, position, key, value, headers, reason, parked_at in rows
-        ]
+        return [dead_letter_of(row, row[8]) for row in rows]
+
+    def remove(self, seqs: Collection[int]) -> int:
+        if not seqs:
+            return 0
+        with self._transaction("remove dead letters") as cur:
+            cur.execute("DELETE FROM dead_letters WHERE seq = ANY(%s)", ([int(s) for s in seqs],))
+            return int(cur.rowcount)
 
     def dead_letter_count(self) -> int:
         rows = self._rows("count dead letters", "SELECT COUNT(*) FROM dead_letters")

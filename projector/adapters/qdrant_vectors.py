@@ -562,8 +562,9 @@ def _translated(action: str, generation_id: str | None = None) -> Iterator[None]
     """Turn qdrant-client, httpx and grpc errors into `contracts.errors`.
 
     A missing collection is `NOT_FOUND` when `generation_id` names the one concerned; a
-    vector the engine finds of the wrong dimension is `EMBEDDER_MISMATCH`; anything else
-    is `DependencyUnavailable`.
+    vector the engine finds of the wrong dimension is `EMBEDDER_MISMATCH`; another 4xx
+    refusal of the request's content is `INVALID_REQUEST` (deterministic: the same
+    request fails again); anything else is `DependencyUnavailable` (transient).
     """
     try:
         yield
@@ -577,4 +578,26 @@ def _translated(action: str, generation_id: str | None = None) -> Iterator[None]
             raise OrreryError(
                 ErrorCode.EMBEDDER_MISMATCH, f"{action}: {message}", {"engine": DEPENDENCY}
             ) from error
+        status = _refusal_status(error)
+        if status is not None:
+            # The request itself was refused (a 4xx other than throttling, auth or a
+            # timeout): the same request fails the same way again — deterministic.
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                f"{action}: {message}",
+                {"engine": DEPENDENCY, "status": status},
+            ) from error
         raise DependencyUnavailable(DEPENDENCY, f"{action}: {message}") from error
+
+
+# 4xx statuses that say nothing about the request's content: retried like a 5xx.
+_TRANSIENT_CLIENT_STATUSES = frozenset({401, 403, 404, 408, 409, 425, 429})
+
+
+def _refusal_status(error: BaseException) -> int | None:
+    """The HTTP status of a Qdrant answer that refused the request for its content
+    (400, 413, 422, …), else None (unreachable, a 5xx, a throttle: transient)."""
+    status = getattr(error, "status_code", None)
+    if isinstance(status, int) and 400 <= status < 500:
+        return None if status in _TRANSIENT_CLIENT_STATUSES else status
+    return None

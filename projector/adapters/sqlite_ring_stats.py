@@ -18,6 +18,7 @@ deleted, so no rounding residue of removed vectors stays behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -29,9 +30,9 @@ from projector.ring_stats import (
     RingDelta,
     RingMember,
     member_vector,
-    merged_sums,
     newest_changes,
     ring_moves,
+    settled_sums,
 )
 
 __all__ = ["RING_STATS_SCHEMA", "SqliteRingStatistics"]
@@ -157,7 +158,11 @@ class SqliteRingStatistics:
                 "WHERE generation_id = ? AND galaxy = ? AND ring = ?",
                 (generation_id, galaxy, ring),
             ).fetchone()
-            sums = merged_sums(delta, None if row is None else (int(row[0]), row[1], row[2]))
+            sums = settled_sums(
+                delta,
+                None if row is None else (int(row[0]), row[1], row[2]),
+                functools.partial(_live_vectors, conn, generation_id, galaxy, ring),
+            )
             if sums is None:
                 continue
             documents, vector_sum, unit_sum = sums
@@ -174,3 +179,16 @@ class SqliteRingStatistics:
                 "unit_sum = excluded.unit_sum",
                 (generation_id, galaxy, ring, documents, vector_sum.tobytes(), unit_sum.tobytes()),
             )
+
+
+def _live_vectors(
+    conn: sqlite3.Connection, generation_id: str, galaxy: str, ring: str
+) -> list[bytes]:
+    return [
+        bytes(blob)
+        for (blob,) in conn.execute(
+            "SELECT vector FROM ring_members WHERE generation_id = ? AND galaxy = ? AND "
+            "ring = ? AND deleted = 0 AND vector IS NOT NULL",
+            (generation_id, galaxy, ring),
+        )
+    ]

@@ -33,8 +33,9 @@ from contracts.generations import (
     LivePointer,
     Topology,
 )
+from projector.dead_letters import dead_letter_of, rejected_value
 from projector.model import WRITABLE_STATES, engine_named_topology, new_generation, transition
-from projector.ports import DeadLetter, RegistrySnapshot, Undecodable
+from projector.ports import DeadLetter, RegistrySnapshot, RejectedRecord, Undecodable
 
 __all__ = ["STATE_SCHEMA", "SqliteProjectorState"]
 
@@ -112,6 +113,18 @@ _ADDED_COLUMNS = {
     "heartbeat_at": "TEXT",
     "indexes_dropped": "INTEGER NOT NULL DEFAULT 0",
 }
+# Dead letters of rejected records (issue 22) name their record; undecodable ones leave
+# these NULL.
+_DEAD_LETTER_COLUMNS = {
+    "namespace": "TEXT",
+    "snapshot_kind": "TEXT",
+    "document_id": "TEXT",
+    "revision": "INTEGER",
+}
+_DEAD_LETTER_SELECT = (
+    "SELECT seq, consumer, location, position, message_key, message_value, headers_json, "
+    "reason, parked_at, namespace, snapshot_kind, document_id, revision FROM dead_letters"
+)
 _WRITABLE = tuple(sorted(state.value for state in WRITABLE_STATES))
 _WRITABLE_SQL = ",".join(f"'{state}'" for state in _WRITABLE)
 # Evidence checks kept per generation.
@@ -162,6 +175,11 @@ class SqliteProjectorState:
                 # Another process may add it at the same moment.
                 with contextlib.suppress(sqlite3.OperationalError):
                     self._conn.execute(f"ALTER TABLE generations ADD COLUMN {name} {definition}")
+        present = {str(row[1]) for row in self._conn.execute("PRAGMA table_info(dead_letters)")}
+        for name, definition in _DEAD_LETTER_COLUMNS.items():
+            if name not in present:
+                with contextlib.suppress(sqlite3.OperationalError):
+                    self._conn.execute(f"ALTER TABLE dead_letters ADD COLUMN {name} {definition}")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -724,31 +742,48 @@ class SqliteProjectorState:
                 ],
             )
 
-    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+    def park_rejected(self, consumer: str, rejected: Sequence[RejectedRecord]) -> None:
+        now = datetime.now(UTC).isoformat()
+        with self._transaction() as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO dead_letters (consumer, location, position, "
+                "message_key, message_value, headers_json, reason, parked_at, namespace, "
+                "snapshot_kind, document_id, revision) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        consumer,
+                        r.where,
+                        r.position,
+                        r.record.doc_id.encode(),
+                        rejected_value(r),
+                        "[]",
+                        f"{r.code}: {r.reason}",
+                        now,
+                        r.record.namespace,
+                        r.record.snapshot_kind,
+                        r.record.doc_id,
+                        r.record.revision,
+                    )
+                    for r in rejected
+                ],
+            )
+
+    def dead_letters(self, limit: int = 100, *, namespace: str | None = None) -> list[DeadLetter]:
+        where, params = ("", ()) if namespace is None else (" WHERE namespace = ?", (namespace,))
         with self._lock:
             rows = self._conn.execute(
-                "SELECT seq, consumer, location, position, message_key, message_value, "
-                "headers_json, reason, parked_at FROM dead_letters ORDER BY seq LIMIT ?",
-                (limit,),
+                f"{_DEAD_LETTER_SELECT}{where} ORDER BY seq LIMIT ?", (*params, limit)
             ).fetchall()
-        return [
-            DeadLetter(
-                seq=int(seq),
-                consumer=str(consumer),
-                message=Undecodable(
-                    where=str(where),
-                    position=None if position is None else int(position),
-                    key=None if key is None else bytes(key),
-                    value=bytes(value),
-                    headers=tuple(
-                        (str(k), base64.b64decode(v)) for k, v in json.loads(str(headers))
-                    ),
-                    reason=str(reason),
-                ),
-                parked_at=datetime.fromisoformat(str(parked_at)),
+        return [dead_letter_of(row, datetime.fromisoformat(str(row[8]))) for row in rows]
+
+    def remove(self, seqs: Collection[int]) -> int:
+        if not seqs:
+            return 0
+        with self._transaction() as conn:
+            cursor = conn.executemany(
+                "DELETE FROM dead_letters WHERE seq = ?", [(int(s),) for s in seqs]
             )
-            for seq, consumer, where, position, key, value, headers, reason, parked_at in rows
-        ]
+            return int(cursor.rowcount)
 
     def dead_letter_count(self) -> int:
         with self._lock:

@@ -160,8 +160,10 @@ class TantivyLexicalIndex:
       version 2 indexes also hold `TEXT` (title, body and tags in one field).
     - Facet names must not contain `FACET_SEPARATOR`, keyword values must be valid Unicode
       (`INVALID_REQUEST` otherwise, nothing written); text fields are made valid.
-    - Unknown generations raise `OrreryError(COVERAGE_UNAVAILABLE)`; engine failures raise
-      `DependencyUnavailable("tantivy", ...)` after rolling back the uncommitted batch.
+    - Unknown generations raise `OrreryError(COVERAGE_UNAVAILABLE)`; a document tantivy
+      refuses (its values) raises `INVALID_REQUEST` naming it, deterministic; engine
+      failures (I/O, the writer) raise `DependencyUnavailable("tantivy", ...)`, transient;
+      both after rolling back the uncommitted batch.
     """
 
     def __init__(
@@ -341,7 +343,14 @@ class TantivyLexicalIndex:
                         continue
                     # Deleting first keeps the id unique even if `held` were stale.
                     writer.delete_documents_by_term(DOCUMENT_ID, document_id)
-                    writer.add_document(_to_document(operation, combined, generation.hit_keys))
+                    try:
+                        document = _to_document(operation, combined, generation.hit_keys)
+                        writer.add_document(document)
+                    except (ValueError, TypeError) as exc:
+                        # This document's values, not the index: the same document fails
+                        # the same way on every attempt (deterministic, `INVALID_REQUEST`).
+                        self._discard_writer(generation)
+                        raise _refused(generation_id, document_id, exc) from exc
                 else:
                     if present is None or present > operation:
                         continue
@@ -516,6 +525,14 @@ def _unknown(generation_id: str) -> OrreryError:
         ErrorCode.COVERAGE_UNAVAILABLE,
         f"no lexical index for generation {generation_id!r}",
         {"engine": "tantivy", "generation_id": generation_id},
+    )
+
+
+def _refused(generation_id: str, document_id: str, exc: BaseException) -> OrreryError:
+    return OrreryError(
+        ErrorCode.INVALID_REQUEST,
+        f"tantivy refused document {document_id!r}: {exc}",
+        {"engine": "tantivy", "generation_id": generation_id, "document_id": document_id},
     )
 
 

@@ -69,7 +69,7 @@ class ProjectorLoop(StepLoop[BatchReport]):
 
     def _record_success(self, result: BatchReport) -> bool:
         self._stats.position = result.position
-        self._stats.parked += result.parked
+        self._stats.parked += result.parked + result.dead_lettered
         if result.lag is not None:
             self._stats.lag = result.lag
         if result.events:

@@ -139,7 +139,9 @@ class PostgresRouting:
     def scopes(self) -> list[ScopeReadiness]:
         rows = self._reads.query(
             "SELECT p.namespace, p.snapshot_kind, g.generation_id, g.state, g.document_count,"
-            " g.applied_position, g.descriptor_digest, g.commit_seq FROM live_pointers p JOIN "
+            " g.applied_position, g.descriptor_digest, g.commit_seq, (SELECT COUNT(*) FROM "
+            "dead_letters d WHERE d.namespace = p.namespace AND d.snapshot_kind = "
+            "p.snapshot_kind) FROM live_pointers p JOIN "
             "generations g ON g.generation_id = p.generation_id "
             "ORDER BY p.namespace, p.snapshot_kind"
         )
@@ -153,8 +155,9 @@ class PostgresRouting:
                 applied_position=int(applied),
                 descriptor_digest=str(digest or ""),
                 commit_seq=int(commit_seq),
+                dead_letters=int(dead),
             )
-            for ns, kind, gen, state, count, applied, digest, commit_seq in rows
+            for ns, kind, gen, state, count, applied, digest, commit_seq, dead in rows
         ]
 
     def oldest_unapplied_at(self, position: int) -> datetime | None:
@@ -204,13 +207,18 @@ class PostgresRouting:
             )
         return [str(r[0]) for r in rows]
 
-    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
-        """The projector's parked undecodable messages, oldest first, JSON-ready (raw key,
-        value and header values base64-encoded), as `sqlite_routing.dead_letters`."""
+    def dead_letters(
+        self, limit: int = 100, *, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The projector's dead letters (undecodable messages and rejected records),
+        oldest first, those of `namespace` when given, JSON-ready (raw key, value and
+        header values base64-encoded), as `sqlite_routing.dead_letters`."""
+        where, params = ("", ()) if namespace is None else (" WHERE namespace = %s", (namespace,))
         rows = self._reads.query(
             "SELECT seq, consumer, location, position, message_key, message_value, "
-            "headers_json, reason, parked_at FROM dead_letters ORDER BY seq LIMIT %s",
-            (limit,),
+            "headers_json, reason, parked_at, namespace, snapshot_kind, document_id, revision "
+            f"FROM dead_letters{where} ORDER BY seq LIMIT %s",
+            (*params, limit),
         )
         return [
             {
@@ -220,11 +228,29 @@ class PostgresRouting:
                 "position": position,
                 "reason": reason,
                 "parked_at": parked_at.isoformat(),
+                "namespace": ns,
+                "snapshot_kind": kind,
+                "document_id": doc,
+                "revision": None if revision is None else int(revision),
                 "key_base64": None if key is None else base64.b64encode(key).decode("ascii"),
                 "value_base64": base64.b64encode(value).decode("ascii"),
                 "headers": json.loads(str(headers)),
             }
-            for seq, consumer, where, position, key, value, headers, reason, parked_at in rows
+            for (
+                seq,
+                consumer,
+                where,
+                position,
+                key,
+                value,
+                headers,
+                reason,
+                parked_at,
+                ns,
+                kind,
+                doc,
+                revision,
+            ) in rows
         ]
 
 

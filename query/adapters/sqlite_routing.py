@@ -100,7 +100,9 @@ class SqliteRouting(_Reader):
     def scopes(self) -> list[ScopeReadiness]:
         rows = self._query(
             "SELECT p.namespace, p.snapshot_kind, g.generation_id, g.state, g.document_count,"
-            " g.applied_position, g.descriptor_digest, g.commit_seq FROM live_pointers p JOIN "
+            " g.applied_position, g.descriptor_digest, g.commit_seq, (SELECT COUNT(*) FROM "
+            "dead_letters d WHERE d.namespace = p.namespace AND d.snapshot_kind = "
+            "p.snapshot_kind) FROM live_pointers p JOIN "
             "generations g ON g.generation_id = p.generation_id "
             "ORDER BY p.namespace, p.snapshot_kind"
         )
@@ -114,8 +116,9 @@ class SqliteRouting(_Reader):
                 applied_position=int(str(applied)),
                 descriptor_digest=str(digest or ""),
                 commit_seq=int(str(commit_seq)),
+                dead_letters=int(str(dead)),
             )
-            for ns, kind, gen, state, count, applied, digest, commit_seq in rows
+            for ns, kind, gen, state, count, applied, digest, commit_seq, dead in rows
         ]
 
     def oldest_unapplied_at(self, position: int) -> datetime | None:
@@ -151,9 +154,11 @@ class SqliteRouting(_Reader):
         """See `generation_document_ids`."""
         return generation_document_ids(self, generation_id, galaxy)
 
-    def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+    def dead_letters(
+        self, limit: int = 100, *, namespace: str | None = None
+    ) -> list[dict[str, Any]]:
         """See the module's `dead_letters`."""
-        return dead_letters(self, limit)
+        return dead_letters(self, limit, namespace=namespace)
 
 
 class SqliteRecordReader(_Reader):
@@ -285,24 +290,36 @@ def generation_document_ids(
     return [str(r[0]) for r in rows]
 
 
-def dead_letters(routing: SqliteRouting, limit: int = 100) -> list[dict[str, Any]]:
-    """The projector's parked undecodable messages, oldest first, as JSON-ready dicts
-    (raw key, value and header values base64-encoded)."""
+def dead_letters(
+    routing: SqliteRouting, limit: int = 100, *, namespace: str | None = None
+) -> list[dict[str, Any]]:
+    """The projector's dead letters (undecodable messages, and records it could not
+    apply: those name their namespace, snapshot kind, document id and revision), oldest
+    first, those of `namespace` when given, as JSON-ready dicts (raw key, value and
+    header values base64-encoded)."""
+    where, params = ("", ()) if namespace is None else (" WHERE namespace = ?", (namespace,))
     rows = routing._query(
         "SELECT seq, consumer, location, position, message_key, message_value, "
-        "headers_json, reason, parked_at FROM dead_letters ORDER BY seq LIMIT ?",
-        (limit,),
+        "headers_json, reason, parked_at, namespace, snapshot_kind, document_id, revision "
+        f"FROM dead_letters{where} ORDER BY seq LIMIT ?",
+        (*params, limit),
     )
     out: list[dict[str, Any]] = []
-    for seq, consumer, where, position, key, value, headers, reason, parked_at in rows:
+    for row in rows:
+        seq, consumer, location, position, key, value, headers, reason, parked_at = row[:9]
+        ns, kind, doc, revision = row[9:]
         out.append(
             {
                 "seq": seq,
                 "consumer": consumer,
-                "where": where,
+                "where": location,
                 "position": position,
                 "reason": reason,
                 "parked_at": parked_at,
+                "namespace": ns,
+                "snapshot_kind": kind,
+                "document_id": doc,
+                "revision": revision,
                 "key_base64": None if key is None else _b64(key),
                 "value_base64": _b64(value),
                 "headers": json.loads(str(headers)),

@@ -243,3 +243,34 @@ def test_concurrent_writers_of_one_generation_lose_no_contribution(pair: Pair) -
     second.close()
     assert errors == []
     assert_matches(pair, live)
+
+
+def _finite(pair: Pair) -> bool:
+    return all(
+        np.isfinite(s.vector_sum).all() and np.isfinite(s.unit_sum).all()
+        for s in pair.reader.rings(GEN, "g")
+    )
+
+
+def test_a_vector_non_finite_in_float32_never_makes_the_sums_non_finite(pair: Pair) -> None:
+    """Issue 22: a 1e39 component is infinite as float32. Such a vector counts in no
+    sum — neither when it is written nor when it leaves (a delete, a move, a new
+    vector) — so the ring's statistics stay those of its other members."""
+    a = d("a", 1, "ai", (1.0, 0.0, 0.0, 0.0))
+    b = d("b", 1, "ai", (0.0, 1.0, 0.0, 0.0))
+    bad = d("bad", 1, "ai", (1e39, 1.0, 0.0, 0.0))
+    pair.writer.apply(GEN, [a, b, bad], [])
+    assert _finite(pair)
+    assert_matches(pair, {"a": a, "b": b})
+    pair.writer.apply(GEN, [], [("bad", 2)])
+    assert _finite(pair)
+    assert_matches(pair, {"a": a, "b": b})
+    # Moved into another ring with a poison vector, then given a finite one.
+    moved = d("a", 2, "db", (float("inf"), 0.0, 0.0, 0.0))
+    pair.writer.apply(GEN, [moved], [])
+    assert _finite(pair)
+    assert_matches(pair, {"b": b})
+    fixed = d("a", 3, "db", (0.0, 0.0, 1.0, 0.0))
+    pair.writer.apply(GEN, [fixed], [])
+    assert _finite(pair)
+    assert_matches(pair, {"b": b, "a": fixed})

@@ -1,0 +1,253 @@
+"""What a record must be for every engine to take it: the checks every write route runs.
+
+A write is acknowledged only if the projector can apply it. Anything an engine or the
+projector would refuse *deterministically* — the same record failing the same way on
+every attempt — is refused here instead, at the door, with the field that is wrong
+(issue 22: one all-zero vector acknowledged with 200 stopped indexing for every tenant).
+`POST /v1/records`, the ChonkyDB bulk and single-record routes, the KoutenDB import and
+`orrery ingest` all call `record_problems`; the projector calls it again on what it
+reads (a record that reached the log another way is dead-lettered, never retried
+forever), and the vector engines' `check_vector` applies `vector_problem`.
+
+The limits, and where they come from:
+
+- a vector is stored as float32 by every vector engine (qdrant-edge, Qdrant) and by the
+  ring statistics: each component must be finite *as a float32* (`1e39` overflows to
+  infinity), the vector must not be all zeros as a float32 (`1e-46` underflows to 0;
+  cosine is undefined), and its length, which the engines compute in float32 to
+  normalize it for cosine, must be at least float32's epsilon (below it Qdrant stores
+  the vector unnormalized) and its square finite in float32 (else the normalized vector
+  is all zeros);
+- a vector has the embedder's dimension (every generation holds one dimension);
+- an exact-match keyword (visibility label, facet `name=value`) is at most
+  `KEYWORD_MAX_BYTES` UTF-8 bytes: Lucene (OpenSearch) refuses a document holding a term
+  over 32,766 bytes ("immense term"), tantivy silently drops terms over 65,530 bytes
+  (the filter then never matches); the bound keeps both engines equal, with room;
+- at most `MAX_FACET_VALUES` facet values per record: every value is a keyword term and
+  a payload entry of the record's vector point (Qdrant's request size is bounded);
+- keywords are valid Unicode (no lone surrogate): no engine stores one
+  (`projector.model.check_keywords`);
+- a record's JSON is at most `MAX_RECORD_BYTES`: in server mode each record travels as
+  one Kafka message, and a Kafka producer refuses a message over its
+  `max_request_size` (1 MiB by default, as the broker's `message.max.bytes`) on every
+  attempt — one such record would stop the relay, and every tenant's writes behind it.
+
+Pure functions of the record (and the deployment's dimension); no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from contracts.errors import ErrorCode, OrreryError
+from contracts.index_fields import FACET_SEPARATOR
+from contracts.records import Record
+
+__all__ = [
+    "FLOAT32_EPSILON",
+    "FLOAT32_MAX",
+    "KEYWORD_MAX_BYTES",
+    "MAX_FACET_VALUES",
+    "MAX_RECORD_BYTES",
+    "Problem",
+    "check_record",
+    "problem_dicts",
+    "record_problems",
+    "vector_problem",
+]
+
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_EPSILON = 1.1920928955078125e-07
+# The longest vector whose squared length float32 holds.
+_FLOAT32_MAX_LENGTH = math.sqrt(FLOAT32_MAX)
+KEYWORD_MAX_BYTES = 8_192
+MAX_FACET_VALUES = 1_024
+# 1 MiB (Kafka's default message size) less room for the event envelope, key and headers.
+MAX_RECORD_BYTES = 1_000_000
+# The most bytes one vector component takes in JSON (`-1.2345678901234567e-308,`).
+_VECTOR_COMPONENT_BYTES = 25
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why a record cannot be applied: the field (`loc`, as pydantic names it), a human
+    message and a machine-readable `type` (`vector_not_finite`, `vector_zero`,
+    `embedder_mismatch` for a wrong dimension, `keyword_too_long`, `too_many_facets`,
+    `not_unicode`, `record_too_large`)."""
+
+    loc: tuple[str | int, ...]
+    msg: str
+    type: str
+
+
+def vector_problem(vector: Sequence[float], dimension: int | None) -> Problem | None:
+    """Why `vector` cannot be stored by a vector engine of `dimension` (unchecked when
+    None), or None. See the module docstring for the rules."""
+    if dimension is not None and len(vector) != dimension:
+        return Problem(
+            ("vector",),
+            f"vector has {len(vector)} dimensions, the embedder produces {dimension}",
+            ErrorCode.EMBEDDER_MISMATCH.value,
+        )
+    try:
+        # Rounded to float32 in C exactly as numpy and the engines round (a value past
+        # float32's range becomes an infinity).
+        as_float32 = array("f", vector)
+    except (TypeError, OverflowError):
+        return Problem(("vector",), "vector must be a list of numbers", "vector_not_finite")
+    # In float64 and without overflow: an infinity or a NaN makes it non-finite.
+    length = math.hypot(*as_float32)
+    if not math.isfinite(length):
+        return Problem(
+            ("vector",),
+            f"vector holds NaN, an infinity or a value outside float32's range "
+            f"(|x| > {FLOAT32_MAX:.7g})",
+            "vector_not_finite",
+        )
+    if length > _FLOAT32_MAX_LENGTH:
+        return Problem(
+            ("vector",),
+            "vector is too long to normalize in float32 (its squared length overflows)",
+            "vector_not_finite",
+        )
+    if length < FLOAT32_EPSILON:
+        return Problem(
+            ("vector",),
+            "vector is all zeros, or too short to normalize in float32 (cosine is undefined)",
+            "vector_zero",
+        )
+    return None
+
+
+def _keyword_problem(loc: tuple[str | int, ...], value: str) -> Problem | None:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return Problem(loc, "must be valid Unicode (no lone surrogates)", "not_unicode")
+    if size > KEYWORD_MAX_BYTES:
+        return Problem(
+            loc,
+            f"is {size} UTF-8 bytes, an exact-match value holds at most {KEYWORD_MAX_BYTES}",
+            "keyword_too_long",
+        )
+    return None
+
+
+def record_problems(
+    record: Record, *, dimension: int | None, vector: bool = True, size: bool = True
+) -> list[Problem]:
+    """Every reason a (validated) record cannot be applied by the projector and every
+    engine; empty when it can. A tombstone has none (nothing of it is indexed).
+    `dimension` is the embedder's (None: unchecked); `vector=False` leaves the vector
+    out (a caller that checked it with `vector_problem` already); `size=False` the
+    record's size (a record read from the log has travelled already)."""
+    if record.deleted:
+        return []
+    problems: list[Problem] = []
+    if vector and record.vector is not None:
+        problem = vector_problem(record.vector, dimension)
+        if problem is not None:
+            problems.append(problem)
+    keywords: list[tuple[tuple[str | int, ...], str]] = [
+        (("item_id",), record.item_id),
+        (("ring",), record.ring),
+        (("metadata", "status"), record.metadata.status),
+    ]
+    keywords += [
+        (("metadata", "visibility", i), v) for i, v in enumerate(record.metadata.visibility)
+    ]
+    facets = record.metadata.facets()
+    count = 0
+    for name, values in facets.items():
+        for i, value in enumerate(values):
+            keywords.append((("metadata", name, i), f"{name}{FACET_SEPARATOR}{value}"))
+        count += len(values)
+    if count > MAX_FACET_VALUES:
+        problems.append(
+            Problem(
+                ("metadata",),
+                f"{count} facet values, a record holds at most {MAX_FACET_VALUES}",
+                "too_many_facets",
+            )
+        )
+    for loc, value in keywords:
+        problem = _keyword_problem(loc, value)
+        if problem is not None:
+            problems.append(problem)
+    too_large = _size_problem(record) if size else None
+    if too_large is not None:
+        problems.append(too_large)
+    for loc, text in (
+        (("text", "title"), record.text.title),
+        (("text", "body"), record.text.body),
+        *((("text", "tags", i), tag) for i, tag in enumerate(record.text.tags)),
+    ):
+        if not _is_unicode(text):
+            problems.append(
+                Problem(loc, "must be valid Unicode (no lone surrogates)", "not_unicode")
+            )
+    return problems
+
+
+def _size_problem(record: Record) -> Problem | None:
+    """`record_too_large` naming the largest field, when the record's JSON (its vector
+    counted at the most a component can take) is over `MAX_RECORD_BYTES`."""
+    vector = 0 if record.vector is None else len(record.vector) * _VECTOR_COMPONENT_BYTES
+    # Cheap bounds first: most records are far below the limit.
+    text = record.text
+    chars = len(text.title) + len(text.body) + sum(map(len, text.tags))
+    if 4 * chars + vector < MAX_RECORD_BYTES // 2:
+        payload = len(json.dumps(record.payload, ensure_ascii=False, separators=(",", ":")))
+        if payload + 4 * chars + vector < MAX_RECORD_BYTES // 2:
+            return None
+    try:
+        size = len(record.model_dump_json(exclude={"vector"}).encode("utf-8")) + vector
+    except UnicodeEncodeError:
+        return None  # reported as `not_unicode`
+    if size <= MAX_RECORD_BYTES:
+        return None
+    parts = {
+        ("payload",): len(json.dumps(record.payload, ensure_ascii=False)),
+        ("text", "body"): len(text.body),
+        ("text", "title"): len(text.title),
+        ("text", "tags"): sum(map(len, text.tags)),
+        ("metadata",): len(record.metadata.model_dump_json()),
+        ("vector",): vector,
+    }
+    largest = max(parts, key=lambda loc: parts[loc])
+    return Problem(
+        largest,
+        f"the record is {size} bytes as JSON, at most {MAX_RECORD_BYTES} "
+        f"(one event on the log); its largest field is {'.'.join(largest)}",
+        "record_too_large",
+    )
+
+
+def _is_unicode(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def problem_dicts(problems: Sequence[Problem]) -> list[dict[str, object]]:
+    """`problems` as the `errors` entries of a 422 (pydantic's shape: loc, msg, type)."""
+    return [{"loc": list(p.loc), "msg": p.msg, "type": p.type} for p in problems]
+
+
+def check_record(record: Record, *, dimension: int | None) -> None:
+    """`OrreryError(INVALID_REQUEST)` naming every problem of `record` (see
+    `record_problems`); nothing when it can be applied."""
+    problems = record_problems(record, dimension=dimension)
+    if problems:
+        first = problems[0]
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"{'.'.join(map(str, first.loc))}: {first.msg}",
+            {"document_id": record.doc_id, "errors": problem_dicts(problems)},
+        )
