@@ -327,18 +327,32 @@ class KeptEnvelope:
 
 
 class EnvelopeLog(Protocol):
-    """Envelopes by request id for a limited time (the KoutenDB feedback loop).
+    """Envelopes by (namespace, galaxy, request id) for a limited time (the KoutenDB
+    feedback loop).
 
-    Guarantees: `keep` replaces an envelope of the same request id (its feedback too);
-    `envelope` and `window` never return one kept before `since` / older than the
-    retention the caller asks for; `feedback` replaces earlier feedback.
+    Guarantees: an envelope's key is `(namespace, galaxy, request_id)`: `keep` replaces
+    only the envelope with the same three (its feedback too), never another namespace's
+    or galaxy's with the same request id; each (namespace, galaxy) holds at most the
+    adapter's bound (`max_per_galaxy`, oldest dropped first; a few hundred more between
+    two prunes), so one tenant's requests never evict another's; `envelopes` and
+    `window` never return one kept before `since`; `feedback` replaces earlier feedback
+    of exactly one envelope.
     """
 
     def keep(self, envelope: KeptEnvelope) -> None: ...
 
-    def envelope(self, request_id: str, since: datetime) -> KeptEnvelope | None: ...
+    def envelopes(self, namespace: str, request_id: str, since: datetime) -> list[KeptEnvelope]:
+        """The namespace's envelopes with this request id kept at or after `since`, one
+        per galaxy at most, ordered by galaxy."""
 
-    def feedback(self, request_id: str, used: Sequence[str], ignored: Sequence[str]) -> None: ...
+    def feedback(
+        self,
+        namespace: str,
+        galaxy: str,
+        request_id: str,
+        used: Sequence[str],
+        ignored: Sequence[str],
+    ) -> None: ...
 
     def window(self, namespace: str, galaxy: str, since: datetime) -> list[KeptEnvelope]:
         """The envelopes of a namespace and galaxy kept at or after `since`, oldest first."""
