@@ -24,6 +24,7 @@ from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
 from ingest.service import write_records
 from orrery.gen_cli import gen_app, remove_server_file, write_server_file
+from orrery.http_protocol import bounded_httptools
 from query.settings import QuerySettings
 
 __all__ = ["app", "main"]
@@ -106,7 +107,8 @@ def _serve_http(app: Any, settings: QuerySettings) -> None:
         log_level="warning",
         access_log=False,  # INFO lines, never shown at "warning": not even formatted
         loop="uvloop",
-        http="httptools",
+        # httptools with a bound on each request's head (uvicorn bounds it for h11 only).
+        http=bounded_httptools(settings.max_header_bytes, settings.max_headers),
     )
     uvicorn.Server(config).run()
 
