@@ -334,7 +334,7 @@ def ingest(
         except ValidationError as exc:
             console.print(f"[red]{file}:{line_no}: invalid record:\n{exc}")
             raise typer.Exit(1) from exc
-    store = embedded_store(settings.data_dir)
+    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
     accepted = rejected = 0
     try:
         with _progress() as progress:
@@ -408,7 +408,7 @@ def import_jsonl(
     except OrreryError as exc:
         raise _fail(exc) from exc
     tune_gc()  # a batch job allocating millions of containers, as a server does
-    store = embedded_store(settings.data_dir)
+    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
     importer = JsonlImporter(options, store)
     splitter = LineSplitter()
     try:
@@ -448,7 +448,7 @@ def dump(
     from ingest.koutendb_io import dump_lines
 
     settings = _settings(data_dir=data_dir)
-    store = embedded_store(settings.data_dir)
+    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
     try:
         lines = dump_lines(
             store=store,

@@ -151,6 +151,8 @@ def ingest_routers(
             vector_dimension=vector_dimension,
             on_commit=on_commit,
             resolve_scope=lambda namespace, ref: scopes.target(namespace, ref).snapshot_kind,
+            max_batch_bytes=settings.max_import_batch_bytes,
+            max_record_bytes=settings.max_record_bytes,
         )
     )
     return routers
@@ -297,7 +299,9 @@ class EmbeddedStack:
             progress.applied_up_to(report.position)
             return report
 
-        store = embedded_store(data_dir, on_committed=committed)
+        store = embedded_store(
+            data_dir, on_committed=committed, max_record_bytes=settings.max_record_bytes
+        )
         progress.wrote(store.high_water())
         for generation_id in projector.state.fail_orphaned_builds(ORPHANED_BUILD, older_than=None):
             log.warning("generation %s: %s; marked failed", generation_id, ORPHANED_BUILD)

@@ -147,7 +147,9 @@ class ServerStack:
         grants = parse_api_keys(settings.api_keys)
         log.info("canonical store: %s", describe_store(settings.data_dir, database_url))
         # The canonical store creates (or migrates) the schema every other role reads.
-        store = server_store(settings.data_dir, database_url)
+        store = server_store(
+            settings.data_dir, database_url, max_record_bytes=settings.max_record_bytes
+        )
         stack.closers.append(store.close)
         if Role.INGEST in roles:
             stack.store = store

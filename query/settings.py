@@ -56,7 +56,7 @@ class QuerySettings(BaseSettings):
         "413 record_too_large (import: an error line)",
     )
     max_import_batch_bytes: int = Field(
-        default=16 * 1024 * 1024,
+        default=8 * 1024 * 1024,
         ge=1_024,
         description="An import writes its pending lines as one batch once they hold this "
         "many bytes (or batchSize lines): its memory is bounded in bytes, not lines",

@@ -29,7 +29,7 @@ from pathlib import Path
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import OUTBOX_EVENT_IS_RECORD, LogEntry, RecordChanged
 from contracts.records import Record, payload_sha256
-from ingest.model import Decision, Outcome, decide_revision
+from ingest.model import MAX_RECORD_BYTES, Decision, Outcome, check_record_bytes, decide_revision
 from ingest.ports import Head
 
 __all__ = ["SCHEMA", "SqliteRecordStore", "connect"]
@@ -87,16 +87,22 @@ class SqliteRecordStore:
     """`RecordStore` over one SQLite file.
 
     Guarantees: a batch is one transaction (records, heads and outbox rows together);
-    a stale or equal revision is rejected alone; all writes are serialized in-process by
+    a stale or equal revision is rejected alone; a record whose stored JSON is over
+    `max_record_bytes` fails the batch (`413 record_too_large`, nothing written); all writes are serialized in-process by
     a lock and across processes by SQLite's write lock. After a batch committed,
     `on_committed` (if given) gets its outbox events as written, in position order (the
     embedded projector's log takes them instead of decoding the rows again).
     """
 
     def __init__(
-        self, path: Path, *, on_committed: Callable[[list[LogEntry]], None] | None = None
+        self,
+        path: Path,
+        *,
+        on_committed: Callable[[list[LogEntry]], None] | None = None,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
     ) -> None:
         self._path = path
+        self._max_record_bytes = max_record_bytes
         self._on_committed = on_committed
         self._lock = threading.Lock()
         try:
@@ -160,6 +166,8 @@ class SqliteRecordStore:
                 return outcomes
             # One serialization per record, stored once: the outbox row refers to it.
             record_jsons = [record.model_dump_json() for _, record in accepted]
+            for (index, _), record_json in zip(accepted, record_jsons, strict=True):
+                check_record_bytes(index, len(record_json), self._max_record_bytes)
             conn.executemany(
                 "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [

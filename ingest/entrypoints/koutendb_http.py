@@ -33,7 +33,14 @@ from contracts.koutendb_io import (
 )
 from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, Name
-from ingest.koutendb_io import ImportOptions, JsonlImporter, LineSplitter, dump_lines
+from ingest.koutendb_io import (
+    MAX_IMPORT_BATCH_BYTES,
+    ImportOptions,
+    JsonlImporter,
+    LineSplitter,
+    dump_lines,
+)
+from ingest.model import MAX_RECORD_BYTES
 from ingest.ports import RecordStore
 
 __all__ = [
@@ -162,6 +169,8 @@ def create_router(
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None = None,
     resolve_scope: Callable[[str, str], str],
+    max_batch_bytes: int = MAX_IMPORT_BATCH_BYTES,
+    max_record_bytes: int | None = MAX_RECORD_BYTES,
 ) -> APIRouter:
     """The import and dump routes over `store`. `resolve_scope(namespace, scope_ref)` is
     the snapshot kind a scope ref names (`404 unknown_scope` otherwise)."""
@@ -208,6 +217,8 @@ def create_router(
             id_field=params.get("idField") or None,
             batch_size=_int(params, "batchSize", 1_000, 1, min(max_batch, MAX_IMPORT_BATCH)),
             vector_dimension=vector_dimension,
+            max_batch_bytes=max_batch_bytes,
+            max_record_bytes=max_record_bytes,
         )
         importer = JsonlImporter(options, store, on_commit)
         splitter = LineSplitter()
