@@ -322,6 +322,7 @@ class EmbeddedStack:
             cache_responses=settings.cache_responses,
             scopes=scope_registry(settings),
             cursors=cursor_codec(settings),
+            max_answer_bytes=settings.max_answer_bytes,
         )
         gate, readers = query_routers(settings, ports, grants, admin=admin, status=loop.status)
         writers = ingest_routers(

@@ -230,6 +230,7 @@ class ServerStack:
                 cache_responses=settings.cache_responses,
                 scopes=scope_registry(settings),
                 cursors=cursor_codec(settings),
+                max_answer_bytes=settings.max_answer_bytes,
                 database_url=database_url,
             )
             stack.closers.append(close_ports)

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
+from contracts.errors import ErrorCode, OrreryError
 from contracts.generations import CoverageFallback, EvidenceCheck
 from contracts.index import Candidate, SearchFilter
 from contracts.pacing import Pace, no_pace
@@ -19,6 +20,7 @@ __all__ = [
     "Cache",
     "EnvelopeLog",
     "EvidenceSource",
+    "HeadFacts",
     "KeptEnvelope",
     "LexicalSearch",
     "ProjectorLogStatus",
@@ -33,6 +35,7 @@ __all__ = [
     "StoredProfile",
     "StoredRecord",
     "VectorSearch",
+    "answer_too_large",
 ]
 
 
@@ -219,12 +222,37 @@ class StoredRecord(BaseModel):
     record_json: str
 
 
+@dataclass(frozen=True, slots=True)
+class HeadFacts:
+    """What a current record is, without its JSON: its kind, galaxy, revision and the
+    bytes its stored JSON takes."""
+
+    document_id: str
+    revision: int
+    snapshot_kind: str
+    galaxy: str
+    record_bytes: int
+
+
+def answer_too_large(limit: int) -> OrreryError:
+    """`413 answer_too_large`: the records one call would load pass `limit` bytes."""
+    return OrreryError(
+        ErrorCode.ANSWER_TOO_LARGE,
+        f"the records asked for are more than {limit} bytes as stored "
+        "(ORRERY_MAX_ANSWER_BYTES): ask for fewer ids, a smaller result_limit or a page",
+        {"max_answer_bytes": limit},
+    )
+
+
 class RecordReader(Protocol):
     """Reads the authoritative record store.
 
     Guarantees: `fetch` returns exactly the requested revisions (revisions are never
     rewritten), so a payload always matches the generation that ranked it; its
     `record_json` may leave out the record's `vector` (queries never answer with it).
+    Bounded memory: no call of `fetch`, `heads` or `page` loads more than the reader's
+    `max_answer_bytes` of record JSON (plus one record) — past it, it raises `413
+    answer_too_large` (`answer_too_large`); `head_facts` never reads a record's JSON.
     """
 
     def fetch(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredRecord]: ...
@@ -239,6 +267,10 @@ class RecordReader(Protocol):
         """The current (non-deleted) records of `namespace` (None: of every namespace;
         of one galaxy, unless None) ordered by document id: how many there are, and
         `limit` of them after `offset`."""
+
+    def head_facts(self, namespace: str | None, document_ids: Sequence[str]) -> list[HeadFacts]:
+        """`heads` without the records' JSON: what each current record of the listed
+        documents is (its kind, galaxy, revision and stored size)."""
 
 
 class Cache(Protocol):
