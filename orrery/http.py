@@ -122,7 +122,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OrreryError)
     async def _orrery(_: Request, exc: OrreryError) -> JSONResponse:
-        return JSONResponse(exc.to_response().model_dump(mode="json"), status_code=exc.http_status)
+        # An error may carry headers of its own (`ingest_backlog`: Retry-After).
+        headers: dict[str, str] | None = getattr(exc, "headers", None)
+        return JSONResponse(
+            exc.to_response().model_dump(mode="json"),
+            status_code=exc.http_status,
+            headers=headers,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -23,6 +23,7 @@ __all__ = [
     "HeadFacts",
     "KeptEnvelope",
     "LexicalSearch",
+    "NamespaceLog",
     "ProjectorLogStatus",
     "RecordReader",
     "RingStat",
@@ -151,6 +152,16 @@ class ProjectorLogStatus(BaseModel):
     dead_letters: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class NamespaceLog:
+    """One namespace's events on the log: its newest position (0: none), how many are
+    after a given position and when the oldest of those was written."""
+
+    high_water: int
+    pending: int
+    oldest_pending_at: datetime | None
+
+
 class Routing(Protocol):
     """The live pointer per `(namespace, snapshot_kind)`, read by query workers.
 
@@ -178,6 +189,10 @@ class Routing(Protocol):
 
     def log_status(self) -> ProjectorLogStatus | None:
         """The newest lag measurement of any projector consumer (None: none recorded)."""
+
+    def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
+        """One namespace's own view of the log: its newest position, and its events after
+        `after` (how many, when the oldest was written)."""
 
 
 class RouteAdmission(Protocol):

@@ -67,6 +67,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     published_at  TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (position) WHERE published_at IS NULL;
+CREATE INDEX IF NOT EXISTS outbox_by_namespace ON outbox (namespace, position);
 """
 
 

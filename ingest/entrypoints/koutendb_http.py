@@ -41,6 +41,7 @@ from ingest.koutendb_io import (
     dump_lines,
 )
 from ingest.model import MAX_RECORD_BYTES
+from ingest.pacing import WritePacer
 from ingest.ports import RecordStore
 
 __all__ = [
@@ -171,10 +172,13 @@ def create_router(
     resolve_scope: Callable[[str, str], str],
     max_batch_bytes: int = MAX_IMPORT_BATCH_BYTES,
     max_record_bytes: int | None = MAX_RECORD_BYTES,
+    pacer: WritePacer | None = None,
 ) -> APIRouter:
     """The import and dump routes over `store`. `resolve_scope(namespace, scope_ref)` is
-    the snapshot kind a scope ref names (`404 unknown_scope` otherwise)."""
+    the snapshot kind a scope ref names (`404 unknown_scope` otherwise). Each import
+    batch is paced by `pacer` like `POST /v1/records` (`ingest.pacing`)."""
     router = APIRouter(tags=["koutendb"])
+    pacer = pacer or WritePacer(None)
 
     def target(
         request: Request,
@@ -222,24 +226,33 @@ def create_router(
         )
         importer = JsonlImporter(options, store, on_commit)
         splitter = LineSplitter()
+
+        async def write_batch() -> None:
+            # Paced like POST /v1/records: the namespace's writers one at a time, each
+            # batch only while the namespace is within its backlog bound.
+            async with pacer.admitted([namespace]):
+                await run_in_threadpool(importer.write_pending)
+
         try:
             async for chunk in request.stream():
                 for line in splitter.feed(chunk):
                     if importer.add(line):
-                        await run_in_threadpool(importer.write_pending)
+                        await write_batch()
             for line in splitter.close():
                 importer.add(line)
-            await run_in_threadpool(importer.write_pending)
+            await write_batch()
         except OrreryError as exc:
-            # A store fault (or the body limit) stops the import: say how far it got, the
-            # batches before it are written.
+            # A store fault, the backlog or the body limit stops the import: say how far
+            # it got, the batches before it are written.
             progress = importer.result().model_dump(mode="json", exclude={"errorLines"})
-            raise OrreryError(
+            stopped = OrreryError(
                 exc.code,
                 f"{exc.message} (the import stopped after {importer.imported} records; "
                 "re-running it updates them)",
                 {**exc.details, "progress": progress},
-            ) from exc
+            )
+            stopped.headers = getattr(exc, "headers", None)  # type: ignore[attr-defined]
+            raise stopped from exc
         return JSONResponse(importer.result().model_dump(mode="json"))
 
     @router.get(

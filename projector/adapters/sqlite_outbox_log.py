@@ -134,6 +134,21 @@ class SqliteOutboxLog:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return int(row[0])
 
+    def pending_events(self, after: int) -> list[tuple[str, int]]:
+        """`(namespace, position)` of every outbox row after `after`, in position order
+        (a restarted process learns each namespace's backlog from it)."""
+        try:
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT namespace, position FROM outbox WHERE position > ? ORDER BY position",
+                    (after,),
+                ).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise DependencyUnavailable("sqlite", str(exc)) from exc
+        return [(str(ns), int(position)) for ns, position in rows]
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

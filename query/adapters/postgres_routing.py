@@ -24,6 +24,7 @@ from contracts.errors import DependencyUnavailable
 from query.adapters.sqlite_routing import DEFAULT_MAX_ANSWER_BYTES
 from query.ports import (
     HeadFacts,
+    NamespaceLog,
     ProjectorLogStatus,
     Route,
     ScopeReadiness,
@@ -175,6 +176,19 @@ class PostgresRouting:
     def log_high_water(self) -> int:
         rows = self._reads.query("SELECT position FROM outbox_counter")
         return int(rows[0][0]) if rows else 0
+
+    def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
+        rows = self._reads.query(
+            "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = %s), "
+            "(SELECT COUNT(*) FROM outbox WHERE namespace = %s AND position > %s), "
+            "(SELECT created_at FROM outbox WHERE namespace = %s AND position > %s "
+            "ORDER BY position LIMIT 1)",
+            (namespace, namespace, after, namespace, after),
+        )
+        if not rows:
+            return NamespaceLog(0, 0, None)
+        high, pending, oldest = rows[0]
+        return NamespaceLog(int(high), int(pending), oldest)
 
     def log_status(self) -> ProjectorLogStatus | None:
         rows = self._reads.query(

@@ -19,6 +19,7 @@ from typing import Any
 from contracts.errors import DependencyUnavailable
 from query.ports import (
     HeadFacts,
+    NamespaceLog,
     ProjectorLogStatus,
     Route,
     ScopeReadiness,
@@ -145,6 +146,23 @@ class SqliteRouting(_Reader):
     def log_high_water(self) -> int:
         rows = self._query("SELECT COALESCE(MAX(position), 0) FROM outbox")
         return int(str(rows[0][0])) if rows else 0
+
+    def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
+        rows = self._query(
+            "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = ?), "
+            "(SELECT COUNT(*) FROM outbox WHERE namespace = ? AND position > ?), "
+            "(SELECT created_at FROM outbox WHERE namespace = ? AND position > ? "
+            "ORDER BY position LIMIT 1)",
+            (namespace, namespace, after, namespace, after),
+        )
+        if not rows:
+            return NamespaceLog(0, 0, None)
+        high, pending, oldest = rows[0]
+        return NamespaceLog(
+            int(str(high)),
+            int(str(pending)),
+            None if oldest is None else datetime.fromisoformat(str(oldest)),
+        )
 
     def log_status(self) -> ProjectorLogStatus | None:
         """From the projector's `projector_log_status` and `dead_letters` tables."""
