@@ -38,12 +38,16 @@ def embedded_store(
     *,
     on_committed: Callable[[list[LogEntry]], None] | None = None,
     max_record_bytes: int | None = MAX_RECORD_BYTES,
+    on_positions: Callable[[list[tuple[str, int]]], None] | None = None,
 ) -> RecordStore:
     """The canonical store of the embedded deployment: SQLite with its outbox;
     `on_committed` gets each committed batch's outbox events (the log of a projector in
     the same process, which then need not read and decode them again)."""
     return SqliteRecordStore(
-        canonical_db_path(data_dir), on_committed=on_committed, max_record_bytes=max_record_bytes
+        canonical_db_path(data_dir),
+        on_committed=on_committed,
+        max_record_bytes=max_record_bytes,
+        on_positions=on_positions,
     )
 
 

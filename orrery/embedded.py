@@ -298,7 +298,6 @@ class EmbeddedStack:
 
         def committed(entries: list[LogEntry]) -> None:
             projector.log.remember(entries)
-            progress.wrote_events((e.event.record.namespace, e.position) for e in entries)
 
         def step() -> BatchReport:
             report = projector.step()
@@ -306,7 +305,10 @@ class EmbeddedStack:
             return report
 
         store = embedded_store(
-            data_dir, on_committed=committed, max_record_bytes=settings.max_record_bytes
+            data_dir,
+            on_committed=committed,
+            on_positions=progress.wrote_events,
+            max_record_bytes=settings.max_record_bytes,
         )
         progress.wrote(store.high_water())
         # Each namespace's backlog left by the last run (the write path paces per

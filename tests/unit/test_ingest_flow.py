@@ -15,7 +15,6 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from contracts.events import LogEntry
 from contracts.progress import LogProgress
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.entrypoints.http import WriteFlow, create_router
@@ -34,10 +33,9 @@ class Stack:
     def __init__(self, tmp_path: Path, limits: FlowLimits | None) -> None:
         self.progress = LogProgress()
 
-        def committed(entries: list[LogEntry]) -> None:
-            self.progress.wrote_events((e.event.record.namespace, e.position) for e in entries)
-
-        self.store = SqliteRecordStore(tmp_path / "orrery.sqlite", on_committed=committed)
+        self.store = SqliteRecordStore(
+            tmp_path / "orrery.sqlite", on_positions=self.progress.wrote_events
+        )
         flow = None if limits is None else WriteFlow(self.progress, limits)
         router = create_router(
             store=self.store, grants={}, max_batch=100, vector_dimension=None, flow=flow
@@ -173,9 +171,7 @@ def test_one_namespaces_backlog_never_holds_another_namespaces_writes(make: Any)
     assert stack.post(records(0, 20, "tenant-a")).status_code == 200
     assert (stack.progress.lag("tenant-a"), stack.progress.lag("tenant-b")) == (20, 0)
     waiting: list[httpx.Response] = []
-    writer = threading.Thread(
-        target=lambda: waiting.append(stack.post(records(20, 3, "tenant-a")))
-    )
+    writer = threading.Thread(target=lambda: waiting.append(stack.post(records(20, 3, "tenant-a"))))
     writer.start()
     writer.join(0.2)
     assert writer.is_alive() and not waiting  # A waits for A's backlog
