@@ -615,7 +615,7 @@ def test_record_reads_are_bounded_in_bytes_and_kinds_read_no_json(backend: Backe
             revision=1,
             galaxy="g1" if n % 2 else "g2",
             payload={"blob": "x" * 30_000},
-        )  # fmt: skip
+        )
         for n in range(4)
     ]
     small = _record("small", 1, kind="other")

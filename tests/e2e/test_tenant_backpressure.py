@@ -81,8 +81,10 @@ def test_one_tenants_flood_never_refuses_another_tenants_writes(srv: Server) -> 
             if route == "records":
                 answer = client.post("/v1/records", json=batch, headers=headers)
             elif route == "import":
-                lines = "\n".join(json.dumps({**r["payload"], "id": r["item_id"],
-                                              "vec": r["vector"]}) for r in batch)  # fmt: skip
+                lines = "\n".join(
+                    json.dumps({**r["payload"], "id": r["item_id"], "vec": r["vector"]})
+                    for r in batch
+                )
                 answer = client.post(
                     "/v1/koutendb/import",
                     params={
@@ -90,7 +92,7 @@ def test_one_tenants_flood_never_refuses_another_tenants_writes(srv: Server) -> 
                         "idField": "id",
                         "vecField": "vec",
                         "batchSize": "50",
-                    },  # fmt: skip
+                    },
                     content=lines.encode(),
                     headers={**headers, "content-type": "application/x-ndjson"},
                 )
@@ -102,7 +104,7 @@ def test_one_tenants_flood_never_refuses_another_tenants_writes(srv: Server) -> 
                         "content": r["text"]["body"],
                         "item_id": r["item_id"],
                         "snapshot_kind": "objects",
-                    }  # fmt: skip
+                    }
                     for r in batch[:25]
                 ]
                 answer = client.post(
@@ -163,7 +165,7 @@ def test_one_tenants_flood_never_refuses_another_tenants_writes(srv: Server) -> 
             "allowed_doc_ids": ids,
             "query_text": "__allowed_doc_ids__",
             "result_limit": len(ids),
-        },  # fmt: skip
+        },
         headers={"x-api-key": KEYS[B]},
     )
     assert found.status_code == 200, found.text[:500]
@@ -176,7 +178,7 @@ def test_one_tenants_flood_never_refuses_another_tenants_writes(srv: Server) -> 
             "scope_ref": "longterm:objects:current",
             "query_text": f"note b-{len(b_answers) - 1}",
             "result_limit": 5,
-        },  # fmt: skip
+        },
         headers={"x-api-key": KEYS[B]},
     )
     assert last.status_code == 200, last.text[:500]
