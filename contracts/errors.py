@@ -42,6 +42,9 @@ class ErrorCode(StrEnum):
     RESULT_LIMIT_EXCEEDED = "result_limit_exceeded"
     BATCH_TOO_LARGE = "batch_too_large"
     BODY_TOO_LARGE = "body_too_large"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    RECORD_TOO_LARGE = "record_too_large"
+    ANSWER_TOO_LARGE = "answer_too_large"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNAUTHORIZED = "unauthorized"
@@ -78,6 +81,9 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.RESULT_LIMIT_EXCEEDED: 422,
     ErrorCode.BATCH_TOO_LARGE: 413,
     ErrorCode.BODY_TOO_LARGE: 413,
+    ErrorCode.HEADERS_TOO_LARGE: 431,
+    ErrorCode.RECORD_TOO_LARGE: 413,
+    ErrorCode.ANSWER_TOO_LARGE: 413,
     ErrorCode.METHOD_NOT_ALLOWED: 405,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.UNAUTHORIZED: 401,

@@ -10,6 +10,7 @@ from contracts.names import namespace_token
 from contracts.records import Record
 
 __all__ = [
+    "KAFKA_MAX_RECORD_BYTES",
     "OUTBOX_EVENT_IS_RECORD",
     "POSITION_HEADER",
     "LogEntry",
@@ -76,6 +77,11 @@ class LogEntry(BaseModel):
 # document id as key (so a document's events keep their order), the `RecordChanged`
 # JSON as value, and the outbox position in this header as ASCII digits.
 POSITION_HEADER = "orrery-position"
+# The largest record (as stored) whose event fits one Kafka message: the producer's and
+# broker's default limit is 1 MiB, and the event wraps the record's JSON. Server mode
+# refuses larger records at the door (`413 record_too_large`): one that could never be
+# published would stop the relay for every tenant behind it.
+KAFKA_MAX_RECORD_BYTES = 960 * 1024
 
 
 def topic_for(topic_prefix: str, namespace: str) -> str:

@@ -40,7 +40,9 @@ class WriteItem(BaseModel):
 
 
 class WriteResponse(BaseModel):
-    """Per-record outcomes. `high_water` is the newest outbox position after the write."""
+    """Per-record outcomes. `high_water` is the newest log position this write's own
+    records took (0 when none was accepted): the write is searchable once readiness shows
+    its scope's `applied_position` at or past it. Never the log's global position."""
 
     model_config = ConfigDict(extra="forbid")
 

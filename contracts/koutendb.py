@@ -375,6 +375,13 @@ class Atlas(_Wire):
 
 class FeedbackRequest(_Wire):
     namespace: Namespace | None = None
+    galaxy: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="The galaxy the envelope was retrieved in (a galaxy-bound key: its "
+        "own). Needed only when the request id was used in more than one galaxy.",
+    )
     scopeRef: str = Field(default="longterm:objects:current", min_length=1, max_length=256)
     requestId: str = Field(min_length=1, max_length=128)
     usedChunkIds: list[str] = Field(default_factory=list, max_length=1_000)

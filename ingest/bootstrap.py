@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from contracts.events import LogEntry
 from ingest.adapters.sqlite_store import SqliteRecordStore
+from ingest.model import MAX_RECORD_BYTES
 from ingest.ports import JobStore, RecordStore, StoreMaintenance
 from ingest.relay import relay_outbox
 
@@ -34,12 +35,21 @@ def canonical_db_path(data_dir: Path) -> Path:
 
 
 def embedded_store(
-    data_dir: Path, *, on_committed: Callable[[list[LogEntry]], None] | None = None
+    data_dir: Path,
+    *,
+    on_committed: Callable[[list[LogEntry]], None] | None = None,
+    max_record_bytes: int | None = MAX_RECORD_BYTES,
+    on_positions: Callable[[list[tuple[str, int]]], None] | None = None,
 ) -> RecordStore:
     """The canonical store of the embedded deployment: SQLite with its outbox;
     `on_committed` gets each committed batch's outbox events (the log of a projector in
     the same process, which then need not read and decode them again)."""
-    return SqliteRecordStore(canonical_db_path(data_dir), on_committed=on_committed)
+    return SqliteRecordStore(
+        canonical_db_path(data_dir),
+        on_committed=on_committed,
+        max_record_bytes=max_record_bytes,
+        on_positions=on_positions,
+    )
 
 
 def migrate_database(
@@ -71,15 +81,17 @@ def describe_store(data_dir: Path, database_url: str | None) -> str:
     )
 
 
-def server_store(data_dir: Path, database_url: str | None) -> RecordStore:
+def server_store(
+    data_dir: Path, database_url: str | None, *, max_record_bytes: int | None = MAX_RECORD_BYTES
+) -> RecordStore:
     """The canonical store of server mode: PostgreSQL (migrated first) when a URL is
     given, else the single-host SQLite file."""
     if not database_url:
-        return embedded_store(data_dir)
+        return embedded_store(data_dir, max_record_bytes=max_record_bytes)
     from ingest.adapters.postgres_store import PostgresRecordStore
 
     migrate_database(database_url)
-    return PostgresRecordStore(database_url)
+    return PostgresRecordStore(database_url, max_record_bytes=max_record_bytes)
 
 
 def job_store(data_dir: Path, database_url: str | None) -> JobStore:

@@ -51,11 +51,12 @@ from contracts.koutendb_io import (
 )
 from contracts.records import Record, RecordText, derive_document_id
 from contracts.wire import loads_strict
-from ingest.model import strings_in
+from ingest.model import MAX_RECORD_BYTES, strings_in
 from ingest.ports import RecordStore
 from ingest.service import write_records
 
 __all__ = [
+    "MAX_IMPORT_BATCH_BYTES",
     "MAX_LINE_BYTES",
     "ImportOptions",
     "JsonlImporter",
@@ -66,6 +67,7 @@ __all__ = [
 
 # A line longer than this is an error (its bytes are dropped as they arrive).
 MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_IMPORT_BATCH_BYTES = 8 * 1024 * 1024
 _BODY_CHARS = RecordText.model_fields["body"].metadata[0].max_length
 _MAX_VECTOR = next(
     m.max_length for m in Record.model_fields["vector"].metadata if hasattr(m, "max_length")
@@ -92,6 +94,10 @@ class ImportOptions:
     id_field: str | None = None
     batch_size: int = 1_000
     vector_dimension: int | None = None
+    # A batch is also full at this many bytes of lines: an import's memory is bounded in
+    # bytes, whatever `batchSize` says (60 lines of 15 MB once held +2,977 MiB).
+    max_batch_bytes: int = MAX_IMPORT_BATCH_BYTES
+    max_record_bytes: int | None = MAX_RECORD_BYTES
 
 
 class LineError(Exception):
@@ -273,6 +279,7 @@ class LineSplitter:
 class _Pending:
     line_no: int
     raw: dict[str, Any]
+    size: int
 
 
 @dataclass(slots=True)
@@ -291,6 +298,7 @@ class JsonlImporter:
     error_lines: list[ImportLineError] = field(default_factory=list)
     rings: set[str] = field(default_factory=set)
     _pending: list[_Pending] = field(default_factory=list)
+    _pending_bytes: int = 0
 
     def add(self, line: bytes | None) -> bool:
         """Take the next line (None: a line too long to read); True when a batch is full."""
@@ -306,12 +314,16 @@ class JsonlImporter:
         if raw is None:
             self.skipped += 1
             return False
-        self._pending.append(_Pending(self.read, raw))
-        return len(self._pending) >= self.options.batch_size
+        self._pending.append(_Pending(self.read, raw, len(line)))
+        self._pending_bytes += len(line)
+        return (
+            len(self._pending) >= self.options.batch_size
+            or self._pending_bytes >= self.options.max_batch_bytes
+        )
 
     def write_pending(self) -> None:
         """Write the lines taken so far as one batch (blocking: store I/O)."""
-        pending, self._pending = self._pending, []
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
         if not pending:
             return
         ids = [
@@ -362,6 +374,8 @@ class JsonlImporter:
                     refused[0].type,
                 )
                 continue
+            if self._too_large(item, record):
+                continue
             # The same id twice in one batch: the later line is the newer revision.
             next_revision[doc_id] = revision + 1
             records.append(record)
@@ -377,6 +391,24 @@ class JsonlImporter:
             else:
                 message = out.error.message if out.error is not None else "not written"
                 self._error(line_no, ErrorCode.REVISION_CONFLICT, message)
+
+    def _too_large(self, item: _Pending, record: Record) -> bool:
+        """Whether the record is over `max_record_bytes` as stored (an error line). Its
+        payload, text and tags come from the line, each at most the line's size, and its
+        vector adds at most ~100 KB: only a line too long to rule that out is serialized
+        to be measured (a record is serialized once more only then)."""
+        limit = self.options.max_record_bytes
+        if limit is None or 3 * item.size + 128 * 1024 <= limit:
+            return False
+        size = len(record.model_dump_json())
+        if size <= limit:
+            return False
+        self._error(
+            item.line_no,
+            ErrorCode.RECORD_TOO_LARGE,
+            f"the record is {size} bytes as stored, more than {limit} (ORRERY_MAX_RECORD_BYTES)",
+        )
+        return True
 
     def result(self) -> ImportResponse:
         return ImportResponse(

@@ -81,13 +81,14 @@ class ProjectionProgress(Protocol):
     deployment: `contracts.progress.LogProgress`).
 
     Guarantees: `applied` only grows, and every event at or below it is searchable;
-    `lag()` counts the committed events above it.
+    `lag()` counts the committed events above it, `lag(namespace)` those of one
+    namespace.
     """
 
     @property
     def applied(self) -> int: ...
 
-    def lag(self) -> int: ...
+    def lag(self, namespace: str | None = None) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,8 @@ def write_records(
         success=accepted_count == len(items),
         accepted=accepted_count,
         rejected=len(items) - accepted_count,
-        high_water=store.high_water(),
+        # This write's own newest position, not the log's: the log's high water would
+        # show every key the write count of every tenant (issue 22).
+        high_water=max((o.position for o in outcomes if o.position is not None), default=0),
         items=items,
     )

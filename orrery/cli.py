@@ -25,6 +25,7 @@ from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
 from ingest.service import write_records
 from orrery.gen_cli import gen_app, remove_server_file, write_server_file
+from orrery.http_protocol import bounded_httptools
 from query.settings import QuerySettings
 
 __all__ = ["app", "main"]
@@ -107,7 +108,8 @@ def _serve_http(app: Any, settings: QuerySettings) -> None:
         log_level="warning",
         access_log=False,  # INFO lines, never shown at "warning": not even formatted
         loop="uvloop",
-        http="httptools",
+        # httptools with a bound on each request's head (uvicorn bounds it for h11 only).
+        http=bounded_httptools(settings.max_header_bytes, settings.max_headers),
     )
     uvicorn.Server(config).run()
 
@@ -385,7 +387,7 @@ def ingest(
         if problems:
             raise typer.Exit(1)
         records.append(record)
-    store = embedded_store(settings.data_dir)
+    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
     accepted = rejected = 0
     try:
         with _progress() as progress:
@@ -459,7 +461,7 @@ def import_jsonl(
     except OrreryError as exc:
         raise _fail(exc) from exc
     tune_gc()  # a batch job allocating millions of containers, as a server does
-    store = embedded_store(settings.data_dir)
+    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
     importer = JsonlImporter(options, store)
     splitter = LineSplitter()
     try:
@@ -499,7 +501,7 @@ def dump(
     from ingest.koutendb_io import dump_lines
 
     settings = _settings(data_dir=data_dir)
-    store = embedded_store(settings.data_dir)
+    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
     try:
         lines = dump_lines(
             store=store,

@@ -27,6 +27,7 @@ from ingest.entrypoints.http import WriteFlow
 from ingest.entrypoints.http import create_router as create_ingest_router
 from ingest.entrypoints.koutendb_http import IMPORT_PATH
 from ingest.entrypoints.koutendb_http import create_router as create_ingest_koutendb_router
+from ingest.pacing import WritePacer
 from ingest.ports import JobStore, RecordStore
 from ingest.settings import IngestSettings
 from orrery.http import build_app
@@ -126,6 +127,9 @@ def ingest_routers(
     """The write side of a process: Orrery's `/v1/records` (paced by `flow` when the
     projector runs in this process), the ChonkyDB dialect, and KoutenDB's import and
     dump (scope refs resolved like the query side resolves them)."""
+    # One pacer for every write route: a namespace's writers queue behind each other
+    # whichever route they use, never behind another namespace's.
+    pacer = WritePacer(flow)
     routers = [
         create_ingest_router(
             store=store,
@@ -134,6 +138,7 @@ def ingest_routers(
             vector_dimension=vector_dimension,
             on_commit=on_commit,
             flow=flow,
+            pacer=pacer,
         ),
         create_ingest_chonkydb_router(
             store=store,
@@ -142,6 +147,7 @@ def ingest_routers(
             max_batch=settings.max_batch,
             vector_dimension=vector_dimension,
             on_commit=on_commit,
+            pacer=pacer,
         ),
     ]
     scopes = scope_registry(settings)
@@ -153,6 +159,9 @@ def ingest_routers(
             vector_dimension=vector_dimension,
             on_commit=on_commit,
             resolve_scope=lambda namespace, ref: scopes.target(namespace, ref).snapshot_kind,
+            max_batch_bytes=settings.max_import_batch_bytes,
+            max_record_bytes=settings.max_record_bytes,
+            pacer=pacer,
         )
     )
     return routers
@@ -294,16 +303,22 @@ class EmbeddedStack:
 
         def committed(entries: list[LogEntry]) -> None:
             projector.log.remember(entries)
-            if entries:
-                progress.wrote(entries[-1].position)
 
         def step() -> BatchReport:
             report = projector.step()
             progress.applied_up_to(report.position)
             return report
 
-        store = embedded_store(data_dir, on_committed=committed)
+        store = embedded_store(
+            data_dir,
+            on_committed=committed,
+            on_positions=progress.wrote_events,
+            max_record_bytes=settings.max_record_bytes,
+        )
         progress.wrote(store.high_water())
+        # Each namespace's backlog left by the last run (the write path paces per
+        # namespace: `ingest.pacing`).
+        progress.wrote_events(projector.log.pending_events(progress.applied))
         for generation_id in projector.state.fail_orphaned_builds(ORPHANED_BUILD, older_than=None):
             log.warning("generation %s: %s; marked failed", generation_id, ORPHANED_BUILD)
         loop = ProjectorLoop(step, poll_seconds=settings.projector_poll_seconds)
@@ -323,6 +338,7 @@ class EmbeddedStack:
             cache_responses=settings.cache_responses,
             scopes=scope_registry(settings),
             cursors=cursor_codec(settings),
+            max_answer_bytes=settings.max_answer_bytes,
         )
         gate, readers = query_routers(settings, ports, grants, admin=admin, status=loop.status)
         writers = ingest_routers(

@@ -170,10 +170,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OrreryError)
     async def _orrery(_: Request, exc: OrreryError) -> JSONResponse:
+        # An error may carry headers of its own (`ingest_backlog`: Retry-After).
+        headers: dict[str, str] | None = getattr(exc, "headers", None)
         return JSONResponse(
             exc.to_response().model_dump(mode="json"),
             status_code=exc.http_status,
-            headers=retry_after(exc.http_status),
+            headers=retry_after(exc.http_status, headers),
         )
 
     @app.exception_handler(RequestValidationError)

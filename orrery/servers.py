@@ -23,6 +23,7 @@ from fastapi import APIRouter, FastAPI
 
 from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
+from contracts.events import KAFKA_MAX_RECORD_BYTES
 from ingest.bootstrap import (
     canonical_db_path,
     describe_store,
@@ -148,7 +149,12 @@ class ServerStack:
         grants = parse_api_keys(settings.api_keys)
         log.info("canonical store: %s", describe_store(settings.data_dir, database_url))
         # The canonical store creates (or migrates) the schema every other role reads.
-        store = server_store(settings.data_dir, database_url)
+        # Every event goes through Kafka here: a record is also bounded by its message size.
+        store = server_store(
+            settings.data_dir,
+            database_url,
+            max_record_bytes=min(settings.max_record_bytes, KAFKA_MAX_RECORD_BYTES),
+        )
         stack.closers.append(store.close)
         if Role.INGEST in roles:
             stack.store = store
@@ -202,7 +208,12 @@ class ServerStack:
         if Role.INGEST in roles:
             wake = stack.relay.wake if stack.relay is not None else None
             routers += ingest_routers(
-                settings,
+                # The import's per-line bound is the store's (Kafka's message size).
+                settings.model_copy(
+                    update={
+                        "max_record_bytes": min(settings.max_record_bytes, KAFKA_MAX_RECORD_BYTES)
+                    }
+                ),
                 store,
                 grants,
                 vector_dimension=None if embedder is None else embedder.dimension,
@@ -230,6 +241,7 @@ class ServerStack:
                 cache_responses=settings.cache_responses,
                 scopes=scope_registry(settings),
                 cursors=cursor_codec(settings),
+                max_answer_bytes=settings.max_answer_bytes,
                 database_url=database_url,
             )
             stack.closers.append(close_ports)

@@ -12,7 +12,11 @@ from query.adapters.memory_cache import MemoryCache
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.sqlite_koutendb import SqliteKoutenStore
 from query.adapters.sqlite_ring_stats import SqliteRingStats
-from query.adapters.sqlite_routing import SqliteRecordReader, SqliteRouting
+from query.adapters.sqlite_routing import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    SqliteRecordReader,
+    SqliteRouting,
+)
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from query.cursors import CursorCodec, parse_cursor_keys
 from query.koutendb import KoutenPorts, RingTables
@@ -128,6 +132,7 @@ def embedded_query_ports(
     cache_responses: bool = True,
     scopes: ScopeRegistry | None = None,
     cursors: CursorCodec | None = None,
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
 ) -> QueryPorts:
     """Query ports over the embedded stack.
 
@@ -141,7 +146,7 @@ def embedded_query_ports(
         routing=routing,
         lexical=TantivyLexicalSearch(lexical_index_provider),
         vectors=QdrantEdgeVectorSearch(vector_shard_provider),
-        records=SqliteRecordReader(db_path),
+        records=SqliteRecordReader(db_path, max_answer_bytes=max_answer_bytes),
         query_vectors=QueryEmbeddingCache(embedder),
         responses=MemoryCache() if cache_responses else None,
         scopes=ScopeResolver(routing, scopes),
@@ -165,6 +170,7 @@ def server_query_ports(
     scopes: ScopeRegistry | None = None,
     cursors: CursorCodec | None = None,
     database_url: str | None = None,
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
 ) -> tuple[QueryPorts, Callable[[], None]]:
     """Query ports over the servers, and the function that closes what they opened:
     OpenSearch, Qdrant (`qdrant` is a `QdrantClient`), Redis for responses and query
@@ -188,14 +194,16 @@ def server_query_ports(
         )
 
         reads = open_reads(database_url)
-        routing, records = PostgresRouting(reads), PostgresRecordReader(reads)
+        routing = PostgresRouting(reads)
+        records = PostgresRecordReader(reads, max_answer_bytes=max_answer_bytes)
 
         def close() -> None:
             shared.close()
             reads.close()
 
     else:
-        routing, records = SqliteRouting(db_path), SqliteRecordReader(db_path)
+        routing = SqliteRouting(db_path)
+        records = SqliteRecordReader(db_path, max_answer_bytes=max_answer_bytes)
     ports = QueryPorts(
         routing=routing,
         lexical=OpenSearchLexicalSearch(opensearch_url, index_prefix=opensearch_index_prefix),

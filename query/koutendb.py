@@ -749,18 +749,7 @@ def post_feedback(
             {"chunkIds": both[:20]},
         )
     since = ports.query.clock() - ENVELOPE_RETENTION
-    kept = ports.envelopes.envelope(body.requestId, since)
-    # Another namespace's or (for a bound key) galaxy's envelope answers as unknown.
-    if (
-        kept is None
-        or kept.namespace != ns
-        or (principal.galaxy is not None and kept.galaxy != principal.galaxy)
-    ):
-        raise OrreryError(
-            ErrorCode.UNKNOWN_REQUEST,
-            f"no envelope {body.requestId!r} kept in the last 24 h",
-            {"requestId": body.requestId},
-        )
+    kept = _kept(ns, body, principal, ports.envelopes.envelopes(ns, body.requestId, since))
     returned = set(kept.chunk_ids)
     unknown = sorted({*body.usedChunkIds, *body.ignoredChunkIds} - returned)
     if unknown:
@@ -771,8 +760,41 @@ def post_feedback(
         )
     used = list(dict.fromkeys(body.usedChunkIds))
     ignored = list(dict.fromkeys(body.ignoredChunkIds))
-    ports.envelopes.feedback(body.requestId, used, ignored)
+    ports.envelopes.feedback(ns, kept.galaxy, body.requestId, used, ignored)
     return FeedbackResponse(requestId=body.requestId, used=len(used), ignored=len(ignored))
+
+
+def _kept(
+    namespace: str, body: FeedbackRequest, principal: Principal, found: list[KeptEnvelope]
+) -> KeptEnvelope:
+    """The one envelope feedback is for, among the namespace's envelopes with its request
+    id: the key's galaxy's, else the named galaxy's, else the only one. Another
+    namespace's or galaxy's envelope answers as unknown; a request id used in several
+    galaxies needs `galaxy`."""
+    galaxy = principal.galaxy
+    if galaxy is not None and body.galaxy not in (None, galaxy):
+        raise OrreryError(
+            ErrorCode.FORBIDDEN,
+            f"this API key is limited to galaxy {galaxy!r}",
+            {"galaxy": body.galaxy},
+        )
+    galaxy = galaxy or body.galaxy
+    if galaxy is not None:
+        found = [e for e in found if e.galaxy == galaxy]
+    if not found:
+        raise OrreryError(
+            ErrorCode.UNKNOWN_REQUEST,
+            f"no envelope {body.requestId!r} kept in the last 24 h",
+            {"requestId": body.requestId},
+        )
+    if len(found) > 1:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"request id {body.requestId!r} was used in {len(found)} galaxies of "
+            f"{namespace!r}: name the galaxy",
+            {"requestId": body.requestId, "galaxies": [e.galaxy for e in found][:20]},
+        )
+    return found[0]
 
 
 def _nearest_rank(values: Sequence[int], percentile: float) -> int:

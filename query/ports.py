@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
+from contracts.errors import ErrorCode, OrreryError
 from contracts.generations import CoverageFallback, EvidenceCheck
 from contracts.index import Candidate, SearchFilter
 from contracts.pacing import Pace, no_pace
@@ -19,8 +20,10 @@ __all__ = [
     "Cache",
     "EnvelopeLog",
     "EvidenceSource",
+    "HeadFacts",
     "KeptEnvelope",
     "LexicalSearch",
+    "NamespaceLog",
     "ProjectorLogStatus",
     "RecordReader",
     "RingStat",
@@ -33,6 +36,7 @@ __all__ = [
     "StoredProfile",
     "StoredRecord",
     "VectorSearch",
+    "answer_too_large",
 ]
 
 
@@ -150,6 +154,16 @@ class ProjectorLogStatus(BaseModel):
     dead_letters: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class NamespaceLog:
+    """One namespace's events on the log: its newest position (0: none), how many are
+    after a given position and when the oldest of those was written."""
+
+    high_water: int
+    pending: int
+    oldest_pending_at: datetime | None
+
+
 class Routing(Protocol):
     """The live pointer per `(namespace, snapshot_kind)`, read by query workers.
 
@@ -177,6 +191,10 @@ class Routing(Protocol):
 
     def log_status(self) -> ProjectorLogStatus | None:
         """The newest lag measurement of any projector consumer (None: none recorded)."""
+
+    def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
+        """One namespace's own view of the log: its newest position, and its events after
+        `after` (how many, when the oldest was written)."""
 
 
 class RouteAdmission(Protocol):
@@ -221,12 +239,37 @@ class StoredRecord(BaseModel):
     record_json: str
 
 
+@dataclass(frozen=True, slots=True)
+class HeadFacts:
+    """What a current record is, without its JSON: its kind, galaxy, revision and the
+    bytes its stored JSON takes."""
+
+    document_id: str
+    revision: int
+    snapshot_kind: str
+    galaxy: str
+    record_bytes: int
+
+
+def answer_too_large(limit: int) -> OrreryError:
+    """`413 answer_too_large`: the records one call would load pass `limit` bytes."""
+    return OrreryError(
+        ErrorCode.ANSWER_TOO_LARGE,
+        f"the records asked for are more than {limit} bytes as stored "
+        "(ORRERY_MAX_ANSWER_BYTES): ask for fewer ids, a smaller result_limit or a page",
+        {"max_answer_bytes": limit},
+    )
+
+
 class RecordReader(Protocol):
     """Reads the authoritative record store.
 
     Guarantees: `fetch` returns exactly the requested revisions (revisions are never
     rewritten), so a payload always matches the generation that ranked it; its
     `record_json` may leave out the record's `vector` (queries never answer with it).
+    Bounded memory: no call of `fetch`, `heads` or `page` loads more than the reader's
+    `max_answer_bytes` of record JSON (plus one record) — past it, it raises `413
+    answer_too_large` (`answer_too_large`); `head_facts` never reads a record's JSON.
     """
 
     def fetch(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredRecord]: ...
@@ -241,6 +284,10 @@ class RecordReader(Protocol):
         """The current (non-deleted) records of `namespace` (None: of every namespace;
         of one galaxy, unless None) ordered by document id: how many there are, and
         `limit` of them after `offset`."""
+
+    def head_facts(self, namespace: str | None, document_ids: Sequence[str]) -> list[HeadFacts]:
+        """`heads` without the records' JSON: what each current record of the listed
+        documents is (its kind, galaxy, revision and stored size)."""
 
 
 class Cache(Protocol):
@@ -329,18 +376,32 @@ class KeptEnvelope:
 
 
 class EnvelopeLog(Protocol):
-    """Envelopes by request id for a limited time (the KoutenDB feedback loop).
+    """Envelopes by (namespace, galaxy, request id) for a limited time (the KoutenDB
+    feedback loop).
 
-    Guarantees: `keep` replaces an envelope of the same request id (its feedback too);
-    `envelope` and `window` never return one kept before `since` / older than the
-    retention the caller asks for; `feedback` replaces earlier feedback.
+    Guarantees: an envelope's key is `(namespace, galaxy, request_id)`: `keep` replaces
+    only the envelope with the same three (its feedback too), never another namespace's
+    or galaxy's with the same request id; each (namespace, galaxy) holds at most the
+    adapter's bound (`max_per_galaxy`, oldest dropped first; a few hundred more between
+    two prunes), so one tenant's requests never evict another's; `envelopes` and
+    `window` never return one kept before `since`; `feedback` replaces earlier feedback
+    of exactly one envelope.
     """
 
     def keep(self, envelope: KeptEnvelope) -> None: ...
 
-    def envelope(self, request_id: str, since: datetime) -> KeptEnvelope | None: ...
+    def envelopes(self, namespace: str, request_id: str, since: datetime) -> list[KeptEnvelope]:
+        """The namespace's envelopes with this request id kept at or after `since`, one
+        per galaxy at most, ordered by galaxy."""
 
-    def feedback(self, request_id: str, used: Sequence[str], ignored: Sequence[str]) -> None: ...
+    def feedback(
+        self,
+        namespace: str,
+        galaxy: str,
+        request_id: str,
+        used: Sequence[str],
+        ignored: Sequence[str],
+    ) -> None: ...
 
     def window(self, namespace: str, galaxy: str, since: datetime) -> list[KeptEnvelope]:
         """The envelopes of a namespace and galaxy kept at or after `since`, oldest first."""

@@ -46,6 +46,35 @@ class QuerySettings(BaseSettings):
         description="Largest body of a streamed JSON-lines import (POST /v1/koutendb/import); "
         "it is read line by line, at most one batch held at a time",
     )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        ge=1_024,
+        le=16 * 1024 * 1024,
+        description="Largest request head (request line and headers) `orrery serve` reads; "
+        "larger = 431 headers_too_large, connection closed",
+    )
+    max_headers: int = Field(
+        default=100, ge=1, le=10_000, description="Most header lines of one request (431)"
+    )
+    max_record_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1_024,
+        le=256 * 1024 * 1024,
+        description="Largest record (its stored JSON) any write route accepts; larger = "
+        "413 record_too_large (import: an error line)",
+    )
+    max_import_batch_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1_024,
+        description="An import writes its pending lines as one batch once they hold this "
+        "many bytes (or batchSize lines): its memory is bounded in bytes, not lines",
+    )
+    max_answer_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1_024,
+        description="Most stored record bytes one answer materializes (by-id reads, "
+        "top-k payloads); more = 413 answer_too_large (ask for fewer ids or a page)",
+    )
     max_result_limit: int = Field(
         default=500,
         ge=1,

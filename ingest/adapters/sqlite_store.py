@@ -29,10 +29,13 @@ from pathlib import Path
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import OUTBOX_EVENT_IS_RECORD, LogEntry, RecordChanged
 from contracts.records import Record, payload_sha256
-from ingest.model import Decision, Outcome, decide_revision
+from ingest.model import MAX_RECORD_BYTES, Decision, Outcome, check_record_bytes, decide_revision
 from ingest.ports import Head
 
-__all__ = ["SCHEMA", "SqliteRecordStore", "connect"]
+__all__ = ["HANDOVER_MAX_BYTES", "SCHEMA", "SqliteRecordStore", "connect"]
+
+# Records larger than this (as stored) are not handed to `on_committed`.
+HANDOVER_MAX_BYTES = 256 * 1024
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -67,6 +70,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     published_at  TEXT
 );
 CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (position) WHERE published_at IS NULL;
+CREATE INDEX IF NOT EXISTS outbox_by_namespace ON outbox (namespace, position);
 """
 
 
@@ -87,16 +91,27 @@ class SqliteRecordStore:
     """`RecordStore` over one SQLite file.
 
     Guarantees: a batch is one transaction (records, heads and outbox rows together);
-    a stale or equal revision is rejected alone; all writes are serialized in-process by
-    a lock and across processes by SQLite's write lock. After a batch committed,
-    `on_committed` (if given) gets its outbox events as written, in position order (the
+    a stale or equal revision is rejected alone; a record whose stored JSON is over
+    `max_record_bytes` fails the batch (`413 record_too_large`, nothing written); all
+    writes are serialized in-process by a lock and across processes by SQLite's write
+    lock. After a batch committed,
+    `on_positions` (if given) gets `(namespace, position)` of each of its outbox events,
+    and `on_committed` (if given) its outbox events of records up to `HANDOVER_MAX_BYTES`
+    as stored, as written, in position order (the
     embedded projector's log takes them instead of decoding the rows again).
     """
 
     def __init__(
-        self, path: Path, *, on_committed: Callable[[list[LogEntry]], None] | None = None
+        self,
+        path: Path,
+        *,
+        on_committed: Callable[[list[LogEntry]], None] | None = None,
+        max_record_bytes: int | None = MAX_RECORD_BYTES,
+        on_positions: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:
         self._path = path
+        self._on_positions = on_positions
+        self._max_record_bytes = max_record_bytes
         self._on_committed = on_committed
         self._lock = threading.Lock()
         try:
@@ -160,6 +175,8 @@ class SqliteRecordStore:
                 return outcomes
             # One serialization per record, stored once: the outbox row refers to it.
             record_jsons = [record.model_dump_json() for _, record in accepted]
+            for (index, _), record_json in zip(accepted, record_jsons, strict=True):
+                check_record_bytes(index, len(record_json), self._max_record_bytes)
             conn.executemany(
                 "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [
@@ -229,15 +246,27 @@ class SqliteRecordStore:
                 )
             # Built before the commit, handed over right after it: the projector may
             # fetch these positions in between and then reads them from the table.
+            # A large record is not handed over (read back from the table when applied):
+            # a reader holding handed-over events never holds more than that many bytes
+            # of each.
             events = (
                 []
                 if self._on_committed is None
                 else [
                     LogEntry(position=position, event=RecordChanged(record=r))
-                    for (_, r), position in zip(accepted, positions, strict=True)
+                    for (_, r), position, record_json in zip(
+                        accepted, positions, record_jsons, strict=True
+                    )
+                    if len(record_json) <= HANDOVER_MAX_BYTES
                 ]
             )
+            written = [
+                (r.namespace, position)
+                for (_, r), position in zip(accepted, positions, strict=True)
+            ]
         outcomes.sort(key=lambda outcome: outcome.index)
+        if self._on_positions is not None:
+            self._on_positions(written)
         if self._on_committed is not None:
             self._on_committed(events)
         return outcomes

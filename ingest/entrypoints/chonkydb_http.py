@@ -39,6 +39,7 @@ from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.wire import loads_strict, validate_strict
 from ingest.model import strings_in
+from ingest.pacing import WritePacer
 from ingest.ports import Head, Job, JobStore, RecordStore
 from ingest.service import check_batch_size, parse_batch, write_records
 
@@ -221,10 +222,13 @@ def create_router(
     max_batch: int,
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None = None,
+    pacer: WritePacer | None = None,
 ) -> APIRouter:
-    """ChonkyDB's write routes over `store` (the same store `POST /v1/records` uses);
-    async jobs in `jobs` (shared by every worker on the same database)."""
+    """ChonkyDB's write routes over `store` (the same store `POST /v1/records` uses),
+    paced by `pacer` like `POST /v1/records` (`ingest.pacing`); async jobs in `jobs`
+    (shared by every worker on the same database)."""
     router = APIRouter()
+    pacer = pacer or WritePacer(None)
     job_table = _Jobs(jobs)
 
     def prepare(body: BulkRecordsRequest, grant: ApiKeyGrant | None) -> list[Any]:
@@ -298,7 +302,12 @@ def create_router(
         body = validate_strict(loads_strict(await request.body()), BulkRecordsRequest)
         check_batch_size(len(body.items), max_batch)  # before any store read
         records = await run_in_threadpool(prepare, body, grant)
+        namespaces = {r.namespace for r in records}
         if body.execution_mode == "async":
+            # Accepted only once the namespaces are within their backlog bound (the job
+            # then writes on its own thread, without holding them).
+            async with pacer.admitted(namespaces):
+                pass
             job_id = await run_in_threadpool(
                 job_table.start,
                 _tenant(grant, records),
@@ -310,7 +319,8 @@ def create_router(
                 job_id=job_id, items=len(records), client_request_id=body.client_request_id
             )
             return JSONResponse(accepted.model_dump(mode="json"), status_code=202)
-        result = await run_in_threadpool(write, records, body)
+        async with pacer.admitted(namespaces):
+            result = await run_in_threadpool(write, records, body)
         if result.succeeded == 0:
             raise OrreryError(
                 ErrorCode.REVISION_CONFLICT,
@@ -387,7 +397,10 @@ def create_router(
             allowed_namespace=None if grant is None else grant.namespace,
             allowed_galaxy=None if grant is None else grant.galaxy,
         )
-        result = await run_in_threadpool(write_records, records, store=store, on_commit=on_commit)
+        async with pacer.admitted([head.namespace]):
+            result = await run_in_threadpool(
+                write_records, records, store=store, on_commit=on_commit
+            )
         if result.accepted == 0:
             raise OrreryError(
                 ErrorCode.REVISION_CONFLICT, "the record changed meanwhile; retry the delete"

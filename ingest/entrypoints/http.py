@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -18,23 +17,11 @@ from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.openapi import operation
 from contracts.records import Record
 from contracts.wire import loads_strict
-from ingest.model import FlowLimits
-from ingest.ports import ProjectionProgress, RecordStore
+from ingest.pacing import WAIT_POLL_SECONDS, WriteFlow, WritePacer
+from ingest.ports import RecordStore
 from ingest.service import parse_batch, write_records
 
 __all__ = ["WAIT_POLL_SECONDS", "WriteFlow", "create_router"]
-
-# How often a waiting POST looks at the projector's progress (an int read): the most a
-# wait adds to the moment the answer could have left.
-WAIT_POLL_SECONDS = 0.002
-
-
-@dataclass(frozen=True, slots=True)
-class WriteFlow:
-    """The projector's progress and the limits a POST is paced by (embedded only)."""
-
-    progress: ProjectionProgress
-    limits: FlowLimits
 
 
 def create_router(
@@ -45,15 +32,14 @@ def create_router(
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None = None,
     flow: WriteFlow | None = None,
+    pacer: WritePacer | None = None,
 ) -> APIRouter:
-    """`POST /v1/records`. With a `flow` (the embedded deployment), writers are admitted
-    one at a time and only while the projector is at most `flow.limits.max_lag_events`
-    behind, and `?wait=searchable` is available; without one, `?wait=searchable` is
-    `422 invalid_request`."""
+    """`POST /v1/records`. With a `flow` (the embedded deployment), writers are paced
+    per namespace by `pacer` (`ingest.pacing`: shared with the other write routes of the
+    process; default: one of its own), and `?wait=searchable` is available; without
+    one, `?wait=searchable` is `422 invalid_request`."""
     router = APIRouter()
-    # Held from the backlog check through the write: the bound holds for concurrent
-    # writers too (the store serializes their transactions anyway).
-    admission = asyncio.Lock()
+    pacer = pacer or WritePacer(flow)
 
     @router.post(
         "/v1/records",
@@ -101,23 +87,14 @@ def create_router(
         # Parsing a batch of vectors takes tens of ms: off the event loop, which keeps
         # answering queries meanwhile (and before admission: it overlaps the projector).
         records = await run_in_threadpool(parse)
-        if flow is None:
+        # Held from the backlog check through the write: the bound holds for concurrent
+        # writers too (the store serializes their transactions anyway).
+        async with pacer.admitted(r.namespace for r in records):
             result = await run_in_threadpool(
                 write_records, records, store=store, on_commit=on_commit
             )
-        else:
-            deadline = time.monotonic() + flow.limits.backlog_wait_seconds
-            backlog = await _admit(admission, flow, deadline)
-            if backlog is not None:
-                return backlog
-            try:
-                result = await run_in_threadpool(
-                    write_records, records, store=store, on_commit=on_commit
-                )
-            finally:
-                admission.release()
-            if wait == "searchable":
-                result.searchable = await _until_searchable(flow, result)
+        if wait == "searchable" and flow is not None:
+            result.searchable = await _until_searchable(flow, result)
         if result.accepted == 0:
             body = {
                 "success": False,
@@ -137,44 +114,6 @@ def create_router(
         )
 
     return router
-
-
-async def _admit(admission: asyncio.Lock, flow: WriteFlow, deadline: float) -> Response | None:
-    """Take `admission` once the projector is within `flow.limits.max_lag_events` of the
-    log, by `deadline`; else the `503 ingest_backlog` answer (lock not held)."""
-    limit = flow.limits.max_lag_events
-    if admission.locked():  # else taken at once (no await in between)
-        try:
-            await asyncio.wait_for(admission.acquire(), timeout=deadline - time.monotonic())
-        except TimeoutError:
-            return _backlog(flow, limit)
-    else:
-        await admission.acquire()
-    while limit and flow.progress.lag() > limit:
-        if time.monotonic() >= deadline:
-            admission.release()
-            return _backlog(flow, limit)
-        await asyncio.sleep(WAIT_POLL_SECONDS)
-    return None
-
-
-def _backlog(flow: WriteFlow, limit: int) -> Response:
-    lag = flow.progress.lag()
-    error = OrreryError(
-        ErrorCode.INGEST_BACKLOG,
-        f"the indexes are {lag} events behind (at most {limit} before a write); "
-        "nothing was written: retry later",
-        {
-            "lag_events": lag,
-            "max_lag_events": limit,
-            "waited_seconds": flow.limits.backlog_wait_seconds,
-        },
-    )
-    return JSONResponse(
-        error.to_response().model_dump(mode="json"),
-        status_code=error.http_status,
-        headers={"Retry-After": "1"},
-    )
 
 
 async def _until_searchable(flow: WriteFlow, result: WriteResponse) -> bool:

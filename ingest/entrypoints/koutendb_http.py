@@ -33,7 +33,15 @@ from contracts.koutendb_io import (
 )
 from contracts.openapi import operation
 from contracts.records import DEFAULT_GALAXY, Name
-from ingest.koutendb_io import ImportOptions, JsonlImporter, LineSplitter, dump_lines
+from ingest.koutendb_io import (
+    MAX_IMPORT_BATCH_BYTES,
+    ImportOptions,
+    JsonlImporter,
+    LineSplitter,
+    dump_lines,
+)
+from ingest.model import MAX_RECORD_BYTES
+from ingest.pacing import WritePacer
 from ingest.ports import RecordStore
 
 __all__ = [
@@ -162,10 +170,15 @@ def create_router(
     vector_dimension: int | None,
     on_commit: Callable[[], None] | None = None,
     resolve_scope: Callable[[str, str], str],
+    max_batch_bytes: int = MAX_IMPORT_BATCH_BYTES,
+    max_record_bytes: int | None = MAX_RECORD_BYTES,
+    pacer: WritePacer | None = None,
 ) -> APIRouter:
     """The import and dump routes over `store`. `resolve_scope(namespace, scope_ref)` is
-    the snapshot kind a scope ref names (`404 unknown_scope` otherwise)."""
+    the snapshot kind a scope ref names (`404 unknown_scope` otherwise). Each import
+    batch is paced by `pacer` like `POST /v1/records` (`ingest.pacing`)."""
     router = APIRouter(tags=["koutendb"])
+    pacer = pacer or WritePacer(None)
 
     def target(
         request: Request,
@@ -208,27 +221,38 @@ def create_router(
             id_field=params.get("idField") or None,
             batch_size=_int(params, "batchSize", 1_000, 1, min(max_batch, MAX_IMPORT_BATCH)),
             vector_dimension=vector_dimension,
+            max_batch_bytes=max_batch_bytes,
+            max_record_bytes=max_record_bytes,
         )
         importer = JsonlImporter(options, store, on_commit)
         splitter = LineSplitter()
+
+        async def write_batch() -> None:
+            # Paced like POST /v1/records: the namespace's writers one at a time, each
+            # batch only while the namespace is within its backlog bound.
+            async with pacer.admitted([namespace]):
+                await run_in_threadpool(importer.write_pending)
+
         try:
             async for chunk in request.stream():
                 for line in splitter.feed(chunk):
                     if importer.add(line):
-                        await run_in_threadpool(importer.write_pending)
+                        await write_batch()
             for line in splitter.close():
                 importer.add(line)
-            await run_in_threadpool(importer.write_pending)
+            await write_batch()
         except OrreryError as exc:
-            # A store fault (or the body limit) stops the import: say how far it got, the
-            # batches before it are written.
+            # A store fault, the backlog or the body limit stops the import: say how far
+            # it got, the batches before it are written.
             progress = importer.result().model_dump(mode="json", exclude={"errorLines"})
-            raise OrreryError(
+            stopped = OrreryError(
                 exc.code,
                 f"{exc.message} (the import stopped after {importer.imported} records; "
                 "re-running it updates them)",
                 {**exc.details, "progress": progress},
-            ) from exc
+            )
+            stopped.headers = getattr(exc, "headers", None)  # type: ignore[attr-defined]
+            raise stopped from exc
         return JSONResponse(importer.result().model_dump(mode="json"))
 
     @router.get(

@@ -13,13 +13,16 @@ from contracts.errors import DependencyUnavailable
 from contracts.events import LogEntry, RecordChanged, outbox_event_json
 from projector.ports import Undecodable
 
-__all__ = ["MAX_REMEMBERED", "SqliteOutboxLog"]
+__all__ = ["MAX_FETCH_BYTES", "MAX_REMEMBERED", "SqliteOutboxLog"]
 
 # Remembered events held at most: four default projector batches, ~10 KB each with a
 # 384-d vector (a projector further behind reads the rest from the table).
 MAX_REMEMBERED = 8_192
 # Positions per `IN (...)` read of rows that were not remembered.
 _CHUNK = 500
+# The most event bytes one `fetch` reads from the table (at least one event): a batch of
+# large records is cut short instead of loading them all (issue 22: bounded memory).
+MAX_FETCH_BYTES = 32 * 1024 * 1024
 
 
 class SqliteOutboxLog:
@@ -68,6 +71,10 @@ class SqliteOutboxLog:
                 remembered = self._remembered
                 missing = [p for p in positions if p not in remembered]
                 bodies = self._read_events(missing)
+                if len(bodies) < len(missing):
+                    # The byte budget ran out: this batch ends before the first row unread.
+                    cut = missing[len(bodies)]
+                    positions = [p for p in positions if p < cut]
                 self._cursor = positions[-1]
                 found = {p: remembered[p] for p in positions if p in remembered}
         except sqlite3.OperationalError as exc:
@@ -86,18 +93,25 @@ class SqliteOutboxLog:
                     self._remembered[entry.position] = entry
 
     def _read_events(self, positions: list[int]) -> dict[int, str | bytes]:
-        """The events of these outbox rows, read from the table. Lock held."""
+        """The events of these outbox rows, read from the table, in position order until
+        `MAX_FETCH_BYTES` are read (at least one): a prefix of `positions`. Lock held."""
         bodies: dict[int, str | bytes] = {}
+        budget = MAX_FETCH_BYTES
         for start in range(0, len(positions), _CHUNK):
             chunk = positions[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
             for position, event, record in self._conn.execute(
                 "SELECT o.position, o.event_json, r.record_json FROM outbox o "
                 "LEFT JOIN records r ON r.document_id = o.document_id "
-                f"AND r.revision = o.revision WHERE o.position IN ({marks})",
+                f"AND r.revision = o.revision WHERE o.position IN ({marks}) "
+                "ORDER BY o.position",
                 chunk,
             ):
-                bodies[int(position)] = outbox_event_json(event, record)
+                if bodies and budget <= 0:
+                    return bodies
+                body = outbox_event_json(event, record)
+                budget -= len(body)
+                bodies[int(position)] = body
         return bodies
 
     def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
@@ -133,6 +147,21 @@ class SqliteOutboxLog:
                 return 0
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return int(row[0])
+
+    def pending_events(self, after: int) -> list[tuple[str, int]]:
+        """`(namespace, position)` of every outbox row after `after`, in position order
+        (a restarted process learns each namespace's backlog from it)."""
+        try:
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT namespace, position FROM outbox WHERE position > ? ORDER BY position",
+                    (after,),
+                ).fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise DependencyUnavailable("sqlite", str(exc)) from exc
+        return [(str(ns), int(position)) for ns, position in rows]
 
     def close(self) -> None:
         with self._lock:

@@ -10,11 +10,13 @@ nothing on disk (docs/koutendb.md). Driver errors raise `DependencyUnavailable` 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from query.adapters.postgres_routing import PostgresReads
+from query.adapters.sqlite_koutendb import PRUNE_EVERY
 from query.ports import KeptEnvelope, StoredProfile
 
 __all__ = ["PostgresKoutenStore"]
@@ -30,11 +32,22 @@ class PostgresKoutenStore:
     `PostgresReads` pool, closed with the worker's other ports; `close` here is a no-op).
 
     As `SqliteKoutenStore`: envelopes older than the retention (a day) are deleted
-    whenever one is kept, so the table holds about one day of requests."""
+    whenever one is kept, so the table holds about one day of requests; each (namespace,
+    galaxy) holds at most `max_per_galaxy` of them (plus at most `PRUNE_EVERY` per worker
+    between two prunes)."""
 
-    def __init__(self, reads: PostgresReads, *, retention_seconds: float = 86_400.0) -> None:
+    def __init__(
+        self,
+        reads: PostgresReads,
+        *,
+        retention_seconds: float = 86_400.0,
+        max_per_galaxy: int = 100_000,
+    ) -> None:
         self._reads = reads
         self._retention = retention_seconds
+        self._max_per_galaxy = max_per_galaxy
+        self._since_prune: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
 
     # -- SearchProfiles ----------------------------------------------------------------
     def profiles(self, namespace: str) -> list[StoredProfile]:
@@ -73,13 +86,18 @@ class PostgresKoutenStore:
     def keep(self, envelope: KeptEnvelope) -> None:
         chunks = json.dumps([list(envelope.chunk_ids), list(envelope.chunk_rings)])
         horizon = envelope.created_at - timedelta(seconds=self._retention)
+        tenant = (envelope.namespace, envelope.galaxy)
+        with self._lock:
+            count = self._since_prune.get(tenant, PRUNE_EVERY) + 1
+            prune = count >= PRUNE_EVERY
+            self._since_prune[tenant] = 0 if prune else count
         with self._reads.transaction("keep an envelope") as cur:
             cur.execute("DELETE FROM kouten_envelopes WHERE created_at < %s", (horizon,))
             cur.execute(
                 f"INSERT INTO kouten_envelopes ({_COLUMNS}) "
                 "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,NULL,NULL) "
-                "ON CONFLICT (request_id) DO UPDATE SET namespace = excluded.namespace, "
-                "galaxy = excluded.galaxy, base_ring = excluded.base_ring, "
+                "ON CONFLICT (namespace, galaxy, request_id) DO UPDATE SET "
+                "base_ring = excluded.base_ring, "
                 "profile = excluded.profile, budget = excluded.budget, "
                 "created_at = excluded.created_at, chunks_json = excluded.chunks_json, "
                 "used_json = NULL, ignored_json = NULL",
@@ -94,20 +112,37 @@ class PostgresKoutenStore:
                     chunks,
                 ),
             )
+            if prune:
+                # Past the bound, oldest first (the (namespace, galaxy, created_at) index).
+                cur.execute(
+                    "DELETE FROM kouten_envelopes WHERE (namespace, galaxy, request_id) IN "
+                    "(SELECT namespace, galaxy, request_id FROM kouten_envelopes "
+                    "WHERE namespace = %s AND galaxy = %s "
+                    "ORDER BY created_at DESC, request_id DESC OFFSET %s)",
+                    (*tenant, self._max_per_galaxy),
+                )
 
-    def envelope(self, request_id: str, since: datetime) -> KeptEnvelope | None:
+    def envelopes(self, namespace: str, request_id: str, since: datetime) -> list[KeptEnvelope]:
         rows = self._reads.query(
-            f"SELECT {_COLUMNS} FROM kouten_envelopes WHERE request_id = %s AND created_at >= %s",
-            (request_id, since),
+            f"SELECT {_COLUMNS} FROM kouten_envelopes WHERE namespace = %s "
+            "AND request_id = %s AND created_at >= %s ORDER BY galaxy",
+            (namespace, request_id, since),
         )
-        return _envelope(rows[0]) if rows else None
+        return [_envelope(row) for row in rows]
 
-    def feedback(self, request_id: str, used: Sequence[str], ignored: Sequence[str]) -> None:
+    def feedback(
+        self,
+        namespace: str,
+        galaxy: str,
+        request_id: str,
+        used: Sequence[str],
+        ignored: Sequence[str],
+    ) -> None:
         with self._reads.transaction("record feedback") as cur:
             cur.execute(
                 "UPDATE kouten_envelopes SET used_json = %s, ignored_json = %s "
-                "WHERE request_id = %s",
-                (json.dumps(list(used)), json.dumps(list(ignored)), request_id),
+                "WHERE namespace = %s AND galaxy = %s AND request_id = %s",
+                (json.dumps(list(used)), json.dumps(list(ignored)), namespace, galaxy, request_id),
             )
 
     def window(self, namespace: str, galaxy: str, since: datetime) -> list[KeptEnvelope]:

@@ -21,7 +21,16 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from contracts.errors import DependencyUnavailable
-from query.ports import ProjectorLogStatus, Route, ScopeReadiness, StoredRecord
+from query.adapters.sqlite_routing import DEFAULT_MAX_ANSWER_BYTES
+from query.ports import (
+    HeadFacts,
+    NamespaceLog,
+    ProjectorLogStatus,
+    Route,
+    ScopeReadiness,
+    StoredRecord,
+    answer_too_large,
+)
 
 __all__ = ["PostgresReads", "PostgresRecordReader", "PostgresRouting", "open_reads"]
 
@@ -171,6 +180,19 @@ class PostgresRouting:
         rows = self._reads.query("SELECT position FROM outbox_counter")
         return int(rows[0][0]) if rows else 0
 
+    def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
+        rows = self._reads.query(
+            "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = %s), "
+            "(SELECT COUNT(*) FROM outbox WHERE namespace = %s AND position > %s), "
+            "(SELECT created_at FROM outbox WHERE namespace = %s AND position > %s "
+            "ORDER BY position LIMIT 1)",
+            (namespace, namespace, after, namespace, after),
+        )
+        if not rows:
+            return NamespaceLog(0, 0, None)
+        high, pending, oldest = rows[0]
+        return NamespaceLog(int(high), int(pending), oldest)
+
     def log_status(self) -> ProjectorLogStatus | None:
         rows = self._reads.query(
             "SELECT consumer, position, lag_events, measured_at, "
@@ -256,7 +278,10 @@ class PostgresRouting:
 
 class PostgresRecordReader:
     """`RecordReader` over ingest's `records` and `heads` tables (the stored JSON is
-    returned as written, vector included)."""
+    returned as written, vector included). Each read that returns record JSON carries a
+    guard the server evaluates first from the sizes alone (`octet_length` of a TOASTed
+    value reads no data): past `max_answer_bytes` it returns no rows, and a second,
+    size-only query tells that apart from no match (`answer_too_large`)."""
 
     _COLUMNS = (
         "r.document_id, r.revision, r.item_id, r.namespace, r.snapshot_kind, r.galaxy, "
@@ -266,30 +291,73 @@ class PostgresRecordReader:
         "FROM heads h JOIN records r ON r.document_id = h.document_id AND r.revision = h.revision"
     )
 
-    def __init__(self, reads: PostgresReads) -> None:
+    def __init__(
+        self, reads: PostgresReads, *, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    ) -> None:
         self._reads = reads
+        self._max_answer_bytes = max_answer_bytes
+
+    def _bounded(
+        self,
+        rows_sql: str,
+        rows_params: Sequence[object],
+        size_sql: str,
+        size_params: Sequence[object],
+    ) -> list[Any]:
+        """`rows_sql` (guarded by `(size_sql) <= max_answer_bytes`) when the rows' JSON
+        fits, else `answer_too_large`."""
+        limit = self._max_answer_bytes
+        rows = self._reads.query(rows_sql, rows_params)
+        if not rows:
+            size = self._reads.query(size_sql, size_params)
+            if size and int(size[0][0] or 0) > limit:
+                raise answer_too_large(limit)
+        return rows
 
     def fetch(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredRecord]:
         if not keys:
             return {}
-        rows = self._reads.query(
-            f"SELECT {self._COLUMNS} FROM records r JOIN "
-            "unnest(%s::text[], %s::bigint[]) AS k(document_id, revision) "
-            "ON r.document_id = k.document_id AND r.revision = k.revision",
-            ([d for d, _ in keys], [r for _, r in keys]),
+        source = (
+            "FROM records r JOIN unnest(%s::text[], %s::bigint[]) AS k(document_id, revision) "
+            "ON r.document_id = k.document_id AND r.revision = k.revision"
+        )
+        size = f"SELECT sum(octet_length(r.record_json)) {source}"
+        ids, revisions = [d for d, _ in keys], [r for _, r in keys]
+        rows = self._bounded(
+            f"SELECT {self._COLUMNS} {source} WHERE ({size}) <= %s",
+            (ids, revisions, ids, revisions, self._max_answer_bytes),
+            size,
+            (ids, revisions),
         )
         stored = [_stored(row) for row in rows]
         return {(s.document_id, s.revision): s for s in stored}
 
+    _HEADS_WHERE = (
+        "WHERE (%s::text IS NULL OR h.namespace = %s) AND NOT h.deleted AND h.document_id = ANY(%s)"
+    )
+
     def heads(self, namespace: str | None, document_ids: Sequence[str]) -> list[StoredRecord]:
         if not document_ids:
             return []
-        rows = self._reads.query(
-            f"SELECT {self._COLUMNS} {self._JOIN} WHERE (%s::text IS NULL OR h.namespace = %s) "
-            "AND NOT h.deleted AND h.document_id = ANY(%s)",
-            (namespace, namespace, list(document_ids)),
+        size = f"SELECT sum(octet_length(r.record_json)) {self._JOIN} {self._HEADS_WHERE}"
+        where = (namespace, namespace, list(document_ids))
+        rows = self._bounded(
+            f"SELECT {self._COLUMNS} {self._JOIN} {self._HEADS_WHERE} AND ({size}) <= %s",
+            (*where, *where, self._max_answer_bytes),
+            size,
+            where,
         )
         return [_stored(row) for row in rows]
+
+    def head_facts(self, namespace: str | None, document_ids: Sequence[str]) -> list[HeadFacts]:
+        if not document_ids:
+            return []
+        rows = self._reads.query(
+            "SELECT h.document_id, h.revision, h.snapshot_kind, r.galaxy, "
+            f"octet_length(r.record_json) {self._JOIN} {self._HEADS_WHERE}",
+            (namespace, namespace, list(document_ids)),
+        )
+        return [HeadFacts(str(d), int(rev), str(k), str(g), int(n)) for d, rev, k, g, n in rows]
 
     def page(
         self, namespace: str | None, galaxy: str | None, offset: int, limit: int
@@ -300,9 +368,13 @@ class PostgresRecordReader:
         )
         args: list[object] = [namespace, namespace, galaxy, galaxy]
         total = self._reads.query(f"SELECT COUNT(*) {self._JOIN} WHERE {where}", args)
-        rows = self._reads.query(
-            f"SELECT {self._COLUMNS} {self._JOIN} WHERE {where} "
+        window = f"{self._JOIN} WHERE {where} ORDER BY h.document_id LIMIT %s OFFSET %s"
+        size = f"SELECT sum(n) FROM (SELECT octet_length(r.record_json) AS n {window}) AS s"
+        rows = self._bounded(
+            f"SELECT {self._COLUMNS} {self._JOIN} WHERE {where} AND ({size}) <= %s "
             "ORDER BY h.document_id LIMIT %s OFFSET %s",
+            [*args, *args, limit, offset, self._max_answer_bytes, limit, offset],
+            size,
             [*args, limit, offset],
         )
         return (int(total[0][0]) if total else 0), [_stored(row) for row in rows]

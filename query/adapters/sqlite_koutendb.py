@@ -18,7 +18,7 @@ from pathlib import Path
 from contracts.errors import DependencyUnavailable
 from query.ports import KeptEnvelope, StoredProfile
 
-__all__ = ["SqliteKoutenStore"]
+__all__ = ["PRUNE_EVERY", "SqliteKoutenStore"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS kouten_profiles (
@@ -30,21 +30,32 @@ CREATE TABLE IF NOT EXISTS kouten_profiles (
     note      TEXT NOT NULL,
     PRIMARY KEY (namespace, name)
 );
+"""
+# Envelopes are keyed per tenant: the same request id in two namespaces (or two galaxies
+# of one) names two envelopes. Files written before that had `request_id` alone as the
+# key; `_migrate_envelopes` rebuilds their table in this layout, rows kept.
+_ENVELOPES = """
 CREATE TABLE IF NOT EXISTS kouten_envelopes (
-    request_id  TEXT PRIMARY KEY,
     namespace   TEXT NOT NULL,
     galaxy      TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
     base_ring   TEXT NOT NULL,
     profile     TEXT NOT NULL,
     budget      INTEGER NOT NULL,
     created_at  TEXT NOT NULL,
     chunks_json TEXT NOT NULL,
     used_json   TEXT,
-    ignored_json TEXT
+    ignored_json TEXT,
+    PRIMARY KEY (namespace, galaxy, request_id)
 );
 CREATE INDEX IF NOT EXISTS kouten_envelopes_by_galaxy
     ON kouten_envelopes (namespace, galaxy, created_at);
+CREATE INDEX IF NOT EXISTS kouten_envelopes_by_age ON kouten_envelopes (created_at);
+CREATE INDEX IF NOT EXISTS kouten_envelopes_by_request ON kouten_envelopes (namespace, request_id);
 """
+# Keeps between two prunes of one (namespace, galaxy) down to its bound: a prune walks
+# the bound's worth of index entries, so it runs once per this many keeps.
+PRUNE_EVERY = 256
 
 _COLUMNS = (
     "request_id, namespace, galaxy, base_ring, profile, budget, created_at, chunks_json, "
@@ -56,11 +67,20 @@ class SqliteKoutenStore:
     """`SearchProfiles` and `EnvelopeLog` in one SQLite file (WAL; thread-safe).
 
     Envelopes older than a day are deleted whenever one is kept, so the table holds
-    about one day of requests."""
+    about one day of requests; each (namespace, galaxy) holds at most `max_per_galaxy`
+    of them (plus at most `PRUNE_EVERY` per process between two prunes)."""
 
-    def __init__(self, path: Path, *, retention_seconds: float = 86_400.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        retention_seconds: float = 86_400.0,
+        max_per_galaxy: int = 100_000,
+    ) -> None:
         self._lock = threading.RLock()
         self._retention = retention_seconds
+        self._max_per_galaxy = max_per_galaxy
+        self._since_prune: dict[tuple[str, str], int] = {}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
@@ -71,6 +91,8 @@ class SqliteKoutenStore:
             # process crash; a power loss may lose the last envelopes, which are advisory.
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.executescript(_SCHEMA)
+            _migrate_envelopes(self._conn)
+            self._conn.executescript(_ENVELOPES)
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
 
@@ -131,6 +153,7 @@ class SqliteKoutenStore:
     def keep(self, envelope: KeptEnvelope) -> None:
         chunks = json.dumps([list(envelope.chunk_ids), list(envelope.chunk_rings)])
         horizon = envelope.created_at - timedelta(seconds=self._retention)
+        tenant = (envelope.namespace, envelope.galaxy)
         with self._transaction() as conn:
             conn.execute(
                 "DELETE FROM kouten_envelopes WHERE created_at < ?",
@@ -150,19 +173,42 @@ class SqliteKoutenStore:
                     chunks,
                 ),
             )
+            count = self._since_prune.get(tenant, PRUNE_EVERY) + 1
+            if count >= PRUNE_EVERY:
+                count = 0
+                self._prune(conn, *tenant)
+            self._since_prune[tenant] = count
 
-    def envelope(self, request_id: str, since: datetime) -> KeptEnvelope | None:
-        rows = self._rows(
-            f"SELECT {_COLUMNS} FROM kouten_envelopes WHERE request_id = ? AND created_at >= ?",
-            (request_id, since.isoformat()),
+    def _prune(self, conn: sqlite3.Connection, namespace: str, galaxy: str) -> None:
+        """Drop the (namespace, galaxy)'s envelopes past its bound, oldest first."""
+        conn.execute(
+            "DELETE FROM kouten_envelopes WHERE rowid IN (SELECT rowid FROM kouten_envelopes "
+            "WHERE namespace = ? AND galaxy = ? ORDER BY created_at DESC, request_id DESC "
+            "LIMIT -1 OFFSET ?)",
+            (namespace, galaxy, self._max_per_galaxy),
         )
-        return _envelope(rows[0]) if rows else None
 
-    def feedback(self, request_id: str, used: Sequence[str], ignored: Sequence[str]) -> None:
+    def envelopes(self, namespace: str, request_id: str, since: datetime) -> list[KeptEnvelope]:
+        rows = self._rows(
+            f"SELECT {_COLUMNS} FROM kouten_envelopes WHERE namespace = ? AND request_id = ? "
+            "AND created_at >= ? ORDER BY galaxy",
+            (namespace, request_id, since.isoformat()),
+        )
+        return [_envelope(row) for row in rows]
+
+    def feedback(
+        self,
+        namespace: str,
+        galaxy: str,
+        request_id: str,
+        used: Sequence[str],
+        ignored: Sequence[str],
+    ) -> None:
         with self._transaction() as conn:
             conn.execute(
-                "UPDATE kouten_envelopes SET used_json = ?, ignored_json = ? WHERE request_id = ?",
-                (json.dumps(list(used)), json.dumps(list(ignored)), request_id),
+                "UPDATE kouten_envelopes SET used_json = ?, ignored_json = ? "
+                "WHERE namespace = ? AND galaxy = ? AND request_id = ?",
+                (json.dumps(list(used)), json.dumps(list(ignored)), namespace, galaxy, request_id),
             )
 
     def window(self, namespace: str, galaxy: str, since: datetime) -> list[KeptEnvelope]:
@@ -176,6 +222,31 @@ class SqliteKoutenStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _migrate_envelopes(conn: sqlite3.Connection) -> None:
+    """Rebuild a `kouten_envelopes` keyed by `request_id` alone (files written before
+    envelopes were keyed per tenant) in the per-tenant layout, every row kept, in one
+    transaction."""
+    key = [str(row[1]) for row in conn.execute("PRAGMA table_info(kouten_envelopes)") if row[5]]
+    if key != ["request_id"]:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE kouten_envelopes RENAME TO kouten_envelopes_v1")
+        conn.execute("DROP INDEX IF EXISTS kouten_envelopes_by_galaxy")
+        # One statement at a time: `executescript` would commit the transaction first.
+        for statement in _ENVELOPES.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(
+            f"INSERT INTO kouten_envelopes ({_COLUMNS}) SELECT {_COLUMNS} FROM kouten_envelopes_v1"
+        )
+        conn.execute("DROP TABLE kouten_envelopes_v1")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _envelope(row: tuple[object, ...]) -> KeptEnvelope:

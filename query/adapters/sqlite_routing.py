@@ -17,11 +17,29 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import DependencyUnavailable
-from query.ports import ProjectorLogStatus, Route, ScopeReadiness, StoredRecord
+from query.ports import (
+    HeadFacts,
+    NamespaceLog,
+    ProjectorLogStatus,
+    Route,
+    ScopeReadiness,
+    StoredRecord,
+    answer_too_large,
+)
 
-__all__ = ["SqliteRecordReader", "SqliteRouting", "dead_letters", "generation_document_ids"]
+__all__ = [
+    "DEFAULT_MAX_ANSWER_BYTES",
+    "SqliteRecordReader",
+    "SqliteRouting",
+    "dead_letters",
+    "generation_document_ids",
+]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# The most record JSON one read loads by default (`ORRERY_MAX_ANSWER_BYTES`).
+DEFAULT_MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class _Reader:
@@ -132,6 +150,23 @@ class SqliteRouting(_Reader):
         rows = self._query("SELECT COALESCE(MAX(position), 0) FROM outbox")
         return int(str(rows[0][0])) if rows else 0
 
+    def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
+        rows = self._query(
+            "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = ?), "
+            "(SELECT COUNT(*) FROM outbox WHERE namespace = ? AND position > ?), "
+            "(SELECT created_at FROM outbox WHERE namespace = ? AND position > ? "
+            "ORDER BY position LIMIT 1)",
+            (namespace, namespace, after, namespace, after),
+        )
+        if not rows:
+            return NamespaceLog(0, 0, None)
+        high, pending, oldest = rows[0]
+        return NamespaceLog(
+            int(str(high)),
+            int(str(pending)),
+            None if oldest is None else datetime.fromisoformat(str(oldest)),
+        )
+
     def log_status(self) -> ProjectorLogStatus | None:
         """From the projector's `projector_log_status` and `dead_letters` tables."""
         rows = self._query(
@@ -162,13 +197,35 @@ class SqliteRouting(_Reader):
 
 
 class SqliteRecordReader(_Reader):
-    """`RecordReader` over ingest's `records` and `heads` tables."""
+    """`RecordReader` over ingest's `records` and `heads` tables. Rows are read one at a
+    time and their JSON counted as they come: a call past `max_answer_bytes` stops and
+    raises `answer_too_large` holding at most that much plus one record."""
 
     _COLUMNS = (
         "document_id, revision, item_id, namespace, snapshot_kind, galaxy, deleted, "
         "payload_sha256, record_json"
     )
     _FETCH_COLUMNS = _COLUMNS.replace("record_json", "json_remove(record_json, '$.vector')")
+
+    def __init__(self, path: Path, *, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
+        super().__init__(path)
+        self._max_answer_bytes = max_answer_bytes
+
+    def _records(self, sql: str, params: Sequence[object], budget: list[int]) -> list[StoredRecord]:
+        """The rows of `sql` (record JSON last) as records, taking their JSON's bytes
+        from `budget[0]`; `answer_too_large` once it runs out."""
+        out: list[StoredRecord] = []
+        try:
+            for row in self._conn().execute(sql, params):
+                budget[0] -= len(str(row[-1]))
+                if budget[0] < 0:
+                    raise answer_too_large(self._max_answer_bytes)
+                out.append(_stored(row))
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise DependencyUnavailable("sqlite", str(exc)) from exc
+        return out
 
     def fetch(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredRecord]:
         # One primary-key lookup per key: an OR of compound conditions makes SQLite scan
@@ -177,9 +234,10 @@ class SqliteRecordReader(_Reader):
         # query) before Python parses the rest: 470 -> 300 us for 10 records.
         out: dict[tuple[str, int], StoredRecord] = {}
         sql = f"SELECT {self._FETCH_COLUMNS} FROM records WHERE document_id = ? AND revision = ?"
+        budget = [self._max_answer_bytes]
         for key in keys:
-            for row in self._query(sql, key):
-                out[key] = _stored(row)
+            for record in self._records(sql, key, budget):
+                out[key] = record
         return out
 
     def heads(self, namespace: str | None, document_ids: Sequence[str]) -> list[StoredRecord]:
@@ -187,19 +245,43 @@ class SqliteRecordReader(_Reader):
         # Document ids hash their namespace in, so without one the ids alone select.
         in_namespace = "" if namespace is None else "+h.namespace = ? AND "
         scope: list[object] = [] if namespace is None else [namespace]
+        budget = [self._max_answer_bytes]
         for start in range(0, len(document_ids), 500):
             chunk = list(document_ids[start : start + 500])
             marks = ",".join("?" * len(chunk))
             cols = ", ".join(f"r.{c.strip()}" for c in self._COLUMNS.split(","))
             # `+h.namespace` keeps SQLite on the primary key: planned on the scope index
             # it walks every head of the namespace (61 ms for 10 ids at 100k).
+            out.extend(
+                self._records(
+                    f"SELECT {cols} FROM heads h JOIN records r ON r.document_id = "
+                    f"h.document_id AND r.revision = h.revision WHERE {in_namespace}"
+                    f"h.deleted = 0 AND h.document_id IN ({marks})",
+                    [*scope, *chunk],
+                    budget,
+                )
+            )
+        return out
+
+    def head_facts(self, namespace: str | None, document_ids: Sequence[str]) -> list[HeadFacts]:
+        out: list[HeadFacts] = []
+        in_namespace = "" if namespace is None else "+h.namespace = ? AND "
+        scope: list[object] = [] if namespace is None else [namespace]
+        for start in range(0, len(document_ids), 500):
+            chunk = list(document_ids[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            # No record JSON leaves SQLite: its size is read as a blob's length.
             rows = self._query(
-                f"SELECT {cols} FROM heads h JOIN records r ON r.document_id = h.document_id "
-                f"AND r.revision = h.revision WHERE {in_namespace}h.deleted = 0 "
-                f"AND h.document_id IN ({marks})",
+                "SELECT h.document_id, h.revision, h.snapshot_kind, r.galaxy, "
+                "length(CAST(r.record_json AS BLOB)) FROM heads h JOIN records r ON "
+                "r.document_id = h.document_id AND r.revision = h.revision WHERE "
+                f"{in_namespace}h.deleted = 0 AND h.document_id IN ({marks})",
                 [*scope, *chunk],
             )
-            out.extend(_stored(row) for row in rows)
+            out.extend(
+                HeadFacts(str(d), int(str(rev)), str(k), str(g), int(str(n)))
+                for d, rev, k, g, n in rows
+            )
         return out
 
     def page(
@@ -219,11 +301,12 @@ class SqliteRecordReader(_Reader):
             "AND r.revision = h.revision"
         )
         total = self._query(f"SELECT COUNT(*) {join} WHERE {where}", args)
-        rows = self._query(
+        rows = self._records(
             f"SELECT {cols} {join} WHERE {where} ORDER BY h.document_id LIMIT ? OFFSET ?",
             [*args, limit, offset],
+            [self._max_answer_bytes],
         )
-        return (int(str(total[0][0])) if total else 0), [_stored(row) for row in rows]
+        return (int(str(total[0][0])) if total else 0), rows
 
 
 def _route(

@@ -43,7 +43,7 @@ from contracts.topk import (
 from contracts.wire import loads_strict, validate_strict
 from query.eligibility import EligibilityGate
 from query.entrypoints.chonkydb_http import chonky_retrieve, chonky_topk
-from query.ports import Routing
+from query.ports import NamespaceLog, Routing
 from query.scopes import ScopeResolver
 from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_records
 
@@ -264,8 +264,14 @@ def create_router(
         """Per scope readiness. With API keys configured it needs one and shows only the
         key's namespace (a galaxy-bound key: without namespace-wide document counts)."""
         grant = authenticate(grants, x_api_key, authorization)
-        body = await run_in_threadpool(readiness, ports.routing, status, eligibility)
-        return JSONResponse(body if grant is None else readiness_for(body, grant))
+
+        def answer() -> dict[str, Any]:
+            body = readiness(ports.routing, status, eligibility)
+            return (
+                body if grant is None else readiness_for(body, grant, ports.routing.namespace_log)
+            )
+
+        return JSONResponse(await run_in_threadpool(answer))
 
     return router
 
@@ -275,23 +281,61 @@ def _check_namespace(who: Principal, namespace: str) -> None:
         raise OrreryError(ErrorCode.FORBIDDEN, f"this API key may not read namespace {namespace!r}")
 
 
-# What a tenant's key may see of readiness: its own scopes and the log's position.
-_TENANT_READINESS = ("success", "log_high_water", "projector_log", "coverage_fallback", "mode")
+# What a tenant's key may see of readiness: its own scopes and its own log positions.
+_TENANT_READINESS = ("success", "coverage_fallback", "mode")
+# Far past any position: a namespace's newest position without counting its events.
+_END = 2**62
 
 
-def readiness_for(body: dict[str, Any], grant: ApiKeyGrant) -> dict[str, Any]:
+def readiness_for(
+    body: dict[str, Any],
+    grant: ApiKeyGrant,
+    namespace_log: Callable[[str, int], NamespaceLog] | None = None,
+) -> dict[str, Any]:
     """The readiness `body` as one key may see it: only its namespace's scopes (without
-    document counts when the key is bound to one galaxy), no process-level facts."""
+    document counts when the key is bound to one galaxy), no process-level facts, and
+    only its own log positions (`namespace_log`, issue 22): `log_high_water` is the
+    namespace's newest position, a scope's `applied_position` is never shown past it,
+    and `lag_events` / `lag_seconds` count the namespace's own events only — the global
+    write counter and other tenants' backlogs stay hidden."""
+    namespace = grant.namespace
+    own = None if namespace_log is None else namespace_log(namespace, _END)
     scopes = []
     for scope in body["scopes"]:
-        if scope["namespace"] != grant.namespace:
+        if scope["namespace"] != namespace:
             continue
         if grant.galaxy is not None:
             scope = {k: v for k, v in scope.items() if k != "document_count"}
+        if namespace_log is not None and own is not None:
+            applied = min(int(scope["applied_position"]), own.high_water)
+            log = namespace_log(namespace, applied)
+            oldest = log.oldest_pending_at
+            scope = {
+                **scope,
+                "applied_position": applied,
+                "log_high_water": own.high_water,
+                "lag_events": log.pending,
+                "lag_seconds": 0.0
+                if oldest is None
+                else round(max(0.0, (datetime.now(UTC) - oldest).total_seconds()), 3),
+            }
         scopes.append(scope)
     out = {k: body[k] for k in _TENANT_READINESS if k in body}
+    out["log_high_water"] = body["log_high_water"] if own is None else own.high_water
+    measured = body.get("projector_log")
+    if measured is not None:
+        # Whether the projector's measurement is current, and the namespace's own events
+        # after the projector's position (not its consumer, position or global lag).
+        lag = (
+            measured["lag_events"]
+            if namespace_log is None
+            else namespace_log(namespace, int(measured["position"])).pending
+        )
+        out["projector_log"] = {"current": measured["current"], "lag_events": lag}
     out["scopes"] = scopes
-    out["ready"] = _is_ready(scopes, body.get("projector_log"))
+    # `ready` still takes the projector's own measurement as it is: on a partitioned log
+    # (Kafka) positions alone cannot vouch that every earlier event was applied.
+    out["ready"] = _is_ready(scopes, measured)
     return out
 
 
@@ -313,7 +357,9 @@ def ready_check(
 
     def ready(grant: ApiKeyGrant | None) -> bool:
         body = readiness(routing, status, eligibility)
-        return bool((body if grant is None else readiness_for(body, grant))["ready"])
+        if grant is not None:
+            body = readiness_for(body, grant, routing.namespace_log)
+        return bool(body["ready"])
 
     return ready
 

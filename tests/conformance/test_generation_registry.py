@@ -600,3 +600,47 @@ def test_record_reader_pages_every_namespace(backend: Backend) -> None:
         ["other", "ns"],
     )
     assert reader.heads("ns", [other]) == []
+
+
+def test_record_reads_are_bounded_in_bytes_and_kinds_read_no_json(backend: Backend) -> None:
+    """Issue 22: `fetch`, `heads` and `page` never load more than `max_answer_bytes` of
+    record JSON (413 answer_too_large past it); `head_facts` answers kind, galaxy,
+    revision and size without reading a record."""
+    store = backend.open(backend.store)
+    big = [
+        Record(
+            namespace="ns",
+            snapshot_kind="objects",
+            item_id=f"big{n}",
+            revision=1,
+            galaxy="g1" if n % 2 else "g2",
+            payload={"blob": "x" * 30_000},
+        )
+        for n in range(4)
+    ]
+    small = _record("small", 1, kind="other")
+    outcomes = store.write([*big, small])
+    positions = {o.document_id: o.revision for o in outcomes}
+    ids = [r.doc_id for r in big]
+    records = backend.open(backend.records)
+    records._max_answer_bytes = 70_000  # two big records fit, three do not
+    facts = {f.document_id: f for f in records.head_facts("ns", [*ids, small.doc_id, "nope"])}
+    assert set(facts) == {*ids, small.doc_id}
+    assert facts[small.doc_id].snapshot_kind == "other"
+    assert {facts[d].galaxy for d in ids} == {"g1", "g2"}
+    assert all(30_000 < facts[d].record_bytes < 35_000 for d in ids)
+    assert records.head_facts("other-ns", ids) == []
+    assert {r.document_id for r in records.heads("ns", ids[:2])} == set(ids[:2])
+    assert set(records.fetch([(d, positions[d]) for d in ids[:2]])) == {(d, 1) for d in ids[:2]}
+    assert len(records.page("ns", None, 0, 2)[1]) == 2
+    for call in (
+        lambda: records.heads("ns", ids),
+        lambda: records.fetch([(d, 1) for d in ids]),
+        lambda: records.page("ns", None, 0, 10),
+    ):
+        with pytest.raises(OrreryError) as caught:
+            call()
+        assert caught.value.code is ErrorCode.ANSWER_TOO_LARGE
+        assert caught.value.details == {"max_answer_bytes": 70_000}
+    # No match is still an empty answer, not a refusal.
+    assert records.heads("ns", ["nope"]) == [] and records.fetch([("nope", 1)]) == {}

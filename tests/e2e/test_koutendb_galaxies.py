@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,11 @@ NS = "kgal"
 DIM = 16
 GALAXIES = ("g1", "g2", "g3")
 KEYS = {"ka": None, "k1": "g1", "k2": "g2", "k3": "g3"}
-KEYS_SPEC = ",".join(f"{k}={NS}" + (f"/{g}" if g else "") for k, g in KEYS.items())
+# A second tenant (its own namespace and key) that uses the same request ids.
+OTHER_NS = "kgal-other"
+KEYS_SPEC = ",".join(f"{k}={NS}" + (f"/{g}" if g else "") for k, g in KEYS.items()) + (
+    f",kb={OTHER_NS}"
+)
 RINGS = {
     "g1": ("shared", "shared/one", "alpha", "alpha/deep/er"),
     "g2": ("shared", "shared/two", "beta"),
@@ -82,6 +87,11 @@ def known(galaxy: str) -> set[str]:
     return out
 
 
+def client_ready(test_client: TestClient, key: str) -> bool:
+    ready = test_client.get("/v1/readiness", headers={"x-api-key": key}).json()
+    return bool(ready["ready"]) and sum(s["document_count"] for s in ready["scopes"]) > 0
+
+
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     settings_ = QuerySettings(
@@ -95,11 +105,15 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         with TestClient(stack.app) as test_client:
             written = test_client.post("/v1/records", json=CORPUS, headers={"x-api-key": "ka"})
             assert written.status_code == 200, written.text
+            other = [{**r, "namespace": OTHER_NS} for r in CORPUS if r["galaxy"] == "g1"]
+            written = test_client.post("/v1/records", json=other, headers={"x-api-key": "kb"})
+            assert written.status_code == 200, written.text
             deadline = 600
             while deadline:
                 ready = test_client.get("/v1/readiness", headers={"x-api-key": "ka"}).json()
                 counts = {s["namespace"]: s["document_count"] for s in ready["scopes"]}
-                if ready["ready"] and counts.get(NS) == len(CORPUS):
+                theirs = client_ready(test_client, "kb")
+                if ready["ready"] and counts.get(NS) == len(CORPUS) and theirs:
                     break
                 deadline -= 1
                 time.sleep(0.05)
@@ -250,3 +264,89 @@ def test_maps_feedback_and_recommendations_stay_in_the_keys_galaxy(
         assert out["recommendations"], out
         for rec in out["recommendations"]:
             assert {r["ring"] for r in rec["rings"]} <= set(COUNTS[own])
+
+
+# (key, the galaxy its envelopes are kept in, namespace)
+TENANTS = {"k1": ("g1", NS), "k2": ("g2", NS), "kb": ("g1", OTHER_NS)}
+
+
+@settings(
+    max_examples=max(10, EXAMPLES // 3),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(sorted(TENANTS)),
+            st.sampled_from(["retrieve", "feedback"]),
+            st.sampled_from(["req-1", "req-2"]),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_the_same_request_id_from_other_tenants_never_touches_an_envelope(
+    client: TestClient, steps: list[tuple[str, str, str]]
+) -> None:
+    """Issue 22, the way it failed: tenant B (another namespace, or another galaxy's
+    bound key) retrieving with tenant A's request id never replaces A's envelope: A's
+    feedback on its own id still answers 200 with its own chunks, and feedback on an id
+    only others used answers `404 unknown_request`."""
+    run = uuid.uuid4().hex[:8]
+    chunks: dict[tuple[str, str], list[str]] = {}
+    for key, action, request_id in steps:
+        galaxy, namespace = TENANTS[key]
+        rid = f"{run}-{request_id}"
+        headers = {"x-api-key": key}
+        if action == "retrieve":
+            body = {"namespace": namespace, "queryText": "note", "requestId": rid}
+            if key == "kb":
+                body["galaxy"] = galaxy  # an unbound key names the galaxy of its records
+            response = client.post("/v1/koutendb/retrieve", json=body, headers=headers)
+            assert response.status_code == 200, response.text
+            chunks[(key, request_id)] = [c["id"] for c in response.json()["chunks"]]
+            assert chunks[(key, request_id)], "every tenant's retrieve returns chunks"
+            continue
+        response = client.post(
+            "/v1/koutendb/feedback",
+            json={
+                "namespace": namespace,
+                "requestId": rid,
+                "usedChunkIds": chunks.get((key, request_id), ["none"])[:1],
+            },
+            headers=headers,
+        )
+        if (key, request_id) in chunks:
+            assert response.status_code == 200, response.text
+            assert response.json()["used"] == 1
+        else:
+            assert response.status_code == 404, response.text
+            assert response.json()["error"]["code"] == "unknown_request"
+
+
+def test_an_unbound_key_names_the_galaxy_of_a_request_id_used_in_two(
+    client: TestClient,
+) -> None:
+    rid = f"{uuid.uuid4().hex[:8]}-twice"
+    got = {}
+    for galaxy in ("g1", "g2"):
+        response = client.post(
+            "/v1/koutendb/retrieve",
+            json={"namespace": NS, "galaxy": galaxy, "queryText": "note", "requestId": rid},
+            headers={"x-api-key": "ka"},
+        )
+        assert response.status_code == 200, response.text
+        got[galaxy] = [c["id"] for c in response.json()["chunks"]]
+    feedback = {"namespace": NS, "requestId": rid, "usedChunkIds": got["g2"][:1]}
+    ambiguous = client.post("/v1/koutendb/feedback", json=feedback, headers={"x-api-key": "ka"})
+    assert ambiguous.status_code == 422, ambiguous.text
+    assert ambiguous.json()["error"]["details"]["galaxies"] == ["g1", "g2"]
+    named = client.post(
+        "/v1/koutendb/feedback", json={**feedback, "galaxy": "g2"}, headers={"x-api-key": "ka"}
+    )
+    assert named.status_code == 200, named.text
+    # The galaxy's own bound key needs no galaxy.
+    own = client.post("/v1/koutendb/feedback", json=feedback, headers={"x-api-key": "k2"})
+    assert own.status_code == 200, own.text

@@ -15,7 +15,6 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from contracts.events import LogEntry
 from contracts.progress import LogProgress
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.entrypoints.http import WriteFlow, create_router
@@ -23,9 +22,9 @@ from ingest.model import FlowLimits
 from orrery.http import build_app
 
 
-def records(start: int, count: int) -> list[dict[str, Any]]:
+def records(start: int, count: int, namespace: str = "ns") -> list[dict[str, Any]]:
     return [
-        {"namespace": "ns", "snapshot_kind": "objects", "item_id": f"i{n}", "revision": 1}
+        {"namespace": namespace, "snapshot_kind": "objects", "item_id": f"i{n}", "revision": 1}
         for n in range(start, start + count)
     ]
 
@@ -34,11 +33,9 @@ class Stack:
     def __init__(self, tmp_path: Path, limits: FlowLimits | None) -> None:
         self.progress = LogProgress()
 
-        def committed(entries: list[LogEntry]) -> None:
-            if entries:
-                self.progress.wrote(entries[-1].position)
-
-        self.store = SqliteRecordStore(tmp_path / "orrery.sqlite", on_committed=committed)
+        self.store = SqliteRecordStore(
+            tmp_path / "orrery.sqlite", on_positions=self.progress.wrote_events
+        )
         flow = None if limits is None else WriteFlow(self.progress, limits)
         router = create_router(
             store=self.store, grants={}, max_batch=100, vector_dimension=None, flow=flow
@@ -76,6 +73,7 @@ def test_a_write_beyond_the_backlog_bound_is_refused_and_nothing_is_written(make
     assert error["code"] == "ingest_backlog"
     assert error["details"]["lag_events"] == 10
     assert error["details"]["max_lag_events"] == 5
+    assert error["details"]["namespace"] == "ns"
     assert stack.store.high_water() == 10  # nothing of the refused batch
 
     stack.progress.applied_up_to(5)  # lag 5: at the bound, admitted
@@ -163,3 +161,39 @@ def test_log_progress_only_grows() -> None:
     assert (progress.written, progress.applied, progress.lag()) == (10, 4, 6)
     progress.applied_up_to(12)
     assert progress.lag() == 0
+
+
+def test_one_namespaces_backlog_never_holds_another_namespaces_writes(make: Any) -> None:
+    """Issue 22: the backlog bound is per namespace. Tenant A is far behind and its
+    writer waits for it (holding A's turn); tenant B's writes are admitted at once, and
+    B's refusal would name B's own lag, never A's."""
+    stack = make(FlowLimits(max_lag_events=5, backlog_wait_seconds=600.0))
+    assert stack.post(records(0, 20, "tenant-a")).status_code == 200
+    assert (stack.progress.lag("tenant-a"), stack.progress.lag("tenant-b")) == (20, 0)
+    waiting: list[httpx.Response] = []
+    writer = threading.Thread(target=lambda: waiting.append(stack.post(records(20, 3, "tenant-a"))))
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive() and not waiting  # A waits for A's backlog
+    for start in (0, 3):  # B's own lag: 0, then 3 (within 5): both admitted at once
+        answer = stack.post(records(start, 3, "tenant-b"))
+        assert answer.status_code == 200, answer.text
+    assert stack.progress.lag("tenant-b") == 6
+    assert writer.is_alive() and not waiting
+    stack.progress.applied_up_to(stack.store.high_water())  # the projector catches up
+    writer.join(60)
+    assert waiting[0].status_code == 200
+
+
+def test_a_refusal_names_the_namespace_and_its_own_lag(make: Any) -> None:
+    stack = make(FlowLimits(max_lag_events=2, backlog_wait_seconds=0.0))
+    assert stack.post(records(0, 50, "big")).status_code == 200
+    assert stack.post(records(0, 3, "small")).status_code == 200
+    refused = stack.post(records(3, 1, "small"))
+    assert refused.status_code == 503
+    details = refused.json()["error"]["details"]
+    assert (details["namespace"], details["lag_events"]) == ("small", 3)
+    # A batch of both namespaces waits for both; refused here on the first behind.
+    both = stack.post(records(10, 1, "big") + records(10, 1, "small"))
+    assert both.status_code == 503
+    assert both.json()["error"]["details"]["namespace"] == "big"

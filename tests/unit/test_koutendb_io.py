@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -237,3 +238,55 @@ def test_imported_records_are_the_records_full_validation_makes(tmp_path: Path) 
         assert stored["g:a"].vector == [1.0, 2.5, -3.0]
     finally:
         store.close()
+
+
+class _CountingStore:
+    """A `RecordStore` over SQLite that remembers each batch's size (to see batching)."""
+
+    def __init__(self, path: Path) -> None:
+        from ingest.adapters.sqlite_store import SqliteRecordStore
+
+        self.inner = SqliteRecordStore(path)
+        self.batches: list[int] = []
+
+    def write(self, records: Any) -> Any:
+        self.batches.append(len(records))
+        return self.inner.write(records)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_batch_is_full_at_its_bytes_and_a_record_over_the_bound_is_an_error_line(
+    tmp_path: Path,
+) -> None:
+    """Issue 22: an import's memory is bounded by bytes per batch, not lines (60 lines of
+    15 MB in one batch once held +2,977 MiB), and a line whose record is over
+    `max_record_bytes` is an error line (`record_too_large`), the import going on."""
+    from ingest.koutendb_io import JsonlImporter
+
+    options = ImportOptions(
+        namespace="ns",
+        snapshot_kind="objects",
+        galaxy="g",
+        id_field="k",
+        batch_size=1_000,
+        max_batch_bytes=250_000,
+        max_record_bytes=400_000,
+    )
+    store = _CountingStore(tmp_path / "orrery.sqlite")
+    try:
+        importer = JsonlImporter(options, store)  # type: ignore[arg-type]
+        sizes = [100_000] * 5 + [450_000] + [100_000] * 2
+        for n, size in enumerate(sizes):
+            if importer.add(line({"k": f"r{n}", "blob": "x" * size})):
+                importer.write_pending()
+        importer.write_pending()
+        result = importer.result()
+        assert (result.read, result.imported, result.errors) == (8, 7, 1)
+        assert (result.errorLines[0].line, result.errorLines[0].code) == (6, "record_too_large")
+        # Three lines of ~100 KB pass 250,000 bytes: batches of 3, then 2 + the big line
+        # (refused before the store), then the last two.
+        assert store.batches == [3, 2, 2]
+    finally:
+        store.inner.close()

@@ -1,0 +1,131 @@
+"""The HTTP/1.1 protocol `orrery serve` runs: uvicorn's httptools protocol with a bound
+on each request's head (request line and headers).
+
+uvicorn bounds an incomplete head only for h11 (`h11_max_incomplete_event_size`); with
+httptools the parser buffers a header until it ends, and uvicorn appends the URL piece
+by piece, so one request with a 256 MiB header grew the server by 507 MiB and was
+answered 200 (issue 22). Here the bytes a connection sends before its head is complete
+are counted as they arrive, and a head past `max_head_bytes` is answered `431
+headers_too_large` (Orrery's error shape, `Connection: close`) without being fed to the
+parser; so is a head with more than `max_headers` header lines. Body bytes that arrive
+in the same read as the end of the head are not counted against the head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from contracts.errors import ErrorCode, OrreryError
+
+__all__ = ["DEFAULT_MAX_HEADERS", "DEFAULT_MAX_HEAD_BYTES", "bounded_httptools"]
+
+DEFAULT_MAX_HEAD_BYTES = 64 * 1024
+DEFAULT_MAX_HEADERS = 100
+
+
+class _TooManyHeaders(Exception):
+    """Raised from the parser's header callback: stops the parse (httptools wraps it)."""
+
+
+def _refusal(error: OrreryError) -> bytes:
+    body = json.dumps(error.to_response().model_dump(mode="json")).encode()
+    return (
+        f"HTTP/1.1 {error.http_status} Request Header Fields Too Large\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    ).encode() + body
+
+
+def bounded_httptools(
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES, max_headers: int = DEFAULT_MAX_HEADERS
+) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol class (`uvicorn.Config(http=...)`) refusing a request
+    head over `max_head_bytes` or with more than `max_headers` headers (`431`).
+
+    Guarantee: a connection never holds more than `max_head_bytes` of an incomplete head
+    (plus one read of the socket, which is refused, not parsed)."""
+    if max_head_bytes < 1_024 or max_headers < 1:
+        raise ValueError("max_head_bytes must be at least 1024 and max_headers at least 1")
+    too_large = _refusal(
+        OrreryError(
+            ErrorCode.HEADERS_TOO_LARGE,
+            f"the request line and headers are larger than {max_head_bytes} bytes "
+            "(ORRERY_MAX_HEADER_BYTES)",
+            {"max_header_bytes": max_head_bytes},
+        )
+    )
+    too_many = _refusal(
+        OrreryError(
+            ErrorCode.HEADERS_TOO_LARGE,
+            f"the request has more than {max_headers} headers (ORRERY_MAX_HEADERS)",
+            {"max_headers": max_headers},
+        )
+    )
+
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._in_head = True
+            self._head_bytes = 0
+            self._header_count = 0
+            self._refused = False
+
+        def _refuse(self, answer: bytes) -> None:
+            self._refused = True
+            if not self.transport.is_closing():
+                self.transport.write(answer)
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            if not self._refused:  # else the 431 went out and the connection is closed
+                super().send_400_response(msg)
+
+        def on_message_begin(self) -> None:
+            self._header_count = 0
+            super().on_message_begin()
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_count += 1
+            if self._header_count > max_headers:
+                self._refuse(too_many)
+                raise _TooManyHeaders
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            # The next bytes on this connection are the next request's head.
+            self._in_head = True
+            self._head_bytes = 0
+            super().on_message_complete()
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            if not self._in_head:
+                super().data_received(data)
+                return
+            room = max_head_bytes - self._head_bytes
+            if len(data) <= room:
+                self._head_bytes += len(data)
+                super().data_received(data)
+                return
+            # Feed only what fits; if the head ends within it, the rest is body (or the
+            # next request, counted afresh).
+            self._head_bytes = max_head_bytes
+            super().data_received(data[:room])
+            if self._refused or self.transport.is_closing():
+                return
+            if self._in_head:
+                self._refuse(too_large)
+                return
+            self.data_received(data[room:])
+
+    return BoundedHttpToolsProtocol
