@@ -34,7 +34,8 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: `{"keep": false}` is not `{"keep": 0}`.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class BuildRequest(_Strict):

@@ -85,7 +85,8 @@ def is_dialect(raw: object, fields: frozenset[str]) -> bool:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types, like Orrery's own requests (`contracts.topk`).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 _INDEXES_DESCRIPTION = (

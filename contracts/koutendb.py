@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from contracts.names import Namespace
+from contracts.records import Name
 
 __all__ = [
     "AMOUNTS",
@@ -126,6 +127,11 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class _Request(_Wire):
+    # Strict types: `"includeChildren": "yes"` or `"budget": "8"` is `422`, not coerced.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 class Tuning(_Wire):
     budget: int
     focus: int
@@ -163,13 +169,13 @@ def _check_word(value: str | None, info: ValidationInfo) -> str | None:
     return value
 
 
-class KoutenRetrieveRequest(_Wire):
+class KoutenRetrieveRequest(_Request):
     """`POST /v1/koutendb/retrieve` and `/plan`. Words override the profile's; numbers
     override words (docs/koutendb.md)."""
 
     namespace: Namespace | None = None
     scopeRef: str = Field(default="longterm:objects:current", min_length=1, max_length=256)
-    galaxy: str | None = Field(default=None, min_length=1, max_length=128)
+    galaxy: Name | None = None
     queryText: str = Field(default="", max_length=4_096)
     queryVector: list[float] | None = Field(default=None, min_length=1, max_length=4_096)
     mode: Literal["hybrid", "vector", "lexical"] | None = None
@@ -309,7 +315,7 @@ class ValidateResponse(_Wire):
     errors: list[str]
 
 
-class ProfileBody(_Wire):
+class ProfileBody(_Request):
     """`PUT /v1/koutendb/profiles/{name}`; a word left out is `default`'s."""
 
     namespace: Namespace | None = None
@@ -373,7 +379,7 @@ class Atlas(_Wire):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class FeedbackRequest(_Wire):
+class FeedbackRequest(_Request):
     namespace: Namespace | None = None
     scopeRef: str = Field(default="longterm:objects:current", min_length=1, max_length=256)
     requestId: str = Field(min_length=1, max_length=128)

@@ -17,7 +17,7 @@ from contracts.generations import CoverageFallback
 # never ready (503).
 from contracts.names import Namespace
 from contracts.phrases import PhrasePlan, PhrasePlanReport
-from contracts.records import AwareDatetime
+from contracts.records import AwareDatetime, Name
 
 __all__ = [
     "MAX_RESULT_LIMIT",
@@ -58,7 +58,9 @@ _CURSOR_DESCRIPTION = (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: a JSON `true` or `"2"` is not an integer, `"yes"` not a boolean
+    # (docs/reliability.md); floats take JSON integers too.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class QueryFilters(_Strict):
@@ -66,7 +68,7 @@ class QueryFilters(_Strict):
 
     status: list[str] | None = Field(default=None, max_length=64)
     visibility: list[str] | None = Field(default=None, max_length=64)
-    galaxy: str | None = Field(
+    galaxy: Name | None = Field(
         default=None, description="Narrows to one galaxy; it can never widen the API key's."
     )
     updated_after: AwareDatetime | None = None

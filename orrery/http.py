@@ -20,6 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
+from starlette.types import Scope
 
 from contracts.auth import Access, declare
 from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, OrreryError
@@ -27,7 +29,13 @@ from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
 from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
 
-__all__ = ["build_app", "install_error_handlers", "install_openapi", "install_request_guard"]
+__all__ = [
+    "allowed_methods",
+    "build_app",
+    "install_error_handlers",
+    "install_openapi",
+    "install_request_guard",
+]
 
 log = logging.getLogger("orrery.http")
 
@@ -117,6 +125,21 @@ def install_openapi(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods of every route of `app` whose path matches the request's (the `Allow`
+    header of a `405`), in a fixed order."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches({**scope, "method": ""})
+        if match is not Match.NONE and isinstance(route, BaseRoute):
+            methods.update(getattr(route, "methods", None) or ())
+    order = {m: i for i, m in enumerate(_METHOD_ORDER)}
+    return sorted(methods, key=lambda m: (order.get(m, len(order)), m))
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Every error leaves as `{success: false, error: {code, message, details}}`."""
 
@@ -133,16 +156,24 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # The framework's own errors (no route, wrong method, …) get the code of their
         # status; the status sent is always the code's one (`HTTP_STATUS`).
         code = _FRAMEWORK_CODES.get(
             exc.status_code,
             ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL,
         )
-        body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail)))
+        headers = exc.headers
+        details: dict[str, Any] = {}
+        if exc.status_code == 405:
+            # The framework names the methods of the first route whose path matched;
+            # a path several routes share (PUT and DELETE of one profile) has them all.
+            allowed = allowed_methods(request.app, request.scope)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            details = {"allowed": allowed}
+        body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail), details=details))
         return JSONResponse(
-            body.model_dump(mode="json"), status_code=HTTP_STATUS[code], headers=exc.headers
+            body.model_dump(mode="json"), status_code=HTTP_STATUS[code], headers=headers
         )
 
     @app.exception_handler(Exception)

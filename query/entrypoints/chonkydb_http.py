@@ -41,6 +41,7 @@ from contracts.chonkydb import (
 from contracts.errors import ErrorCode, OrreryError
 from contracts.names import Namespace
 from contracts.openapi import operation
+from contracts.params import QueryBool, QueryInt
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.topk import (
     Include,
@@ -532,9 +533,9 @@ def create_router(
         openapi_extra={**declare(Access.READ), **operation(ok=RecordListResponse)},
     )
     async def list_records(
-        offset: int = Query(default=0, ge=0, le=10_000_000),
-        limit: int = Query(default=100, ge=1, le=1_000),
-        include_metadata: bool = Query(default=True),
+        offset: QueryInt = Query(default=0, ge=0, le=10_000_000),
+        limit: QueryInt = Query(default=100, ge=1, le=1_000),
+        include_metadata: QueryBool = Query(default=True),
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
@@ -576,11 +577,11 @@ def create_router(
     async def get_record(
         record_id: str,
         by: str = Query(default="payload", pattern="^(payload|chonky)$"),
-        include_chunks: bool = Query(default=False),
-        include_relationships: bool = Query(default=False),
-        include_document: bool = Query(default=False),
-        include_content: bool = Query(default=True),
-        max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
+        include_chunks: QueryBool = Query(default=False),
+        include_relationships: QueryBool = Query(default=False),
+        include_document: QueryBool = Query(default=False),
+        include_content: QueryBool = Query(default=True),
+        max_content_chars: QueryInt = Query(default=4_000, ge=0, le=2_000_000),
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
@@ -605,8 +606,8 @@ def create_router(
         document_id: str | None = Query(default=None, min_length=1, max_length=256),
         origin_uri: str | None = Query(default=None, min_length=1, max_length=512),
         snapshot_kind: str | None = Query(default=None, min_length=1, max_length=128),
-        include_content: bool = Query(default=True),
-        max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
+        include_content: QueryBool = Query(default=True),
+        max_content_chars: QueryInt = Query(default=4_000, ge=0, le=2_000_000),
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),

@@ -33,6 +33,8 @@ from contracts.koutendb import (
 )
 from contracts.names import Namespace
 from contracts.openapi import operation
+from contracts.params import QueryInt
+from contracts.records import Name
 from contracts.wire import loads_strict, validate_strict
 from query.koutendb import (
     KoutenPorts,
@@ -190,8 +192,8 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
     async def get_atlas(
         namespace: Namespace | None = Query(default=None),
         scopeRef: str = Query(default="longterm:objects:current", min_length=1, max_length=256),
-        galaxy: str | None = Query(default=None, min_length=1, max_length=128),
-        maxCentroidDims: int = Query(default=8, ge=0, le=4_096),
+        galaxy: Name | None = Query(default=None),
+        maxCentroidDims: QueryInt = Query(default=8, ge=0, le=4_096),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> Response:
@@ -229,7 +231,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
     async def get_recommendations(
         namespace: Namespace | None = Query(default=None),
         scopeRef: str = Query(default="longterm:objects:current", min_length=1, max_length=256),
-        galaxy: str | None = Query(default=None, min_length=1, max_length=128),
+        galaxy: Name | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> Response:
