@@ -89,6 +89,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+# What the routes require and a field's type cannot say: a scope to rank in, or the
+# documents to answer (else `422 invalid_request`), as JSON Schema says it.
+_SCOPE_OR_IDS = ConfigDict(
+    extra="forbid",
+    strict=True,
+    json_schema_extra={
+        "anyOf": [
+            {"required": ["scope_ref"], "properties": {"scope_ref": {"type": "string"}}},
+            {
+                "required": ["allowed_doc_ids"],
+                "properties": {"allowed_doc_ids": {"type": "array"}},
+            },
+        ]
+    },
+)
+
+
 _INDEXES_DESCRIPTION = (
     "Sources to rank with: names containing 'fulltext', 'bm25' or 'lexical' mean the "
     "lexical index, names containing 'vector' the vector index (ChonkyDB's "
@@ -135,11 +152,15 @@ class ChonkyTopKRequest(_DialectQuery):
     `query_text` it ranks within those documents (the scope: `scope_ref`, else the one
     scope their snapshot kind belongs to)."""
 
+    model_config = _SCOPE_OR_IDS
+
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 
 
 class ChonkyRetrieveRequest(_DialectQuery):
     """ChonkyDB's `retrieve` request: ranked hits with metadata (no payloads)."""
+
+    model_config = _SCOPE_OR_IDS
 
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 

@@ -42,6 +42,7 @@ from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor
 from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.koutendb import (
+    AnyJson,
     Atlas,
     Envelope,
     FeedbackRequest,
@@ -140,6 +141,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "koutendb_profiles_response": ProfilesResponse,
     "koutendb_atlas": Atlas,
     "koutendb_feedback_request": FeedbackRequest,
+    "koutendb_any_json": AnyJson,
     "koutendb_feedback_response": FeedbackResponse,
     "koutendb_recommendations_response": RecommendationsResponse,
 }

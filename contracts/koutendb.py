@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationInfo, field_validator
 
 from contracts.names import Namespace
 from contracts.records import Name
@@ -28,6 +28,7 @@ __all__ = [
     "ENVELOPE_VERSION",
     "RAW_PAYLOAD_SCHEMA",
     "SCOPES",
+    "AnyJson",
     "Atlas",
     "AtlasGalaxy",
     "AtlasRing",
@@ -127,6 +128,14 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class AnyJson(RootModel[Any]):
+    """Any JSON value. What `POST /v1/koutendb/validate` takes (it checks whatever it is
+    sent against the envelope and reports what it finds) and what one line of `POST
+    /v1/koutendb/import` may be (a line that cannot become a record is counted in
+    `errors`, the import goes on): a schema stricter than the route would promise
+    refusals the route never answers."""
+
+
 class _Request(_Wire):
     # Strict types: `"includeChildren": "yes"` or `"budget": "8"` is `422`, not coerced.
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -181,9 +190,9 @@ class KoutenRetrieveRequest(_Request):
     mode: Literal["hybrid", "vector", "lexical"] | None = None
     ring: str | None = Field(default=None, max_length=512)
     profile: str = Field(default=DEFAULT_PROFILE, min_length=1, max_length=128)
-    amount: str | None = None
-    scope: str | None = None
-    depth: str | None = None
+    amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
+    scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
+    depth: str | None = Field(default=None, json_schema_extra={"enum": [*DEPTHS, None]})
     budget: int | None = Field(default=None, ge=1)
     focus: int | None = _Count
     topRings: int | None = _Count
@@ -319,9 +328,9 @@ class ProfileBody(_Request):
     """`PUT /v1/koutendb/profiles/{name}`; a word left out is `default`'s."""
 
     namespace: Namespace | None = None
-    amount: str | None = None
-    scope: str | None = None
-    depth: str | None = None
+    amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
+    scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
+    depth: str | None = Field(default=None, json_schema_extra={"enum": [*DEPTHS, None]})
     note: str = Field(default="", max_length=1_000)
 
     _words = field_validator("amount", "scope", "depth")(lambda v, info: _check_word(v, info))

@@ -292,7 +292,16 @@ class Record(BaseModel):
         min_length=1, max_length=512, json_schema_extra={"pattern": _ITEM_ID_PATTERN}
     )
     revision: int = Field(ge=1, le=2**62)
-    document_id: str | None = Field(default=None, min_length=1, max_length=256)
+    document_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        # Derived by the server; a writer may send only the derived value (any other is
+        # `422`, `identity_violation`), which no schema can say: omit it.
+        json_schema_extra={"readOnly": True},
+        description="Derived from namespace, galaxy, snapshot_kind and item_id; omit it "
+        "(a value other than the derived one is refused)",
+    )
     galaxy: Name = DEFAULT_GALAXY
     ring: Annotated[str, AfterValidator(_check_ring)] = Field(
         default="", max_length=512, json_schema_extra={"pattern": "^([^/]+(/[^/]+)*)?$"}

@@ -23,12 +23,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from contracts.auth import Access, ApiKeyGrant, authenticate, check_reach, declare
 from contracts.auth import resolve_galaxy as _resolve_galaxy
 from contracts.errors import ErrorCode, OrreryError
+from contracts.koutendb import AnyJson
 from contracts.koutendb_io import (
     MAX_IMPORT_BATCH,
     DumpDocumentLine,
     DumpMetaLine,
     DumpRingLine,
-    ImportLine,
     ImportResponse,
 )
 from contracts.openapi import operation
@@ -69,9 +69,11 @@ _DUMP_PARAMS = frozenset({"namespace", "scopeRef", "galaxy", "includeVectors"})
 
 
 def _import_openapi() -> dict[str, Any]:
-    """One JSON object per line: `application/x-ndjson` (or JSON lines' other names),
-    and `application/json` for a body of one line."""
-    fragment = operation(body=ImportLine, ok=ImportResponse)
+    """One JSON value per line (`contracts.koutendb.AnyJson`: a line that is no record
+    is counted in `errors`, `ImportLine` says which are): `application/x-ndjson` (or
+    JSON lines' other names), and `application/json` for a body of one line. An empty
+    body imports nothing."""
+    fragment = operation(body=AnyJson, ok=ImportResponse, body_required=False)
     content = fragment["requestBody"]["content"]
     content[NDJSON] = content["application/json"]
     return fragment

@@ -627,7 +627,9 @@ def create_router(
 
 def _id_of_uri(namespace: str | None, uri: str | None, kind: str | None, who: Principal) -> str:
     if uri is None:
-        raise OrreryError(ErrorCode.INVALID_REQUEST, "document_id or origin_uri is required")
+        # A lookup that names no document finds none (the schema cannot say "one of
+        # two parameters", so this is no malformed request).
+        raise OrreryError(ErrorCode.NOT_FOUND, "no record: give document_id or origin_uri")
     if uri.startswith("twinr://longterm/"):
         parts = uri[len("twinr://longterm/") :].split("/")
         if kind is None:
@@ -636,11 +638,14 @@ def _id_of_uri(namespace: str | None, uri: str | None, kind: str | None, who: Pr
             namespace = unquote(parts[0]) or None
     if namespace is None:
         raise OrreryError(
-            ErrorCode.INVALID_REQUEST,
-            "origin_uri needs namespace (or a twinr://longterm/<namespace>/… uri)",
+            ErrorCode.NOT_FOUND,
+            f"no record for origin_uri {uri[:200]!r} without a namespace (give namespace "
+            "or a twinr://longterm/<namespace>/… uri)",
         )
     if kind is None:
         raise OrreryError(
-            ErrorCode.INVALID_REQUEST, "origin_uri needs snapshot_kind (or a twinr:// uri)"
+            ErrorCode.NOT_FOUND,
+            f"no record for origin_uri {uri[:200]!r} without a snapshot kind (give "
+            "snapshot_kind or a twinr:// uri)",
         )
     return derive_document_id(namespace, kind, uri, who.galaxy or DEFAULT_GALAXY)

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.errors import ErrorCode, OrreryError
 from contracts.koutendb import (
+    AnyJson,
     Atlas,
     Envelope,
     FeedbackRequest,
@@ -120,7 +121,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
         f"{PREFIX}/validate",
         tags=["koutendb"],
         # Any JSON body is checked; what it is checked against is the envelope.
-        openapi_extra={**declare(Access.READ), **operation(body=Envelope, ok=ValidateResponse)},
+        openapi_extra={**declare(Access.READ), **operation(body=AnyJson, ok=ValidateResponse)},
     )
     async def post_validate(
         request: Request,
