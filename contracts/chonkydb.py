@@ -19,7 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.names import Namespace
 from contracts.records import AwareDatetime, Name
-from contracts.topk import MAX_ALLOWED_DOC_IDS, QueryFilters, QueryPlan, ScoreBreakdown
+from contracts.topk import (
+    LIMIT_FACT,
+    MAX_ALLOWED_DOC_IDS,
+    QueryFilters,
+    QueryPlan,
+    ScoreBreakdown,
+)
 
 __all__ = [
     "ALLOWED_INDEXES",
@@ -119,7 +125,7 @@ class _DialectQuery(_Strict):
         default="advanced", description="ChonkyDB's retrieval mode; Orrery has one"
     )
     query_text: str = Field(default="", max_length=4_096)
-    result_limit: int = Field(default=10, ge=1)
+    result_limit: int = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     include_content: bool = False
     include_metadata: bool = True
     content_mode: str | None = Field(

@@ -16,7 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationInfo, field_validator
 
 from contracts.names import Namespace
-from contracts.records import Name
+from contracts.records import VECTOR_FACT, Name
+from contracts.topk import LIMIT_FACT, PROFILES_FACT
 
 __all__ = [
     "AMOUNTS",
@@ -186,14 +187,16 @@ class KoutenRetrieveRequest(_Request):
     scopeRef: str = Field(default="longterm:objects:current", min_length=1, max_length=256)
     galaxy: Name | None = None
     queryText: str = Field(default="", max_length=4_096)
-    queryVector: list[float] | None = Field(default=None, min_length=1, max_length=4_096)
+    queryVector: list[float] | None = Field(
+        default=None, min_length=1, max_length=4_096, json_schema_extra=VECTOR_FACT
+    )
     mode: Literal["hybrid", "vector", "lexical"] | None = None
     ring: str | None = Field(default=None, max_length=512)
     profile: str = Field(default=DEFAULT_PROFILE, min_length=1, max_length=128)
     amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
     scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
     depth: str | None = Field(default=None, json_schema_extra={"enum": [*DEPTHS, None]})
-    budget: int | None = Field(default=None, ge=1)
+    budget: int | None = Field(default=None, ge=1, json_schema_extra=LIMIT_FACT)
     focus: int | None = _Count
     topRings: int | None = _Count
     maxDepth: int | None = _Count
@@ -204,7 +207,7 @@ class KoutenRetrieveRequest(_Request):
     sourceType: str = Field(default="document", min_length=1, max_length=64)
     dataLabel: str = Field(default="", max_length=128)
     retentionClass: str = Field(default="normal", min_length=1, max_length=64)
-    fusionProfile: str | None = Field(default=None, max_length=256)
+    fusionProfile: str | None = Field(default=None, max_length=256, json_schema_extra=PROFILES_FACT)
     timeoutSeconds: float = Field(default=10.0, gt=0.0, le=60.0)
 
     @field_validator("ring")

@@ -160,6 +160,9 @@ IndexableDatetime = Annotated[
 
 
 DEFAULT_GALAXY = "default"
+# The embedder's dimension, as the served OpenAPI document says it
+# (`contracts.openapi.DEPLOYMENT`).
+VECTOR_FACT: dict[str, Any] = {"x-orrery-deployment": "vector_dimension"}
 
 
 def derive_document_id(
@@ -310,7 +313,14 @@ class Record(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     text: RecordText = Field(default_factory=RecordText)
     metadata: RecordMetadata = Field(default_factory=RecordMetadata)
-    vector: list[float] | None = Field(default=None, min_length=1, max_length=4_096)
+    vector: list[float] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4_096,
+        description="The embedder's dimension (the served document says it); none: the "
+        "embedder computes it from the text",
+        json_schema_extra=VECTOR_FACT,
+    )
     deleted: bool = False
 
     @model_validator(mode="after")

@@ -41,6 +41,13 @@ __all__ = [
 ]
 
 MAX_RESULT_LIMIT = 500
+# Bounds a server's configuration sets (`contracts.openapi.DEPLOYMENT`): in
+# `docs/schemas/` the default deployment's, in a served document the server's.
+LIMIT_FACT: dict[str, Any] = {
+    "x-orrery-deployment": "max_result_limit",
+    "maximum": MAX_RESULT_LIMIT,
+}
+PROFILES_FACT: dict[str, Any] = {"x-orrery-deployment": "fusion_profiles"}
 MAX_ALLOWED_DOC_IDS = 100_000
 MAX_CURSOR_LENGTH = 4_096
 
@@ -118,14 +125,16 @@ class TopKRequest(_Strict):
     namespace: Namespace
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
-    result_limit: int = Field(default=10, ge=1)
+    result_limit: int = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     response_mode: Literal["structured_records"] = "structured_records"
     filters: QueryFilters = Field(default_factory=QueryFilters)
     profile: str | None = Field(
         default=None,
         max_length=256,
         description="Fusion profile id (e.g. 'rrf@1'); None = the server's "
-        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile).",
+        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile); the served "
+        "document lists the server's.",
+        json_schema_extra=PROFILES_FACT,
     )
     ranking: Ranking = Field(default_factory=Ranking)
     phrase_plan: PhrasePlan | None = Field(
@@ -136,7 +145,9 @@ class TopKRequest(_Strict):
     include: Include = Field(default_factory=Include)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
-    page_size: int | None = Field(default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION)
+    page_size: int | None = Field(
+        default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION, json_schema_extra=LIMIT_FACT
+    )
     cursor: str | None = Field(
         default=None, min_length=1, max_length=MAX_CURSOR_LENGTH, description=_CURSOR_DESCRIPTION
     )
@@ -261,13 +272,15 @@ class RetrieveRequest(_Strict):
     namespace: Namespace
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
-    limit: int = Field(default=10, ge=1)
+    limit: int = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     filters: QueryFilters = Field(default_factory=QueryFilters)
     profile: str | None = Field(
         default=None,
         max_length=256,
         description="Fusion profile id (e.g. 'rrf@1'); None = the server's "
-        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile).",
+        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile); the served "
+        "document lists the server's.",
+        json_schema_extra=PROFILES_FACT,
     )
     ranking: Ranking = Field(default_factory=Ranking)
     phrase_plan: PhrasePlan | None = Field(
@@ -278,7 +291,9 @@ class RetrieveRequest(_Strict):
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
-    page_size: int | None = Field(default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION)
+    page_size: int | None = Field(
+        default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION, json_schema_extra=LIMIT_FACT
+    )
     cursor: str | None = Field(
         default=None, min_length=1, max_length=MAX_CURSOR_LENGTH, description=_CURSOR_DESCRIPTION
     )

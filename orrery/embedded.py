@@ -47,6 +47,7 @@ from projector.service import BatchReport
 from query.adapters.sqlite_routing import SqliteRouting
 from query.bootstrap import (
     cursor_codec,
+    document_facts,
     embedded_query_ports,
     kouten_ports,
     query_limits,
@@ -339,6 +340,7 @@ class EmbeddedStack:
             max_body_bytes=settings.max_body_bytes,
             stream_paths=STREAM_PATHS,
             max_stream_bytes=settings.max_import_bytes,
+            document_facts=document_facts(settings, embedder.dimension),
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

@@ -54,16 +54,18 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     stream_paths: Sequence[str] = (),
     max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
+    document_facts: dict[str, Any] | None = None,
 ) -> FastAPI:
-    """An app with Orrery's error shape, request guard and OpenAPI document, `/healthz`,
-    and `routers` mounted in order."""
+    """An app with Orrery's error shape, request guard and OpenAPI document (with the
+    deployment's `document_facts`, `contracts.openapi.DEPLOYMENT`), `/healthz`, and
+    `routers` mounted in order."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
     app = FastAPI(title=title, version="0.1.0", telemetry=_NO_TELEMETRY)
     install_error_handlers(app)
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip
-    install_openapi(app)
+    install_openapi(app, document_facts)
 
     @app.get(
         "/healthz",
@@ -111,15 +113,16 @@ def install_request_guard(
     )
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, facts: dict[str, Any] | None = None) -> None:
     """Serve the app's OpenAPI document as `contracts.openapi.finish_document` makes it:
     request bodies and success models as the routes declare them, Orrery's error shape
-    for every error status, components equal to `docs/schemas/`."""
+    for every error status, components equal to `docs/schemas/` with this deployment's
+    `facts` filled in."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = finish_document(generate())
+            app.openapi_schema = finish_document(generate(), facts)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -49,7 +49,7 @@ from schemathesis.specs.openapi.checks import (
 
 from contracts.errors import HTTP_STATUS, ErrorResponse
 from contracts.export_schemas import MODELS
-from contracts.openapi import COMPONENTS, components_of, error_responses
+from contracts.openapi import COMPONENTS, DEPLOYMENT, apply_facts, components_of, error_responses
 from tests.e2e.conftest import Server, start_server
 
 pytestmark = [pytest.mark.slow]
@@ -155,10 +155,14 @@ def _all_refs(schema: dict[str, Any]) -> bool:
 
 def test_openapi_components_equal_docs_schemas(document: dict[str, Any]) -> None:
     """`docs/schemas/` and `/openapi.json` agree: every component is the schema (or a
-    `$defs` entry) of an exported file, unchanged."""
+    `$defs` entry) of an exported file, unchanged but for the deployment's facts (the
+    server's result limit, profiles and embedder dimension, `contracts.openapi`)."""
+    facts = document["info"][DEPLOYMENT]
+    assert facts["vector_dimension"] == 384 and facts["max_result_limit"] == 500
+    assert "weighted@3" in facts["fusion_profiles"]
     exported: dict[str, Any] = {}
     for name, model in MODELS.items():
-        on_disk = json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+        on_disk = apply_facts(json.loads((SCHEMAS / f"{name}.schema.json").read_text()), facts)
         for component, schema in components_of(on_disk, model.__name__).items():
             assert exported.setdefault(component, schema) == schema, component
     served = document["components"]["schemas"]
