@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from contracts.generations import EvidenceCheck, GenerationDescriptor, GenerationState
 from contracts.names import Namespace
 from contracts.records import Name
+from contracts.wire import JsonInt
 
 __all__ = [
     "BuildProgress",
@@ -49,7 +50,7 @@ class RollbackRequest(_Strict):
 
 
 class GcRequest(_Strict):
-    keep: int = Field(default=1, ge=0, le=1_000)
+    keep: JsonInt = Field(default=1, ge=0, le=1_000)
 
 
 class GenerationRow(BaseModel):

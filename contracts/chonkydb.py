@@ -26,6 +26,7 @@ from contracts.topk import (
     QueryPlan,
     ScoreBreakdown,
 )
+from contracts.wire import JsonInt
 
 __all__ = [
     "ALLOWED_INDEXES",
@@ -125,13 +126,13 @@ class _DialectQuery(_Strict):
         default="advanced", description="ChonkyDB's retrieval mode; Orrery has one"
     )
     query_text: str = Field(default="", max_length=4_096)
-    result_limit: int = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
+    result_limit: JsonInt = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     include_content: bool = False
     include_metadata: bool = True
     content_mode: str | None = Field(
         default=None, max_length=64, description="Accepted; Orrery returns the stored text"
     )
-    max_content_chars: int | None = Field(
+    max_content_chars: JsonInt | None = Field(
         default=None, ge=1, description="Truncates each result's content body"
     )
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
@@ -336,7 +337,7 @@ class BulkRecordItem(_Strict):
     galaxy: Name | None = None
     snapshot_kind: Name | None = None
     item_id: str | None = Field(default=None, min_length=1, max_length=512)
-    revision: int | None = Field(default=None, ge=1, le=2**62)
+    revision: JsonInt | None = Field(default=None, ge=1, le=2**62)
     payload_schema: str | None = Field(default=None, max_length=256)
 
 

@@ -14,10 +14,12 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationInfo, field_validator
+from pydantic.config import JsonDict
 
 from contracts.names import Namespace
 from contracts.records import VECTOR_FACT, Name
 from contracts.topk import LIMIT_FACT, PROFILES_FACT
+from contracts.wire import JsonInt
 
 __all__ = [
     "AMOUNTS",
@@ -39,6 +41,7 @@ __all__ = [
     "EnvelopeSource",
     "FeedbackRequest",
     "FeedbackResponse",
+    "KoutenPlanRequest",
     "KoutenRetrieveRequest",
     "Plan",
     "PlanResponse",
@@ -142,6 +145,40 @@ class _Request(_Wire):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+# A text with a character Python's `str.strip` keeps (not blank), as JSON Schema says it.
+NOT_BLANK = (
+    "[^\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a"
+    "\\u2028\\u2029\\u202f\\u205f\\u3000]"
+)
+_TEXT: JsonDict = {"required": ["queryText"], "properties": {"queryText": {"pattern": NOT_BLANK}}}
+# What `query.koutendb` refuses and a field's type cannot say: `hybrid` and `lexical`
+# search need a query text when a query is given (`422 invalid_request`).
+_MODE_NEEDS_TEXT: JsonDict = {
+    "if": {
+        "required": ["mode", "queryVector"],
+        "properties": {"mode": {"enum": ["hybrid", "lexical"]}, "queryVector": {"type": "array"}},
+    },
+    "then": _TEXT,
+}
+# `retrieve` needs a query: a text or a vector (`422 empty_query`); `hybrid` and
+# `lexical` a text.
+_RETRIEVE_RULES = ConfigDict(
+    extra="forbid",
+    strict=True,
+    json_schema_extra={
+        "anyOf": [
+            _TEXT,
+            {"required": ["queryVector"], "properties": {"queryVector": {"type": "array"}}},
+        ],
+        "if": {
+            "required": ["mode"],
+            "properties": {"mode": {"enum": ["hybrid", "lexical"]}},
+        },
+        "then": _TEXT,
+    },
+)
+
+
 class Tuning(_Wire):
     budget: int
     focus: int
@@ -180,15 +217,21 @@ def _check_word(value: str | None, info: ValidationInfo) -> str | None:
 
 
 class KoutenRetrieveRequest(_Request):
-    """`POST /v1/koutendb/retrieve` and `/plan`. Words override the profile's; numbers
-    override words (docs/koutendb.md)."""
+    """`POST /v1/koutendb/retrieve` (and, as `KoutenPlanRequest`, `/plan`). Words
+    override the profile's; numbers override words (docs/koutendb.md)."""
+
+    model_config = _RETRIEVE_RULES
 
     namespace: Namespace | None = None
     scopeRef: str = Field(default="longterm:objects:current", min_length=1, max_length=256)
     galaxy: Name | None = None
     queryText: str = Field(default="", max_length=4_096)
     queryVector: list[float] | None = Field(
-        default=None, min_length=1, max_length=4_096, json_schema_extra=VECTOR_FACT
+        default=None,
+        min_length=1,
+        max_length=4_096,
+        # The embedder's dimension; not all zeros (a direction is needed).
+        json_schema_extra={**VECTOR_FACT, "contains": {"not": {"const": 0}}},
     )
     mode: Literal["hybrid", "vector", "lexical"] | None = None
     ring: str | None = Field(default=None, max_length=512)
@@ -196,11 +239,11 @@ class KoutenRetrieveRequest(_Request):
     amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
     scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
     depth: str | None = Field(default=None, json_schema_extra={"enum": [*DEPTHS, None]})
-    budget: int | None = Field(default=None, ge=1, json_schema_extra=LIMIT_FACT)
-    focus: int | None = _Count
-    topRings: int | None = _Count
-    maxDepth: int | None = _Count
-    branchBudget: int | None = _Count
+    budget: JsonInt | None = Field(default=None, ge=1, json_schema_extra=LIMIT_FACT)
+    focus: JsonInt | None = _Count
+    topRings: JsonInt | None = _Count
+    maxDepth: JsonInt | None = _Count
+    branchBudget: JsonInt | None = _Count
     includeChildren: bool = False
     requestId: str | None = Field(default=None, min_length=1, max_length=128)
     correlationId: str | None = Field(default=None, max_length=256)
@@ -216,6 +259,13 @@ class KoutenRetrieveRequest(_Request):
         return None if value is None else check_ring(value)
 
     _words = field_validator("amount", "scope", "depth")(lambda v, info: _check_word(v, info))
+
+
+class KoutenPlanRequest(KoutenRetrieveRequest):
+    """`POST /v1/koutendb/plan`: `retrieve`'s request, a query optional (without one the
+    plan ranks no rings by centroid)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_MODE_NEEDS_TEXT)
 
 
 class RingFeature(_Wire):

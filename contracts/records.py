@@ -21,6 +21,7 @@ from pydantic import (
 
 from contracts.digests import sha256_json
 from contracts.names import Namespace
+from contracts.wire import JsonInt
 
 __all__ = [
     "DEFAULT_GALAXY",
@@ -294,7 +295,7 @@ class Record(BaseModel):
     item_id: Annotated[str, AfterValidator(_check_item_id)] = Field(
         min_length=1, max_length=512, json_schema_extra={"pattern": _ITEM_ID_PATTERN}
     )
-    revision: int = Field(ge=1, le=2**62)
+    revision: JsonInt = Field(ge=1, le=2**62)
     document_id: str | None = Field(
         default=None,
         min_length=1,

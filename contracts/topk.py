@@ -18,6 +18,7 @@ from contracts.generations import CoverageFallback
 from contracts.names import Namespace
 from contracts.phrases import PhrasePlan, PhrasePlanReport
 from contracts.records import AwareDatetime, Name
+from contracts.wire import JsonInt
 
 __all__ = [
     "MAX_RESULT_LIMIT",
@@ -125,7 +126,7 @@ class TopKRequest(_Strict):
     namespace: Namespace
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
-    result_limit: int = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
+    result_limit: JsonInt = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     response_mode: Literal["structured_records"] = "structured_records"
     filters: QueryFilters = Field(default_factory=QueryFilters)
     profile: str | None = Field(
@@ -145,7 +146,7 @@ class TopKRequest(_Strict):
     include: Include = Field(default_factory=Include)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
-    page_size: int | None = Field(
+    page_size: JsonInt | None = Field(
         default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION, json_schema_extra=LIMIT_FACT
     )
     cursor: str | None = Field(
@@ -272,7 +273,7 @@ class RetrieveRequest(_Strict):
     namespace: Namespace
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
-    limit: int = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
+    limit: JsonInt = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     filters: QueryFilters = Field(default_factory=QueryFilters)
     profile: str | None = Field(
         default=None,
@@ -291,7 +292,7 @@ class RetrieveRequest(_Strict):
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
-    page_size: int | None = Field(
+    page_size: JsonInt | None = Field(
         default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION, json_schema_extra=LIMIT_FACT
     )
     cursor: str | None = Field(

@@ -23,6 +23,7 @@ from contracts.koutendb import (
     Envelope,
     FeedbackRequest,
     FeedbackResponse,
+    KoutenPlanRequest,
     KoutenRetrieveRequest,
     PlanResponse,
     ProfileBody,
@@ -103,7 +104,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
         tags=["koutendb"],
         openapi_extra={
             **declare(Access.READ),
-            **operation(body=KoutenRetrieveRequest, ok=PlanResponse),
+            **operation(body=KoutenPlanRequest, ok=PlanResponse),
         },
     )
     async def post_plan(
@@ -113,7 +114,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
     ) -> Response:
         """The plan `retrieve` would run; nothing is searched."""
         who = principal(x_api_key, authorization)
-        body = validate_strict(loads_strict(await request.body()), KoutenRetrieveRequest)
+        body = validate_strict(loads_strict(await request.body()), KoutenPlanRequest)
         plan = await run_in_threadpool(plan_request, body, principal=who, ports=ports)
         return _json(PlanResponse(plan=plan))
 

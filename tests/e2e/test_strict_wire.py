@@ -72,7 +72,7 @@ COERCED_BODIES = [
         {"scope_ref": SCOPE, "include_content": 1},
         "include_content",
     ),
-    ("/v1/external/retrieve", {**TOPK, "limit": 2.0}, "limit"),
+    ("/v1/external/retrieve", {**TOPK, "limit": 2.5}, "limit"),
     ("/v1/koutendb/retrieve", {"queryText": "x", "includeChildren": "yes"}, "includeChildren"),
     ("/v1/koutendb/plan", {"includeChildren": 0}, "includeChildren"),
     ("/v1/koutendb/plan", {"budget": "8"}, "budget"),

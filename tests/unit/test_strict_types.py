@@ -44,7 +44,7 @@ VALID: list[tuple[type[BaseModel], dict[str, Any]]] = [
     (BackupRequest, {"name": "nightly"}),
 ]
 WRONG: dict[str, list[Any]] = {
-    "integer": [True, False, "2", 2.0, 2.5, None, [2], {"v": 2}],
+    "integer": [True, False, "2", 2.5, None, [2], {"v": 2}],
     "boolean": ["yes", "true", 1, 0, None, [True], {"v": True}],
     "number": [True, "2.5", None, [2.5]],
     "string": [2, True, None, ["x"], {"v": "x"}],
@@ -243,3 +243,39 @@ def test_the_backup_name_pattern_is_the_rule(name: str) -> None:
     assert (re.fullmatch(BACKUP_NAME_PATTERN, name) is not None) == (
         backup_name_problem(name) is None
     )
+
+
+def test_the_served_document_states_the_deployments_bounds() -> None:
+    """`contracts.openapi.apply_facts`: the configured result limit is the maximum of
+    every limit field (nullable ones too), the profile ids the enum of `profile` (null
+    still allowed), the embedder's dimension the exact length of a vector."""
+    from contracts.openapi import apply_facts
+
+    facts = {"max_result_limit": 700, "fusion_profiles": ["a@1", "b@2"], "vector_dimension": 3}
+    topk = apply_facts(TopKRequest.model_json_schema(), facts)["properties"]
+    assert topk["result_limit"]["maximum"] == 700
+    page = topk["page_size"]
+    assert page["maximum"] == 700
+    assert {b.get("maximum") for b in page["anyOf"] if b["type"] == "integer"} == {700}
+    branches = {b["type"]: b for b in topk["profile"]["anyOf"]}
+    assert branches["string"]["enum"] == ["a@1", "b@2"] and "null" in branches
+    vector = apply_facts(Record.model_json_schema(), facts)["properties"]["vector"]
+    (array,) = [b for b in vector["anyOf"] if b["type"] == "array"]
+    assert (array["minItems"], array["maxItems"]) == (3, 3)
+    kouten = apply_facts(KoutenRetrieveRequest.model_json_schema(), facts)["properties"]
+    assert kouten["budget"]["maximum"] == 700
+    # Without facts, the default deployment's bound stays (what docs/schemas/ say).
+    assert (
+        apply_facts(TopKRequest.model_json_schema(), {})["properties"]["result_limit"]["maximum"]
+        == 500
+    )
+
+
+def test_an_integer_is_a_number_without_a_fraction() -> None:
+    """JSON Schema's integer: `2.0` is one (fuzzers and some clients send it), so a
+    request valid for the document is not refused for it; `2.5`, `true`, `"2"` are not."""
+    assert GcRequest.model_validate({"keep": 3.0}).keep == 3
+    assert Record.model_validate({**RECORD, "revision": 2.0}).revision == 2
+    for value in (2.5, True, "2"):
+        with pytest.raises(ValidationError):
+            GcRequest.model_validate({"keep": value})
