@@ -3,10 +3,10 @@
 A query string has no types: every value is text. Orrery reads the typed ones by one
 rule on every route (docs/reliability.md, "Strict types"):
 
-- an integer (`QueryInt`) is decimal digits, optionally after a `-`, at most
+- an integer (`AS_INT`) is decimal digits, optionally after a `-`, at most
   `MAX_INT_DIGITS` of them: `8`, `08`, `-1` (then refused by the route's bounds);
   never `8.0`, `+8`, ` 8`, `1_000` or `0x8`;
-- a boolean (`QueryBool`) is exactly `true` or `false`: never `1`, `yes`, `on` or
+- a boolean (`AS_BOOL`) is exactly `true` or `false`: never `1`, `yes`, `on` or
   `True` (the lax parsers' `"yes"` → true is how a typo becomes a different request).
 
 Anything else is `422 invalid_request` naming the parameter. Bodies are JSON and typed
@@ -16,11 +16,10 @@ Anything else is `422 invalid_request` naming the parameter. Bodies are JSON and
 from __future__ import annotations
 
 import re
-from typing import Annotated
 
 from pydantic import BeforeValidator
 
-__all__ = ["MAX_INT_DIGITS", "QueryBool", "QueryInt", "query_bool", "query_int"]
+__all__ = ["AS_BOOL", "AS_INT", "MAX_INT_DIGITS", "query_bool", "query_int"]
 
 MAX_INT_DIGITS = 20
 _INT = re.compile(rf"-?[0-9]{{1,{MAX_INT_DIGITS}}}")
@@ -48,5 +47,7 @@ def query_bool(value: object) -> object:
     raise ValueError("must be true or false")
 
 
-QueryInt = Annotated[int, BeforeValidator(query_int)]
-QueryBool = Annotated[bool, BeforeValidator(query_bool)]
+# The validators of a typed query parameter, after its `Query(...)` in `Annotated`
+# (`n: Annotated[int, Query(ge=0), AS_INT] = 8`: FastAPI keeps both only so).
+AS_INT = BeforeValidator(query_int)
+AS_BOOL = BeforeValidator(query_bool)

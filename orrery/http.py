@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -131,13 +131,24 @@ def install_openapi(app: FastAPI, facts: dict[str, Any] | None = None) -> None:
 _METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
+def _leaf_routes(routes: Iterable[Any]) -> Iterator[BaseRoute]:
+    """Every route that answers requests, through included routers (FastAPI keeps an
+    included router as one entry whose `effective_candidates()` are its routes)."""
+    for route in routes:
+        children = getattr(route, "effective_candidates", None)
+        if callable(children):
+            yield from _leaf_routes(children())
+        else:
+            yield route
+
+
 def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     """The methods of every route of `app` whose path matches the request's (the `Allow`
     header of a `405`), in a fixed order."""
     methods: set[str] = set()
-    for route in app.router.routes:
+    for route in _leaf_routes(app.router.routes):
         match, _ = route.matches({**scope, "method": ""})
-        if match is not Match.NONE and isinstance(route, BaseRoute):
+        if match is not Match.NONE:
             methods.update(getattr(route, "methods", None) or ())
     order = {m: i for i, m in enumerate(_METHOD_ORDER)}
     return sorted(methods, key=lambda m: (order.get(m, len(order)), m))

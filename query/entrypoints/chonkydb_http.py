@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import unquote
 
 from fastapi import APIRouter, Header, Query
@@ -41,7 +41,7 @@ from contracts.chonkydb import (
 from contracts.errors import ErrorCode, OrreryError
 from contracts.names import Namespace
 from contracts.openapi import operation
-from contracts.params import QueryBool, QueryInt
+from contracts.params import AS_BOOL, AS_INT
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.topk import (
     Include,
@@ -533,9 +533,9 @@ def create_router(
         openapi_extra={**declare(Access.READ), **operation(ok=RecordListResponse)},
     )
     async def list_records(
-        offset: QueryInt = Query(default=0, ge=0, le=10_000_000),
-        limit: QueryInt = Query(default=100, ge=1, le=1_000),
-        include_metadata: QueryBool = Query(default=True),
+        offset: Annotated[int, Query(ge=0, le=10_000_000), AS_INT] = 0,
+        limit: Annotated[int, Query(ge=1, le=1_000), AS_INT] = 100,
+        include_metadata: Annotated[bool, Query(), AS_BOOL] = True,
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
@@ -577,11 +577,11 @@ def create_router(
     async def get_record(
         record_id: str,
         by: str = Query(default="payload", pattern="^(payload|chonky)$"),
-        include_chunks: QueryBool = Query(default=False),
-        include_relationships: QueryBool = Query(default=False),
-        include_document: QueryBool = Query(default=False),
-        include_content: QueryBool = Query(default=True),
-        max_content_chars: QueryInt = Query(default=4_000, ge=0, le=2_000_000),
+        include_chunks: Annotated[bool, Query(), AS_BOOL] = False,
+        include_relationships: Annotated[bool, Query(), AS_BOOL] = False,
+        include_document: Annotated[bool, Query(), AS_BOOL] = False,
+        include_content: Annotated[bool, Query(), AS_BOOL] = True,
+        max_content_chars: Annotated[int, Query(ge=0, le=2_000_000), AS_INT] = 4_000,
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
@@ -606,8 +606,8 @@ def create_router(
         document_id: str | None = Query(default=None, min_length=1, max_length=256),
         origin_uri: str | None = Query(default=None, min_length=1, max_length=512),
         snapshot_kind: str | None = Query(default=None, min_length=1, max_length=128),
-        include_content: QueryBool = Query(default=True),
-        max_content_chars: QueryInt = Query(default=4_000, ge=0, le=2_000_000),
+        include_content: Annotated[bool, Query(), AS_BOOL] = True,
+        max_content_chars: Annotated[int, Query(ge=0, le=2_000_000), AS_INT] = 4_000,
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),

@@ -9,6 +9,7 @@ keys and answers Orrery's error shape; bodies are parsed strictly (unknown field
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -35,7 +36,7 @@ from contracts.koutendb import (
 )
 from contracts.names import Namespace
 from contracts.openapi import operation
-from contracts.params import QueryInt
+from contracts.params import AS_INT
 from contracts.records import Name
 from contracts.wire import loads_strict, validate_strict
 from query.koutendb import (
@@ -195,7 +196,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
         namespace: Namespace | None = Query(default=None),
         scopeRef: str = Query(default="longterm:objects:current", min_length=1, max_length=256),
         galaxy: Name | None = Query(default=None),
-        maxCentroidDims: QueryInt = Query(default=8, ge=0, le=4_096),
+        maxCentroidDims: Annotated[int, Query(ge=0, le=4_096), AS_INT] = 8,
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> Response:
