@@ -515,7 +515,7 @@ def plan_request(
     _check_budget(knobs, ports.limits)
     if request.fusionProfile is not None:
         # What `retrieve` would refuse, the plan refuses (`422 unknown_profile`).
-        ports.query.profiles.get(request.fusionProfile)
+        ports.limits.profiles.get(request.fusionProfile)
     query = None
     if request.queryText.strip() or request.queryVector is not None:
         query = _plan_vector(_query(request, ports), ports)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,12 +163,17 @@ def test_query_strings_in_their_one_spelling_are_taken(srv: Server) -> None:
 def test_every_405_names_the_methods_of_its_path(srv: Server) -> None:
     document = srv.client.get("/openapi.json").json()
     methods = ("get", "put", "post", "delete", "patch")
+    templates = {
+        re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$"): {
+            m.upper() for m in item if m in methods
+        }
+        for path, item in document["paths"].items()
+    }
     checked = 0
-    for path, item in document["paths"].items():
-        declared = {m.upper() for m in item if m in methods}
-        concrete = path.replace("{generation_id}", "g1").replace("{name}", "x")
-        concrete = concrete.replace("{record_id}", "x").replace("{job_id}", "x")
-        concrete = concrete.replace("{document_id}", "x")
+    for path in document["paths"]:
+        concrete = re.sub(r"\{[^}]+\}", "x1", path)
+        # Every template the path matches (`/records/bulk` is also `/records/{id}`).
+        declared = set().union(*(m for t, m in templates.items() if t.match(concrete)))
         for method in sorted({m.upper() for m in methods} - declared):
             response = srv.client.request(method, concrete, headers=H)
             out = _error(response, 405, "method_not_allowed")
@@ -255,3 +261,35 @@ def test_two_backups_of_one_name_one_is_taken_the_other_is_409(srv: Server) -> N
     assert statuses == [200, 409, 409, 409]
     backups = Path(srv.data_dir) / "backups"
     assert [p.name for p in backups.iterdir()] == ["twice"]
+
+
+def test_what_the_document_allows_the_server_takes(srv: Server) -> None:
+    """Rules the document now states, and requests valid for it that were refused."""
+    document = srv.client.get("/openapi.json").json()
+    facts = document["info"]["x-orrery-deployment"]
+    assert facts["max_result_limit"] == 500 and facts["vector_dimension"] == DIM
+    # A body valid for ChonkyDB's schema of a two-shape path, without ChonkyDB-only
+    # fields and without Orrery's namespace: answered (namespace from the key).
+    for path in ("/v1/external/retrieve/topk_records", "/v1/external/retrieve"):
+        answer = srv.client.post(
+            path, json={"scope_ref": SCOPE, "query_text": "Thermoskanne"}, headers=H
+        )
+        assert answer.status_code == 200, (path, answer.text[:300])
+    # JSON Schema's integer: 3.0 is one.
+    three = srv.client.post(
+        "/v1/external/retrieve/topk_records", json={**TOPK, "result_limit": 3.0}, headers=H
+    )
+    assert three.status_code == 200, three.text[:300]
+    assert len(three.json()["results"]) == 3
+    # documents/full naming no document finds none.
+    _error(srv.client.get("/v1/external/documents/full", headers=H), 404, "not_found")
+    # The plan refuses what retrieve would: an unknown fusion profile.
+    plan = srv.client.post("/v1/koutendb/plan", json={"fusionProfile": "nope@1"}, headers=H)
+    _error(plan, 422, "unknown_profile")
+    # KoutenDB's validator takes any JSON and reports; the import an empty body.
+    for body in (b"[1, 2]", b"null", b'"x"'):
+        checked = srv.client.post(
+            "/v1/koutendb/validate", content=body, headers={**H, "content-type": "application/json"}
+        )
+        assert checked.status_code == 200 and checked.json()["valid"] is False
+    assert srv.client.post("/v1/koutendb/import", content=b"", headers=H).status_code == 200
