@@ -44,7 +44,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         },
     )
     try:
-        server.wait_projected(timeout=120, headers=H)
+        # The sample corpus is embedded on start: minutes on a loaded 2-core machine.
+        server.wait_projected(timeout=600, headers=H)
         yield server
     finally:
         server.stop()
