@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from contracts.names import Namespace
 from contracts.records import AwareDatetime, Name
@@ -98,19 +99,20 @@ class _Strict(BaseModel):
 
 # What the routes require and a field's type cannot say: a scope to rank in, or the
 # documents to answer (else `422 invalid_request`), as JSON Schema says it.
-_SCOPE_OR_IDS = ConfigDict(
-    extra="forbid",
-    strict=True,
-    json_schema_extra={
-        "anyOf": [
-            {"required": ["scope_ref"], "properties": {"scope_ref": {"type": "string"}}},
-            {
-                "required": ["allowed_doc_ids"],
-                "properties": {"allowed_doc_ids": {"type": "array"}},
-            },
-        ]
-    },
+_SCOPE_OR_IDS: JsonDict = {
+    "anyOf": [
+        {"required": ["scope_ref"], "properties": {"scope_ref": {"type": "string"}}},
+        {"required": ["allowed_doc_ids"], "properties": {"allowed_doc_ids": {"type": "array"}}},
+    ]
+}
+# Blank as Python's `str.strip` sees it.
+_BLANK = (
+    "[\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a"
+    "\\u2028\\u2029\\u202f\\u205f\\u3000]*"
 )
+# The by-id call (`allowed_doc_ids` with a blank query or `BY_ID_QUERY`) takes at most
+# `MAX_BY_ID` ids: the query texts that make it one.
+_BY_ID_QUERY_TEXT = f"^{_BLANK}(?:__allowed_doc_ids__)?{_BLANK}$"
 
 
 _INDEXES_DESCRIPTION = (
@@ -159,7 +161,15 @@ class ChonkyTopKRequest(_DialectQuery):
     `query_text` it ranks within those documents (the scope: `scope_ref`, else the one
     scope their snapshot kind belongs to)."""
 
-    model_config = _SCOPE_OR_IDS
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            **_SCOPE_OR_IDS,
+            "if": {"properties": {"query_text": {"pattern": _BY_ID_QUERY_TEXT}}},
+            "then": {"properties": {"allowed_doc_ids": {"maxItems": MAX_BY_ID}}},
+        },
+    )
 
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 
@@ -167,7 +177,7 @@ class ChonkyTopKRequest(_DialectQuery):
 class ChonkyRetrieveRequest(_DialectQuery):
     """ChonkyDB's `retrieve` request: ranked hits with metadata (no payloads)."""
 
-    model_config = _SCOPE_OR_IDS
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_SCOPE_OR_IDS)
 
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 
