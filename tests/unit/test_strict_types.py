@@ -279,3 +279,19 @@ def test_an_integer_is_a_number_without_a_fraction() -> None:
     for value in (2.5, True, "2"):
         with pytest.raises(ValidationError):
             GcRequest.model_validate({"keep": value})
+
+
+@given(
+    st.text(alphabet=" \t\n\x1c\x85\u3000\ufeffx_", max_size=6)
+    | st.sampled_from(["__allowed_doc_ids__", " __allowed_doc_ids__\n", "__allowed_doc_ids__x"])
+)
+def test_schema_text_rules_are_pythons_strip(text: str) -> None:
+    """The JSON Schema patterns for "blank" (KoutenDB's query) and "the by-id query"
+    (ChonkyDB's) say what the server's `str.strip` decides."""
+    import re
+
+    from contracts.chonkydb import _BY_ID_QUERY_TEXT, BY_ID_QUERY
+    from contracts.koutendb import NOT_BLANK
+
+    assert (re.search(NOT_BLANK, text) is not None) == bool(text.strip())
+    assert (re.match(_BY_ID_QUERY_TEXT, text) is not None) == (text.strip() in ("", BY_ID_QUERY))
