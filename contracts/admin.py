@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from contracts.generations import EvidenceCheck, GenerationDescriptor, GenerationState
 from contracts.names import Namespace
 from contracts.records import Name
+from contracts.wire import JsonInt
 
 __all__ = [
     "BuildProgress",
@@ -34,7 +35,8 @@ __all__ = [
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: `{"keep": false}` is not `{"keep": 0}`.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class BuildRequest(_Strict):
@@ -48,7 +50,7 @@ class RollbackRequest(_Strict):
 
 
 class GcRequest(_Strict):
-    keep: int = Field(default=1, ge=0, le=1_000)
+    keep: JsonInt = Field(default=1, ge=0, le=1_000)
 
 
 class GenerationRow(BaseModel):

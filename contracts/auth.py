@@ -8,6 +8,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from contracts.errors import ErrorCode, OrreryError
+from contracts.records import DEFAULT_GALAXY, check_name
 
 __all__ = [
     "ACCESS_EXTENSION",
@@ -18,6 +19,7 @@ __all__ = [
     "check_reach",
     "declare",
     "parse_api_keys",
+    "resolve_galaxy",
     "sees",
 ]
 
@@ -68,6 +70,32 @@ def check_reach(grant: ApiKeyGrant | None, namespace: str, galaxy: str | None = 
             f"this API key is limited to galaxy {grant.galaxy!r}",
             {"galaxy": galaxy},
         )
+
+
+def resolve_galaxy(bound: str | None, requested: str | None) -> str:
+    """The one galaxy a request reaches, by the one rule of every route (records,
+    ChonkyDB, KoutenDB envelopes, atlas, recommendations, import, dump): the key's
+    (`bound`), else the request's, else `default`. `403 forbidden` when a key bound to a
+    galaxy names another one; `422 invalid_request` when the name given is not a galaxy
+    name (`contracts.records.check_name`: no `/`, `..`, empty, …)."""
+    if bound is not None:
+        if requested is not None and requested != bound:
+            raise OrreryError(
+                ErrorCode.FORBIDDEN,
+                f"this API key is limited to galaxy {bound!r}",
+                {"galaxy": requested[:200]},
+            )
+        return bound
+    if requested is None:
+        return DEFAULT_GALAXY
+    try:
+        return check_name(requested)
+    except ValueError as exc:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"galaxy {requested[:100]!r} is not a valid name: {exc}",
+            {"galaxy": requested[:200]},
+        ) from None
 
 
 def _presented_key(header_key: str | None, authorization: str | None) -> str | None:

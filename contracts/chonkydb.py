@@ -20,10 +20,18 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.config import JsonDict
 
 from contracts.names import Namespace
 from contracts.records import AwareDatetime, Name, RecordMetadata
-from contracts.topk import MAX_ALLOWED_DOC_IDS, QueryFilters, QueryPlan, ScoreBreakdown
+from contracts.topk import (
+    LIMIT_FACT,
+    MAX_ALLOWED_DOC_IDS,
+    QueryFilters,
+    QueryPlan,
+    ScoreBreakdown,
+)
+from contracts.wire import JsonInt
 
 __all__ = [
     "BY_ID_QUERY",
@@ -217,7 +225,26 @@ def is_dialect(raw: object, fields: frozenset[str]) -> bool:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types, like Orrery's own requests (`contracts.topk`).
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# What the routes require and a field's type cannot say: a scope to rank in, or the
+# documents to answer (else `422 invalid_request`), as JSON Schema says it.
+_SCOPE_OR_IDS: JsonDict = {
+    "anyOf": [
+        {"required": ["scope_ref"], "properties": {"scope_ref": {"type": "string"}}},
+        {"required": ["allowed_doc_ids"], "properties": {"allowed_doc_ids": {"type": "array"}}},
+    ]
+}
+# Blank as Python's `str.strip` sees it.
+_BLANK = (
+    "[\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a"
+    "\\u2028\\u2029\\u202f\\u205f\\u3000]*"
+)
+# The by-id call (`allowed_doc_ids` with a blank query or `BY_ID_QUERY`) takes at most
+# `MAX_BY_ID` ids: the query texts that make it one.
+_BY_ID_QUERY_TEXT = f"^{_BLANK}(?:__allowed_doc_ids__)?{_BLANK}$"
 
 
 _INDEXES_DESCRIPTION = (
@@ -236,13 +263,13 @@ class _DialectQuery(_Strict):
         default="advanced", description="ChonkyDB's retrieval mode; Orrery has one"
     )
     query_text: str = Field(default="", max_length=4_096)
-    result_limit: int = Field(default=10, ge=1)
+    result_limit: JsonInt = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     include_content: bool = False
     include_metadata: bool = True
     content_mode: str | None = Field(
         default=None, max_length=64, description="Accepted; Orrery returns the stored text"
     )
-    max_content_chars: int | None = Field(
+    max_content_chars: JsonInt | None = Field(
         default=None, ge=1, description="Truncates each result's content body"
     )
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
@@ -269,6 +296,16 @@ class ChonkyTopKRequest(_DialectQuery):
     `query_text` it ranks within those documents (the scope: `scope_ref`, else the one
     scope their snapshot kind belongs to)."""
 
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            **_SCOPE_OR_IDS,
+            "if": {"properties": {"query_text": {"pattern": _BY_ID_QUERY_TEXT}}},
+            "then": {"properties": {"allowed_doc_ids": {"maxItems": MAX_BY_ID}}},
+        },
+    )
+
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 
 
@@ -276,6 +313,8 @@ class ChonkyRetrieveRequest(_DialectQuery):
     """ChonkyDB's `retrieve` request: ranked hits with metadata (no payloads). With
     `allowed_doc_ids` and `query_text` empty or `BY_ID_QUERY` it is the by-id call,
     answered exactly like `topk_records`'s (a `ChonkyTopKResponse`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_SCOPE_OR_IDS)
 
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
 
@@ -464,7 +503,7 @@ class BulkRecordItem(_Strict):
     galaxy: Name | None = None
     snapshot_kind: Name | None = None
     item_id: str | None = Field(default=None, min_length=1, max_length=512)
-    revision: int | None = Field(default=None, ge=1, le=2**62)
+    revision: JsonInt | None = Field(default=None, ge=1, le=2**62)
     payload_schema: str | None = Field(default=None, max_length=256)
 
 

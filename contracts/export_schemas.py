@@ -42,10 +42,12 @@ from contracts.events import LogEntry
 from contracts.generations import EvidenceCheck, GenerationDescriptor
 from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.koutendb import (
+    AnyJson,
     Atlas,
     Envelope,
     FeedbackRequest,
     FeedbackResponse,
+    KoutenPlanRequest,
     KoutenRetrieveRequest,
     PlanResponse,
     ProfileBody,
@@ -132,6 +134,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "admin_backup_response": BackupResponse,
     "admin_compact_response": CompactResponse,
     "koutendb_retrieve_request": KoutenRetrieveRequest,
+    "koutendb_plan_request": KoutenPlanRequest,
     "koutendb_envelope": Envelope,
     "koutendb_plan_response": PlanResponse,
     "koutendb_validate_response": ValidateResponse,
@@ -140,6 +143,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "koutendb_profiles_response": ProfilesResponse,
     "koutendb_atlas": Atlas,
     "koutendb_feedback_request": FeedbackRequest,
+    "koutendb_any_json": AnyJson,
     "koutendb_feedback_response": FeedbackResponse,
     "koutendb_recommendations_response": RecommendationsResponse,
 }

@@ -15,7 +15,7 @@ __all__ = ["WriteBatch", "WriteItem", "WriteRequest", "WriteResponse"]
 class WriteBatch(BaseModel):
     """`{"records": [...]}`: the object form of a batch."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     records: list[Record] = Field(min_length=1)
 

@@ -13,9 +13,13 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationInfo, field_validator
+from pydantic.config import JsonDict
 
 from contracts.names import Namespace
+from contracts.records import VECTOR_FACT, Name
+from contracts.topk import LIMIT_FACT, PROFILES_FACT
+from contracts.wire import JsonInt
 
 __all__ = [
     "AMOUNTS",
@@ -27,6 +31,7 @@ __all__ = [
     "ENVELOPE_VERSION",
     "RAW_PAYLOAD_SCHEMA",
     "SCOPES",
+    "AnyJson",
     "Atlas",
     "AtlasGalaxy",
     "AtlasRing",
@@ -36,6 +41,7 @@ __all__ = [
     "EnvelopeSource",
     "FeedbackRequest",
     "FeedbackResponse",
+    "KoutenPlanRequest",
     "KoutenRetrieveRequest",
     "Plan",
     "PlanResponse",
@@ -126,6 +132,53 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class AnyJson(RootModel[Any]):
+    """Any JSON value. What `POST /v1/koutendb/validate` takes (it checks whatever it is
+    sent against the envelope and reports what it finds) and what one line of `POST
+    /v1/koutendb/import` may be (a line that cannot become a record is counted in
+    `errors`, the import goes on): a schema stricter than the route would promise
+    refusals the route never answers."""
+
+
+class _Request(_Wire):
+    # Strict types: `"includeChildren": "yes"` or `"budget": "8"` is `422`, not coerced.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# A text with a character Python's `str.strip` keeps (not blank), as JSON Schema says it.
+NOT_BLANK = (
+    "[^\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a"
+    "\\u2028\\u2029\\u202f\\u205f\\u3000]"
+)
+_TEXT: JsonDict = {"required": ["queryText"], "properties": {"queryText": {"pattern": NOT_BLANK}}}
+# What `query.koutendb` refuses and a field's type cannot say: `hybrid` and `lexical`
+# search need a query text when a query is given (`422 invalid_request`).
+_MODE_NEEDS_TEXT: JsonDict = {
+    "if": {
+        "required": ["mode", "queryVector"],
+        "properties": {"mode": {"enum": ["hybrid", "lexical"]}, "queryVector": {"type": "array"}},
+    },
+    "then": _TEXT,
+}
+# `retrieve` needs a query: a text or a vector (`422 empty_query`); `hybrid` and
+# `lexical` a text.
+_RETRIEVE_RULES = ConfigDict(
+    extra="forbid",
+    strict=True,
+    json_schema_extra={
+        "anyOf": [
+            _TEXT,
+            {"required": ["queryVector"], "properties": {"queryVector": {"type": "array"}}},
+        ],
+        "if": {
+            "required": ["mode"],
+            "properties": {"mode": {"enum": ["hybrid", "lexical"]}},
+        },
+        "then": _TEXT,
+    },
+)
+
+
 class Tuning(_Wire):
     budget: int
     focus: int
@@ -163,33 +216,41 @@ def _check_word(value: str | None, info: ValidationInfo) -> str | None:
     return value
 
 
-class KoutenRetrieveRequest(_Wire):
-    """`POST /v1/koutendb/retrieve` and `/plan`. Words override the profile's; numbers
-    override words (docs/koutendb.md)."""
+class KoutenRetrieveRequest(_Request):
+    """`POST /v1/koutendb/retrieve` (and, as `KoutenPlanRequest`, `/plan`). Words
+    override the profile's; numbers override words (docs/koutendb.md)."""
+
+    model_config = _RETRIEVE_RULES
 
     namespace: Namespace | None = None
     scopeRef: str = Field(default="longterm:objects:current", min_length=1, max_length=256)
-    galaxy: str | None = Field(default=None, min_length=1, max_length=128)
+    galaxy: Name | None = None
     queryText: str = Field(default="", max_length=4_096)
-    queryVector: list[float] | None = Field(default=None, min_length=1, max_length=4_096)
+    queryVector: list[float] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4_096,
+        # The embedder's dimension; not all zeros (a direction is needed).
+        json_schema_extra={**VECTOR_FACT, "contains": {"not": {"const": 0}}},
+    )
     mode: Literal["hybrid", "vector", "lexical"] | None = None
     ring: str | None = Field(default=None, max_length=512)
     profile: str = Field(default=DEFAULT_PROFILE, min_length=1, max_length=128)
-    amount: str | None = None
-    scope: str | None = None
-    depth: str | None = None
-    budget: int | None = Field(default=None, ge=1)
-    focus: int | None = _Count
-    topRings: int | None = _Count
-    maxDepth: int | None = _Count
-    branchBudget: int | None = _Count
+    amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
+    scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
+    depth: str | None = Field(default=None, json_schema_extra={"enum": [*DEPTHS, None]})
+    budget: JsonInt | None = Field(default=None, ge=1, json_schema_extra=LIMIT_FACT)
+    focus: JsonInt | None = _Count
+    topRings: JsonInt | None = _Count
+    maxDepth: JsonInt | None = _Count
+    branchBudget: JsonInt | None = _Count
     includeChildren: bool = False
     requestId: str | None = Field(default=None, min_length=1, max_length=128)
     correlationId: str | None = Field(default=None, max_length=256)
     sourceType: str = Field(default="document", min_length=1, max_length=64)
     dataLabel: str = Field(default="", max_length=128)
     retentionClass: str = Field(default="normal", min_length=1, max_length=64)
-    fusionProfile: str | None = Field(default=None, max_length=256)
+    fusionProfile: str | None = Field(default=None, max_length=256, json_schema_extra=PROFILES_FACT)
     timeoutSeconds: float = Field(default=10.0, gt=0.0, le=60.0)
 
     @field_validator("ring")
@@ -198,6 +259,13 @@ class KoutenRetrieveRequest(_Wire):
         return None if value is None else check_ring(value)
 
     _words = field_validator("amount", "scope", "depth")(lambda v, info: _check_word(v, info))
+
+
+class KoutenPlanRequest(KoutenRetrieveRequest):
+    """`POST /v1/koutendb/plan`: `retrieve`'s request, a query optional (without one the
+    plan ranks no rings by centroid)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_MODE_NEEDS_TEXT)
 
 
 class RingFeature(_Wire):
@@ -309,13 +377,13 @@ class ValidateResponse(_Wire):
     errors: list[str]
 
 
-class ProfileBody(_Wire):
+class ProfileBody(_Request):
     """`PUT /v1/koutendb/profiles/{name}`; a word left out is `default`'s."""
 
     namespace: Namespace | None = None
-    amount: str | None = None
-    scope: str | None = None
-    depth: str | None = None
+    amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
+    scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
+    depth: str | None = Field(default=None, json_schema_extra={"enum": [*DEPTHS, None]})
     note: str = Field(default="", max_length=1_000)
 
     _words = field_validator("amount", "scope", "depth")(lambda v, info: _check_word(v, info))
@@ -373,7 +441,7 @@ class Atlas(_Wire):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class FeedbackRequest(_Wire):
+class FeedbackRequest(_Request):
     namespace: Namespace | None = None
     galaxy: str | None = Field(
         default=None,

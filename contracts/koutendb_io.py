@@ -43,6 +43,9 @@ MAX_IMPORT_BATCH = 10_000
 MAX_REPORTED_ERRORS = 1_000
 
 _BACKUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+# `backup_name_problem` as JSON Schema says it (with `maxLength` 128): no `..`, without
+# a lookahead (every '.' is followed by another character or ends the name).
+BACKUP_NAME_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9_\-]|\.[A-Za-z0-9_\-])*\.?$"
 
 
 def backup_name_problem(name: str) -> str | None:
@@ -155,9 +158,11 @@ class DumpDocumentLine(_Out):
 class BackupRequest(BaseModel):
     """`POST /v1/admin/backups`: the backup's name (a directory under `<data>/backups`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str = Field(min_length=1, max_length=128)
+    name: str = Field(
+        min_length=1, max_length=128, json_schema_extra={"pattern": BACKUP_NAME_PATTERN}
+    )
 
     @field_validator("name")
     @classmethod

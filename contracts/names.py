@@ -47,10 +47,23 @@ __all__ = [
 NAMESPACE_MAX_LENGTH = 255
 TOKEN_MAX_LENGTH = 64
 
-# One pattern for Python and for JSON Schema readers (ECMA): no lookarounds, `\u` escapes.
-_BAD = r"\u0000-\u001f\u007f-\u009f\u2028\u2029\ud800-\udfff/\\"
-NAMESPACE_PATTERN = rf"^[^\s{_BAD}](?:[^{_BAD}]{{0,{NAMESPACE_MAX_LENGTH - 2}}}[^\s{_BAD}])?$"
-_NAMESPACE = re.compile(NAMESPACE_PATTERN)
+# One rule for Python and for JSON Schema readers (ECMA, Rust): no lookarounds, `\u`
+# escapes, whitespace spelled out (each engine's `\s` differs: ECMA's has U+FEFF, not
+# U+0085; these are Python's `\s` less the characters `_BAD` refuses anyway).
+_SPACE = r"\u0020\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000"
+_BAD_TEXT = r"\u0000-\u001f\u007f-\u009f\u2028\u2029/\\"
+
+
+def _pattern(bad: str) -> str:
+    edge = f"[^{_SPACE}{bad}]"
+    return rf"^{edge}(?:[^{bad}]{{0,{NAMESPACE_MAX_LENGTH - 2}}}{edge})?$"
+
+
+# The JSON Schema pattern: a JSON text cannot carry a lone surrogate but as an escape,
+# which the body loader refuses (`400 invalid_json`), and no regex engine of a JSON
+# Schema validator compiles a surrogate range.
+NAMESPACE_PATTERN = _pattern(_BAD_TEXT)
+_NAMESPACE = re.compile(_pattern(_BAD_TEXT + r"\ud800-\udfff"))
 _PLAIN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 _SLUG_DROP = re.compile(r"[^a-z0-9]+")
 _SLUG_MAX = 24

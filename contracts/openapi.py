@@ -14,6 +14,13 @@ declares both with `operation(...)` (merged into its `openapi_extra` next to
   restricted to that status's codes — a new `ErrorCode` appears without an edit here;
 - drops the framework's own validation-error schemas, which Orrery never sends.
 
+- fills in the deployment's facts (`DEPLOYMENT`): a field whose refusal depends on the
+  server's configuration — the largest result limit, the embedder's dimension, the
+  fusion profiles it knows — carries `x-orrery-deployment: <fact>` in its schema, with
+  the default deployment's bound in `docs/schemas/`; the served document puts this
+  server's value there (and lists the facts under `info.x-orrery-deployment`), so a
+  request valid for the served document is never refused for them.
+
 Guarantee: every `$ref` in a finished document resolves to one of its components, or
 `finish_document` raises `ValueError`.
 """
@@ -31,6 +38,8 @@ from contracts.errors import HTTP_STATUS, ErrorCode, ErrorResponse
 
 __all__ = [
     "COMPONENTS",
+    "DEPLOYMENT",
+    "apply_facts",
     "components_of",
     "error_responses",
     "finish_document",
@@ -157,10 +166,53 @@ def _refs(node: Any) -> Iterator[str]:
 
 
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+DEPLOYMENT = "x-orrery-deployment"
 
 
-def finish_document(document: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a generated OpenAPI `document` made true to the wire (module docstring)."""
+def _apply_fact(node: dict[str, Any], value: Any) -> None:
+    """One fact into the schema node that names it (its `anyOf` branches included):
+    an integer is the `maximum` of an integer and the exact length of an array; a list
+    is the `enum` of a string (with null where null is allowed)."""
+    branches = node.get("anyOf", [])
+    nullable = any(b.get("type") == "null" for b in branches)
+    if isinstance(value, int):
+        for keyword in ("maximum",) if "maximum" in node else ():
+            node[keyword] = value
+        for keyword in ("minItems", "maxItems"):
+            if keyword in node:
+                node[keyword] = value
+    for branch in [node, *branches]:
+        kind = branch.get("type")
+        if isinstance(value, int) and kind == "integer":
+            branch["maximum"] = value
+        elif isinstance(value, int) and kind == "array":
+            branch["minItems"] = branch["maxItems"] = value
+        elif isinstance(value, list) and kind == "string":
+            branch["enum"] = list(value)
+    if isinstance(value, list) and "enum" in node:
+        node["enum"] = [*value, None] if nullable else list(value)
+
+
+def apply_facts(schema: Any, facts: dict[str, Any]) -> Any:
+    """`schema` (in place) with every node that names a fact of `facts` (`DEPLOYMENT`)
+    given its value; a fact not in `facts` keeps the default deployment's bound."""
+    if isinstance(schema, dict):
+        name = schema.get(DEPLOYMENT)
+        if isinstance(name, str) and facts.get(name) is not None:
+            _apply_fact(schema, facts[name])
+        for value in schema.values():
+            apply_facts(value, facts)
+    elif isinstance(schema, list):
+        for value in schema:
+            apply_facts(value, facts)
+    return schema
+
+
+def finish_document(
+    document: dict[str, Any], facts: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A copy of a generated OpenAPI `document` made true to the wire (module docstring),
+    with this deployment's `facts` (`DEPLOYMENT`) filled in."""
     doc = copy.deepcopy(document)
     errors = error_responses()
     for path_item in doc.get("paths", {}).values():
@@ -188,4 +240,7 @@ def finish_document(document: dict[str, Any]) -> dict[str, Any]:
     }
     if missing:
         raise ValueError(f"unresolved $ref in the OpenAPI document: {sorted(missing)}")
+    if facts:
+        apply_facts(schemas, facts)
+        doc.setdefault("info", {})[DEPLOYMENT] = facts
     return doc

@@ -76,7 +76,7 @@ Phrase = Annotated[str, Field(min_length=1, max_length=_MAX_TEXT), AfterValidato
 class PhraseGroup(BaseModel):
     """Alternatives for one concept: vocabulary terms, any of which may match."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     alternatives: list[Annotated[str, Field(min_length=1, max_length=_MAX_TEXT)]] = Field(
         min_length=1,
@@ -96,7 +96,7 @@ class PhraseGroup(BaseModel):
 class PhrasePlan(BaseModel):
     """Controlled-term phrase groups of one request: all required groups must match."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     vocabulary: str = Field(
         min_length=1,

@@ -11,15 +11,17 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     WithJsonSchema,
-    field_validator,
     model_validator,
 )
 
 from contracts.digests import sha256_json
 from contracts.names import Namespace
+from contracts.wire import JsonInt
 
 __all__ = [
     "DEFAULT_GALAXY",
@@ -27,6 +29,7 @@ __all__ = [
     "Record",
     "RecordMetadata",
     "RecordText",
+    "check_name",
     "derive_document_id",
     "identity_violation",
     "payload_sha256",
@@ -39,7 +42,9 @@ DOCUMENT_ID_NAMESPACE = uuid.UUID("0f5c7a52-6c53-4a8e-9a3e-3d0e6f0b9e42")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
-def _check_name(value: str) -> str:
+def check_name(value: str) -> str:
+    """`value` if it is a name (a snapshot kind, a galaxy), else `ValueError` saying the
+    rule."""
     if not _NAME.fullmatch(value):
         raise ValueError(
             "must be 1-128 characters of letters, digits, '_', '.', '-', starting with a "
@@ -57,32 +62,108 @@ def _check_ring(value: str) -> str:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+# `_CONTROL` as JSON Schema says it.
+_ITEM_ID_PATTERN = r"^[^\u0000-\u001f\u007f]*$"
+
+
 def _check_item_id(value: str) -> str:
     if _CONTROL.search(value):
         raise ValueError("item_id must not contain control characters (NUL, newline, …)")
     return value
 
 
+# RFC 3339 with its offset, the one spelling of a timestamp on the wire (JSON has no
+# datetime type to be strict about: no number of seconds, no offset-less local time).
+_TIMESTAMP_PATTERN = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?"
+    r"(?:Z|[+-][0-9]{2}:[0-9]{2})$"
+)
+_TIMESTAMP = re.compile(_TIMESTAMP_PATTERN)
+# A record's `updated_at`: written in a year from 1678 to 2261 (what JSON Schema says),
+# and in UTC (how it is stored and read back) from 1678-01-01 to before 2262-01-01 —
+# inside every engine's range (tantivy: nanoseconds since the epoch in an i64, from
+# 1677-09-21 to 2262-04-11). The two differ only for the hours of an offset at either
+# end (`1678-01-01T00:00:00+01:00` is 1677 in UTC).
+UPDATED_AT_FIRST_YEAR = 1678
+UPDATED_AT_LAST_YEAR = 2261
+UPDATED_AT_EARLIEST = datetime(UPDATED_AT_FIRST_YEAR, 1, 1, tzinfo=UTC)
+UPDATED_AT_LATEST = datetime(UPDATED_AT_LAST_YEAR + 1, 1, 1, tzinfo=UTC)
+_INDEXABLE_YEAR = r"(?:167[89]|16[89][0-9]|1[7-9][0-9]{2}|2[01][0-9]{2}|22[0-5][0-9]|226[01])"
+
+
+def _timestamp_text(value: object) -> object:
+    # A `datetime` passes (Python callers); text must be RFC 3339 with an offset.
+    if isinstance(value, datetime) or (isinstance(value, str) and _TIMESTAMP.fullmatch(value)):
+        return value
+    raise ValueError("a timestamp is RFC 3339 text with its offset (e.g. '2026-03-19T12:00:00Z')")
+
+
 def _aware_utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("timestamps must carry a timezone (e.g. '2026-03-19T12:00:00Z')")
-    return value.astimezone(UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+14:00 has no UTC instant in `datetime`
+        raise ValueError("the timestamp is out of range in UTC") from None
+
+
+def _range_error() -> ValueError:
+    return ValueError(
+        f"updated_at must be from {UPDATED_AT_EARLIEST.date()} to before "
+        f"{UPDATED_AT_LATEST.date()} (UTC), written in a year from {UPDATED_AT_FIRST_YEAR} "
+        f"to {UPDATED_AT_LAST_YEAR}"
+    )
+
+
+def _written_year(value: datetime) -> datetime:
+    # Checked here, not by the projector: a write acknowledged with a time no lexical
+    # engine can index would stop the projector for every write after it.
+    if not UPDATED_AT_FIRST_YEAR <= value.year <= UPDATED_AT_LAST_YEAR:
+        raise _range_error()
+    return value
+
+
+def _utc_range(value: datetime) -> datetime:
+    if not UPDATED_AT_EARLIEST <= value < UPDATED_AT_LATEST:
+        raise _range_error()
+    return value
 
 
 Name = Annotated[
     str,
-    AfterValidator(_check_name),
+    AfterValidator(check_name),
     # The rule above, as JSON Schema says it (OpenAPI clients and fuzzers see it).
     WithJsonSchema({"type": "string", "pattern": _NAME.pattern}),
 ]
-AwareDatetime = Annotated[datetime, AfterValidator(_aware_utc)]
+AwareDatetime = Annotated[
+    datetime,
+    Strict(False),
+    BeforeValidator(_timestamp_text),
+    AfterValidator(_aware_utc),
+    WithJsonSchema({"type": "string", "format": "date-time", "pattern": _TIMESTAMP_PATTERN}),
+]
+# A record's `updated_at`: an `AwareDatetime` written in a year every engine indexes.
+IndexableDatetime = Annotated[
+    datetime,
+    Strict(False),
+    BeforeValidator(_timestamp_text),
+    AfterValidator(_written_year),
+    AfterValidator(_aware_utc),
+    AfterValidator(_utc_range),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "format": "date-time",
+            "pattern": "^" + _INDEXABLE_YEAR + _TIMESTAMP_PATTERN.removeprefix("^[0-9]{4}"),
+        }
+    ),
+]
 
 
 DEFAULT_GALAXY = "default"
-
-# The times every engine can index (tantivy: nanoseconds since the epoch in an i64).
-UPDATED_AT_EARLIEST = datetime(1678, 1, 1, tzinfo=UTC)
-UPDATED_AT_LATEST = datetime(2262, 1, 1, tzinfo=UTC)
+# The embedder's dimension, as the served OpenAPI document says it
+# (`contracts.openapi.DEPLOYMENT`).
+VECTOR_FACT: dict[str, Any] = {"x-orrery-deployment": "vector_dimension"}
 
 
 def derive_document_id(
@@ -140,7 +221,7 @@ def payload_sha256(payload: dict[str, Any]) -> str:
 class RecordText(BaseModel):
     """Lexical fields. `title` is boosted over `body` and `tags` at query time."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     title: str = Field(default="", max_length=4_096)
     body: str = Field(default="", max_length=200_000)
@@ -153,6 +234,7 @@ class RecordMetadata(BaseModel):
     model_config = ConfigDict(
         extra="allow",
         frozen=True,
+        strict=True,
         # `_facets_are_scalars` as JSON Schema says it.
         json_schema_extra={
             "propertyNames": {"pattern": _NAME.pattern},
@@ -166,23 +248,11 @@ class RecordMetadata(BaseModel):
     )
 
     status: str = Field(default="active", max_length=64)
-    updated_at: AwareDatetime = Field(
+    updated_at: IndexableDatetime = Field(
         default_factory=lambda: datetime.now(UTC),
-        description="From 1678-01-01 to before 2262-01-01 (engines index nanoseconds in 64 bits).",
+        description="Written in a year from 1678 to 2261 (engines index nanoseconds in 64 bits).",
     )
     visibility: list[str] = Field(default_factory=list, max_length=64)
-
-    @field_validator("updated_at")
-    @classmethod
-    def _indexable(cls, value: datetime) -> datetime:
-        # Checked here, not by the projector: a write acknowledged with a time no lexical
-        # engine can index would stop the projector for every write after it.
-        if not UPDATED_AT_EARLIEST <= value < UPDATED_AT_LATEST:
-            raise ValueError(
-                f"updated_at must be from {UPDATED_AT_EARLIEST.date()} to before "
-                f"{UPDATED_AT_LATEST.date()}"
-            )
-        return value
 
     @model_validator(mode="after")
     def _facets_are_scalars(self) -> RecordMetadata:
@@ -214,16 +284,28 @@ class Record(BaseModel):
 
     Guarantees: `document_id` is set (derived when absent, see `derive_document_id`) and
     stable for `(namespace, galaxy, snapshot_kind, item_id)`; `revision` is a positive
-    integer; `payload` is returned to query clients exactly as given.
+    integer; `payload` is returned to query clients exactly as given. Types are strict
+    (a JSON `true` or `"2"` is no revision); timestamps are ISO 8601 strings.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     namespace: Namespace
     snapshot_kind: Name
-    item_id: Annotated[str, AfterValidator(_check_item_id)] = Field(min_length=1, max_length=512)
-    revision: int = Field(ge=1, le=2**62)
-    document_id: str | None = Field(default=None, min_length=1, max_length=256)
+    item_id: Annotated[str, AfterValidator(_check_item_id)] = Field(
+        min_length=1, max_length=512, json_schema_extra={"pattern": _ITEM_ID_PATTERN}
+    )
+    revision: JsonInt = Field(ge=1, le=2**62)
+    document_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        # Derived by the server; a writer may send only the derived value (any other is
+        # `422`, `identity_violation`), which no schema can say: omit it.
+        json_schema_extra={"readOnly": True},
+        description="Derived from namespace, galaxy, snapshot_kind and item_id; omit it "
+        "(a value other than the derived one is refused)",
+    )
     galaxy: Name = DEFAULT_GALAXY
     ring: Annotated[str, AfterValidator(_check_ring)] = Field(
         default="", max_length=512, json_schema_extra={"pattern": "^([^/]+(/[^/]+)*)?$"}
@@ -232,7 +314,14 @@ class Record(BaseModel):
     payload: dict[str, Any] = Field(default_factory=dict)
     text: RecordText = Field(default_factory=RecordText)
     metadata: RecordMetadata = Field(default_factory=RecordMetadata)
-    vector: list[float] | None = Field(default=None, min_length=1, max_length=4_096)
+    vector: list[float] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4_096,
+        description="The embedder's dimension (the served document says it); none: the "
+        "embedder computes it from the text",
+        json_schema_extra=VECTOR_FACT,
+    )
     index_lanes: list[Literal["lexical", "vector"]] | None = Field(
         default=None,
         max_length=2,

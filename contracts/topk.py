@@ -17,7 +17,8 @@ from contracts.generations import CoverageFallback
 # never ready (503).
 from contracts.names import Namespace
 from contracts.phrases import PhrasePlan, PhrasePlanReport
-from contracts.records import AwareDatetime
+from contracts.records import AwareDatetime, Name
+from contracts.wire import JsonInt
 
 __all__ = [
     "MAX_RESULT_LIMIT",
@@ -41,6 +42,13 @@ __all__ = [
 ]
 
 MAX_RESULT_LIMIT = 500
+# Bounds a server's configuration sets (`contracts.openapi.DEPLOYMENT`): in
+# `docs/schemas/` the default deployment's, in a served document the server's.
+LIMIT_FACT: dict[str, Any] = {
+    "x-orrery-deployment": "max_result_limit",
+    "maximum": MAX_RESULT_LIMIT,
+}
+PROFILES_FACT: dict[str, Any] = {"x-orrery-deployment": "fusion_profiles"}
 MAX_ALLOWED_DOC_IDS = 100_000
 MAX_CURSOR_LENGTH = 4_096
 
@@ -58,7 +66,9 @@ _CURSOR_DESCRIPTION = (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: a JSON `true` or `"2"` is not an integer, `"yes"` not a boolean
+    # (docs/reliability.md); floats take JSON integers too.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class QueryFilters(_Strict):
@@ -66,7 +76,7 @@ class QueryFilters(_Strict):
 
     status: list[str] | None = Field(default=None, max_length=64)
     visibility: list[str] | None = Field(default=None, max_length=64)
-    galaxy: str | None = Field(
+    galaxy: Name | None = Field(
         default=None, description="Narrows to one galaxy; it can never widen the API key's."
     )
     updated_after: AwareDatetime | None = None
@@ -116,14 +126,16 @@ class TopKRequest(_Strict):
     namespace: Namespace
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
-    result_limit: int = Field(default=10, ge=1)
+    result_limit: JsonInt = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     response_mode: Literal["structured_records"] = "structured_records"
     filters: QueryFilters = Field(default_factory=QueryFilters)
     profile: str | None = Field(
         default=None,
         max_length=256,
         description="Fusion profile id (e.g. 'rrf@1'); None = the server's "
-        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile).",
+        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile); the served "
+        "document lists the server's.",
+        json_schema_extra=PROFILES_FACT,
     )
     ranking: Ranking = Field(default_factory=Ranking)
     phrase_plan: PhrasePlan | None = Field(
@@ -134,7 +146,9 @@ class TopKRequest(_Strict):
     include: Include = Field(default_factory=Include)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
-    page_size: int | None = Field(default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION)
+    page_size: JsonInt | None = Field(
+        default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION, json_schema_extra=LIMIT_FACT
+    )
     cursor: str | None = Field(
         default=None, min_length=1, max_length=MAX_CURSOR_LENGTH, description=_CURSOR_DESCRIPTION
     )
@@ -259,13 +273,15 @@ class RetrieveRequest(_Strict):
     namespace: Namespace
     scope_ref: str = Field(min_length=1, max_length=256)
     query_text: str = Field(default="", max_length=4_096)
-    limit: int = Field(default=10, ge=1)
+    limit: JsonInt = Field(default=10, ge=1, json_schema_extra=LIMIT_FACT)
     filters: QueryFilters = Field(default_factory=QueryFilters)
     profile: str | None = Field(
         default=None,
         max_length=256,
         description="Fusion profile id (e.g. 'rrf@1'); None = the server's "
-        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile).",
+        "ORRERY_DEFAULT_PROFILE. Unknown ids are refused (unknown_profile); the served "
+        "document lists the server's.",
+        json_schema_extra=PROFILES_FACT,
     )
     ranking: Ranking = Field(default_factory=Ranking)
     phrase_plan: PhrasePlan | None = Field(
@@ -276,7 +292,9 @@ class RetrieveRequest(_Strict):
     allowed_doc_ids: list[str] | None = Field(default=None, max_length=MAX_ALLOWED_DOC_IDS)
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
-    page_size: int | None = Field(default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION)
+    page_size: JsonInt | None = Field(
+        default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION, json_schema_extra=LIMIT_FACT
+    )
     cursor: str | None = Field(
         default=None, min_length=1, max_length=MAX_CURSOR_LENGTH, description=_CURSOR_DESCRIPTION
     )

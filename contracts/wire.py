@@ -16,14 +16,14 @@ import json
 import math
 import re
 from itertools import accumulate
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 from pydantic_core import from_json
 
 from contracts.errors import ErrorCode, OrreryError
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "loads_strict", "validate_strict"]
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "JsonInt", "loads_strict", "validate_strict"]
 
 # Deeper than any request or payload Orrery needs, far below the interpreter's stack.
 MAX_DEPTH = 64
@@ -188,6 +188,19 @@ def _key_count(value: Any) -> int:
             stack.extend([v for v in values if type(v) is dict or type(v) is list])
     return count
 
+
+def _json_integer(value: object) -> object:
+    # JSON Schema's integer is a number without a fraction: `2.0` is one (OpenAPI
+    # clients and fuzzers send it), `true` and `"2"` are not (the strict type refuses
+    # them after this).
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer field of a request body: in a strict model, a JSON integer or a number
+# without a fraction (`2`, `2.0`), never a boolean, a string or `2.5`.
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -158,13 +158,15 @@ def store_maintenance(
     log_is_outbox: bool,
 ) -> StoreMaintenance:
     """Backups and compaction of the canonical store: the SQLite file under `data_dir`
-    (backups in `data_dir/backups`), or, with PostgreSQL, refusals naming its tools."""
+    (backups in `data_dir/backups`, where the temporary directories of backups that
+    died are removed now), or, with PostgreSQL, refusals naming its tools."""
     if database_url:
         from ingest.adapters.postgres_maintenance import PostgresStoreMaintenance
 
         return PostgresStoreMaintenance()
-    from ingest.adapters.sqlite_maintenance import SqliteStoreMaintenance
+    from ingest.adapters.sqlite_maintenance import SqliteStoreMaintenance, sweep_backup_temps
 
+    sweep_backup_temps(backups_dir(data_dir))
     return SqliteStoreMaintenance(
         canonical_db_path(data_dir),
         backups_dir(data_dir),

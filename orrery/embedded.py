@@ -48,6 +48,7 @@ from projector.service import BatchReport
 from query.adapters.sqlite_routing import SqliteRouting
 from query.bootstrap import (
     cursor_codec,
+    document_facts,
     embedded_query_ports,
     kouten_ports,
     query_limits,
@@ -362,6 +363,7 @@ class EmbeddedStack:
             stream_paths=STREAM_PATHS,
             max_stream_bytes=settings.max_import_bytes,
             api_key_header=settings.api_key_header,
+            document_facts=document_facts(settings, embedder.dimension),
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

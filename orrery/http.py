@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -20,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.telemetry import TelemetryConfig
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.auth import Access, declare
@@ -28,7 +29,13 @@ from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
 from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
 
-__all__ = ["build_app", "install_error_handlers", "install_openapi", "install_request_guard"]
+__all__ = [
+    "allowed_methods",
+    "build_app",
+    "install_error_handlers",
+    "install_openapi",
+    "install_request_guard",
+]
 
 log = logging.getLogger("orrery.http")
 
@@ -52,9 +59,11 @@ def build_app(
     stream_paths: Sequence[str] = (),
     max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
     api_key_header: str = API_KEY_HEADER,
+    document_facts: dict[str, Any] | None = None,
 ) -> FastAPI:
-    """An app with Orrery's error shape, request guard and OpenAPI document, `/healthz`,
-    and `routers` mounted in order; API keys read from `api_key_header` (and
+    """An app with Orrery's error shape, request guard and OpenAPI document (with the
+    deployment's `document_facts`, `contracts.openapi.DEPLOYMENT`), `/healthz`, and
+    `routers` mounted in order; API keys read from `api_key_header` (and
     `Authorization: Bearer`)."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
@@ -62,7 +71,7 @@ def build_app(
     install_error_handlers(app)
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip
-    install_openapi(app)
+    install_openapi(app, document_facts)
     if api_key_header.lower() != API_KEY_HEADER:
         app.add_middleware(ApiKeyHeader, header=api_key_header)
 
@@ -151,18 +160,45 @@ def install_request_guard(
     )
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, facts: dict[str, Any] | None = None) -> None:
     """Serve the app's OpenAPI document as `contracts.openapi.finish_document` makes it:
     request bodies and success models as the routes declare them, Orrery's error shape
-    for every error status, components equal to `docs/schemas/`."""
+    for every error status, components equal to `docs/schemas/` with this deployment's
+    `facts` filled in."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = finish_document(generate())
+            app.openapi_schema = finish_document(generate(), facts)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _leaf_routes(routes: Iterable[Any]) -> Iterator[BaseRoute]:
+    """Every route that answers requests, through included routers (FastAPI keeps an
+    included router as one entry whose `effective_candidates()` are its routes)."""
+    for route in routes:
+        children = getattr(route, "effective_candidates", None)
+        if callable(children):
+            yield from _leaf_routes(children())
+        else:
+            yield route
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+    """The methods of every route of `app` whose path matches the request's (the `Allow`
+    header of a `405`), in a fixed order."""
+    methods: set[str] = set()
+    for route in _leaf_routes(app.router.routes):
+        match, _ = route.matches({**scope, "method": ""})
+        if match is not Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    order = {m: i for i, m in enumerate(_METHOD_ORDER)}
+    return sorted(methods, key=lambda m: (order.get(m, len(order)), m))
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -187,18 +223,26 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # The framework's own errors (no route, wrong method, …) get the code of their
         # status; the status sent is always the code's one (`HTTP_STATUS`).
         code = _FRAMEWORK_CODES.get(
             exc.status_code,
             ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL,
         )
-        body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail)))
+        headers = exc.headers
+        details: dict[str, Any] = {}
+        if exc.status_code == 405:
+            # The framework names the methods of the first route whose path matched;
+            # a path several routes share (PUT and DELETE of one profile) has them all.
+            allowed = allowed_methods(request.app, request.scope)
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+            details = {"allowed": allowed}
+        body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail), details=details))
         return JSONResponse(
             body.model_dump(mode="json"),
             status_code=HTTP_STATUS[code],
-            headers=retry_after(HTTP_STATUS[code], exc.headers),
+            headers=retry_after(HTTP_STATUS[code], headers),
         )
 
     @app.exception_handler(Exception)

@@ -55,7 +55,7 @@ from projector.bootstrap import (
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import ORPHANED_AFTER, GenerationAdmin
-from query.bootstrap import cursor_codec, scope_registry, server_query_ports
+from query.bootstrap import cursor_codec, document_facts, scope_registry, server_query_ports
 from query.bootstrap import postgres_migrations as query_migrations
 from query.eligibility import EligibilityGate
 from query.settings import QuerySettings
@@ -287,6 +287,9 @@ class ServerStack:
                 stream_paths=STREAM_PATHS,
                 max_stream_bytes=settings.max_import_bytes,
                 api_key_header=settings.api_key_header,
+                document_facts=document_facts(
+                    settings, None if embedder is None else embedder.dimension
+                ),
             )
         elif routers:
             stack.app = build_app(
@@ -296,6 +299,9 @@ class ServerStack:
                 stream_paths=STREAM_PATHS,
                 max_stream_bytes=settings.max_import_bytes,
                 api_key_header=settings.api_key_header,
+                document_facts=document_facts(
+                    settings, None if embedder is None else embedder.dimension
+                ),
             )
         if not grants and stack.app is not None:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

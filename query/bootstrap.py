@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cursor_codec",
+    "document_facts",
     "embedded_query_ports",
     "kouten_ports",
     "postgres_migrations",
@@ -94,6 +95,19 @@ def profile_registry(settings: QuerySettings) -> ProfileRegistry:
     """
     source = _json_or_file(settings.profiles, "ORRERY_PROFILES")
     return ProfileRegistry(parse_profiles(source).profiles, default=settings.default_profile)
+
+
+def document_facts(settings: QuerySettings, vector_dimension: int | None) -> dict[str, Any]:
+    """What this deployment's OpenAPI document says of the bounds its configuration sets
+    (`contracts.openapi.DEPLOYMENT`): the largest result limit, the fusion profile ids,
+    the embedder's dimension."""
+    facts: dict[str, Any] = {
+        "max_result_limit": settings.max_result_limit,
+        "fusion_profiles": profile_registry(settings).ids(),
+    }
+    if vector_dimension is not None:
+        facts["vector_dimension"] = vector_dimension
+    return facts
 
 
 def vocabulary_registry(settings: QuerySettings) -> VocabularyRegistry:

@@ -22,10 +22,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
+from urllib.parse import quote
 
 import numpy as np
 import numpy.typing as npt
 
+from contracts.auth import resolve_galaxy
 from contracts.digests import sha256_hex
 from contracts.errors import ErrorCode, OrreryError
 from contracts.koutendb import (
@@ -59,7 +61,6 @@ from contracts.koutendb import (
     payload_string,
     tuning_of,
 )
-from contracts.records import DEFAULT_GALAXY
 from query.ports import (
     EnvelopeLog,
     KeptEnvelope,
@@ -424,17 +425,21 @@ def _namespace(namespace: str | None, who: Principal) -> str:
     return chosen
 
 
+def source_uri(namespace: str, galaxy: str, ring: str, document_id: str) -> str:
+    """A chunk's `sourceUri`: `orrery://{namespace}/{galaxy}/{ring}/{id}`, each part
+    percent-escaped (RFC 3986) so no namespace or ring can add a segment, a query or a
+    fragment: the namespace whole (`:`, `/`, `?`, `#`, `%`, spaces, …), the ring per
+    `/`-separated segment. Plain names (`demo`, `s1/ai`) read as before."""
+    return (
+        f"orrery://{quote(namespace, safe='')}/{quote(galaxy, safe='')}/"
+        f"{quote(ring, safe='/')}/{quote(document_id, safe='')}"
+    )
+
+
 def _galaxy(galaxy: str | None, who: Principal) -> str:
-    """The one galaxy a request reads: the key's, else the request's, else `default`."""
-    if who.galaxy is not None:
-        if galaxy is not None and galaxy != who.galaxy:
-            raise OrreryError(
-                ErrorCode.FORBIDDEN,
-                f"this API key is limited to galaxy {who.galaxy!r}",
-                {"galaxy": galaxy},
-            )
-        return who.galaxy
-    return galaxy or DEFAULT_GALAXY
+    """The one galaxy a request reads: the key's, else the request's, else `default`
+    (`contracts.auth.resolve_galaxy`, the rule of every route)."""
+    return resolve_galaxy(who.galaxy, galaxy)
 
 
 _BUILTIN_DEFAULT = StoredProfile(DEFAULT_PROFILE, *DEFAULT_WORDS)
@@ -508,6 +513,9 @@ def plan_request(
     galaxy = _galaxy(request.galaxy, principal)
     knobs = knobs_of(request, _profile(namespace, request.profile, ports))
     _check_budget(knobs, ports.limits)
+    if request.fusionProfile is not None:
+        # What `retrieve` would refuse, the plan refuses (`422 unknown_profile`).
+        ports.limits.profiles.get(request.fusionProfile)
     query = None
     if request.queryText.strip() or request.queryVector is not None:
         query = _plan_vector(_query(request, ports), ports)
@@ -561,7 +569,7 @@ def retrieve_envelope(
                 score=hit.score,
                 estimatedTokens=estimated_tokens(len(payload.encode())),
                 ring=chunk_ring,
-                sourceUri=f"orrery://{namespace}/{galaxy}/{chunk_ring}/{hit.document_id}",
+                sourceUri=source_uri(namespace, galaxy, chunk_ring, hit.document_id),
             )
         )
     total = table.total

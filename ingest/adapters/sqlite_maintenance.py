@@ -12,6 +12,10 @@ a restore forgets the generations (their index directories are not in a backup).
   into `backups/.<name>.tmp-<random>/`, with `manifest.json` (counts and the sha256 of
   the copy); both files and the directory are fsynced, then the directory is renamed to
   `backups/<name>`. A backup that fails at any point leaves nothing under its name.
+  Each backup holds a `flock` on its temporary directory while it works: a name whose
+  directory exists, or whose backup is under way (locked), is `409 invalid_state`; a
+  temporary directory nobody holds (its process was killed) is removed by the next
+  backup and when the process starts (`sweep_backup_temps`).
 - **verify**: re-reads a backup: the manifest, the file's digest, `PRAGMA
   integrity_check`, and the counts again.
 - **restore**: a verified backup into an empty (or, with `overwrite`, cleared) data
@@ -23,14 +27,16 @@ a restore forgets the generations (their index directories are not in a backup).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sqlite3
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +56,7 @@ __all__ = [
     "compact_database",
     "database_bytes",
     "restore_database",
+    "sweep_backup_temps",
     "verify_backup",
 ]
 
@@ -157,25 +164,118 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+_TEMP_MARK = ".tmp-"
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}{_TEMP_MARK}{uuid.uuid4().hex[:12]}"
+
+
+def _temp_owner(entry: str) -> str | None:
+    """The backup name of a temporary directory's name (`.<name>.tmp-<hex>`), or None."""
+    if not entry.startswith(".") or _TEMP_MARK not in entry:
+        return None
+    return entry[1:].rsplit(_TEMP_MARK, 1)[0]
+
+
+def _try_lock(path: Path) -> int | None:
+    """An open descriptor of directory `path` holding its exclusive `flock`, or None
+    when another open descriptor holds it (a backup under way) or it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextmanager
+def _dir_lock(path: Path) -> Iterator[None]:
+    """`path`'s exclusive `flock`, waiting for it: one backup at a time picks its name."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _sweep(backups_dir: Path, name: str | None = None) -> bool:
+    """Remove every temporary directory no backup holds; whether a backup of `name` is
+    under way. Called with `backups_dir`'s lock held."""
+    busy = False
+    for entry in sorted(os.listdir(backups_dir)):
+        owner = _temp_owner(entry)
+        if owner is None:
+            continue
+        fd = _try_lock(backups_dir / entry)
+        if fd is None:
+            busy = busy or owner == name
+            continue
+        try:
+            shutil.rmtree(backups_dir / entry, ignore_errors=True)
+        finally:
+            os.close(fd)
+    return busy
+
+
+def sweep_backup_temps(backups_dir: Path) -> None:
+    """Remove the temporary directories of backups that died (killed mid-copy): every
+    `.<name>.tmp-*` no running backup holds. Run when a process that takes backups
+    starts; a backup runs it too."""
+    if not backups_dir.is_dir():
+        return
+    with _dir_lock(backups_dir):
+        _sweep(backups_dir)
+
+
+def _taken(name: str) -> OrreryError:
+    return OrreryError(ErrorCode.INVALID_STATE, f"a backup named {name!r} exists", {"name": name})
+
+
 def backup_database(db_path: Path, backups_dir: Path, name: str) -> BackupInfo:
     """Snapshot `db_path` into `backups_dir/<name>` (see the module docstring).
 
     `422 invalid_request` for a name that is a path; `409 invalid_state` when a backup of
-    that name exists; `503 dependency_unavailable` when SQLite or the disk fails (nothing
-    is left under the name)."""
+    that name exists or is being taken (by this process or another); `503
+    dependency_unavailable` when SQLite or the disk fails (nothing is left under the
+    name). Temporary directories of backups that died are removed first."""
     problem = backup_name_problem(name)
     if problem is not None:
         raise OrreryError(ErrorCode.INVALID_REQUEST, problem, {"name": name[:200]})
     final = backups_dir / name
     if final.exists():
-        raise OrreryError(
-            ErrorCode.INVALID_STATE, f"a backup named {name!r} exists", {"name": name}
-        )
+        raise _taken(name)
     if not db_path.exists():
         raise OrreryError(ErrorCode.INVALID_STATE, f"no database at {db_path}")
     backups_dir.mkdir(parents=True, exist_ok=True)
-    temp = backups_dir / f".{name}.tmp-{uuid.uuid4().hex[:12]}"
-    temp.mkdir()
+    with _dir_lock(backups_dir):
+        if _sweep(backups_dir, name):
+            raise OrreryError(
+                ErrorCode.INVALID_STATE,
+                f"a backup named {name!r} is being taken",
+                {"name": name, "in_progress": True},
+            )
+        if final.exists():
+            raise _taken(name)
+        temp = backups_dir / _temp_name(name)
+        temp.mkdir()
+        held = _try_lock(temp)
+    if held is None:  # nobody else knows the new name; cannot happen short of a fault
+        shutil.rmtree(temp, ignore_errors=True)
+        raise DependencyUnavailable("disk", f"backup {name!r}: cannot lock {temp}")
+    try:
+        return _backup_into(db_path, backups_dir, name, temp)
+    finally:
+        os.close(held)
+
+
+def _backup_into(db_path: Path, backups_dir: Path, name: str, temp: Path) -> BackupInfo:
+    final = backups_dir / name
     try:
         copy = temp / BACKUP_DB
         try:
@@ -217,7 +317,13 @@ def backup_database(db_path: Path, backups_dir: Path, name: str) -> BackupInfo:
         for path in (copy, temp / MANIFEST, temp):
             _fsync(path)
         crash_point("backup.before_rename")
-        os.rename(temp, final)
+        try:
+            os.rename(temp, final)
+        except OSError as exc:
+            # Another process took the name meanwhile (rename onto a non-empty directory).
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise _taken(name) from exc
+            raise
         _fsync(backups_dir)
     except OSError as exc:
         shutil.rmtree(temp, ignore_errors=True)

@@ -19,20 +19,20 @@ from typing import Any
 from fastapi import APIRouter, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import TypeAdapter, ValidationError
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, check_reach, declare
+from contracts.auth import resolve_galaxy as _resolve_galaxy
 from contracts.errors import ErrorCode, OrreryError
+from contracts.koutendb import AnyJson
 from contracts.koutendb_io import (
     MAX_IMPORT_BATCH,
     DumpDocumentLine,
     DumpMetaLine,
     DumpRingLine,
-    ImportLine,
     ImportResponse,
 )
 from contracts.openapi import operation
-from contracts.records import DEFAULT_GALAXY, Name
+from contracts.params import query_bool, query_int
 from ingest.koutendb_io import (
     MAX_IMPORT_BATCH_BYTES,
     ImportOptions,
@@ -74,13 +74,14 @@ _IMPORT_PARAMS = frozenset(
     }
 )
 _DUMP_PARAMS = frozenset({"namespace", "scopeRef", "galaxy", "includeVectors"})
-_NAME: TypeAdapter[str] = TypeAdapter(Name)
 
 
 def _import_openapi() -> dict[str, Any]:
-    """One JSON object per line: `application/x-ndjson` (or JSON lines' other names),
-    and `application/json` for a body of one line."""
-    fragment = operation(body=ImportLine, ok=ImportResponse)
+    """One JSON value per line (`contracts.koutendb.AnyJson`: a line that is no record
+    is counted in `errors`, `ImportLine` says which are): `application/x-ndjson` (or
+    JSON lines' other names), and `application/json` for a body of one line. An empty
+    body imports nothing."""
+    fragment = operation(body=AnyJson, ok=ImportResponse, body_required=False)
     content = fragment["requestBody"]["content"]
     content[NDJSON] = content["application/json"]
     return fragment
@@ -95,23 +96,9 @@ def _dump_openapi() -> dict[str, Any]:
 
 
 def resolve_galaxy(grant: ApiKeyGrant | None, requested: str | None) -> str:
-    """The one galaxy a request reaches: the key's, else the request's, else `default`;
-    `403 forbidden` when a key bound to a galaxy names another one."""
-    if grant is not None and grant.galaxy is not None:
-        if requested not in (None, "", grant.galaxy):
-            raise OrreryError(
-                ErrorCode.FORBIDDEN,
-                f"this API key is limited to galaxy {grant.galaxy!r}",
-                {"galaxy": requested},
-            )
-        return grant.galaxy
-    galaxy = requested or DEFAULT_GALAXY
-    try:
-        return _NAME.validate_python(galaxy)
-    except ValidationError as exc:
-        raise OrreryError(
-            ErrorCode.INVALID_REQUEST, f"galaxy {galaxy[:100]!r} is not a valid name"
-        ) from exc
+    """The one galaxy a request reaches (`contracts.auth.resolve_galaxy`, the rule of
+    every route): the key's, else the request's, else `default`."""
+    return _resolve_galaxy(None if grant is None else grant.galaxy, requested)
 
 
 def _params(request: Request, allowed: frozenset[str]) -> dict[str, str]:
@@ -139,20 +126,25 @@ def _int(params: dict[str, str], name: str, default: int, low: int, high: int) -
     text = params.get(name)
     if text is None:
         return default
-    if not text.isdigit() or not low <= int(text) <= high:
+    try:
+        value = query_int(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, int) or not low <= value <= high:
         raise OrreryError(
             ErrorCode.INVALID_REQUEST, f"{name} must be an integer from {low} to {high}"
         )
-    return int(text)
+    return value
 
 
 def _bool(params: dict[str, str], name: str, default: bool) -> bool:
     text = params.get(name)
     if text is None:
         return default
-    if text.lower() not in ("true", "false", "1", "0"):
-        raise OrreryError(ErrorCode.INVALID_REQUEST, f"{name} must be true or false")
-    return text.lower() in ("true", "1")
+    try:
+        return bool(query_bool(text))
+    except ValueError:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, f"{name} must be true or false") from None
 
 
 def _ring_text(params: dict[str, str], name: str, default: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import unquote
 
 from fastapi import APIRouter, Header, Query
@@ -42,6 +42,7 @@ from contracts.chonkydb import (
 from contracts.errors import ErrorCode, OrreryError
 from contracts.names import Namespace
 from contracts.openapi import operation
+from contracts.params import AS_BOOL, AS_INT
 from contracts.records import DEFAULT_GALAXY, derive_document_id
 from contracts.topk import (
     Include,
@@ -572,9 +573,9 @@ def create_router(
         openapi_extra={**declare(Access.READ), **operation(ok=RecordListResponse)},
     )
     async def list_records(
-        offset: int = Query(default=0, ge=0, le=10_000_000),
-        limit: int = Query(default=100, ge=1, le=1_000),
-        include_metadata: bool = Query(default=True),
+        offset: Annotated[int, Query(ge=0, le=10_000_000), AS_INT] = 0,
+        limit: Annotated[int, Query(ge=1, le=1_000), AS_INT] = 100,
+        include_metadata: Annotated[bool, Query(), AS_BOOL] = True,
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
@@ -616,11 +617,11 @@ def create_router(
     async def get_record(
         record_id: str,
         by: str = Query(default="payload", pattern="^(payload|chonky)$"),
-        include_chunks: bool = Query(default=False),
-        include_relationships: bool = Query(default=False),
-        include_document: bool = Query(default=False),
-        include_content: bool = Query(default=True),
-        max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
+        include_chunks: Annotated[bool, Query(), AS_BOOL] = False,
+        include_relationships: Annotated[bool, Query(), AS_BOOL] = False,
+        include_document: Annotated[bool, Query(), AS_BOOL] = False,
+        include_content: Annotated[bool, Query(), AS_BOOL] = True,
+        max_content_chars: Annotated[int, Query(ge=0, le=2_000_000), AS_INT] = 4_000,
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
@@ -645,9 +646,9 @@ def create_router(
         document_id: str | None = Query(default=None, min_length=1, max_length=256),
         origin_uri: str | None = Query(default=None, min_length=1, max_length=512),
         snapshot_kind: str | None = Query(default=None, min_length=1, max_length=128),
-        include_content: bool = Query(default=True),
-        include_chunks: bool = Query(default=False),
-        max_content_chars: int = Query(default=4_000, ge=0, le=2_000_000),
+        include_content: Annotated[bool, Query(), AS_BOOL] = True,
+        include_chunks: Annotated[bool, Query(), AS_BOOL] = False,
+        max_content_chars: Annotated[int, Query(ge=0, le=2_000_000), AS_INT] = 4_000,
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
@@ -667,7 +668,9 @@ def create_router(
 
 def _id_of_uri(namespace: str | None, uri: str | None, kind: str | None, who: Principal) -> str:
     if uri is None:
-        raise OrreryError(ErrorCode.INVALID_REQUEST, "document_id or origin_uri is required")
+        # A lookup that names no document finds none (the schema cannot say "one of
+        # two parameters", so this is no malformed request).
+        raise OrreryError(ErrorCode.NOT_FOUND, "no record: give document_id or origin_uri")
     if uri.startswith("twinr://longterm/"):
         parts = uri[len("twinr://longterm/") :].split("/")
         if kind is None:
@@ -676,11 +679,14 @@ def _id_of_uri(namespace: str | None, uri: str | None, kind: str | None, who: Pr
             namespace = unquote(parts[0]) or None
     if namespace is None:
         raise OrreryError(
-            ErrorCode.INVALID_REQUEST,
-            "origin_uri needs namespace (or a twinr://longterm/<namespace>/… uri)",
+            ErrorCode.NOT_FOUND,
+            f"no record for origin_uri {uri[:200]!r} without a namespace (give namespace "
+            "or a twinr://longterm/<namespace>/… uri)",
         )
     if kind is None:
         raise OrreryError(
-            ErrorCode.INVALID_REQUEST, "origin_uri needs snapshot_kind (or a twinr:// uri)"
+            ErrorCode.NOT_FOUND,
+            f"no record for origin_uri {uri[:200]!r} without a snapshot kind (give "
+            "snapshot_kind or a twinr:// uri)",
         )
     return derive_document_id(namespace, kind, uri, who.galaxy or DEFAULT_GALAXY)

@@ -149,7 +149,7 @@ def create_router(
         ChonkyDB's answer (docs/chonkydb.md)."""
         who = caller(request)
         raw = loads_strict(await request.body())
-        if is_dialect(raw, TOPK_DIALECT_FIELDS):
+        if is_dialect(raw, TOPK_DIALECT_FIELDS) or not _own_shape(raw):
             dialect = validate_strict(raw, ChonkyTopKRequest)
             chonky = await offload(chonky_topk, dialect, principal=who, ports=ports, limits=limits)
             return _json(chonky)
@@ -174,7 +174,7 @@ def create_router(
         (`contracts.chonkydb.RETRIEVE_DIALECT_FIELDS`) is ChonkyDB's (docs/chonkydb.md)."""
         who = caller(request)
         raw = loads_strict(await request.body())
-        if is_dialect(raw, RETRIEVE_DIALECT_FIELDS):
+        if is_dialect(raw, RETRIEVE_DIALECT_FIELDS) or not _own_shape(raw):
             dialect = validate_strict(raw, ChonkyRetrieveRequest)
             chonky = await offload(
                 chonky_retrieve, dialect, principal=who, ports=ports, limits=limits
@@ -274,6 +274,13 @@ def create_router(
         return JSONResponse(await run_in_threadpool(answer))
 
     return router
+
+
+def _own_shape(raw: object) -> bool:
+    """Whether a body can be Orrery's own request (it names `namespace` and `scope_ref`,
+    which Orrery's shape requires): any other body is read as ChonkyDB's, so every body
+    valid for either schema of the path's `anyOf` is answered as valid."""
+    return isinstance(raw, dict) and "namespace" in raw and "scope_ref" in raw
 
 
 def _check_namespace(who: Principal, namespace: str) -> None:

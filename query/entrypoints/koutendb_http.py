@@ -9,6 +9,7 @@ keys and answers Orrery's error shape; bodies are parsed strictly (unknown field
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -18,10 +19,12 @@ from pydantic import BaseModel
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.errors import ErrorCode, OrreryError
 from contracts.koutendb import (
+    AnyJson,
     Atlas,
     Envelope,
     FeedbackRequest,
     FeedbackResponse,
+    KoutenPlanRequest,
     KoutenRetrieveRequest,
     PlanResponse,
     ProfileBody,
@@ -33,6 +36,8 @@ from contracts.koutendb import (
 )
 from contracts.names import Namespace
 from contracts.openapi import operation
+from contracts.params import AS_INT
+from contracts.records import Name
 from contracts.wire import loads_strict, validate_strict
 from query.koutendb import (
     KoutenPorts,
@@ -100,7 +105,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
         tags=["koutendb"],
         openapi_extra={
             **declare(Access.READ),
-            **operation(body=KoutenRetrieveRequest, ok=PlanResponse),
+            **operation(body=KoutenPlanRequest, ok=PlanResponse),
         },
     )
     async def post_plan(
@@ -110,7 +115,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
     ) -> Response:
         """The plan `retrieve` would run; nothing is searched."""
         who = principal(x_api_key, authorization)
-        body = validate_strict(loads_strict(await request.body()), KoutenRetrieveRequest)
+        body = validate_strict(loads_strict(await request.body()), KoutenPlanRequest)
         plan = await run_in_threadpool(plan_request, body, principal=who, ports=ports)
         return _json(PlanResponse(plan=plan))
 
@@ -118,7 +123,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
         f"{PREFIX}/validate",
         tags=["koutendb"],
         # Any JSON body is checked; what it is checked against is the envelope.
-        openapi_extra={**declare(Access.READ), **operation(body=Envelope, ok=ValidateResponse)},
+        openapi_extra={**declare(Access.READ), **operation(body=AnyJson, ok=ValidateResponse)},
     )
     async def post_validate(
         request: Request,
@@ -190,8 +195,8 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
     async def get_atlas(
         namespace: Namespace | None = Query(default=None),
         scopeRef: str = Query(default="longterm:objects:current", min_length=1, max_length=256),
-        galaxy: str | None = Query(default=None, min_length=1, max_length=128),
-        maxCentroidDims: int = Query(default=8, ge=0, le=4_096),
+        galaxy: Name | None = Query(default=None),
+        maxCentroidDims: Annotated[int, Query(ge=0, le=4_096), AS_INT] = 8,
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> Response:
@@ -229,7 +234,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
     async def get_recommendations(
         namespace: Namespace | None = Query(default=None),
         scopeRef: str = Query(default="longterm:objects:current", min_length=1, max_length=256),
-        galaxy: str | None = Query(default=None, min_length=1, max_length=128),
+        galaxy: Name | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> Response:

@@ -4,7 +4,10 @@ the PostgreSQL one, which refuses and names PostgreSQL's tools."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import pytest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.records import Record
 from ingest.adapters.postgres_maintenance import PostgresStoreMaintenance
-from ingest.adapters.sqlite_maintenance import SqliteStoreMaintenance
+from ingest.adapters.sqlite_maintenance import SqliteStoreMaintenance, sweep_backup_temps
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from projector.adapters.sqlite_state import SqliteProjectorState
 
@@ -110,6 +113,62 @@ def test_backup_verify_and_a_damaged_backup(db: Path) -> None:
     with pytest.raises(OrreryError) as path:
         tool.verify("../b1")
     assert path.value.code is ErrorCode.INVALID_REQUEST
+
+
+def _held(path: Path) -> int:
+    """A directory locked as a running backup (of this or another process) holds it."""
+    path.mkdir(parents=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return fd
+
+
+def test_a_killed_backups_temp_dir_is_removed_and_a_running_one_is_409(db: Path) -> None:
+    backups = db.parent / "backups"
+    orphan = backups / ".nightly.tmp-0123456789ab"
+    orphan.mkdir(parents=True)
+    (orphan / "orrery.sqlite").write_bytes(b"half a copy")
+    other_orphan = backups / ".weekly.tmp-ba9876543210"
+    other_orphan.mkdir()
+    running = _held(backups / ".hourly.tmp-00000000aaaa")
+    try:
+        # The next backup of any name removes what no backup holds, and leaves a
+        # running backup's directory alone.
+        assert maintenance(db).backup("nightly").name == "nightly"
+        assert sorted(p.name for p in backups.iterdir()) == [".hourly.tmp-00000000aaaa", "nightly"]
+        # A name whose backup is under way is 409 at once (was: a full copy, then 503
+        # when the second rename hit the first one's directory).
+        with pytest.raises(OrreryError) as busy:
+            maintenance(db).backup("hourly")
+        assert busy.value.code is ErrorCode.INVALID_STATE
+        assert busy.value.details["in_progress"] is True
+    finally:
+        os.close(running)
+    # Once its process is gone (the lock is released), it is an orphan: swept at start.
+    sweep_backup_temps(backups)
+    assert sorted(p.name for p in backups.iterdir()) == ["nightly"]
+    assert maintenance(db).backup("hourly").name == "hourly"
+
+
+def test_concurrent_backups_of_one_name_one_succeeds_the_others_are_409(db: Path) -> None:
+    tool = maintenance(db)
+    outcomes: list[str] = []
+
+    def take() -> None:
+        try:
+            tool.backup("same")
+            outcomes.append("ok")
+        except OrreryError as exc:
+            outcomes.append(exc.code.value)
+
+    threads = [threading.Thread(target=take) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["invalid_state"] * 5 + ["ok"]
+    assert [p.name for p in (db.parent / "backups").iterdir()] == ["same"]
+    assert tool.verify("same").verified is True
 
 
 def test_postgres_store_maintenance_refuses_and_names_its_tools() -> None:

@@ -130,6 +130,8 @@ def test_a_backup_that_dies_leaves_nothing_under_its_name(tmp_path: Path, point:
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert (report["items"], report["liveItems"], report["verified"]) == (4, 4, True)
+    # The killed backup's hidden temporary directory is gone too (issue 22).
+    assert [p.name for p in backups.iterdir()] == ["nightly"]
 
 
 def test_a_failing_copy_leaves_nothing_under_its_name(tmp_path: Path) -> None:

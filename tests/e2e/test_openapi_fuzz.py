@@ -11,6 +11,16 @@ the body is valid against the documented schema — for errors that is Orrery's
 body is also re-checked here against `HTTP_STATUS`. Failures are collected over the
 whole run and reported together.
 
+The document is as strict as the server (issue 22: 907 schema-valid requests were
+`422`): a negative case (violating the schema) must be a 4xx (schemathesis's
+`negative_data_rejection`, type mutations included); a positive case may be refused
+only with a status a valid request can meet (401, 403, 404, 409, 429) or with one of
+`STATE_CODES`, refusals that depend on the server's state or configuration and that no
+schema can say (an unknown profile, the embedder's dimension, …) — never
+`invalid_request` or `unknown_field`. And half the positive cases with a JSON object
+body are sent once more with one integer, boolean or object field given another JSON
+type (`true`, `"2"`, `"yes"`, `false`, …): that must be `422`, never coerced.
+
 `ORRERY_FUZZ_EXAMPLES` (default 50) sets the cases per operation and mode.
 """
 
@@ -22,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -31,13 +42,14 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
+    negative_data_rejection,
     response_schema_conformance,
     status_code_conformance,
 )
 
 from contracts.errors import HTTP_STATUS, ErrorResponse
 from contracts.export_schemas import MODELS
-from contracts.openapi import COMPONENTS, components_of, error_responses
+from contracts.openapi import COMPONENTS, DEPLOYMENT, apply_facts, components_of, error_responses
 from tests.e2e.conftest import Server, start_server
 
 pytestmark = [pytest.mark.slow]
@@ -58,6 +70,39 @@ CHECKS = [
     response_schema_conformance,
 ]
 JSON_TYPES = ("application/json", "application/x-ndjson")
+# Statuses a schema-valid request can meet: its key, a resource that does not exist, a
+# conflict with what is stored, pacing.
+VALID_REFUSALS = {401, 403, 404, 409, 429}
+# Refusals of schema-valid requests that depend on the server's state or configuration
+# (docs/reliability.md, "Strict types"): profiles and vocabularies registered, the
+# embedder's dimension, the configured result limit and batch size, a query that names
+# nothing to rank, cursors and generations that come and go.
+STATE_CODES = {
+    "unknown_profile",
+    "unknown_search_profile",
+    "unknown_vocabulary",
+    "unknown_chunk",
+    "embedder_mismatch",
+    "result_limit_exceeded",
+    "batch_too_large",
+    "empty_query",
+    "phrase_set_too_large",
+    "invalid_continuation",
+    "expired_continuation",
+    "generation_unavailable",
+}
+# The two rules across fields that JSON Schema cannot compare (docs/reliability.md):
+# the beginnings of their messages.
+CROSS_FIELD = (
+    "page_size replaces the result limit",
+    "profile rrf",
+)
+# Another JSON type for a field of each type: what lax parsers coerce.
+COERCED: dict[str, list[Any]] = {
+    "integer": [True, "2", 2.5],
+    "boolean": ["yes", "true", 1],
+    "object": [False, "{}", []],
+}
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
 
@@ -116,10 +161,14 @@ def _all_refs(schema: dict[str, Any]) -> bool:
 
 def test_openapi_components_equal_docs_schemas(document: dict[str, Any]) -> None:
     """`docs/schemas/` and `/openapi.json` agree: every component is the schema (or a
-    `$defs` entry) of an exported file, unchanged."""
+    `$defs` entry) of an exported file, unchanged but for the deployment's facts (the
+    server's result limit, profiles and embedder dimension, `contracts.openapi`)."""
+    facts = document["info"][DEPLOYMENT]
+    assert facts["vector_dimension"] == 384 and facts["max_result_limit"] == 500
+    assert "weighted@3" in facts["fusion_profiles"]
     exported: dict[str, Any] = {}
     for name, model in MODELS.items():
-        on_disk = json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+        on_disk = apply_facts(json.loads((SCHEMAS / f"{name}.schema.json").read_text()), facts)
         for component, schema in components_of(on_disk, model.__name__).items():
             assert exported.setdefault(component, schema) == schema, component
     served = document["components"]["schemas"]
@@ -191,7 +240,93 @@ def _own_deadline(case: Any, response: Any) -> bool:
     )
 
 
-def _fuzz(operation: Any, mode: Any, base_url: str, failures: list[str]) -> int:
+def _refused_valid(response: Any) -> str | None:
+    """Why a schema-valid request's answer shows the document looser than the server."""
+    status = response.status_code
+    if status < 400 or status >= 500 or status in VALID_REFUSALS:
+        return None
+    try:
+        error = response.json()["error"]
+        code, message = error["code"], error["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"{status} without Orrery's error shape"
+    if code in STATE_CODES or message.startswith(CROSS_FIELD):
+        return None
+    return f"schema-valid request refused: {status} {code}: {response.text[:300]}"
+
+
+def _resolve(schema: Any, components: dict[str, Any]) -> dict[str, Any]:
+    while isinstance(schema, dict) and "$ref" in schema:
+        schema = components[schema["$ref"].removeprefix(COMPONENTS)]
+    return schema if isinstance(schema, dict) else {}
+
+
+def _body_schema(
+    operation: Any, body: dict[str, Any], components: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The component schema of an operation's JSON body that `body` is an instance of
+    (of a path taking two shapes, the one declaring every key of `body`), or None."""
+    content = operation.definition.raw.get("requestBody", {}).get("content", {})
+    schema = _resolve(content.get("application/json", {}).get("schema"), components)
+    branches = [_resolve(s, components) for s in schema.get("anyOf", [schema])]
+    for branch in branches:
+        properties = branch.get("properties")
+        if isinstance(properties, dict) and set(body) <= set(properties):
+            return branch
+    return None
+
+
+def _kind(prop: dict[str, Any]) -> str | None:
+    kinds = {prop.get("type")} if "type" in prop else {o.get("type") for o in prop.get("anyOf", [])}
+    kinds.discard("null")
+    kinds.discard(None)
+    if len(kinds) != 1:
+        return None
+    (kind,) = kinds
+    return kind if kind in COERCED else None
+
+
+def _coerce(
+    operation: Any,
+    case: Any,
+    data: st.DataObject,
+    base_url: str,
+    failures: list[str],
+    components: dict[str, Any],
+) -> int:
+    """Half the time: send `case` once more with one typed field of its JSON body given
+    another JSON type; that must be `422`. The cases sent (0 or 1)."""
+    if not isinstance(case.body, dict) or not data.draw(st.booleans(), label="coerce"):
+        return 0
+    schema = _body_schema(operation, case.body, components)
+    if schema is None:
+        return 0
+    properties = {n: _resolve(p, components) for n, p in schema["properties"].items()}
+    typed = sorted(name for name, prop in properties.items() if _kind(prop) is not None)
+    if not typed:
+        return 0
+    name = data.draw(st.sampled_from(typed), label="coerced field")
+    value = data.draw(st.sampled_from(COERCED[str(_kind(properties[name]))]), label="value")
+    body = {**case.body, name: value}
+    response = httpx.request(
+        case.method,
+        base_url + case.formatted_path,
+        params=case.query,
+        headers={**HEADERS, "content-type": "application/json"},
+        content=json.dumps(body).encode(),
+        timeout=60,
+    )
+    if response.status_code != 422:
+        failures.append(
+            f"coerced {case.method} {case.formatted_path} {name}={value!r} -> "
+            f"{response.status_code}: {response.text[:200]}"
+        )
+    return 1
+
+
+def _fuzz(
+    operation: Any, mode: Any, base_url: str, failures: list[str], components: dict[str, Any]
+) -> int:
     """Run `EXAMPLES` cases of one operation in one generation mode; the cases run."""
     strategy = operation.as_strategy(generation_mode=mode)
     cases = 0
@@ -213,10 +348,19 @@ def _fuzz(operation: Any, mode: Any, base_url: str, failures: list[str]) -> int:
         response = case.call(base_url=base_url, headers=HEADERS, timeout=60)
         cases += 1
         label = f"{mode.value} {case.method} {case.formatted_path}"
+        if mode is schemathesis.GenerationMode.POSITIVE:
+            problem = _refused_valid(response)
+            if problem is not None:
+                failures.append(
+                    f"{label}: {problem}; body={json.dumps(case.body, default=str)[:300]}"
+                )
+            cases += _coerce(operation, case, data, base_url, failures, components)
         try:
             checks = CHECKS
+            if mode is schemathesis.GenerationMode.NEGATIVE:
+                checks = [*CHECKS, negative_data_rejection]
             if _own_deadline(case, response):
-                checks = [c for c in CHECKS if c is not not_a_server_error]
+                checks = [c for c in checks if c is not not_a_server_error]
             case.validate_response(response, checks=checks, headers=HEADERS)
         except FailureGroup as group:
             titles = "; ".join(sorted({f.title for f in group.exceptions}))
@@ -243,13 +387,14 @@ def _fuzz(operation: Any, mode: Any, base_url: str, failures: list[str]) -> int:
 def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(server: Server) -> None:
     base_url = f"http://127.0.0.1:{server.port}"
     schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+    components = httpx.get(f"{base_url}/openapi.json").json()["components"]["schemas"]
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 10
     failures: list[str] = []
     cases = 0
     for operation in operations:
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
-            cases += _fuzz(operation, mode, base_url, failures)
+            cases += _fuzz(operation, mode, base_url, failures, components)
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:30])
     assert cases >= MIN_CASES, f"only {cases} cases ran"
     # Every write the fuzzer got acknowledged is one the projector can apply.
