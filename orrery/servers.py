@@ -53,7 +53,7 @@ from projector.bootstrap import (
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import ORPHANED_AFTER, GenerationAdmin
-from query.bootstrap import cursor_codec, scope_registry, server_query_ports
+from query.bootstrap import cursor_codec, scope_registry, server_qualifier, server_query_ports
 from query.bootstrap import postgres_migrations as query_migrations
 from query.eligibility import EligibilityGate
 from query.settings import QuerySettings
@@ -229,6 +229,7 @@ class ServerStack:
                 scopes=scope_registry(settings),
                 cursors=cursor_codec(settings),
                 database_url=database_url,
+                opensearch_search_type=settings.opensearch_search_type,
             )
             stack.closers.append(close_ports)
             loop = stack.projector_loop
@@ -252,6 +253,8 @@ class ServerStack:
                 options=generation_options(settings, ordered_log=False),
                 text_languages=settings.text_languages(),
                 database_url=database_url,
+                index_shape=settings.index_shape,
+                qualify=server_qualifier(settings, ports, qdrant=shared_qdrant),
             )
             stack.closers.append(close_admin)
             # Builds of other processes stay `building` while their heartbeat is fresh.

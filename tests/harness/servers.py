@@ -772,6 +772,153 @@ class OpenSearchServer(Server):
         return opensearch_probe(ports["http"])
 
 
+class OpenSearchClusterNode(OpenSearchServer):
+    """Node ``index`` (from 1) of a loopback OpenSearch cluster: the same jars and launcher
+    as the single node, its own home under ``<base>/opensearch-<index>``, the cluster's
+    transport ports as ``discovery.seed_hosts``. Node 1 is the only cluster-manager-eligible
+    node, so stopping any other node leaves the cluster its manager."""
+
+    def __init__(
+        self, base_dir: Path, cache_dir: Path, index: int, ports: dict[str, int], seeds: str
+    ) -> None:
+        Server.__init__(self, base_dir, cache_dir, f"opensearch-{index}", dict(ports))
+        self.node_name = f"orrery-node-{index}"
+        self.seeds = seeds
+
+    def prepare(self) -> Launch:
+        pom = COMPOSE_DIR / "opensearch" / "pom.xml"
+        version = _pom_property(pom, "opensearch.version")
+        lib = _maven_libs(pom, self.cache_dir, "opensearch", version, self.setup_log_path)
+        classes = self._classes(lib)
+        self.reset_data()
+        self.write_log4j2(
+            "[%d{ISO8601}][%-5p][%-25c{1.}] %marker%m%n",
+            "logger.deprecation.name = org.opensearch.deprecation\n"
+            "logger.deprecation.level = error\n",
+        )
+        http, transport = self.preferred_ports["http"], self.preferred_ports["transport"]
+        return Launch(
+            argv=[
+                *self.jvm_base_args(),
+                "-cp",
+                f"{classes}:{lib}/*",
+                "OrreryOpenSearchNode",
+                str(self.dir / "home"),
+                str(http),
+                str(transport),
+                self.node_name,
+                self.seeds,
+                "orrery-node-1",
+            ],
+            ports={"http": http, "transport": transport},
+            version=version,
+        )
+
+    def probe(self, ports: dict[str, int]) -> bool:
+        # Node 1 is healthy on its own; every other node once it joined a cluster.
+        return opensearch_probe(ports["http"]) and _opensearch_nodes(ports["http"]) >= 1
+
+
+def _opensearch_nodes(http_port: int, timeout: float = 5.0) -> int:
+    """How many nodes the cluster that answers on ``http_port`` has (0: no answer)."""
+    url = f"http://{HOST}:{http_port}/_cluster/health?timeout=1s"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(json.load(response).get("number_of_nodes", 0))
+    except (OSError, ValueError, http.client.HTTPException):
+        return 0
+
+
+def _cluster_nodes(base: Path, cache: Path, nodes: int) -> list[OpenSearchClusterNode]:
+    """The cluster's nodes with fresh free ports (the seeds name every transport port)."""
+    ports = pick_ports([_ephemeral_port() for _ in range(2 * nodes)])
+    seeds = ",".join(f"{HOST}:{ports[2 * i + 1]}" for i in range(nodes))
+    return [
+        OpenSearchClusterNode(
+            base, cache, i + 1, {"http": ports[2 * i], "transport": ports[2 * i + 1]}, seeds
+        )
+        for i in range(nodes)
+    ]
+
+
+def start_opensearch_cluster(
+    base_dir: str | Path, nodes: int = 2, *, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Start a fresh ``nodes``-node OpenSearch cluster on loopback under ``base_dir`` (a
+    private directory: never the shared servers'), wait until every node joined, and
+    return ``{"url": node 1's URL, "urls": [...], "nodes": [{name, pid, url, dir}]}``
+    (also written to ``base_dir/opensearch-cluster.json``). Nodes of an earlier cluster
+    in ``base_dir`` are stopped first. Raises ``HarnessError``."""
+    if nodes < 1:
+        raise ValueError("a cluster has at least one node")
+    base = _resolve(base_dir, default_base_dir)
+    if base == _resolve(None, default_base_dir):
+        raise ValueError("a cluster needs its own --base-dir, not the shared servers' one")
+    cache = default_cache_dir()
+    timeout = (
+        timeout_s
+        if timeout_s is not None
+        else _env_float("ORRERY_SERVERS_TIMEOUT", DEFAULT_TIMEOUT_S)
+    )
+    grace = _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S)
+    base.mkdir(parents=True, exist_ok=True)
+    with _file_lock(base / ".lock"):
+        _stop_cluster_nodes(base, grace)
+        members = _cluster_nodes(base, cache, nodes)
+        # Node 1 is the one cluster manager; the others keep asking the seeds until it
+        # answers, so all start at once.
+        with ThreadPoolExecutor(max_workers=nodes) as pool:
+            futures = [pool.submit(_start_server, m, timeout, grace) for m in members]
+        failures = [f.exception() for f in futures if f.exception() is not None]
+        if failures:
+            for member in members:
+                _stop_server(member, grace)
+            raise HarnessError(f"opensearch cluster: {failures[0]}")
+        records = [f.result() for f in futures]
+        deadline = time.monotonic() + timeout
+        while _opensearch_nodes(members[0].preferred_ports["http"]) < nodes:
+            if time.monotonic() > deadline:
+                for member in members:
+                    _stop_server(member, grace)
+                raise HarnessError(f"opensearch cluster: {nodes} nodes did not join in time")
+            time.sleep(PROBE_INTERVAL_S)
+        summary = {
+            "url": records[0]["url"],
+            "urls": [r["url"] for r in records],
+            "nodes": [
+                {"name": m.node_name, "pid": r["pid"], "url": r["url"], "dir": str(m.dir)}
+                for m, r in zip(members, records, strict=True)
+            ],
+        }
+        _write_atomic(base / "opensearch-cluster.json", json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def stop_opensearch_node(base_dir: str | Path, index: int) -> bool:
+    """Stop node ``index`` of the cluster under ``base_dir`` (SIGTERM, then SIGKILL after
+    the grace period); whether it was running."""
+    base = _resolve(base_dir, default_base_dir)
+    grace = _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S)
+    node = OpenSearchClusterNode(base, default_cache_dir(), index, {}, "")
+    return _stop_server(node, grace)
+
+
+def stop_opensearch_cluster(base_dir: str | Path) -> None:
+    """Stop every node of the cluster under ``base_dir``."""
+    base = _resolve(base_dir, default_base_dir)
+    if base.exists():
+        with _file_lock(base / ".lock"):
+            _stop_cluster_nodes(base, _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S))
+
+
+def _stop_cluster_nodes(base: Path, grace: float) -> None:
+    for path in sorted(base.glob("opensearch-*/")):
+        suffix = path.name.removeprefix("opensearch-")
+        if suffix.isdigit():
+            node = OpenSearchClusterNode(base, default_cache_dir(), int(suffix), {}, "")
+            _stop_server(node, grace)
+
+
 class QdrantServer(Server):
     """The Qdrant server binary (``$ORRERY_QDRANT_BIN``, else ``../shared/bin/qdrant`` next to
     the repository; see that directory's README), one node, storage under its dir."""
@@ -1183,7 +1330,7 @@ def _start_server(server: Server, timeout_s: float, grace_s: float) -> dict[str,
             record = {
                 "available": True,
                 "url": server.url(launch.ports),
-                "env": ENV_VARS[server.name],
+                "env": ENV_VARS.get(server.name, ""),
                 "pid": proc.pid,
                 "ports": launch.ports,
                 "version": launch.version,
@@ -1368,6 +1515,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     down.add_argument("--only", default=None)
     sub.add_parser("status", help="show which servers run and answer; exit 1 if any does not")
     sub.add_parser("env", help="print servers.env (shell export lines)")
+    cluster = sub.add_parser(
+        "opensearch-cluster", help="start a loopback OpenSearch cluster (needs --base-dir)"
+    )
+    cluster.add_argument("--nodes", type=int, default=2)
+    sub.add_parser("opensearch-cluster-down", help="stop the cluster under --base-dir")
     args = parser.parse_args(argv)
     base = _resolve(args.base_dir, default_base_dir)
 
@@ -1391,6 +1543,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{st['version'] or ''}"
                 )
             return 0 if all(st["answering"] for st in states.values()) else 1
+        elif args.command == "opensearch-cluster":
+            if args.base_dir is None:
+                raise ValueError("opensearch-cluster needs --base-dir (a private directory)")
+            summary = start_opensearch_cluster(base, args.nodes)
+            for node in summary["nodes"]:
+                print(f"{node['name']:<14} up    {node['url']}  pid={node['pid']}")
+        elif args.command == "opensearch-cluster-down":
+            stop_opensearch_cluster(base)
         elif args.command == "env":
             env_file = base / "servers.env"
             if not env_file.exists():
