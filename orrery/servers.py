@@ -290,6 +290,8 @@ class ServerStack:
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"mode": "servers", "roles": sorted(self.roles)}
+        if self.admin is not None:
+            out["qualification"] = self.admin.live_qualification()
         if self.projector_loop is not None:
             out.update(self.projector_loop.status())
         if self.relay is not None:

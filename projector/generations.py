@@ -1496,6 +1496,34 @@ class GenerationAdmin:
         self.ports.registry.generation(generation_id)  # not_found for an unknown id
         return [] if self.ports.receipts is None else self.ports.receipts.receipts(generation_id)
 
+    def live_qualification(self) -> list[dict[str, object]]:
+        """Per live generation: its shards and replicas and, when it is spread, its
+        newest receipt (`receipt_descriptor_digest` says which descriptor it qualified:
+        the promote changed the descriptor's state, so the gate's receipt names the
+        verified one) — what readiness shows."""
+        out: list[dict[str, object]] = []
+        for row, descriptor in self.ports.registry.generation_rows():
+            if not row.live:
+                continue
+            entry: dict[str, object] = {
+                "namespace": descriptor.namespace,
+                "snapshot_kind": descriptor.snapshot_kind,
+                "generation_id": descriptor.generation_id,
+                "shards": descriptor.topology.shards,
+                "replicas": descriptor.topology.replicas,
+                "needs_receipt": descriptor.topology.spread,
+            }
+            if descriptor.topology.spread and self.ports.receipts is not None:
+                receipts = self.ports.receipts.receipts(descriptor.generation_id)
+                newest = receipts[0] if receipts else None
+                entry["receipt_id"] = None if newest is None else newest.receipt_id
+                entry["receipt_passed"] = None if newest is None else newest.passed
+                entry["receipt_descriptor_digest"] = (
+                    None if newest is None else newest.descriptor_digest
+                )
+            out.append(entry)
+        return out
+
     def qualify(self, generation_id: str, request: QualifyRequest) -> QualificationReceipt:
         """Run the qualification sample of a generation (`qualifier`, bound by the
         composition root: it needs the query side) and store its receipt."""

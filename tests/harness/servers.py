@@ -218,7 +218,10 @@ def _terminate(pid: int, grace_s: float) -> None:
         raise HarnessError(f"pid {pid} survived SIGKILL")
     proc = _SPAWNED.pop(pid, None)
     if proc is not None:
-        proc.poll()  # Records the exit status (already reaped by pid_alive).
+        # Records the exit status. A JVM's main thread can be a zombie (what `pid_alive`
+        # reads) while its other threads still shut down: wait for the whole process.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
 
 
 def _port_free(port: int) -> bool:
