@@ -12,11 +12,11 @@ last one stops a node.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
 ADMIN_KEY = "test-admin-key"
 ADMIN = "/v1/admin/generations"
+TOPK = "/v1/external/retrieve/topk_records"
 NS = "shards"
 KIND = "objects"
 SCOPE = "longterm:objects:current"
@@ -262,82 +263,70 @@ def shard_local_ranks(url: str, prefix: str, shards: int) -> Any:
     return ShardLocalRanks()
 
 
-@contextlib.contextmanager
-def in_process_setup(dep: Deployment, lexical: Any) -> Iterator[Any]:
-    """The qualification setup of the running server's deployment, with `lexical` as
-    the production lexical source."""
+Qualify = Callable[[str, Any, QualifyRequest], QualificationReceipt]
+
+
+@pytest.fixture(scope="module")
+def qualify_in_process(deployment: Deployment) -> Iterator[Qualify]:
+    """Runs a qualification of the running deployment in this process, with a given
+    production lexical source, and stores its receipt in the server's registry."""
     from ingest.bootstrap import canonical_db_path
     from orrery.servers import qdrant_client
     from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
+    from projector.adapters.sqlite_state import SqliteProjectorState
     from projector.bootstrap import default_embedder
     from query.adapters.qdrant_vectors import QdrantServerVectorSearch
     from query.bootstrap import query_limits, scope_registry, server_query_ports
-    from query.qualify import QualifySetup
+    from query.qualify import QualifySetup, qualify_generation
     from query.settings import QuerySettings
 
     settings = QuerySettings(
         mode="servers",
-        data_dir=dep.data_dir,
-        opensearch_url=dep.cluster["url"],
-        opensearch_index_prefix=dep.prefix,
+        data_dir=deployment.data_dir,
+        opensearch_url=deployment.cluster["url"],
+        opensearch_index_prefix=deployment.prefix,
         qdrant_url=require_server("qdrant"),
-        qdrant_collection_prefix=dep.prefix,
+        qdrant_collection_prefix=deployment.prefix,
     )
     qdrant = qdrant_client(settings)
     ports, close = server_query_ports(
-        canonical_db_path(dep.data_dir),
+        canonical_db_path(deployment.data_dir),
         embedder=default_embedder(1),
-        opensearch_url=dep.cluster["url"],
-        opensearch_index_prefix=dep.prefix,
+        opensearch_url=deployment.cluster["url"],
+        opensearch_index_prefix=deployment.prefix,
         qdrant=qdrant,
-        qdrant_collection_prefix=dep.prefix,
+        qdrant_collection_prefix=deployment.prefix,
         redis_url=None,
         cache_responses=False,
         scopes=scope_registry(settings),
     )
-    writer = OpenSearchLexicalIndex(dep.cluster["url"], index_prefix=dep.prefix)
-    try:
-        yield (
-            lambda reference_id: QualifySetup(
+    writer = OpenSearchLexicalIndex(deployment.cluster["url"], index_prefix=deployment.prefix)
+    state = SqliteProjectorState(canonical_db_path(deployment.data_dir))
+    exact = QdrantServerVectorSearch(qdrant, collection_prefix=deployment.prefix, exact=True)
+
+    def run(generation_id: str, lexical: Any, request: QualifyRequest) -> QualificationReceipt:
+        row, descriptor = state.generation(generation_id)
+        with writer.reference_copy(generation_id) as reference_id:
+            setup = QualifySetup(
                 production=replace(ports, lexical=lexical),
                 reference_lexical=ports.lexical,
-                reference_vectors=QdrantServerVectorSearch(
-                    qdrant, collection_prefix=dep.prefix, exact=True
-                ),
+                reference_vectors=exact,
                 reference_id=reference_id,
                 limits=query_limits(settings),
                 profiles=list(PROFILES),
                 thresholds=settings.qualification_thresholds(),
-            ),
-            writer,
-        )
+            )
+            receipt = qualify_generation(descriptor, row.applied_position, request, setup=setup)
+        state.record_receipt(receipt)
+        return receipt
+
+    try:
+        yield run
     finally:
+        state.close()
         writer.close()
         close()
         qdrant.close()
-
-
-def qualify_in_process(
-    dep: Deployment, generation_id: str, lexical: Any, request: QualifyRequest
-) -> QualificationReceipt:
-    from ingest.bootstrap import canonical_db_path
-    from projector.adapters.sqlite_state import SqliteProjectorState
-    from query.qualify import qualify_generation
-
-    state = SqliteProjectorState(canonical_db_path(dep.data_dir))
-    try:
-        row, descriptor = state.generation(generation_id)
-        with (
-            in_process_setup(dep, lexical) as (make_setup, writer),
-            writer.reference_copy(generation_id) as reference_id,
-        ):
-            receipt = qualify_generation(
-                descriptor, row.applied_position, request, setup=make_setup(reference_id)
-            )
-        state.record_receipt(receipt)
-    finally:
-        state.close()
-    return receipt
 
 
 # -- tests ----------------------------------------------------------------------------------
@@ -412,7 +401,42 @@ def test_three_shards_answer_exactly_what_one_shard_does(
 def test_a_passing_receipt_lets_the_spread_generation_be_promoted(
     deployment: Deployment, spread: str
 ) -> None:
-    receipt = ok(deployment.admin_post(f"/{spread}/qualify", {"sample_size": 24}))["receipt"]
+    """The shard-count transition: qualify and promote under a query load that never
+    fails, a cursor of the 1-shard generation keeps paging it until it is retired."""
+    paged = {"namespace": NS, "scope_ref": SCOPE, "query_text": "amber basalt", "page_size": 5}
+    first_page = ok(deployment.server.client.post(TOPK, json={**paged, "timeout_seconds": 30}))
+    assert first_page["generation_id"] == deployment.first and first_page["next_cursor"]
+    failures: list[str] = []
+    answered: set[str] = set()
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=str(deployment.server.client.base_url), timeout=60) as c:
+            while not stop.is_set():
+                body = {"namespace": NS, "scope_ref": SCOPE, "query_text": "cobalt delta"}
+                response = c.post(TOPK, json={**body, "timeout_seconds": 30})
+                if response.status_code != 200:
+                    failures.append(response.text)
+                else:
+                    answered.add(response.json()["generation_id"])
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+        receipt = ok(deployment.admin_post(f"/{spread}/qualify", {"sample_size": 24}))["receipt"]
+        report = ok(deployment.admin_post(f"/{spread}/promote"))["report"]
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert failures == [] and answered == {deployment.first, spread}
+    later = {**paged, "cursor": first_page["next_cursor"], "timeout_seconds": 30}
+    second_page = ok(deployment.server.client.post(TOPK, json=later))
+    assert second_page["generation_id"] == deployment.first
+    ok(deployment.admin_post(f"/{deployment.first}/retire"))
+    gone = deployment.server.client.post(TOPK, json=later)
+    assert gone.status_code == 410, gone.text
+    assert gone.json()["error"]["code"] == "generation_unavailable"
     assert receipt["passed"], receipt["failures"]
     assert receipt["receipt_id"] == sha256_json(
         {k: v for k, v in receipt.items() if k != "receipt_id"}
@@ -432,7 +456,6 @@ def test_a_passing_receipt_lets_the_spread_generation_be_promoted(
     listed = ok(deployment.admin_get(f"/{spread}/receipts"))["receipts"]
     assert [r["receipt_id"] for r in listed] == [receipt["receipt_id"]]
     assert ok(deployment.admin_get(f"/{spread}"))["receipts"][0] == listed[0]
-    report = ok(deployment.admin_post(f"/{spread}/promote"))["report"]
     assert report["receipt_id"] == receipt["receipt_id"]
     ready = deployment.server.client.get("/v1/readiness").json()
     assert next(s for s in ready["scopes"] if s["namespace"] == NS)["generation_id"] == spread
@@ -441,7 +464,9 @@ def test_a_passing_receipt_lets_the_spread_generation_be_promoted(
     assert shown["receipt_id"] == receipt["receipt_id"] and shown["receipt_passed"] is True
 
 
-def test_query_then_fetch_fails_order_agreement(deployment: Deployment, spread: str) -> None:
+def test_query_then_fetch_fails_order_agreement(
+    deployment: Deployment, spread: str, qualify_in_process: Qualify
+) -> None:
     """Shard-local term statistics spread the globally tied marker documents apart."""
     from query.adapters.opensearch_lexical import OpenSearchLexicalSearch
 
@@ -450,10 +475,7 @@ def test_query_then_fetch_fails_order_agreement(deployment: Deployment, spread: 
     )
     try:
         receipt = qualify_in_process(
-            deployment,
-            spread,
-            lexical,
-            QualifyRequest(queries=[f"{MARKER} marker"], sample_size=6),
+            spread, lexical, QualifyRequest(queries=[f"{MARKER} marker"], sample_size=6)
         )
     finally:
         lexical.close()
@@ -464,14 +486,12 @@ def test_query_then_fetch_fails_order_agreement(deployment: Deployment, spread: 
 
 
 def test_shard_local_rank_fusion_fails_overlap_and_promote_answers_409(
-    deployment: Deployment,
+    deployment: Deployment, qualify_in_process: Qualify
 ) -> None:
     unreplicated = deployment.build(3, 0)
     lexical = shard_local_ranks(deployment.cluster["url"], deployment.prefix, 3)
     try:
-        receipt = qualify_in_process(
-            deployment, unreplicated, lexical, QualifyRequest(sample_size=24)
-        )
+        receipt = qualify_in_process(unreplicated, lexical, QualifyRequest(sample_size=24))
     finally:
         lexical.close()
     assert not receipt.passed
