@@ -980,6 +980,147 @@ class QdrantServer(Server):
         return qdrant_probe(ports["http"], ports["grpc"])
 
 
+class QdrantClusterPeer(QdrantServer):
+    """Peer ``index`` (from 1) of a loopback Qdrant cluster: the same binary with
+    ``cluster.enabled``, its own P2P port and storage under ``<base>/qdrant-<index>``.
+    Peer 1 starts the cluster (``--uri`` its P2P address); the others join it
+    (``--bootstrap`` peer 1's)."""
+
+    def __init__(
+        self, base_dir: Path, cache_dir: Path, index: int, ports: dict[str, int], first_p2p: int
+    ) -> None:
+        Server.__init__(self, base_dir, cache_dir, f"qdrant-{index}", dict(ports))
+        self.index = index
+        self.first_p2p = first_p2p
+
+    def prepare(self) -> Launch:
+        binary = self.binary()
+        version_out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, check=False, timeout=30
+        ).stdout
+        match = re.search(r"qdrant (\S+)", version_out)
+        ports = dict(self.preferred_ports)
+        self.reset_data()
+        (self.dir / ".qdrant-initialized").unlink(missing_ok=True)
+        config = self.dir / "config.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "log_level": "INFO",
+                    "telemetry_disabled": True,
+                    "storage": {
+                        "storage_path": str(self.data_dir / "storage"),
+                        "snapshots_path": str(self.data_dir / "snapshots"),
+                        "temp_path": str(self.dir / "tmp"),
+                    },
+                    "service": {
+                        "host": HOST,
+                        "http_port": ports["http"],
+                        "grpc_port": ports["grpc"],
+                    },
+                    "cluster": {"enabled": True, "p2p": {"port": ports["p2p"]}},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        argv = [str(binary), "--config-path", str(config), "--disable-telemetry"]
+        argv += ["--uri", f"http://{HOST}:{ports['p2p']}"]
+        if self.index != 1:
+            argv += ["--bootstrap", f"http://{HOST}:{self.first_p2p}"]
+        return Launch(argv=argv, ports=ports, version=match.group(1) if match else "unknown")
+
+
+def _qdrant_peers(base_dir: str | Path, http_port: int, timeout: float = 5.0) -> int:
+    """How many peers the cluster answering on ``http_port`` knows (0: no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{http_port}/cluster", timeout=timeout) as r:
+            return len(json.load(r).get("result", {}).get("peers", {}))
+    except (OSError, ValueError, http.client.HTTPException):
+        return 0
+
+
+def start_qdrant_cluster(
+    base_dir: str | Path, peers: int = 3, *, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Start a fresh ``peers``-peer Qdrant cluster on loopback under ``base_dir`` (a
+    private directory) and wait until every peer joined. Returns ``{"url": peer 1's URL,
+    "urls": [...], "peers": [{name, pid, url, dir}]}`` (also written to
+    ``base_dir/qdrant-cluster.json``). Peers of an earlier cluster there are stopped."""
+    base = _resolve(base_dir, default_base_dir)
+    if base == _resolve(None, default_base_dir):
+        raise ValueError("a cluster needs its own --base-dir, not the shared servers' one")
+    timeout = (
+        timeout_s
+        if timeout_s is not None
+        else _env_float("ORRERY_SERVERS_TIMEOUT", DEFAULT_TIMEOUT_S)
+    )
+    grace = _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S)
+    base.mkdir(parents=True, exist_ok=True)
+    with _file_lock(base / ".lock"):
+        _stop_qdrant_peers(base, grace)
+        ports = pick_ports([_ephemeral_port() for _ in range(3 * peers)])
+        members = [
+            QdrantClusterPeer(
+                base,
+                default_cache_dir(),
+                i + 1,
+                {"http": ports[3 * i], "grpc": ports[3 * i + 1], "p2p": ports[3 * i + 2]},
+                ports[2],
+            )
+            for i in range(peers)
+        ]
+        records = []
+        # Peer 1 first: the others bootstrap from it.
+        for member in members:
+            try:
+                records.append(_start_server(member, timeout, grace))
+            except Exception as exc:
+                _report_failure(member, exc)
+                for started in members:
+                    _stop_server(started, grace)
+                raise
+        deadline = time.monotonic() + timeout
+        while _qdrant_peers(base, members[0].preferred_ports["http"]) < peers:
+            if time.monotonic() > deadline:
+                for member in members:
+                    _stop_server(member, grace)
+                raise HarnessError(f"qdrant cluster: {peers} peers did not join in time")
+            time.sleep(PROBE_INTERVAL_S)
+        summary = {
+            "url": records[0]["url"],
+            "urls": [r["url"] for r in records],
+            "peers": [
+                {"name": m.name, "pid": r["pid"], "url": r["url"], "dir": str(m.dir)}
+                for m, r in zip(members, records, strict=True)
+            ],
+        }
+        _write_atomic(base / "qdrant-cluster.json", json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def stop_qdrant_peer(base_dir: str | Path, index: int) -> bool:
+    """Stop peer ``index`` of the Qdrant cluster under ``base_dir``; whether it ran."""
+    base = _resolve(base_dir, default_base_dir)
+    peer = QdrantClusterPeer(base, default_cache_dir(), index, {}, 0)
+    return _stop_server(peer, _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S))
+
+
+def stop_qdrant_cluster(base_dir: str | Path) -> None:
+    """Stop every peer of the Qdrant cluster under ``base_dir``."""
+    base = _resolve(base_dir, default_base_dir)
+    if base.exists():
+        with _file_lock(base / ".lock"):
+            _stop_qdrant_peers(base, _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S))
+
+
+def _stop_qdrant_peers(base: Path, grace: float) -> None:
+    for path in sorted(base.glob("qdrant-*/")):
+        suffix = path.name.removeprefix("qdrant-")
+        if suffix.isdigit():
+            _stop_server(QdrantClusterPeer(base, default_cache_dir(), int(suffix), {}, 0), grace)
+
+
 class RedisServer(Server):
     """Debian's redis-server, no persistence."""
 
@@ -1523,6 +1664,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cluster.add_argument("--nodes", type=int, default=2)
     sub.add_parser("opensearch-cluster-down", help="stop the cluster under --base-dir")
+    qcluster = sub.add_parser(
+        "qdrant-cluster", help="start a loopback Qdrant cluster (needs --base-dir)"
+    )
+    qcluster.add_argument("--peers", type=int, default=3)
+    sub.add_parser("qdrant-cluster-down", help="stop the Qdrant cluster under --base-dir")
     args = parser.parse_args(argv)
     base = _resolve(args.base_dir, default_base_dir)
 
@@ -1554,6 +1700,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{node['name']:<14} up    {node['url']}  pid={node['pid']}")
         elif args.command == "opensearch-cluster-down":
             stop_opensearch_cluster(base)
+        elif args.command == "qdrant-cluster":
+            if args.base_dir is None:
+                raise ValueError("qdrant-cluster needs --base-dir (a private directory)")
+            summary = start_qdrant_cluster(base, args.peers)
+            for peer in summary["peers"]:
+                print(f"{peer['name']:<14} up    {peer['url']}  pid={peer['pid']}")
+        elif args.command == "qdrant-cluster-down":
+            stop_qdrant_cluster(base)
         elif args.command == "env":
             env_file = base / "servers.env"
             if not env_file.exists():
