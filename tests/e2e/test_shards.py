@@ -171,7 +171,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         require_server(name)
     cluster_dir = Path(tempfile.mkdtemp(prefix="orrery-shards-", dir="/tmp"))
     started = time.monotonic()
-    cluster = start_opensearch_cluster(cluster_dir, nodes=2)
+    cluster = start_opensearch_cluster(cluster_dir, nodes=2, timeout_s=300)
     print(f"cluster up in {time.monotonic() - started:.1f}s")
     tag = run_tag()
     prefix = f"orrery-test-{tag}"
