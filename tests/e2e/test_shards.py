@@ -425,7 +425,9 @@ def test_a_passing_receipt_lets_the_spread_generation_be_promoted(
     try:
         receipt = ok(deployment.admin_post(f"/{spread}/qualify", {"sample_size": 24}))["receipt"]
         report = ok(deployment.admin_post(f"/{spread}/promote"))["report"]
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while spread not in answered and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.1)
     finally:
         stop.set()
         thread.join(120)
