@@ -79,8 +79,9 @@ class QualifySetup:
 
 
 class _Recording:
-    """A source that remembers the candidate list of its last `search` (the list fusion
-    receives) and passes everything through."""
+    """A source that remembers the candidate list of its first `search` since `last` was
+    reset (the list fusion receives: the candidate search runs before a phrase plan's
+    lookups) and passes everything through."""
 
     def __init__(self, inner: Any, rename: Mapping[str, str] | None = None) -> None:
         self._inner = inner
@@ -91,7 +92,8 @@ class _Recording:
         found: list[Candidate] = self._inner.search(
             self._rename.get(generation_id, generation_id), *args, **kwargs
         )
-        self.last = found
+        if self.last is None:
+            self.last = found
         return found
 
     def scores(self, generation_id: str, *args: Any, **kwargs: Any) -> dict[str, float]:
