@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.generations import EvidenceCheck, GenerationDescriptor, GenerationState
 from contracts.names import Namespace
+from contracts.qualification import QualificationReceipt, ReceiptList
 from contracts.records import Name
 from contracts.wire import JsonInt
 
@@ -29,6 +30,8 @@ __all__ = [
     "GenerationViewResponse",
     "PromoteReport",
     "PromoteResponse",
+    "QualifyResponse",
+    "ReceiptListResponse",
     "RollbackRequest",
     "VerifyResponse",
 ]
@@ -40,8 +43,14 @@ class _Strict(BaseModel):
 
 
 class BuildRequest(_Strict):
+    """A build of a new generation of one scope. `shards` / `replicas` override the
+    deployment's (`ORRERY_INDEX_SHARDS`, `ORRERY_INDEX_REPLICAS`, `ORRERY_INDEX_TOPOLOGY`)
+    for this generation; embedded mode takes only 1 / 0."""
+
     namespace: Namespace
     snapshot_kind: Name
+    shards: int | None = Field(default=None, ge=1, le=64)
+    replicas: int | None = Field(default=None, ge=0, le=8)
 
 
 class RollbackRequest(_Strict):
@@ -97,6 +106,7 @@ class GenerationView(BaseModel):
     descriptor: GenerationDescriptor
     checks: list[EvidenceCheck] = Field(default_factory=list)
     build: BuildProgress | None = None
+    receipts: list[QualificationReceipt] = Field(default_factory=list)
 
 
 class PromoteReport(BaseModel):
@@ -119,6 +129,7 @@ class PromoteReport(BaseModel):
     flip_ms: float
     lag_events: int
     aliases: dict[str, str] = Field(default_factory=dict)
+    receipt_id: str | None = None
 
 
 class GcReport(BaseModel):
@@ -151,6 +162,19 @@ class PromoteResponse(BaseModel):
 
     success: Literal[True] = True
     report: PromoteReport
+
+
+class QualifyResponse(BaseModel):
+    """`POST …/{id}/qualify`: the stored receipt (passing or not)."""
+
+    success: Literal[True] = True
+    receipt: QualificationReceipt
+
+
+class ReceiptListResponse(ReceiptList):
+    """`GET …/{id}/receipts`."""
+
+    success: Literal[True] = True
 
 
 class GcResponse(BaseModel):

@@ -57,6 +57,8 @@ class ErrorCode(StrEnum):
     COVERAGE_UNAVAILABLE = "coverage_unavailable"
     INVALID_STATE = "invalid_state"
     NOT_CAUGHT_UP = "not_caught_up"
+    QUALIFICATION_REQUIRED = "qualification_required"
+    QUALIFICATION_FAILED = "qualification_failed"
     INGEST_BACKLOG = "ingest_backlog"
     DEPENDENCY_UNAVAILABLE = "dependency_unavailable"
     DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -96,6 +98,8 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.COVERAGE_UNAVAILABLE: 503,
     ErrorCode.INVALID_STATE: 409,
     ErrorCode.NOT_CAUGHT_UP: 409,
+    ErrorCode.QUALIFICATION_REQUIRED: 409,
+    ErrorCode.QUALIFICATION_FAILED: 409,
     ErrorCode.INGEST_BACKLOG: 503,
     ErrorCode.DEPENDENCY_UNAVAILABLE: 503,
     ErrorCode.DEADLINE_EXCEEDED: 504,

@@ -19,6 +19,8 @@ from contracts.admin import (
     GenerationViewResponse,
     PromoteReport,
     PromoteResponse,
+    QualifyResponse,
+    ReceiptListResponse,
     RollbackRequest,
     VerifyResponse,
 )
@@ -69,6 +71,7 @@ from contracts.koutendb_io import (
 from contracts.ops import HealthResponse, ReadinessResponse
 from contracts.phrases import VocabularySet
 from contracts.profiles import ProfileSet
+from contracts.qualification import QualifyRequest
 from contracts.records import Record
 from contracts.topk import (
     DocumentIdsResponse,
@@ -99,6 +102,9 @@ MODELS: dict[str, type[BaseModel]] = {
     "admin_promote_response": PromoteResponse,
     "admin_gc_response": GcResponse,
     "admin_verify_response": VerifyResponse,
+    "admin_qualify_request": QualifyRequest,
+    "admin_qualify_response": QualifyResponse,
+    "admin_receipt_list_response": ReceiptListResponse,
     "admin_descriptor_response": DescriptorResponse,
     "log_entry": LogEntry,
     "generation_descriptor": GenerationDescriptor,

@@ -28,6 +28,7 @@ __all__ = [
     "EvidenceCheck",
     "GenerationDescriptor",
     "GenerationState",
+    "IndexConfig",
     "LivePointer",
     "SourceManifest",
     "StateChange",
@@ -52,7 +53,13 @@ class GenerationState(StrEnum):
 
 
 class Topology(BaseModel):
-    """Where a generation lives: engines and their index (collection, directory) names."""
+    """Where a generation lives: engines and their index (collection, directory) names,
+    and how each index is spread: `shards` primaries, each with `replicas` extra copies
+    (a generation is built with the deployment's `ORRERY_INDEX_SHARDS` /
+    `ORRERY_INDEX_REPLICAS`, per scope overridable; embedded engines are always 1/0).
+
+    Descriptors registered before sharding existed say `replicas: 1` for what was one
+    copy; their recorded value is kept (it is part of their digest)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -61,7 +68,36 @@ class Topology(BaseModel):
     vector_engine: str
     vector_index: str
     shards: int = 1
-    replicas: int = 1
+    replicas: int = 0
+
+    @property
+    def spread(self) -> bool:
+        """Whether the generation is sharded or replicated (needs a qualification receipt
+        to be promoted, `contracts.qualification`)."""
+        return self.shards > 1 or self.replicas > 0
+
+
+class IndexConfig(BaseModel):
+    """Every setting of a generation's indexes that changes what they return.
+
+    Bound into the generation's `schema_digest` (with the embedder and the text
+    analyzer), so two generations answer alike only if their digests say so: a change
+    of any of these is a new generation (build, qualify, promote), never an in-place edit.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shards: int = Field(default=1, ge=1)
+    replicas: int = Field(default=0, ge=0)
+    lexical_similarity: str = "BM25"
+    vector_distance: str = "cosine"
+    hnsw_m: int = 16
+    hnsw_ef_construct: int = 100
+    quantization: str = "none"
+    payload_index_policy: tuple[str, ...] = ()
+
+    def digest(self) -> str:
+        return sha256_json(self.model_dump(mode="json"))
 
 
 class SourceManifest(BaseModel):

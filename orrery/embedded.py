@@ -93,6 +93,7 @@ def generation_options(settings: QuerySettings, *, ordered_log: bool = True) -> 
         switch_interval_seconds=settings.gen_build_switch_interval_seconds,
         load_in_child=settings.gen_build_in_child,
         child_nice=settings.gen_build_child_nice,
+        qualification=settings.qualification_thresholds(),
     )
 
 
@@ -285,6 +286,7 @@ class EmbeddedStack:
         embedder: Embedder | None,
         ingest: IngestSettings,
     ) -> EmbeddedStack:
+        settings.check_embedded_topology()
         data_dir = settings.data_dir
         db_path = canonical_db_path(data_dir)
         grants = parse_api_keys(settings.api_keys)

@@ -41,6 +41,7 @@ from rich.table import Table
 
 from contracts.admin import BuildRequest, RollbackRequest
 from contracts.errors import ErrorCode, OrreryError
+from contracts.qualification import QualifyRequest
 from query.settings import QuerySettings
 
 __all__ = [
@@ -307,25 +308,50 @@ class DirectAdmin:
             server_generation_admin,
             writer_lock_path,
         )
+        from query.bootstrap import (
+            cursor_codec,
+            scope_registry,
+            server_qualifier,
+            server_query_ports,
+        )
 
         if settings.database_url:
             migrate_all(settings.database_url)
+        embedder = default_embedder(settings.embedder_threads)
+        qdrant = qdrant_client(settings)
+        # The query side a qualification runs through (no response cache, no gate).
+        ports, close_ports = server_query_ports(
+            canonical_db_path(settings.data_dir),
+            embedder=embedder,
+            opensearch_url=settings.opensearch_url,
+            opensearch_index_prefix=settings.opensearch_index_prefix,
+            qdrant=qdrant,
+            qdrant_collection_prefix=settings.qdrant_collection_prefix,
+            redis_url=None,
+            cache_responses=False,
+            scopes=scope_registry(settings),
+            cursors=cursor_codec(settings),
+            database_url=settings.database_url,
+            opensearch_search_type=settings.opensearch_search_type,
+        )
         admin, close = server_generation_admin(
             canonical_db_path(settings.data_dir),
             projector=None,
-            embedder=default_embedder(settings.embedder_threads),
+            embedder=embedder,
             lock_path=writer_lock_path(settings.data_dir),
             opensearch_url=settings.opensearch_url,
             opensearch_index_prefix=settings.opensearch_index_prefix,
             opensearch_refresh_interval=settings.opensearch_refresh_interval,
-            qdrant=qdrant_client(settings),
+            qdrant=qdrant,
             qdrant_collection_prefix=settings.qdrant_collection_prefix,
             drive_log=None,
             options=generation_options(settings, ordered_log=False),
             text_languages=settings.text_languages(),
             database_url=settings.database_url,
+            index_shape=settings.index_shape,
+            qualify=server_qualifier(settings, ports, qdrant=qdrant),
         )
-        return cls(admin, [close])
+        return cls(admin, [close, close_ports])
 
     def rows(self, namespace: str | None, snapshot_kind: str | None) -> list[dict[str, Any]]:
         return [r.model_dump(mode="json") for r in self.admin.rows(namespace, snapshot_kind)]
@@ -347,6 +373,9 @@ class DirectAdmin:
             return {"verified": check.ok, "state": state, "check": check.model_dump(mode="json")}
         if action == "promote":
             return {"report": admin.promote(generation_id).model_dump(mode="json")}
+        if action == "qualify":
+            receipt = admin.qualify(generation_id, QualifyRequest.model_validate(body))
+            return {"receipt": receipt.model_dump(mode="json")}
         if action == "rollback":
             report = admin.rollback(RollbackRequest.model_validate(body))
             return {"report": report.model_dump(mode="json")}
@@ -528,6 +557,14 @@ def show(
         for check in view.get("checks", [])[:1]:
             out.print(f"latest check ({check['kind']}, ok={check['ok']}): {check['reason']}")
             _print_check(check)
+        topology = descriptor["topology"]
+        out.print(f"topology: {topology['shards']} shard(s), {topology['replicas']} replica(s)")
+        for receipt in view.get("receipts", [])[:1]:
+            current = receipt["descriptor_digest"] == descriptor["descriptor_digest"]
+            out.print(
+                f"latest receipt {receipt['receipt_id'][:16]}: passed={receipt['passed']}"
+                f"{'' if current else ' (for an older descriptor)'}"
+            )
 
     _emit(view, as_json, human)
 
@@ -543,13 +580,22 @@ def build(
     detach: Annotated[
         bool, typer.Option("--detach", help="Over HTTP: return once the build started")
     ] = False,
+    shards: Annotated[
+        int | None, typer.Option(help="Shards of the new generation (server mode)")
+    ] = None,
+    replicas: Annotated[
+        int | None, typer.Option(help="Extra copies of each shard (server mode)")
+    ] = None,
     as_json: AsJson = False,
 ) -> None:
     """Build a new generation from the canonical snapshot, catch up with the log, seal it.
 
     The projector dual-writes new events into it meanwhile. Exit status 1 unless sealed.
+    `--shards` / `--replicas` override ORRERY_INDEX_SHARDS / ORRERY_INDEX_REPLICAS.
     """
-    request = BuildRequest(namespace=namespace, snapshot_kind=snapshot_kind)
+    request = BuildRequest(
+        namespace=namespace, snapshot_kind=snapshot_kind, shards=shards, replicas=replicas
+    )
     with _admin(data_dir, url, admin_key, mode) as admin:
         try:
             with _progress("build") as progress:
@@ -597,6 +643,64 @@ def verify(
 
     _emit(result, as_json, human)
     if not result["verified"]:
+        raise typer.Exit(1)
+
+
+@gen_app.command()
+def qualify(
+    generation_id: Annotated[str, typer.Argument(help="A sealed, verified or live generation")],
+    queries: Annotated[
+        Path | None,
+        typer.Option(help="Query texts, one a line (default: a sample of document titles)"),
+    ] = None,
+    sample_size: Annotated[
+        int | None, typer.Option(help="Queries to sample (default ORRERY_QUALIFY_QUERIES)")
+    ] = None,
+    data_dir: DataDir = None,
+    url: Url = None,
+    admin_key: AdminKey = None,
+    mode: Mode = None,
+    as_json: AsJson = False,
+) -> None:
+    """Compare the generation's production search with a global reference (a 1-shard
+    copy, exact vectors) over a sample, and store the receipt a promote of a sharded or
+    replicated generation needs. Exit status 1 when the receipt does not pass."""
+    body: dict[str, Any] = {}
+    if queries is not None:
+        lines = [line.strip() for line in queries.read_text(encoding="utf-8").splitlines()]
+        body["queries"] = [line for line in lines if line]
+    if sample_size is not None:
+        body["sample_size"] = sample_size
+    QualifyRequest.model_validate(body)
+    with _admin(data_dir, url, admin_key, mode) as admin:
+        result = admin.call("qualify", generation_id, body)
+    receipt = result["receipt"]
+
+    def human() -> None:
+        colour = "green" if receipt["passed"] else "red"
+        out.print(
+            f"[{colour}]{generation_id}: passed={receipt['passed']}[/] receipt "
+            f"{receipt['receipt_id']} ({receipt['sample_size']} queries, "
+            f"{receipt['shards']} shard(s), {receipt['replicas']} replica(s), "
+            f"{receipt['seconds']:.1f}s)"
+        )
+        for figures in receipt["slices"]:
+            sources = ", ".join(
+                f"{name} inclusion {f['inclusion_mean']}/{f['inclusion_min']} (cap {f['cap']})"
+                for name, f in figures["sources"].items()
+                if f["inclusion_mean"] is not None
+            )
+            out.print(f"  {figures['slice']}: {figures['queries']} queries; {sources}")
+            for profile, f in figures["profiles"].items():
+                out.print(
+                    f"    {profile}: overlap {f['overlap_mean']}/{f['overlap_min']}, order "
+                    f"{f['order_agreement_mean']}/{f['order_agreement_min']}"
+                )
+        for failure in receipt["failures"]:
+            out.print(f"  [red]{failure}")
+
+    _emit(result, as_json, human)
+    if not receipt["passed"]:
         raise typer.Exit(1)
 
 

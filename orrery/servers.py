@@ -55,7 +55,13 @@ from projector.bootstrap import (
 from projector.entrypoints.admin_http import create_admin_router
 from projector.entrypoints.worker import ProjectorLoop
 from projector.generations import ORPHANED_AFTER, GenerationAdmin
-from query.bootstrap import cursor_codec, document_facts, scope_registry, server_query_ports
+from query.bootstrap import (
+    cursor_codec,
+    document_facts,
+    scope_registry,
+    server_qualifier,
+    server_query_ports,
+)
 from query.bootstrap import postgres_migrations as query_migrations
 from query.eligibility import EligibilityGate
 from query.settings import QuerySettings
@@ -243,6 +249,7 @@ class ServerStack:
                 cursors=cursor_codec(settings),
                 max_answer_bytes=settings.max_answer_bytes,
                 database_url=database_url,
+                opensearch_search_type=settings.opensearch_search_type,
             )
             stack.closers.append(close_ports)
             loop = stack.projector_loop
@@ -266,6 +273,8 @@ class ServerStack:
                 options=generation_options(settings, ordered_log=False),
                 text_languages=settings.text_languages(),
                 database_url=database_url,
+                index_shape=settings.index_shape,
+                qualify=server_qualifier(settings, ports, qdrant=shared_qdrant),
             )
             stack.closers.append(close_admin)
             # Builds of other processes stay `building` while their heartbeat is fresh.
@@ -309,6 +318,8 @@ class ServerStack:
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"mode": "servers", "roles": sorted(self.roles)}
+        if self.admin is not None:
+            out["qualification"] = self.admin.live_qualification()
         if self.projector_loop is not None:
             out.update(self.projector_loop.status())
         if self.relay is not None:

@@ -11,10 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from contracts.admin import GenerationRow
 from contracts.embedding import Embedder
-from contracts.generations import Topology
+from contracts.generations import GenerationDescriptor, IndexConfig, Topology
 from contracts.index_fields import TextLanguages
 from contracts.names import live_alias_name
+from contracts.qualification import QualificationReceipt, QualifyRequest
+from contracts.vector_payload import GRAPH_FIELDS
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
@@ -43,8 +46,10 @@ if TYPE_CHECKING:
     from projector.ports import CanonicalSnapshot
 
 __all__ = [
+    "SERVER_INDEX_CONFIG",
     "EmbeddedProjector",
     "EmbedderFactory",
+    "SampleRunner",
     "ServerProjector",
     "bulk_load_ports",
     "default_embedder",
@@ -56,6 +61,22 @@ __all__ = [
     "server_projector",
     "writer_lock_path",
 ]
+
+# What a sample runs with: the generation, its applied position, the request and the
+# generation id of its 1-shard reference copy (`orrery.servers` binds the query side's).
+SampleRunner = Callable[[GenerationDescriptor, int, QualifyRequest, str], QualificationReceipt]
+
+# What server mode configures its engines with, beyond shards and replicas (bound into
+# each generation's schema digest): BM25 in OpenSearch; cosine, Qdrant's default HNSW
+# (m 16, ef_construct 100), no quantization, payload-aware links for `GRAPH_FIELDS`.
+SERVER_INDEX_CONFIG = IndexConfig(
+    lexical_similarity="BM25",
+    vector_distance="cosine",
+    hnsw_m=16,
+    hnsw_ef_construct=100,
+    quantization="none",
+    payload_index_policy=tuple(sorted(GRAPH_FIELDS)),
+)
 
 LEXICAL_ENGINE = "tantivy"
 VECTOR_ENGINE = "qdrant-edge"
@@ -307,6 +328,7 @@ def embedded_generation_admin(
                 applied_position=lambda: state.position(CONSUMER),
             ),
             text_languages=projector.text_languages,
+            receipts=projector.state,
         )
     )
 
@@ -500,12 +522,17 @@ def server_generation_admin(
     options: GenerationOptions,
     text_languages: TextLanguages | None = None,
     database_url: str | None = None,
+    index_shape: Callable[[str, str], tuple[int, int]] | None = None,
+    qualify: SampleRunner | None = None,
 ) -> tuple[GenerationAdmin, Callable[[], None]]:
     """The lifecycle over OpenSearch and Qdrant, and the function that closes what it
     opened. Uses the projector's engines and registry when this process runs one, else
     opens its own (`qdrant` is the process's shared `QdrantClient`, left open). Promote
     mirrors both engines' native aliases `{prefix}-live.{namespace_token}.{kind}`
-    (`contracts.names`; lowercase for OpenSearch)."""
+    (`contracts.names`; lowercase for OpenSearch). New generations are spread as
+    `index_shape(namespace, kind)` says (default 1 shard, no replica); `qualify` runs a
+    qualification sample against a 1-shard reference copy of the lexical index (made
+    here, dropped afterwards) — without it, this process cannot qualify."""
     from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
     from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 
@@ -565,8 +592,22 @@ def server_generation_admin(
             drive_log=drive_log,
             options=options,
             text_languages=text_languages or TextLanguages(),
+            index_shape=index_shape or (lambda _ns, _kind: (1, 0)),
+            index_config=SERVER_INDEX_CONFIG,
+            spreads=True,
+            receipts=state,
         )
     )
+    if qualify is not None:
+        runner = qualify
+
+        def qualifier(
+            row: GenerationRow, descriptor: GenerationDescriptor, request: QualifyRequest
+        ) -> QualificationReceipt:
+            with lexical.reference_copy(descriptor.generation_id) as reference_id:
+                return runner(descriptor, row.applied_position, request, reference_id)
+
+        admin.qualifier = qualifier
 
     def close() -> None:
         admin.close()

@@ -41,7 +41,7 @@ from contracts.admin import (
     PromoteReport,
     RollbackRequest,
 )
-from contracts.digests import id_set_digest
+from contracts.digests import id_set_digest, sha256_json
 from contracts.embedding import Embedder
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import LogEntry
@@ -52,12 +52,19 @@ from contracts.generations import (
     EvidenceCheck,
     GenerationDescriptor,
     GenerationState,
+    IndexConfig,
     SourceManifest,
     Topology,
 )
 from contracts.index import IndexDocument, to_index_document
 from contracts.index_fields import TextLanguages
 from contracts.pacing import Pace, no_pace
+from contracts.qualification import (
+    QualificationReceipt,
+    QualificationThresholds,
+    QualifyRequest,
+    receipt_failures,
+)
 from contracts.records import Record
 from projector.model import (
     diff_pairs,
@@ -79,6 +86,7 @@ from projector.ports import (
     GenerationRegistry,
     LexicalIndex,
     ProjectionState,
+    ReceiptLog,
     RegistrySnapshot,
     VectorCache,
     VectorIndex,
@@ -98,7 +106,10 @@ __all__ = [
     "GenerationOptions",
     "GenerationPorts",
     "LogHandover",
+    "Qualifier",
+    "build_shape",
     "check_evidence",
+    "config_schema_digest",
     "load_snapshot",
     "mirror_live_aliases",
     "verify_generation",
@@ -119,6 +130,7 @@ _HEARTBEAT_S = 5.0
 ORPHANED_AFTER = timedelta(minutes=5)
 
 Progress = Callable[[str, int, int], None]
+Qualifier = Callable[[GenerationRow, GenerationDescriptor, QualifyRequest], QualificationReceipt]
 
 
 def _utc_now() -> datetime:
@@ -171,7 +183,8 @@ class GenerationOptions:
     interval keeps queries closer to their idle latency.
     `load_in_child`: where the deployment can (embedded), bulk-load in a child process
     whose CPU priority is lowered by `child_nice`, so serving keeps the interpreter and
-    the CPUs (see `run_build`).
+    the CPUs (see `run_build`). `qualification`: what the receipt of a sharded or
+    replicated generation must show for it to be promoted (checked at promote time).
     """
 
     batch_size: int = 1_000
@@ -183,6 +196,7 @@ class GenerationOptions:
     switch_interval_seconds: float | None = None
     load_in_child: bool = True
     child_nice: int = 10
+    qualification: QualificationThresholds = field(default_factory=QualificationThresholds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +375,36 @@ class GenerationPorts:
     deferred: DeferredWrites | None = None
     handover: LogHandover | None = None
     text_languages: TextLanguages = field(default_factory=TextLanguages)
+    # Sharding and replication of new generations (server mode): `index_shape(namespace,
+    # kind)` is `(shards, replicas)`; `index_config` the rest of what the engines are
+    # configured with, bound into each generation's schema digest; `receipts` the
+    # qualification receipts a spread generation's promote is gated on.
+    index_shape: Callable[[str, str], tuple[int, int]] = lambda _ns, _kind: (1, 0)
+    index_config: IndexConfig = field(default_factory=IndexConfig)
+    spreads: bool = False
+    receipts: ReceiptLog | None = None
+
+
+def config_schema_digest(schema_digest: str, config: IndexConfig) -> str:
+    """A generation's schema digest: its schema (engines, embedder, analyzer) and every
+    index setting that changes what the indexes return."""
+    return sha256_json({"schema": schema_digest, "index_config": config.model_dump(mode="json")})
+
+
+def build_shape(request: BuildRequest, ports: GenerationPorts) -> tuple[int, int]:
+    """The `(shards, replicas)` a build makes: the request's, else the deployment's for
+    its scope. `INVALID_REQUEST` for a spread shape on engines that cannot spread."""
+    shards, replicas = ports.index_shape(request.namespace, request.snapshot_kind)
+    shards = request.shards if request.shards is not None else shards
+    replicas = request.replicas if request.replicas is not None else replicas
+    if (shards, replicas) != (1, 0) and not ports.spreads:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"{ports.lexical_engine} and {ports.vector_engine} keep a generation in one shard "
+            f"with one copy: shards={shards}, replicas={replicas} needs server mode",
+            {"shards": shards, "replicas": replicas},
+        )
+    return shards, replicas
 
 
 # -- evidence -------------------------------------------------------------------------------
@@ -621,16 +665,26 @@ def start_build(request: BuildRequest, *, ports: GenerationPorts) -> GenerationD
     snapshot is loaded by another process: then its writes are deferred (in the same
     lock) and that process creates the indexes.
     """
+    shards, replicas = build_shape(request, ports)
     elsewhere = _loads_elsewhere(request, ports)
     text_analyzer = ports.text_languages.analyzer_for(request.namespace)
+    config = ports.index_config.model_copy(update={"shards": shards, "replicas": replicas})
+
+    def topology(generation_id: str) -> Topology:
+        return ports.topology(generation_id).model_copy(
+            update={"shards": shards, "replicas": replicas}
+        )
+
     with ports.lock.hold():
         descriptor = ports.registry.begin_generation(
             request.namespace,
             request.snapshot_kind,
             embedder_id=ports.embedder.embedder_id,
             embedder_dim=ports.embedder.dimension,
-            schema_digest=analyzed_schema_digest(ports.schema_digest, text_analyzer),
-            topology=ports.topology,
+            schema_digest=config_schema_digest(
+                analyzed_schema_digest(ports.schema_digest, text_analyzer), config
+            ),
+            topology=topology,
             at=ports.clock(),
         )
         crash_point("build.generation_registered")
@@ -639,8 +693,18 @@ def start_build(request: BuildRequest, *, ports: GenerationPorts) -> GenerationD
             ports.deferred.defer(descriptor.generation_id)
         else:
             try:
-                ports.lexical.create(descriptor.generation_id, text_analyzer=text_analyzer)
-                ports.vectors.create(descriptor.generation_id, ports.embedder.dimension)
+                ports.lexical.create(
+                    descriptor.generation_id,
+                    text_analyzer=text_analyzer,
+                    shards=shards,
+                    replicas=replicas,
+                )
+                ports.vectors.create(
+                    descriptor.generation_id,
+                    ports.embedder.dimension,
+                    shards=shards,
+                    replicas=replicas,
+                )
             except OrreryError as exc:
                 _fail(descriptor.generation_id, f"cannot create indexes: {exc.message}", ports)
                 raise
@@ -1068,6 +1132,7 @@ def _switch(
             f"the latest evidence check of {generation_id} failed: {latest[0].reason}",
             {"generation_id": generation_id, "check": latest[0].model_dump(mode="json")},
         )
+    receipt_id = _qualified(descriptor, ports) if action == "promote" else None
     lag = max(0, ports.snapshot.high_water() - row.applied_position)
     if lag > ports.options.max_promote_lag:
         raise OrreryError(
@@ -1119,7 +1184,47 @@ def _switch(
         flip_ms=round(flip_ms, 3),
         lag_events=lag,
         aliases=aliases,
+        receipt_id=receipt_id,
     )
+
+
+def _qualified(descriptor: GenerationDescriptor, ports: GenerationPorts) -> str | None:
+    """The id of the receipt that lets a spread generation be promoted (None: it is one
+    shard with one copy and needs none).
+
+    The newest receipt for the generation's *current* descriptor digest decides, against
+    the thresholds in force now: none → `qualification_required`; one that misses a
+    threshold → `qualification_failed` naming what it missed.
+    """
+    if not descriptor.topology.spread:
+        return None
+    generation_id = descriptor.generation_id
+    details: dict[str, object] = {
+        "generation_id": generation_id,
+        "descriptor_digest": descriptor.descriptor_digest,
+        "shards": descriptor.topology.shards,
+        "replicas": descriptor.topology.replicas,
+    }
+    receipts = [] if ports.receipts is None else ports.receipts.receipts(generation_id)
+    current = [r for r in receipts if r.descriptor_digest == descriptor.descriptor_digest]
+    if not current:
+        raise OrreryError(
+            ErrorCode.QUALIFICATION_REQUIRED,
+            f"generation {generation_id} has {descriptor.topology.shards} shard(s) and "
+            f"{descriptor.topology.replicas} replica(s): qualify it first "
+            f"(`orrery gen qualify {generation_id}`)",
+            {**details, "stale_receipts": [r.receipt_id for r in receipts]},
+        )
+    newest = current[0]
+    failures = receipt_failures(newest.slices, ports.options.qualification)
+    if failures:
+        raise OrreryError(
+            ErrorCode.QUALIFICATION_FAILED,
+            f"the qualification receipt of {generation_id} misses {len(failures)} "
+            f"threshold(s): {failures[0]}",
+            {**details, "receipt_id": newest.receipt_id, "failures": list(failures)},
+        )
+    return newest.receipt_id
 
 
 def _mirror_aliases(descriptor: GenerationDescriptor, ports: GenerationPorts) -> dict[str, str]:
@@ -1364,6 +1469,9 @@ class GenerationAdmin:
 
     ports: GenerationPorts
     jobs: BuildJobs = field(init=False)
+    # Runs a qualification sample (`orrery.servers` binds the query side's); None: this
+    # deployment cannot qualify (it needs no receipts: nothing it builds is spread).
+    qualifier: Qualifier | None = None
 
     def __post_init__(self) -> None:
         self.jobs = BuildJobs(self.ports)
@@ -1380,7 +1488,62 @@ class GenerationAdmin:
             descriptor=descriptor,
             checks=self.ports.evidence_log.latest_checks(generation_id, 5),
             build=self.jobs.progress(generation_id),
+            receipts=self.receipts(generation_id),
         )
+
+    def receipts(self, generation_id: str) -> list[QualificationReceipt]:
+        """The generation's qualification receipts, newest first."""
+        self.ports.registry.generation(generation_id)  # not_found for an unknown id
+        return [] if self.ports.receipts is None else self.ports.receipts.receipts(generation_id)
+
+    def live_qualification(self) -> list[dict[str, object]]:
+        """Per live generation: its shards and replicas and, when it is spread, its
+        newest receipt (`receipt_descriptor_digest` says which descriptor it qualified:
+        the promote changed the descriptor's state, so the gate's receipt names the
+        verified one) — what readiness shows."""
+        out: list[dict[str, object]] = []
+        for row, descriptor in self.ports.registry.generation_rows():
+            if not row.live:
+                continue
+            entry: dict[str, object] = {
+                "namespace": descriptor.namespace,
+                "snapshot_kind": descriptor.snapshot_kind,
+                "generation_id": descriptor.generation_id,
+                "shards": descriptor.topology.shards,
+                "replicas": descriptor.topology.replicas,
+                "needs_receipt": descriptor.topology.spread,
+            }
+            if descriptor.topology.spread and self.ports.receipts is not None:
+                receipts = self.ports.receipts.receipts(descriptor.generation_id)
+                newest = receipts[0] if receipts else None
+                entry["receipt_id"] = None if newest is None else newest.receipt_id
+                entry["receipt_passed"] = None if newest is None else newest.passed
+                entry["receipt_descriptor_digest"] = (
+                    None if newest is None else newest.descriptor_digest
+                )
+            out.append(entry)
+        return out
+
+    def qualify(self, generation_id: str, request: QualifyRequest) -> QualificationReceipt:
+        """Run the qualification sample of a generation (`qualifier`, bound by the
+        composition root: it needs the query side) and store its receipt."""
+        row, descriptor = self.ports.registry.generation(generation_id)
+        if descriptor.state not in _CHECKABLE:
+            raise OrreryError(
+                ErrorCode.INVALID_STATE,
+                f"generation {generation_id} is {descriptor.state.value}; only a sealed, "
+                "verified or live generation can be qualified",
+                {"generation_id": generation_id, "state": descriptor.state.value},
+            )
+        if self.qualifier is None or self.ports.receipts is None:
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                "this process cannot qualify generations (it runs no query side)",
+                {"generation_id": generation_id},
+            )
+        receipt = self.qualifier(row, descriptor, request)
+        self.ports.receipts.record_receipt(receipt)
+        return receipt
 
     def build(self, request: BuildRequest, control: BuildControl) -> GenerationDescriptor:
         """Build in the calling thread (the direct CLI): start, load, catch up, seal."""

@@ -29,6 +29,7 @@ __all__ = [
     "IndexOperation",
     "PairDiff",
     "check_keywords",
+    "check_single_copy",
     "diff_pairs",
     "engine_evidence",
     "gc_plan",
@@ -117,6 +118,23 @@ WRITABLE_STATES: frozenset[GenerationState] = frozenset(
 
 # How many differing ids a check reports per kind of difference.
 DIFF_SAMPLE = 20
+
+
+def check_single_copy(engine: str, generation_id: str, shards: int, replicas: int) -> None:
+    """Refuse a spread index on an engine that keeps one copy in one place (the embedded
+    engines): `INVALID_REQUEST` naming the engine."""
+    if shards != 1 or replicas != 0:
+        raise OrreryError(
+            ErrorCode.INVALID_REQUEST,
+            f"{engine} keeps a generation in one shard with one copy: shards={shards}, "
+            f"replicas={replicas} needs server mode (ORRERY_MODE=servers)",
+            {
+                "engine": engine,
+                "generation_id": generation_id,
+                "shards": shards,
+                "replicas": replicas,
+            },
+        )
 
 
 def engine_named_topology(lexical_engine: str, vector_engine: str) -> Callable[[str], Topology]:

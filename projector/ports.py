@@ -16,6 +16,7 @@ from contracts.generations import EvidenceCheck, GenerationDescriptor, Generatio
 from contracts.index import IndexDocument
 from contracts.index_fields import DEFAULT_TEXT_ANALYZER
 from contracts.pacing import Pace, no_pace
+from contracts.qualification import QualificationReceipt
 from contracts.records import Record
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "LexicalIndex",
     "LogHealth",
     "ProjectionState",
+    "ReceiptLog",
     "RegistrySnapshot",
     "RejectedRecord",
     "RingStatistics",
@@ -64,11 +66,19 @@ class LexicalIndex(Protocol):
     - `evidence` is computed from what the engine returns, not from bookkeeping.
     """
 
-    def create(self, generation_id: str, *, text_analyzer: str = DEFAULT_TEXT_ANALYZER) -> None:
+    def create(
+        self,
+        generation_id: str,
+        *,
+        text_analyzer: str = DEFAULT_TEXT_ANALYZER,
+        shards: int = 1,
+        replicas: int = 0,
+    ) -> None:
         """Create an empty index for `generation_id` (no-op if it exists) whose text
         fields use `text_analyzer` (`contracts.index_fields`); the index records it, so
         that searches analyze query text the same way. `INVALID_REQUEST` for an unknown
-        analyzer."""
+        analyzer, or for `shards`/`replicas` other than 1/0 on an engine that cannot
+        spread an index."""
 
     def apply(
         self,
@@ -93,7 +103,12 @@ class VectorIndex(Protocol):
     generation's dimension, anything else is rejected with `EMBEDDER_MISMATCH`.
     """
 
-    def create(self, generation_id: str, dimension: int) -> None: ...
+    def create(
+        self, generation_id: str, dimension: int, *, shards: int = 1, replicas: int = 0
+    ) -> None:
+        """Create an empty index (no-op if it exists with the same dimension) spread
+        over `shards` primaries with `replicas` extra copies each (`INVALID_REQUEST` on
+        an engine that cannot spread an index)."""
 
     def apply(
         self,
@@ -462,6 +477,19 @@ class GenerationMaintenance(Protocol):
         than `older_than`); returns their ids."""
 
     def mark_indexes_dropped(self, generation_id: str) -> None: ...
+
+
+class ReceiptLog(Protocol):
+    """Qualification receipts per generation (`contracts.qualification`).
+
+    Guarantees: a stored receipt is never changed or removed while its generation is
+    registered; storing a receipt again (same `receipt_id`) is a no-op; `receipts`
+    lists a generation's receipts newest first.
+    """
+
+    def record_receipt(self, receipt: QualificationReceipt) -> None: ...
+
+    def receipts(self, generation_id: str) -> list[QualificationReceipt]: ...
 
 
 class EvidenceLog(Protocol):

@@ -45,8 +45,10 @@ class RingStatsVectorIndex:
         self.inner = inner
         self.stats = stats
 
-    def create(self, generation_id: str, dimension: int) -> None:
-        self.inner.create(generation_id, dimension)
+    def create(
+        self, generation_id: str, dimension: int, *, shards: int = 1, replicas: int = 0
+    ) -> None:
+        self.inner.create(generation_id, dimension, shards=shards, replicas=replicas)
 
     def apply(
         self,

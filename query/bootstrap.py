@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from contracts.embedding import Embedder
+from contracts.generations import GenerationDescriptor
+from contracts.qualification import QualificationReceipt, QualifyRequest
 from query.adapters.memory_cache import MemoryCache
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.sqlite_koutendb import SqliteKoutenStore
@@ -24,12 +26,14 @@ from query.overlap import shared_source_pool
 from query.phrases import VocabularyRegistry, parse_vocabularies
 from query.ports import Cache, EnvelopeLog, RecordReader, RingStatistics, SearchProfiles
 from query.profiles import ProfileRegistry, parse_profiles
+from query.qualify import QualifySetup, qualify_generation
 from query.scopes import ScopeRegistry, ScopeResolver, parse_scopes
 from query.service import QueryEmbeddingCache, QueryLimits, QueryPorts
 from query.settings import QuerySettings
 
 if TYPE_CHECKING:
     from contracts.migrations import Migration
+    from query.adapters.opensearch_lexical import SearchType
     from query.adapters.postgres_routing import PostgresRouting
 
 __all__ = [
@@ -39,8 +43,10 @@ __all__ = [
     "kouten_ports",
     "postgres_migrations",
     "profile_registry",
+    "qualify_profiles",
     "query_limits",
     "scope_registry",
+    "server_qualifier",
     "server_query_ports",
     "vocabulary_registry",
 ]
@@ -185,6 +191,7 @@ def server_query_ports(
     cursors: CursorCodec | None = None,
     database_url: str | None = None,
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+    opensearch_search_type: SearchType = "dfs_query_then_fetch",
 ) -> tuple[QueryPorts, Callable[[], None]]:
     """Query ports over the servers, and the function that closes what they opened:
     OpenSearch, Qdrant (`qdrant` is a `QdrantClient`), Redis for responses and query
@@ -220,7 +227,9 @@ def server_query_ports(
         records = SqliteRecordReader(db_path, max_answer_bytes=max_answer_bytes)
     ports = QueryPorts(
         routing=routing,
-        lexical=OpenSearchLexicalSearch(opensearch_url, index_prefix=opensearch_index_prefix),
+        lexical=OpenSearchLexicalSearch(
+            opensearch_url, index_prefix=opensearch_index_prefix, search_type=opensearch_search_type
+        ),
         vectors=QdrantServerVectorSearch(qdrant, collection_prefix=qdrant_collection_prefix),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder, shared=None if redis_url is None else shared),
@@ -230,6 +239,57 @@ def server_query_ports(
         overlap=shared_source_pool(),
     )
     return ports, close
+
+
+def qualify_profiles(settings: QuerySettings) -> list[str]:
+    """The profiles a qualification compares: `ORRERY_QUALIFY_PROFILES`, else the
+    default profile and `rrf@2` (checked against the registry at startup)."""
+    registry = profile_registry(settings)
+    named = [p.strip() for p in settings.qualify_profiles.split(",") if p.strip()]
+    profiles = list(dict.fromkeys(named or [registry.default_id, "rrf@2"]))
+    for profile in profiles:
+        registry.get(profile)  # unknown_profile at startup
+    return profiles
+
+
+def server_qualifier(
+    settings: QuerySettings, ports: QueryPorts, *, qdrant: Any
+) -> Callable[[GenerationDescriptor, int, QualifyRequest, str], QualificationReceipt]:
+    """Runs qualification samples over the server query ports `ports`: the reference is
+    the lexical copy the caller made (searched through the same OpenSearch adapter) and
+    exact search in the generation's Qdrant collection (`qdrant`: the shared client)."""
+    from query.adapters.qdrant_vectors import QdrantServerVectorSearch
+
+    exact = QdrantServerVectorSearch(
+        qdrant, collection_prefix=settings.qdrant_collection_prefix, exact=True
+    )
+    limits = query_limits(settings)
+    profiles = qualify_profiles(settings)
+    method = {
+        "lexical": f"opensearch {settings.opensearch_search_type}",
+        "lexical_reference": "opensearch, one shard, no replica, same mapping (a copy)",
+        "vector": "qdrant hnsw (ef = max(128, cap + 1))",
+        "vector_reference": "qdrant exact",
+        "fusion": "global source ranks (query.service)",
+    }
+
+    def run(
+        descriptor: GenerationDescriptor, position: int, request: QualifyRequest, reference: str
+    ) -> QualificationReceipt:
+        setup = QualifySetup(
+            production=ports,
+            reference_lexical=ports.lexical,
+            reference_vectors=exact,
+            reference_id=reference,
+            limits=limits,
+            profiles=profiles,
+            thresholds=settings.qualification_thresholds(),
+            sample_size=settings.qualify_queries,
+            method=method,
+        )
+        return qualify_generation(descriptor, position, request, setup=setup)
+
+    return run
 
 
 def kouten_ports(

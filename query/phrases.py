@@ -267,6 +267,12 @@ class VocabularyRegistry:
         """The vocabulary names registered for `namespace`, sorted."""
         return sorted(self._namespaces.get(namespace, {}))
 
+    def terms(self, namespace: str, vocabulary: str) -> list[str]:
+        """The terms of one vocabulary of `namespace` as registered, sorted (empty for an
+        unknown vocabulary)."""
+        known = self._namespaces.get(namespace, {}).get(vocabulary)
+        return [] if known is None else sorted(term for term, _ in known.terms.values())
+
     def resolve(self, namespace: str, plan: PhrasePlan | None) -> ResolvedPhrasePlan:
         """Resolve `plan` for `namespace` (an inactive plan when there is none).
 

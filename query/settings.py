@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -9,6 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.index_fields import DEFAULT_TEXT_LANGUAGE, TextLanguages, parse_text_languages
+from contracts.qualification import QualificationThresholds
 
 __all__ = ["QuerySettings"]
 
@@ -241,6 +243,44 @@ class QuerySettings(BaseSettings):
     gen_build_child_nice: int = Field(
         default=10, ge=0, le=19, description="CPU niceness added to the bulk-load child"
     )
+    index_shards: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Shards (OpenSearch primaries, Qdrant shards) of each new generation built "
+        "in server mode; more than 1 must be qualified before promote (docs/deploy.md)",
+    )
+    index_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=8,
+        description="Extra copies of each shard of a new generation (server mode); more than "
+        "0 must be qualified before promote",
+    )
+    index_topology: str = Field(
+        default="",
+        description='Per-scope shards/replicas, JSON {"<namespace>[/<snapshot_kind>]": '
+        '{"shards": N, "replicas": R}} (the longest matching key wins)',
+    )
+    opensearch_search_type: Literal["dfs_query_then_fetch", "query_then_fetch"] = Field(
+        default="dfs_query_then_fetch",
+        description="How OpenSearch scores across shards: dfs_query_then_fetch gathers global "
+        "term statistics first (scores equal a 1-shard index's); query_then_fetch scores "
+        "each shard with its own statistics and is for diagnosis only (a receipt catches it)",
+    )
+    qualify_queries: int = Field(
+        default=200, ge=1, le=10_000, description="Sample size of `orrery gen qualify`"
+    )
+    qualify_profiles: str = Field(
+        default="",
+        description="Profiles a qualification compares (comma separated); unset = the "
+        "default profile and rrf@2",
+    )
+    qualify_lexical_inclusion: float = Field(default=1.0, ge=0.0, le=1.0)
+    qualify_order_agreement: float = Field(default=1.0, ge=0.0, le=1.0)
+    qualify_vector_inclusion_mean: float = Field(default=0.99, ge=0.0, le=1.0)
+    qualify_vector_inclusion_min: float = Field(default=0.95, ge=0.0, le=1.0)
+    qualify_overlap_mean: float = Field(default=0.99, ge=0.0, le=1.0)
     gen_build_switch_interval_seconds: float | None = Field(
         default=0.001,
         gt=0.0,
@@ -251,7 +291,65 @@ class QuerySettings(BaseSettings):
     @model_validator(mode="after")
     def _languages_are_known(self) -> QuerySettings:
         self.text_languages()  # raises ValueError at startup, not at a generation's creation
+        self._topology_overrides()  # the same for ORRERY_INDEX_TOPOLOGY
         return self
+
+    def check_embedded_topology(self) -> None:
+        """`ValueError` when sharding is configured for the embedded stack (its engines
+        keep one copy in one place): said at startup, not at the first build."""
+        if self.spread_configured():
+            raise ValueError(
+                "embedded mode keeps every generation in one shard with one copy: "
+                "ORRERY_INDEX_SHARDS must be 1, ORRERY_INDEX_REPLICAS 0 and "
+                "ORRERY_INDEX_TOPOLOGY unset (sharding needs ORRERY_MODE=servers)"
+            )
+
+    def _topology_overrides(self) -> dict[str, tuple[int, int]]:
+        if not self.index_topology.strip():
+            return {}
+        try:
+            raw = json.loads(self.index_topology)
+        except ValueError as exc:
+            raise ValueError(f"ORRERY_INDEX_TOPOLOGY is not JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ValueError("ORRERY_INDEX_TOPOLOGY must be an object")
+        out: dict[str, tuple[int, int]] = {}
+        for key, value in raw.items():
+            if not isinstance(value, dict) or set(value) - {"shards", "replicas"}:
+                raise ValueError(
+                    f"ORRERY_INDEX_TOPOLOGY[{key!r}] must be {{'shards': N, 'replicas': R}}"
+                )
+            shards = value.get("shards", self.index_shards)
+            replicas = value.get("replicas", self.index_replicas)
+            if not (isinstance(shards, int) and 1 <= shards <= 64):
+                raise ValueError(f"ORRERY_INDEX_TOPOLOGY[{key!r}].shards must be 1-64")
+            if not (isinstance(replicas, int) and 0 <= replicas <= 8):
+                raise ValueError(f"ORRERY_INDEX_TOPOLOGY[{key!r}].replicas must be 0-8")
+            out[str(key)] = (shards, replicas)
+        return out
+
+    def spread_configured(self) -> bool:
+        """Whether any scope's new generations would be sharded or replicated."""
+        shapes = [(self.index_shards, self.index_replicas), *self._topology_overrides().values()]
+        return any(shape != (1, 0) for shape in shapes)
+
+    def index_shape(self, namespace: str, snapshot_kind: str) -> tuple[int, int]:
+        """`(shards, replicas)` of a new generation of a scope: the override for
+        `namespace/snapshot_kind`, else for `namespace`, else the defaults."""
+        overrides = self._topology_overrides()
+        for key in (f"{namespace}/{snapshot_kind}", namespace):
+            if key in overrides:
+                return overrides[key]
+        return self.index_shards, self.index_replicas
+
+    def qualification_thresholds(self) -> QualificationThresholds:
+        return QualificationThresholds(
+            lexical_inclusion=self.qualify_lexical_inclusion,
+            order_agreement=self.qualify_order_agreement,
+            vector_inclusion_mean=self.qualify_vector_inclusion_mean,
+            vector_inclusion_min=self.qualify_vector_inclusion_min,
+            overlap_mean=self.qualify_overlap_mean,
+        )
 
     def text_languages(self) -> TextLanguages:
         """The stemming language of each namespace's new generations."""

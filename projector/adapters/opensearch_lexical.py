@@ -281,8 +281,6 @@ class OpenSearchLexicalIndex:
         *,
         index_prefix: str = DEFAULT_INDEX_PREFIX,
         refresh: RefreshPolicy = "wait_for",
-        shards: int = 1,
-        replicas: int = 0,
         refresh_interval: str = DEFAULT_REFRESH_INTERVAL,
         bulk_actions: int = DEFAULT_BULK_ACTIONS,
     ) -> None:
@@ -295,8 +293,6 @@ class OpenSearchLexicalIndex:
         self._prefix = index_prefix
         self._refresh: RefreshPolicy = refresh
         self._bulk_actions = bulk_actions
-        self._shards = shards
-        self._replicas = replicas
         self._refresh_interval = refresh_interval
         # Text analyzer by index name: fixed for an index's life, read once per process.
         self._analyzers: dict[str, str] = {}
@@ -319,12 +315,19 @@ class OpenSearchLexicalIndex:
 
     # -- LexicalIndex ----------------------------------------------------------------
 
-    def create(self, generation_id: str, *, text_analyzer: str = DEFAULT_TEXT_ANALYZER) -> None:
+    def create(
+        self,
+        generation_id: str,
+        *,
+        text_analyzer: str = DEFAULT_TEXT_ANALYZER,
+        shards: int = 1,
+        replicas: int = 0,
+    ) -> None:
         index = self.index_name(generation_id)
         try:
             body = index_body(
-                shards=self._shards,
-                replicas=self._replicas,
+                shards=shards,
+                replicas=replicas,
                 refresh_interval=self._refresh_interval,
                 text_analyzer=text_analyzer,
             )
@@ -438,6 +441,81 @@ class OpenSearchLexicalIndex:
             raise _translate(exc, f"cannot point alias {alias!r}", generation_id) from exc
 
     # -- internals -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reference_copy(self, generation_id: str) -> Iterator[str]:
+        """A copy of the generation's index in one shard with no replica, the same
+        mapping and analyzer and the same documents (as of one scroll snapshot): the
+        global BM25 reference a qualification compares the generation with. Yields the
+        copy's generation id (`{generation_id}.qref`, searchable like a generation) and
+        deletes the copy on exit. Being fresh, it holds no deleted documents."""
+        source = self.index_name(generation_id)
+        reference_id = f"{generation_id}.qref"
+        target = self.index_name(reference_id)
+        try:
+            analyzer = self._text_analyzer(source)
+            self._client.indices.delete(index=target, ignore_unavailable=True)
+            body = index_body(
+                shards=1,
+                replicas=0,
+                refresh_interval=self._refresh_interval,
+                text_analyzer=analyzer,
+            )
+            self._client.indices.create(index=target, body=body)
+            self._analyzers[target] = analyzer
+            self._copy_documents(source, target)
+            self._client.indices.refresh(index=target)
+        except OpenSearchException as exc:
+            with contextlib.suppress(OpenSearchException):
+                self._client.indices.delete(index=target, ignore_unavailable=True)
+            raise _translate(exc, "cannot copy index", generation_id) from exc
+        try:
+            yield reference_id
+        finally:
+            self._analyzers.pop(target, None)
+            with contextlib.suppress(OpenSearchException):
+                self._client.indices.delete(index=target, ignore_unavailable=True)
+
+    def _copy_documents(self, source: str, target: str) -> None:
+        """Every stored document of `source` into `target` (scrolled `_source`, the same
+        `_id` and external version)."""
+        body = {"size": _SCROLL_PAGE, "sort": ["_doc"], "version": True}
+        page = self._client.search(index=source, body=body, params={"scroll": _SCROLL_KEEPALIVE})
+        scroll_id = page.get("_scroll_id")
+        try:
+            while True:
+                hits = page["hits"]["hits"]
+                lines: list[dict[str, Any]] = []
+                for hit in hits:
+                    lines.append(
+                        {
+                            "index": {
+                                "_index": target,
+                                "_id": hit["_id"],
+                                "version": hit["_version"],
+                                "version_type": "external",
+                            }
+                        }
+                    )
+                    lines.append(hit["_source"])
+                if lines:
+                    response = self._client.bulk(body=lines)
+                    if response.get("errors"):
+                        raise OrreryError(
+                            ErrorCode.INTERNAL,
+                            f"copying {source} to {target}: the engine refused documents",
+                            {"engine": _ENGINE, "index": target},
+                        )
+                if len(hits) < _SCROLL_PAGE or scroll_id is None:
+                    return
+                page = self._client.scroll(
+                    body={"scroll": _SCROLL_KEEPALIVE, "scroll_id": scroll_id}
+                )
+                scroll_id = page.get("_scroll_id", scroll_id)
+        finally:
+            if scroll_id is not None:
+                with contextlib.suppress(OpenSearchException):
+                    self._client.clear_scroll(body={"scroll_id": [scroll_id]})
 
     def _text_analyzer(self, index: str) -> str:
         """The text analyzer `index` was created with (its mapping's `_meta`; indexes

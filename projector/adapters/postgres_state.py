@@ -34,6 +34,7 @@ from contracts.generations import (
     LivePointer,
     Topology,
 )
+from contracts.qualification import QualificationReceipt
 from projector.adapters.postgres_pool import driver_errors, open_pool
 from projector.dead_letters import dead_letter_of, rejected_value
 from projector.model import WRITABLE_STATES, engine_named_topology, new_generation, transition
@@ -608,6 +609,35 @@ class PostgresProjectorState:
             (sequence,),
         )
         return [(int(seq), EvidenceCheck.model_validate_json(str(body))) for seq, body in rows]
+
+    # -- ReceiptLog --------------------------------------------------------------------
+    def record_receipt(self, receipt: QualificationReceipt) -> None:
+        if not receipt.id_is_valid():
+            raise ValueError("a receipt is stored with its content id (with_id)")
+        with self._transaction("record receipt") as cur:
+            # Content-addressed: storing the same receipt twice is a no-op.
+            cur.execute(
+                "INSERT INTO qualification_receipts (receipt_id, generation_id, "
+                "descriptor_digest, passed, created_at, receipt_json) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (receipt_id) DO NOTHING",
+                (
+                    receipt.receipt_id,
+                    receipt.generation_id,
+                    receipt.descriptor_digest,
+                    receipt.passed,
+                    receipt.created_at,
+                    receipt.model_dump_json(),
+                ),
+            )
+
+    def receipts(self, generation_id: str) -> list[QualificationReceipt]:
+        rows = self._rows(
+            "read receipts",
+            "SELECT receipt_json FROM qualification_receipts WHERE generation_id = %s "
+            "ORDER BY created_at DESC, receipt_id",
+            (generation_id,),
+        )
+        return [QualificationReceipt.model_validate_json(str(r[0])) for r in rows]
 
     # -- vector cache ----------------------------------------------------------------
     def cached_vectors(self, keys: Iterable[str]) -> dict[str, tuple[float, ...]]:

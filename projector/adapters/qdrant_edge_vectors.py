@@ -131,6 +131,7 @@ from contracts.vector_payload import (
     point_id,
     utc_timestamp,
 )
+from projector.model import check_single_copy
 from projector.ports import IndexEvidence
 
 if TYPE_CHECKING:
@@ -407,8 +408,11 @@ class QdrantEdgeVectorIndex:
 
     # -- VectorIndex -----------------------------------------------------------------
 
-    def create(self, generation_id: str, dimension: int) -> None:
+    def create(
+        self, generation_id: str, dimension: int, *, shards: int = 1, replicas: int = 0
+    ) -> None:
         """Create the generation's shard (no-op if it exists with the same dimension)."""
+        check_single_copy("qdrant-edge", generation_id, shards, replicas)
         if dimension <= 0:
             raise OrreryError(
                 ErrorCode.INVALID_REQUEST, "dimension must be positive", {"dimension": dimension}

@@ -156,8 +156,12 @@ class QdrantServerVectorIndex:
 
     # -- VectorIndex -----------------------------------------------------------------
 
-    def create(self, generation_id: str, dimension: int) -> None:
-        """Create the generation's collection (no-op if it exists with the same dimension)."""
+    def create(
+        self, generation_id: str, dimension: int, *, shards: int = 1, replicas: int = 0
+    ) -> None:
+        """Create the generation's collection (no-op if it exists with the same dimension)
+        with `shards` shards (Qdrant's automatic sharding: a search merges every shard's
+        exact cosine scores into one global top-k) and `replicas + 1` copies of each."""
         if dimension <= 0:
             raise OrreryError(
                 ErrorCode.INVALID_REQUEST, "dimension must be positive", {"dimension": dimension}
@@ -184,6 +188,8 @@ class QdrantServerVectorIndex:
                                 size=dimension, distance=models.Distance.COSINE
                             )
                         },
+                        shard_number=shards,
+                        replication_factor=replicas + 1,
                     )
                 except _DRIVER_ERRORS as error:
                     if "already exists" not in str(error):

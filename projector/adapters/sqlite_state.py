@@ -33,6 +33,7 @@ from contracts.generations import (
     LivePointer,
     Topology,
 )
+from contracts.qualification import QualificationReceipt
 from projector.dead_letters import dead_letter_of, rejected_value
 from projector.model import WRITABLE_STATES, engine_named_topology, new_generation, transition
 from projector.ports import DeadLetter, RegistrySnapshot, RejectedRecord, Undecodable
@@ -83,6 +84,16 @@ CREATE TABLE IF NOT EXISTS generation_checks (
 );
 CREATE INDEX IF NOT EXISTS generation_checks_by_generation
     ON generation_checks (generation_id, seq);
+CREATE TABLE IF NOT EXISTS qualification_receipts (
+    receipt_id        TEXT PRIMARY KEY,
+    generation_id     TEXT NOT NULL,
+    descriptor_digest TEXT NOT NULL,
+    passed            INTEGER NOT NULL,
+    created_at        TEXT NOT NULL,
+    receipt_json      TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS qualification_receipts_by_generation
+    ON qualification_receipts (generation_id, created_at);
 CREATE TABLE IF NOT EXISTS projector_log_status (
     consumer    TEXT PRIMARY KEY,
     position    INTEGER NOT NULL,
@@ -690,6 +701,34 @@ class SqliteProjectorState:
                 (sequence,),
             ).fetchall()
         return [(int(seq), EvidenceCheck.model_validate_json(str(body))) for seq, body in rows]
+
+    # -- ReceiptLog --------------------------------------------------------------------
+    def record_receipt(self, receipt: QualificationReceipt) -> None:
+        if not receipt.id_is_valid():
+            raise ValueError("a receipt is stored with its content id (with_id)")
+        with self._transaction() as conn:
+            # Content-addressed: storing the same receipt twice is a no-op.
+            conn.execute(
+                "INSERT OR IGNORE INTO qualification_receipts (receipt_id, generation_id, "
+                "descriptor_digest, passed, created_at, receipt_json) VALUES (?,?,?,?,?,?)",
+                (
+                    receipt.receipt_id,
+                    receipt.generation_id,
+                    receipt.descriptor_digest,
+                    int(receipt.passed),
+                    receipt.created_at.isoformat(),
+                    receipt.model_dump_json(),
+                ),
+            )
+
+    def receipts(self, generation_id: str) -> list[QualificationReceipt]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT receipt_json FROM qualification_receipts WHERE generation_id = ? "
+                "ORDER BY created_at DESC, receipt_id",
+                (generation_id,),
+            ).fetchall()
+        return [QualificationReceipt.model_validate_json(str(r[0])) for r in rows]
 
     # -- vector cache ----------------------------------------------------------------
     def cached_vectors(self, keys: Iterable[str]) -> dict[str, tuple[float, ...]]:

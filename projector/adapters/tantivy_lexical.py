@@ -60,7 +60,7 @@ from contracts.index_fields import (
     text_analyzer_language,
 )
 from contracts.pacing import Pace, no_pace
-from projector.model import IndexOperation, check_keywords, newest_operations
+from projector.model import IndexOperation, check_keywords, check_single_copy, newest_operations
 from projector.ports import IndexEvidence
 
 __all__ = ["DEFAULT_WRITER_HEAP_BYTES", "DEFAULT_WRITER_THREADS", "TantivyLexicalIndex"]
@@ -200,7 +200,15 @@ class TantivyLexicalIndex:
 
     # -- LexicalIndex ----------------------------------------------------------------
 
-    def create(self, generation_id: str, *, text_analyzer: str = DEFAULT_TEXT_ANALYZER) -> None:
+    def create(
+        self,
+        generation_id: str,
+        *,
+        text_analyzer: str = DEFAULT_TEXT_ANALYZER,
+        shards: int = 1,
+        replicas: int = 0,
+    ) -> None:
+        check_single_copy("tantivy", generation_id, shards, replicas)
         path = self._path(generation_id)
         analyzer = _checked_analyzer(text_analyzer, generation_id)
         with self._registry_lock:

@@ -11,11 +11,16 @@ handlers (`{"success": false, "error": {...}}`).
 | `POST /v1/admin/generations/build` `{namespace, snapshot_kind}` | start a build (202) |
 | `GET  /v1/admin/generations/{id}` | row, descriptor, recent checks, build progress |
 | `POST /v1/admin/generations/{id}/verify` | read back and compare; `verified` true/false |
-| `POST /v1/admin/generations/{id}/promote` | flip the live pointer, mirror aliases |
+| `POST /v1/admin/generations/{id}/qualify` `{queries?, sample_size?}` | run and store a receipt |
+| `GET  /v1/admin/generations/{id}/receipts` | its qualification receipts, newest first |
+| `POST /v1/admin/generations/{id}/promote` | flip the live pointer, mirror aliases (1) |
 | `POST /v1/admin/generations/rollback` `{namespace, snapshot_kind}` | back to the previous |
 | `POST /v1/admin/generations/{id}/retire` | stop writing it; `gc` drops it later |
 | `POST /v1/admin/generations/{id}/abort` | stop a build (the generation fails) |
 | `POST /v1/admin/generations/gc` `{keep}` | drop indexes of retired/failed ones |
+
+(1) A sharded or replicated generation needs a passing receipt for its current
+descriptor digest: else 409 `qualification_required` / `qualification_failed`.
 """
 
 from __future__ import annotations
@@ -35,12 +40,15 @@ from contracts.admin import (
     GenerationListResponse,
     GenerationViewResponse,
     PromoteResponse,
+    QualifyResponse,
+    ReceiptListResponse,
     RollbackRequest,
     VerifyResponse,
 )
 from contracts.auth import Access, check_admin_key, declare
 from contracts.errors import ErrorCode, OrreryError
 from contracts.openapi import operation
+from contracts.qualification import QualifyRequest
 from contracts.wire import loads_strict
 from projector.generations import GenerationAdmin
 
@@ -184,6 +192,38 @@ def create_admin_router(admin: GenerationAdmin, *, admin_key: str) -> APIRouter:
         authorize(x_admin_key, authorization)
         report = await run_in_threadpool(admin.promote, generation_id)
         return _ok(PromoteResponse(report=report))
+
+    @router.post(
+        "/{generation_id}/qualify",
+        openapi_extra={
+            **declare(Access.ADMIN),
+            **operation(body=QualifyRequest, body_required=False, ok=QualifyResponse),
+        },
+    )
+    async def qualify(
+        generation_id: str,
+        request: Request,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """200 with the stored receipt, passing or not (`receipt.passed`)."""
+        authorize(x_admin_key, authorization)
+        body = await _body(request, QualifyRequest)
+        receipt = await run_in_threadpool(admin.qualify, generation_id, body)
+        return _ok(QualifyResponse(receipt=receipt))
+
+    @router.get(
+        "/{generation_id}/receipts",
+        openapi_extra={**declare(Access.ADMIN), **operation(ok=ReceiptListResponse)},
+    )
+    async def receipts(
+        generation_id: str,
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        authorize(x_admin_key, authorization)
+        found = await run_in_threadpool(admin.receipts, generation_id)
+        return _ok(ReceiptListResponse(generation_id=generation_id, receipts=found))
 
     @router.post(
         "/{generation_id}/retire",

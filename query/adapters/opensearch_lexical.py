@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
@@ -37,7 +37,7 @@ from contracts.index_fields import (
     hidden_term,
 )
 
-__all__ = ["DEFAULT_INDEX_PREFIX", "OpenSearchLexicalSearch"]
+__all__ = ["DEFAULT_INDEX_PREFIX", "DEFAULT_SEARCH_TYPE", "OpenSearchLexicalSearch", "SearchType"]
 
 DEFAULT_INDEX_PREFIX = "orrery"
 REQUEST_TIMEOUT_S = 10
@@ -53,7 +53,14 @@ _MAX_TERMS = 65_536
 _DOCVALUE_FIELDS = [DOCUMENT_ID, REVISION, UPDATED_AT_MICROS, STATUS]
 _SCORE_SORT: list[Any] = [{"_score": "desc"}, {DOCUMENT_ID: "asc"}]
 # Only what is read back: a smaller response to send and to parse.
-_FILTER_PATH = "hits.hits._id,hits.hits._score,hits.hits.fields,hits.hits.sort"
+_FILTER_PATH = (
+    "hits.hits._id,hits.hits._score,hits.hits.fields,hits.hits.sort,"
+    "_shards.failed,_shards.failures.shard,_shards.failures.index,_shards.failures.reason.type"
+)
+SearchType = Literal["dfs_query_then_fetch", "query_then_fetch"]
+DEFAULT_SEARCH_TYPE: SearchType = "dfs_query_then_fetch"
+# Shard numbers in OpenSearch's "missing shards [[index][2], …]" refusals.
+_MISSING_SHARD = re.compile(r"\]\[(\d+)\]")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 # Lucene counts every leaf clause of a query against `indices.query.bool.max_clause_count`
@@ -85,14 +92,30 @@ class OpenSearchLexicalSearch:
       Responses carry only the fields read (`filter_path`).
     - Text with so many distinct words that the engine refuses the query (more than
       `max_clause_count` clauses) is retried with its first 300 distinct words.
+    - A sharded index answers what one shard would: every search is
+      `dfs_query_then_fetch` (term and field statistics gathered from every shard first,
+      so BM25 scores are global; OpenSearch skips the extra round trip on one shard) with
+      `allow_partial_search_results=false`. A shard with no copy that answers fails the
+      search with `OrreryError(COVERAGE_UNAVAILABLE)` whose `details.shard` names it —
+      never fewer results. `search_type="query_then_fetch"` (shard-local statistics) is
+      for diagnosis only: a qualification receipt catches it.
     - An unknown generation raises `OrreryError(COVERAGE_UNAVAILABLE)`; an unreachable or
       overloaded engine `DependencyUnavailable("opensearch", ...)`.
     - No I/O at construction; the client uses a 10 s timeout and retries twice.
     """
 
-    def __init__(self, client_url: str, *, index_prefix: str = DEFAULT_INDEX_PREFIX) -> None:
+    def __init__(
+        self,
+        client_url: str,
+        *,
+        index_prefix: str = DEFAULT_INDEX_PREFIX,
+        search_type: SearchType = DEFAULT_SEARCH_TYPE,
+    ) -> None:
         if not _INDEX_PREFIX.fullmatch(index_prefix):
             raise ValueError(f"index prefix must match {_INDEX_PREFIX.pattern}: {index_prefix!r}")
+        if search_type not in ("dfs_query_then_fetch", "query_then_fetch"):
+            raise ValueError(f"unknown search type {search_type!r}")
+        self.search_type: SearchType = search_type
         self._prefix = index_prefix
         # The index-side text analyzer of an index, by index name (fixed for an index's
         # life; looked up for phrases and when a query boosts the combined `text` field).
@@ -283,7 +306,13 @@ class OpenSearchLexicalSearch:
 
     def _search(self, index: str, generation_id: str, body: dict[str, Any]) -> list[Any]:
         try:
-            response = self._client.search(index=index, body=body, filter_path=_FILTER_PATH)
+            response = self._client.search(
+                index=index,
+                body=body,
+                filter_path=_FILTER_PATH,
+                search_type=self.search_type,
+                allow_partial_search_results="false",
+            )
         except OpenSearchConnectionError as exc:
             raise _unavailable(exc, generation_id) from exc
         except TransportError as exc:
@@ -291,6 +320,9 @@ class OpenSearchLexicalSearch:
                 raise _unknown(generation_id) from exc
             if _is_too_many_clauses(exc):
                 raise _TooManyClauses from exc
+            shard = _failed_shard(exc)
+            if shard is not None:
+                raise _shard_unavailable(generation_id, shard, str(exc.error)) from exc
             status = exc.status_code
             if not isinstance(status, int) or status in (401, 403, 429) or status >= 500:
                 raise _unavailable(exc, generation_id) from exc
@@ -305,6 +337,15 @@ class OpenSearchLexicalSearch:
                 f"search failed: {exc}",
                 {"engine": _ENGINE, "generation_id": generation_id},
             ) from exc
+        shards = response.get("_shards") or {}
+        if shards.get("failed"):
+            # Not expected with `allow_partial_search_results=false`; never answer short.
+            failure = (shards.get("failures") or [{}])[0]
+            raise _shard_unavailable(
+                generation_id,
+                failure.get("shard", -1),
+                str((failure.get("reason") or {}).get("type", "shard failed")),
+            )
         # `filter_path` leaves out what it filtered to nothing: no hits, no `hits` key.
         hits: list[Any] = response.get("hits", {}).get("hits", [])
         return hits
@@ -480,6 +521,34 @@ def _is_too_many_clauses(exc: TransportError) -> bool:
     `search_phase_execution_exception` depending on where the query was rewritten."""
     info = str(exc.info)
     return "too_many_clauses" in info or "too_many_nested_clauses" in info
+
+
+def _failed_shard(exc: TransportError) -> int | None:
+    """The shard a search failed on because no copy of it answered (None: the failure
+    is not about a shard). OpenSearch refuses such a search with "missing shards
+    [[index][n]]" before it starts, or with a `search_phase_execution_exception` listing
+    `failed_shards` when a copy failed during it."""
+    info = exc.info if isinstance(exc.info, dict) else {}
+    error = info.get("error") if isinstance(info.get("error"), dict) else {}
+    failed = error.get("failed_shards") if isinstance(error, dict) else None
+    if isinstance(failed, list) and failed and isinstance(failed[0], dict):
+        shard = failed[0].get("shard")
+        if isinstance(shard, int):
+            return shard
+    text = str(exc.info)
+    if "missing shards" in text or "partial shards failure" in text.lower():
+        found = _MISSING_SHARD.search(text)
+        return int(found.group(1)) if found else -1
+    return None
+
+
+def _shard_unavailable(generation_id: str, shard: int, reason: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.COVERAGE_UNAVAILABLE,
+        f"shard {shard} of generation {generation_id!r} has no copy that answers ({reason}): "
+        "no partial answer is given",
+        {"engine": _ENGINE, "generation_id": generation_id, "shard": shard, "reason": reason},
+    )
 
 
 def _unknown(generation_id: str) -> OrreryError:

@@ -68,7 +68,8 @@ class QdrantServerVectorSearch:
       (also across the `limit` boundary); scores are cosine similarities clamped to
       [-1, 1].
     - Exact in local mode and on segments a server has not indexed yet; on HNSW
-      segments approximate with `ef = max(hnsw_ef, limit + 1)`.
+      segments approximate with `ef = max(hnsw_ef, limit + 1)`; exact everywhere with
+      `exact=True` (the global reference of a qualification receipt).
 
     Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
     dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds,
@@ -81,9 +82,12 @@ class QdrantServerVectorSearch:
         *,
         collection_prefix: str = "orrery",
         hnsw_ef: int = 128,
+        exact: bool = False,
     ) -> None:
         check_collection_prefix(collection_prefix)
         self._client = client
+        # Exact search everywhere: a qualification's global vector reference.
+        self._exact = exact
         options = self._client.init_options
         self._local = options.get("location") == ":memory:" or options.get("path") is not None
         self._prefix = collection_prefix
@@ -151,7 +155,11 @@ class QdrantServerVectorSearch:
         """
         fetch = limit + 1
         while True:
-            params = None if self._local else models.SearchParams(hnsw_ef=max(self._hnsw_ef, fetch))
+            params = None
+            if self._exact and not self._local:
+                params = models.SearchParams(exact=True)
+            elif not self._local:
+                params = models.SearchParams(hnsw_ef=max(self._hnsw_ef, fetch))
             try:
                 response = self._client.query_points(
                     collection,

@@ -644,3 +644,41 @@ def test_record_reads_are_bounded_in_bytes_and_kinds_read_no_json(backend: Backe
         assert caught.value.details == {"max_answer_bytes": 70_000}
     # No match is still an empty answer, not a refusal.
     assert records.heads("ns", ["nope"]) == [] and records.fetch([("nope", 1)]) == {}
+
+
+def _receipt(generation_id: str, digest: str, at: datetime, passed: bool) -> Any:
+    from contracts.qualification import QualificationReceipt, QualificationThresholds
+
+    return QualificationReceipt(
+        generation_id=generation_id,
+        namespace="ns",
+        snapshot_kind="objects",
+        descriptor_digest=digest,
+        position=7,
+        shards=3,
+        replicas=1,
+        caps={"lexical": 100, "vector": 100, "top_k": 10},
+        profiles={"rrf@2": "d"},
+        sample_digest="s",
+        sample_size=0,
+        slices=(),
+        thresholds=QualificationThresholds(),
+        passed=passed,
+        created_at=at,
+    ).with_id()
+
+
+def test_receipt_log_keeps_receipts_immutable_newest_first(registry: Registry) -> None:
+    generation_id = _begin(registry)
+    _, descriptor = registry.generation(generation_id)
+    older = _receipt(generation_id, descriptor.descriptor_digest, NOW, passed=False)
+    newer = _receipt(generation_id, descriptor.descriptor_digest, NOW + timedelta(1), True)
+    registry.record_receipt(older)
+    registry.record_receipt(newer)
+    registry.record_receipt(older)  # content-addressed: a no-op
+    stored = registry.receipts(generation_id)
+    assert [r.receipt_id for r in stored] == [newer.receipt_id, older.receipt_id]
+    assert stored == [newer, older] and all(r.id_is_valid() for r in stored)
+    assert registry.receipts(_begin(registry)) == []
+    with pytest.raises(ValueError):
+        registry.record_receipt(older.model_copy(update={"passed": True}))

@@ -218,7 +218,10 @@ def _terminate(pid: int, grace_s: float) -> None:
         raise HarnessError(f"pid {pid} survived SIGKILL")
     proc = _SPAWNED.pop(pid, None)
     if proc is not None:
-        proc.poll()  # Records the exit status (already reaped by pid_alive).
+        # Records the exit status. A JVM's main thread can be a zombie (what `pid_alive`
+        # reads) while its other threads still shut down: wait for the whole process.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
 
 
 def _port_free(port: int) -> bool:
@@ -772,6 +775,153 @@ class OpenSearchServer(Server):
         return opensearch_probe(ports["http"])
 
 
+class OpenSearchClusterNode(OpenSearchServer):
+    """Node ``index`` (from 1) of a loopback OpenSearch cluster: the same jars and launcher
+    as the single node, its own home under ``<base>/opensearch-<index>``, the cluster's
+    transport ports as ``discovery.seed_hosts``. Node 1 is the only cluster-manager-eligible
+    node, so stopping any other node leaves the cluster its manager."""
+
+    def __init__(
+        self, base_dir: Path, cache_dir: Path, index: int, ports: dict[str, int], seeds: str
+    ) -> None:
+        Server.__init__(self, base_dir, cache_dir, f"opensearch-{index}", dict(ports))
+        self.node_name = f"orrery-node-{index}"
+        self.seeds = seeds
+
+    def prepare(self) -> Launch:
+        pom = COMPOSE_DIR / "opensearch" / "pom.xml"
+        version = _pom_property(pom, "opensearch.version")
+        lib = _maven_libs(pom, self.cache_dir, "opensearch", version, self.setup_log_path)
+        classes = self._classes(lib)
+        self.reset_data()
+        self.write_log4j2(
+            "[%d{ISO8601}][%-5p][%-25c{1.}] %marker%m%n",
+            "logger.deprecation.name = org.opensearch.deprecation\n"
+            "logger.deprecation.level = error\n",
+        )
+        http, transport = self.preferred_ports["http"], self.preferred_ports["transport"]
+        return Launch(
+            argv=[
+                *self.jvm_base_args(),
+                "-cp",
+                f"{classes}:{lib}/*",
+                "OrreryOpenSearchNode",
+                str(self.dir / "home"),
+                str(http),
+                str(transport),
+                self.node_name,
+                self.seeds,
+                "orrery-node-1",
+            ],
+            ports={"http": http, "transport": transport},
+            version=version,
+        )
+
+    def probe(self, ports: dict[str, int]) -> bool:
+        # Node 1 is healthy on its own; every other node once it joined a cluster.
+        return opensearch_probe(ports["http"]) and _opensearch_nodes(ports["http"]) >= 1
+
+
+def _opensearch_nodes(http_port: int, timeout: float = 5.0) -> int:
+    """How many nodes the cluster that answers on ``http_port`` has (0: no answer)."""
+    url = f"http://{HOST}:{http_port}/_cluster/health?timeout=1s"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(json.load(response).get("number_of_nodes", 0))
+    except (OSError, ValueError, http.client.HTTPException):
+        return 0
+
+
+def _cluster_nodes(base: Path, cache: Path, nodes: int) -> list[OpenSearchClusterNode]:
+    """The cluster's nodes with fresh free ports (the seeds name every transport port)."""
+    ports = pick_ports([_ephemeral_port() for _ in range(2 * nodes)])
+    seeds = ",".join(f"{HOST}:{ports[2 * i + 1]}" for i in range(nodes))
+    return [
+        OpenSearchClusterNode(
+            base, cache, i + 1, {"http": ports[2 * i], "transport": ports[2 * i + 1]}, seeds
+        )
+        for i in range(nodes)
+    ]
+
+
+def start_opensearch_cluster(
+    base_dir: str | Path, nodes: int = 2, *, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Start a fresh ``nodes``-node OpenSearch cluster on loopback under ``base_dir`` (a
+    private directory: never the shared servers'), wait until every node joined, and
+    return ``{"url": node 1's URL, "urls": [...], "nodes": [{name, pid, url, dir}]}``
+    (also written to ``base_dir/opensearch-cluster.json``). Nodes of an earlier cluster
+    in ``base_dir`` are stopped first. Raises ``HarnessError``."""
+    if nodes < 1:
+        raise ValueError("a cluster has at least one node")
+    base = _resolve(base_dir, default_base_dir)
+    if base == _resolve(None, default_base_dir):
+        raise ValueError("a cluster needs its own --base-dir, not the shared servers' one")
+    cache = default_cache_dir()
+    timeout = (
+        timeout_s
+        if timeout_s is not None
+        else _env_float("ORRERY_SERVERS_TIMEOUT", DEFAULT_TIMEOUT_S)
+    )
+    grace = _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S)
+    base.mkdir(parents=True, exist_ok=True)
+    with _file_lock(base / ".lock"):
+        _stop_cluster_nodes(base, grace)
+        members = _cluster_nodes(base, cache, nodes)
+        # Node 1 is the one cluster manager; the others keep asking the seeds until it
+        # answers, so all start at once.
+        with ThreadPoolExecutor(max_workers=nodes) as pool:
+            futures = [pool.submit(_start_server, m, timeout, grace) for m in members]
+        failures = [f.exception() for f in futures if f.exception() is not None]
+        if failures:
+            for member in members:
+                _stop_server(member, grace)
+            raise HarnessError(f"opensearch cluster: {failures[0]}")
+        records = [f.result() for f in futures]
+        deadline = time.monotonic() + timeout
+        while _opensearch_nodes(members[0].preferred_ports["http"]) < nodes:
+            if time.monotonic() > deadline:
+                for member in members:
+                    _stop_server(member, grace)
+                raise HarnessError(f"opensearch cluster: {nodes} nodes did not join in time")
+            time.sleep(PROBE_INTERVAL_S)
+        summary = {
+            "url": records[0]["url"],
+            "urls": [r["url"] for r in records],
+            "nodes": [
+                {"name": m.node_name, "pid": r["pid"], "url": r["url"], "dir": str(m.dir)}
+                for m, r in zip(members, records, strict=True)
+            ],
+        }
+        _write_atomic(base / "opensearch-cluster.json", json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def stop_opensearch_node(base_dir: str | Path, index: int) -> bool:
+    """Stop node ``index`` of the cluster under ``base_dir`` (SIGTERM, then SIGKILL after
+    the grace period); whether it was running."""
+    base = _resolve(base_dir, default_base_dir)
+    grace = _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S)
+    node = OpenSearchClusterNode(base, default_cache_dir(), index, {}, "")
+    return _stop_server(node, grace)
+
+
+def stop_opensearch_cluster(base_dir: str | Path) -> None:
+    """Stop every node of the cluster under ``base_dir``."""
+    base = _resolve(base_dir, default_base_dir)
+    if base.exists():
+        with _file_lock(base / ".lock"):
+            _stop_cluster_nodes(base, _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S))
+
+
+def _stop_cluster_nodes(base: Path, grace: float) -> None:
+    for path in sorted(base.glob("opensearch-*/")):
+        suffix = path.name.removeprefix("opensearch-")
+        if suffix.isdigit():
+            node = OpenSearchClusterNode(base, default_cache_dir(), int(suffix), {}, "")
+            _stop_server(node, grace)
+
+
 class QdrantServer(Server):
     """The Qdrant server binary (``$ORRERY_QDRANT_BIN``, else ``../shared/bin/qdrant`` next to
     the repository; see that directory's README), one node, storage under its dir."""
@@ -828,6 +978,147 @@ class QdrantServer(Server):
 
     def probe(self, ports: dict[str, int]) -> bool:
         return qdrant_probe(ports["http"], ports["grpc"])
+
+
+class QdrantClusterPeer(QdrantServer):
+    """Peer ``index`` (from 1) of a loopback Qdrant cluster: the same binary with
+    ``cluster.enabled``, its own P2P port and storage under ``<base>/qdrant-<index>``.
+    Peer 1 starts the cluster (``--uri`` its P2P address); the others join it
+    (``--bootstrap`` peer 1's)."""
+
+    def __init__(
+        self, base_dir: Path, cache_dir: Path, index: int, ports: dict[str, int], first_p2p: int
+    ) -> None:
+        Server.__init__(self, base_dir, cache_dir, f"qdrant-{index}", dict(ports))
+        self.index = index
+        self.first_p2p = first_p2p
+
+    def prepare(self) -> Launch:
+        binary = self.binary()
+        version_out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, check=False, timeout=30
+        ).stdout
+        match = re.search(r"qdrant (\S+)", version_out)
+        ports = dict(self.preferred_ports)
+        self.reset_data()
+        (self.dir / ".qdrant-initialized").unlink(missing_ok=True)
+        config = self.dir / "config.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "log_level": "INFO",
+                    "telemetry_disabled": True,
+                    "storage": {
+                        "storage_path": str(self.data_dir / "storage"),
+                        "snapshots_path": str(self.data_dir / "snapshots"),
+                        "temp_path": str(self.dir / "tmp"),
+                    },
+                    "service": {
+                        "host": HOST,
+                        "http_port": ports["http"],
+                        "grpc_port": ports["grpc"],
+                    },
+                    "cluster": {"enabled": True, "p2p": {"port": ports["p2p"]}},
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        argv = [str(binary), "--config-path", str(config), "--disable-telemetry"]
+        argv += ["--uri", f"http://{HOST}:{ports['p2p']}"]
+        if self.index != 1:
+            argv += ["--bootstrap", f"http://{HOST}:{self.first_p2p}"]
+        return Launch(argv=argv, ports=ports, version=match.group(1) if match else "unknown")
+
+
+def _qdrant_peers(base_dir: str | Path, http_port: int, timeout: float = 5.0) -> int:
+    """How many peers the cluster answering on ``http_port`` knows (0: no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{HOST}:{http_port}/cluster", timeout=timeout) as r:
+            return len(json.load(r).get("result", {}).get("peers", {}))
+    except (OSError, ValueError, http.client.HTTPException):
+        return 0
+
+
+def start_qdrant_cluster(
+    base_dir: str | Path, peers: int = 3, *, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Start a fresh ``peers``-peer Qdrant cluster on loopback under ``base_dir`` (a
+    private directory) and wait until every peer joined. Returns ``{"url": peer 1's URL,
+    "urls": [...], "peers": [{name, pid, url, dir}]}`` (also written to
+    ``base_dir/qdrant-cluster.json``). Peers of an earlier cluster there are stopped."""
+    base = _resolve(base_dir, default_base_dir)
+    if base == _resolve(None, default_base_dir):
+        raise ValueError("a cluster needs its own --base-dir, not the shared servers' one")
+    timeout = (
+        timeout_s
+        if timeout_s is not None
+        else _env_float("ORRERY_SERVERS_TIMEOUT", DEFAULT_TIMEOUT_S)
+    )
+    grace = _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S)
+    base.mkdir(parents=True, exist_ok=True)
+    with _file_lock(base / ".lock"):
+        _stop_qdrant_peers(base, grace)
+        ports = pick_ports([_ephemeral_port() for _ in range(3 * peers)])
+        members = [
+            QdrantClusterPeer(
+                base,
+                default_cache_dir(),
+                i + 1,
+                {"http": ports[3 * i], "grpc": ports[3 * i + 1], "p2p": ports[3 * i + 2]},
+                ports[2],
+            )
+            for i in range(peers)
+        ]
+        records = []
+        # Peer 1 first: the others bootstrap from it.
+        for member in members:
+            try:
+                records.append(_start_server(member, timeout, grace))
+            except Exception as exc:
+                _report_failure(member, exc)
+                for started in members:
+                    _stop_server(started, grace)
+                raise
+        deadline = time.monotonic() + timeout
+        while _qdrant_peers(base, members[0].preferred_ports["http"]) < peers:
+            if time.monotonic() > deadline:
+                for member in members:
+                    _stop_server(member, grace)
+                raise HarnessError(f"qdrant cluster: {peers} peers did not join in time")
+            time.sleep(PROBE_INTERVAL_S)
+        summary = {
+            "url": records[0]["url"],
+            "urls": [r["url"] for r in records],
+            "peers": [
+                {"name": m.name, "pid": r["pid"], "url": r["url"], "dir": str(m.dir)}
+                for m, r in zip(members, records, strict=True)
+            ],
+        }
+        _write_atomic(base / "qdrant-cluster.json", json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def stop_qdrant_peer(base_dir: str | Path, index: int) -> bool:
+    """Stop peer ``index`` of the Qdrant cluster under ``base_dir``; whether it ran."""
+    base = _resolve(base_dir, default_base_dir)
+    peer = QdrantClusterPeer(base, default_cache_dir(), index, {}, 0)
+    return _stop_server(peer, _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S))
+
+
+def stop_qdrant_cluster(base_dir: str | Path) -> None:
+    """Stop every peer of the Qdrant cluster under ``base_dir``."""
+    base = _resolve(base_dir, default_base_dir)
+    if base.exists():
+        with _file_lock(base / ".lock"):
+            _stop_qdrant_peers(base, _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S))
+
+
+def _stop_qdrant_peers(base: Path, grace: float) -> None:
+    for path in sorted(base.glob("qdrant-*/")):
+        suffix = path.name.removeprefix("qdrant-")
+        if suffix.isdigit():
+            _stop_server(QdrantClusterPeer(base, default_cache_dir(), int(suffix), {}, 0), grace)
 
 
 class RedisServer(Server):
@@ -1183,7 +1474,7 @@ def _start_server(server: Server, timeout_s: float, grace_s: float) -> dict[str,
             record = {
                 "available": True,
                 "url": server.url(launch.ports),
-                "env": ENV_VARS[server.name],
+                "env": ENV_VARS.get(server.name, ""),
                 "pid": proc.pid,
                 "ports": launch.ports,
                 "version": launch.version,
@@ -1368,6 +1659,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     down.add_argument("--only", default=None)
     sub.add_parser("status", help="show which servers run and answer; exit 1 if any does not")
     sub.add_parser("env", help="print servers.env (shell export lines)")
+    cluster = sub.add_parser(
+        "opensearch-cluster", help="start a loopback OpenSearch cluster (needs --base-dir)"
+    )
+    cluster.add_argument("--nodes", type=int, default=2)
+    sub.add_parser("opensearch-cluster-down", help="stop the cluster under --base-dir")
+    qcluster = sub.add_parser(
+        "qdrant-cluster", help="start a loopback Qdrant cluster (needs --base-dir)"
+    )
+    qcluster.add_argument("--peers", type=int, default=3)
+    sub.add_parser("qdrant-cluster-down", help="stop the Qdrant cluster under --base-dir")
     args = parser.parse_args(argv)
     base = _resolve(args.base_dir, default_base_dir)
 
@@ -1391,6 +1692,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{st['version'] or ''}"
                 )
             return 0 if all(st["answering"] for st in states.values()) else 1
+        elif args.command == "opensearch-cluster":
+            if args.base_dir is None:
+                raise ValueError("opensearch-cluster needs --base-dir (a private directory)")
+            summary = start_opensearch_cluster(base, args.nodes)
+            for node in summary["nodes"]:
+                print(f"{node['name']:<14} up    {node['url']}  pid={node['pid']}")
+        elif args.command == "opensearch-cluster-down":
+            stop_opensearch_cluster(base)
+        elif args.command == "qdrant-cluster":
+            if args.base_dir is None:
+                raise ValueError("qdrant-cluster needs --base-dir (a private directory)")
+            summary = start_qdrant_cluster(base, args.peers)
+            for peer in summary["peers"]:
+                print(f"{peer['name']:<14} up    {peer['url']}  pid={peer['pid']}")
+        elif args.command == "qdrant-cluster-down":
+            stop_qdrant_cluster(base)
         elif args.command == "env":
             env_file = base / "servers.env"
             if not env_file.exists():

@@ -1,0 +1,368 @@
+"""Qualification of a generation: its production search path against a global reference.
+
+The sample: `sample_size` documents of the generation's scope drawn with a generator
+seeded by the generation id (the same generation always gets the same sample); each
+gives a query (its title, or the next of the operator's `queries`) and the values of its
+slice's filters (its galaxy for `tenant`, its status and visibility for
+`status_visibility`, a vocabulary term for `phrase`). Queries go to the slices round
+robin; a slice the namespace cannot have (no vocabulary: no phrase plan) is left out.
+
+Every query runs twice through `query.service.topk_records` — the production path, the
+same use case a client's request takes — pinned to the generation: once over the
+production ports, once over the reference (a 1-shard copy of the lexical index with the
+same mapping, and exact vector search), both with the response cache off and one fixed
+clock. The candidate lists each source returned are recorded *before* fusion (candidate
+inclusion), and each profile's top k after it (overlap, order agreement, scores).
+`contracts.qualification` says what the figures mean and what passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from contracts.digests import sha256_json
+from contracts.generations import GenerationDescriptor
+from contracts.index import Candidate
+from contracts.phrases import PhraseGroup, PhrasePlan
+from contracts.profiles import RrfProfile
+from contracts.qualification import (
+    SLICES,
+    ProfileFigures,
+    QualificationReceipt,
+    QualificationThresholds,
+    QualifyRequest,
+    SliceFigures,
+    SourceFigures,
+    receipt_failures,
+)
+from contracts.records import Record
+from contracts.topk import Include, QueryFilters, TopKRequest
+from query.ports import LexicalSearch, VectorSearch
+from query.service import Principal, QueryLimits, QueryPorts, topk_records
+
+__all__ = ["QualifySetup", "qualify_generation"]
+
+# Results compared per profile (top-k overlap and order agreement).
+TOP_K = 10
+# A qualification query's deadline: it measures agreement, not latency.
+_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class QualifySetup:
+    """What a qualification runs with.
+
+    `production`: the query worker's ports; `reference_lexical` searches the reference
+    copy, whose generation id is `reference_id`; `reference_vectors` searches exactly;
+    `profiles`: profile ids to compare (resolved by `limits.profiles`); `method`: how
+    production and reference search, recorded in the receipt.
+    """
+
+    production: QueryPorts
+    reference_lexical: LexicalSearch
+    reference_vectors: VectorSearch
+    reference_id: str
+    limits: QueryLimits
+    profiles: Sequence[str]
+    thresholds: QualificationThresholds
+    sample_size: int = 200
+    method: Mapping[str, str] = field(default_factory=dict)
+    clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+
+
+class _Recording:
+    """A source that remembers the candidate list of its first `search` since `last` was
+    reset (the list fusion receives: the candidate search runs before a phrase plan's
+    lookups) and passes everything through."""
+
+    def __init__(self, inner: Any, rename: Mapping[str, str] | None = None) -> None:
+        self._inner = inner
+        self._rename = dict(rename or {})
+        self.last: list[Candidate] | None = None
+
+    def search(self, generation_id: str, *args: Any, **kwargs: Any) -> list[Candidate]:
+        found: list[Candidate] = self._inner.search(
+            self._rename.get(generation_id, generation_id), *args, **kwargs
+        )
+        if self.last is None:
+            self.last = found
+        return found
+
+    def scores(self, generation_id: str, *args: Any, **kwargs: Any) -> dict[str, float]:
+        scored: dict[str, float] = self._inner.scores(
+            self._rename.get(generation_id, generation_id), *args, **kwargs
+        )
+        return scored
+
+
+@dataclass(slots=True)
+class _Query:
+    slice: str
+    text: str
+    filters: QueryFilters
+    phrase_plan: PhrasePlan | None = None
+
+
+@dataclass(slots=True)
+class _Tally:
+    inclusion: dict[str, list[float]] = field(default_factory=lambda: {"lexical": [], "vector": []})
+    overlap: dict[str, list[float]] = field(default_factory=dict)
+    order: dict[str, list[float]] = field(default_factory=dict)
+    score_diff: dict[str, float] = field(default_factory=dict)
+    queries: int = 0
+
+
+def qualify_generation(
+    descriptor: GenerationDescriptor,
+    position: int,
+    request: QualifyRequest,
+    *,
+    setup: QualifySetup,
+) -> QualificationReceipt:
+    """Run the sample over the generation and its reference; the receipt (with its id).
+
+    Raises what `topk_records` raises for a query that cannot be answered (a shard with
+    no eligible copy: `coverage_unavailable`) — a receipt is never made from a partial
+    run.
+    """
+    started = time.perf_counter()
+    namespace, kind = descriptor.namespace, descriptor.snapshot_kind
+    scope_ref = _scope_ref(setup.production, namespace, kind)
+    size = request.sample_size or setup.sample_size
+    queries = _sample(descriptor.generation_id, namespace, kind, size, request, setup)
+    fixed = setup.clock()
+    production = (
+        _Recording(setup.production.lexical),
+        _Recording(setup.production.vectors),
+    )
+    reference = (
+        _Recording(setup.reference_lexical, {descriptor.generation_id: setup.reference_id}),
+        _Recording(setup.reference_vectors),
+    )
+    ports = {
+        "production": _ports(setup.production, production, fixed),
+        "reference": _ports(setup.production, reference, fixed),
+    }
+    resolved = [setup.limits.profiles.get(p) for p in setup.profiles]
+    tallies: dict[str, _Tally] = {name: _Tally() for name in SLICES}
+    for query in queries:
+        tally = tallies[query.slice]
+        tally.queries += 1
+        for index, profile in enumerate(resolved):
+            answers = {}
+            for side, side_ports in ports.items():
+                topk = TopKRequest(
+                    namespace=namespace,
+                    scope_ref=f"{scope_ref}@{descriptor.generation_id}",
+                    query_text=query.text,
+                    result_limit=TOP_K,
+                    filters=query.filters,
+                    profile=profile.id,
+                    phrase_plan=query.phrase_plan,
+                    include=Include(
+                        payload=False, metadata=False, score_breakdown=False, query_plan=False
+                    ),
+                    timeout_seconds=_TIMEOUT_S,
+                )
+                # Each side's recordings start empty: a source a profile does not
+                # search leaves None (no inclusion figure for it).
+                for source in production if side == "production" else reference:
+                    source.last = None
+                response = topk_records(
+                    topk, principal=Principal(), ports=side_ports, limits=setup.limits
+                )
+                answers[side] = [(r.document_id, r.score) for r in response.results]
+            if index == 0:
+                for name, made, exact in (
+                    ("lexical", production[0].last, reference[0].last),
+                    ("vector", production[1].last, reference[1].last),
+                ):
+                    if made is not None and exact:
+                        tally.inclusion[name].append(_inclusion(made, exact))
+            _compare(profile.id, answers["production"], answers["reference"], tally)
+    depths = setup.limits.depths(resolved[0], TOP_K)
+    slices = tuple(
+        _figures(name, tallies[name], depths, skipped=_skipped(name, queries)) for name in SLICES
+    )
+    failures = receipt_failures(slices, setup.thresholds)
+    receipt = QualificationReceipt(
+        generation_id=descriptor.generation_id,
+        namespace=namespace,
+        snapshot_kind=kind,
+        descriptor_digest=descriptor.descriptor_digest,
+        position=position,
+        shards=descriptor.topology.shards,
+        replicas=descriptor.topology.replicas,
+        caps={"lexical": depths["lexical"], "vector": depths["vector"], "top_k": TOP_K},
+        profiles={p.id: sha256_json(p.model_dump(mode="json")) for p in resolved},
+        rrf_k={p.id: int(p.rrf_k) for p in resolved if isinstance(p, RrfProfile)},
+        method=dict(setup.method),
+        sample_digest=sha256_json(
+            [[q.slice, q.text, q.filters.model_dump(mode="json"), _plan_json(q)] for q in queries]
+        ),
+        sample_size=len(queries),
+        slices=slices,
+        thresholds=setup.thresholds,
+        passed=not failures,
+        failures=failures,
+        created_at=setup.clock(),
+        seconds=round(time.perf_counter() - started, 3),
+    )
+    return receipt.with_id()
+
+
+def _ports(base: QueryPorts, sources: tuple[_Recording, _Recording], now: datetime) -> QueryPorts:
+    # No response cache (every answer is computed), no eligibility gate (the receipt
+    # measures the indexes), sources one after the other (rankings are the same), one
+    # clock for both sides (freshness).
+    return dataclasses.replace(
+        base,
+        lexical=sources[0],
+        vectors=sources[1],
+        responses=None,
+        eligibility=None,
+        overlap=None,
+        clock=lambda: now,
+    )
+
+
+def _scope_ref(ports: QueryPorts, namespace: str, kind: str) -> str:
+    """A scope ref of the namespace that reads `kind` with no fixed filters."""
+    if ports.scopes is not None:
+        for ref, definition in sorted(ports.scopes.registry.refs(namespace).items()):
+            if definition.snapshot_kind == kind and definition.filters is None:
+                return ref
+    raise ValueError(f"no scope ref of {namespace!r} reads {kind!r} unfiltered")
+
+
+def _sample(
+    generation_id: str,
+    namespace: str,
+    kind: str,
+    size: int,
+    request: QualifyRequest,
+    setup: QualifySetup,
+) -> list[_Query]:
+    """`size` documents of the scope, drawn by a generator seeded with the generation
+    id, turned into queries spread over the slices the namespace can have."""
+    records = setup.production.records
+    seed = int(hashlib.sha256(generation_id.encode()).hexdigest()[:16], 16)
+    rng = random.Random(seed)
+    total, _ = records.page(namespace, None, 0, 1)
+    offsets = rng.sample(range(total), min(total, size * 2)) if total else []
+    drawn: list[Record] = []
+    for offset in offsets:
+        if len(drawn) >= size:
+            break
+        _, page = records.page(namespace, None, offset, 1)
+        for stored in page:
+            record = Record.model_validate_json(stored.record_json)
+            if record.snapshot_kind == kind and (request.queries or record.text.title.strip()):
+                drawn.append(record)
+    vocabularies = setup.limits.vocabularies.vocabularies(namespace)
+    terms = setup.limits.vocabularies.terms(namespace, vocabularies[0]) if vocabularies else []
+    slices = [s for s in SLICES if s != "phrase" or terms]
+    queries: list[_Query] = []
+    for index, record in enumerate(drawn):
+        text = request.queries[index % len(request.queries)] if request.queries else ""
+        text = text or record.text.title
+        name = slices[index % len(slices)]
+        query = _Query(name, text, QueryFilters())
+        if name == "tenant":
+            query.filters = QueryFilters(galaxy=record.galaxy)
+        elif name == "status_visibility":
+            query.filters = QueryFilters(
+                status=[record.metadata.status],
+                visibility=list(record.metadata.visibility) or None,
+            )
+        elif name == "phrase":
+            term = terms[rng.randrange(len(terms))]
+            query.phrase_plan = PhrasePlan(
+                vocabulary=vocabularies[0], groups=[PhraseGroup(alternatives=[term])]
+            )
+        queries.append(query)
+    return queries
+
+
+def _plan_json(query: _Query) -> Any:
+    return None if query.phrase_plan is None else query.phrase_plan.model_dump(mode="json")
+
+
+def _skipped(name: str, queries: Sequence[_Query]) -> str:
+    if any(q.slice == name for q in queries):
+        return ""
+    if name == "phrase":
+        return "the namespace has no phrase-plan vocabulary"
+    return "the sample drew no query for it"
+
+
+def _inclusion(made: Sequence[Candidate], exact: Sequence[Candidate]) -> float:
+    """|candidates ∩ reference top-D| / |reference top-D| (D = the reference's length:
+    both searched with the same cap)."""
+    wanted = {c.document_id for c in exact}
+    return len(wanted & {c.document_id for c in made}) / len(wanted)
+
+
+def _compare(
+    profile: str,
+    made: Sequence[tuple[str, float]],
+    exact: Sequence[tuple[str, float]],
+    tally: _Tally,
+) -> None:
+    if not exact:
+        if made:  # The reference found nothing, production did: nothing agrees.
+            tally.overlap.setdefault(profile, []).append(0.0)
+            tally.order.setdefault(profile, []).append(0.0)
+        return
+    made_ids = [d for d, _ in made]
+    exact_ids = [d for d, _ in exact]
+    tally.overlap.setdefault(profile, []).append(
+        len(set(made_ids) & set(exact_ids)) / len(exact_ids)
+    )
+    same = sum(1 for i, d in enumerate(exact_ids) if i < len(made_ids) and made_ids[i] == d)
+    tally.order.setdefault(profile, []).append(same / len(exact_ids))
+    scores = dict(made)
+    worst = tally.score_diff.get(profile, 0.0)
+    for document_id, score in exact:
+        if document_id in scores:
+            diff = abs(scores[document_id] - score) / max(abs(score), 1e-12)
+            worst = max(worst, diff)
+    tally.score_diff[profile] = worst
+
+
+def _figures(name: str, tally: _Tally, depths: Mapping[str, int], *, skipped: str) -> SliceFigures:
+    sources = {
+        source: SourceFigures(
+            cap=depths[source],
+            queries=len(values),
+            inclusion_mean=_mean(values),
+            inclusion_min=min(values) if values else None,
+        )
+        for source, values in tally.inclusion.items()
+    }
+    profiles = {
+        profile: ProfileFigures(
+            queries=len(tally.overlap[profile]),
+            overlap_mean=_mean(tally.overlap[profile]),
+            overlap_min=min(tally.overlap[profile]),
+            order_agreement_mean=_mean(tally.order[profile]),
+            order_agreement_min=min(tally.order[profile]),
+            score_max_rel_diff=tally.score_diff.get(profile, 0.0),
+        )
+        for profile in sorted(tally.overlap)
+    }
+    return SliceFigures(
+        slice=name, queries=tally.queries, skipped=skipped, sources=sources, profiles=profiles
+    )
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(statistics.fmean(values), 6) if values else None

@@ -1,0 +1,149 @@
+"""Qualification receipts, thresholds, index topology settings and the promote gate's
+pure parts (the real-cluster flow: tests/e2e/test_shards.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.admin import BuildRequest
+from contracts.digests import sha256_json
+from contracts.errors import ErrorCode, OrreryError
+from contracts.generations import IndexConfig, Topology
+from contracts.qualification import (
+    ProfileFigures,
+    QualificationReceipt,
+    QualificationThresholds,
+    SliceFigures,
+    SourceFigures,
+    receipt_failures,
+)
+from projector.adapters.tantivy_lexical import TantivyLexicalIndex
+from projector.generations import config_schema_digest
+from query.settings import QuerySettings
+
+NOW = datetime(2026, 12, 2, tzinfo=UTC)
+
+
+def _slice(
+    lexical: float = 1.0,
+    vector_mean: float = 1.0,
+    vector_min: float = 1.0,
+    overlap: float = 1.0,
+    order: float = 1.0,
+) -> SliceFigures:
+    return SliceFigures(
+        slice="unfiltered",
+        queries=5,
+        sources={
+            "lexical": SourceFigures(
+                cap=100, queries=5, inclusion_mean=lexical, inclusion_min=lexical
+            ),
+            "vector": SourceFigures(
+                cap=100, queries=5, inclusion_mean=vector_mean, inclusion_min=vector_min
+            ),
+        },
+        profiles={
+            "rrf@2": ProfileFigures(
+                queries=5,
+                overlap_mean=overlap,
+                overlap_min=overlap,
+                order_agreement_mean=order,
+                order_agreement_min=order,
+            )
+        },
+    )
+
+
+def test_a_receipt_is_named_by_the_digest_of_its_canonical_json() -> None:
+    receipt = QualificationReceipt(
+        generation_id="g2",
+        namespace="ns",
+        snapshot_kind="objects",
+        descriptor_digest="d",
+        position=3,
+        shards=3,
+        replicas=1,
+        caps={"lexical": 100, "vector": 100, "top_k": 10},
+        profiles={"rrf@2": "x"},
+        sample_digest="s",
+        sample_size=5,
+        slices=(_slice(),),
+        thresholds=QualificationThresholds(),
+        passed=True,
+        created_at=NOW,
+    ).with_id()
+    body = receipt.model_dump(mode="json")
+    del body["receipt_id"]
+    assert receipt.receipt_id == sha256_json(body)
+    assert receipt.id_is_valid()
+    assert not receipt.model_copy(update={"passed": False}).id_is_valid()
+
+
+def test_every_threshold_is_checked() -> None:
+    thresholds = QualificationThresholds()
+    assert receipt_failures((_slice(),), thresholds) == ()
+    assert "lexical inclusion" in receipt_failures((_slice(lexical=0.99),), thresholds)[0]
+    assert "vector inclusion mean" in receipt_failures((_slice(vector_mean=0.98),), thresholds)[0]
+    assert "vector inclusion min" in receipt_failures((_slice(vector_min=0.9),), thresholds)[0]
+    assert "overlap" in receipt_failures((_slice(overlap=0.9),), thresholds)[0]
+    assert "order agreement" in receipt_failures((_slice(order=0.9),), thresholds)[0]
+    # HNSW may miss a little: within the vector thresholds passes.
+    assert receipt_failures((_slice(vector_mean=0.995, vector_min=0.96),), thresholds) == ()
+    assert receipt_failures((), thresholds) == ("the sample ran no query",)
+
+
+@given(st.floats(0.0, 1.0), st.floats(0.0, 1.0))
+def test_a_receipt_fails_exactly_when_a_figure_is_below_its_threshold(
+    figure: float, threshold: float
+) -> None:
+    thresholds = QualificationThresholds(lexical_inclusion=threshold)
+    failed = bool(receipt_failures((_slice(lexical=figure),), thresholds))
+    assert failed == (figure < threshold)
+
+
+def test_topology_per_scope_and_its_digest() -> None:
+    settings = QuerySettings(
+        index_shards=2,
+        index_replicas=1,
+        index_topology='{"big": {"shards": 4}, "big/docs": {"shards": 8, "replicas": 0}}',
+    )
+    assert settings.index_shape("other", "objects") == (2, 1)
+    assert settings.index_shape("big", "objects") == (4, 1)
+    assert settings.index_shape("big", "docs") == (8, 0)
+    one = IndexConfig()
+    three = one.model_copy(update={"shards": 3})
+    assert config_schema_digest("s", one) != config_schema_digest("s", three)
+    hnsw = one.model_copy(update={"hnsw_m": 32})
+    assert config_schema_digest("s", one) != config_schema_digest("s", hnsw)
+    assert (
+        Topology(lexical_engine="a", lexical_index="a", vector_engine="b", vector_index="b").spread
+        is False
+    )
+    with pytest.raises(ValueError, match="ORRERY_INDEX_TOPOLOGY"):
+        QuerySettings(index_topology='{"x": {"shards": 0}}')
+
+
+def test_embedded_mode_refuses_shards() -> None:
+    with pytest.raises(ValueError, match="embedded mode keeps every generation in one shard"):
+        QuerySettings(index_shards=3).check_embedded_topology()
+    QuerySettings().check_embedded_topology()
+    with pytest.raises(ValueError, match="one shard"):
+        QuerySettings(index_topology='{"ns": {"replicas": 1}}').check_embedded_topology()
+
+
+def test_embedded_engines_refuse_a_spread_index(tmp_path: object) -> None:
+    from pathlib import Path
+
+    index = TantivyLexicalIndex(Path(str(tmp_path)))
+    try:
+        with pytest.raises(OrreryError) as raised:
+            index.create("g1", shards=3)
+        assert raised.value.code is ErrorCode.INVALID_REQUEST
+        assert "tantivy" in raised.value.message
+    finally:
+        index.close()
+    assert BuildRequest(namespace="ns", snapshot_kind="objects", shards=3).shards == 3
