@@ -42,6 +42,9 @@ class OutboxRelaySource(Protocol):
     def mark_published(self, positions: Sequence[int]) -> None:
         """Mark rows as acknowledged by the log; unknown or marked positions are ignored."""
 
+    def pending(self) -> int:
+        """How many rows are not marked yet (the outbox depth), as of one snapshot."""
+
     def close(self) -> None: ...
 
 

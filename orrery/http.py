@@ -25,7 +25,9 @@ from contracts.auth import Access, declare
 from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, OrreryError
 from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
+from contracts.request_context import note_error
 from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
+from orrery.telemetry import Observability, RequestTelemetry, metrics_router
 
 __all__ = ["build_app", "install_error_handlers", "install_openapi", "install_request_guard"]
 
@@ -46,9 +48,11 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     stream_paths: Sequence[str] = (),
     max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
+    observability: Observability | None = None,
 ) -> FastAPI:
     """An app with Orrery's error shape, request guard and OpenAPI document, `/healthz`,
-    and `routers` mounted in order."""
+    and `routers` mounted in order; with `observability`, the request telemetry around
+    it all (ids, metrics, spans, access log) and `GET /metrics` when metrics are on."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
     app = FastAPI(title=title, version="0.1.0", telemetry=_NO_TELEMETRY)
@@ -56,6 +60,17 @@ def build_app(
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip
     install_openapi(app)
+    if observability is not None:
+        # Added last: the outermost middleware, so it sees the guard's refusals too.
+        app.add_middleware(RequestTelemetry, observability=observability)
+        if observability.metrics is not None:
+            app.include_router(
+                metrics_router(
+                    observability.metrics,
+                    admin_key=observability.admin_key,
+                    open_=observability.open,
+                )
+            )
 
     @app.get(
         "/healthz",
@@ -73,6 +88,7 @@ def build_app(
 
 def _error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> JSONResponse:
     err = OrreryError(code, message, details)
+    note_error(code.value)
     return JSONResponse(err.to_response().model_dump(mode="json"), status_code=err.http_status)
 
 
@@ -122,6 +138,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OrreryError)
     async def _orrery(_: Request, exc: OrreryError) -> JSONResponse:
+        dependency = exc.details.get("dependency") if exc.details else None
+        note_error(exc.code.value, dependency if isinstance(dependency, str) else None)
         return JSONResponse(exc.to_response().model_dump(mode="json"), status_code=exc.http_status)
 
     @app.exception_handler(RequestValidationError)
@@ -141,6 +159,7 @@ def install_error_handlers(app: FastAPI) -> None:
             ErrorCode.INVALID_REQUEST if exc.status_code < 500 else ErrorCode.INTERNAL,
         )
         body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail)))
+        note_error(code.value)
         return JSONResponse(
             body.model_dump(mode="json"), status_code=HTTP_STATUS[code], headers=exc.headers
         )

@@ -96,6 +96,12 @@ class PostgresOutboxReader:
                 self._release(commit=False)
                 raise
 
+    def pending(self) -> int:
+        # Its own pooled connection: never inside a claim, so it takes no row lock.
+        with driver_errors("count outbox rows"), self._pool.connection() as conn:
+            row = conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetchone()
+        return 0 if row is None else int(row[0])
+
     @staticmethod
     def _mark(conn: psycopg.Connection[Any], positions: list[int]) -> None:
         conn.execute(

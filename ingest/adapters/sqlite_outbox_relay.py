@@ -83,6 +83,16 @@ class SqliteOutboxReader:
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
 
+    def pending(self) -> int:
+        try:
+            with self._lock:
+                (count,) = self._conn.execute(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+                ).fetchone()
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", str(exc)) from exc
+        return int(count)
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

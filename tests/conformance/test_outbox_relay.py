@@ -110,6 +110,17 @@ class RecordingPublisher:
         pass
 
 
+def test_pending_counts_the_rows_not_marked(backend: Backend) -> None:
+    store, source = backend.store(), backend.source()
+    assert source.pending() == 0
+    store.write([rec(f"d{i}") for i in range(5)])
+    assert source.pending() == 5
+    rows = source.unpublished(3)
+    assert source.pending() == 5  # claimed rows are still pending until marked
+    source.mark_published([r.position for r in rows])
+    assert source.pending() == 2
+
+
 def test_unpublished_in_order_until_marked(backend: Backend) -> None:
     store, source = backend.store(), backend.source()
     store.write([rec(f"d{i}") for i in range(5)])

@@ -1,0 +1,163 @@
+"""`GET /metrics` after a known sequence shows exactly that sequence; labels stay bounded.
+
+An embedded stack in this process (hashing embedder: builds run in process), driven
+over its HTTP app: N write batches, M distinct queries plus one repeated (a cache hit),
+one build → verify → promote, one refused request. The scrape must count exactly those.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from orrery.embedded import EmbeddedStack
+from query.settings import QuerySettings
+from tests.e2e.test_embedded_http import rec
+from tests.fakes import FakeHashingEmbedder
+
+ADMIN_KEY = "metrics-admin-key"
+API_KEY = "metrics-key"
+NS = "metrics_ns"
+SCOPE = "longterm:objects:current"
+HEADERS = {"x-api-key": API_KEY}
+ADMIN = {"x-admin-key": ADMIN_KEY}
+N_BATCHES = 3
+PER_BATCH = 4
+QUERIES = ["thermos", "house keys", "garden hose", "reading glasses"]
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    settings = QuerySettings(
+        data_dir=tmp_path / "data",
+        api_keys=f"{API_KEY}={NS}",
+        admin_key=ADMIN_KEY,
+        projector_poll_seconds=0.02,
+        gen_build_in_child=False,
+    )
+    stack = EmbeddedStack.open(settings, embedder=FakeHashingEmbedder(dimension=32))
+    stack.start()
+    try:
+        with TestClient(stack.app) as test_client:
+            yield test_client
+    finally:
+        stack.close()
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(client: TestClient) -> Samples:
+    response = client.get("/metrics", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    out: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            out[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
+
+
+def wait_caught_up(client: TestClient, documents: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        body = client.get("/v1/readiness", headers=HEADERS).json()
+        scopes = body["scopes"]
+        if body["ready"] and scopes and scopes[0]["document_count"] == documents:
+            return
+        assert time.monotonic() < deadline, body
+        time.sleep(0.05)
+
+
+def admin(client: TestClient, path: str, body: dict[str, Any] | None = None) -> Any:
+    response = client.post(f"/v1/admin/generations{path}", json=body or {}, headers=ADMIN)
+    assert response.status_code in (200, 202), response.text
+    return response.json()
+
+
+def test_a_scrape_counts_exactly_the_sequence(client: TestClient) -> None:
+    assert client.get("/metrics").status_code == 401  # the operator key is needed
+    assert client.get("/metrics", headers=HEADERS).status_code == 401  # a tenant's is not it
+    for batch in range(N_BATCHES):
+        records = [
+            rec(f"doc:{batch}:{i}", namespace=NS, title=f"{QUERIES[i]} {batch}", body="x")
+            for i in range(PER_BATCH)
+        ]
+        response = client.post("/v1/records", json=records, headers=HEADERS)
+        assert response.status_code == 200, response.text
+    wait_caught_up(client, N_BATCHES * PER_BATCH)
+    for text in [*QUERIES, QUERIES[0]]:  # the repeat is answered from the response cache
+        response = client.post(
+            "/v1/external/retrieve/topk_records",
+            json={"namespace": NS, "scope_ref": SCOPE, "query_text": text},
+            headers=HEADERS,
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-request-id"]
+    refused = client.post(
+        "/v1/records", content=b"x", headers={**HEADERS, "content-type": "text/plain"}
+    )
+    assert refused.status_code == 415
+
+    generation_id = admin(client, "/build", {"namespace": NS, "snapshot_kind": "objects"})["row"][
+        "generation_id"
+    ]
+    deadline = time.monotonic() + 60
+    while client.get(f"/v1/admin/generations/{generation_id}", headers=ADMIN).json()["row"][
+        "state"
+    ] in ("building",):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    admin(client, f"/{generation_id}/verify")
+    admin(client, f"/{generation_id}/promote")
+
+    s = scrape(client)
+    requests = "orrery_http_request_duration_seconds_count"
+    assert value(s, requests, route="/v1/records", method="POST", status="200") == N_BATCHES
+    # The request guard refuses before any route matched.
+    assert value(s, requests, route="<unmatched>", method="POST", status="415") == 1
+    topk = "/v1/external/retrieve/topk_records"
+    assert value(s, requests, route=topk, status="200") == len(QUERIES) + 1
+    assert value(s, requests, route=topk) == len(QUERIES) + 1
+    promote = "/v1/admin/generations/{generation_id}/promote"
+    assert value(s, requests, route=promote, status="200") == 1
+    assert value(s, "orrery_errors_total", code="unsupported_media_type") == 1
+    assert value(s, "orrery_errors_total", code="unauthorized") == 2  # the two keyless scrapes
+    assert value(s, "orrery_errors_total") == 3
+    # Every stage of every answered query, once per query.
+    for stage in ("scope_resolve", "candidate_fetch", "index_search", "rerank"):
+        count = value(s, "orrery_query_stage_duration_seconds_count", endpoint="topk", stage=stage)
+        assert count == len(QUERIES) + 1, stage
+    assert value(s, "orrery_query_cache_total", result="miss") == len(QUERIES)
+    assert value(s, "orrery_query_cache_total", result="hit") == 1
+    # A cache hit searches nothing: candidates are counted for the misses only.
+    assert value(s, "orrery_query_candidates_count", source="lexical") == len(QUERIES)
+    assert value(s, "orrery_embedder_texts_total", use="queries") == len(QUERIES)
+    assert value(s, "orrery_embedder_texts_in_flight") == 0
+    # The projector applied each written record once (the build loads its own snapshot).
+    assert value(s, "orrery_projector_events_applied_total") == N_BATCHES * PER_BATCH
+    assert value(s, "orrery_projector_batch_failures_total") == 0
+    assert value(s, "orrery_scope_lag_events", snapshot_kind="objects") == 0
+    assert value(s, "orrery_generations", snapshot_kind="objects", state="live") == 1
+    assert value(s, "orrery_generations", snapshot_kind="objects") == 2
+    # One scope, eligible or (its new generation's first check still running) not yet.
+    assert value(s, "orrery_scopes_eligible", snapshot_kind="objects") == 1
+    # No label holds the namespace (ORRERY_METRICS_NAMESPACE_LABELS is off).
+    assert not [key for key in s if ("namespace", NS) in key[1]]
+    # A second scrape changes no counter of the sequence (a scrape is not a request of
+    # the counted routes; it counts itself under /metrics).
+    again = scrape(client)
+    assert value(again, requests, route=topk) == len(QUERIES) + 1
+    assert value(again, requests, route="/metrics", status="200") == 1
