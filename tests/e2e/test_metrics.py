@@ -161,3 +161,69 @@ def test_a_scrape_counts_exactly_the_sequence(client: TestClient) -> None:
     again = scrape(client)
     assert value(again, requests, route=topk) == len(QUERIES) + 1
     assert value(again, requests, route="/metrics", status="200") == 1
+
+
+def series(samples: Samples) -> dict[str, int]:
+    """Series per metric name."""
+    out: dict[str, int] = {}
+    for name, _ in samples:
+        out[name] = out.get(name, 0) + 1
+    return out
+
+
+def test_label_cardinality_is_bounded_with_1000_namespaces(tmp_path: Path) -> None:
+    settings = QuerySettings(data_dir=tmp_path / "data", projector_poll_seconds=0.02)
+    stack = EmbeddedStack.open(settings, embedder=FakeHashingEmbedder(dimension=32))
+    stack.start()
+    try:
+        with TestClient(stack.app) as http:
+            before = series(scrape(http))
+            for i in range(1_000):
+                namespace = f"tenant_{i:04d}"
+                answer = http.post(
+                    "/v1/external/retrieve/topk_records",
+                    json={"namespace": namespace, "scope_ref": SCOPE, "query_text": "x"},
+                )
+                assert answer.status_code == 503, answer.text  # no generation yet
+                if i % 500 == 0:
+                    written = http.post("/v1/records", json=[rec("a", namespace=namespace)])
+                    assert written.status_code == 200
+            after = scrape(http)
+    finally:
+        stack.close()
+    grown = {name: n - before.get(name, 0) for name, n in series(after).items()}
+    # 1,000 namespaces add a handful of series (the new routes and statuses), none per
+    # namespace: no label value names one.
+    assert sum(max(0, n) for n in grown.values()) < 200, grown
+    assert not [key for key in after if any(k == "namespace" for k, _ in key[1])]
+    assert value(after, "orrery_errors_total", code="scope_not_ready") == 1_000
+
+
+def test_namespace_labels_only_when_asked() -> None:
+    from prometheus_client import generate_latest
+
+    from orrery.telemetry import Metrics, state_collector
+
+    body = {
+        "log_high_water": 10,
+        "scopes": [
+            {"namespace": f"tenant_{i:04d}", "snapshot_kind": "objects", "lag_events": i % 7,
+             "lag_seconds": i / 1000.0, "eligible": True}
+            for i in range(1_000)
+        ],
+    }  # fmt: skip
+    rows = [(f"tenant_{i:04d}", "objects", "live") for i in range(1_000)]
+    for labelled, expected in ((False, 1), (True, 1_000)):
+        metrics = Metrics(["query"], namespace_labels=labelled)
+        state_collector(metrics, readiness=lambda: body, generations=lambda: rows)
+        parsed = {
+            f.name: f
+            for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+        }
+        assert len(parsed["orrery_scope_lag_events"].samples) == expected
+        assert len(parsed["orrery_generations"].samples) == expected
+        if not labelled:
+            (lag,) = parsed["orrery_scope_lag_events"].samples
+            assert lag.value == 6  # the worst namespace's lag
+            (seconds,) = parsed["orrery_scope_lag_seconds"].samples
+            assert seconds.value == pytest.approx(0.999)
