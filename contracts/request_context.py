@@ -31,6 +31,9 @@ class RequestContext:
 
     request_id: str
     trace_id: str | None = None
+    # The request span as a W3C `traceparent` (tracing on): what a write carries along
+    # through the outbox and the log, so the projector's batch span links to it.
+    traceparent: str | None = None
     namespace: str | None = None
     error_code: str | None = None
     # The dependency (engine, store, broker) an error came from, when one did.

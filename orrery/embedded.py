@@ -292,15 +292,17 @@ class EmbeddedStack:
         *,
         embedder: Embedder | None = None,
         ingest: IngestSettings | None = None,
+        span_exporter: Any = None,
     ) -> EmbeddedStack:
         """The stack on `settings.data_dir`; `ingest` paces `POST /v1/records` (default:
-        `IngestSettings()` from the environment)."""
+        `IngestSettings()` from the environment); `span_exporter` receives the spans
+        (with `settings.tracing`) instead of the OTLP endpoint."""
         data_dir = settings.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         lock = operator_lock(data_dir)
         lock.acquire()
         try:
-            return cls._open(settings, lock, embedder, ingest or IngestSettings())
+            return cls._open(settings, lock, embedder, ingest or IngestSettings(), span_exporter)
         except BaseException:
             lock.release()
             raise
@@ -312,11 +314,14 @@ class EmbeddedStack:
         lock: OperatorLock,
         embedder: Embedder | None,
         ingest: IngestSettings,
+        span_exporter: Any = None,
     ) -> EmbeddedStack:
         data_dir = settings.data_dir
         db_path = canonical_db_path(data_dir)
         grants = parse_api_keys(settings.api_keys)
-        observability, close_observability = open_observability(settings, ("embedded",))
+        observability, close_observability = open_observability(
+            settings, ("embedded",), span_exporter=span_exporter
+        )
         metrics = observability.metrics
         # The bulk-load child makes the default embedder itself (one thread).
         child_embedder = (

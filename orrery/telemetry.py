@@ -205,8 +205,10 @@ class Metrics:
             ["use"],
             registry=r,
         )
-        # Labelled children by label values: `labels()` costs a lock and a tuple build.
+        # Labelled children by label values: `labels()` costs a lock, a tuple build and
+        # validation per call; a dict lookup does not. Only bounded values become keys.
         self._http_children: dict[tuple[str, str, int], Any] = {}
+        self._children: dict[tuple[str, str, str], Any] = {}
 
     # --- HTTP ---------------------------------------------------------------------------
 
@@ -238,15 +240,31 @@ class Metrics:
         cache: str,
         source_counts: Mapping[str, int],
     ) -> None:
-        stage = self.stage
+        children = self._children
         for name, ms in stages_ms.items():
-            stage.labels(endpoint, name).observe(ms / 1000.0)
+            key = ("stage", endpoint, name)
+            child = children.get(key)
+            if child is None:
+                child = children.setdefault(key, self.stage.labels(endpoint, name))
+            child.observe(ms / 1000.0)
         for call, ms in engine_ms.items():
-            self.engine.labels(_bounded(call)).observe(ms / 1000.0)
+            key = ("engine", call, "")
+            child = children.get(key)
+            if child is None:
+                child = children.setdefault(key, self.engine.labels(_bounded(call)))
+            child.observe(ms / 1000.0)
         if cache != "disabled":
-            self.cache.labels(cache).inc()
+            key = ("cache", cache, "")
+            child = children.get(key)
+            if child is None:
+                child = children.setdefault(key, self.cache.labels(cache))
+            child.inc()
         for source, count in source_counts.items():
-            self.candidates.labels(source).observe(count)
+            key = ("candidates", source, "")
+            child = children.get(key)
+            if child is None:
+                child = children.setdefault(key, self.candidates.labels(source))
+            child.observe(count)
 
     # --- background loops ----------------------------------------------------------------
 
@@ -604,10 +622,12 @@ class RequestTelemetry:
 
 
 def open_observability(
-    settings: QuerySettings, roles: Iterable[str]
+    settings: QuerySettings, roles: Iterable[str], *, span_exporter: Any = None
 ) -> tuple[Observability, Callable[[], None]]:
     """The observability of one process from its settings, and the function that stops
-    what it started (the metrics port's listener, the span exporter)."""
+    what it started (the metrics port's listener, the span exporter). `span_exporter`
+    (an OpenTelemetry `SpanExporter`, tests: in memory) receives the spans instead of
+    the OTLP endpoint."""
     from orrery.tracing import open_tracing
 
     closers: list[Callable[[], None]] = []
@@ -620,7 +640,9 @@ def open_observability(
             )
     tracing = None
     if settings.tracing:
-        tracing = open_tracing(settings.otlp_endpoint, service="orrery", roles=roles)
+        tracing = open_tracing(
+            settings.otlp_endpoint, service="orrery", roles=roles, exporter=span_exporter
+        )
         closers.append(tracing.close)
     access = settings.access_log if settings.access_log is not None else settings.mode == "servers"
     observability = Observability(

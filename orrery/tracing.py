@@ -62,7 +62,9 @@ class Tracing:
             attributes={"http.request.method": scope["method"]},
         )
         token = otel_context.attach(trace.set_span_in_context(span))
-        context.trace_id = format(span.get_span_context().trace_id, "032x")
+        own = span.get_span_context()
+        context.trace_id = format(own.trace_id, "032x")
+        context.traceparent = f"00-{context.trace_id}-{own.span_id:016x}-{own.trace_flags:02x}"
         return span, token
 
     def end_request(self, handle: Any, route: str, status: int, context: RequestContext) -> None:

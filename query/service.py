@@ -20,6 +20,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
 from contracts.phrases import PhrasePlan, PhrasePlanReport
 from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
+from contracts.request_context import current as current_request
 from contracts.request_context import note_namespace
 from contracts.timing import engine_clock
 from contracts.topk import (
@@ -929,7 +930,13 @@ def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPl
         pinned_generation=ranked.pinned_generation,
         continuation=None if ranked.paging is None else ranked.paging.continuation,
         phrase_plan=ranked.phrase_plan,
+        trace_id=_trace_id(),
     )
+
+
+def _trace_id() -> str | None:
+    request = current_request()
+    return None if request is None else request.trace_id
 
 
 def _response_key(
@@ -1174,7 +1181,12 @@ def _from_cache(
             )
     if plan is not None:
         plan = plan.model_copy(
-            update={"latency_ms": ranked.watch.latency(), "engine_ms": {}, "cache": "hit"}
+            update={
+                "latency_ms": ranked.watch.latency(),
+                "engine_ms": {},
+                "cache": "hit",
+                "trace_id": _trace_id(),
+            }
         )
     return cached.model_copy(
         update={
