@@ -73,7 +73,7 @@ resolve-pythons: venv
 	  $(PY) -m pip install --quiet --dry-run --only-binary=:all: --python-version $$v \
 	    --ignore-installed --target $(VENV)/resolve-$$v \
 	    --report $(VENV)/resolve-$$v.json -r $(VENV)/pinned-requirements.txt || exit 1; \
-	  $(PY) -c 'import json, sys; r = json.load(open(sys.argv[1])); print(f"Python {sys.argv[2]}: {len(r[\"install\"])} wheels resolved")' $(VENV)/resolve-$$v.json $$v; \
+	  $(PY) -c 'import json, sys; r = json.load(open(sys.argv[1])); print("Python %s: %d wheels resolved" % (sys.argv[2], len(r["install"])))' $(VENV)/resolve-$$v.json $$v; \
 	done
 
 imports: venv

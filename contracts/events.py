@@ -12,6 +12,7 @@ from contracts.records import Record
 __all__ = [
     "OUTBOX_EVENT_IS_RECORD",
     "POSITION_HEADER",
+    "TRACE_HEADER",
     "LogEntry",
     "RecordChanged",
     "outbox_event_json",
@@ -70,12 +71,16 @@ class LogEntry(BaseModel):
 
     position: int = Field(ge=1)
     event: RecordChanged
+    # The W3C `traceparent` of the request that wrote the event (None: not traced).
+    trace_context: str | None = None
 
 
 # The Kafka wire format of the event log (server mode): one topic per namespace, the
 # document id as key (so a document's events keep their order), the `RecordChanged`
 # JSON as value, and the outbox position in this header as ASCII digits.
 POSITION_HEADER = "orrery-position"
+# The W3C trace context of the write, when it was traced (`LogEntry.trace_context`).
+TRACE_HEADER = "traceparent"
 
 
 def topic_for(topic_prefix: str, namespace: str) -> str:

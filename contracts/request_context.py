@@ -18,6 +18,7 @@ __all__ = [
     "RequestContext",
     "close_request",
     "current",
+    "current_traceparent",
     "note_error",
     "note_namespace",
     "open_request",
@@ -55,6 +56,12 @@ def close_request(token: object) -> None:
 def current() -> RequestContext | None:
     """The request being served here, or None outside one."""
     return _CURRENT.get()
+
+
+def current_traceparent() -> str | None:
+    """The W3C `traceparent` of the request being served, when it is traced."""
+    context = _CURRENT.get()
+    return None if context is None else context.traceparent
 
 
 def note_namespace(namespace: str) -> None:

@@ -23,6 +23,8 @@ class OutboxRow(NamedTuple):
     document_id: str
     namespace: str
     event_json: str
+    # The W3C `traceparent` of the write (None: it was not traced).
+    trace_context: str | None = None
 
 
 class OutboxRelaySource(Protocol):

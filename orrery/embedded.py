@@ -352,6 +352,8 @@ class EmbeddedStack:
                 progress.wrote(entries[-1].position)
 
         project = projector.step if metrics is None else metrics.wrap_projector_step(projector.step)
+        if observability.tracing is not None:
+            project = observability.tracing.wrap_projector_step(project)
 
         def step() -> BatchReport:
             report: BatchReport = project()

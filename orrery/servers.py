@@ -220,6 +220,8 @@ class ServerStack:
             project = stack.projector.step
             if metrics is not None:
                 project = metrics.wrap_projector_step(project)
+            if observability.tracing is not None:
+                project = observability.tracing.wrap_projector_step(project)
             stack.projector_loop = ProjectorLoop(
                 project, poll_seconds=settings.projector_poll_seconds
             )

@@ -14,7 +14,7 @@ still gives every request a trace id. Tests pass an in-memory exporter.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import Scope
 
@@ -110,8 +110,49 @@ class Tracing:
                 span.set_attribute("orrery.cache", cache)
             span.end(end_time=at)
 
+    # --- the projector -------------------------------------------------------------
+
+    def wrap_projector_step(self, step: Callable[[], Any]) -> Callable[[], Any]:
+        """`step` (a projector batch returning a `BatchReport`) with a `projector.batch`
+        span for each batch that applied events, linked to the spans of the writes it
+        applied (their trace contexts came along through the outbox row, and in server
+        mode the Kafka headers). A failed batch gets an error span."""
+
+        def traced() -> Any:
+            started = time.time_ns()
+            try:
+                report = step()
+            except Exception as exc:
+                span = self.tracer.start_span("projector.batch", start_time=started)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                span.end()
+                raise
+            if report.events:
+                links = [Link(c) for c in map(_span_context, report.trace_contexts) if c]
+                span = self.tracer.start_span(
+                    "projector.batch",
+                    start_time=started,
+                    links=links,
+                    attributes={
+                        "orrery.events": report.events,
+                        "orrery.position": report.position,
+                        "orrery.embedded": report.embedded,
+                    },
+                )
+                span.end()
+            return report
+
+        return traced
+
     def close(self) -> None:
         self.provider.shutdown()
+
+
+def _span_context(traceparent: str) -> SpanContext | None:
+    """The remote span a W3C `traceparent` names, or None for a malformed one."""
+    carried = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent}))
+    context = carried.get_span_context()
+    return context if context.is_valid else None
 
 
 def open_tracing(

@@ -46,7 +46,8 @@ class SqliteOutboxReader:
         try:
             with self._lock:
                 rows = self._conn.execute(
-                    "SELECT o.position, o.document_id, o.namespace, o.event_json, r.record_json "
+                    "SELECT o.position, o.document_id, o.namespace, o.event_json, r.record_json, "
+                    "o.trace_context "
                     "FROM outbox o LEFT JOIN records r ON r.document_id = o.document_id "
                     "AND r.revision = o.revision "
                     "WHERE o.published_at IS NULL ORDER BY o.position LIMIT ?",
@@ -55,8 +56,8 @@ class SqliteOutboxReader:
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return [
-            OutboxRow(int(pos), str(doc), str(ns), str(outbox_event_json(event, record)))
-            for pos, doc, ns, event, record in rows
+            OutboxRow(int(pos), str(doc), str(ns), str(outbox_event_json(event, record)), trace)
+            for pos, doc, ns, event, record, trace in rows
         ]
 
     def mark_published(self, positions: Sequence[int]) -> None:

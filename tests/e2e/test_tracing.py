@@ -95,3 +95,28 @@ def test_a_callers_traceparent_is_continued(
     (span,) = [s for s in exporter.get_finished_spans() if s.name == "GET /healthz"]
     assert format(span.context.trace_id, "032x") == caller_trace
     assert span.parent is not None and span.parent.span_id == 0x00F067AA0BA902B7
+
+
+def test_a_projector_batch_span_links_to_the_write_it_applied(
+    traced: tuple[TestClient, InMemorySpanExporter],
+) -> None:
+    client, exporter = traced
+    response = client.post("/v1/records", json=[rec("linked", namespace=NS, title="linked")])
+    assert response.status_code == 200, response.text
+    (write,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/records"]
+    deadline = time.monotonic() + 60
+    while True:
+        batches = [
+            s
+            for s in exporter.get_finished_spans()
+            if s.name == "projector.batch"
+            and any(link.context.span_id == write.context.span_id for link in s.links)
+        ]
+        if batches:
+            break
+        assert time.monotonic() < deadline, [s.name for s in exporter.get_finished_spans()]
+        time.sleep(0.05)
+    (batch,) = batches
+    (link,) = [link for link in batch.links if link.context.span_id == write.context.span_id]
+    assert link.context.trace_id == write.context.trace_id
+    assert batch.attributes is not None and batch.attributes["orrery.events"] >= 1
