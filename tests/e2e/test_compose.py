@@ -8,7 +8,6 @@ Prometheus would, and each role shows what it did."""
 from __future__ import annotations
 
 import os
-import random
 import re
 import socket
 import subprocess
