@@ -7,6 +7,7 @@ one build → verify → promote, one refused request. The scrape must count exa
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,3 +228,136 @@ def test_namespace_labels_only_when_asked() -> None:
             assert lag.value == 6  # the worst namespace's lag
             (seconds,) = parsed["orrery_scope_lag_seconds"].samples
             assert seconds.value == pytest.approx(0.999)
+
+
+class TcpProxy:
+    """A loopback TCP forwarder to `target` that can be taken down (every connection
+    cut, new ones refused) and brought back on the same port: Redis "down once"."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        import socket
+
+        self.target = (target_host, target_port)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = int(probe.getsockname()[1])
+        self._sockets: list[Any] = []
+        self._server: Any = None
+        self.up()
+
+    def up(self) -> None:
+        import socket
+        import threading
+
+        server = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        self._server = server
+
+        def pump(src: Any, dst: Any) -> None:
+            try:
+                while data := src.recv(65536):
+                    dst.sendall(data)
+            except OSError:
+                pass
+            finally:
+                for s in (src, dst):
+                    with contextlib.suppress(OSError):
+                        s.close()
+
+        def accept() -> None:
+            while True:
+                try:
+                    client, _ = server.accept()
+                except OSError:
+                    return
+                upstream = socket.create_connection(self.target)
+                self._sockets += [client, upstream]
+                threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+                threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+
+    def down(self) -> None:
+        import socket
+
+        # shutdown() first: it wakes the accept() blocked on the socket (close alone leaves
+        # the kernel socket listening until that accept returns).
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        for s in self._sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+        self._sockets.clear()
+
+
+@pytest.mark.servers
+@pytest.mark.slow
+def test_server_mode_scrape_counts_writes_queries_and_redis_down_once(tmp_path: Path) -> None:
+    from urllib.parse import urlparse
+
+    from orrery.servers import Role, ServerStack
+    from tests.conftest import require_server, run_tag
+    from tests.e2e.test_servers_http import server_env
+
+    redis = urlparse(require_server("redis"))
+    proxy = TcpProxy(redis.hostname or "127.0.0.1", redis.port or 6379)
+    env = server_env(run_tag(), database=False)
+    fields: dict[str, Any] = {k.removeprefix("ORRERY_").lower(): v for k, v in env.items()}
+    fields.update(
+        data_dir=tmp_path / "data",
+        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
+        api_keys=f"{API_KEY}={NS}",
+        admin_key=ADMIN_KEY,
+    )
+    settings = QuerySettings(**fields)
+    stack = ServerStack.open(settings, frozenset(Role), embedder=FakeHashingEmbedder(dimension=32))
+    stack.start()
+    try:
+        assert stack.app is not None
+        with TestClient(stack.app) as client:
+            for batch in range(N_BATCHES):
+                records = [
+                    rec(f"doc:{batch}:{i}", namespace=NS, title=f"{QUERIES[i]} {batch}")
+                    for i in range(PER_BATCH)
+                ]
+                response = client.post("/v1/records", json=records, headers=HEADERS)
+                assert response.status_code == 200, response.text
+            wait_caught_up(client, N_BATCHES * PER_BATCH)
+            states: list[str] = []
+
+            def ask(text: str) -> None:
+                answer = client.post(
+                    "/v1/external/retrieve/topk_records",
+                    json={"namespace": NS, "scope_ref": SCOPE, "query_text": text},
+                    headers=HEADERS,
+                )
+                assert answer.status_code == 200, answer.text  # degraded, never failed
+                states.append(answer.json()["query_plan"]["cache"])
+
+            for text in QUERIES:
+                ask(text)
+            proxy.down()
+            ask("redis is down")
+            assert states[-1] == "unavailable"
+            proxy.up()
+            s = scrape(client)
+    finally:
+        stack.close()
+        proxy.down()
+    # Exactly what the answers said, state by state (a Redis reply slower than the cache's
+    # 50 ms timeout on a loaded machine is `unavailable` too: it is counted as answered).
+    for state in ("hit", "miss", "unavailable"):
+        assert value(s, "orrery_query_cache_total", result=state) == states.count(state), state
+    assert value(s, "orrery_query_cache_total", result="unavailable") >= 1
+    requests = "orrery_http_request_duration_seconds_count"
+    assert value(s, requests, route="/v1/records", status="200") == N_BATCHES
+    topk = "/v1/external/retrieve/topk_records"
+    assert value(s, requests, route=topk, status="200") == len(QUERIES) + 1
+    assert value(s, "orrery_errors_total") == 0  # a cache outage is no error answer
+    assert value(s, "orrery_relay_published_total") == N_BATCHES * PER_BATCH
+    assert value(s, "orrery_relay_outbox_depth") == 0
+    assert value(s, "orrery_projector_events_applied_total") >= N_BATCHES * PER_BATCH
+    assert value(s, "orrery_scope_lag_events", snapshot_kind="objects") == 0
