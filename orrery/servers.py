@@ -144,7 +144,10 @@ class ServerStack:
         roles: frozenset[Role],
         *,
         embedder: Embedder | None = None,
+        span_exporter: Any = None,
     ) -> ServerStack:
+        """The roles of this process; `span_exporter` receives the spans (with
+        `settings.tracing`) instead of the OTLP endpoint."""
         check_settings(settings, roles)
         database_url = settings.database_url
         if database_url:
@@ -156,7 +159,7 @@ class ServerStack:
         stack = cls(settings, roles)
         grants = parse_api_keys(settings.api_keys)
         observability, close_observability = open_observability(
-            settings, [role.value for role in roles]
+            settings, [role.value for role in roles], span_exporter=span_exporter
         )
         stack.observability = observability
         stack.closers.append(close_observability)

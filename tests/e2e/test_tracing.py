@@ -120,3 +120,57 @@ def test_a_projector_batch_span_links_to_the_write_it_applied(
     (link,) = [link for link in batch.links if link.context.span_id == write.context.span_id]
     assert link.context.trace_id == write.context.trace_id
     assert batch.attributes is not None and batch.attributes["orrery.events"] >= 1
+
+
+@pytest.mark.servers
+@pytest.mark.slow
+def test_a_write_is_linked_from_the_batch_of_another_process_through_kafka(
+    tmp_path: Path,
+) -> None:
+    """Two stacks that share only the outbox database and Kafka: ingest + relay in one,
+    the projector in the other. The projector's batch span links to the write span of
+    the other stack: the trace context went outbox row → relay → Kafka header."""
+    from typing import Any
+
+    from orrery.servers import Role, ServerStack
+    from tests.conftest import run_tag
+    from tests.e2e.test_servers_http import server_env
+
+    env = server_env(run_tag(), database=False)
+    fields: dict[str, Any] = {k.removeprefix("ORRERY_").lower(): v for k, v in env.items()}
+    fields.update(data_dir=tmp_path / "data", tracing=True)
+    settings = QuerySettings(**fields)
+    writer_spans, projector_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    embedder = FakeHashingEmbedder(dimension=32)
+    writer = ServerStack.open(
+        settings, frozenset({Role.INGEST, Role.RELAY}), embedder=embedder,
+        span_exporter=writer_spans,
+    )  # fmt: skip
+    projector = ServerStack.open(
+        settings, frozenset({Role.PROJECTOR}), embedder=embedder, span_exporter=projector_spans
+    )
+    writer.start()
+    projector.start()
+    try:
+        assert writer.app is not None
+        with TestClient(writer.app) as client:
+            response = client.post("/v1/records", json=[rec("via-kafka", namespace=NS)])
+            assert response.status_code == 200, response.text
+        (write,) = [s for s in writer_spans.get_finished_spans() if s.name == "POST /v1/records"]
+        deadline = time.monotonic() + 120
+        while True:
+            linked = [
+                s
+                for s in projector_spans.get_finished_spans()
+                if s.name == "projector.batch"
+                and any(link.context.span_id == write.context.span_id for link in s.links)
+            ]
+            if linked:
+                break
+            assert time.monotonic() < deadline, "no projector batch linked to the write"
+            time.sleep(0.1)
+        (link,) = [lk for lk in linked[0].links if lk.context.span_id == write.context.span_id]
+        assert link.context.trace_id == write.context.trace_id
+    finally:
+        projector.close()
+        writer.close()
