@@ -13,6 +13,7 @@ __all__ = [
     "KAFKA_MAX_RECORD_BYTES",
     "OUTBOX_EVENT_IS_RECORD",
     "POSITION_HEADER",
+    "TRACE_HEADER",
     "LogEntry",
     "RecordChanged",
     "outbox_event_json",
@@ -71,6 +72,8 @@ class LogEntry(BaseModel):
 
     position: int = Field(ge=1)
     event: RecordChanged
+    # The W3C `traceparent` of the request that wrote the event (None: not traced).
+    trace_context: str | None = None
 
 
 # The Kafka wire format of the event log (server mode): one topic per namespace, the
@@ -82,6 +85,9 @@ POSITION_HEADER = "orrery-position"
 # refuses larger records at the door (`413 record_too_large`): one that could never be
 # published would stop the relay for every tenant behind it.
 KAFKA_MAX_RECORD_BYTES = 960 * 1024
+
+# The W3C trace context of the write, when it was traced (`LogEntry.trace_context`).
+TRACE_HEADER = "traceparent"
 
 
 def topic_for(topic_prefix: str, namespace: str) -> str:

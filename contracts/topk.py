@@ -252,6 +252,11 @@ class QueryPlan(BaseModel):
     continuation: ContinuationPlan | None = Field(
         default=None, description="Set for paged requests (page_size or cursor)"
     )
+    trace_id: str | None = Field(
+        default=None,
+        description="The OpenTelemetry trace of this request (32 hex digits) when the "
+        "server traces (ORRERY_TRACING=true); its spans name each stage",
+    )
 
 
 class TopKResponse(BaseModel):

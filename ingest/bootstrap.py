@@ -117,8 +117,9 @@ def kafka_relay_step(
     topic_prefix: str,
     partitions: int,
     batch_size: int,
-) -> tuple[Callable[[], int], Callable[[], None]]:
-    """One relay step (outbox → Kafka) and the function that closes its resources."""
+) -> tuple[Callable[[], int], Callable[[], None], Callable[[], int]]:
+    """One relay step (outbox → Kafka), the function that closes its resources, and the
+    outbox depth (rows not published yet, for metrics)."""
     # Imported here: the embedded deployment never loads the Kafka client.
     from ingest.adapters.kafka_publisher import KafkaEventPublisher, KafkaPublisherSettings
     from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
@@ -147,7 +148,7 @@ def kafka_relay_step(
         publisher.close()
         source.close()
 
-    return step, close
+    return step, close, source.pending
 
 
 def store_maintenance(

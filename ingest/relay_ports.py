@@ -23,6 +23,8 @@ class OutboxRow(NamedTuple):
     document_id: str
     namespace: str
     event_json: str
+    # The W3C `traceparent` of the write (None: it was not traced).
+    trace_context: str | None = None
 
 
 class OutboxRelaySource(Protocol):
@@ -41,6 +43,9 @@ class OutboxRelaySource(Protocol):
 
     def mark_published(self, positions: Sequence[int]) -> None:
         """Mark rows as acknowledged by the log; unknown or marked positions are ignored."""
+
+    def pending(self) -> int:
+        """How many rows are not marked yet (the outbox depth), as of one snapshot."""
 
     def close(self) -> None: ...
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import logging
 import signal
 import sys
 import threading
@@ -114,8 +113,12 @@ def _serve_http(app: Any, settings: QuerySettings) -> None:
     uvicorn.Server(config).run()
 
 
-def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+def _logging(role: str = "serve") -> None:
+    """Logs as `ORRERY_LOG_FORMAT` / `ORRERY_LOG_LEVEL` say (`orrery.logs`)."""
+    from orrery.logs import configure_logging
+
+    settings = QuerySettings()
+    configure_logging(settings.log_format, settings.log_level, role)
 
 
 @app.command()
@@ -213,7 +216,7 @@ def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> 
 @app.command()
 def relay(data_dir: DataDir = None) -> None:
     """Server mode: publish the canonical outbox to Kafka (marks rows after the ack)."""
-    _logging()
+    _logging("relay")
     _run_role(["relay"], _settings(data_dir=data_dir, mode="servers"), http=False)
 
 
@@ -250,7 +253,7 @@ def project(
         for outcome in _redrive(_settings(data_dir=data_dir), limit, namespace):
             print(json.dumps(dataclasses.asdict(outcome), ensure_ascii=False))
         return
-    _logging()
+    _logging("projector")
     _run_role(["projector"], _settings(data_dir=data_dir, mode="servers"), http=False)
 
 
@@ -297,7 +300,7 @@ def _redrive(settings: QuerySettings, limit: int, namespace: str | None) -> list
 @app.command("query-worker")
 def query_worker(data_dir: DataDir = None, host: Host = None, port: Port = None) -> None:
     """Server mode: the stateless HTTP query worker."""
-    _logging()
+    _logging("query")
     settings = _settings(data_dir=data_dir, host=host, port=port, mode="servers")
     _check_bind(settings)
     _run_role(["query"], settings, http=True)
@@ -306,7 +309,7 @@ def query_worker(data_dir: DataDir = None, host: Host = None, port: Port = None)
 @app.command("ingest-api")
 def ingest_api(data_dir: DataDir = None, host: Host = None, port: Port = None) -> None:
     """Server mode: the write API (`POST /v1/records`) over the canonical store."""
-    _logging()
+    _logging("ingest")
     settings = _settings(data_dir=data_dir, host=host, port=port, mode="servers")
     _check_bind(settings)
     _run_role(["ingest"], settings, http=True)

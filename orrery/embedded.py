@@ -31,10 +31,19 @@ from ingest.pacing import WritePacer
 from ingest.ports import JobStore, RecordStore
 from ingest.settings import IngestSettings
 from orrery.http import build_app
+from orrery.telemetry import (
+    CountingEmbedder,
+    Metrics,
+    Observability,
+    open_observability,
+    query_observer,
+    state_collector,
+)
 from projector.adapters.file_lock import OperatorLock
 from projector.bootstrap import (
     CONSUMER,
     EmbeddedProjector,
+    EmbedderFactory,
     default_embedder,
     embedded_generation_admin,
     embedded_projector,
@@ -57,7 +66,7 @@ from query.bootstrap import (
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
 from query.entrypoints.http import create_router as create_query_router
-from query.entrypoints.http import ready_check
+from query.entrypoints.http import readiness, ready_check
 from query.entrypoints.koutendb_http import create_router as create_query_koutendb_router
 from query.ports import Routing
 from query.service import QueryPorts
@@ -71,6 +80,7 @@ __all__ = [
     "EmbeddedStack",
     "generation_options",
     "ingest_routers",
+    "observe_state",
     "query_routers",
     "store_admin_router",
 ]
@@ -236,6 +246,37 @@ def query_routers(
     return gate, routers
 
 
+def observe_state(
+    metrics: Metrics | None,
+    *,
+    routing: Routing,
+    status: Callable[[], dict[str, Any]],
+    gate: EligibilityGate,
+    admin: GenerationAdmin,
+) -> None:
+    """The scrape-time gauges of a process with the query role: per-scope lag and
+    eligibility (what `/v1/readiness` reports), generation states, running builds."""
+
+    def generations() -> list[tuple[str, str, str]]:
+        return [(r.namespace, r.snapshot_kind, r.state.value) for r in admin.rows()]
+
+    def builds() -> list[tuple[str, int, int]]:
+        out = []
+        for row in admin.rows():
+            if row.state.value == "building":
+                progress = admin.jobs.progress(row.generation_id)
+                if progress is not None:
+                    out.append((progress.phase, progress.done, progress.total))
+        return out
+
+    state_collector(
+        metrics,
+        readiness=lambda: readiness(routing, status, gate),
+        generations=generations,
+        builds=builds,
+    )
+
+
 log = logging.getLogger("orrery")
 
 
@@ -257,6 +298,8 @@ class EmbeddedStack:
     admin: GenerationAdmin
     gate: EligibilityGate
     lock: OperatorLock
+    observability: Observability = dataclasses.field(default_factory=Observability)
+    close_observability: Callable[[], None] = lambda: None
 
     @classmethod
     def open(
@@ -265,15 +308,17 @@ class EmbeddedStack:
         *,
         embedder: Embedder | None = None,
         ingest: IngestSettings | None = None,
+        span_exporter: Any = None,
     ) -> EmbeddedStack:
         """The stack on `settings.data_dir`; `ingest` paces `POST /v1/records` (default:
-        `IngestSettings()` from the environment)."""
+        `IngestSettings()` from the environment); `span_exporter` receives the spans
+        (with `settings.tracing`) instead of the OTLP endpoint."""
         data_dir = settings.data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         lock = operator_lock(data_dir)
         lock.acquire()
         try:
-            return cls._open(settings, lock, embedder, ingest or IngestSettings())
+            return cls._open(settings, lock, embedder, ingest or IngestSettings(), span_exporter)
         except BaseException:
             lock.release()
             raise
@@ -285,14 +330,28 @@ class EmbeddedStack:
         lock: OperatorLock,
         embedder: Embedder | None,
         ingest: IngestSettings,
+        span_exporter: Any = None,
     ) -> EmbeddedStack:
         settings.check_embedded_topology()
         data_dir = settings.data_dir
         db_path = canonical_db_path(data_dir)
         grants = parse_api_keys(settings.api_keys)
+        observability, close_observability = open_observability(
+            settings, ("embedded",), span_exporter=span_exporter
+        )
+        metrics = observability.metrics
+        # The bulk-load child makes the default embedder itself (one thread).
+        child_embedder = (
+            EmbedderFactory("projector.bootstrap:default_embedder", {"threads": 1})
+            if embedder is None
+            else None
+        )
         # Queries embed in a session of their own; an injected embedder serves both.
         query_embedder = embedder or warm_query_embedder(settings.query_embedder_threads)
         embedder = embedder or default_embedder(settings.embedder_threads)
+        if metrics is not None:
+            query_embedder = CountingEmbedder(query_embedder, metrics, "queries")
+            embedder = CountingEmbedder(embedder, metrics, "documents")
         projector = embedded_projector(
             data_dir,
             db_path,
@@ -307,8 +366,12 @@ class EmbeddedStack:
         def committed(entries: list[LogEntry]) -> None:
             projector.log.remember(entries)
 
+        project = projector.step if metrics is None else metrics.wrap_projector_step(projector.step)
+        if observability.tracing is not None:
+            project = observability.tracing.wrap_projector_step(project)
+
         def step() -> BatchReport:
-            report = projector.step()
+            report: BatchReport = project()
             progress.applied_up_to(report.position)
             return report
 
@@ -331,7 +394,11 @@ class EmbeddedStack:
             return False
 
         admin = embedded_generation_admin(
-            projector, db_path, drive_log=wake_projector, options=generation_options(settings)
+            projector,
+            db_path,
+            drive_log=wake_projector,
+            options=generation_options(settings),
+            embedder_factory=child_embedder,
         )
         ports = embedded_query_ports(
             db_path,
@@ -343,7 +410,9 @@ class EmbeddedStack:
             cursors=cursor_codec(settings),
             max_answer_bytes=settings.max_answer_bytes,
         )
+        ports = dataclasses.replace(ports, observer=query_observer(observability))
         gate, readers = query_routers(settings, ports, grants, admin=admin, status=loop.status)
+        observe_state(metrics, routing=ports.routing, status=loop.status, gate=gate, admin=admin)
         writers = ingest_routers(
             settings,
             store,
@@ -366,10 +435,22 @@ class EmbeddedStack:
             max_stream_bytes=settings.max_import_bytes,
             api_key_header=settings.api_key_header,
             document_facts=document_facts(settings, embedder.dimension),
+            observability=observability,
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
-        return cls(settings, store, projector, loop, app, admin, gate, lock)
+        return cls(
+            settings,
+            store,
+            projector,
+            loop,
+            app,
+            admin,
+            gate,
+            lock,
+            observability,
+            close_observability,
+        )
 
     def start(self) -> None:
         self.loop.start()
@@ -382,4 +463,5 @@ class EmbeddedStack:
         self.loop.stop()
         self.projector.close()
         self.store.close()
+        self.close_observability()
         self.lock.release()

@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.errors import ErrorCode, OrreryError
+from contracts.request_context import note_error
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -66,6 +67,7 @@ def _is_json(content_type: str, *, lines: bool = False) -> bool:
 
 
 async def _send_error(error: OrreryError, scope: Scope, receive: Receive, send: Send) -> None:
+    note_error(error.code.value)
     body = error.to_response().model_dump(mode="json")
     headers = {"Retry-After": "1"} if error.http_status in (429, 503) else None
     await JSONResponse(body, status_code=error.http_status, headers=headers)(scope, receive, send)

@@ -27,7 +27,9 @@ from contracts.auth import Access, declare
 from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, OrreryError
 from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
+from contracts.request_context import note_error
 from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
+from orrery.telemetry import Observability, RequestTelemetry, metrics_router
 
 __all__ = [
     "allowed_methods",
@@ -60,11 +62,13 @@ def build_app(
     max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
     api_key_header: str = API_KEY_HEADER,
     document_facts: dict[str, Any] | None = None,
+    observability: Observability | None = None,
 ) -> FastAPI:
     """An app with Orrery's error shape, request guard and OpenAPI document (with the
     deployment's `document_facts`, `contracts.openapi.DEPLOYMENT`), `/healthz`, and
     `routers` mounted in order; API keys read from `api_key_header` (and
-    `Authorization: Bearer`)."""
+    `Authorization: Bearer`); with `observability`, the request telemetry around it all
+    (ids, metrics, spans, access log) and `GET /metrics` when metrics are on."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
     app = FastAPI(title=title, version="0.1.0", telemetry=_NO_TELEMETRY)
@@ -74,6 +78,17 @@ def build_app(
     install_openapi(app, document_facts)
     if api_key_header.lower() != API_KEY_HEADER:
         app.add_middleware(ApiKeyHeader, header=api_key_header)
+    if observability is not None:
+        # Added last: the outermost middleware, so it sees the guard's refusals too.
+        app.add_middleware(RequestTelemetry, observability=observability)
+        if observability.metrics is not None:
+            app.include_router(
+                metrics_router(
+                    observability.metrics,
+                    admin_key=observability.admin_key,
+                    open_=observability.open,
+                )
+            )
 
     @app.get(
         "/healthz",
@@ -112,6 +127,7 @@ class ApiKeyHeader:
 
 def _error(code: ErrorCode, message: str, details: dict[str, Any] | None = None) -> JSONResponse:
     err = OrreryError(code, message, details)
+    note_error(code.value)
     return JSONResponse(
         err.to_response().model_dump(mode="json"),
         status_code=err.http_status,
@@ -206,6 +222,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OrreryError)
     async def _orrery(_: Request, exc: OrreryError) -> JSONResponse:
+        dependency = exc.details.get("dependency") if exc.details else None
+        note_error(exc.code.value, dependency if isinstance(dependency, str) else None)
         # An error may carry headers of its own (`ingest_backlog`: Retry-After).
         headers: dict[str, str] | None = getattr(exc, "headers", None)
         return JSONResponse(
@@ -239,6 +257,7 @@ def install_error_handlers(app: FastAPI) -> None:
             headers = {**(headers or {}), "Allow": ", ".join(allowed)}
             details = {"allowed": allowed}
         body = ErrorResponse(error=ErrorBody(code=code, message=str(exc.detail), details=details))
+        note_error(code.value)
         return JSONResponse(
             body.model_dump(mode="json"),
             status_code=HTTP_STATUS[code],

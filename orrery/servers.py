@@ -12,6 +12,7 @@ database under `data_dir` holds it all and every role of one host shares it
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,10 +39,18 @@ from orrery.embedded import (
     STREAM_PATHS,
     generation_options,
     ingest_routers,
+    observe_state,
     query_routers,
     store_admin_router,
 )
 from orrery.http import build_app
+from orrery.telemetry import (
+    CountingEmbedder,
+    Observability,
+    open_observability,
+    query_observer,
+    state_collector,
+)
 from projector.adapters.file_lock import FileWriterLock
 from projector.bootstrap import (
     ServerProjector,
@@ -133,6 +142,7 @@ class ServerStack:
     projector_loop: ProjectorLoop | None = None
     admin: GenerationAdmin | None = None
     gate: EligibilityGate | None = None
+    observability: Observability = field(default_factory=Observability)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
@@ -142,7 +152,10 @@ class ServerStack:
         roles: frozenset[Role],
         *,
         embedder: Embedder | None = None,
+        span_exporter: Any = None,
     ) -> ServerStack:
+        """The roles of this process; `span_exporter` receives the spans (with
+        `settings.tracing`) instead of the OTLP endpoint."""
         check_settings(settings, roles)
         database_url = settings.database_url
         if database_url:
@@ -153,6 +166,12 @@ class ServerStack:
         db_path = canonical_db_path(settings.data_dir)
         stack = cls(settings, roles)
         grants = parse_api_keys(settings.api_keys)
+        observability, close_observability = open_observability(
+            settings, [role.value for role in roles], span_exporter=span_exporter
+        )
+        stack.observability = observability
+        stack.closers.append(close_observability)
+        metrics = observability.metrics
         log.info("canonical store: %s", describe_store(settings.data_dir, database_url))
         # The canonical store creates (or migrates) the schema every other role reads.
         # Every event goes through Kafka here: a record is also bounded by its message size.
@@ -165,7 +184,7 @@ class ServerStack:
         if Role.INGEST in roles:
             stack.store = store
         if Role.RELAY in roles:
-            step, close = kafka_relay_step(
+            step, close, outbox_depth = kafka_relay_step(
                 settings.data_dir,
                 database_url=settings.database_url,
                 bootstrap_servers=settings.kafka_bootstrap,
@@ -173,6 +192,9 @@ class ServerStack:
                 partitions=settings.kafka_partitions,
                 batch_size=settings.relay_batch_size,
             )
+            if metrics is not None:
+                step = metrics.wrap_relay_step(step)
+            state_collector(metrics, outbox_depth=outbox_depth)
             stack.relay = RelayLoop(step, poll_seconds=settings.projector_poll_seconds * 4)
             stack.closers.append(close)
         needs_embedder = Role.PROJECTOR in roles or Role.QUERY in roles
@@ -182,6 +204,11 @@ class ServerStack:
             embedder = default_embedder(settings.embedder_threads)
             if Role.QUERY in roles:
                 query_embedder = warm_query_embedder(settings.query_embedder_threads)
+        if metrics is not None:
+            if embedder is not None:
+                embedder = CountingEmbedder(embedder, metrics, "documents")
+            if query_embedder is not None:
+                query_embedder = CountingEmbedder(query_embedder, metrics, "queries")
         shared_qdrant = None
         if Role.PROJECTOR in roles or Role.QUERY in roles:
             shared_qdrant = qdrant_client(settings)
@@ -206,8 +233,13 @@ class ServerStack:
                 text_languages=settings.text_languages(),
                 database_url=database_url,
             )
+            project = stack.projector.step
+            if metrics is not None:
+                project = metrics.wrap_projector_step(project)
+            if observability.tracing is not None:
+                project = observability.tracing.wrap_projector_step(project)
             stack.projector_loop = ProjectorLoop(
-                stack.projector.step, poll_seconds=settings.projector_poll_seconds
+                project, poll_seconds=settings.projector_poll_seconds
             )
             stack.closers.append(stack.projector.close)
         routers: list[APIRouter] = []
@@ -252,6 +284,7 @@ class ServerStack:
                 opensearch_search_type=settings.opensearch_search_type,
             )
             stack.closers.append(close_ports)
+            ports = dataclasses.replace(ports, observer=query_observer(observability))
             loop = stack.projector_loop
 
             def wake_projector() -> bool:
@@ -288,6 +321,13 @@ class ServerStack:
             stack.gate, readers = query_routers(
                 settings, ports, grants, admin=stack.admin, status=stack.status, backend="servers"
             )
+            observe_state(
+                metrics,
+                routing=ports.routing,
+                status=stack.status,
+                gate=stack.gate,
+                admin=stack.admin,
+            )
             routers.append(create_admin_router(stack.admin, admin_key=settings.admin_key))
             stack.app = build_app(
                 "Orrery",
@@ -299,6 +339,7 @@ class ServerStack:
                 document_facts=document_facts(
                     settings, None if embedder is None else embedder.dimension
                 ),
+                observability=observability,
             )
         elif routers:
             stack.app = build_app(
@@ -311,6 +352,7 @@ class ServerStack:
                 document_facts=document_facts(
                     settings, None if embedder is None else embedder.dimension
                 ),
+                observability=observability,
             )
         if not grants and stack.app is not None:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

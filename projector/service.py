@@ -72,6 +72,9 @@ class BatchReport:
     parked: int = 0
     dead_lettered: int = 0
     lag: int | None = None
+    # The distinct trace contexts of the writes this batch applied (at most
+    # `MAX_TRACE_LINKS`): a batch span links to them.
+    trace_contexts: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -226,6 +229,7 @@ def project_batch(
             report.events = len(fetched)
             if entries:
                 report.position = max(report.position, max(e.position for e in entries))
+                report.trace_contexts = _trace_contexts(entries)
             crash_point("projector.engines_written")
             state.commit(consumer, report.position, changes)
             crash_point("projector.committed")
@@ -296,6 +300,21 @@ def _measure_lag(
         health.record_lag(consumer, position=position, lag_events=report.lag)
     except OrreryError:
         log_.warning("measuring the event log's lag failed", exc_info=True)
+
+
+# A batch span's links are bounded: a bulk write of many traced requests links to the
+# first ones.
+MAX_TRACE_LINKS = 64
+
+
+def _trace_contexts(entries: Sequence[LogEntry]) -> list[str]:
+    seen: dict[str, None] = {}
+    for entry in entries:
+        if entry.trace_context and entry.trace_context not in seen:
+            seen[entry.trace_context] = None
+            if len(seen) == MAX_TRACE_LINKS:
+                break
+    return list(seen)
 
 
 def _newest_upserts(entries: Sequence[LogEntry]) -> list[Record]:

@@ -25,6 +25,7 @@ __all__ = [
     "LexicalSearch",
     "NamespaceLog",
     "ProjectorLogStatus",
+    "QueryObserver",
     "RecordReader",
     "RingStat",
     "RingStatistics",
@@ -38,6 +39,26 @@ __all__ = [
     "VectorSearch",
     "answer_too_large",
 ]
+
+
+class QueryObserver(Protocol):
+    """Told about every answered query (metrics, spans: `orrery.telemetry`).
+
+    Guarantees asked of an implementation: it returns quickly (microseconds: it runs on
+    the request's thread before the answer leaves) and never raises.
+    """
+
+    def answered(
+        self,
+        endpoint: str,
+        stages_ms: Mapping[str, float],
+        engine_ms: Mapping[str, float],
+        cache: str,
+        source_counts: Mapping[str, int],
+    ) -> None:
+        """One answer: milliseconds per stage (`query_plan.latency_ms` without `total`)
+        and inside engine calls, the response cache's result (hit, miss, unavailable,
+        disabled), and the candidates each source returned."""
 
 
 class LexicalSearch(Protocol):

@@ -20,6 +20,8 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import Candidate, SearchFilter
 from contracts.phrases import PhrasePlan, PhrasePlanReport
 from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
+from contracts.request_context import current as current_request
+from contracts.request_context import note_namespace
 from contracts.timing import engine_clock
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
@@ -43,6 +45,7 @@ from query.phrases import ResolvedPhrasePlan, VocabularyRegistry
 from query.ports import (
     Cache,
     LexicalSearch,
+    QueryObserver,
     RecordReader,
     Route,
     RouteAdmission,
@@ -192,6 +195,8 @@ class QueryPorts:
     # Runs a request's two sources (and its two score lookups) side by side; None: one
     # after the other on the request's thread. Rankings are the same either way.
     overlap: SourcePool | None = None
+    # Told about every answer (metrics, spans); None: nobody listens.
+    observer: QueryObserver | None = None
 
 
 class _Stopwatch:
@@ -539,6 +544,7 @@ def _rank(
     """The pipeline, one stage a step: resolve the scope (and page), probe the cache,
     search both sources, re-score and fuse, page. Each stage's time is one lap."""
     watch = _Stopwatch(ask.timeout_seconds)
+    note_namespace(ask.namespace)
     if ask.limit > limits.max_result_limit:
         raise OrreryError(
             ErrorCode.RESULT_LIMIT_EXCEEDED,
@@ -924,7 +930,13 @@ def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPl
         pinned_generation=ranked.pinned_generation,
         continuation=None if ranked.paging is None else ranked.paging.continuation,
         phrase_plan=ranked.phrase_plan,
+        trace_id=_trace_id(),
     )
+
+
+def _trace_id() -> str | None:
+    request = current_request()
+    return None if request is None else request.trace_id
 
 
 def _response_key(
@@ -1061,9 +1073,11 @@ def topk_records(
         cache_probe=probe,
     )
     if probe.cached is not None:
-        return _from_cache(
+        cached = _from_cache(
             probe.cached, probe.cached_next, request.client_request_id, ranked, ports
         )
+        _observe(ports, "topk", ranked, probe.state)
+        return cached
     results = _materialize(request, ranked, ranked.top(page_size), ports)
     ranked.watch.lap("payload_materialize")
     response = TopKResponse.model_construct(
@@ -1077,7 +1091,16 @@ def topk_records(
         next_cursor=None if ranked.paging is None else ranked.paging.next_cursor,
     )
     probe.store(response, ranked.paging, limits.response_ttl_seconds)
+    _observe(ports, "topk", ranked, probe.state)
     return response
+
+
+def _observe(ports: QueryPorts, endpoint: str, ranked: _Ranked, cache: CacheState) -> None:
+    if ports.observer is not None:
+        watch = ranked.watch
+        ports.observer.answered(
+            endpoint, watch.stages, watch.engine_ms, cache, ranked.source_counts
+        )
 
 
 def _materialize(
@@ -1158,7 +1181,12 @@ def _from_cache(
             )
     if plan is not None:
         plan = plan.model_copy(
-            update={"latency_ms": ranked.watch.latency(), "engine_ms": {}, "cache": "hit"}
+            update={
+                "latency_ms": ranked.watch.latency(),
+                "engine_ms": {},
+                "cache": "hit",
+                "trace_id": _trace_id(),
+            }
         )
     return cached.model_copy(
         update={
@@ -1200,6 +1228,7 @@ def retrieve(
     )
     top = ranked.top(page_size)
     mode = "allowed_doc_ids" if request.allowed_doc_ids is not None else "scope_ref"
+    _observe(ports, "retrieve", ranked, "disabled")
     return RetrieveResponse(
         scope_ref=request.scope_ref,
         generation_id=ranked.route.generation_id,

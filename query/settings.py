@@ -288,6 +288,44 @@ class QuerySettings(BaseSettings):
         "(shorter: queries wait less behind the CPU-bound build); unset = unchanged",
     )
 
+    # Operations: logs, metrics, traces (orrery.logs, orrery.telemetry, orrery.tracing).
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="Log lines on stderr: JSON objects (json), readable text (text), or "
+        "text on a terminal and JSON otherwise (auto)",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    access_log: bool | None = Field(
+        default=None,
+        description="One INFO line per HTTP request (orrery.access); unset = on in server "
+        "mode, off embedded",
+    )
+    metrics: bool = Field(
+        default=True, description="Prometheus metrics (GET /metrics, ORRERY_METRICS_PORT)"
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65_535,
+        description="Also serve the metrics, without a key, on this port of metrics_host "
+        "(the only HTTP listener of the relay and projector roles); unset = none",
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="Bind address of metrics_port")
+    metrics_namespace_labels: bool = Field(
+        default=False,
+        description="Label per-scope metrics with the namespace (one series per namespace "
+        "and scope); off = the maximum over namespaces per snapshot kind",
+    )
+    tracing: bool = Field(
+        default=False, description="OpenTelemetry spans per request, stage, write and batch"
+    )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP traces endpoint (http://collector:4318/v1/traces); needs the "
+        "'otlp' extra; unset = spans are made (trace ids in query plans and logs) but not "
+        "exported",
+    )
+
     @model_validator(mode="after")
     def _languages_are_known(self) -> QuerySettings:
         self.text_languages()  # raises ValueError at startup, not at a generation's creation

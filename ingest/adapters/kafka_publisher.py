@@ -28,7 +28,7 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from contracts.errors import DependencyUnavailable
-from contracts.events import POSITION_HEADER, topic_for
+from contracts.events import POSITION_HEADER, TRACE_HEADER, topic_for
 from ingest.relay_ports import OutboxRow
 
 with warnings.catch_warnings():
@@ -191,7 +191,7 @@ class KafkaEventPublisher:
                     topic_for(s.topic_prefix, row.namespace),
                     key=row.document_id.encode(),
                     value=row.event_json.encode(),
-                    headers=[(POSITION_HEADER, str(row.position).encode("ascii"))],
+                    headers=_headers(row),
                 )
                 for row in rows
             ]
@@ -271,3 +271,11 @@ class KafkaEventPublisher:
                 admin.close()
         except Exception:
             log.warning("closing the Kafka admin client failed", exc_info=True)
+
+
+def _headers(row: OutboxRow) -> list[tuple[str, bytes]]:
+    """The outbox position, and the write's trace context when it was traced."""
+    headers = [(POSITION_HEADER, str(row.position).encode("ascii"))]
+    if row.trace_context:
+        headers.append((TRACE_HEADER, row.trace_context.encode("ascii")))
+    return headers

@@ -24,7 +24,7 @@ from ingest.relay_ports import OutboxRow
 __all__ = ["PostgresOutboxReader"]
 
 _CLAIM = """
-SELECT o.position, o.document_id, o.namespace, o.event_json
+SELECT o.position, o.document_id, o.namespace, o.event_json, o.trace_context
 FROM outbox AS o
 WHERE o.published_at IS NULL
   AND NOT EXISTS (
@@ -78,7 +78,10 @@ class PostgresOutboxReader:
                 raise
             if not rows:
                 self._release(commit=False)
-        return [OutboxRow(int(pos), str(doc), str(ns), str(body)) for pos, doc, ns, body in rows]
+        return [
+            OutboxRow(int(pos), str(doc), str(ns), str(body), trace)
+            for pos, doc, ns, body, trace in rows
+        ]
 
     def mark_published(self, positions: Sequence[int]) -> None:
         if not positions:
@@ -95,6 +98,12 @@ class PostgresOutboxReader:
             except psycopg.Error:
                 self._release(commit=False)
                 raise
+
+    def pending(self) -> int:
+        # Its own pooled connection: never inside a claim, so it takes no row lock.
+        with driver_errors("count outbox rows"), self._pool.connection() as conn:
+            row = conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetchone()
+        return 0 if row is None else int(row[0])
 
     @staticmethod
     def _mark(conn: psycopg.Connection[Any], positions: list[int]) -> None:

@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool
 from contracts.errors import ErrorCode, OrreryError
 from contracts.events import record_changed_json
 from contracts.records import Record, payload_sha256
+from contracts.request_context import current_traceparent
 from ingest.adapters.postgres_db import driver_errors, open_pool
 from ingest.model import MAX_RECORD_BYTES, Decision, Outcome, check_record_bytes, decide_revision
 from ingest.ports import Head
@@ -140,9 +141,11 @@ class PostgresRecordStore:
             row = cur.fetchone()
             assert row is not None, "migration 0001 inserts the counter row"
             first = int(row[0]) - len(accepted) + 1
+            trace_context = current_traceparent()
             cur.executemany(
                 "INSERT INTO outbox (position, document_id, revision, namespace, "
-                "snapshot_kind, event_json, created_at) VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                "snapshot_kind, event_json, created_at, trace_context) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
                 [
                     (
                         first + offset,
@@ -152,6 +155,7 @@ class PostgresRecordStore:
                         r.snapshot_kind,
                         record_changed_json(body),
                         now,
+                        trace_context,
                     )
                     for offset, ((_, r), body) in enumerate(zip(accepted, bodies, strict=True))
                 ],

@@ -46,7 +46,8 @@ class SqliteOutboxReader:
         try:
             with self._lock:
                 rows = self._conn.execute(
-                    "SELECT o.position, o.document_id, o.namespace, o.event_json, r.record_json "
+                    "SELECT o.position, o.document_id, o.namespace, o.event_json, r.record_json, "
+                    "o.trace_context "
                     "FROM outbox o LEFT JOIN records r ON r.document_id = o.document_id "
                     "AND r.revision = o.revision "
                     "WHERE o.published_at IS NULL ORDER BY o.position LIMIT ?",
@@ -55,8 +56,8 @@ class SqliteOutboxReader:
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return [
-            OutboxRow(int(pos), str(doc), str(ns), str(outbox_event_json(event, record)))
-            for pos, doc, ns, event, record in rows
+            OutboxRow(int(pos), str(doc), str(ns), str(outbox_event_json(event, record)), trace)
+            for pos, doc, ns, event, record, trace in rows
         ]
 
     def mark_published(self, positions: Sequence[int]) -> None:
@@ -82,6 +83,16 @@ class SqliteOutboxReader:
                 self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
+
+    def pending(self) -> int:
+        try:
+            with self._lock:
+                (count,) = self._conn.execute(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NULL"
+                ).fetchone()
+        except sqlite3.Error as exc:
+            raise DependencyUnavailable("sqlite", str(exc)) from exc
+        return int(count)
 
     def close(self) -> None:
         with self._lock:

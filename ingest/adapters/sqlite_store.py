@@ -29,6 +29,7 @@ from pathlib import Path
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import OUTBOX_EVENT_IS_RECORD, LogEntry, RecordChanged
 from contracts.records import Record, payload_sha256
+from contracts.request_context import current_traceparent
 from ingest.model import MAX_RECORD_BYTES, Decision, Outcome, check_record_bytes, decide_revision
 from ingest.ports import Head
 
@@ -74,6 +75,13 @@ CREATE INDEX IF NOT EXISTS outbox_by_namespace ON outbox (namespace, position);
 """
 
 
+def add_trace_column(conn: sqlite3.Connection) -> None:
+    """Give an outbox made before traces carried along its `trace_context` column."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox)")}
+    if "trace_context" not in columns:
+        conn.execute("ALTER TABLE outbox ADD COLUMN trace_context TEXT")
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """Open the canonical database in WAL mode (readers never block the writer)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +125,7 @@ class SqliteRecordStore:
         try:
             self._conn = connect(path)
             self._conn.executescript(SCHEMA)
+            add_trace_column(self._conn)
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
 
@@ -205,9 +214,10 @@ class SqliteRecordStore:
                 ],
             )
             before = conn.execute("SELECT COALESCE(MAX(position), 0) FROM outbox").fetchone()[0]
+            trace_context = current_traceparent()
             conn.executemany(
                 "INSERT INTO outbox (document_id, revision, namespace, snapshot_kind, "
-                "event_json, created_at) VALUES (?,?,?,?,?,?)",
+                "event_json, created_at, trace_context) VALUES (?,?,?,?,?,?,?)",
                 [
                     (
                         r.doc_id,
@@ -216,6 +226,7 @@ class SqliteRecordStore:
                         r.snapshot_kind,
                         OUTBOX_EVENT_IS_RECORD,
                         now,
+                        trace_context,
                     )
                     for _, r in accepted
                 ],
@@ -253,7 +264,11 @@ class SqliteRecordStore:
                 []
                 if self._on_committed is None
                 else [
-                    LogEntry(position=position, event=RecordChanged(record=r))
+                    LogEntry(
+                        position=position,
+                        event=RecordChanged(record=r),
+                        trace_context=trace_context,
+                    )
                     for (_, r), position, record_json in zip(
                         accepted, positions, record_jsons, strict=True
                     )

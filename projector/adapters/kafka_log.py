@@ -23,7 +23,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.events import POSITION_HEADER, LogEntry, RecordChanged, topic_pattern
+from contracts.events import (
+    POSITION_HEADER,
+    TRACE_HEADER,
+    LogEntry,
+    RecordChanged,
+    topic_pattern,
+)
 from projector.ports import Undecodable
 
 with warnings.catch_warnings():
@@ -170,12 +176,26 @@ def _position(record: Any) -> int:
     return position
 
 
+def _trace_context(record: Any) -> str | None:
+    raw = dict(record.headers or ()).get(TRACE_HEADER)
+    if not raw:
+        return None
+    try:
+        return str(raw.decode("ascii"))[:128]
+    except UnicodeDecodeError:
+        return None  # a trace context is a hint: a bad one is dropped, the event kept
+
+
 def _decode(record: Any) -> LogEntry | Undecodable:
     """The record's `LogEntry`, or an `Undecodable` holding its raw bytes and the reason
     (without a position: the header of a message that failed to decode is not trusted)."""
     try:
         position = _position(record)
-        return LogEntry(position=position, event=RecordChanged.model_validate_json(record.value))
+        return LogEntry(
+            position=position,
+            event=RecordChanged.model_validate_json(record.value),
+            trace_context=_trace_context(record),
+        )
     except (OrreryError, ValidationError, ValueError, TypeError) as exc:
         reason = (
             f"not a RecordChanged event: {exc.error_count()} error(s): "

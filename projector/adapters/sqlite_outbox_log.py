@@ -48,6 +48,7 @@ class SqliteOutboxLog:
         self._cursor = start_after
         self._acknowledged = start_after
         self._remembered: dict[int, LogEntry] = {}
+        self._has_trace_column = False
         try:
             self._conn = sqlite3.connect(
                 path, timeout=30.0, isolation_level=None, check_same_thread=False
@@ -81,7 +82,7 @@ class SqliteOutboxLog:
             if "no such table" in str(exc):
                 return []
             raise DependencyUnavailable("sqlite", str(exc)) from exc
-        return [found[p] if p in found else _decode(p, bodies[p]) for p in positions]
+        return [found[p] if p in found else _decode(p, *bodies[p]) for p in positions]
 
     def remember(self, entries: Sequence[LogEntry]) -> None:
         """Hold `entries` (committed outbox rows, decoded) for `fetch`. Guarantee
@@ -92,16 +93,19 @@ class SqliteOutboxLog:
                 if entry.position > self._acknowledged:
                     self._remembered[entry.position] = entry
 
-    def _read_events(self, positions: list[int]) -> dict[int, str | bytes]:
-        """The events of these outbox rows, read from the table, in position order until
-        `MAX_FETCH_BYTES` are read (at least one): a prefix of `positions`. Lock held."""
-        bodies: dict[int, str | bytes] = {}
+    def _read_events(self, positions: list[int]) -> dict[int, tuple[str | bytes, str | None]]:
+        """The events of these outbox rows and their writes' trace contexts, read from
+        the table, in position order until `MAX_FETCH_BYTES` are read (at least one): a
+        prefix of `positions`. Lock held."""
+        bodies: dict[int, tuple[str | bytes, str | None]] = {}
         budget = MAX_FETCH_BYTES
+        traced = self._traced()
         for start in range(0, len(positions), _CHUNK):
             chunk = positions[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
-            for position, event, record in self._conn.execute(
-                "SELECT o.position, o.event_json, r.record_json FROM outbox o "
+            trace = "o.trace_context" if traced else "NULL"
+            for position, event, record, context in self._conn.execute(
+                f"SELECT o.position, o.event_json, r.record_json, {trace} FROM outbox o "
                 "LEFT JOIN records r ON r.document_id = o.document_id "
                 f"AND r.revision = o.revision WHERE o.position IN ({marks}) "
                 "ORDER BY o.position",
@@ -111,8 +115,16 @@ class SqliteOutboxLog:
                     return bodies
                 body = outbox_event_json(event, record)
                 budget -= len(body)
-                bodies[int(position)] = body
+                bodies[int(position)] = (body, context)
         return bodies
+
+    def _traced(self) -> bool:
+        """Whether the outbox has the `trace_context` column (the canonical store adds
+        it when it opens; a database it has not opened since has none). Lock held."""
+        if not self._has_trace_column:
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(outbox)")}
+            self._has_trace_column = "trace_context" in columns
+        return self._has_trace_column
 
     def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
         positions = [e.position for e in entries if e.position is not None]
@@ -168,10 +180,16 @@ class SqliteOutboxLog:
             self._conn.close()
 
 
-def _decode(position: int, body: object) -> LogEntry | Undecodable:
+def _decode(
+    position: int, body: object, trace_context: str | None = None
+) -> LogEntry | Undecodable:
     raw = body if isinstance(body, bytes) else str(body).encode()
     try:
-        return LogEntry(position=position, event=RecordChanged.model_validate_json(raw))
+        return LogEntry(
+            position=position,
+            event=RecordChanged.model_validate_json(raw),
+            trace_context=trace_context,
+        )
     except ValidationError as exc:
         return Undecodable(
             where=f"outbox@{position}",

@@ -110,6 +110,32 @@ class RecordingPublisher:
         pass
 
 
+def test_pending_counts_the_rows_not_marked(backend: Backend) -> None:
+    store, source = backend.store(), backend.source()
+    assert source.pending() == 0
+    store.write([rec(f"d{i}") for i in range(5)])
+    assert source.pending() == 5
+    rows = source.unpublished(3)
+    assert source.pending() == 5  # claimed rows are still pending until marked
+    source.mark_published([r.position for r in rows])
+    assert source.pending() == 2
+
+
+def test_a_traced_write_keeps_its_trace_context_on_its_rows(backend: Backend) -> None:
+    from contracts.request_context import RequestContext, close_request, open_request
+
+    store, source = backend.store(), backend.source()
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    token = open_request(RequestContext("r1", traceparent=traceparent))
+    try:
+        store.write([rec("traced")])
+    finally:
+        close_request(token)
+    store.write([rec("untraced")])
+    rows = source.unpublished(10)
+    assert [r.trace_context for r in rows] == [traceparent, None]
+
+
 def test_unpublished_in_order_until_marked(backend: Backend) -> None:
     store, source = backend.store(), backend.source()
     store.write([rec(f"d{i}") for i in range(5)])

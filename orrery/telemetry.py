@@ -1,0 +1,727 @@
+"""Prometheus metrics of every role, and the one middleware that records a request.
+
+`Metrics` owns one `prometheus_client.CollectorRegistry` per process (per stack: tests
+open several stacks in one interpreter). What is counted where:
+
+- every HTTP request, by route template (`/v1/admin/generations/{generation_id}/promote`,
+  never the path), method and status: `orrery_http_request_duration_seconds` (its
+  `_count` is the request count); errors by code and dependency: `orrery_errors_total`;
+- every answered query (`query.ports.QueryObserver`): per-stage latency
+  (`orrery_query_stage_duration_seconds{endpoint,stage}`, the stages of
+  `query_plan.latency_ms`), time inside engine calls (`…engine_call_duration_seconds`),
+  response-cache results (`orrery_query_cache_total{result}`), candidates per source;
+- every projector batch and relay step (`wrap_projector_step`, `wrap_relay_step`);
+- every embedding call (`CountingEmbedder`): texts, seconds, texts in flight;
+- at scrape time (`StateCollector`), from the registry every role shares: lag in events
+  and seconds per scope, generation states, eligibility, running builds (a build in the
+  bulk-load child reports its progress back to the parent over the child's protocol, so
+  the parent's numbers are the child's), the projector's log lag and dead letters, and
+  the relay's outbox depth.
+
+Labels are low-cardinality by construction: route templates, stage and engine names,
+error codes, generation states, snapshot kinds. Namespaces appear only with
+`ORRERY_METRICS_NAMESPACE_LABELS=true` (then one series per namespace and scope: size
+the Prometheus server for it).
+
+The per-request cost is one histogram observation on a cached child (plus one counter
+for an error); `bench/metrics_overhead.py` measures it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Header
+from fastapi.responses import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from contracts.auth import Access, check_admin_key, declare
+from contracts.embedding import Embedder
+from contracts.errors import ErrorCode
+from contracts.request_context import RequestContext, close_request, open_request
+
+if TYPE_CHECKING:
+    from orrery.tracing import Tracing
+    from query.settings import QuerySettings
+
+__all__ = [
+    "REQUEST_BUCKETS",
+    "STAGE_BUCKETS",
+    "CountingEmbedder",
+    "Metrics",
+    "Observability",
+    "RequestTelemetry",
+    "StateCollector",
+    "metrics_router",
+    "open_observability",
+    "query_observer",
+    "serve_metrics_port",
+    "state_collector",
+]
+
+log = logging.getLogger("orrery.metrics")
+
+# Seconds. The benchmarks' stages run from ~20 us (scope_resolve, a cache hit's rerank)
+# to tens of ms (a 100k-document index_search under load); requests from ~0.5 ms
+# (/healthz, a cache hit) to seconds (a batch write, an admin call).
+STAGE_BUCKETS = (
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5,
+)  # fmt: skip
+REQUEST_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 30.0,
+)  # fmt: skip
+BATCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+CANDIDATE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000)
+UNMATCHED_ROUTE = "<unmatched>"
+_SAFE_LABEL = re.compile(r"[a-z0-9_.:-]{1,40}")
+
+
+def _bounded(value: str | None) -> str:
+    """A label value from code we do not control (a dependency name): kept when it looks
+    like a name, else `other`, so no message text can become a series."""
+    if not value:
+        return ""
+    return value if _SAFE_LABEL.fullmatch(value) else "other"
+
+
+class Metrics:
+    """The metrics of one process (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        roles: Iterable[str],
+        *,
+        namespace_labels: bool = False,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.namespace_labels = namespace_labels
+        r = self.registry
+        roles_gauge = Gauge("orrery_roles", "Roles this process runs", ["role"], registry=r)
+        for role in sorted(roles):
+            roles_gauge.labels(role).set(1)
+        self.http = Histogram(
+            "orrery_http_request_duration_seconds",
+            "HTTP requests by route template, method and status (`_count`: requests)",
+            ["route", "method", "status"],
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter(
+            "orrery_errors",
+            "Error answers by code and, for dependency faults, the dependency",
+            ["code", "dependency"],
+            registry=r,
+        )
+        self.stage = Histogram(
+            "orrery_query_stage_duration_seconds",
+            "Query time per stage (query_plan.latency_ms), by endpoint",
+            ["endpoint", "stage"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.engine = Histogram(
+            "orrery_engine_call_duration_seconds",
+            "Time inside engine library calls per query (query_plan.engine_ms), by call",
+            ["call"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.cache = Counter(
+            "orrery_query_cache",
+            "Response-cache lookups by result (hit, miss, unavailable)",
+            ["result"],
+            registry=r,
+        )
+        self.candidates = Histogram(
+            "orrery_query_candidates",
+            "Candidates each source returned per query",
+            ["source"],
+            buckets=CANDIDATE_BUCKETS,
+            registry=r,
+        )
+        self.projector_events = Counter(
+            "orrery_projector_events_applied", "Log events the projector applied", registry=r
+        )
+        self.projector_batch = Histogram(
+            "orrery_projector_batch_duration_seconds",
+            "Projector batches that applied events",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.projector_failures = Counter(
+            "orrery_projector_batch_failures", "Projector batches that failed", registry=r
+        )
+        self.projector_parked = Counter(
+            "orrery_projector_dead_letters_parked",
+            "Undecodable events this process parked as dead letters",
+            registry=r,
+        )
+        self.projector_lag = Gauge(
+            "orrery_projector_batch_lag_events",
+            "The log lag this projector measured after its last batch (-1: not measured)",
+            registry=r,
+        )
+        self.projector_lag.set(-1)
+        self.relay_published = Counter(
+            "orrery_relay_published", "Outbox events the relay published", registry=r
+        )
+        self.relay_failures = Counter(
+            "orrery_relay_step_failures", "Relay steps that failed", registry=r
+        )
+        self.embedded = Counter(
+            "orrery_embedder_texts", "Texts embedded, by use (documents, queries)", ["use"],
+            registry=r,
+        )  # fmt: skip
+        self.embed_seconds = Histogram(
+            "orrery_embedder_call_duration_seconds",
+            "Embedding calls, by use",
+            ["use"],
+            buckets=(*STAGE_BUCKETS, 5.0, 10.0),
+            registry=r,
+        )
+        self.embed_in_flight = Gauge(
+            "orrery_embedder_texts_in_flight",
+            "Texts handed to the embedder and not embedded yet (its queue), by use",
+            ["use"],
+            registry=r,
+        )
+        # Labelled children by label values: `labels()` costs a lock, a tuple build and
+        # validation per call; a dict lookup does not. Only bounded values become keys.
+        self._http_children: dict[tuple[str, str, int], Any] = {}
+        self._children: dict[tuple[str, str, str], Any] = {}
+
+    # --- HTTP ---------------------------------------------------------------------------
+
+    def request(
+        self,
+        route: str,
+        method: str,
+        status: int,
+        seconds: float,
+        error_code: str | None,
+        dependency: str | None,
+    ) -> None:
+        """One finished request (called by the middleware, once per request)."""
+        key = (route, method, status)
+        child = self._http_children.get(key)
+        if child is None:
+            child = self._http_children.setdefault(key, self.http.labels(route, method, status))
+        child.observe(seconds)
+        if error_code is not None:
+            self.errors.labels(error_code, _bounded(dependency)).inc()
+
+    # --- queries (query.ports.QueryObserver) ---------------------------------------------
+
+    def answered(
+        self,
+        endpoint: str,
+        stages_ms: Mapping[str, float],
+        engine_ms: Mapping[str, float],
+        cache: str,
+        source_counts: Mapping[str, int],
+    ) -> None:
+        children = self._children
+        for name, ms in stages_ms.items():
+            key = ("stage", endpoint, name)
+            child = children.get(key)
+            if child is None:
+                child = children.setdefault(key, self.stage.labels(endpoint, name))
+            child.observe(ms / 1000.0)
+        for call, ms in engine_ms.items():
+            key = ("engine", call, "")
+            child = children.get(key)
+            if child is None:
+                child = children.setdefault(key, self.engine.labels(_bounded(call)))
+            child.observe(ms / 1000.0)
+        if cache != "disabled":
+            key = ("cache", cache, "")
+            child = children.get(key)
+            if child is None:
+                child = children.setdefault(key, self.cache.labels(cache))
+            child.inc()
+        for source, count in source_counts.items():
+            key = ("candidates", source, "")
+            child = children.get(key)
+            if child is None:
+                child = children.setdefault(key, self.candidates.labels(source))
+            child.observe(count)
+
+    # --- background loops ----------------------------------------------------------------
+
+    def wrap_projector_step(self, step: Callable[[], Any]) -> Callable[[], Any]:
+        """`step` (a projector batch returning a `BatchReport`) that counts what it did."""
+
+        def counted() -> Any:
+            started = time.perf_counter()
+            try:
+                report = step()
+            except Exception:
+                self.projector_failures.inc()
+                raise
+            if report.events:
+                self.projector_events.inc(report.events)
+                self.projector_batch.observe(time.perf_counter() - started)
+            if report.parked:
+                self.projector_parked.inc(report.parked)
+            if report.lag is not None:
+                self.projector_lag.set(report.lag)
+            return report
+
+        return counted
+
+    def wrap_relay_step(self, step: Callable[[], int]) -> Callable[[], int]:
+        """`step` (a relay step returning how many events it published), counted."""
+
+        def counted() -> int:
+            try:
+                published = step()
+            except Exception:
+                self.relay_failures.inc()
+                raise
+            if published:
+                self.relay_published.inc(published)
+            return published
+
+        return counted
+
+
+class CountingEmbedder:
+    """An `Embedder` that counts its texts, times its calls and shows how many texts
+    wait for it (`use`: documents or queries)."""
+
+    def __init__(self, inner: Embedder, metrics: Metrics, use: str) -> None:
+        self._inner = inner
+        self._texts = metrics.embedded.labels(use)
+        self._seconds = metrics.embed_seconds.labels(use)
+        self._in_flight = metrics.embed_in_flight.labels(use)
+
+    @property
+    def embedder_id(self) -> str:
+        return self._inner.embedder_id
+
+    @property
+    def dimension(self) -> int:
+        return self._inner.dimension
+
+    def embed(self, texts: Sequence[str]) -> list[tuple[float, ...]]:
+        n = len(texts)
+        self._in_flight.inc(n)
+        started = time.perf_counter()
+        try:
+            return self._inner.embed(texts)
+        finally:
+            self._in_flight.dec(n)
+            self._seconds.observe(time.perf_counter() - started)
+            self._texts.inc(n)
+
+    def __getattr__(self, name: str) -> Any:
+        # Other capabilities of the wrapped embedder (e.g. a batch size) stay reachable.
+        return getattr(self._inner, name)
+
+
+class StateCollector(Collector):
+    """Gauges read at scrape time from what every role shares (the registry, the outbox):
+    correct whichever process did the work. Each source is optional; a source that fails
+    is logged and left out of that scrape (`orrery_scrape_errors` counts it)."""
+
+    def __init__(
+        self,
+        *,
+        namespace_labels: bool,
+        readiness: Callable[[], dict[str, Any]] | None = None,
+        generations: Callable[[], Iterable[tuple[str, str, str]]] | None = None,
+        builds: Callable[[], Iterable[tuple[str, int, int]]] | None = None,
+        outbox_depth: Callable[[], int] | None = None,
+    ) -> None:
+        self.namespace_labels = namespace_labels
+        self.readiness = readiness
+        self.generations = generations
+        self.builds = builds
+        self.outbox_depth = outbox_depth
+        self.errors: dict[str, int] = {}
+
+    def _labels(self) -> list[str]:
+        return ["namespace", "snapshot_kind"] if self.namespace_labels else ["snapshot_kind"]
+
+    def _key(self, namespace: str, snapshot_kind: str) -> tuple[str, ...]:
+        return (namespace, snapshot_kind) if self.namespace_labels else (snapshot_kind,)
+
+    def collect(self) -> Iterator[Metric]:
+        for name, source in (
+            ("readiness", self._scopes),
+            ("generations", self._generations),
+            ("builds", self._builds),
+            ("outbox", self._outbox),
+        ):
+            try:
+                yield from list(source())
+            except Exception as exc:  # a scrape must answer even when a store does not
+                log.warning("metrics: %s not collected: %s", name, exc)
+                self.errors[name] = self.errors.get(name, 0) + 1
+        scrape_errors = GaugeMetricFamily(
+            "orrery_scrape_errors", "Scrape-time sources that failed, by source", labels=["source"]
+        )
+        for name, count in sorted(self.errors.items()):
+            scrape_errors.add_metric([name], count)
+        yield scrape_errors
+
+    def _scopes(self) -> Iterator[Metric]:
+        if self.readiness is None:
+            return
+        body = self.readiness()
+        labels = self._labels()
+        lag_events = GaugeMetricFamily(
+            "orrery_scope_lag_events",
+            "Log events not applied to the scope's live generation (max over namespaces "
+            "unless namespace labels are on)",
+            labels=labels,
+        )
+        lag_seconds = GaugeMetricFamily(
+            "orrery_scope_lag_seconds",
+            "Age of the oldest event not applied to the scope (max over namespaces unless "
+            "namespace labels are on)",
+            labels=labels,
+        )
+        eligible = GaugeMetricFamily(
+            "orrery_scopes_eligible",
+            "Scopes whose live generation's last verification matched (eligible=true) or not",
+            labels=[*labels, "eligible"],
+        )
+        events: dict[tuple[str, ...], float] = {}
+        seconds: dict[tuple[str, ...], float] = {}
+        verdicts: dict[tuple[str, ...], int] = {}
+        for scope in body.get("scopes", []):
+            key = self._key(scope["namespace"], scope["snapshot_kind"])
+            events[key] = max(events.get(key, 0.0), float(scope["lag_events"]))
+            seconds[key] = max(seconds.get(key, 0.0), float(scope["lag_seconds"]))
+            verdict = (*key, "true" if scope.get("eligible", True) else "false")
+            verdicts[verdict] = verdicts.get(verdict, 0) + 1
+        for key, value in sorted(events.items()):
+            lag_events.add_metric(list(key), value)
+            lag_seconds.add_metric(list(key), seconds[key])
+        for verdict, count in sorted(verdicts.items()):
+            eligible.add_metric(list(verdict), count)
+        yield from (lag_events, lag_seconds, eligible)
+        high_water = GaugeMetricFamily("orrery_log_high_water", "The outbox's newest position")
+        high_water.add_metric([], float(body.get("log_high_water", 0)))
+        yield high_water
+        projector_log = body.get("projector_log")
+        if projector_log is not None:
+            lag = GaugeMetricFamily(
+                "orrery_projector_log_lag_events",
+                "The projector's last measurement of its log's lag (Kafka consumer-group "
+                "lag, or outbox rows after its position)",
+            )
+            lag.add_metric([], float(projector_log["lag_events"]))
+            dead = GaugeMetricFamily(
+                "orrery_projector_dead_letters", "Undecodable events parked so far (all time)"
+            )
+            dead.add_metric([], float(projector_log.get("dead_letters", 0)))
+            yield from (lag, dead)
+
+    def _generations(self) -> Iterator[Metric]:
+        if self.generations is None:
+            return
+        labels = self._labels()
+        family = GaugeMetricFamily(
+            "orrery_generations", "Generations by state", labels=[*labels, "state"]
+        )
+        counts: dict[tuple[str, ...], int] = {}
+        for namespace, snapshot_kind, state in self.generations():
+            key = (*self._key(namespace, snapshot_kind), state)
+            counts[key] = counts.get(key, 0) + 1
+        for key, count in sorted(counts.items()):
+            family.add_metric(list(key), count)
+        yield family
+
+    def _builds(self) -> Iterator[Metric]:
+        if self.builds is None:
+            return
+        running = GaugeMetricFamily(
+            "orrery_builds_running", "Generation builds running in this process, by phase",
+            labels=["phase"],
+        )  # fmt: skip
+        done = GaugeMetricFamily(
+            "orrery_build_items_done",
+            "Items done in the current phase of the running builds (a bulk-load child's "
+            "progress, reported back to this process)",
+            labels=["phase"],
+        )
+        total = GaugeMetricFamily(
+            "orrery_build_items_total", "Items of the current phase of the running builds",
+            labels=["phase"],
+        )  # fmt: skip
+        phases: dict[str, list[int]] = {}
+        for phase, d, t in self.builds():
+            entry = phases.setdefault(phase, [0, 0, 0])
+            entry[0] += 1
+            entry[1] += d
+            entry[2] += t
+        for phase, (n, d, t) in sorted(phases.items()):
+            running.add_metric([phase], n)
+            done.add_metric([phase], d)
+            total.add_metric([phase], t)
+        yield from (running, done, total)
+
+    def _outbox(self) -> Iterator[Metric]:
+        if self.outbox_depth is None:
+            return
+        depth = GaugeMetricFamily(
+            "orrery_relay_outbox_depth", "Outbox rows not published to the log yet"
+        )
+        depth.add_metric([], float(self.outbox_depth()))
+        yield depth
+
+
+@dataclass(frozen=True, slots=True)
+class Observability:
+    """What an app records per request: metrics (None: off), the access log line, spans
+    (None: tracing off), and who may read `GET /metrics` (`admin_key`; `open` when the
+    server has neither API keys nor an admin key, like every other route then)."""
+
+    metrics: Metrics | None = None
+    access_log: bool = False
+    tracing: Tracing | None = None
+    admin_key: str = ""
+    open: bool = True
+
+
+def metrics_router(metrics: Metrics, *, admin_key: str, open_: bool) -> APIRouter:
+    """`GET /metrics` (Prometheus text format). Needs the admin key (`x-admin-key` or
+    `Authorization: Bearer`, what Prometheus' `authorization` sends) unless the server
+    is open; `ORRERY_METRICS_PORT` serves the same registry without a key on a port of
+    its own (docs/deploy.md)."""
+    router = APIRouter()
+
+    @router.get(
+        "/metrics",
+        tags=["ops"],
+        include_in_schema=False,  # text/plain, not a JSON model: not in the API document
+        openapi_extra=declare(Access.ADMIN),
+    )
+    async def get_metrics(
+        x_admin_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> Response:
+        if not open_:
+            check_admin_key(admin_key, x_admin_key, authorization)
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+access_log = logging.getLogger("orrery.access")
+_REQUEST_ID = b"x-request-id"
+_VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+class RequestTelemetry:
+    """The outermost middleware of every app: gives each request an id (the caller's
+    `x-request-id` when it is a plain token, else a new one; echoed in the response),
+    opens its `contracts.request_context`, its span when tracing is on, and when the
+    response has left records it once: one histogram observation, one error count for
+    an error answer, one access-log line (INFO, `orrery.access`) when enabled. Nothing
+    of the body or the query string is logged."""
+
+    def __init__(self, app: ASGIApp, *, observability: Observability) -> None:
+        self.app = app
+        self.metrics = observability.metrics
+        self.access_log = observability.access_log
+        self.tracing = observability.tracing
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = None
+        for name, value in scope["headers"]:
+            if name == _REQUEST_ID:
+                if _VALID_REQUEST_ID.fullmatch(value):
+                    request_id = value.decode()
+                break
+        if request_id is None:
+            request_id = os.urandom(8).hex()
+        context = RequestContext(request_id)
+        token = open_request(context)
+        span = None if self.tracing is None else self.tracing.start_request(scope, context)
+        status = 500
+        id_header = (_REQUEST_ID, request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), id_header]
+            await send(message)
+
+        failed = True
+        try:
+            await self.app(scope, receive, send_with_id)
+            failed = False
+        finally:
+            close_request(token)
+            if failed and context.error_code is None:
+                # Escaped every handler: the server's last resort answers 500 internal.
+                context.error_code = ErrorCode.INTERNAL.value
+                status = 500
+            route = getattr(scope.get("route"), "path", None) or UNMATCHED_ROUTE
+            seconds = time.perf_counter() - started
+            if self.metrics is not None:
+                self.metrics.request(
+                    route,
+                    scope["method"],
+                    status,
+                    seconds,
+                    context.error_code,
+                    context.dependency,
+                )
+            if span is not None and self.tracing is not None:
+                self.tracing.end_request(span, route, status, context)
+            if self.access_log and access_log.isEnabledFor(logging.INFO):
+                # makeRecord + handle: what `info` does, minus the caller lookup (a walk
+                # of the stack per line; the access line's origin is always this one).
+                access_log.handle(
+                    access_log.makeRecord(
+                        access_log.name,
+                        logging.INFO,
+                        __file__,
+                        0,
+                        "%s %s %d %.1fms",
+                        (scope["method"], scope["path"], status, seconds * 1000.0),
+                        None,
+                        extra={
+                            "request_id": request_id,
+                            "trace_id": context.trace_id,
+                            "namespace": context.namespace,
+                            "http": {
+                                "method": scope["method"],
+                                "route": route,
+                                "path": scope["path"],
+                                "status": status,
+                                "duration_ms": round(seconds * 1000.0, 3),
+                                "error_code": context.error_code,
+                            },
+                        },
+                    )
+                )
+
+
+def open_observability(
+    settings: QuerySettings, roles: Iterable[str], *, span_exporter: Any = None
+) -> tuple[Observability, Callable[[], None]]:
+    """The observability of one process from its settings, and the function that stops
+    what it started (the metrics port's listener, the span exporter). `span_exporter`
+    (an OpenTelemetry `SpanExporter`, tests: in memory) receives the spans instead of
+    the OTLP endpoint."""
+    from orrery.tracing import open_tracing
+
+    closers: list[Callable[[], None]] = []
+    metrics = None
+    if settings.metrics:
+        metrics = Metrics(roles, namespace_labels=settings.metrics_namespace_labels)
+        if settings.metrics_port is not None:
+            closers.append(
+                serve_metrics_port(metrics, settings.metrics_host, settings.metrics_port)
+            )
+    tracing = None
+    if settings.tracing:
+        tracing = open_tracing(
+            settings.otlp_endpoint, service="orrery", roles=roles, exporter=span_exporter
+        )
+        closers.append(tracing.close)
+    access = settings.access_log if settings.access_log is not None else settings.mode == "servers"
+    observability = Observability(
+        metrics=metrics,
+        access_log=access,
+        tracing=tracing,
+        admin_key=settings.admin_key,
+        open=not settings.api_keys.strip() and not settings.admin_key,
+    )
+
+    def close() -> None:
+        for closer in reversed(closers):
+            closer()
+
+    return observability, close
+
+
+def serve_metrics_port(metrics: Metrics, host: str, port: int) -> Callable[[], None]:
+    """Serve `metrics` at `http://host:port/metrics` (no key: bind it where only the
+    scraper reaches) on a daemon thread; returns the function that stops it."""
+    server, thread = start_http_server(port, addr=host, registry=metrics.registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return stop
+
+
+class _Observers:
+    """Several `QueryObserver`s told in turn."""
+
+    def __init__(self, observers: Sequence[Any]) -> None:
+        self.observers = tuple(observers)
+
+    def answered(
+        self,
+        endpoint: str,
+        stages_ms: Mapping[str, float],
+        engine_ms: Mapping[str, float],
+        cache: str,
+        source_counts: Mapping[str, int],
+    ) -> None:
+        for observer in self.observers:
+            observer.answered(endpoint, stages_ms, engine_ms, cache, source_counts)
+
+
+def query_observer(observability: Observability) -> Any:
+    """The `query.ports.QueryObserver` of an app's observability (None: nothing to tell)."""
+    parts = [p for p in (observability.metrics, observability.tracing) if p is not None]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else _Observers(parts)
+
+
+def state_collector(
+    metrics: Metrics | None,
+    *,
+    readiness: Callable[[], dict[str, Any]] | None = None,
+    generations: Callable[[], Iterable[tuple[str, str, str]]] | None = None,
+    builds: Callable[[], Iterable[tuple[str, int, int]]] | None = None,
+    outbox_depth: Callable[[], int] | None = None,
+) -> None:
+    """Register the scrape-time gauges of whichever sources this process has."""
+    if metrics is None:
+        return
+    metrics.registry.register(
+        StateCollector(
+            namespace_labels=metrics.namespace_labels,
+            readiness=readiness,
+            generations=generations,
+            builds=builds,
+            outbox_depth=outbox_depth,
+        )
+    )

@@ -1,0 +1,182 @@
+"""OpenTelemetry spans (`ORRERY_TRACING=true`): one per HTTP request, one per query stage.
+
+A request's span continues the caller's W3C `traceparent` when it sends one; its trace id
+is the request's (`contracts.request_context`: log lines, `query_plan.trace_id`). Query
+stage spans are children of the request span, laid end to end from the stopwatch the
+query already keeps (`query_plan.latency_ms`): their durations are the plan's, so they
+sum to the query's time without a clock read per stage.
+
+Spans are exported over OTLP/HTTP when `ORRERY_OTLP_ENDPOINT` is set (the optional
+`otlp` extra: `pip install 'orrery[otlp]'`); otherwise they are made and dropped, which
+still gives every request a trace id. Tests pass an in-memory exporter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from starlette.types import Scope
+
+from contracts.request_context import RequestContext
+
+__all__ = ["Tracing", "open_tracing"]
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
+
+
+class Tracing:
+    """Spans of one process, from its own `TracerProvider` (never the global one: tests
+    open several stacks in one interpreter)."""
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer("orrery")
+
+    # --- HTTP requests ---------------------------------------------------------------
+
+    def start_request(self, scope: Scope, context: RequestContext) -> Any:
+        carrier = {
+            name.decode(): value.decode("latin-1")
+            for name, value in scope["headers"]
+            if name in _TRACE_HEADERS
+        }
+        parent = _PROPAGATOR.extract(carrier) if carrier else None
+        span = self.tracer.start_span(
+            scope["method"],
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": scope["method"]},
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+        own = span.get_span_context()
+        context.trace_id = format(own.trace_id, "032x")
+        context.traceparent = f"00-{context.trace_id}-{own.span_id:016x}-{own.trace_flags:02x}"
+        return span, token
+
+    def end_request(self, handle: Any, route: str, status: int, context: RequestContext) -> None:
+        span, token = handle
+        otel_context.detach(token)
+        span.update_name(f"{span.name} {route}")
+        span.set_attribute("http.route", route)
+        span.set_attribute("http.response.status_code", status)
+        span.set_attribute("orrery.request_id", context.request_id)
+        if context.error_code is not None:
+            span.set_attribute("orrery.error_code", context.error_code)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, context.error_code or str(status)))
+        span.end()
+
+    # --- queries (query.ports.QueryObserver) -----------------------------------------
+
+    def answered(
+        self,
+        endpoint: str,
+        stages_ms: Mapping[str, float],
+        engine_ms: Mapping[str, float],
+        cache: str,
+        source_counts: Mapping[str, int],
+    ) -> None:
+        """One child span per stage of the answer just made, under the current span (the
+        request's), ending now and laid end to end by the stopwatch's durations."""
+        if not trace.get_current_span().get_span_context().is_valid:
+            return
+        end = time.time_ns()
+        at = end - int(sum(stages_ms.values()) * 1e6)
+        for stage, ms in stages_ms.items():
+            span = self.tracer.start_span(
+                f"query.{stage}",
+                start_time=at,
+                attributes={"orrery.endpoint": endpoint, "orrery.stage": stage},
+            )
+            at += int(ms * 1e6)
+            if stage == "rerank" or stage == "index_search":
+                for call, call_ms in engine_ms.items():
+                    span.set_attribute(f"orrery.engine_ms.{call}", call_ms)
+            if stage == "scope_resolve":
+                span.set_attribute("orrery.cache", cache)
+            span.end(end_time=at)
+
+    # --- the projector -------------------------------------------------------------
+
+    def wrap_projector_step(self, step: Callable[[], Any]) -> Callable[[], Any]:
+        """`step` (a projector batch returning a `BatchReport`) with a `projector.batch`
+        span for each batch that applied events, linked to the spans of the writes it
+        applied (their trace contexts came along through the outbox row, and in server
+        mode the Kafka headers). A failed batch gets an error span."""
+
+        def traced() -> Any:
+            started = time.time_ns()
+            try:
+                report = step()
+            except Exception as exc:
+                span = self.tracer.start_span("projector.batch", start_time=started)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                span.end()
+                raise
+            if report.events:
+                links = [Link(c) for c in map(_span_context, report.trace_contexts) if c]
+                span = self.tracer.start_span(
+                    "projector.batch",
+                    start_time=started,
+                    links=links,
+                    attributes={
+                        "orrery.events": report.events,
+                        "orrery.position": report.position,
+                        "orrery.embedded": report.embedded,
+                    },
+                )
+                span.end()
+            return report
+
+        return traced
+
+    def close(self) -> None:
+        self.provider.shutdown()
+
+
+def _span_context(traceparent: str) -> SpanContext | None:
+    """The remote span a W3C `traceparent` names, or None for a malformed one."""
+    carried = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent}))
+    context = carried.get_span_context()
+    return context if context.is_valid else None
+
+
+def open_tracing(
+    otlp_endpoint: str | None,
+    *,
+    service: str,
+    roles: Iterable[str],
+    exporter: SpanExporter | None = None,
+) -> Tracing:
+    """A `Tracing` whose spans go to `exporter` (synchronously: tests), else to the OTLP
+    endpoint (batched), else nowhere."""
+    resource = Resource.create({"service.name": service, "orrery.roles": ",".join(sorted(roles))})
+    provider = TracerProvider(resource=resource)
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elif otlp_endpoint:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found,unused-ignore]
+                OTLPSpanExporter,
+            )
+        except ImportError as exc:
+            raise ValueError(
+                "ORRERY_OTLP_ENDPOINT is set but the OTLP exporter is not installed: "
+                "pip install 'orrery[otlp]'"
+            ) from exc
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+    return Tracing(provider)

@@ -1,0 +1,176 @@
+"""OpenTelemetry spans of a request and its query stages (in-memory exporter)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from orrery.embedded import EmbeddedStack
+from query.settings import QuerySettings
+from tests.e2e.test_embedded_http import rec
+from tests.fakes import FakeHashingEmbedder
+
+NS = "tracing_ns"
+SCOPE = "longterm:objects:current"
+STAGES = ("scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize")
+
+
+@pytest.fixture
+def traced(tmp_path: Path) -> Iterator[tuple[TestClient, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    settings = QuerySettings(data_dir=tmp_path / "data", tracing=True, projector_poll_seconds=0.02)
+    stack = EmbeddedStack.open(
+        settings, embedder=FakeHashingEmbedder(dimension=32), span_exporter=exporter
+    )
+    stack.start()
+    try:
+        with TestClient(stack.app) as client:
+            yield client, exporter
+    finally:
+        stack.close()
+
+
+def _load(client: TestClient) -> None:
+    records = [rec(f"t{i}", namespace=NS, title=f"thermos number {i}") for i in range(5)]
+    assert client.post("/v1/records", json=records).status_code == 200
+    deadline = time.monotonic() + 60
+    while not client.get("/v1/readiness").json()["ready"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _children(spans: tuple[ReadableSpan, ...], parent: ReadableSpan) -> list[ReadableSpan]:
+    own = parent.get_span_context().span_id
+    return [s for s in spans if s.parent is not None and s.parent.span_id == own]
+
+
+def test_a_query_has_one_span_per_stage_summing_to_its_total(
+    traced: tuple[TestClient, InMemorySpanExporter],
+) -> None:
+    client, exporter = traced
+    _load(client)
+    exporter.clear()
+    response = client.post(
+        "/v1/external/retrieve/topk_records",
+        json={"namespace": NS, "scope_ref": SCOPE, "query_text": "thermos"},
+    )
+    assert response.status_code == 200, response.text
+    plan = response.json()["query_plan"]
+    spans = exporter.get_finished_spans()
+    (request,) = [s for s in spans if s.name == "POST /v1/external/retrieve/topk_records"]
+    trace_id = format(request.context.trace_id, "032x")
+    assert plan["trace_id"] == trace_id
+    assert request.attributes is not None and request.attributes["http.response.status_code"] == 200
+    stages = {s.name: s for s in _children(spans, request)}
+    assert sorted(stages) == sorted(f"query.{stage}" for stage in STAGES)
+    seconds = {name: ((s.end_time or 0) - (s.start_time or 0)) / 1e9 for name, s in stages.items()}
+    for stage in STAGES:
+        assert seconds[f"query.{stage}"] == pytest.approx(
+            plan["latency_ms"][stage] / 1000.0, abs=2e-6
+        )
+    # The stages account for the query's time (what is left is the last lap to `total`).
+    total = plan["latency_ms"]["total"] / 1000.0
+    assert sum(seconds.values()) == pytest.approx(total, rel=0.1, abs=0.002)
+    # And they lie inside the request's span.
+    for span in stages.values():
+        assert (request.start_time or 0) <= (span.start_time or 0)
+        assert (span.end_time or 0) <= (request.end_time or 0)
+
+
+def test_a_callers_traceparent_is_continued(
+    traced: tuple[TestClient, InMemorySpanExporter],
+) -> None:
+    client, exporter = traced
+    caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    response = client.get(
+        "/healthz", headers={"traceparent": f"00-{caller_trace}-00f067aa0ba902b7-01"}
+    )
+    assert response.status_code == 200
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "GET /healthz"]
+    assert format(span.context.trace_id, "032x") == caller_trace
+    assert span.parent is not None and span.parent.span_id == 0x00F067AA0BA902B7
+
+
+def test_a_projector_batch_span_links_to_the_write_it_applied(
+    traced: tuple[TestClient, InMemorySpanExporter],
+) -> None:
+    client, exporter = traced
+    response = client.post("/v1/records", json=[rec("linked", namespace=NS, title="linked")])
+    assert response.status_code == 200, response.text
+    (write,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/records"]
+    deadline = time.monotonic() + 60
+    while True:
+        batches = [
+            s
+            for s in exporter.get_finished_spans()
+            if s.name == "projector.batch"
+            and any(link.context.span_id == write.context.span_id for link in s.links)
+        ]
+        if batches:
+            break
+        assert time.monotonic() < deadline, [s.name for s in exporter.get_finished_spans()]
+        time.sleep(0.05)
+    (batch,) = batches
+    (link,) = [link for link in batch.links if link.context.span_id == write.context.span_id]
+    assert link.context.trace_id == write.context.trace_id
+    assert batch.attributes is not None and batch.attributes["orrery.events"] >= 1
+
+
+@pytest.mark.servers
+@pytest.mark.slow
+def test_a_write_is_linked_from_the_batch_of_another_process_through_kafka(
+    tmp_path: Path,
+) -> None:
+    """Two stacks that share only the outbox database and Kafka: ingest + relay in one,
+    the projector in the other. The projector's batch span links to the write span of
+    the other stack: the trace context went outbox row → relay → Kafka header."""
+    from typing import Any
+
+    from orrery.servers import Role, ServerStack
+    from tests.conftest import run_tag
+    from tests.e2e.test_servers_http import server_env
+
+    env = server_env(run_tag(), database=False)
+    fields: dict[str, Any] = {k.removeprefix("ORRERY_").lower(): v for k, v in env.items()}
+    fields.update(data_dir=tmp_path / "data", tracing=True)
+    settings = QuerySettings(**fields)
+    writer_spans, projector_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    embedder = FakeHashingEmbedder(dimension=32)
+    writer = ServerStack.open(
+        settings, frozenset({Role.INGEST, Role.RELAY}), embedder=embedder,
+        span_exporter=writer_spans,
+    )  # fmt: skip
+    projector = ServerStack.open(
+        settings, frozenset({Role.PROJECTOR}), embedder=embedder, span_exporter=projector_spans
+    )
+    writer.start()
+    projector.start()
+    try:
+        assert writer.app is not None
+        with TestClient(writer.app) as client:
+            response = client.post("/v1/records", json=[rec("via-kafka", namespace=NS)])
+            assert response.status_code == 200, response.text
+        (write,) = [s for s in writer_spans.get_finished_spans() if s.name == "POST /v1/records"]
+        deadline = time.monotonic() + 120
+        while True:
+            linked = [
+                s
+                for s in projector_spans.get_finished_spans()
+                if s.name == "projector.batch"
+                and any(link.context.span_id == write.context.span_id for link in s.links)
+            ]
+            if linked:
+                break
+            assert time.monotonic() < deadline, "no projector batch linked to the write"
+            time.sleep(0.1)
+        (link,) = [lk for lk in linked[0].links if lk.context.span_id == write.context.span_id]
+        assert link.context.trace_id == write.context.trace_id
+    finally:
+        projector.close()
+        writer.close()
