@@ -40,6 +40,8 @@ class _Strict(BaseModel):
 class BuildRequest(_Strict):
     namespace: Namespace
     snapshot_kind: Name
+    # A scope that never held a record is refused (`invalid_state`): usually a typo.
+    allow_empty: bool = False
 
 
 class RollbackRequest(_Strict):

@@ -8,6 +8,7 @@ meet; import-linter allows exactly these imports.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -30,6 +31,7 @@ from ingest.entrypoints.koutendb_http import create_router as create_ingest_kout
 from ingest.ports import RecordStore
 from ingest.settings import IngestSettings
 from orrery.http import build_app
+from orrery.ui import create_ui_router
 from projector.adapters.file_lock import OperatorLock
 from projector.bootstrap import (
     CONSUMER,
@@ -55,7 +57,7 @@ from query.bootstrap import (
 from query.eligibility import EligibilityGate, ReportingLexicalSearch, ReportingVectorSearch
 from query.entrypoints.chonkydb_http import create_router as create_query_chonkydb_router
 from query.entrypoints.http import create_router as create_query_router
-from query.entrypoints.http import ready_check
+from query.entrypoints.http import readiness, ready_check
 from query.entrypoints.koutendb_http import create_router as create_query_koutendb_router
 from query.ports import Routing
 from query.service import QueryPorts
@@ -241,6 +243,8 @@ class EmbeddedStack:
     admin: GenerationAdmin
     gate: EligibilityGate
     lock: OperatorLock
+    # `GET /v1/readiness`'s body as an unrestricted key sees it (the banner waits on it).
+    readiness: Callable[[], dict[str, Any]]
 
     @classmethod
     def open(
@@ -335,6 +339,7 @@ class EmbeddedStack:
                 *writers,
                 create_admin_router(admin, admin_key=settings.admin_key),
                 store_admin_router(settings, exclusive=projector.lock.hold, log_is_outbox=True),
+                create_ui_router(),
             ],
             max_body_bytes=settings.max_body_bytes,
             stream_paths=STREAM_PATHS,
@@ -342,7 +347,8 @@ class EmbeddedStack:
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
-        return cls(settings, store, projector, loop, app, admin, gate, lock)
+        ready = functools.partial(readiness, ports.routing, loop.status, gate)
+        return cls(settings, store, projector, loop, app, admin, gate, lock, ready)
 
     def start(self) -> None:
         self.loop.start()

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Protocol
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -391,7 +392,7 @@ def _admin(
         admin = HttpAdmin(found, key) if found else DirectAdmin.open(settings)
         yield admin
     except OrreryError as exc:
-        console.print(f"[red]{exc.code.value}: {exc.message}")
+        console.print(f"[red]{exc.code.value}: {escape(exc.message)}")
         if exc.details:
             console.print_json(json.dumps(exc.details, default=str))
         raise typer.Exit(1) from exc
@@ -543,13 +544,20 @@ def build(
     detach: Annotated[
         bool, typer.Option("--detach", help="Over HTTP: return once the build started")
     ] = False,
+    allow_empty: Annotated[
+        bool,
+        typer.Option("--allow-empty", help="Build even a scope that never held a record"),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Build a new generation from the canonical snapshot, catch up with the log, seal it.
 
-    The projector dual-writes new events into it meanwhile. Exit status 1 unless sealed.
+    The projector dual-writes new events into it meanwhile. Exit status 1 unless sealed;
+    a scope that never held a record is refused unless --allow-empty.
     """
-    request = BuildRequest(namespace=namespace, snapshot_kind=snapshot_kind)
+    request = BuildRequest(
+        namespace=namespace, snapshot_kind=snapshot_kind, allow_empty=allow_empty
+    )
     with _admin(data_dir, url, admin_key, mode) as admin:
         try:
             with _progress("build") as progress:

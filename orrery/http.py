@@ -26,6 +26,7 @@ from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, O
 from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
 from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
+from orrery.ui import create_docs_router
 
 __all__ = ["build_app", "install_error_handlers", "install_openapi", "install_request_guard"]
 
@@ -51,7 +52,10 @@ def build_app(
     and `routers` mounted in order."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
-    app = FastAPI(title=title, version="0.1.0", telemetry=_NO_TELEMETRY)
+    # /docs and /redoc from bundled files (`orrery.ui`), not FastAPI's CDN pages.
+    app = FastAPI(
+        title=title, version="0.1.0", telemetry=_NO_TELEMETRY, docs_url=None, redoc_url=None
+    )
     install_error_handlers(app)
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip
@@ -68,6 +72,7 @@ def build_app(
 
     for router in routers:
         app.include_router(router)
+    app.include_router(create_docs_router())
     return app
 
 

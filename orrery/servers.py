@@ -12,6 +12,7 @@ database under `data_dir` holds it all and every role of one host shares it
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from orrery.embedded import (
     store_admin_router,
 )
 from orrery.http import build_app
+from orrery.ui import create_ui_router
 from projector.adapters.file_lock import FileWriterLock
 from projector.bootstrap import (
     ServerProjector,
@@ -56,6 +58,7 @@ from projector.generations import ORPHANED_AFTER, GenerationAdmin
 from query.bootstrap import cursor_codec, scope_registry, server_query_ports
 from query.bootstrap import postgres_migrations as query_migrations
 from query.eligibility import EligibilityGate
+from query.entrypoints.http import readiness
 from query.settings import QuerySettings
 
 __all__ = ["Role", "ServerStack", "check_settings", "migrate_all"]
@@ -125,6 +128,8 @@ class ServerStack:
     projector_loop: ProjectorLoop | None = None
     admin: GenerationAdmin | None = None
     gate: EligibilityGate | None = None
+    # `GET /v1/readiness`'s body (query role only; the banner waits on it).
+    readiness: Callable[[], dict[str, Any]] | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
@@ -265,7 +270,9 @@ class ServerStack:
             stack.gate, readers = query_routers(
                 settings, ports, grants, admin=stack.admin, status=stack.status, backend="servers"
             )
+            stack.readiness = functools.partial(readiness, ports.routing, stack.status, stack.gate)
             routers.append(create_admin_router(stack.admin, admin_key=settings.admin_key))
+            routers.append(create_ui_router())
             stack.app = build_app(
                 "Orrery",
                 [*readers, *routers],

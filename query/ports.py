@@ -240,6 +240,11 @@ class RecordReader(Protocol):
         of one galaxy, unless None) ordered by document id: how many there are, and
         `limit` of them after `offset`."""
 
+    def holds(self, namespace: str, snapshot_kind: str | None = None) -> bool:
+        """Whether any record (current or deleted) of `namespace` (and `snapshot_kind`,
+        unless None) was ever stored: an unknown namespace from a scope not indexed yet.
+        One index lookup."""
+
 
 class Cache(Protocol):
     """A byte cache with TTLs (responses, query embeddings).

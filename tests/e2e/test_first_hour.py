@@ -1,0 +1,257 @@
+"""A person's first hour (issue 26), as real processes: every expected failure of
+`orrery serve` is one line on stderr and exit code 2 (a traceback only with --debug);
+"serving" is said once the sample is searchable; readiness answers 503 until then; a
+mistyped namespace is `404 unknown_namespace`; a new snapshot kind is queryable without
+a restart; `gen build` refuses a scope that never held a record.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from projector.bootstrap import operator_lock
+from tests.e2e.conftest import Server, free_port, start_server
+
+ADMIN_KEY = "first-hour-admin"
+
+
+def orrery(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str]:
+    """Run `orrery ARGS`; (exit code, stderr)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "orrery.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+    return result.returncode, result.stderr
+
+
+def one_line(stderr: str) -> str:
+    """The one line an expected failure prints (logging lines of the start aside)."""
+    lines = [line for line in stderr.splitlines() if line.startswith("orrery: ")]
+    assert "Traceback" not in stderr and "╭" not in stderr, stderr
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"ORRERY_DEFAULT_PROFILE": "nosuch"}, "ORRERY_DEFAULT_PROFILE: default profile 'nosuch'"),
+        ({"ORRERY_SCOPES": "{bad"}, "ORRERY_SCOPES is not JSON"),
+        ({"ORRERY_API_KEYS": "garbage"}, "ORRERY_API_KEYS entry 'garbage'"),
+        ({"ORRERY_PORT": "abc"}, "ORRERY_PORT: Input should be a valid integer"),
+        ({"ORRERY_SCOPES": '{"*": {"x@y": "objects"}}'}, "ORRERY_SCOPES['*']['x@y']"),
+    ],
+)
+def test_a_bad_setting_is_one_line_and_exit_2(
+    tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    code, stderr = orrery("serve", "--data-dir", str(tmp_path / "data"), env=env)
+    assert code == 2
+    assert expected in one_line(stderr)
+
+
+def test_binding_every_address_without_keys_is_refused_in_one_line(tmp_path: Path) -> None:
+    code, stderr = orrery("serve", "--data-dir", str(tmp_path / "data"), "--host", "0.0.0.0")
+    assert code == 2
+    # The message holds `[/galaxy]`, which rich would have read as a closing tag.
+    assert "refusing to bind 0.0.0.0" in one_line(stderr) and "[/galaxy]" in stderr
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    code, stderr = orrery("--debug", "serve", "--data-dir", str(tmp_path / "d"), "--host", "::")
+    assert code != 0 and "Traceback" in stderr and "refusing to bind ::" in stderr
+
+
+def test_a_locked_data_dir_is_one_line(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    lock = operator_lock(data_dir)
+    lock.acquire()  # as a running `orrery serve` holds it
+    try:
+        code, stderr = orrery("serve", "--data-dir", str(data_dir), "--port", str(free_port()))
+    finally:
+        lock.release()
+    assert code == 2
+    assert f"another process operates {data_dir}" in one_line(stderr)
+
+
+def test_a_port_in_use_is_one_line_and_never_says_serving(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, stderr = orrery("serve", "--data-dir", str(tmp_path / "data"), "--port", str(port))
+    assert code == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in one_line(stderr)
+    assert "serving" not in stderr
+
+
+def test_servers_unreachable_is_one_line_per_window_not_a_traceback(tmp_path: Path) -> None:
+    """Nothing listens on the Kafka, OpenSearch and Redis addresses: the projector's
+    retries (backoff up to 5 s) are reported once, without a traceback, in 15 s."""
+    log_path = tmp_path / "servers.log"
+    env = {
+        **os.environ,
+        "ORRERY_KAFKA_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+        "ORRERY_OPENSEARCH_URL": f"http://127.0.0.1:{free_port()}",
+        "ORRERY_REDIS_URL": f"redis://127.0.0.1:{free_port()}",
+    }
+    port = free_port()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "orrery.cli", "serve", "--mode", "servers"),
+                *("--data-dir", str(tmp_path / "data"), "--port", str(port)),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "projector batch failed" not in log_path.read_text():
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        time.sleep(15)  # backoff 0.1 → 5 s: about eight more attempts
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    text = log_path.read_text()
+    failures = [line for line in text.splitlines() if "projector batch failed" in line]
+    assert len(failures) == 1, text
+    assert "dependency" in failures[0] or "kafka" in failures[0]
+    assert "Traceback" not in text
+    assert "is serving" not in text  # no query answers without its servers
+
+
+# -- a server with the sample --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[int]]]:
+    """`orrery serve --sample`, and the readiness codes seen from its first answer until
+    ready, each checked against its body."""
+    srv = start_server(
+        tmp_path_factory.mktemp("first-hour") / "data",
+        "--sample",
+        env={"ORRERY_ADMIN_KEY": ADMIN_KEY},
+    )
+    codes: list[int] = []
+    deadline = time.monotonic() + 300
+    while True:
+        log_before = srv.log_path.read_text()
+        response = srv.client.get("/v1/readiness")
+        codes.append(response.status_code)
+        assert response.status_code == (200 if response.json()["ready"] else 503)
+        if response.status_code == 503:
+            # Not ready: the banner has not said "serving" before this answer.
+            assert "is serving on" not in log_before
+        elif {s["namespace"] for s in response.json()["scopes"]} == {"demo"} and len(
+            response.json()["scopes"]
+        ) == 5:
+            break
+        assert time.monotonic() < deadline, srv.log_path.read_text()[-3000:]
+        time.sleep(0.2)
+    yield srv, codes
+    srv.stop()
+
+
+def _banner(srv: Server) -> str:
+    deadline = time.monotonic() + 30
+    while "is serving on" not in (text := srv.log_path.read_text()):
+        assert time.monotonic() < deadline, text[-3000:]
+        time.sleep(0.1)
+    return text
+
+
+def test_serving_is_said_once_the_sample_is_searchable(sample: tuple[Server, list[int]]) -> None:
+    srv, codes = sample
+    text = _banner(srv)
+    assert text.index("is starting on") < text.index("is serving on")
+    assert "searchable after" in text
+    # The sample takes seconds to index: readiness said 503 meanwhile.
+    assert codes[0] == 503 and codes[-1] == 200
+    body = {
+        "namespace": "demo",
+        "scope_ref": "longterm:objects:current",
+        "query_text": "Thermoskanne",
+        "result_limit": 3,
+    }
+    assert srv.topk(**body).status_code == 200
+
+
+def test_an_unknown_namespace_is_404_not_not_ready(sample: tuple[Server, list[int]]) -> None:
+    srv, _ = sample
+    answer = srv.topk(namespace="dem0", scope_ref="longterm:objects:current", query_text="x")
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "unknown_namespace"
+    # A known namespace without records of a built-in scope's kind: not ready, and why.
+    none_yet = srv.topk(namespace="demo", scope_ref="longterm:graph_nodes:current", query_text="x")
+    assert none_yet.status_code == 503
+    assert none_yet.json()["error"]["details"]["reason"] == "no_records"
+
+
+def test_a_new_snapshot_kind_is_queryable_without_a_restart(
+    sample: tuple[Server, list[int]],
+) -> None:
+    srv, _ = sample
+    ref = "longterm:recipes:current"
+    before = srv.topk(namespace="demo", scope_ref=ref, query_text="Apfelkuchen")
+    assert before.status_code == 404 and before.json()["error"]["code"] == "unknown_scope"
+    record = {
+        "namespace": "demo",
+        "snapshot_kind": "recipes",
+        "item_id": "recipe:apfelkuchen",
+        "revision": 1,
+        "payload": {"summary": "Apfelkuchen nach Oma"},
+        "text": {"title": "Apfelkuchen nach Oma", "body": "Äpfel, Zimt, Streusel"},
+    }
+    assert srv.post_records([record]).status_code == 200
+    deadline = time.monotonic() + 120
+    while True:
+        listed = srv.client.get("/v1/scopes").json()["namespaces"]
+        refs = {s["scope_ref"]: s for n in listed if n["namespace"] == "demo" for s in n["scopes"]}
+        if ref in refs:
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.2)
+    assert refs[ref]["source"] == "runtime" and refs[ref]["snapshot_kind"] == "recipes"
+    assert refs["longterm:objects:current"]["source"] == "builtin"
+    answer = srv.topk(namespace="demo", scope_ref=ref, query_text="Apfelkuchen")
+    assert answer.status_code == 200, answer.text
+    assert [r["item_id"] for r in answer.json()["results"]] == ["recipe:apfelkuchen"]
+
+
+def test_gen_build_refuses_a_scope_that_never_held_a_record(
+    sample: tuple[Server, list[int]],
+) -> None:
+    srv, _ = sample
+    env = {"ORRERY_ADMIN_KEY": ADMIN_KEY}
+    url = f"http://127.0.0.1:{srv.port}"
+    code, stderr = orrery("gen", "build", "nosuchns", "objects", "--url", url, env=env)
+    assert code == 1 and "holds no records" in stderr and "--allow-empty" in stderr
+    code, stderr = orrery(
+        "gen", "build", "nosuchns", "objects", "--url", url, "--allow-empty", env=env
+    )
+    assert code == 0, stderr
+
+
+def test_readiness_needs_no_json_to_read(sample: tuple[Server, list[int]]) -> None:
+    srv, _ = sample
+    # Ready now (the fixture waited): 200, the body says so too.
+    with httpx.Client(base_url=f"http://127.0.0.1:{srv.port}") as client:
+        response = client.get("/v1/readiness")
+    assert response.status_code == 200 and response.json()["ready"] is True
