@@ -490,10 +490,18 @@ def list_generations(
     admin_key: AdminKey = None,
     mode: Mode = None,
     as_json: AsJson = False,
+    ids: Annotated[
+        bool, typer.Option("--ids", help="Only the generation ids, oldest first, one a line")
+    ] = False,
 ) -> None:
-    """The registry rows (`--json`: as JSON)."""
+    """The registry rows (`--json`: as JSON; `--ids`: the ids only, for scripts:
+    `NEW=$(orrery gen list --namespace demo --snapshot-kind objects --ids | tail -1)`)."""
     with _admin(data_dir, url, admin_key, mode) as admin:
         rows = admin.rows(namespace, snapshot_kind)
+    if ids:
+        for row in sorted(rows, key=lambda r: (str(r["created_at"]), r["generation_id"])):
+            print(row["generation_id"])
+        return
     _emit(rows, as_json, lambda: out.print(_rows_table(rows)))
 
 
