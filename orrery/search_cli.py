@@ -14,12 +14,11 @@ prints the answers as they came.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import httpx
 import typer
@@ -43,7 +42,7 @@ err = Console(stderr=True, soft_wrap=True)
 
 Query = Annotated[str, typer.Argument(help="The query text")]
 NamespaceOpt = Annotated[
-    str, typer.Option("--namespace", "-n", help="Namespace [ORRERY_NAMESPACE]")
+    str, typer.Option("--namespace", "-n", envvar="ORRERY_NAMESPACE", help="Namespace")
 ]
 ScopeOpt = Annotated[str, typer.Option("--scope", "-s", help="Scope ref (`…@gN` pins one)")]
 UrlOpt = Annotated[
@@ -116,7 +115,7 @@ def _in_process(settings: Any, headers: dict[str, str]) -> Iterator[Target]:
                 raise ExpectedFailure(f"{settings.data_dir} did not become ready in 120 s")
             time.sleep(0.1)
         with TestClient(stack.app, headers=headers) as client:
-            yield Target(client, str(settings.data_dir))
+            yield Target(cast(httpx.Client, client), str(settings.data_dir))
     finally:
         stack.close()
 
@@ -323,7 +322,7 @@ def _run(
 
 def search(
     query: Query,
-    namespace: NamespaceOpt = os.environ.get("ORRERY_NAMESPACE", "demo"),
+    namespace: NamespaceOpt = "demo",
     scope: ScopeOpt = "longterm:objects:current",
     url: UrlOpt = None,
     data_dir: DataDirOpt = None,
@@ -345,7 +344,7 @@ def search(
 
 def explain(
     query: Query,
-    namespace: NamespaceOpt = os.environ.get("ORRERY_NAMESPACE", "demo"),
+    namespace: NamespaceOpt = "demo",
     scope: ScopeOpt = "longterm:objects:current",
     url: UrlOpt = None,
     data_dir: DataDirOpt = None,

@@ -311,7 +311,7 @@ async function listGenerations(event) {
         el("thead", {}, el("tr", {}, ["generation", "state", "documents", "created", "actions"].map((h) => el("th", { text: h })))),
         el("tbody", {}, rows.map((row) => el("tr", { "data-generation": row.generation_id },
           el("td", {}, el("button", { type: "button", class: "secondary", text: row.generation_id, onclick: () => showGeneration(row.generation_id) })),
-          el("td", { class: `state-${row.state}`, text: row.live ? `${row.state} (live)` : row.state }),
+          el("td", { class: `state-${row.state}`, text: row.live && row.state !== "live" ? `${row.state} (live pointer)` : row.state }),
           el("td", { text: String(row.document_count) }),
           el("td", { text: row.created_at }),
           el("td", { class: "actions" },

@@ -253,8 +253,10 @@ def test_a_promote_from_the_page_changes_readiness(browser: WebDriver, server: S
         lambda: browser.find_element(By.CSS_SELECTOR, f'[aria-label="verify {new}"]'), "rows"
     )
     verify.click()
-    wait_for(lambda: '"verified": true' in browser.find_element(By.ID, "admin-report").text,
-             "the verify report")  # fmt: skip
+    wait_for(
+        lambda: '"verified": true' in browser.find_element(By.ID, "admin-report").text,
+        "the verify report",
+    )
     promote = wait_for(
         lambda: browser.find_element(By.CSS_SELECTOR, f'[aria-label="promote {new}"]'), "promote"
     )
@@ -262,8 +264,8 @@ def test_a_promote_from_the_page_changes_readiness(browser: WebDriver, server: S
     report = wait_for(lambda: browser.find_element(By.ID, "admin-report").text, "the report")
     assert '"action": "promote"' in report and new in report
     wait_for(lambda: live_objects() == new, "readiness to name the promoted generation")
-    wait_for(lambda: browser.find_element(By.CSS_SELECTOR, f'[data-generation="{new}"] .state-live'),
-             "the row to say live")  # fmt: skip
+    live_row = f'[data-generation="{new}"] .state-live'
+    wait_for(lambda: browser.find_element(By.CSS_SELECTOR, live_row), "the row to say live")
     shot(browser, "generations")
     assert requested_hosts(browser) == {"127.0.0.1"}
     # The key never travelled in a URL.
