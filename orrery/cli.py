@@ -31,7 +31,14 @@ from ingest.service import write_records
 from orrery.announce import Announcer
 from orrery.gen_cli import gen_app, remove_server_file, write_server_file
 from orrery.search_cli import register as register_search
-from orrery.startup import bind_socket, check_bind, check_config, load_settings, report
+from orrery.startup import (
+    ExpectedFailure,
+    bind_socket,
+    check_bind,
+    check_config,
+    load_settings,
+    report,
+)
 from query.settings import QuerySettings
 
 __all__ = ["app", "main"]
@@ -167,9 +174,9 @@ def serve(
     _check_bind(settings)
     readiness: Callable[[], dict[str, Any]] | None
     if settings.mode == "servers":
-        from orrery.servers import Role, ServerStack
+        from orrery.servers import Role
 
-        servers = ServerStack.open(settings, frozenset(Role))
+        servers = _open_servers(settings, frozenset(Role))
         store, wake, app_, readiness = (
             servers.store,
             servers.relay.wake if servers.relay else None,
@@ -256,10 +263,22 @@ def _announce(settings: QuerySettings, base: str, seconds: float) -> None:
     )
 
 
-def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> None:
-    from orrery.servers import Role, ServerStack
+def _open_servers(settings: QuerySettings, roles: frozenset[Any]) -> Any:
+    """The server-mode stack; a setting that cannot work across machines is one line."""
+    from orrery.servers import ServerStack, check_settings
 
-    stack = ServerStack.open(settings, frozenset(Role(r) for r in role_names))
+    try:
+        check_settings(settings, roles)
+    except ValueError as exc:
+        raise ExpectedFailure(str(exc)) from exc
+    return ServerStack.open(settings, roles)
+
+
+def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> None:
+    from orrery.servers import Role
+
+    check_config(settings)
+    stack = _open_servers(settings, frozenset(Role(r) for r in role_names))
     tune_gc()
     stack.start()
     try:

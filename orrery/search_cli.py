@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from contracts.errors import OrreryError
 from orrery.gen_cli import read_server_file
 from orrery.startup import ExpectedFailure, load_settings
 
@@ -82,7 +83,9 @@ class Target:
 
 
 @contextmanager
-def _target(url: str | None, data_dir: Path | None, key: str | None) -> Iterator[Target]:
+def _target(
+    url: str | None, data_dir: Path | None, key: str | None, wanted: tuple[str, str]
+) -> Iterator[Target]:
     headers = {"x-api-key": key} if key else {}
     settings = load_settings(data_dir=data_dir)
     found = url or read_server_file(settings.data_dir)
@@ -95,22 +98,46 @@ def _target(url: str | None, data_dir: Path | None, key: str | None) -> Iterator
             f"no server runs on {settings.data_dir} and it holds no data: start "
             "`orrery serve --sample` or pass --url"
         )
-    yield from _in_process(settings, headers)
+    yield from _in_process(settings, headers, wanted)
 
 
-def _in_process(settings: Any, headers: dict[str, str]) -> Iterator[Target]:
+def _wanted(namespace: str, scope: str, data_dir: Path | None) -> tuple[str, str]:
+    """The `(namespace, snapshot kind)` a query reads, for waiting on an opened data dir."""
+    from query.bootstrap import scope_registry
+    from query.scopes import PIN_SEPARATOR, runtime_kind
+
+    base = scope.partition(PIN_SEPARATOR)[0]
+    try:
+        kind = (
+            scope_registry(load_settings(data_dir=data_dir)).target(namespace, base).snapshot_kind
+        )
+    except OrreryError:
+        kind = runtime_kind(base) or base
+    return namespace, kind
+
+
+def _in_process(
+    settings: Any, headers: dict[str, str], wanted: tuple[str, str]
+) -> Iterator[Target]:
     """The data dir's stack in this process (it takes the data dir's lock meanwhile)."""
     from fastapi.testclient import TestClient
 
+    from ingest.bootstrap import canonical_db_path
     from orrery.announce import searchable
     from orrery.embedded import EmbeddedStack
+    from query.adapters.sqlite_routing import SqliteRecordReader
 
+    if not SqliteRecordReader(canonical_db_path(settings.data_dir)).holds(*wanted):
+        raise ExpectedFailure(
+            f"{settings.data_dir} holds no records of {wanted[0]}/{wanted[1]} (namespace/"
+            "snapshot kind)"
+        )
     err.print(f"[dim]no server on {escape(str(settings.data_dir))}: opening it here…")
     stack = EmbeddedStack.open(settings)
     stack.start()
     try:
         deadline = time.monotonic() + 120
-        while not searchable(stack.readiness(), ()):
+        while not searchable(stack.readiness(), [wanted]):
             if time.monotonic() > deadline:
                 raise ExpectedFailure(f"{settings.data_dir} did not become ready in 120 s")
             time.sleep(0.1)
@@ -289,7 +316,7 @@ def _run(
     *,
     explain_ranks: bool,
 ) -> None:
-    with _target(url, data_dir, key) as target:
+    with _target(url, data_dir, key, _wanted(namespace, scope, data_dir)) as target:
         body = _request(query, namespace, scope, limit, profile)
         answer = target.post(TOPK_PATH, body)
         other = (

@@ -148,10 +148,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def one_line(exc: BaseException) -> str | None:
     """The line an expected failure is reported with; None for anything else."""
     if isinstance(exc, ExpectedFailure):
-        return exc.message
-    if isinstance(exc, OrreryError):
-        return f"{exc.code.value}: {exc.message}"
-    return None
+        text = exc.message
+    elif isinstance(exc, OrreryError):
+        text = f"{exc.code.value}: {exc.message}"
+    else:
+        return None
+    # A driver's message may span lines (psycopg's hint): one line all the same.
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def report(exc: BaseException) -> NoReturn:

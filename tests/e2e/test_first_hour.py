@@ -7,6 +7,7 @@ a restart; `gen build` refuses a scope that never held a record.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -137,6 +138,22 @@ def test_servers_unreachable_is_one_line_per_window_not_a_traceback(tmp_path: Pa
     assert "is serving" not in text  # no query answers without its servers
 
 
+def test_server_mode_without_its_database_is_one_line(tmp_path: Path) -> None:
+    env = {
+        "ORRERY_DATABASE_URL": f"postgresql://orrery@127.0.0.1:{free_port()}/orrery",
+        "ORRERY_CURSOR_KEYS": "k1:0123456789abcdef0123456789abcdef",
+        "ORRERY_QDRANT_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    code, stderr = orrery("query-worker", "--data-dir", str(tmp_path), "--port", "1", env=env)
+    assert code == 2
+    assert one_line(stderr).startswith("orrery: dependency_unavailable: postgres")
+    # A setting that cannot work across machines is refused before any connection.
+    code, stderr = orrery(
+        "query-worker", "--data-dir", str(tmp_path), env={**env, "ORRERY_CURSOR_KEYS": ""}
+    )
+    assert code == 2 and "ORRERY_CURSOR_KEYS is not" in one_line(stderr)
+
+
 # -- a server with the sample --------------------------------------------------------------
 
 
@@ -255,3 +272,105 @@ def test_readiness_needs_no_json_to_read(sample: tuple[Server, list[int]]) -> No
     with httpx.Client(base_url=f"http://127.0.0.1:{srv.port}") as client:
         response = client.get("/v1/readiness")
     assert response.status_code == 200 and response.json()["ready"] is True
+
+
+# -- the terminal: --version, search, explain ---------------------------------------------
+
+
+def orrery_out(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run `orrery ARGS` (a wide terminal); (exit code, stdout, stderr)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "orrery.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+        timeout=180,
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_version_and_a_mistyped_command() -> None:
+    from importlib.metadata import version
+
+    code, out, _ = orrery_out("--version")
+    assert code == 0 and out.strip() == f"orrery {version('orrery')}"
+    code, _, err = orrery_out("serch", "x")
+    assert code == 2 and "Did you mean 'search'" in err
+
+
+def test_search_prints_a_table_and_json(sample: tuple[Server, list[int]]) -> None:
+    srv, _ = sample
+    url = f"http://127.0.0.1:{srv.port}"
+    query = "Wo stand früher meine rote Thermoskanne?"
+    code, out, err = orrery_out("search", query, "--url", url, "-k", "3")
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if "fused" in line)
+    assert all(word in header for word in ("rank", "id", "title", "lexical", "vector"))
+    first = next(line for line in out.splitlines() if "fact:thermos_location_old" in line)
+    assert "Rote Thermoskanne" in first and first.split("│")[1].strip() == "1"
+    code, out, err = orrery_out("search", query, "--url", url, "--json", "--profile", "rrf@2")
+    answer = json.loads(out)
+    assert code == 0 and answer["profile"] == "rrf@2"
+    assert answer["results"][0]["item_id"] == "fact:thermos_location_old"
+
+
+def test_search_compares_two_profiles(sample: tuple[Server, list[int]]) -> None:
+    srv, _ = sample
+    url = f"http://127.0.0.1:{srv.port}"
+    code, out, err = orrery_out(
+        "search", "Thermoskanne", "--url", url, "--compare", "rrf@2", "--json", "-k", "5"
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    a = [r["document_id"] for r in doc["answer"]["results"]]
+    b = [r["document_id"] for r in doc["compare"]["results"]]
+    assert doc["compare"]["profile"] == "rrf@2"
+    assert doc["overlap_at_k"] == len(set(a) & set(b)) / 5
+    code, out, _ = orrery_out("search", "Thermoskanne", "--url", url, "--compare", "rrf@2")
+    assert code == 0 and "overlap@10" in out and "rrf@2" in out
+
+
+def test_explain_adds_each_sources_own_rank_and_the_plan(
+    sample: tuple[Server, list[int]],
+) -> None:
+    srv, _ = sample
+    url = f"http://127.0.0.1:{srv.port}"
+    query = "Wo stand früher meine rote Thermoskanne?"
+    code, out, err = orrery_out("explain", query, "--url", url, "--json", "-k", "3")
+    assert code == 0, err
+    doc = json.loads(out)
+    top = doc["answer"]["results"][0]["document_id"]
+    assert doc["source_ranks"]["lexical"][top] == 1
+    code, out, _ = orrery_out("explain", query, "--url", url, "-k", "3")
+    assert code == 0 and "(#1)" in out and "latency" in out and "cache" in out
+
+
+def test_search_errors_are_one_line(sample: tuple[Server, list[int]]) -> None:
+    srv, _ = sample
+    code, _, err = orrery_out("search", "x", "--url", f"http://127.0.0.1:{srv.port}", "-n", "dem0")
+    assert code == 2 and "unknown_namespace" in one_line(err)
+    code, _, err = orrery_out("search", "x", "--url", f"http://127.0.0.1:{free_port()}")
+    assert code == 2 and "no Orrery answers at" in one_line(err)
+
+
+def test_search_opens_a_data_dir_without_a_server(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    records = tmp_path / "records.jsonl"
+    record = {
+        "namespace": "home",
+        "snapshot_kind": "objects",
+        "item_id": "fact:keys",
+        "revision": 1,
+        "payload": {"summary": "The house keys hang by the door"},
+        "text": {"title": "House keys", "body": "The house keys hang on the hook by the door"},
+    }
+    records.write_text(json.dumps(record) + "\n")
+    code, _, err = orrery_out("ingest", str(records), "--data-dir", str(data_dir))
+    assert code == 0, err
+    code, out, err = orrery_out(
+        "search", "house keys", "-n", "home", "--data-dir", str(data_dir), "--json"
+    )
+    assert code == 0, err
+    assert [r["item_id"] for r in json.loads(out)["results"]] == ["fact:keys"]
+    code, _, err = orrery_out("search", "x", "-n", "nobody", "--data-dir", str(data_dir))
+    assert code == 2 and "holds no records of nobody/objects" in one_line(err)
