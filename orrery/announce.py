@@ -3,7 +3,7 @@
 `Announcer` polls the process's own readiness (the body of `GET /v1/readiness`, read
 in-process) on a thread and calls `announce(seconds)` once: when readiness is `ready`
 and every wanted `(namespace, snapshot_kind)` — the sample corpus's scopes — has a live
-generation. Meanwhile it prints one progress line every `hint_seconds`.
+generation. Meanwhile it prints a progress line after `hint_seconds`, then once a minute.
 """
 
 from __future__ import annotations
@@ -94,5 +94,6 @@ class Announcer:
                     f"not searchable yet after {now - self._began:.0f} s: waiting for "
                     f"{_waiting_for(body, self._wanted)}"
                 )
-                next_hint = now + self._hint
+                # The first hint early, later ones once a minute (a long wait is a few lines).
+                next_hint = now + max(self._hint, 60.0)
             self._stop.wait(self._poll)

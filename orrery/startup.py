@@ -18,6 +18,7 @@ import errno
 import os
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
@@ -83,23 +84,23 @@ def check_config(settings: QuerySettings) -> None:
     """Parse every setting the stack parses while it starts (API keys, scopes, profiles
     and the default profile, vocabularies, cursor keys), so a mistake is one line
     before anything is opened."""
-    checks = (
-        lambda: parse_api_keys(settings.api_keys),
-        lambda: scope_registry(settings),
-        lambda: profile_registry(settings),
-        lambda: vocabulary_registry(settings),
-        lambda: parse_cursor_keys(settings.cursor_keys),
+    checks: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("ORRERY_API_KEYS", lambda: parse_api_keys(settings.api_keys)),
+        ("ORRERY_SCOPES", lambda: scope_registry(settings)),
+        ("ORRERY_PROFILES", lambda: profile_registry(settings)),
+        ("ORRERY_VOCABULARIES", lambda: vocabulary_registry(settings)),
+        ("ORRERY_CURSOR_KEYS", lambda: parse_cursor_keys(settings.cursor_keys)),
     )
-    for check in checks:
+    for setting, check in checks:
         try:
             check()
         except ValueError as exc:
-            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            message = " ".join(str(exc).split()) or type(exc).__name__
             if message.startswith("default profile"):
-                message = f"ORRERY_DEFAULT_PROFILE: {message}"
-            elif message.startswith("invalid fusion profiles") or "profile" in message:
-                message = message if "ORRERY_" in message else f"ORRERY_PROFILES: {message}"
-            raise ExpectedFailure(message) from exc
+                setting = "ORRERY_DEFAULT_PROFILE"
+            raise ExpectedFailure(
+                message if message.startswith("ORRERY_") else f"{setting}: {message}"
+            ) from exc
 
 
 def check_bind(settings: QuerySettings) -> None:
