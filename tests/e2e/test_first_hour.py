@@ -247,6 +247,9 @@ def test_a_new_snapshot_kind_is_queryable_without_a_restart(
         time.sleep(0.2)
     assert refs[ref]["source"] == "runtime" and refs[ref]["snapshot_kind"] == "recipes"
     assert refs["longterm:objects:current"]["source"] == "builtin"
+    # The first generation is live before its first batch commits: readiness says when
+    # the record is in it (as for any write).
+    srv.wait_projected(documents={("demo", "recipes"): 1}, timeout=120)
     answer = srv.topk(namespace="demo", scope_ref=ref, query_text="Apfelkuchen")
     assert answer.status_code == 200, answer.text
     assert [r["item_id"] for r in answer.json()["results"]] == ["recipe:apfelkuchen"]
