@@ -4,11 +4,12 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.runtime
 DATA_DIR ?= ./orrery-data
 export ORRERY_SERVERS_DIR ?= /tmp/orrery-servers
 SCIFACT ?= ../shared/data/scifact
 
-.PHONY: help venv run test test-unit check lint format typecheck imports resolve-pythons bench bench-quality bench-servers bench-chonkydb schemas servers-up servers-down clean
+.PHONY: help venv runtime browser run test test-unit check lint format typecheck imports resolve-pythons bench bench-quality bench-servers bench-chonkydb schemas servers-up servers-down clean
 
 help:
 	@echo "make run        embedded stack with the sample corpus on http://127.0.0.1:8080"
@@ -29,7 +30,25 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-run: venv
+# `make run` needs the runtime dependencies only (no test or lint tools).
+$(RUNTIME_STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(RUNTIME_STAMP)
+
+runtime: $(RUNTIME_STAMP)
+
+# The browser tests (tests/browser) drive Debian's chromium with its chromedriver;
+# nothing is downloaded at test time. Installed here when missing (apt, as root).
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	else echo "install chromium and chromium-driver (apt, as root) for tests/browser"; exit 1; fi
+
+run: runtime
 	$(VENV)/bin/orrery serve --sample --data-dir $(DATA_DIR)
 
 servers-up: venv
@@ -38,7 +57,7 @@ servers-up: venv
 servers-down:
 	$(PY) tests/harness/servers.py down
 
-test: venv check resolve-pythons servers-up
+test: venv check resolve-pythons servers-up browser
 	$(VENV)/bin/pytest -q tests -m "not measurement"
 
 test-unit: venv

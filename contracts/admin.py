@@ -51,6 +51,8 @@ class BuildRequest(_Strict):
     snapshot_kind: Name
     shards: int | None = Field(default=None, ge=1, le=64)
     replicas: int | None = Field(default=None, ge=0, le=8)
+    # A scope that never held a record is refused (`invalid_state`): usually a typo.
+    allow_empty: bool = False
 
 
 class RollbackRequest(_Strict):

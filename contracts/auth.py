@@ -116,7 +116,9 @@ def check_admin_key(configured: str, x_admin_key: str | None, authorization: str
         )
     if not configured:
         raise OrreryError(
-            ErrorCode.FORBIDDEN, "the admin API is disabled: the server has no ORRERY_ADMIN_KEY"
+            ErrorCode.FORBIDDEN,
+            "the admin API is disabled: the server has no ORRERY_ADMIN_KEY (it is read at "
+            "start: restart the server with it set)",
         )
     if not hmac.compare_digest(configured.encode(), presented.encode()):
         raise OrreryError(ErrorCode.FORBIDDEN, "the admin key is not valid")

@@ -32,6 +32,7 @@ class ErrorCode(StrEnum):
     INVALID_REQUEST = "invalid_request"
     UNKNOWN_FIELD = "unknown_field"
     UNKNOWN_SCOPE = "unknown_scope"
+    UNKNOWN_NAMESPACE = "unknown_namespace"
     UNKNOWN_PROFILE = "unknown_profile"
     UNKNOWN_SEARCH_PROFILE = "unknown_search_profile"
     UNKNOWN_REQUEST = "unknown_request"
@@ -73,6 +74,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_REQUEST: 422,
     ErrorCode.UNKNOWN_FIELD: 422,
     ErrorCode.UNKNOWN_SCOPE: 404,
+    ErrorCode.UNKNOWN_NAMESPACE: 404,
     ErrorCode.UNKNOWN_PROFILE: 422,
     ErrorCode.UNKNOWN_SEARCH_PROFILE: 422,
     ErrorCode.UNKNOWN_REQUEST: 404,

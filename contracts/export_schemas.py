@@ -68,7 +68,7 @@ from contracts.koutendb_io import (
     ImportLine,
     ImportResponse,
 )
-from contracts.ops import HealthResponse, ReadinessResponse
+from contracts.ops import HealthResponse, ReadinessResponse, ScopesResponse
 from contracts.phrases import VocabularySet
 from contracts.profiles import ProfileSet
 from contracts.qualification import QualifyRequest
@@ -94,6 +94,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "document_ids_response": DocumentIdsResponse,
     "health_response": HealthResponse,
     "readiness_response": ReadinessResponse,
+    "scopes_response": ScopesResponse,
     "admin_build_request": BuildRequest,
     "admin_rollback_request": RollbackRequest,
     "admin_gc_request": GcRequest,

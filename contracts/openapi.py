@@ -71,12 +71,15 @@ def operation(
     body: type[BaseModel] | tuple[type[BaseModel], ...] | None = None,
     body_required: bool = True,
     accepted: type[BaseModel] | None = None,
+    also: dict[int, type[BaseModel]] | None = None,
 ) -> dict[str, Any]:
     """The `openapi_extra` fragment of a route: its JSON request body (`body`) and its
     success response (`ok` with `status`). Error responses are `finish_document`'s. A
     tuple of models is a path that takes (or answers) any one of them (`anyOf`), e.g.
     Orrery's own shape and a dialect's. `accepted`: the body of a `202` the route also
-    answers (work accepted to finish later)."""
+    answers (work accepted to finish later). `also`: error statuses the route answers
+    with a model of its own too (`GET /v1/readiness`: 503 with the readiness body while
+    not ready), besides the error shape."""
     fragment: dict[str, Any] = {
         "responses": {
             str(status): {"content": {_JSON: {"schema": _schema(ok)}}},
@@ -84,6 +87,11 @@ def operation(
     }
     if accepted is not None:
         fragment["responses"]["202"] = {"content": {_JSON: {"schema": _schema(accepted)}}}
+    for error_status, model in (also or {}).items():
+        fragment["responses"][str(error_status)] = {
+            _ALSO: True,
+            "content": {_JSON: {"schema": _schema(model)}},
+        }
     if body is not None:
         fragment["requestBody"] = {
             "required": body_required,
@@ -165,6 +173,9 @@ def _refs(node: Any) -> Iterator[str]:
             yield from _refs(value)
 
 
+# Marks a route's own model for an error status (`operation(also=…)`), kept by
+# `finish_document` next to the error shape.
+_ALSO = "x-orrery-also"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 DEPLOYMENT = "x-orrery-deployment"
 
@@ -221,9 +232,15 @@ def finish_document(
             if op is None:
                 continue
             responses = op.setdefault("responses", {})
+            also = {}
             for status in [s for s in responses if s[:1] in ("4", "5")]:
-                del responses[status]
+                response = responses.pop(status)
+                if response.get(_ALSO):
+                    also[status] = response["content"][_JSON]["schema"]
             responses.update(copy.deepcopy(errors))
+            for status, schema in also.items():
+                error = responses[status]["content"][_JSON]["schema"]
+                responses[status]["content"][_JSON]["schema"] = {"anyOf": [schema, error]}
     schemas: dict[str, Any] = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in _FRAMEWORK_SCHEMAS:
         schemas.pop(name, None)

@@ -1,4 +1,4 @@
-"""Operational views: `GET /healthz` and `GET /v1/readiness`.
+"""Operational views: `GET /healthz`, `GET /v1/readiness` and `GET /v1/scopes`.
 
 Readiness grows with the deployment (projector state, eligibility verdicts, coverage
 fallback), so these models name what every deployment answers and allow the rest.
@@ -10,7 +10,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["HealthResponse", "ReadinessResponse", "ScopeReadinessView"]
+__all__ = [
+    "HealthResponse",
+    "NamespaceScopes",
+    "ReadinessResponse",
+    "ScopeReadinessView",
+    "ScopeRefView",
+    "ScopesResponse",
+]
 
 
 class HealthResponse(BaseModel):
@@ -46,3 +53,36 @@ class ReadinessResponse(BaseModel):
     ready: bool
     log_high_water: int
     scopes: list[ScopeReadinessView]
+
+
+class ScopeRefView(BaseModel):
+    """One queryable scope ref: the snapshot kind it reads, where it comes from
+    (`builtin`, `configured` by `ORRERY_SCOPES`, or `runtime`: a kind no ref names,
+    registered when its first generation went live) and its live generation (None: none
+    yet)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scope_ref: str
+    snapshot_kind: str
+    source: Literal["builtin", "configured", "runtime"]
+    generation_id: str | None
+
+
+class NamespaceScopes(BaseModel):
+    """The scope refs of one namespace that has a live generation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str
+    scopes: list[ScopeRefView]
+
+
+class ScopesResponse(BaseModel):
+    """`GET /v1/scopes`: per namespace (the key's only, with API keys configured), every
+    scope ref a query may name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    success: Literal[True] = True
+    namespaces: list[NamespaceScopes]

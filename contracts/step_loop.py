@@ -8,6 +8,7 @@ so this is stdlib only and does no I/O of its own (subclasses log).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -18,6 +19,10 @@ Result = TypeVar("Result")
 # Past this many consecutive failures the backoff stops doubling (it is capped long
 # before; the bound keeps `2 ** n` a float).
 _MAX_DOUBLINGS = 30
+# A failure that repeats (the same message) is reported once per this window, with the
+# count of the attempts since: a broker that is down for an hour is 60 lines, not 720
+# tracebacks.
+REPORT_WINDOW_SECONDS = 60.0
 
 
 class StepLoop(Generic[Result]):
@@ -33,9 +38,14 @@ class StepLoop(Generic[Result]):
     - `stop()` interrupts a backoff or an idle wait at once and returns after the step
       in progress, if any, finished (or after `timeout`).
 
+    - A failure is reported (`_report_failure`) when its message differs from the last
+      one reported, or once per `report_window_seconds` while it repeats, with the
+      number of failed attempts since the last report; the first success after
+      failures is reported once (`_report_recovery`).
+
     Subclasses count results in `_record_success` and failures in `_record_failure`
     (both called with `_lock` held, as `status()` should read under it), and log a
-    failure in `_report_failure` (lock not held).
+    failure in `_report_failure` and a recovery in `_report_recovery` (lock not held).
     """
 
     def __init__(
@@ -46,8 +56,15 @@ class StepLoop(Generic[Result]):
         poll_seconds: float,
         initial_backoff_seconds: float,
         max_backoff_seconds: float,
+        report_window_seconds: float = REPORT_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._step = step
+        self._report_window = report_window_seconds
+        self._clock = clock
+        self._reported: tuple[str, float] | None = None  # (message, when) of the last report
+        self._unreported = 0  # failed attempts since the last report
+        self._failures_in_a_row = 0
         self._thread_name = thread_name
         self._poll = poll_seconds
         self._initial_backoff = initial_backoff_seconds
@@ -86,17 +103,35 @@ class StepLoop(Generic[Result]):
                     self._record_failure(exc)
                     doublings = min(self._consecutive_errors - 1, _MAX_DOUBLINGS)
                 backoff = float(min(self._max_backoff, self._initial_backoff * 2**doublings))
-                self._report_failure(exc, backoff)
+                self._maybe_report(exc, backoff)
                 self._stop.wait(backoff)
                 continue
             with self._lock:
                 self._consecutive_errors = 0
                 self._last_error = None
                 busy = self._record_success(result)
+            if self._failures_in_a_row:
+                failures, self._failures_in_a_row = self._failures_in_a_row, 0
+                self._reported, self._unreported = None, 0
+                self._report_recovery(failures)
             if busy:
                 continue  # more may be waiting: don't sleep
             self._wake.wait(self._poll)
             self._wake.clear()
+
+    def _maybe_report(self, exc: Exception, backoff: float) -> None:
+        self._failures_in_a_row += 1
+        message = f"{type(exc).__name__}: {exc}"
+        now = self._clock()
+        last = self._reported
+        if last is not None and last[0] == message and now - last[1] < self._report_window:
+            self._unreported += 1
+            return
+        # The attempts not reported failed like the last report; a new message has none.
+        repeated = self._unreported if last is not None and last[0] == message else 0
+        self._unreported = 0
+        self._reported = (message, now)
+        self._report_failure(exc, backoff, repeated=repeated)
 
     def _running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -108,6 +143,10 @@ class StepLoop(Generic[Result]):
     def _record_failure(self, exc: Exception) -> None:
         """Count a failed step (lock held)."""
 
-    def _report_failure(self, exc: Exception, backoff: float) -> None:
-        """Log a failed step before the backoff (lock not held)."""
+    def _report_failure(self, exc: Exception, backoff: float, *, repeated: int) -> None:
+        """Log a failed step before the backoff (lock not held); `repeated` attempts
+        failed the same way since the last report and were not reported."""
         raise NotImplementedError
+
+    def _report_recovery(self, failures: int) -> None:
+        """Log the first success after `failures` failed attempts in a row."""

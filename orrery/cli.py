@@ -5,10 +5,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +20,7 @@ import typer
 import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from contracts.errors import OrreryError
@@ -23,8 +28,18 @@ from contracts.records import Record
 from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
 from ingest.service import write_records
+from orrery.announce import Announcer
 from orrery.gen_cli import gen_app, remove_server_file, write_server_file
 from orrery.http_protocol import bounded_httptools
+from orrery.search_cli import register as register_search
+from orrery.startup import (
+    ExpectedFailure,
+    bind_socket,
+    check_bind,
+    check_config,
+    load_settings,
+    report,
+)
 from query.settings import QuerySettings
 
 __all__ = ["app", "main"]
@@ -36,7 +51,32 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(stderr=True, soft_wrap=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"orrery {package_version('orrery')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version"),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option("--debug", help="Tracebacks for expected failures too [ORRERY_DEBUG]"),
+    ] = False,
+) -> None:
+    """Fast, explainable hybrid retrieval over a canonical record store."""
+    if debug:
+        os.environ["ORRERY_DEBUG"] = "1"
+
+
 app.add_typer(gen_app, name="gen")
+register_search(app.command)
 db_app = typer.Typer(help="The PostgreSQL canonical store (server mode).", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
@@ -47,9 +87,12 @@ DataDir = Annotated[
 
 
 def _settings(**overrides: object) -> QuerySettings:
-    settings = QuerySettings()
-    values = {k: v for k, v in overrides.items() if v is not None}
-    return settings.model_copy(update=values)
+    return load_settings(**overrides)
+
+
+def _check_bind(settings: QuerySettings) -> None:
+    check_config(settings)
+    check_bind(settings)
 
 
 def _progress() -> Progress:
@@ -71,15 +114,6 @@ Host = Annotated[str | None, typer.Option(help="Bind address [ORRERY_HOST]")]
 Port = Annotated[int | None, typer.Option(help="Port [ORRERY_PORT]")]
 
 
-def _check_bind(settings: QuerySettings) -> None:
-    if not settings.api_keys and settings.host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(
-            f"[red]refusing to bind {settings.host}: no API keys are configured "
-            "(set ORRERY_API_KEYS=key=namespace[/galaxy],…)"
-        )
-        raise typer.Exit(2)
-
-
 # The young generation is collected after this many new container objects (CPython's
 # default is 700). A batch of records allocates hundreds of thousands (pydantic models,
 # dicts, vectors), and at 700 the collector ran so often that it cost ~30 us a record
@@ -97,7 +131,11 @@ def tune_gc() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
-def _serve_http(app: Any, settings: QuerySettings) -> None:
+def _serve_http(app: Any, settings: QuerySettings, sock: socket.socket | None = None) -> None:
+    """Serve `app` on `sock` (bound by `bind_socket`, so a port in use was one line
+    before anything started) or on the settings' address."""
+    if sock is None:
+        sock = bind_socket(settings.host, settings.port)
     # uvloop + httptools by name (both are dependencies): uvicorn's "auto" would pick
     # them only where installed, so the same release would serve differently.
     config = uvicorn.Config(
@@ -110,7 +148,7 @@ def _serve_http(app: Any, settings: QuerySettings) -> None:
         # httptools with a bound on each request's head (uvicorn bounds it for h11 only).
         http=bounded_httptools(settings.max_header_bytes, settings.max_headers),
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def _logging(role: str = "serve") -> None:
@@ -136,17 +174,20 @@ def serve(
     """Run every role in one process: ingest API, relay/projector loop and query worker
     (embedded: SQLite + tantivy + qdrant-edge; servers: Kafka + OpenSearch + Qdrant +
     Redis)."""
+    began = time.monotonic()
     _logging()
     settings = _settings(data_dir=data_dir, host=host, port=port, mode=mode)
     _check_bind(settings)
+    readiness: Callable[[], dict[str, Any]] | None
     if settings.mode == "servers":
-        from orrery.servers import Role, ServerStack
+        from orrery.servers import Role
 
-        servers = ServerStack.open(settings, frozenset(Role))
-        store, wake, app_ = (
+        servers = _open_servers(settings, frozenset(Role))
+        store, wake, app_, readiness = (
             servers.store,
             servers.relay.wake if servers.relay else None,
             servers.app,
+            servers.readiness,
         )
         start, close = servers.start, servers.close
     else:
@@ -154,49 +195,96 @@ def serve(
 
         embedded = EmbeddedStack.open(settings)
         store, wake, app_ = embedded.store, embedded.loop.wake, embedded.app
+        readiness = embedded.readiness
         start, close = embedded.start, embedded.close
     assert store is not None and app_ is not None
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except BaseException:
+        close()
+        raise
     tune_gc()
     start()
+    announcer = None
     try:
+        wanted: set[tuple[str, str]] = set()
         if sample:
-            outcome = write_records(sample_records(), store=store, on_commit=wake)
+            records = sample_records()
+            outcome = write_records(records, store=store, on_commit=wake)
+            wanted = {(r.namespace, r.snapshot_kind) for r in records}
             console.print(
                 f"sample corpus: {outcome.accepted} records written, "
                 f"{outcome.rejected} already present (namespace {SAMPLE_NAMESPACE!r})"
             )
-        base = f"http://{settings.host}:{settings.port}"
-        example = sample_queries()[0]
-        body = json.dumps(
-            {
-                "namespace": SAMPLE_NAMESPACE,
-                "scope_ref": example["scope_ref"],
-                "query_text": example["query_text"],
-                "result_limit": 3,
-            },
-            ensure_ascii=False,
-        )
+        base = f"http://{_url_host(settings.host)}:{settings.port}"
         console.print(
-            f"[bold green]Orrery ({settings.mode}) is serving on {base}[/]  "
-            f"(data: {settings.data_dir})"
+            f"Orrery ({settings.mode}) is starting on {base} (data: {settings.data_dir}); indexing…"
         )
-        console.print(f"  readiness: curl {base}/v1/readiness")
-        console.print(
-            f"  query:     curl -s {base}/v1/external/retrieve/topk_records "
-            f"-H 'content-type: application/json' -d '{body}'"
+        announcer = Announcer(
+            readiness, wanted, began=began, announce=lambda s: _announce(settings, base, s)
         )
+        announcer.start()
         # `orrery gen` finds this server (and its admin API) through this file.
         write_server_file(settings)
-        _serve_http(app_, settings)
+        _serve_http(app_, settings, sock)
     finally:
+        if announcer is not None:
+            announcer.stop()
         remove_server_file(settings)
         close()
 
 
-def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> None:
-    from orrery.servers import Role, ServerStack
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
-    stack = ServerStack.open(settings, frozenset(Role(r) for r in role_names))
+
+def _announce(settings: QuerySettings, base: str, seconds: float) -> None:
+    """The banner, once what `serve` loaded is searchable."""
+    example = sample_queries()[0]
+    body = json.dumps(
+        {
+            "namespace": SAMPLE_NAMESPACE,
+            "scope_ref": example["scope_ref"],
+            "query_text": example["query_text"],
+            "result_limit": 3,
+        },
+        ensure_ascii=False,
+    )
+    console.print(
+        f"[bold green]Orrery ({settings.mode}) is serving on {escape(base)}[/] — searchable "
+        f"after {seconds:.1f} s"
+    )
+    console.print(f"  explain:   {escape(base)}/ui", highlight=False)
+    console.print(
+        f"  search:    orrery search --url {escape(base)} {escape(repr(example['query_text']))}",
+        highlight=False,
+    )
+    console.print(f"  readiness: curl {escape(base)}/v1/readiness", highlight=False)
+    console.print(
+        f"  query:     curl -s {escape(base)}/v1/external/retrieve/topk_records "
+        f"-H 'content-type: application/json' -d '{escape(body)}'",
+        highlight=False,
+    )
+
+
+def _open_servers(settings: QuerySettings, roles: frozenset[Any]) -> Any:
+    """The server-mode stack; a setting that cannot work across machines is one line."""
+    from orrery.servers import ServerStack, check_settings
+
+    try:
+        check_settings(settings, roles)
+    except ValueError as exc:
+        raise ExpectedFailure(str(exc)) from exc
+    return ServerStack.open(settings, roles)
+
+
+def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> None:
+    from orrery.servers import Role
+
+    check_config(settings)
+    stack = _open_servers(settings, frozenset(Role(r) for r in role_names))
     tune_gc()
     stack.start()
     try:
@@ -335,7 +423,7 @@ def db_migrate(
     try:
         reports = migrate_all(settings.database_url)
     except OrreryError as exc:
-        console.print(f"[red]migrate failed: {exc.message}")
+        console.print(f"[red]migrate failed: {escape(exc.message)}")
         raise typer.Exit(1) from exc
     where = describe_store(settings.data_dir, settings.database_url)
     for component, (applied, already) in reports.items():
@@ -355,7 +443,9 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
                 try:
                     yield line_no, json.loads(line)
                 except json.JSONDecodeError as exc:
-                    console.print(f"[red]{path}:{line_no}: not valid JSON: {exc}")
+                    console.print(
+                        f"[red]{escape(str(path))}:{line_no}: not valid JSON: {escape(str(exc))}"
+                    )
                     raise typer.Exit(1) from exc
 
 
@@ -380,7 +470,9 @@ def ingest(
         try:
             record = Record.model_validate(raw)
         except ValidationError as exc:
-            console.print(f"[red]{file}:{line_no}: invalid record:\n{exc}")
+            console.print(
+                f"[red]{escape(str(file))}:{line_no}: invalid record:\n{escape(str(exc))}"
+            )
             raise typer.Exit(1) from exc
         # What `POST /v1/records` refuses with 422: nothing an engine cannot take is written.
         problems = record_problems(record, dimension=dimension)
@@ -415,7 +507,7 @@ Galaxy = Annotated[str, typer.Option("--galaxy", help="The galaxy (default: defa
 
 
 def _fail(exc: OrreryError) -> typer.Exit:
-    console.print(f"[red]{exc.code.value}: {exc.message}")
+    console.print(f"[red]{exc.code.value}: {escape(exc.message)}")
     return typer.Exit(1)
 
 
@@ -615,7 +707,10 @@ def compact(data_dir: DataDir = None) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    app()
+    try:
+        app()
+    except Exception as exc:  # expected failures: one line, exit 2 (orrery.startup)
+        report(exc)
 
 
 if __name__ == "__main__":

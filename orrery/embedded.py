@@ -8,6 +8,7 @@ meet; import-linter allows exactly these imports.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -39,6 +40,7 @@ from orrery.telemetry import (
     query_observer,
     state_collector,
 )
+from orrery.ui import create_ui_router
 from projector.adapters.file_lock import OperatorLock
 from projector.bootstrap import (
     CONSUMER,
@@ -298,6 +300,8 @@ class EmbeddedStack:
     admin: GenerationAdmin
     gate: EligibilityGate
     lock: OperatorLock
+    # `GET /v1/readiness`'s body as an unrestricted key sees it (the banner waits on it).
+    readiness: Callable[[], dict[str, Any]]
     observability: Observability = dataclasses.field(default_factory=Observability)
     close_observability: Callable[[], None] = lambda: None
 
@@ -429,6 +433,7 @@ class EmbeddedStack:
                 *writers,
                 create_admin_router(admin, admin_key=settings.admin_key),
                 store_admin_router(settings, exclusive=projector.lock.hold, log_is_outbox=True),
+                create_ui_router(),
             ],
             max_body_bytes=settings.max_body_bytes,
             stream_paths=STREAM_PATHS,
@@ -439,6 +444,7 @@ class EmbeddedStack:
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
+        ready = functools.partial(readiness, ports.routing, loop.status, gate)
         return cls(
             settings,
             store,
@@ -448,6 +454,7 @@ class EmbeddedStack:
             admin,
             gate,
             lock,
+            ready,
             observability,
             close_observability,
         )

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Protocol
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -420,7 +421,7 @@ def _admin(
         admin = HttpAdmin(found, key) if found else DirectAdmin.open(settings)
         yield admin
     except OrreryError as exc:
-        console.print(f"[red]{exc.code.value}: {exc.message}")
+        console.print(f"[red]{exc.code.value}: {escape(exc.message)}")
         if exc.details:
             console.print_json(json.dumps(exc.details, default=str))
         raise typer.Exit(1) from exc
@@ -518,10 +519,18 @@ def list_generations(
     admin_key: AdminKey = None,
     mode: Mode = None,
     as_json: AsJson = False,
+    ids: Annotated[
+        bool, typer.Option("--ids", help="Only the generation ids, oldest first, one a line")
+    ] = False,
 ) -> None:
-    """The registry rows (`--json`: as JSON)."""
+    """The registry rows (`--json`: as JSON; `--ids`: the ids only, for scripts:
+    `NEW=$(orrery gen list --namespace demo --snapshot-kind objects --ids | tail -1)`)."""
     with _admin(data_dir, url, admin_key, mode) as admin:
         rows = admin.rows(namespace, snapshot_kind)
+    if ids:
+        for row in sorted(rows, key=lambda r: (str(r["created_at"]), r["generation_id"])):
+            print(row["generation_id"])
+        return
     _emit(rows, as_json, lambda: out.print(_rows_table(rows)))
 
 
@@ -586,15 +595,24 @@ def build(
     replicas: Annotated[
         int | None, typer.Option(help="Extra copies of each shard (server mode)")
     ] = None,
+    allow_empty: Annotated[
+        bool,
+        typer.Option("--allow-empty", help="Build even a scope that never held a record"),
+    ] = False,
     as_json: AsJson = False,
 ) -> None:
     """Build a new generation from the canonical snapshot, catch up with the log, seal it.
 
-    The projector dual-writes new events into it meanwhile. Exit status 1 unless sealed.
+    The projector dual-writes new events into it meanwhile. Exit status 1 unless sealed;
+    a scope that never held a record is refused unless --allow-empty.
     `--shards` / `--replicas` override ORRERY_INDEX_SHARDS / ORRERY_INDEX_REPLICAS.
     """
     request = BuildRequest(
-        namespace=namespace, snapshot_kind=snapshot_kind, shards=shards, replicas=replicas
+        namespace=namespace,
+        snapshot_kind=snapshot_kind,
+        shards=shards,
+        replicas=replicas,
+        allow_empty=allow_empty,
     )
     with _admin(data_dir, url, admin_key, mode) as admin:
         try:

@@ -30,6 +30,7 @@ from contracts.ops import HealthResponse
 from contracts.request_context import note_error
 from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
 from orrery.telemetry import Observability, RequestTelemetry, metrics_router
+from orrery.ui import create_docs_router
 
 __all__ = [
     "allowed_methods",
@@ -71,7 +72,10 @@ def build_app(
     (ids, metrics, spans, access log) and `GET /metrics` when metrics are on."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
-    app = FastAPI(title=title, version="0.1.0", telemetry=_NO_TELEMETRY)
+    # /docs and /redoc from bundled files (`orrery.ui`), not FastAPI's CDN pages.
+    app = FastAPI(
+        title=title, version="0.1.0", telemetry=_NO_TELEMETRY, docs_url=None, redoc_url=None
+    )
     install_error_handlers(app)
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip
@@ -101,6 +105,7 @@ def build_app(
 
     for router in routers:
         app.include_router(router)
+    app.include_router(create_docs_router())
     return app
 
 

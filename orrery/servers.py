@@ -13,6 +13,7 @@ database under `data_dir` holds it all and every role of one host shares it
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from orrery.telemetry import (
     query_observer,
     state_collector,
 )
+from orrery.ui import create_ui_router
 from projector.adapters.file_lock import FileWriterLock
 from projector.bootstrap import (
     ServerProjector,
@@ -73,6 +75,7 @@ from query.bootstrap import (
 )
 from query.bootstrap import postgres_migrations as query_migrations
 from query.eligibility import EligibilityGate
+from query.entrypoints.http import readiness
 from query.settings import QuerySettings
 
 __all__ = ["Role", "ServerStack", "check_settings", "migrate_all"]
@@ -143,6 +146,8 @@ class ServerStack:
     admin: GenerationAdmin | None = None
     gate: EligibilityGate | None = None
     observability: Observability = field(default_factory=Observability)
+    # `GET /v1/readiness`'s body (query role only; the banner waits on it).
+    readiness: Callable[[], dict[str, Any]] | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
@@ -328,7 +333,9 @@ class ServerStack:
                 gate=stack.gate,
                 admin=stack.admin,
             )
+            stack.readiness = functools.partial(readiness, ports.routing, stack.status, stack.gate)
             routers.append(create_admin_router(stack.admin, admin_key=settings.admin_key))
+            routers.append(create_ui_router())
             stack.app = build_app(
                 "Orrery",
                 [*readers, *routers],

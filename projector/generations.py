@@ -657,6 +657,26 @@ def _loads_elsewhere(request: BuildRequest, ports: GenerationPorts) -> bool:
     )
 
 
+def _refuse_empty(request: BuildRequest, ports: GenerationPorts) -> None:
+    """A scope that never had a generation nor a record (live or deleted) is refused
+    unless `allow_empty`: `gen build nosuchns objects` is a typo, not an empty index.
+    A scope with generations may be rebuilt whatever it holds now."""
+    if request.allow_empty:
+        return
+    if ports.registry.generation_rows(request.namespace, request.snapshot_kind):
+        return
+    snapshot = ports.snapshot.snapshot_keys(request.namespace, request.snapshot_kind)
+    if snapshot.keys or snapshot.tombstones:
+        return
+    raise OrreryError(
+        ErrorCode.INVALID_STATE,
+        f"scope {request.namespace}/{request.snapshot_kind} holds no records and has no "
+        "generation: nothing to build (a typo?); allow_empty (--allow-empty) builds an "
+        "empty one",
+        {"namespace": request.namespace, "snapshot_kind": request.snapshot_kind},
+    )
+
+
 def start_build(request: BuildRequest, *, ports: GenerationPorts) -> GenerationDescriptor:
     """Register a `building` generation and create its engine indexes.
 
@@ -665,6 +685,7 @@ def start_build(request: BuildRequest, *, ports: GenerationPorts) -> GenerationD
     snapshot is loaded by another process: then its writes are deferred (in the same
     lock) and that process creates the indexes.
     """
+    _refuse_empty(request, ports)
     shards, replicas = build_shape(request, ports)
     elsewhere = _loads_elsewhere(request, ports)
     text_analyzer = ports.text_languages.analyzer_for(request.namespace)

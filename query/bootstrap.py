@@ -162,14 +162,15 @@ def embedded_query_ports(
     text analyzer)`).
     """
     routing = SqliteRouting(db_path)
+    records = SqliteRecordReader(db_path, max_answer_bytes=max_answer_bytes)
     return QueryPorts(
         routing=routing,
         lexical=TantivyLexicalSearch(lexical_index_provider),
         vectors=QdrantEdgeVectorSearch(vector_shard_provider),
-        records=SqliteRecordReader(db_path, max_answer_bytes=max_answer_bytes),
+        records=records,
         query_vectors=QueryEmbeddingCache(embedder),
         responses=MemoryCache() if cache_responses else None,
-        scopes=ScopeResolver(routing, scopes),
+        scopes=ScopeResolver(routing, scopes, holds=records.holds),
         cursors=cursors,
         # Sources one after the other: both engines run in this process, and on the
         # embedded A/B (`bench/topk.py --sizes 20000`) the overlap did not pay.
@@ -234,7 +235,9 @@ def server_query_ports(
         records=records,
         query_vectors=QueryEmbeddingCache(embedder, shared=None if redis_url is None else shared),
         responses=shared if cache_responses else None,
-        scopes=ScopeResolver(routing, scopes, shared=None if redis_url is None else shared),
+        scopes=ScopeResolver(
+            routing, scopes, shared=None if redis_url is None else shared, holds=records.holds
+        ),
         cursors=cursors,
         overlap=shared_source_pool(),
     )

@@ -310,6 +310,11 @@ class RecordReader(Protocol):
         """`heads` without the records' JSON: what each current record of the listed
         documents is (its kind, galaxy, revision and stored size)."""
 
+    def holds(self, namespace: str, snapshot_kind: str | None = None) -> bool:
+        """Whether any record (current or deleted) of `namespace` (and `snapshot_kind`,
+        unless None) was ever stored: an unknown namespace from a scope not indexed yet.
+        One index lookup."""
+
 
 class Cache(Protocol):
     """A byte cache with TTLs (responses, query embeddings).

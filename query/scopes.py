@@ -32,7 +32,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -52,6 +52,7 @@ __all__ = [
     "ScopeTarget",
     "merge_filters",
     "parse_scopes",
+    "runtime_kind",
 ]
 
 log = logging.getLogger("orrery.query")
@@ -141,6 +142,19 @@ class ScopeRegistry:
                 {"scope_ref": scope_ref, "namespace": namespace, "known": sorted(known)},
             )
         return ScopeTarget(definition, pinned if separator else None)
+
+
+def runtime_kind(ref: str) -> str | None:
+    """The snapshot kind a runtime ref names (`longterm:<kind>:current` or
+    `<kind>:current`), or None for any other ref."""
+    parts = ref.split(":")
+    if len(parts) == 3 and parts[0] == "longterm" and parts[2] == "current":
+        kind = parts[1]
+    elif len(parts) == 2 and parts[1] == "current":
+        kind = parts[0]
+    else:
+        return None
+    return kind if _KIND.match(kind) else None
 
 
 def parse_scopes(text: str) -> ScopeRegistry:
@@ -244,9 +258,14 @@ class ScopeResolver:
         capacity: int = 1_024,
         shared: Cache | None = None,
         ttl_seconds: float = 3_600.0,
+        holds: Callable[[str, str | None], bool] | None = None,
     ) -> None:
         self._routing = routing
         self.registry = registry or ScopeRegistry()
+        # `RecordReader.holds`: tells a mistyped namespace from one not indexed yet.
+        self._holds = holds
+        # Refs of snapshot kinds no ref names, registered when a generation went live.
+        self._runtime: dict[tuple[str, str], ScopeDefinition] = {}
         self._capacity = capacity
         self._shared = shared
         self._ttl = ttl_seconds
@@ -256,7 +275,74 @@ class ScopeResolver:
         self.misses = 0
 
     def target(self, namespace: str, scope_ref: str) -> ScopeTarget:
-        return self.registry.target(namespace, scope_ref)
+        """`ScopeRegistry.target`, plus the runtime refs: `longterm:<kind>:current` (or
+        `<kind>:current`) of a snapshot kind no ref names reads that kind once a
+        generation of it went live in `namespace` — no `ORRERY_SCOPES`, no restart."""
+        try:
+            return self.registry.target(namespace, scope_ref)
+        except OrreryError as exc:
+            if exc.code is not ErrorCode.UNKNOWN_SCOPE:
+                raise
+            base, separator, pinned = scope_ref.partition(PIN_SEPARATOR)
+            definition = self._runtime_definition(namespace, base)
+            if definition is None:
+                raise
+            return ScopeTarget(definition, pinned if separator else None)
+
+    def _runtime_definition(self, namespace: str, base: str) -> ScopeDefinition | None:
+        kind = runtime_kind(base)
+        if kind is None:
+            return None
+        ref = f"longterm:{kind}:current"
+        with self._lock:
+            known = self._runtime.get((namespace, ref))
+        if known is not None:
+            return known
+        if self._routing.route(namespace, kind) is None:
+            return None
+        definition = ScopeDefinition(ref, kind)
+        with self._lock:
+            self._runtime[(namespace, ref)] = definition
+        log.info(
+            "scope %s of namespace %r registered (its first generation is live)", ref, namespace
+        )
+        return definition
+
+    def listing(self, namespaces: Collection[str] | None = None) -> list[dict[str, object]]:
+        """Every queryable scope ref per namespace with a live generation (only
+        `namespaces`, unless None): the registry's refs and the runtime ones, each with
+        the live generation it reads (`GET /v1/scopes`)."""
+        live: dict[str, dict[str, str]] = {}
+        for scope in self._routing.scopes():
+            if namespaces is not None and scope.namespace not in namespaces:
+                continue
+            if scope.state == "live":
+                live.setdefault(scope.namespace, {})[scope.snapshot_kind] = scope.generation_id
+        out: list[dict[str, object]] = []
+        for namespace in sorted(live):
+            kinds = live[namespace]
+            refs = self.registry.refs(namespace)
+            named = {d.snapshot_kind for d in refs.values()}
+            entries = [
+                {
+                    "scope_ref": ref,
+                    "snapshot_kind": d.snapshot_kind,
+                    "source": "builtin" if ref in BUILTIN_SCOPES else "configured",
+                    "generation_id": kinds.get(d.snapshot_kind),
+                }
+                for ref, d in sorted(refs.items())
+            ]
+            for kind in sorted(set(kinds) - named):
+                entries.append(
+                    {
+                        "scope_ref": f"longterm:{kind}:current",
+                        "snapshot_kind": kind,
+                        "source": "runtime",
+                        "generation_id": kinds[kind],
+                    }
+                )
+            out.append({"namespace": namespace, "scopes": entries})
+        return out
 
     def route(
         self, namespace: str, target: ScopeTarget, *, generation_id: str | None = None
@@ -288,14 +374,36 @@ class ScopeResolver:
             self.misses += 1
         route = self._routing.route(namespace, kind)
         if route is None:
-            raise OrreryError(
-                ErrorCode.SCOPE_NOT_READY,
-                f"scope {target.definition.ref!r} of namespace {namespace!r} has no live "
-                "generation yet",
-                {"scope_ref": target.definition.ref, "namespace": namespace},
-            )
+            raise self._not_ready(namespace, target)
         self._remember(key, route.generation_id)
         return route
+
+    def _not_ready(self, namespace: str, target: ScopeTarget) -> OrreryError:
+        """Why a scope has no live generation: a namespace nothing was ever written to
+        (`unknown_namespace`, 404: waiting will not help), no record of the scope's kind
+        yet, or a first generation still being built (`scope_not_ready`, 503)."""
+        ref, kind = target.definition.ref, target.snapshot_kind
+        details = {"scope_ref": ref, "namespace": namespace}
+        if self._holds is not None and not self._holds(namespace, None):
+            return OrreryError(
+                ErrorCode.UNKNOWN_NAMESPACE,
+                f"namespace {namespace!r} holds no records: nothing was ever written to it "
+                "(a typo?)",
+                {"namespace": namespace},
+            )
+        if self._holds is not None and not self._holds(namespace, kind):
+            return OrreryError(
+                ErrorCode.SCOPE_NOT_READY,
+                f"namespace {namespace!r} holds no records of snapshot kind {kind!r} "
+                f"(scope {ref!r}): it is ready once one is written and indexed",
+                {**details, "snapshot_kind": kind, "reason": "no_records"},
+            )
+        return OrreryError(
+            ErrorCode.SCOPE_NOT_READY,
+            f"scope {ref!r} of namespace {namespace!r} has no live generation yet (its "
+            "first one is being built; /v1/readiness tells when)",
+            {**details, "reason": "building"},
+        )
 
     def _pinned(self, namespace: str, target: ScopeTarget, generation_id: str) -> Route:
         route = self._routing.generation(generation_id)

@@ -90,8 +90,18 @@ class RelayLoop(StepLoop[int]):
         self._stats.steps += 1
         self._stats.failures += 1
 
-    def _report_failure(self, exc: Exception, backoff: float) -> None:
+    def _report_failure(self, exc: Exception, backoff: float, *, repeated: int) -> None:
+        since = f" ({repeated} more attempts failed the same way)" if repeated else ""
         if isinstance(exc, DependencyUnavailable):
-            log.warning("relay step failed (%s); retrying in %.2fs", exc, backoff)
+            log.warning(
+                "relay step failed (%s); retrying in %.2fs%s",
+                exc,
+                backoff,
+                since,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
         else:
-            log.exception("relay step failed; retrying in %.2fs", backoff)
+            log.exception("relay step failed; retrying in %.2fs%s", backoff, since)
+
+    def _report_recovery(self, failures: int) -> None:
+        log.warning("relay recovered after %d failed steps", failures)

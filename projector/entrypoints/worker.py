@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.errors import OrreryError
 from contracts.step_loop import StepLoop
 from projector.service import BatchReport
 
@@ -85,5 +86,19 @@ class ProjectorLoop(StepLoop[BatchReport]):
             )
         return result.events > 0
 
-    def _report_failure(self, exc: Exception, backoff: float) -> None:
-        log.exception("projector batch failed; retrying in %.2fs", backoff)
+    def _report_failure(self, exc: Exception, backoff: float, *, repeated: int) -> None:
+        since = f" ({repeated} more attempts failed the same way)" if repeated else ""
+        if isinstance(exc, OrreryError):
+            # An expected fault (a dependency down, …): one line; the traceback at DEBUG.
+            log.warning(
+                "projector batch failed: %s; retrying in %.2fs%s",
+                exc.message,
+                backoff,
+                since,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+        else:
+            log.exception("projector batch failed; retrying in %.2fs%s", backoff, since)
+
+    def _report_recovery(self, failures: int) -> None:
+        log.warning("projector recovered after %d failed batches", failures)

@@ -379,6 +379,14 @@ class PostgresRecordReader:
         )
         return (int(total[0][0]) if total else 0), [_stored(row) for row in rows]
 
+    def holds(self, namespace: str, snapshot_kind: str | None = None) -> bool:
+        rows = self._reads.query(
+            "SELECT 1 FROM heads WHERE namespace = %s "
+            "AND (%s::text IS NULL OR snapshot_kind = %s) LIMIT 1",
+            (namespace, snapshot_kind, snapshot_kind),
+        )
+        return bool(rows)
+
 
 def _route(
     namespace: str, snapshot_kind: str, row: tuple[Any, ...]

@@ -308,6 +308,16 @@ class SqliteRecordReader(_Reader):
         )
         return (int(str(total[0][0])) if total else 0), rows
 
+    def holds(self, namespace: str, snapshot_kind: str | None = None) -> bool:
+        if snapshot_kind is None:
+            rows = self._query("SELECT 1 FROM heads WHERE namespace = ? LIMIT 1", [namespace])
+        else:
+            rows = self._query(
+                "SELECT 1 FROM heads WHERE namespace = ? AND snapshot_kind = ? LIMIT 1",
+                [namespace, snapshot_kind],
+            )
+        return bool(rows)
+
 
 def _route(
     namespace: str, snapshot_kind: str, row: tuple[object, ...]

@@ -29,7 +29,7 @@ from contracts.chonkydb import (
 )
 from contracts.errors import ErrorCode, OrreryError
 from contracts.openapi import operation
-from contracts.ops import ReadinessResponse
+from contracts.ops import ReadinessResponse, ScopesResponse
 from contracts.topk import (
     DocumentIdsResponse,
     RecordsByIdRequest,
@@ -211,6 +211,26 @@ def create_router(
         )
         return JSONResponse(out.model_dump(mode="json"))
 
+    @router.get(
+        "/v1/scopes",
+        tags=["query"],
+        openapi_extra={**declare(Access.READ), **operation(ok=ScopesResponse)},
+    )
+    async def get_scopes(
+        x_api_key: str | None = Header(default=None),
+        authorization: str | None = Header(default=None),
+    ) -> JSONResponse:
+        """Every scope ref a query may name, per namespace with a live generation (the
+        key's namespace only): built-in, configured (`ORRERY_SCOPES`) and runtime refs
+        (`longterm:<kind>:current` of a snapshot kind no ref names, registered when its
+        first generation went live)."""
+        who = principal(x_api_key, authorization)
+        resolver = ports.scopes or ScopeResolver(ports.routing)
+        only = None if who.namespace is None else [who.namespace]
+        namespaces = await run_in_threadpool(resolver.listing, only)
+        out = ScopesResponse.model_validate({"namespaces": namespaces})
+        return JSONResponse(out.model_dump(mode="json"))
+
     @router.post(
         "/v1/records/by_id",
         tags=["query"],
@@ -255,14 +275,19 @@ def create_router(
     @router.get(
         "/v1/readiness",
         tags=["ops"],
-        openapi_extra={**declare(Access.OPS), **operation(ok=ReadinessResponse)},
+        openapi_extra={
+            **declare(Access.OPS),
+            **operation(ok=ReadinessResponse, also={503: ReadinessResponse}),
+        },
     )
     async def get_readiness(
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:
-        """Per scope readiness. With API keys configured it needs one and shows only the
-        key's namespace (a galaxy-bound key: without namespace-wide document counts)."""
+        """Per scope readiness: HTTP 200 when `ready`, 503 with the same body while not
+        (so a load balancer or `curl -f` needs no JSON). With API keys configured it
+        needs one and shows only the key's namespace (a galaxy-bound key: without
+        namespace-wide document counts)."""
         grant = authenticate(grants, x_api_key, authorization)
 
         def answer() -> dict[str, Any]:
@@ -271,7 +296,8 @@ def create_router(
                 body if grant is None else readiness_for(body, grant, ports.routing.namespace_log)
             )
 
-        return JSONResponse(await run_in_threadpool(answer))
+        out = await run_in_threadpool(answer)
+        return JSONResponse(out, status_code=200 if out["ready"] else 503)
 
     return router
 
@@ -342,7 +368,7 @@ def readiness_for(
     out["scopes"] = scopes
     # `ready` still takes the projector's own measurement as it is: on a partitioned log
     # (Kafka) positions alone cannot vouch that every earlier event was applied.
-    out["ready"] = _is_ready(scopes, measured)
+    out["ready"] = _is_ready(scopes, measured) and not _failing(body)
     return out
 
 
@@ -383,7 +409,8 @@ def readiness(
     projector's own lag measurement (`projector_log`: Kafka consumer-group lag over all
     partitions, or the outbox rows after its position) is 0 and taken at the high water
     or later. A partitioned log applies out of position order, so the applied
-    position alone may claim "caught up" while another partition still holds events."""
+    position alone may claim "caught up" while another partition still holds events.
+    Never ready while this process's projector or relay loop is failing."""
     high_water = routing.log_high_water()
     log_status = routing.log_status()
     log_current = log_status is not None and log_status.position >= high_water
@@ -427,4 +454,15 @@ def readiness(
         body["coverage_fallback"] = eligibility.fallback
     if status is not None:
         body.update(status())
+        # A background loop of this process failing right now (its dependency down): its
+        # scopes may look caught up, but nothing new reaches them.
+        body["ready"] = body["ready"] and not _failing(body)
     return body
+
+
+def _failing(body: dict[str, Any]) -> bool:
+    """Whether the projector or relay loop of this process failed its last step."""
+    return any(
+        isinstance(body.get(loop), dict) and body[loop].get("last_error")
+        for loop in ("projector", "relay")
+    )

@@ -682,3 +682,15 @@ def test_receipt_log_keeps_receipts_immutable_newest_first(registry: Registry) -
     assert registry.receipts(_begin(registry)) == []
     with pytest.raises(ValueError):
         registry.record_receipt(older.model_copy(update={"passed": True}))
+
+
+def test_record_reader_knows_which_namespaces_and_kinds_it_holds(backend: Backend) -> None:
+    store = backend.open(backend.store)
+    reader = backend.open(backend.records)
+    assert not reader.holds("ns")
+    store.write([_record("a", 1), _record("b", 1, deleted=True, kind="graph")])
+    assert reader.holds("ns") and reader.holds("ns", "objects")
+    # A deleted record still names its scope: the namespace is known, not mistyped.
+    assert reader.holds("ns", "graph")
+    assert not reader.holds("ns", "midterm")
+    assert not reader.holds("nsx") and not reader.holds("other", "objects")

@@ -332,8 +332,8 @@ def test_revision_conflict_is_per_record(loaded: Server) -> None:
         (
             "/v1/external/retrieve/topk_records",
             {"namespace": "nobody", "scope_ref": SCOPE, "query_text": "x"},
-            503,
-            "scope_not_ready",
+            404,
+            "unknown_namespace",
         ),
         ("/v1/records", b"[1,", 400, "invalid_json"),
         ("/v1/records", {"not": "a list"}, 422, "invalid_request"),
