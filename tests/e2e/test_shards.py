@@ -13,6 +13,7 @@ last one stops a node.
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -196,6 +197,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     finally:
         server.stop()
         stop_opensearch_cluster(cluster_dir)
+        shutil.rmtree(cluster_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
