@@ -152,44 +152,34 @@ def record_problems(
         problem = vector_problem(record.vector, dimension)
         if problem is not None:
             problems.append(problem)
-    keywords: list[tuple[tuple[str | int, ...], str]] = [
-        (("item_id",), record.item_id),
-        (("ring",), record.ring),
-        (("metadata", "status"), record.metadata.status),
-    ]
-    keywords += [
-        (("metadata", "visibility", i), v) for i, v in enumerate(record.metadata.visibility)
-    ]
-    facets = record.metadata.facets()
-    count = 0
-    for name, values in facets.items():
-        for i, value in enumerate(values):
-            keywords.append((("metadata", name, i), f"{name}{FACET_SEPARATOR}{value}"))
-        count += len(values)
-    if count > MAX_FACET_VALUES:
-        problems.append(
-            Problem(
-                ("metadata",),
-                f"{count} facet values, a record holds at most {MAX_FACET_VALUES}",
-                "too_many_facets",
+    # `item_id`, `ring` and `status` are typed strings of at most 512 characters
+    # (pydantic refuses lone surrogates in typed strings): at most 2,048 bytes, within
+    # the bound. Visibility labels are typed but unbounded; facet values are neither.
+    for i, label in enumerate(record.metadata.visibility):
+        if 4 * len(label) > KEYWORD_MAX_BYTES:
+            problem = _keyword_problem(("metadata", "visibility", i), label)
+            if problem is not None:
+                problems.append(problem)
+    extra = record.metadata.model_extra
+    if extra:
+        count = 0
+        for name, values in record.metadata.facets().items():
+            count += len(values)
+            for i, value in enumerate(values):
+                problem = _keyword_problem(("metadata", name, i), f"{name}{FACET_SEPARATOR}{value}")
+                if problem is not None:
+                    problems.append(problem)
+        if count > MAX_FACET_VALUES:
+            problems.append(
+                Problem(
+                    ("metadata",),
+                    f"{count} facet values, a record holds at most {MAX_FACET_VALUES}",
+                    "too_many_facets",
+                )
             )
-        )
-    for loc, value in keywords:
-        problem = _keyword_problem(loc, value)
-        if problem is not None:
-            problems.append(problem)
     too_large = _size_problem(record) if size else None
     if too_large is not None:
         problems.append(too_large)
-    for loc, text in (
-        (("text", "title"), record.text.title),
-        (("text", "body"), record.text.body),
-        *((("text", "tags", i), tag) for i, tag in enumerate(record.text.tags)),
-    ):
-        if not _is_unicode(text):
-            problems.append(
-                Problem(loc, "must be valid Unicode (no lone surrogates)", "not_unicode")
-            )
     return problems
 
 
@@ -225,14 +215,6 @@ def _size_problem(record: Record) -> Problem | None:
         f"(one event on the log); its largest field is {'.'.join(largest)}",
         "record_too_large",
     )
-
-
-def _is_unicode(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def problem_dicts(problems: Sequence[Problem]) -> list[dict[str, object]]:
