@@ -150,8 +150,7 @@ def found(srv: Server, namespace: str, token: str) -> set[str]:
     return {r["item_id"] for r in answer.json()["results"]}
 
 
-@given(batch=writes)
-def _property(deployment: Deployment, batch: list[Write]) -> None:
+def _check(deployment: Deployment, batch: list[Write]) -> None:
     token = f"w{uuid.uuid4().hex[:10]}"
     expected: dict[str, set[str]] = {namespace: set() for namespace in TENANTS}
     poisoned: dict[str, int] = {}
@@ -198,10 +197,14 @@ def _property(deployment: Deployment, batch: list[Write]) -> None:
 
 
 def test_poison_records_never_hold_back_another_tenants_writes(deployment: Deployment) -> None:
-    run = settings(
+    @settings(
         max_examples=EXAMPLES[deployment.kind],
         deadline=None,
         database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-    )(_property)
-    run(deployment)
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(batch=writes)
+    def run(batch: list[Write]) -> None:
+        _check(deployment, batch)
+
+    run()
