@@ -26,6 +26,8 @@ from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, O
 from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
 from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
+from orrery.lean import LeanRoutes, lean_endpoints
+from query.entrypoints.http import LEAN_ROUTES
 
 __all__ = ["build_app", "install_error_handlers", "install_openapi", "install_request_guard"]
 
@@ -48,11 +50,17 @@ def build_app(
     max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
 ) -> FastAPI:
     """An app with Orrery's error shape, request guard and OpenAPI document, `/healthz`,
-    and `routers` mounted in order."""
+    and `routers` mounted in order; the one-shot query routes among them
+    (`query.entrypoints.http.LEAN_ROUTES`) are answered by `orrery.lean.LeanRoutes`,
+    inside the request guard and every middleware added later."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
     app = FastAPI(title=title, version="0.1.0", telemetry=_NO_TELEMETRY)
     install_error_handlers(app)
+    # Filled once the routers are mounted (below); the middleware stack is built at the
+    # first request. Added first, so it is the innermost middleware.
+    lean: dict[tuple[str, str], Any] = {}
+    app.add_middleware(LeanRoutes, endpoints=lean)
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip
     install_openapi(app)
@@ -68,6 +76,7 @@ def build_app(
 
     for router in routers:
         app.include_router(router)
+    lean.update(lean_endpoints(routers, LEAN_ROUTES))
     return app
 
 
