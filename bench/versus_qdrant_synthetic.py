@@ -161,7 +161,8 @@ def query_vectors(texts: Sequence[str]) -> np.ndarray:
     key = hashlib.sha256(json.dumps([embedder.embedder_id, *texts]).encode()).hexdigest()
     path = CACHE_DIR / f"synthetic-queries-{key[:24]}.npy"
     if path.exists():
-        return np.load(path)
+        stored: np.ndarray = np.load(path)
+        return stored
     array = np.asarray(embedder.embed(list(texts)), dtype=np.float32)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial.npy")
@@ -442,7 +443,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             trust_env=False,
             headers={"accept-encoding": "identity"},
         )
-        with serve(env, root=root) as server, server.client() as orrery, raw:
+        with serve(env, root=root, startup_s=600) as server, server.client() as orrery, raw:
             report["orrery_load"] = load_orrery(server, orrery, bodies, args.size)
             console.print("Orrery loaded and HNSW built")
             for text, _vector, _sparse in cases:

@@ -52,7 +52,7 @@ def lean_endpoints(
         for route in router.routes:
             if not isinstance(route, APIRoute):
                 continue
-            for method in route.methods:
+            for method in route.methods or ():
                 key = (method, route.path)
                 if key not in wanted:
                     continue
