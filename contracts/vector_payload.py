@@ -264,12 +264,13 @@ def candidate_of(payload: Mapping[str, Any], score: float) -> Candidate:
 
     Engines compute cosine in float32, which can land a hair outside the range.
     """
+    # Positional: `candidate_of` runs once per returned point of every query.
     return Candidate(
-        document_id=str(payload[DOCUMENT_ID]),
-        revision=int(payload[REVISION]),
-        score=cosine_score(score),
-        updated_at=datetime.fromisoformat(str(payload[UPDATED_AT])),
-        status=str(payload[STATUS]),
+        str(payload[DOCUMENT_ID]),
+        int(payload[REVISION]),
+        min(1.0, max(-1.0, float(score))),  # `cosine_score`, inlined
+        datetime.fromisoformat(str(payload[UPDATED_AT])),
+        str(payload[STATUS]),
     )
 
 

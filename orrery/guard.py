@@ -19,7 +19,7 @@ body is discarded by the server (uvicorn reads and drops it to keep the connecti
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -32,8 +32,11 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_STREAM_BYTES",
     "JSON_LINES_TYPES",
+    "RETRY_AFTER_SECONDS",
     "BodyTooLarge",
     "RequestGuard",
+    "error_response",
+    "retry_after",
 ]
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -69,7 +72,7 @@ def _is_json(content_type: str, *, lines: bool = False) -> bool:
 async def _send_error(error: OrreryError, scope: Scope, receive: Receive, send: Send) -> None:
     note_error(error.code.value)
     body = error.to_response().model_dump(mode="json")
-    headers = {"Retry-After": "1"} if error.http_status in (429, 503) else None
+    headers = retry_after(error.http_status)
     await JSONResponse(body, status_code=error.http_status, headers=headers)(scope, receive, send)
 
 
@@ -140,3 +143,31 @@ class RequestGuard:
             if started:
                 raise
             await _send_error(exc, scope, receive, send)
+
+
+# How long a client waits before it retries an answer that says "not now" (429, 503):
+# one second, the pace Orrery's own backlog answer asks for. ChonkyDB's client (Twinr)
+# reads the header; without it a client guesses.
+RETRY_AFTER_SECONDS = 1
+
+
+def retry_after(status: int, headers: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """`headers` plus `Retry-After` for a 429 or 503 that has none."""
+    out = dict(headers or {})
+    if status in (429, 503) and not any(k.lower() == "retry-after" for k in out):
+        out["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return out or None
+
+
+def error_response(exc: OrreryError) -> JSONResponse:
+    """An `OrreryError` as every Orrery app answers it: the error body, the error's own
+    headers (`ingest_backlog`: its Retry-After) plus `retry_after`'s, and the code noted
+    for the request's telemetry (`contracts.request_context.note_error`)."""
+    dependency = exc.details.get("dependency") if exc.details else None
+    note_error(exc.code.value, dependency if isinstance(dependency, str) else None)
+    headers: Mapping[str, str] | None = getattr(exc, "headers", None)
+    return JSONResponse(
+        exc.to_response().model_dump(mode="json"),
+        status_code=exc.http_status,
+        headers=retry_after(exc.http_status, headers),
+    )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -28,9 +28,17 @@ from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, O
 from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
 from contracts.request_context import note_error
-from orrery.guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BYTES, RequestGuard
+from orrery.guard import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_STREAM_BYTES,
+    RequestGuard,
+    error_response,
+    retry_after,
+)
+from orrery.lean import LeanRoutes, lean_endpoints
 from orrery.telemetry import Observability, RequestTelemetry, metrics_router
 from orrery.ui import create_docs_router
+from query.entrypoints.http import LEAN_ROUTES
 
 __all__ = [
     "allowed_methods",
@@ -68,8 +76,11 @@ def build_app(
     """An app with Orrery's error shape, request guard and OpenAPI document (with the
     deployment's `document_facts`, `contracts.openapi.DEPLOYMENT`), `/healthz`, and
     `routers` mounted in order; API keys read from `api_key_header` (and
-    `Authorization: Bearer`); with `observability`, the request telemetry around it all
-    (ids, metrics, spans, access log) and `GET /metrics` when metrics are on."""
+    `Authorization: Bearer`); the one-shot query routes among them
+    (`query.entrypoints.http.LEAN_ROUTES`) are answered by `orrery.lean.LeanRoutes`,
+    inside the request guard and every middleware added later; with `observability`,
+    the request telemetry around it all (ids, metrics, spans, access log) and
+    `GET /metrics` when metrics are on."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
     # /docs and /redoc from bundled files (`orrery.ui`), not FastAPI's CDN pages.
@@ -77,6 +88,10 @@ def build_app(
         title=title, version="0.1.0", telemetry=_NO_TELEMETRY, docs_url=None, redoc_url=None
     )
     install_error_handlers(app)
+    # Filled once the routers are mounted (below); the middleware stack is built at the
+    # first request. Added first, so it is the innermost middleware.
+    lean: dict[tuple[str, str], Any] = {}
+    app.add_middleware(LeanRoutes, endpoints=lean)
     install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
                           max_stream_bytes=max_stream_bytes)  # fmt: skip
     install_openapi(app, document_facts)
@@ -106,6 +121,7 @@ def build_app(
     for router in routers:
         app.include_router(router)
     app.include_router(create_docs_router())
+    lean.update(lean_endpoints(routers, LEAN_ROUTES))
     return app
 
 
@@ -138,20 +154,6 @@ def _error(code: ErrorCode, message: str, details: dict[str, Any] | None = None)
         status_code=err.http_status,
         headers=retry_after(err.http_status),
     )
-
-
-# How long a client waits before it retries an answer that says "not now" (429, 503):
-# one second, the pace Orrery's own backlog answer asks for. ChonkyDB's client (Twinr)
-# reads the header; without it a client guesses.
-RETRY_AFTER_SECONDS = 1
-
-
-def retry_after(status: int, headers: Mapping[str, str] | None = None) -> dict[str, str] | None:
-    """`headers` plus `Retry-After` for a 429 or 503 that has none."""
-    out = dict(headers or {})
-    if status in (429, 503) and not any(k.lower() == "retry-after" for k in out):
-        out["Retry-After"] = str(RETRY_AFTER_SECONDS)
-    return out or None
 
 
 _FRAMEWORK_CODES = {
@@ -227,15 +229,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OrreryError)
     async def _orrery(_: Request, exc: OrreryError) -> JSONResponse:
-        dependency = exc.details.get("dependency") if exc.details else None
-        note_error(exc.code.value, dependency if isinstance(dependency, str) else None)
-        # An error may carry headers of its own (`ingest_backlog`: Retry-After).
-        headers: dict[str, str] | None = getattr(exc, "headers", None)
-        return JSONResponse(
-            exc.to_response().model_dump(mode="json"),
-            status_code=exc.http_status,
-            headers=retry_after(exc.http_status, headers),
-        )
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -3,6 +3,12 @@
 Reads the projector's `live_pointers` / `generations` tables and ingest's `records` /
 `heads` / `outbox` tables (the embedded on-disk format). Each thread has its own
 read connection: WAL readers never block the writer.
+
+Route lookups, read on every query, are remembered per thread for as long as the
+database's `PRAGMA data_version` on that thread's connection stays the same: SQLite
+moves it whenever another connection (any process's) commits, and these connections
+are read-only, so an unchanged version means the registry rows read before are still
+the committed ones.
 """
 
 from __future__ import annotations
@@ -47,6 +53,17 @@ class _Reader:
         self._path = path
         self._local = threading.local()
 
+    def _unchanged_since(self) -> dict[object, Any]:
+        """This thread's memo of lookups, emptied whenever another connection committed
+        since it was filled (`PRAGMA data_version`)."""
+        local = self._local
+        version = self._query("PRAGMA data_version")[0][0]
+        memo: dict[object, Any] | None = getattr(local, "memo", None)
+        if memo is None or local.memo_version != version:
+            memo = local.memo = {}
+            local.memo_version = version
+        return memo
+
     @property
     def path(self) -> Path:
         """The database file read."""
@@ -82,6 +99,15 @@ class SqliteRouting(_Reader):
     )
 
     def route(self, namespace: str, snapshot_kind: str) -> Route | None:
+        memo = self._unchanged_since()
+        key = ("route", namespace, snapshot_kind)
+        if key in memo:
+            cached: Route | None = memo[key]
+            return cached
+        memo[key] = found = self._route_now(namespace, snapshot_kind)
+        return found
+
+    def _route_now(self, namespace: str, snapshot_kind: str) -> Route | None:
         rows = self._query(
             f"SELECT {self._ROUTE_COLUMNS} "
             "FROM live_pointers p JOIN generations g ON g.generation_id = p.generation_id "
@@ -93,6 +119,15 @@ class SqliteRouting(_Reader):
         return _route(namespace, snapshot_kind, rows[0])[0]
 
     def generation(self, generation_id: str) -> Route | None:
+        memo = self._unchanged_since()
+        key = ("generation", generation_id)
+        if key in memo:
+            cached: Route | None = memo[key]
+            return cached
+        memo[key] = found = self._generation_now(generation_id)
+        return found
+
+    def _generation_now(self, generation_id: str) -> Route | None:
         rows = self._query(
             f"SELECT g.namespace, g.snapshot_kind, {self._ROUTE_COLUMNS} FROM generations g "
             "WHERE g.generation_id = ? AND g.indexes_dropped = 0",

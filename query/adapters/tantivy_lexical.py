@@ -411,11 +411,11 @@ class _HitReader:
                 continue
             candidates.append(
                 Candidate(
-                    document_id=document_id_of_key(high, low),
-                    revision=revision,
-                    score=float(score),
-                    updated_at=_EPOCH + micros * _MICROSECOND,
-                    status=status,
+                    document_id_of_key(high, low),
+                    revision,
+                    float(score),
+                    _EPOCH + micros * _MICROSECOND,
+                    status,
                 )
             )
         if missing:

@@ -49,6 +49,7 @@ from query.service import Principal, QueryLimits, QueryPorts, retrieve, topk_rec
 
 __all__ = [
     "KEY_HEADER_PARAMETERS",
+    "LEAN_ROUTES",
     "Offload",
     "create_router",
     "parse_body",
@@ -75,6 +76,14 @@ KEY_HEADER_PARAMETERS: list[dict[str, Any]] = [
     }
     for header, title in (("x-api-key", "X-Api-Key"), ("authorization", "Authorization"))
 ]
+
+
+# The one-shot routes: their endpoints take only the request (no parameters, no
+# dependencies), so the app may call them without the framework's routing
+# (`orrery.lean`).
+TOPK_PATH = "/v1/external/retrieve/topk_records"
+RETRIEVE_PATH = "/v1/external/retrieve"
+LEAN_ROUTES: tuple[tuple[str, str], ...] = (("POST", TOPK_PATH), ("POST", RETRIEVE_PATH))
 
 
 class Offload:
@@ -133,7 +142,7 @@ def create_router(
         return principal(headers.get("x-api-key"), headers.get("authorization"))
 
     @router.post(
-        "/v1/external/retrieve/topk_records",
+        TOPK_PATH,
         tags=["query"],
         openapi_extra={
             **declare(Access.READ),
@@ -158,7 +167,7 @@ def create_router(
         return _json(response)
 
     @router.post(
-        "/v1/external/retrieve",
+        RETRIEVE_PATH,
         tags=["query"],
         openapi_extra={
             **declare(Access.READ),

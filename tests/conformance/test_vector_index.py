@@ -12,7 +12,6 @@ expected document sets.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 import shutil
@@ -485,8 +484,8 @@ def test_restart_keeps_everything(loaded: Harness) -> None:
     for hits_after, hits_before in zip(after[1:], before[1:], strict=True):
         # Scores may move in the last bit: qdrant-client's local mode computes them in
         # float32 before a reopen and in float64 after it.
-        unscored = [dataclasses.replace(c, score=0.0) for c in hits_before]
-        assert [dataclasses.replace(c, score=0.0) for c in hits_after] == unscored
+        unscored = [c._replace(score=0.0) for c in hits_before]
+        assert [c._replace(score=0.0) for c in hits_after] == unscored
         scores = [c.score for c in hits_before]
         assert [c.score for c in hits_after] == pytest.approx(scores, abs=1e-6)
     loaded.apply([doc("d9", 1)])  # revision rules still hold after the restart
