@@ -114,7 +114,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         env={"ORRERY_API_KEYS": f"{API_KEY}={NAMESPACE}", "ORRERY_ADMIN_KEY": ADMIN_KEY},
     )
     try:
-        srv.wait_projected(timeout=120, headers={"x-api-key": API_KEY})
+        # The sample corpus is embedded on start: minutes on a loaded 2-core machine.
+        srv.wait_projected(timeout=600, headers={"x-api-key": API_KEY})
         yield srv
     finally:
         srv.stop()
