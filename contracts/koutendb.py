@@ -238,7 +238,9 @@ class KoutenRetrieveRequest(_Request):
         json_schema_extra={**VECTOR_FACT, "contains": {"not": {"const": 0}}},
     )
     mode: Literal["hybrid", "vector", "lexical"] | None = None
-    ring: str | None = Field(default=None, max_length=512)
+    ring: str | None = Field(
+        default=None, max_length=512, json_schema_extra={"pattern": "^[^/]+(/[^/]+)*$"}
+    )
     profile: str = Field(default=DEFAULT_PROFILE, min_length=1, max_length=128)
     amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
     scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
