@@ -270,7 +270,10 @@ class _DialectQuery(_Strict):
         default=None, max_length=64, description="Accepted; Orrery returns the stored text"
     )
     max_content_chars: JsonInt | None = Field(
-        default=None, ge=1, description="Truncates each result's content body"
+        default=None,
+        ge=1,
+        description="Truncates each result's content body",
+        json_schema_extra={"minimum": 1},
     )
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     filters: QueryFilters = Field(default_factory=QueryFilters)
@@ -503,7 +506,9 @@ class BulkRecordItem(_Strict):
     galaxy: Name | None = None
     snapshot_kind: Name | None = None
     item_id: str | None = Field(default=None, min_length=1, max_length=512)
-    revision: JsonInt | None = Field(default=None, ge=1, le=2**62)
+    revision: JsonInt | None = Field(
+        default=None, ge=1, le=2**62, json_schema_extra={"minimum": 1, "maximum": 2**62}
+    )
     payload_schema: str | None = Field(default=None, max_length=256)
 
 

@@ -201,7 +201,11 @@ def tuning_of(amount: str, scope: str, depth: str) -> Tuning:
     )
 
 
-_Count = Field(default=None, ge=0, le=1_000_000)
+# A bound of an optional integer is also said at the top of its schema: pydantic writes
+# it as `ge`/`le` (no JSON Schema keywords) inside the union of a validated type.
+_Count = Field(
+    default=None, ge=0, le=1_000_000, json_schema_extra={"minimum": 0, "maximum": 1_000_000}
+)
 _VOCABULARY: Mapping[str, Mapping[str, object]] = {
     "amount": AMOUNTS,
     "scope": SCOPES,
@@ -234,12 +238,16 @@ class KoutenRetrieveRequest(_Request):
         json_schema_extra={**VECTOR_FACT, "contains": {"not": {"const": 0}}},
     )
     mode: Literal["hybrid", "vector", "lexical"] | None = None
-    ring: str | None = Field(default=None, max_length=512)
+    ring: str | None = Field(
+        default=None, max_length=512, json_schema_extra={"pattern": "^[^/]+(/[^/]+)*$"}
+    )
     profile: str = Field(default=DEFAULT_PROFILE, min_length=1, max_length=128)
     amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
     scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
     depth: str | None = Field(default=None, json_schema_extra={"enum": [*DEPTHS, None]})
-    budget: JsonInt | None = Field(default=None, ge=1, json_schema_extra=LIMIT_FACT)
+    budget: JsonInt | None = Field(
+        default=None, ge=1, json_schema_extra={**LIMIT_FACT, "minimum": 1}
+    )
     focus: JsonInt | None = _Count
     topRings: JsonInt | None = _Count
     maxDepth: JsonInt | None = _Count

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "BACKUP_NAME_PATTERN",
     "DUMP_FORMAT",
     "JSON_PAYLOAD_SCHEMA",
     "MAX_IMPORT_BATCH",

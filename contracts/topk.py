@@ -147,7 +147,10 @@ class TopKRequest(_Strict):
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
     page_size: JsonInt | None = Field(
-        default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION, json_schema_extra=LIMIT_FACT
+        default=None,
+        ge=1,
+        description=_PAGE_SIZE_DESCRIPTION,
+        json_schema_extra={**LIMIT_FACT, "minimum": 1},
     )
     cursor: str | None = Field(
         default=None, min_length=1, max_length=MAX_CURSOR_LENGTH, description=_CURSOR_DESCRIPTION
@@ -298,7 +301,10 @@ class RetrieveRequest(_Strict):
     timeout_seconds: float = Field(default=2.0, gt=0.0, le=60.0)
     client_request_id: str | None = Field(default=None, max_length=256)
     page_size: JsonInt | None = Field(
-        default=None, ge=1, description=_PAGE_SIZE_DESCRIPTION, json_schema_extra=LIMIT_FACT
+        default=None,
+        ge=1,
+        description=_PAGE_SIZE_DESCRIPTION,
+        json_schema_extra={**LIMIT_FACT, "minimum": 1},
     )
     cursor: str | None = Field(
         default=None, min_length=1, max_length=MAX_CURSOR_LENGTH, description=_CURSOR_DESCRIPTION

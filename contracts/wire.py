@@ -199,7 +199,9 @@ def _json_integer(value: object) -> object:
 
 
 # An integer field of a request body: in a strict model, a JSON integer or a number
-# without a fraction (`2`, `2.0`), never a boolean, a string or `2.5`.
+# without a fraction (`2`, `2.0`), never a boolean, a string or `2.5`. In an optional
+# field pydantic writes its bounds as `ge`/`le` inside the union: say them again as
+# `minimum`/`maximum` in the field's `json_schema_extra`.
 JsonInt = Annotated[int, BeforeValidator(_json_integer)]
 
 M = TypeVar("M", bound=BaseModel)

@@ -12,13 +12,20 @@ with a PostgreSQL store every route is `409 invalid_state` naming PostgreSQL's t
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Header, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from contracts.auth import Access, check_admin_key, declare
 from contracts.errors import ErrorCode, OrreryError
-from contracts.koutendb_io import BackupRequest, BackupResponse, CompactResponse
+from contracts.koutendb_io import (
+    BACKUP_NAME_PATTERN,
+    BackupRequest,
+    BackupResponse,
+    CompactResponse,
+)
 from contracts.openapi import operation
 from contracts.wire import loads_strict, validate_strict
 from ingest.ports import StoreMaintenance
@@ -55,7 +62,7 @@ def create_router(maintenance: StoreMaintenance, *, admin_key: str) -> APIRouter
         openapi_extra={**declare(Access.ADMIN), **operation(ok=BackupResponse)},
     )
     async def post_verify(
-        name: str,
+        name: Annotated[str, Path(min_length=1, max_length=128, pattern=BACKUP_NAME_PATTERN)],
         x_admin_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
     ) -> JSONResponse:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel
@@ -156,7 +156,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
         openapi_extra={**declare(Access.WRITE), **operation(body=ProfileBody, ok=ProfileResponse)},
     )
     async def put_profile_route(
-        name: str,
+        name: Annotated[str, Path(pattern=_PROFILE_NAME.pattern)],
         request: Request,
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),
@@ -175,7 +175,7 @@ def create_router(*, ports: KoutenPorts, grants: dict[str, ApiKeyGrant]) -> APIR
         openapi_extra={**declare(Access.WRITE), **operation(ok=ProfilesResponse)},
     )
     async def delete_profile_route(
-        name: str,
+        name: Annotated[str, Path(pattern=_PROFILE_NAME.pattern)],
         namespace: Namespace | None = Query(default=None),
         x_api_key: str | None = Header(default=None),
         authorization: str | None = Header(default=None),

@@ -91,11 +91,19 @@ STATE_CODES = {
     "expired_continuation",
     "generation_unavailable",
 }
-# The two rules across fields that JSON Schema cannot compare (docs/reliability.md):
-# the beginnings of their messages.
+# Refusals of schema-valid requests still open (docs/reliability.md), by the beginning
+# of their messages: rules across fields JSON Schema cannot compare, and two the
+# ChonkyDB dialect's own work decides (issue 22: Twinr's index names and record identity).
 CROSS_FIELD = (
     "page_size replaces the result limit",
     "profile rrf",
+    "give either temporal_start",
+    "give either temporal_end",
+    "a chunk id is both used and ignored",
+    "allowed_indexes:",
+    "the item has no",
+    # An integer of more than 20 digits inside a free-form payload (`contracts.wire`).
+    "the body is not valid JSON: an integer of",
 )
 # Another JSON type for a field of each type: what lax parsers coerce.
 COERCED: dict[str, list[Any]] = {
@@ -114,7 +122,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         env={"ORRERY_API_KEYS": f"{API_KEY}={NAMESPACE}", "ORRERY_ADMIN_KEY": ADMIN_KEY},
     )
     try:
-        srv.wait_projected(timeout=120, headers={"x-api-key": API_KEY})
+        # The sample corpus is embedded on start: minutes on a loaded 2-core machine.
+        srv.wait_projected(timeout=600, headers={"x-api-key": API_KEY})
         yield srv
     finally:
         srv.stop()
@@ -270,6 +279,13 @@ def _resolve(schema: Any, components: dict[str, Any]) -> dict[str, Any]:
     return schema if isinstance(schema, dict) else {}
 
 
+def _open_item(response: Any) -> bool:
+    try:
+        return str(response.json()["error"]["message"]).startswith(CROSS_FIELD)
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def _body_schema(
     operation: Any, body: dict[str, Any], components: dict[str, Any]
 ) -> dict[str, Any] | None:
@@ -325,7 +341,7 @@ def _coerce(
         content=json.dumps(body).encode(),
         timeout=60,
     )
-    if response.status_code != 422:
+    if response.status_code != 422 and not _open_item(response):
         failures.append(
             f"coerced {case.method} {case.formatted_path} {name}={value!r} -> "
             f"{response.status_code}: {response.text[:200]}"

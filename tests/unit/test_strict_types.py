@@ -295,3 +295,25 @@ def test_schema_text_rules_are_pythons_strip(text: str) -> None:
 
     assert (re.search(NOT_BLANK, text) is not None) == bool(text.strip())
     assert (re.match(_BY_ID_QUERY_TEXT, text) is not None) == (text.strip() in ("", BY_ID_QUERY))
+
+
+@pytest.mark.parametrize(("model", "base"), VALID, ids=[m.__name__ for m, _ in VALID])
+def test_every_bound_is_a_json_schema_keyword(model: type[BaseModel], base: dict[str, Any]) -> None:
+    """A bound pydantic writes as `ge`/`le` (inside the union of an optional validated
+    integer) is said again as `minimum`/`maximum` where JSON Schema reads it: the
+    document is not looser than the server (schemathesis sent `budget: -868`)."""
+    del base
+    twins = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+    def walk(node: Any, parent: dict[str, Any]) -> None:
+        if isinstance(node, dict):
+            for key, twin in twins.items():
+                if key in node:
+                    assert node.get(twin, parent.get(twin)) == node[key], (model, node)
+            for value in node.values():
+                walk(value, node)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, parent)
+
+    walk(model.model_json_schema(), {})
