@@ -155,7 +155,13 @@ def _logging(role: str = "serve") -> None:
     """Logs as `ORRERY_LOG_FORMAT` / `ORRERY_LOG_LEVEL` say (`orrery.logs`)."""
     from orrery.logs import configure_logging
 
-    settings = QuerySettings()
+    try:
+        settings = QuerySettings()
+    except ValidationError:
+        # A bad setting: logged with the defaults, and reported in one line (exit 2) by
+        # the command's own settings check right after.
+        configure_logging(role=role)
+        return
     configure_logging(settings.log_format, settings.log_level, role)
 
 
