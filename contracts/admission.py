@@ -66,8 +66,10 @@ FLOAT32_EPSILON = 1.1920928955078125e-07
 _FLOAT32_MAX_LENGTH = math.sqrt(FLOAT32_MAX)
 KEYWORD_MAX_BYTES = 8_192
 MAX_FACET_VALUES = 1_024
-# 1 MiB (Kafka's default message size) less room for the event envelope, key and headers.
-MAX_RECORD_BYTES = 1_000_000
+# The largest record any deployment stores (the embedded default of
+# `ORRERY_MAX_RECORD_BYTES`). A deployment's own, smaller bound (server mode: 960 KiB,
+# one Kafka message with its envelope) is enforced by its store: `413 record_too_large`.
+MAX_RECORD_BYTES = 4 * 1024 * 1024
 # The most bytes one vector component takes in JSON (`-1.2345678901234567e-308,`).
 _VECTOR_COMPONENT_BYTES = 25
 
