@@ -49,8 +49,12 @@ class BuildRequest(_Strict):
 
     namespace: Namespace
     snapshot_kind: Name
-    shards: int | None = Field(default=None, ge=1, le=64)
-    replicas: int | None = Field(default=None, ge=0, le=8)
+    shards: JsonInt | None = Field(
+        default=None, ge=1, le=64, json_schema_extra={"minimum": 1, "maximum": 64}
+    )
+    replicas: JsonInt | None = Field(
+        default=None, ge=0, le=8, json_schema_extra={"minimum": 0, "maximum": 8}
+    )
     # A scope that never held a record is refused (`invalid_state`): usually a typo.
     allow_empty: bool = False
 

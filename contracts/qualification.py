@@ -25,6 +25,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.digests import sha256_json
+from contracts.wire import JsonInt
 
 __all__ = [
     "SLICES",
@@ -50,10 +51,12 @@ class QualifyRequest(BaseModel):
     (None: the deployment's `ORRERY_QUALIFY_QUERIES`).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     queries: list[str] | None = Field(default=None, min_length=1, max_length=10_000)
-    sample_size: int | None = Field(default=None, ge=1, le=10_000)
+    sample_size: JsonInt | None = Field(
+        default=None, ge=1, le=10_000, json_schema_extra={"minimum": 1, "maximum": 10_000}
+    )
 
 
 class QualificationThresholds(BaseModel):
