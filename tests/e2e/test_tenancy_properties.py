@@ -97,6 +97,15 @@ def identities() -> st.SearchStrategy[Identity]:
     return st.tuples(st.sampled_from(NAMESPACES), st.sampled_from(GALAXIES), st.sampled_from(ITEMS))
 
 
+def never_written(response: Any, namespace: str) -> bool:
+    """A `404 unknown_namespace`: nothing was ever written to `namespace` (a fact about
+    the namespace, never about one document) — checked against the model."""
+    if response.status_code != 404 or response.json()["error"]["code"] != "unknown_namespace":
+        return False
+    assert not [i for i in MODEL.by_id.values() if i[0] == namespace], response.text[:300]
+    return True
+
+
 class Tenancy(RuleBasedStateMachine):
     @initialize()
     def connect(self) -> None:
@@ -107,9 +116,11 @@ class Tenancy(RuleBasedStateMachine):
         response = self.http.request(method, path, headers={"x-api-key": key}, **kwargs)
         # A scope without a live generation yet is 503 scope_not_ready: a fact about the
         # namespace's scope (docs/reliability.md), never about one document.
-        not_ready = response.status_code == 503 and response.json()["error"]["code"] in (
-            "scope_not_ready",
-            "coverage_unavailable",
+        # Readiness itself answers 503 with its body while not ready.
+        body = response.json() if response.status_code == 503 else {}
+        code = (body.get("error") or {}).get("code")
+        not_ready = response.status_code == 503 and (
+            code in ("scope_not_ready", "coverage_unavailable") or body.get("ready") is False
         )
         assert response.status_code < 500 or not_ready, response.text[:300]
         return response
@@ -191,7 +202,7 @@ class Tenancy(RuleBasedStateMachine):
         if GRANTS[key].namespace != namespace:
             assert response.status_code == 403, response.text[:300]
             return
-        if response.status_code == 503:  # no generation yet
+        if response.status_code == 503 or never_written(response, namespace):  # no generation
             return
         assert response.status_code == 200, response.text[:300]
         for listed in response.json()["document_ids"]:
@@ -218,7 +229,7 @@ class Tenancy(RuleBasedStateMachine):
         if GRANTS[key].namespace != namespace:
             assert response.status_code == 403, response.text[:300]
             return
-        if response.status_code == 503:
+        if response.status_code == 503 or never_written(response, namespace):
             return
         assert response.status_code == 200, response.text[:300]
         for result in response.json()["results"]:

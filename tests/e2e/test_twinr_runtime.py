@@ -52,8 +52,17 @@ def _import_twinr() -> tuple[Any, Any, Any]:
         if os.environ.get("ORRERY_REQUIRE_SERVERS", "").strip().lower() in {"1", "true", "yes"}:
             pytest.fail(f"Twinr's runtime source is missing at {TWINR_SRC}")
         pytest.skip(f"Twinr's runtime source is missing at {TWINR_SRC}")
-    if str(TWINR_SRC) not in sys.path:
-        sys.path.insert(0, str(TWINR_SRC))
+    loaded = sys.modules.get("twinr")
+    if loaded is not None and not any(
+        str(path).startswith(str(TWINR_SRC)) for path in getattr(loaded, "__path__", [])
+    ):
+        # Another `twinr` tree was imported first (test_twinr_client: the client alone,
+        # with a stub config module): this suite needs the whole runtime's.
+        for name in [n for n in sys.modules if n == "twinr" or n.startswith("twinr.")]:
+            del sys.modules[name]
+    if str(TWINR_SRC) in sys.path:
+        sys.path.remove(str(TWINR_SRC))
+    sys.path.insert(0, str(TWINR_SRC))
     for name in ("twinr.memory.longterm", "twinr.memory.longterm.storage"):
         if name not in sys.modules:
             package = types.ModuleType(name)
