@@ -1,0 +1,36 @@
+"""The qdrant-edge adapter's memoized point key is exactly `str(point_id(document_id))`."""
+
+from __future__ import annotations
+
+import uuid
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.vector_payload import POINT_ID_NAMESPACE, point_id
+from query.adapters.qdrant_edge_vectors import _point_key
+
+_IDS = st.one_of(
+    st.text(min_size=1, max_size=64),
+    st.uuids().map(str),
+    st.uuids().map(lambda u: str(u).upper()),
+    st.uuids().map(lambda u: u.hex),
+)
+
+
+@given(_IDS)
+def test_the_key_is_the_point_id_as_a_string(document_id: str) -> None:
+    assert _point_key(document_id) == str(point_id(document_id))
+
+
+@given(st.lists(_IDS, min_size=1, max_size=20))
+def test_asking_twice_answers_the_same(document_ids: list[str]) -> None:
+    first = [_point_key(d) for d in document_ids]
+    assert [_point_key(d) for d in document_ids] == first
+
+
+def test_a_canonical_uuid_is_its_own_key_and_others_are_hashed() -> None:
+    canonical = str(uuid.UUID(int=0xABCDEF))
+    assert _point_key(canonical) == canonical
+    assert _point_key("doc-1") == str(uuid.uuid5(POINT_ID_NAMESPACE, "doc-1"))
+    assert _point_key(canonical.upper()) == str(uuid.uuid5(POINT_ID_NAMESPACE, canonical.upper()))
