@@ -525,3 +525,72 @@ def draw_chart(draw: Callable[..., None], *args: Any) -> bool:
         return False
     draw(*args)
     return True
+
+
+def run_and_publish(
+    benchmark: str,
+    run: Callable[[], Mapping[str, Any]],
+    *,
+    timeout_s: int,
+    out: Path,
+    plot: Callable[[Any, Path], None],
+    table: Callable[[Any], None],
+) -> int:
+    """A bench's `main`: `run()` under `deadline(timeout_s)`, then its figures under the
+    common header (benchmark, date, git, machine) published to `out` (JSON, PNG, table).
+    Answers the process exit code: 1 when the deadline stopped the run."""
+    git = git_facts()  # before the run: others may edit the tree meanwhile
+    started_at = utc_now()
+    try:
+        with deadline(timeout_s):
+            figures = run()
+    except BenchTimeout as error:
+        print(f"{error}", file=sys.stderr)
+        return 1
+    report = {
+        "benchmark": benchmark,
+        "date": started_at,
+        "git": git,
+        "machine": machine_facts(),
+        **figures,
+    }
+    publish(out, report, report, plot, table)
+    return 0
+
+
+def latency_bars(
+    report: Mapping[str, Any],
+    path: Path,
+    *,
+    label: Callable[[str, Mapping[str, Any]], str],
+    title: str,
+    figsize: tuple[float, float] = (10, 4.6),
+) -> None:
+    """Grouped bars of p50/p95/p99 per path of `report["paths"]` (each with
+    `latency_ms`), written to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["paths"])
+    stats = ("p50", "p95", "p99")
+    fig, ax = plt.subplots(figsize=figsize)
+    width = 0.8 / len(names)
+    x = np.arange(len(stats))
+    for k, name in enumerate(names):
+        figures = report["paths"][name]
+        values = [figures["latency_ms"][s] for s in stats]
+        bars = ax.bar(
+            x + (k - (len(names) - 1) / 2) * width, values, width, label=label(name, figures)
+        )
+        ax.bar_label(bars, labels=[f"{v:.1f}" for v in values], fontsize=7, padding=2)
+    ax.set_xticks(x, stats)
+    ax.set_ylabel("ms per query, client-side")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

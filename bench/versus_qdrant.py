@@ -79,20 +79,16 @@ if __package__ in (None, ""):  # run as `python bench/versus_qdrant.py`: repo ro
 
 from bench.common import (
     REPO_ROOT,
-    BenchTimeout,
     Exchange,
     ServeProcess,
-    deadline,
     exchange,
-    git_facts,
     ingest_env,
+    latency_bars,
     latency_summary,
-    machine_facts,
     poll_readiness,
-    publish,
+    run_and_publish,
     serve,
     source_digest,
-    utc_now,
 )
 from bench.quality import NAMESPACE, SCOPE_REF, Dataset, beir_record, load_dataset, ndcg_at
 from contracts.index_fields import combined_text
@@ -759,41 +755,15 @@ def print_table(report: Mapping[str, Any]) -> None:
 
 
 def plot(report: Mapping[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(report["paths"])
-    stats = ("p50", "p95", "p99")
-    fig, ax = plt.subplots(figsize=(10, 4.6))
-    width = 0.8 / len(names)
-    x = np.arange(len(stats))
-    for k, name in enumerate(names):
-        figures = report["paths"][name]
-        values = [figures["latency_ms"][s] for s in stats]
-        bars = ax.bar(
-            x + (k - (len(names) - 1) / 2) * width,
-            values,
-            width,
-            label=f"{PATH_LABELS[name]} — nDCG@10 {figures['ndcg@10']:.3f}",
-        )
-        ax.bar_label(bars, labels=[f"{v:.1f}" for v in values], fontsize=7, padding=2)
-    ax.set_xticks(x, stats)
-    ax.set_ylabel("ms per query, client-side")
     load = report["loadavg"]
-    ax.set_title(
-        f"SciFact ({report['corpus_size']:,} docs, {report['queries']} queries), top "
+    latency_bars(
+        report,
+        path,
+        label=lambda name, figures: f"{PATH_LABELS[name]} — nDCG@10 {figures['ndcg@10']:.3f}",
+        title=f"SciFact ({report['corpus_size']:,} docs, {report['queries']} queries), top "
         f"{RESULT_LIMIT}, same vectors and analyzer; loadavg {load['before'][0]:.1f} -> "
         f"{load['after'][0]:.1f}",
-        fontsize=9,
     )
-    ax.legend(fontsize=7, loc="upper left")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 # --------------------------------------------------------------------------- main
@@ -821,23 +791,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    git = git_facts()
-    started_at = utc_now()
-    try:
-        with deadline(args.timeout):
-            report = run(args)
-    except BenchTimeout as error:
-        console.print(f"[red]{error}")
-        return 1
-    report = {
-        "benchmark": "versus_qdrant",
-        "date": started_at,
-        "git": git,
-        "machine": machine_facts(),
-        **report,
-    }
-    publish(args.out, report, report, plot, print_table)
-    return 0
+    return run_and_publish(
+        "versus_qdrant",
+        lambda: run(args),
+        timeout_s=args.timeout,
+        out=args.out,
+        plot=plot,
+        table=print_table,
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

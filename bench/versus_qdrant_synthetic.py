@@ -63,18 +63,14 @@ if __package__ in (None, ""):  # run as `python bench/versus_qdrant_synthetic.py
 
 from bench.common import (
     REPO_ROOT,
-    BenchTimeout,
-    deadline,
     exchange,
-    git_facts,
     ingest_env,
+    latency_bars,
     latency_summary,
-    machine_facts,
     poll_readiness,
-    publish,
+    run_and_publish,
     serve,
     source_digest,
-    utc_now,
 )
 from bench.topk import (
     NAMESPACE,
@@ -512,37 +508,16 @@ def print_table(report: Mapping[str, Any]) -> None:
 
 
 def plot(report: Mapping[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(report["paths"])
-    stats = ("p50", "p95", "p99")
-    fig, ax = plt.subplots(figsize=(9, 4.4))
-    width = 0.8 / len(names)
-    x = np.arange(len(stats))
-    for k, name in enumerate(names):
-        values = [report["paths"][name]["latency_ms"][s] for s in stats]
-        bars = ax.bar(
-            x + (k - (len(names) - 1) / 2) * width, values, width, label=PATH_LABELS[name]
-        )
-        ax.bar_label(bars, labels=[f"{v:.1f}" for v in values], fontsize=7, padding=2)
-    ax.set_xticks(x, stats)
-    ax.set_ylabel("ms per query, client-side")
     load = report["loadavg"]
-    ax.set_title(
-        f"synthetic {report['corpus_size']:,} records, HNSW both sides, top {RESULT_LIMIT}; "
-        f"top-10 overlap {report['orrery_top10_overlap_with_qdrant_mean']:.2f}; loadavg "
-        f"{load['before'][0]:.1f} -> {load['after'][0]:.1f}",
-        fontsize=9,
+    latency_bars(
+        report,
+        path,
+        label=lambda name, _figures: PATH_LABELS[name],
+        title=f"synthetic {report['corpus_size']:,} records, HNSW both sides, top "
+        f"{RESULT_LIMIT}; top-10 overlap {report['orrery_top10_overlap_with_qdrant_mean']:.2f}"
+        f"; loadavg {load['before'][0]:.1f} -> {load['after'][0]:.1f}",
+        figsize=(9, 4.4),
     )
-    ax.legend(fontsize=7, loc="upper left")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -564,23 +539,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    git = git_facts()
-    started_at = utc_now()
-    try:
-        with deadline(args.timeout):
-            report = run(args)
-    except BenchTimeout as error:
-        console.print(f"[red]{error}")
-        return 1
-    report = {
-        "benchmark": "versus_qdrant_synthetic",
-        "date": started_at,
-        "git": git,
-        "machine": machine_facts(),
-        **report,
-    }
-    publish(args.out, report, report, plot, print_table)
-    return 0
+    return run_and_publish(
+        "versus_qdrant_synthetic",
+        lambda: run(args),
+        timeout_s=args.timeout,
+        out=args.out,
+        plot=plot,
+        table=print_table,
+    )
 
 
 if __name__ == "__main__":
