@@ -9,7 +9,7 @@ DATA_DIR ?= ./orrery-data
 export ORRERY_SERVERS_DIR ?= /tmp/orrery-servers
 SCIFACT ?= ../shared/data/scifact
 
-.PHONY: help venv runtime browser run test test-unit check lint format typecheck imports resolve-pythons bench bench-quality bench-servers bench-chonkydb schemas servers-up servers-down clean
+.PHONY: help venv runtime browser run test test-unit check lint format typecheck imports resolve-pythons bench bench-quality bench-servers bench-chonkydb schemas ui-screenshots servers-up servers-down clean
 
 help:
 	@echo "make run        embedded stack with the sample corpus on http://127.0.0.1:8080"
@@ -17,6 +17,7 @@ help:
 	@echo "make check      ruff, mypy (strict) and import-linter (for 3.11 and 3.13)"
 	@echo "make resolve-pythons  the pinned dependency set resolves to wheels on 3.12 and 3.13"
 	@echo "make bench      benchmarks (writes docs/bench/)"
+	@echo "make ui-screenshots  the browser tests, photographing into docs/ui/"
 	@echo "make bench-quality  nDCG@10 / Recall@100 on SciFact over HTTP (SCIFACT=dir)"
 	@echo "make bench-servers  ingest, freshness and top-k: embedded vs servers at 100k"
 	@echo "make bench-chonkydb  the ChonkyDB dialect's p50 overhead over native topk_records"
@@ -48,6 +49,10 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
 	else echo "install chromium and chromium-driver (apt, as root) for tests/browser"; exit 1; fi
 
+# Refreshes the README's pictures (docs/ui/*.png); `make test` photographs into a tmp dir.
+ui-screenshots: venv browser
+	ORRERY_UI_SCREENSHOTS=docs $(VENV)/bin/pytest -q tests/browser
+
 run: runtime
 	$(VENV)/bin/orrery serve --sample --data-dir $(DATA_DIR)
 
@@ -57,11 +62,20 @@ servers-up: venv
 servers-down:
 	$(PY) tests/harness/servers.py down
 
-test: venv check resolve-pythons servers-up browser
-	$(VENV)/bin/pytest -q tests -m "not measurement"
+# The suite runs in PYTEST_WORKERS processes (pytest-xdist; 0 = one process). Each test
+# file stays on one worker (`--dist loadfile`): module-scoped servers are started once.
+# Workers share the harness servers; every test names its topics, databases, indexes,
+# collections, key prefixes and data dirs uniquely (tests/conftest.py).
+PYTEST_WORKERS ?= 2
+# check and resolve-pythons run beside servers-up: the JVMs start while mypy runs.
+SETUP_JOBS ?= 4
+
+test: venv browser
+	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target check resolve-pythons servers-up
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests -m "not measurement"
 
 test-unit: venv
-	$(VENV)/bin/pytest -q tests/unit tests/conformance -m "not servers"
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/conformance -m "not servers"
 
 check: lint typecheck imports
 

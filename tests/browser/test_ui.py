@@ -2,9 +2,11 @@
 (`make browser` installs them), driven by selenium, against `orrery serve --sample`.
 
 Each view is used as a person would (typing, clicking, the keyboard for tabs) and
-photographed into `docs/ui/`. Chromium runs with no network but loopback: its
-resolver maps every other host to nothing, and the test reads every request the page
-made from the browser's performance log and checks that none left 127.0.0.1.
+photographed into a temporary directory (a test run leaves the tree as it found it), or
+into `docs/ui/` with `ORRERY_UI_SCREENSHOTS=docs` (`make ui-screenshots`). Chromium runs
+with no network but loopback: its resolver maps every other host to nothing, and the test
+reads every request the page made from the browser's performance log and checks that
+none left 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 ADMIN_KEY = "ui-admin"
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"
+DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"
 T = TypeVar("T")
 
 
@@ -111,9 +113,20 @@ def requested_hosts(driver: WebDriver) -> set[str]:
     return hosts
 
 
-def shot(driver: WebDriver, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(SHOTS / f"{name}.png"))
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the views are photographed: `docs/ui/` when `ORRERY_UI_SCREENSHOTS=docs`
+    (refreshing the README's pictures), else a temporary directory."""
+    if os.environ.get("ORRERY_UI_SCREENSHOTS") == "docs":
+        DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
+        return DOCS_SHOTS
+    return tmp_path_factory.mktemp("ui-shots")
+
+
+def shot(driver: WebDriver, shots: Path, name: str) -> None:
+    path = shots / f"{name}.png"
+    driver.save_screenshot(str(path))
+    assert path.stat().st_size > 0, path
 
 
 def open_ui(driver: WebDriver, server: Server) -> None:
@@ -128,7 +141,7 @@ def tab(driver: WebDriver, name: str) -> None:
 
 
 def test_search_renders_the_first_result_and_its_breakdown(
-    browser: WebDriver, server: Server
+    browser: WebDriver, server: Server, shots: Path
 ) -> None:
     open_ui(browser, server)
     query = browser.find_element(By.NAME, "query_text")
@@ -152,11 +165,11 @@ def test_search_renders_the_first_result_and_its_breakdown(
     assert own == {"lexical": "own #1", "vector": "own #1"}
     assert browser.find_element(By.ID, "cache-state").text in ("cache miss", "cache hit")
     assert browser.find_elements(By.CSS_SELECTOR, ".stack span")
-    shot(browser, "search")
+    shot(browser, shots, "search")
     assert requested_hosts(browser) == {"127.0.0.1"}
 
 
-def test_search_is_usable_at_360_px(browser: WebDriver, server: Server) -> None:
+def test_search_is_usable_at_360_px(browser: WebDriver, server: Server, shots: Path) -> None:
     browser.set_window_size(360, 800)
     try:
         open_ui(browser, server)
@@ -164,7 +177,7 @@ def test_search_is_usable_at_360_px(browser: WebDriver, server: Server) -> None:
         wait_for(lambda: browser.find_element(By.CSS_SELECTOR, "#results article"), "a result")
         width = browser.execute_script("return document.documentElement.scrollWidth")
         assert width <= 360, f"the page scrolls sideways at 360 px ({width} px wide)"
-        shot(browser, "search-360")
+        shot(browser, shots, "search-360")
     finally:
         browser.set_window_size(1200, 900)
 
@@ -180,7 +193,7 @@ def test_tabs_work_from_the_keyboard(browser: WebDriver, server: Server) -> None
 
 
 def test_compare_joins_the_two_profiles_ranks_with_lines(
-    browser: WebDriver, server: Server
+    browser: WebDriver, server: Server, shots: Path
 ) -> None:
     open_ui(browser, server)
     tab(browser, "compare")
@@ -199,11 +212,11 @@ def test_compare_joins_the_two_profiles_ranks_with_lines(
     overlap = browser.find_element(By.ID, "overlap").text
     assert f"overlap@10 {len(shared) / 10:.2f}" in overlap
     assert "weighted@3" in overlap and "rrf@2" in overlap
-    shot(browser, "compare")
+    shot(browser, shots, "compare")
     assert requested_hosts(browser) == {"127.0.0.1"}
 
 
-def test_envelope_shows_selected_rings(browser: WebDriver, server: Server) -> None:
+def test_envelope_shows_selected_rings(browser: WebDriver, server: Server, shots: Path) -> None:
     open_ui(browser, server)
     tab(browser, "envelope")
     browser.find_element(By.CSS_SELECTOR, "#envelope-form button[type=submit]").click()
@@ -212,7 +225,7 @@ def test_envelope_shows_selected_rings(browser: WebDriver, server: Server) -> No
     )
     assert selected[0].get_attribute("data-ring") == "home"  # the base ring first
     assert browser.find_elements(By.CSS_SELECTOR, "#envelope-out tbody tr")
-    shot(browser, "envelope")
+    shot(browser, shots, "envelope")
     assert requested_hosts(browser) == {"127.0.0.1"}
 
 
@@ -222,7 +235,9 @@ def _admin(server: Server) -> httpx.Client:
     )
 
 
-def test_a_promote_from_the_page_changes_readiness(browser: WebDriver, server: Server) -> None:
+def test_a_promote_from_the_page_changes_readiness(
+    browser: WebDriver, server: Server, shots: Path
+) -> None:
     with _admin(server) as admin:
         built = admin.post(
             "/v1/admin/generations/build", json={"namespace": "demo", "snapshot_kind": "objects"}
@@ -266,7 +281,7 @@ def test_a_promote_from_the_page_changes_readiness(browser: WebDriver, server: S
     wait_for(lambda: live_objects() == new, "readiness to name the promoted generation")
     live_row = f'[data-generation="{new}"] .state-live'
     wait_for(lambda: browser.find_element(By.CSS_SELECTOR, live_row), "the row to say live")
-    shot(browser, "generations")
+    shot(browser, shots, "generations")
     assert requested_hosts(browser) == {"127.0.0.1"}
     # The key never travelled in a URL.
     assert ADMIN_KEY not in browser.current_url
