@@ -23,8 +23,13 @@ error codes, generation states, snapshot kinds. Namespaces appear only with
 `ORRERY_METRICS_NAMESPACE_LABELS=true` (then one series per namespace and scope: size
 the Prometheus server for it).
 
-The per-request cost is one histogram observation on a cached child (plus one counter
-for an error); `bench/metrics_overhead.py` measures it.
+The request thread does not observe anything itself: a finished request and an answered
+query are each one tuple appended to a queue (`collections.deque`: appends and pops are
+atomic), and the histograms and counters of the hot path are brought up to date when
+the registry is collected (`_HotPath`, the collector that owns them: every scrape, on
+`GET /metrics` or the metrics port, sees every request finished before it), or by the
+request that finds `MAX_PENDING` entries queued (no scrape for a long while).
+`bench/metrics_overhead.py` measures what is left on the request thread.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +65,7 @@ from contracts.request_context import RequestContext, close_request, open_reques
 
 if TYPE_CHECKING:
     from orrery.tracing import Tracing
+    from query.ports import Answered
     from query.settings import QuerySettings
 
 __all__ = [
@@ -70,6 +77,7 @@ __all__ = [
     "RequestTelemetry",
     "StateCollector",
     "metrics_router",
+    "observed_projector_step",
     "open_observability",
     "query_observer",
     "serve_metrics_port",
@@ -93,6 +101,10 @@ BATCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 CANDIDATE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000)
 UNMATCHED_ROUTE = "<unmatched>"
 _SAFE_LABEL = re.compile(r"[a-z0-9_.:-]{1,40}")
+# Queued observations (requests plus answers) past which the request that queues one
+# folds the queue in itself: bounds the memory of a process nobody scrapes. About 2 ms
+# of work once every 8,192 requests.
+MAX_PENDING = 8_192
 
 
 def _bounded(value: str | None) -> str:
@@ -124,40 +136,40 @@ class Metrics:
             "HTTP requests by route template, method and status (`_count`: requests)",
             ["route", "method", "status"],
             buckets=REQUEST_BUCKETS,
-            registry=r,
+            registry=None,
         )
         self.errors = Counter(
             "orrery_errors",
             "Error answers by code and, for dependency faults, the dependency",
             ["code", "dependency"],
-            registry=r,
+            registry=None,
         )
         self.stage = Histogram(
             "orrery_query_stage_duration_seconds",
             "Query time per stage (query_plan.latency_ms), by endpoint",
             ["endpoint", "stage"],
             buckets=STAGE_BUCKETS,
-            registry=r,
+            registry=None,
         )
         self.engine = Histogram(
             "orrery_engine_call_duration_seconds",
             "Time inside engine library calls per query (query_plan.engine_ms), by call",
             ["call"],
             buckets=STAGE_BUCKETS,
-            registry=r,
+            registry=None,
         )
         self.cache = Counter(
             "orrery_query_cache",
             "Response-cache lookups by result (hit, miss, unavailable)",
             ["result"],
-            registry=r,
+            registry=None,
         )
         self.candidates = Histogram(
             "orrery_query_candidates",
             "Candidates each source returned per query",
             ["source"],
             buckets=CANDIDATE_BUCKETS,
-            registry=r,
+            registry=None,
         )
         self.projector_events = Counter(
             "orrery_projector_events_applied", "Log events the projector applied", registry=r
@@ -209,6 +221,10 @@ class Metrics:
         # validation per call; a dict lookup does not. Only bounded values become keys.
         self._http_children: dict[tuple[str, str, int], Any] = {}
         self._children: dict[tuple[str, str, str], Any] = {}
+        # What the request threads queued and `flush` has not folded in yet.
+        self._requests: deque[tuple[str, str, int, float, str | None, str | None]] = deque()
+        self._answers: deque[Answered] = deque()
+        r.register(_HotPath(self))
 
     # --- HTTP ---------------------------------------------------------------------------
 
@@ -221,50 +237,67 @@ class Metrics:
         error_code: str | None,
         dependency: str | None,
     ) -> None:
-        """One finished request (called by the middleware, once per request)."""
-        key = (route, method, status)
-        child = self._http_children.get(key)
-        if child is None:
-            child = self._http_children.setdefault(key, self.http.labels(route, method, status))
-        child.observe(seconds)
-        if error_code is not None:
-            self.errors.labels(error_code, _bounded(dependency)).inc()
+        """One finished request (called by the middleware, once per request): queued."""
+        requests = self._requests
+        requests.append((route, method, status, seconds, error_code, dependency))
+        if len(requests) > MAX_PENDING:
+            self.flush()
 
     # --- queries (query.ports.QueryObserver) ---------------------------------------------
 
-    def answered(
-        self,
-        endpoint: str,
-        stages_ms: Mapping[str, float],
-        engine_ms: Mapping[str, float],
-        cache: str,
-        source_counts: Mapping[str, int],
-    ) -> None:
-        children = self._children
-        for name, ms in stages_ms.items():
-            key = ("stage", endpoint, name)
-            child = children.get(key)
+    def answered(self, answer: Answered) -> None:
+        """One answered query: queued."""
+        answers = self._answers
+        answers.append(answer)
+        if len(answers) > MAX_PENDING:
+            self.flush()
+
+    def flush(self) -> None:
+        """Fold every queued request and answer into the histograms and counters.
+        Thread-safe: each entry is popped, and so folded, exactly once."""
+        requests, answers = self._requests, self._answers
+        http_children, children = self._http_children, self._children
+        while True:
+            try:
+                route, method, status, seconds, error_code, dependency = requests.popleft()
+            except IndexError:
+                break
+            key = (route, method, status)
+            child = http_children.get(key)
             if child is None:
-                child = children.setdefault(key, self.stage.labels(endpoint, name))
-            child.observe(ms / 1000.0)
-        for call, ms in engine_ms.items():
-            key = ("engine", call, "")
-            child = children.get(key)
-            if child is None:
-                child = children.setdefault(key, self.engine.labels(_bounded(call)))
-            child.observe(ms / 1000.0)
-        if cache != "disabled":
-            key = ("cache", cache, "")
-            child = children.get(key)
-            if child is None:
-                child = children.setdefault(key, self.cache.labels(cache))
-            child.inc()
-        for source, count in source_counts.items():
-            key = ("candidates", source, "")
-            child = children.get(key)
-            if child is None:
-                child = children.setdefault(key, self.candidates.labels(source))
-            child.observe(count)
+                child = http_children.setdefault(key, self.http.labels(route, method, status))
+            child.observe(seconds)
+            if error_code is not None:
+                self.errors.labels(error_code, _bounded(dependency)).inc()
+        while True:
+            try:
+                endpoint, stages_ms, engine_ms, cache, source_counts = answers.popleft()
+            except IndexError:
+                break
+            for name, ms in stages_ms.items():
+                skey = ("stage", endpoint, name)
+                child = children.get(skey)
+                if child is None:
+                    child = children.setdefault(skey, self.stage.labels(endpoint, name))
+                child.observe(ms / 1000.0)
+            for call, ms in engine_ms.items():
+                skey = ("engine", call, "")
+                child = children.get(skey)
+                if child is None:
+                    child = children.setdefault(skey, self.engine.labels(_bounded(call)))
+                child.observe(ms / 1000.0)
+            if cache != "disabled":
+                skey = ("cache", cache, "")
+                child = children.get(skey)
+                if child is None:
+                    child = children.setdefault(skey, self.cache.labels(cache))
+                child.inc()
+            for source, count in source_counts.items():
+                skey = ("candidates", source, "")
+                child = children.get(skey)
+                if child is None:
+                    child = children.setdefault(skey, self.candidates.labels(source))
+                child.observe(count)
 
     # --- background loops ----------------------------------------------------------------
 
@@ -303,6 +336,27 @@ class Metrics:
             return published
 
         return counted
+
+
+class _HotPath(Collector):
+    """The request-path families of a `Metrics`, collected after folding in what the
+    request threads queued: a scrape sees every request that finished before it."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def _families(self) -> tuple[Any, ...]:
+        m = self.metrics
+        return (m.http, m.errors, m.stage, m.engine, m.cache, m.candidates)
+
+    def describe(self) -> Iterator[Metric]:
+        for family in self._families():
+            yield from family.describe()
+
+    def collect(self) -> Iterator[Metric]:
+        self.metrics.flush()
+        for family in self._families():
+            yield from family.collect()
 
 
 class CountingEmbedder:
@@ -685,24 +739,32 @@ class _Observers:
     def __init__(self, observers: Sequence[Any]) -> None:
         self.observers = tuple(observers)
 
-    def answered(
-        self,
-        endpoint: str,
-        stages_ms: Mapping[str, float],
-        engine_ms: Mapping[str, float],
-        cache: str,
-        source_counts: Mapping[str, int],
-    ) -> None:
+    def answered(self, answer: Answered) -> None:
         for observer in self.observers:
-            observer.answered(endpoint, stages_ms, engine_ms, cache, source_counts)
+            observer.answered(answer)
 
 
 def query_observer(observability: Observability) -> Any:
-    """The `query.ports.QueryObserver` of an app's observability (None: nothing to tell)."""
-    parts = [p for p in (observability.metrics, observability.tracing) if p is not None]
+    """The `query.ports.QueryObserver` of an app's observability (None: nothing to tell;
+    spans only when they are exported, `Tracing.exporting`)."""
+    parts: list[Any] = [observability.metrics] if observability.metrics is not None else []
+    if observability.tracing is not None and observability.tracing.exporting:
+        parts.append(observability.tracing)
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else _Observers(parts)
+
+
+def observed_projector_step(
+    observability: Observability, step: Callable[[], Any]
+) -> Callable[[], Any]:
+    """`step` (a projector batch returning a `BatchReport`) counted (metrics on) and with
+    its batch span (spans exported), the one wrapping every role's projector uses."""
+    if observability.metrics is not None:
+        step = observability.metrics.wrap_projector_step(step)
+    if observability.tracing is not None and observability.tracing.exporting:
+        step = observability.tracing.wrap_projector_step(step)
+    return step
 
 
 def state_collector(
