@@ -62,6 +62,7 @@ from contracts.auth import Access, check_admin_key, declare
 from contracts.embedding import Embedder
 from contracts.errors import ErrorCode
 from contracts.request_context import RequestContext, close_request, open_request
+from orrery.logs import AccessLog
 
 if TYPE_CHECKING:
     from orrery.tracing import Tracing
@@ -584,7 +585,8 @@ def metrics_router(metrics: Metrics, *, admin_key: str, open_: bool) -> APIRoute
     return router
 
 
-access_log = logging.getLogger("orrery.access")
+# One writer per process for every app's access lines (orrery.logs.AccessLog).
+ACCESS_LOG = AccessLog(logging.getLogger("orrery.access"))
 _REQUEST_ID = b"x-request-id"
 _VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
@@ -592,10 +594,11 @@ _VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 class RequestTelemetry:
     """The outermost middleware of every app: gives each request an id (the caller's
     `x-request-id` when it is a plain token, else a new one; echoed in the response),
-    opens its `contracts.request_context`, its span when tracing is on, and when the
-    response has left records it once: one histogram observation, one error count for
-    an error answer, one access-log line (INFO, `orrery.access`) when enabled. Nothing
-    of the body or the query string is logged."""
+    opens its `contracts.request_context`, its span when spans are exported (else its
+    W3C ids), and when the response has left records it once: one queued observation
+    (folded into the histograms at the next scrape), one queued access-log line (INFO,
+    `orrery.access`, written by `ACCESS_LOG`'s thread) when enabled. Nothing of the body
+    or the query string is logged."""
 
     def __init__(self, app: ASGIApp, *, observability: Observability) -> None:
         self.app = app
@@ -652,32 +655,15 @@ class RequestTelemetry:
                 )
             if span is not None and self.tracing is not None:
                 self.tracing.end_request(span, route, status, context)
-            if self.access_log and access_log.isEnabledFor(logging.INFO):
-                # makeRecord + handle: what `info` does, minus the caller lookup (a walk
-                # of the stack per line; the access line's origin is always this one).
-                access_log.handle(
-                    access_log.makeRecord(
-                        access_log.name,
-                        logging.INFO,
-                        __file__,
-                        0,
-                        "%s %s %d %.1fms",
-                        (scope["method"], scope["path"], status, seconds * 1000.0),
-                        None,
-                        extra={
-                            "request_id": request_id,
-                            "trace_id": context.trace_id,
-                            "namespace": context.namespace,
-                            "http": {
-                                "method": scope["method"],
-                                "route": route,
-                                "path": scope["path"],
-                                "status": status,
-                                "duration_ms": round(seconds * 1000.0, 3),
-                                "error_code": context.error_code,
-                            },
-                        },
-                    )
+            if self.access_log and ACCESS_LOG.enabled():
+                ACCESS_LOG.line(
+                    scope["method"],
+                    scope["path"],
+                    route,
+                    status,
+                    seconds,
+                    (request_id, context.trace_id, context.namespace),
+                    context.error_code,
                 )
 
 

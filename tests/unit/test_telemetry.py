@@ -138,3 +138,30 @@ def test_tracing_without_an_exporter_gives_ids_and_no_spans() -> None:
     # No spans: the query observer is the metrics alone (or nothing).
     assert query_observer(observability) is None
     tracing.close()
+
+
+def test_access_lines_leave_in_order_and_close_writes_them_all() -> None:
+    import logging
+
+    from orrery.logs import AccessLog
+
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("orrery.test-access")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(Collect())
+    access = AccessLog(logger)
+    for i in range(500):
+        access.line("GET", "/healthz", "/healthz", 200, 0.001, (f"r{i}", None, "ns"), None)
+    access.close()
+    assert [r.request_id for r in records] == [f"r{i}" for i in range(500)]  # type: ignore[attr-defined]
+    assert records[0].http["route"] == "/healthz"  # type: ignore[attr-defined]
+    assert records[0].getMessage() == "GET /healthz 200 1.0ms"
+    access.line("GET", "/later", "/later", 404, 0.002, ("after", None, None), "not_found")
+    access.close()  # a closed writer starts again for a later line
+    assert records[-1].request_id == "after"  # type: ignore[attr-defined]
