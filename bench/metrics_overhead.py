@@ -12,8 +12,9 @@
    into /dev/null), `metrics+tracing` (`ORRERY_TRACING=true` without an exporter: ids
    only, no spans), `metrics+spans` (spans made and handed to a batch processor whose
    exporter discards them: the cost of exporting, minus the network). Medians of the
-   wall time and of the CPU time of the request's thread, in microseconds; plus what a
-   scrape spends (CPU) per request folding the queue in (off the request thread).
+   wall time and of the CPU time of the request's thread, in microseconds; plus what is
+   spent off the request thread: a scrape's CPU per request folding the queue in, and
+   the process's CPU per access line made and written by the writer thread.
 2. End to end: one `orrery serve --sample` per variant (`off`, `off-b`, `metrics`,
    `metrics+log`, `metrics+tracing`), all on copies of one prepared data dir, running
    at once on loopback. The same `topk_records` request goes to every server in turn,
@@ -79,11 +80,13 @@ def _answer() -> Any:
 
 
 def _app(observer: Any) -> Any:
-    """A one-shot route's shape: tell the observer (when there is one), answer."""
+    """A one-shot route's shape: tell the observer (when there is one) the answer the
+    query made anyway, answer."""
+    answer = _answer()
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if observer is not None:
-            observer.answered(_answer())
+            observer.answered(answer)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
@@ -107,7 +110,13 @@ def micro(calls: int) -> dict[str, Any]:
     )
 
     from orrery.logs import JsonFormatter, RequestContextFilter
-    from orrery.telemetry import Metrics, Observability, RequestTelemetry, query_observer
+    from orrery.telemetry import (
+        ACCESS_LOG,
+        Metrics,
+        Observability,
+        RequestTelemetry,
+        query_observer,
+    )
     from orrery.tracing import Tracing, open_tracing
 
     class Discard(SpanExporter):
@@ -154,6 +163,11 @@ def micro(calls: int) -> dict[str, Any]:
                 await app(scope, _receive, _noop_send)
                 cpu[name].append((time.thread_time_ns() - started_cpu) / 1000.0)
                 wall[name].append((time.perf_counter_ns() - started) / 1000.0)
+                if name == "metrics+log":
+                    # Its line is written by the writer thread: let it finish before the
+                    # next call, whose wall time it would otherwise take (in a server it
+                    # runs while the event loop waits for the network).
+                    ACCESS_LOG.flush()
             if i % 1000 == 999:
                 # What a scrape does first: fold the queue in (off the request thread).
                 queued = len(metrics._requests)
@@ -164,6 +178,14 @@ def micro(calls: int) -> dict[str, Any]:
     asyncio.run(run())
     provider.shutdown()
     ids_only.close()
+    # The access line's cost on the writer thread: CPU of the whole process per line,
+    # lines queued by this thread and written by the writer.
+    lines = min(calls, 5_000)
+    started_cpu = time.process_time_ns()
+    for i in range(lines):
+        ACCESS_LOG.line("POST", TOPK, TOPK, 200, 0.002, (f"r{i}", None, "demo"), None)
+    ACCESS_LOG.flush(timeout=120)
+    writer_us = (time.process_time_ns() - started_cpu) / 1000.0 / lines
     wall_us = {name: round(statistics.median(t), 2) for name, t in wall.items()}
     cpu_us = {name: round(statistics.median(t), 2) for name, t in cpu.items()}
     return {
@@ -172,6 +194,7 @@ def micro(calls: int) -> dict[str, Any]:
         "cpu_us": cpu_us,
         "over_off_cpu_us": {n: round(v - cpu_us["off"], 2) for n, v in cpu_us.items()},
         "scrape_fold_us_per_request": round(statistics.median(flush_us), 2) if flush_us else None,
+        "access_line_process_cpu_us": round(writer_us, 2),
     }
 
 
@@ -371,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in micro_["wall_us"]:
         print(f"  {name:16} {micro_['wall_us'][name]:8.2f} | {micro_['cpu_us'][name]:8.2f} | "
               f"{micro_['over_off_cpu_us'][name]:+8.2f}")  # fmt: skip
-    print(f"  scrape folds the queue at {micro_['scrape_fold_us_per_request']} us per request")
+    print(f"  off the request thread: a scrape folds {micro_['scrape_fold_us_per_request']} us "
+          f"per request, an access line costs {micro_['access_line_process_cpu_us']} us of "
+          "the process")  # fmt: skip
     if not args.skip_e2e:
         result["end_to_end"] = end_to_end(args.queries, args.warmup)
         for kind in ("miss", "hit"):

@@ -165,6 +165,9 @@ class AccessLog:
             item = self._queue.get()
             if item is self._STOP:
                 return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
             created, method, path, route, status, seconds, ids, error_code = item
             request_id, trace_id, namespace = ids
             ms = seconds * 1000.0
@@ -186,6 +189,15 @@ class AccessLog:
                 logger.handle(record)
             except Exception:  # a handler's failure must not end the writer
                 logging.getLogger("orrery").exception("access log line not written")
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every line queued before this call is written (True) or `timeout`
+        seconds pass (False)."""
+        if self._thread is None:
+            return True
+        written = threading.Event()
+        self._queue.put(written)
+        return written.wait(timeout)
 
     def close(self) -> None:
         """Write every queued line, then stop the writer (idempotent)."""

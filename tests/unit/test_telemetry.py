@@ -158,10 +158,11 @@ def test_access_lines_leave_in_order_and_close_writes_them_all() -> None:
     access = AccessLog(logger)
     for i in range(500):
         access.line("GET", "/healthz", "/healthz", 200, 0.001, (f"r{i}", None, "ns"), None)
-    access.close()
+    assert access.flush()  # every line queued before it is written
     assert [r.request_id for r in records] == [f"r{i}" for i in range(500)]  # type: ignore[attr-defined]
     assert records[0].http["route"] == "/healthz"  # type: ignore[attr-defined]
     assert records[0].getMessage() == "GET /healthz 200 1.0ms"
     access.line("GET", "/later", "/later", 404, 0.002, ("after", None, None), "not_found")
     access.close()  # a closed writer starts again for a later line
     assert records[-1].request_id == "after"  # type: ignore[attr-defined]
+    assert access.flush()  # nothing running: nothing to wait for
