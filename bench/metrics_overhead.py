@@ -21,7 +21,9 @@
    the order rotated request by request, over keep-alive clients: first each text once
    (response-cache misses), then the same texts again (hits). p50/p95 per variant, the
    overhead of each at p50 against `off`, the paired median difference per text with a
-   bootstrap 95 % interval, and `off-b` against `off` as the noise floor.
+   bootstrap 95 % interval, and `off-b` against `off` as the noise floor. Every 50
+   texts the servers with metrics are scraped (`GET /metrics`, untimed), as Prometheus
+   would: their queued observations are folded in then, not on the timed requests.
 
 Prints a table, writes JSON and a PNG. Figures are reported, never asserted.
 """
@@ -297,6 +299,7 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
         texts = [f"{examples[i % len(examples)]['query_text']} {i}" for i in range(queries)]
         times: dict[str, dict[str, list[float]]] = {n: {"miss": [], "hit": []} for n in names}
         load_during = []
+        scrapes: dict[str, list[float]] = {n: [] for n in names}
         for kind in ("miss", "hit"):
             for i, text in enumerate(texts):
                 order = names[i % len(names) :] + names[: i % len(names)]
@@ -306,10 +309,23 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
                     times[name][kind].append((time.perf_counter() - started) * 1000.0)
                     if response.status_code != 200:
                         raise SystemExit(f"{name}: {response.status_code} {response.text}")
-                if i % 50 == 0:
+                if i % 50 == 49:
                     load_during.append(os.getloadavg()[0])
+                    # Prometheus' visit, untimed: the servers with metrics fold their
+                    # queue in here, off the timed requests (as they would in service).
+                    for name in names:
+                        if VARIANTS[name]["ORRERY_METRICS"] == "true":
+                            started = time.perf_counter()
+                            scraped = clients[name].get("/metrics")
+                            scrapes[name].append((time.perf_counter() - started) * 1000.0)
+                            if scraped.status_code != 200:
+                                raise SystemExit(f"{name}: /metrics {scraped.status_code}")
         rng = np.random.default_rng(25)
-        out: dict[str, Any] = {"load1_during": [round(x, 2) for x in load_during]}
+        out: dict[str, Any] = {
+            "load1_during": [round(x, 2) for x in load_during],
+            "scrape_every_texts": 50,
+            "scrape_p50_ms": {n: round(statistics.median(v), 2) for n, v in scrapes.items() if v},
+        }
         for kind in ("miss", "hit"):
             row: dict[str, Any] = {}
             base = times["off"][kind]
@@ -410,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{paired['median_ms']:+.3f} ms {paired['ci95_ms']}")  # fmt: skip
                 print(f"{kind:4} {name:16} p50 {cell['p50_ms']:8.3f} ms p95 "
                       f"{cell['p95_ms']:8.3f}{extra}")  # fmt: skip
+        print("scrape p50 ms (untimed, every 50 texts):", result["end_to_end"]["scrape_p50_ms"])
     result["loadavg_after"] = load()
     print("loadavg", result["loadavg_before"], "->", result["loadavg_after"])
     write_json(args.out, result)
