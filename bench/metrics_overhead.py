@@ -6,19 +6,20 @@
 1. Micro (in process, no socket): `orrery.telemetry.RequestTelemetry` around an ASGI
    app that tells the query observer one answer (what `topk_records` tells it: five
    stages, two engine calls, the cache result, two sources) and answers at once.
-   Variants, interleaved call by call: `bare` (no middleware), `off` and `off-b` (the
-   middleware with everything off: request id and context only; the same variant twice,
-   so their difference is the noise floor), `metrics`, `metrics+log` (JSON access line
-   into /dev/null), `metrics+tracing` (`ORRERY_TRACING=true` without an exporter: ids
-   only, no spans), `metrics+spans` (spans made and handed to a batch processor whose
-   exporter discards them: the cost of exporting, minus the network). Medians of the
-   wall time and of the CPU time of the request's thread, in microseconds; plus what is
-   spent off the request thread: a scrape's CPU per request folding the queue in, and
-   the process's CPU per access line made and written by the writer thread.
+   Variants, interleaved call by call in a new seeded order each round: `bare` (no
+   middleware), `off` and `off-b` (the middleware with everything off: request id and
+   context only; the same variant twice, so their difference is the noise floor),
+   `metrics`, `metrics+log` (JSON access line into /dev/null), `metrics+tracing`
+   (`ORRERY_TRACING=true` without an exporter: ids only, no spans), `metrics+spans`
+   (spans made and handed to a batch processor whose exporter discards them: the cost
+   of exporting, minus the network). Medians of the wall time and of the CPU time of
+   the request's thread, in microseconds; plus what is spent off the request thread: a
+   scrape's CPU per request folding the queue in, and the process's CPU per access
+   line made and written by the writer thread.
 2. End to end: one `orrery serve --sample` per variant (`off`, `off-b`, `metrics`,
    `metrics+log`, `metrics+tracing`), all on copies of one prepared data dir, running
    at once on loopback. The same `topk_records` request goes to every server in turn,
-   the order rotated request by request, over keep-alive clients: first each text once
+   in a new seeded order for each text, over keep-alive clients: first each text once
    (response-cache misses), then the same texts again (hits). p50/p95 per variant, the
    overhead of each at p50 against `off`, the paired median difference per text with a
    bootstrap 95 % interval, and `off-b` against `off` as the noise floor. Every 50
@@ -34,6 +35,7 @@ import argparse
 import asyncio
 import logging
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -155,10 +157,16 @@ def micro(calls: int) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {name: [] for name in apps}
     flush_us: list[float] = []
 
+    order = random.Random(25)
+
     async def run() -> None:
         names = list(apps)
         for i in range(calls):
-            for name in names[i % len(names) :] + names[: i % len(names)]:
+            # A new order each round (seeded): a fixed rotation gave every variant the same
+            # predecessor, and the first middleware call after `bare` ran ~2 us slower
+            # (cold caches), which showed as a difference between `off` and `off-b`.
+            order.shuffle(names)
+            for name in names:
                 app, scope = apps[name], _scope()
                 started = time.perf_counter_ns()
                 started_cpu = time.thread_time_ns()
@@ -293,6 +301,7 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
                     "query_text": text, "result_limit": 3}  # fmt: skip
 
         names = list(VARIANTS)
+        shuffle = random.Random(25)
         for i in range(warmup):
             for name in names:
                 clients[name].post(TOPK, json=body(f"warm {i}"))
@@ -302,8 +311,8 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
         scrapes: dict[str, list[float]] = {n: [] for n in names}
         for kind in ("miss", "hit"):
             for i, text in enumerate(texts):
-                order = names[i % len(names) :] + names[: i % len(names)]
-                for name in order:
+                shuffle.shuffle(names)
+                for name in names:
                     started = time.perf_counter()
                     response = clients[name].post(TOPK, json=body(text))
                     times[name][kind].append((time.perf_counter() - started) * 1000.0)
@@ -361,7 +370,9 @@ def _plot(result: dict[str, Any], png: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     micro_cpu = result["micro"]["over_off_cpu_us"]
     names = [n for n in micro_cpu if n not in ("off",)]
-    left.bar(names, [micro_cpu[n] for n in names], color="#4c72b0")
+    bars = left.bar(names, [micro_cpu[n] for n in names], color="#4c72b0")
+    left.bar_label(bars, fmt="%+.1f", fontsize=8)
+    left.set_yscale("symlog", linthresh=10)
     left.set_ylabel("µs of the request's thread over `off` (CPU, median)")
     left.set_title("In process: cost per one-shot request")
     left.tick_params(axis="x", rotation=30)
@@ -379,7 +390,8 @@ def _plot(result: dict[str, Any], png: Path) -> None:
         right.axhline(0.0, color="black", linewidth=0.5)
         right.set_xticks(xs, variants, rotation=30)
         right.set_ylabel("p50 over `off` (%)")
-        right.set_title(f"HTTP one-shot, interleaved (load {result['loadavg_before'].split()[0]})")
+        during = e2e["load1_during"]
+        right.set_title(f"HTTP one-shot, interleaved (load {min(during)}-{max(during)})")
         right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
