@@ -36,6 +36,7 @@ from orrery.telemetry import (
     CountingEmbedder,
     Metrics,
     Observability,
+    observed_projector_step,
     open_observability,
     query_observer,
     state_collector,
@@ -370,9 +371,7 @@ class EmbeddedStack:
         def committed(entries: list[LogEntry]) -> None:
             projector.log.remember(entries)
 
-        project = projector.step if metrics is None else metrics.wrap_projector_step(projector.step)
-        if observability.tracing is not None:
-            project = observability.tracing.wrap_projector_step(project)
+        project = observed_projector_step(observability, projector.step)
 
         def step() -> BatchReport:
             report: BatchReport = project()

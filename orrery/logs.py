@@ -13,15 +13,25 @@ line names the route and path, never the body or the query string.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import queue
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from contracts.request_context import current
 
-__all__ = ["JsonFormatter", "RequestContextFilter", "TextFormatter", "configure_logging"]
+__all__ = [
+    "AccessLog",
+    "JsonFormatter",
+    "RequestContextFilter",
+    "TextFormatter",
+    "configure_logging",
+]
 
 LogFormat = Literal["auto", "json", "text"]
 
@@ -103,3 +113,96 @@ def configure_logging(fmt: LogFormat = "auto", level: str = "INFO", role: str = 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+class AccessLog:
+    """The access lines of one app, made and written off the request's thread.
+
+    `line(...)` only queues a tuple (a `queue.SimpleQueue` put); a daemon thread makes
+    the `LogRecord` (its `created` the request's end, its ids the request's, passed in:
+    the thread has no request context) and hands it to `logger`'s handlers. Guarantees:
+    lines leave in the order they were queued; `close()` (and interpreter exit) writes
+    every line queued before it."""
+
+    _STOP = object()
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+    def line(
+        self,
+        method: str,
+        path: str,
+        route: str,
+        status: int,
+        seconds: float,
+        ids: tuple[str, str | None, str | None],
+        error_code: str | None,
+    ) -> None:
+        """Queue one access line (`ids`: request id, trace id, namespace)."""
+        if self._thread is None:
+            self._start()
+        self._queue.put((time.time(), method, path, route, status, seconds, ids, error_code))
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                thread = threading.Thread(target=self._write, name="orrery-access-log")
+                thread.daemon = True
+                thread.start()
+                atexit.register(self.close)
+                self._thread = thread
+
+    def _write(self) -> None:
+        logger = self.logger
+        while True:
+            item = self._queue.get()
+            if item is self._STOP:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            created, method, path, route, status, seconds, ids, error_code = item
+            request_id, trace_id, namespace = ids
+            ms = seconds * 1000.0
+            # makeRecord + handle: what `info` does, minus the caller lookup (a walk of
+            # the stack per line; the access line's origin is always this one).
+            record = logger.makeRecord(
+                logger.name, logging.INFO, __file__, 0, "%s %s %d %.1fms",
+                (method, path, status, ms), None,
+                extra={
+                    "request_id": request_id, "trace_id": trace_id, "namespace": namespace,
+                    "http": {"method": method, "route": route, "path": path,
+                             "status": status, "duration_ms": round(ms, 3),
+                             "error_code": error_code},
+                },
+            )  # fmt: skip
+            record.created = created
+            record.msecs = (created - int(created)) * 1000.0
+            try:
+                logger.handle(record)
+            except Exception:  # a handler's failure must not end the writer
+                logging.getLogger("orrery").exception("access log line not written")
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every line queued before this call is written (True) or `timeout`
+        seconds pass (False)."""
+        if self._thread is None:
+            return True
+        written = threading.Event()
+        self._queue.put(written)
+        return written.wait(timeout)
+
+    def close(self) -> None:
+        """Write every queued line, then stop the writer (idempotent)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(self._STOP)
+            thread.join(timeout=10)

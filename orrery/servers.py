@@ -48,6 +48,7 @@ from orrery.http import build_app
 from orrery.telemetry import (
     CountingEmbedder,
     Observability,
+    observed_projector_step,
     open_observability,
     query_observer,
     state_collector,
@@ -238,13 +239,9 @@ class ServerStack:
                 text_languages=settings.text_languages(),
                 database_url=database_url,
             )
-            project = stack.projector.step
-            if metrics is not None:
-                project = metrics.wrap_projector_step(project)
-            if observability.tracing is not None:
-                project = observability.tracing.wrap_projector_step(project)
             stack.projector_loop = ProjectorLoop(
-                project, poll_seconds=settings.projector_poll_seconds
+                observed_projector_step(observability, stack.projector.step),
+                poll_seconds=settings.projector_poll_seconds,
             )
             stack.closers.append(stack.projector.close)
         routers: list[APIRouter] = []

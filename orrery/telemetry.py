@@ -23,8 +23,13 @@ error codes, generation states, snapshot kinds. Namespaces appear only with
 `ORRERY_METRICS_NAMESPACE_LABELS=true` (then one series per namespace and scope: size
 the Prometheus server for it).
 
-The per-request cost is one histogram observation on a cached child (plus one counter
-for an error); `bench/metrics_overhead.py` measures it.
+The request thread does not observe anything itself: a finished request and an answered
+query are each one tuple appended to a queue (`collections.deque`: appends and pops are
+atomic), and the histograms and counters of the hot path are brought up to date when
+the registry is collected (`_HotPath`, the collector that owns them: every scrape, on
+`GET /metrics` or the metrics port, sees every request finished before it), or by the
+request that finds `MAX_PENDING` entries queued (no scrape for a long while).
+`bench/metrics_overhead.py` measures what is left on the request thread.
 """
 
 from __future__ import annotations
@@ -32,8 +37,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,17 +56,25 @@ from prometheus_client import (
     generate_latest,
     start_http_server,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.auth import Access, check_admin_key, declare
 from contracts.embedding import Embedder
 from contracts.errors import ErrorCode
 from contracts.request_context import RequestContext, close_request, open_request
+from orrery.logs import AccessLog
 
 if TYPE_CHECKING:
     from orrery.tracing import Tracing
+    from query.ports import Answered
     from query.settings import QuerySettings
 
 __all__ = [
@@ -70,6 +86,7 @@ __all__ = [
     "RequestTelemetry",
     "StateCollector",
     "metrics_router",
+    "observed_projector_step",
     "open_observability",
     "query_observer",
     "serve_metrics_port",
@@ -93,6 +110,10 @@ BATCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 CANDIDATE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 10_000)
 UNMATCHED_ROUTE = "<unmatched>"
 _SAFE_LABEL = re.compile(r"[a-z0-9_.:-]{1,40}")
+# Queued observations (requests plus answers) past which the request that queues one
+# folds the queue in itself: bounds the memory of a process nobody scrapes. About 2 ms
+# of work once every 8,192 requests.
+MAX_PENDING = 8_192
 
 
 def _bounded(value: str | None) -> str:
@@ -119,45 +140,42 @@ class Metrics:
         roles_gauge = Gauge("orrery_roles", "Roles this process runs", ["role"], registry=r)
         for role in sorted(roles):
             roles_gauge.labels(role).set(1)
-        self.http = Histogram(
+        # The request path's families: counted by `flush` from the queues, exposed by
+        # `_HotPath` (not prometheus_client's metric objects: a fold of one observation
+        # into them cost ~2 us of locks and calls; into these, a bisect and two adds).
+        self.http = _Family(
             "orrery_http_request_duration_seconds",
             "HTTP requests by route template, method and status (`_count`: requests)",
-            ["route", "method", "status"],
-            buckets=REQUEST_BUCKETS,
-            registry=r,
+            ("route", "method", "status"),
+            REQUEST_BUCKETS,
         )
-        self.errors = Counter(
+        self.errors = _Family(
             "orrery_errors",
             "Error answers by code and, for dependency faults, the dependency",
-            ["code", "dependency"],
-            registry=r,
+            ("code", "dependency"),
         )
-        self.stage = Histogram(
+        self.stage = _Family(
             "orrery_query_stage_duration_seconds",
             "Query time per stage (query_plan.latency_ms), by endpoint",
-            ["endpoint", "stage"],
-            buckets=STAGE_BUCKETS,
-            registry=r,
+            ("endpoint", "stage"),
+            STAGE_BUCKETS,
         )
-        self.engine = Histogram(
+        self.engine = _Family(
             "orrery_engine_call_duration_seconds",
             "Time inside engine library calls per query (query_plan.engine_ms), by call",
-            ["call"],
-            buckets=STAGE_BUCKETS,
-            registry=r,
+            ("call",),
+            STAGE_BUCKETS,
         )
-        self.cache = Counter(
+        self.cache = _Family(
             "orrery_query_cache",
             "Response-cache lookups by result (hit, miss, unavailable)",
-            ["result"],
-            registry=r,
+            ("result",),
         )
-        self.candidates = Histogram(
+        self.candidates = _Family(
             "orrery_query_candidates",
             "Candidates each source returned per query",
-            ["source"],
-            buckets=CANDIDATE_BUCKETS,
-            registry=r,
+            ("source",),
+            CANDIDATE_BUCKETS,
         )
         self.projector_events = Counter(
             "orrery_projector_events_applied", "Log events the projector applied", registry=r
@@ -205,10 +223,11 @@ class Metrics:
             ["use"],
             registry=r,
         )
-        # Labelled children by label values: `labels()` costs a lock, a tuple build and
-        # validation per call; a dict lookup does not. Only bounded values become keys.
-        self._http_children: dict[tuple[str, str, int], Any] = {}
-        self._children: dict[tuple[str, str, str], Any] = {}
+        self._fold = threading.Lock()
+        # What the request threads queued and `flush` has not folded in yet.
+        self._requests: deque[tuple[str, str, int, float, str | None, str | None]] = deque()
+        self._answers: deque[Answered] = deque()
+        r.register(_HotPath(self))
 
     # --- HTTP ---------------------------------------------------------------------------
 
@@ -221,50 +240,58 @@ class Metrics:
         error_code: str | None,
         dependency: str | None,
     ) -> None:
-        """One finished request (called by the middleware, once per request)."""
-        key = (route, method, status)
-        child = self._http_children.get(key)
-        if child is None:
-            child = self._http_children.setdefault(key, self.http.labels(route, method, status))
-        child.observe(seconds)
-        if error_code is not None:
-            self.errors.labels(error_code, _bounded(dependency)).inc()
+        """One finished request (called by the middleware, once per request): queued."""
+        requests = self._requests
+        requests.append((route, method, status, seconds, error_code, dependency))
+        if len(requests) > MAX_PENDING:
+            self.flush()
 
     # --- queries (query.ports.QueryObserver) ---------------------------------------------
 
-    def answered(
-        self,
-        endpoint: str,
-        stages_ms: Mapping[str, float],
-        engine_ms: Mapping[str, float],
-        cache: str,
-        source_counts: Mapping[str, int],
-    ) -> None:
-        children = self._children
-        for name, ms in stages_ms.items():
-            key = ("stage", endpoint, name)
-            child = children.get(key)
-            if child is None:
-                child = children.setdefault(key, self.stage.labels(endpoint, name))
-            child.observe(ms / 1000.0)
-        for call, ms in engine_ms.items():
-            key = ("engine", call, "")
-            child = children.get(key)
-            if child is None:
-                child = children.setdefault(key, self.engine.labels(_bounded(call)))
-            child.observe(ms / 1000.0)
-        if cache != "disabled":
-            key = ("cache", cache, "")
-            child = children.get(key)
-            if child is None:
-                child = children.setdefault(key, self.cache.labels(cache))
-            child.inc()
-        for source, count in source_counts.items():
-            key = ("candidates", source, "")
-            child = children.get(key)
-            if child is None:
-                child = children.setdefault(key, self.candidates.labels(source))
-            child.observe(count)
+    def answered(self, answer: Answered) -> None:
+        """One answered query: queued."""
+        answers = self._answers
+        answers.append(answer)
+        if len(answers) > MAX_PENDING:
+            self.flush()
+
+    def flush(self) -> None:
+        """Fold every queued request and answer into the families. Thread-safe: each
+        entry is popped, and so folded, exactly once."""
+        requests, answers = self._requests, self._answers
+        http, errors, stage = self.http.series, self.errors.series, self.stage.series
+        engine, cache, candidates = self.engine.series, self.cache.series, self.candidates.series
+        http_bounds, stage_bounds = self.http.bounds, self.stage.bounds
+        candidate_bounds = self.candidates.bounds
+        with self._fold:
+            while True:
+                try:
+                    route, method, status, seconds, error_code, dependency = requests.popleft()
+                except IndexError:
+                    break
+                _observe(http, http_bounds, (route, method, str(status)), seconds)
+                if error_code is not None:
+                    _count(errors, (error_code, _bounded(dependency)))
+            while True:
+                try:
+                    endpoint, stages_ms, engine_ms, cache_result, counts = answers.popleft()
+                except IndexError:
+                    break
+                for name, ms in stages_ms.items():
+                    _observe(stage, stage_bounds, (endpoint, name), ms / 1000.0)
+                for call, ms in engine_ms.items():
+                    _observe(engine, stage_bounds, (_bounded(call),), ms / 1000.0)
+                if cache_result != "disabled":
+                    _count(cache, (cache_result,))
+                for source, count in counts.items():
+                    _observe(candidates, candidate_bounds, (source,), count)
+
+    def hot_path_metrics(self) -> list[Metric]:
+        """The request path's families as they stand after a `flush`."""
+        self.flush()
+        with self._fold:
+            return [f.metric() for f in (self.http, self.errors, self.stage, self.engine,
+                                         self.cache, self.candidates)]  # fmt: skip
 
     # --- background loops ----------------------------------------------------------------
 
@@ -303,6 +330,78 @@ class Metrics:
             return published
 
         return counted
+
+
+def _observe(
+    series: dict[tuple[str, ...], list[float]],
+    bounds: tuple[float, ...],
+    key: tuple[str, ...],
+    value: float,
+) -> None:
+    # One histogram observation: [count per bucket (the last: +Inf)..., sum].
+    counts = series.get(key)
+    if counts is None:
+        counts = series.setdefault(key, [0.0] * (len(bounds) + 2))
+    counts[bisect_left(bounds, value)] += 1
+    counts[-1] += value
+
+
+def _count(series: dict[tuple[str, ...], list[float]], key: tuple[str, ...]) -> None:
+    counts = series.get(key)
+    if counts is None:
+        counts = series.setdefault(key, [0.0])
+    counts[0] += 1
+
+
+class _Family:
+    """A histogram (`bounds`) or counter (no bounds) of the request path, counted by
+    `Metrics.flush` under its lock: `series` maps label values to the bucket counts and
+    sum (a histogram; a value falls in the first bucket whose bound it does not exceed,
+    Prometheus' `le`) or to the count (a counter)."""
+
+    def __init__(
+        self, name: str, documentation: str, labels: tuple[str, ...], bounds: tuple[float, ...] = ()
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = labels
+        self.bounds = bounds
+        self.series: dict[tuple[str, ...], list[float]] = {}
+        self.edges = [floatToGoString(b) for b in bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
+
+    def metric(self) -> Metric:
+        if not self.bounds:
+            counter = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
+            for key, (value,) in sorted(self.series.items()):
+                counter.add_metric(key, value)
+            return counter
+        histogram = HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
+        for key, counts in sorted(self.series.items()):
+            cumulative, buckets = 0.0, []
+            for edge, count in zip(self.edges, counts, strict=False):
+                cumulative += count
+                buckets.append((edge, cumulative))
+            histogram.add_metric(key, buckets, sum_value=counts[-1])
+        return histogram
+
+
+class _HotPath(Collector):
+    """The request-path families of a `Metrics`, collected after folding in what the
+    request threads queued: a scrape sees every request that finished before it."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        m = self.metrics
+        for family in (m.http, m.errors, m.stage, m.engine, m.cache, m.candidates):
+            # Names only (the registry refuses a second family of the same name).
+            yield (CounterMetricFamily if not family.bounds else HistogramMetricFamily)(
+                family.name, family.documentation, labels=family.labels
+            )
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.metrics.hot_path_metrics()
 
 
 class CountingEmbedder:
@@ -530,7 +629,8 @@ def metrics_router(metrics: Metrics, *, admin_key: str, open_: bool) -> APIRoute
     return router
 
 
-access_log = logging.getLogger("orrery.access")
+# One writer per process for every app's access lines (orrery.logs.AccessLog).
+ACCESS_LOG = AccessLog(logging.getLogger("orrery.access"))
 _REQUEST_ID = b"x-request-id"
 _VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
@@ -538,10 +638,11 @@ _VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 class RequestTelemetry:
     """The outermost middleware of every app: gives each request an id (the caller's
     `x-request-id` when it is a plain token, else a new one; echoed in the response),
-    opens its `contracts.request_context`, its span when tracing is on, and when the
-    response has left records it once: one histogram observation, one error count for
-    an error answer, one access-log line (INFO, `orrery.access`) when enabled. Nothing
-    of the body or the query string is logged."""
+    opens its `contracts.request_context`, its span when spans are exported (else its
+    W3C ids), and when the response has left records it once: one queued observation
+    (folded into the histograms at the next scrape), one queued access-log line (INFO,
+    `orrery.access`, written by `ACCESS_LOG`'s thread) when enabled. Nothing of the body
+    or the query string is logged."""
 
     def __init__(self, app: ASGIApp, *, observability: Observability) -> None:
         self.app = app
@@ -598,32 +699,15 @@ class RequestTelemetry:
                 )
             if span is not None and self.tracing is not None:
                 self.tracing.end_request(span, route, status, context)
-            if self.access_log and access_log.isEnabledFor(logging.INFO):
-                # makeRecord + handle: what `info` does, minus the caller lookup (a walk
-                # of the stack per line; the access line's origin is always this one).
-                access_log.handle(
-                    access_log.makeRecord(
-                        access_log.name,
-                        logging.INFO,
-                        __file__,
-                        0,
-                        "%s %s %d %.1fms",
-                        (scope["method"], scope["path"], status, seconds * 1000.0),
-                        None,
-                        extra={
-                            "request_id": request_id,
-                            "trace_id": context.trace_id,
-                            "namespace": context.namespace,
-                            "http": {
-                                "method": scope["method"],
-                                "route": route,
-                                "path": scope["path"],
-                                "status": status,
-                                "duration_ms": round(seconds * 1000.0, 3),
-                                "error_code": context.error_code,
-                            },
-                        },
-                    )
+            if self.access_log and ACCESS_LOG.enabled():
+                ACCESS_LOG.line(
+                    scope["method"],
+                    scope["path"],
+                    route,
+                    status,
+                    seconds,
+                    (request_id, context.trace_id, context.namespace),
+                    context.error_code,
                 )
 
 
@@ -685,24 +769,32 @@ class _Observers:
     def __init__(self, observers: Sequence[Any]) -> None:
         self.observers = tuple(observers)
 
-    def answered(
-        self,
-        endpoint: str,
-        stages_ms: Mapping[str, float],
-        engine_ms: Mapping[str, float],
-        cache: str,
-        source_counts: Mapping[str, int],
-    ) -> None:
+    def answered(self, answer: Answered) -> None:
         for observer in self.observers:
-            observer.answered(endpoint, stages_ms, engine_ms, cache, source_counts)
+            observer.answered(answer)
 
 
 def query_observer(observability: Observability) -> Any:
-    """The `query.ports.QueryObserver` of an app's observability (None: nothing to tell)."""
-    parts = [p for p in (observability.metrics, observability.tracing) if p is not None]
+    """The `query.ports.QueryObserver` of an app's observability (None: nothing to tell;
+    spans only when they are exported, `Tracing.exporting`)."""
+    parts: list[Any] = [observability.metrics] if observability.metrics is not None else []
+    if observability.tracing is not None and observability.tracing.exporting:
+        parts.append(observability.tracing)
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else _Observers(parts)
+
+
+def observed_projector_step(
+    observability: Observability, step: Callable[[], Any]
+) -> Callable[[], Any]:
+    """`step` (a projector batch returning a `BatchReport`) counted (metrics on) and with
+    its batch span (spans exported), the one wrapping every role's projector uses."""
+    if observability.metrics is not None:
+        step = observability.metrics.wrap_projector_step(step)
+    if observability.tracing is not None and observability.tracing.exporting:
+        step = observability.tracing.wrap_projector_step(step)
+    return step
 
 
 def state_collector(

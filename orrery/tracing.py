@@ -7,14 +7,19 @@ query already keeps (`query_plan.latency_ms`): their durations are the plan's, s
 sum to the query's time without a clock read per stage.
 
 Spans are exported over OTLP/HTTP when `ORRERY_OTLP_ENDPOINT` is set (the optional
-`otlp` extra: `pip install 'orrery[otlp]'`); otherwise they are made and dropped, which
-still gives every request a trace id. Tests pass an in-memory exporter.
+`otlp` extra: `pip install 'orrery[otlp]'`); tests pass an in-memory exporter. Without
+either no span is made at all (a span costs ~100 us of the request's thread, for
+nothing when nobody receives it): each request still gets its W3C ids — the caller's
+trace id continued, a new span id — so log lines, `query_plan.trace_id` and the
+`traceparent` a write carries through the outbox and Kafka are the same as with spans.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -31,24 +36,34 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from starlette.types import Scope
 
 from contracts.request_context import RequestContext
+from query.ports import Answered
 
 __all__ = ["Tracing", "open_tracing"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
+_TRACEPARENT = re.compile(rb"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-([0-9a-f]{2})")
+_NO_TRACE = b"0" * 32
 
 
 class Tracing:
     """Spans of one process, from its own `TracerProvider` (never the global one: tests
-    open several stacks in one interpreter)."""
+    open several stacks in one interpreter). `exporting` False: ids only, no spans (see
+    the module docstring); then `wrap_projector_step` and `answered` are not used."""
 
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, *, exporting: bool = True) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer("orrery")
+        self.exporting = exporting
 
     # --- HTTP requests ---------------------------------------------------------------
 
     def start_request(self, scope: Scope, context: RequestContext) -> Any:
+        """The request's span (None: not exporting), current until `end_request`; sets
+        the request's `trace_id` and `traceparent` either way."""
+        if not self.exporting:
+            _ids_only(scope, context)
+            return None
         carrier = {
             name.decode(): value.decode("latin-1")
             for name, value in scope["headers"]
@@ -68,6 +83,8 @@ class Tracing:
         return span, token
 
     def end_request(self, handle: Any, route: str, status: int, context: RequestContext) -> None:
+        if handle is None:
+            return
         span, token = handle
         otel_context.detach(token)
         span.update_name(f"{span.name} {route}")
@@ -82,18 +99,12 @@ class Tracing:
 
     # --- queries (query.ports.QueryObserver) -----------------------------------------
 
-    def answered(
-        self,
-        endpoint: str,
-        stages_ms: Mapping[str, float],
-        engine_ms: Mapping[str, float],
-        cache: str,
-        source_counts: Mapping[str, int],
-    ) -> None:
+    def answered(self, answer: Answered) -> None:
         """One child span per stage of the answer just made, under the current span (the
         request's), ending now and laid end to end by the stopwatch's durations."""
         if not trace.get_current_span().get_span_context().is_valid:
             return
+        endpoint, stages_ms, engine_ms, cache, _ = answer
         end = time.time_ns()
         at = end - int(sum(stages_ms.values()) * 1e6)
         for stage, ms in stages_ms.items():
@@ -148,6 +159,22 @@ class Tracing:
         self.provider.shutdown()
 
 
+def _ids_only(scope: Scope, context: RequestContext) -> None:
+    """A request's W3C ids without a span: the caller's trace id when its `traceparent`
+    is well formed, else a new one, and a new span id."""
+    trace_id = flags = None
+    for name, value in scope["headers"]:
+        if name == b"traceparent":
+            match = _TRACEPARENT.fullmatch(value)
+            if match is not None and match[1] != _NO_TRACE:
+                trace_id, flags = match[1].decode(), match[2].decode()
+            break
+    if trace_id is None:
+        trace_id, flags = os.urandom(16).hex(), "01"
+    context.trace_id = trace_id
+    context.traceparent = f"00-{trace_id}-{os.urandom(8).hex()}-{flags}"
+
+
 def _span_context(traceparent: str) -> SpanContext | None:
     """The remote span a W3C `traceparent` names, or None for a malformed one."""
     carried = trace.get_current_span(_PROPAGATOR.extract({"traceparent": traceparent}))
@@ -163,7 +190,7 @@ def open_tracing(
     exporter: SpanExporter | None = None,
 ) -> Tracing:
     """A `Tracing` whose spans go to `exporter` (synchronously: tests), else to the OTLP
-    endpoint (batched), else nowhere."""
+    endpoint (batched), else one that makes no spans (`exporting` False)."""
     resource = Resource.create({"service.name": service, "orrery.roles": ",".join(sorted(roles))})
     provider = TracerProvider(resource=resource)
     if exporter is not None:
@@ -179,4 +206,6 @@ def open_tracing(
                 "pip install 'orrery[otlp]'"
             ) from exc
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=otlp_endpoint)))
+    else:
+        return Tracing(provider, exporting=False)
     return Tracing(provider)

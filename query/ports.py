@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,7 @@ from contracts.index import Candidate, SearchFilter
 from contracts.pacing import Pace, no_pace
 
 __all__ = [
+    "Answered",
     "Cache",
     "EnvelopeLog",
     "EvidenceSource",
@@ -41,24 +42,29 @@ __all__ = [
 ]
 
 
+class Answered(NamedTuple):
+    """One answered query as its observers see it: milliseconds per stage
+    (`query_plan.latency_ms` without `total`) and inside engine calls, the response
+    cache's result (hit, miss, unavailable, disabled), and the candidates each source
+    returned. The mappings are the query's own and are not changed after it is told."""
+
+    endpoint: str
+    stages_ms: Mapping[str, float]
+    engine_ms: Mapping[str, float]
+    cache: str
+    source_counts: Mapping[str, int]
+
+
 class QueryObserver(Protocol):
     """Told about every answered query (metrics, spans: `orrery.telemetry`).
 
-    Guarantees asked of an implementation: it returns quickly (microseconds: it runs on
-    the request's thread before the answer leaves) and never raises.
+    Guarantees asked of an implementation: it returns quickly (well under a
+    microsecond for metrics, which only queue the answer for the next scrape: it runs
+    on the request's thread before the answer leaves) and never raises.
     """
 
-    def answered(
-        self,
-        endpoint: str,
-        stages_ms: Mapping[str, float],
-        engine_ms: Mapping[str, float],
-        cache: str,
-        source_counts: Mapping[str, int],
-    ) -> None:
-        """One answer: milliseconds per stage (`query_plan.latency_ms` without `total`)
-        and inside engine calls, the response cache's result (hit, miss, unavailable,
-        disabled), and the candidates each source returned."""
+    def answered(self, answer: Answered) -> None:
+        """One answer (`Answered`)."""
 
 
 class LexicalSearch(Protocol):

@@ -43,6 +43,7 @@ from query.fusion import FusedCandidate, Rescored, fuse
 from query.overlap import DeadlinePassed, Pending, SourcePool
 from query.phrases import ResolvedPhrasePlan, VocabularyRegistry
 from query.ports import (
+    Answered,
     Cache,
     LexicalSearch,
     QueryObserver,
@@ -1099,7 +1100,7 @@ def _observe(ports: QueryPorts, endpoint: str, ranked: _Ranked, cache: CacheStat
     if ports.observer is not None:
         watch = ranked.watch
         ports.observer.answered(
-            endpoint, watch.stages, watch.engine_ms, cache, ranked.source_counts
+            Answered(endpoint, watch.stages, watch.engine_ms, cache, ranked.source_counts)
         )
 
 

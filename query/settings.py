@@ -322,8 +322,8 @@ class QuerySettings(BaseSettings):
     otlp_endpoint: str | None = Field(
         default=None,
         description="OTLP/HTTP traces endpoint (http://collector:4318/v1/traces); needs the "
-        "'otlp' extra; unset = spans are made (trace ids in query plans and logs) but not "
-        "exported",
+        "'otlp' extra; unset = no spans are made, each request still gets W3C trace ids "
+        "(query plans, logs, the traceparent a write carries)",
     )
 
     @model_validator(mode="after")
