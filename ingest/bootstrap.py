@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from contracts.events import LogEntry
 from ingest.adapters.sqlite_store import SqliteRecordStore
-from ingest.model import MAX_RECORD_BYTES
+from ingest.model import MAX_RECORD_BYTES, FlowLimits
+from ingest.pacing import WriteFlow
 from ingest.ports import JobStore, RecordStore, StoreMaintenance
 from ingest.relay import relay_outbox
 
@@ -26,8 +27,14 @@ __all__ = [
     "kafka_relay_step",
     "migrate_database",
     "server_store",
+    "server_write_flow",
     "store_maintenance",
 ]
+
+
+# How often a paced server-mode writer reads its namespace's backlog (one indexed
+# query): the most a wait adds to the moment the answer could have left.
+SERVER_POLL_SECONDS = 0.05
 
 
 def canonical_db_path(data_dir: Path) -> Path:
@@ -92,6 +99,22 @@ def server_store(
 
     migrate_database(database_url)
     return PostgresRecordStore(database_url, max_record_bytes=max_record_bytes)
+
+
+def server_write_flow(
+    database_url: str | None, limits: FlowLimits
+) -> tuple[WriteFlow, Callable[[], None]] | None:
+    """How server-mode ingest paces writers per namespace, and what closes it: by the
+    namespace's outbox rows the projector has not applied (PostgreSQL, every package
+    migrated: `ingest.adapters.postgres_backlog`); None without a database URL (the
+    single-host SQLite file: not paced) or without a bound (`max_lag_events` 0)."""
+    if not database_url or not limits.max_lag_events:
+        return None
+    from ingest.adapters.postgres_backlog import PostgresBacklog
+
+    backlog = PostgresBacklog(database_url, count_limit=limits.max_lag_events + 1)
+    flow = WriteFlow(backlog, limits, poll_seconds=SERVER_POLL_SECONDS, blocking=True)
+    return flow, backlog.close
 
 
 def job_store(data_dir: Path, database_url: str | None) -> JobStore:

@@ -40,7 +40,8 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
-    """How the write path paces writers against the projector (embedded deployment).
+    """How the write path paces writers against the projector, per namespace (embedded
+    deployment, and server mode on PostgreSQL).
 
     - `max_lag_events`: a batch is written only while the projector is at most this many
       events behind the log (0: no bound). A writer finding it further behind waits, up

@@ -36,10 +36,15 @@ WAIT_POLL_SECONDS = 0.002
 
 @dataclass(frozen=True, slots=True)
 class WriteFlow:
-    """The projector's progress and the limits a write is paced by (embedded only)."""
+    """The projector's progress and the limits a write is paced by: in memory in the
+    embedded deployment (`contracts.progress.LogProgress`), read from the database in
+    server mode on PostgreSQL (`ingest.adapters.postgres_backlog`: `blocking`, so read
+    off the event loop, and polled every `poll_seconds`, not every few ms)."""
 
     progress: ProjectionProgress
     limits: FlowLimits
+    poll_seconds: float = WAIT_POLL_SECONDS
+    blocking: bool = False
 
 
 class IngestBacklog(OrreryError):
@@ -108,15 +113,23 @@ class WritePacer:
             await asyncio.wait_for(lock.acquire(), timeout=max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             self._forget(namespace)
-            raise self._backlog(namespace) from None
+            raise self._backlog(namespace, await self._lag(namespace)) from None
 
     async def _caught_up(self, namespace: str, deadline: float) -> None:
         assert self.flow is not None
         limit = self.flow.limits.max_lag_events
-        while limit and self.flow.progress.lag(namespace) > limit:
+        if not limit:
+            return
+        while (lag := await self._lag(namespace)) > limit:
             if time.monotonic() >= deadline:
-                raise self._backlog(namespace)
-            await asyncio.sleep(WAIT_POLL_SECONDS)
+                raise self._backlog(namespace, lag)
+            await asyncio.sleep(self.flow.poll_seconds)
+
+    async def _lag(self, namespace: str) -> int:
+        assert self.flow is not None
+        if self.flow.blocking:
+            return await asyncio.to_thread(self.flow.progress.lag, namespace)
+        return self.flow.progress.lag(namespace)
 
     def _release(self, namespace: str) -> None:
         self._locks[namespace].release()
@@ -127,12 +140,12 @@ class WritePacer:
         if self._users[namespace] == 0:
             del self._users[namespace], self._locks[namespace]
 
-    def _backlog(self, namespace: str) -> IngestBacklog:
+    def _backlog(self, namespace: str, lag: int) -> IngestBacklog:
         assert self.flow is not None
         limits = self.flow.limits
         return IngestBacklog(
             namespace,
-            self.flow.progress.lag(namespace),
+            lag,
             limits.max_lag_events,
             limits.backlog_wait_seconds,
         )

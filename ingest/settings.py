@@ -11,8 +11,9 @@ __all__ = ["IngestSettings"]
 
 
 class IngestSettings(BaseSettings):
-    """`ORRERY_INGEST_*` environment variables: how `POST /v1/records` paces writers
-    against the embedded projector (`ingest.model.FlowLimits`)."""
+    """`ORRERY_INGEST_*` environment variables: how the write routes pace each
+    namespace's writers against the projector (`ingest.model.FlowLimits`; embedded, and
+    server mode on PostgreSQL)."""
 
     model_config = SettingsConfigDict(env_prefix="ORRERY_INGEST_", extra="ignore")
 
@@ -20,7 +21,7 @@ class IngestSettings(BaseSettings):
         default=4_096,
         ge=0,
         description="A batch is written only while the projector is at most this many "
-        "events behind; else the POST waits (0: never)",
+        "of its namespace's events behind; else the write waits (0: never)",
     )
     backlog_wait_seconds: float = Field(
         default=30.0,

@@ -138,13 +138,15 @@ def ingest_routers(
     on_commit: Callable[[], None] | None,
     jobs: JobStore,
     flow: WriteFlow | None = None,
+    backlog: WriteFlow | None = None,
 ) -> list[APIRouter]:
     """The write side of a process: Orrery's `/v1/records` (paced by `flow` when the
-    projector runs in this process), the ChonkyDB dialect, and KoutenDB's import and
-    dump (scope refs resolved like the query side resolves them)."""
+    projector runs in this process, with `?wait=searchable`; by `backlog` in server mode
+    on PostgreSQL), the ChonkyDB dialect, and KoutenDB's import and dump (scope refs
+    resolved like the query side resolves them)."""
     # One pacer for every write route: a namespace's writers queue behind each other
     # whichever route they use, never behind another namespace's.
-    pacer = WritePacer(flow)
+    pacer = WritePacer(flow or backlog)
     routers = [
         create_ingest_router(
             store=store,

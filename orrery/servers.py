@@ -33,9 +33,11 @@ from ingest.bootstrap import (
     kafka_relay_step,
     migrate_database,
     server_store,
+    server_write_flow,
 )
 from ingest.entrypoints.relay import RelayLoop
 from ingest.ports import RecordStore
+from ingest.settings import IngestSettings
 from orrery.embedded import (
     STREAM_PATHS,
     generation_options,
@@ -247,6 +249,10 @@ class ServerStack:
         routers: list[APIRouter] = []
         if Role.INGEST in roles:
             wake = stack.relay.wake if stack.relay is not None else None
+            # Each namespace paced by its own backlog (issue 22), as embedded.
+            paced = server_write_flow(database_url, IngestSettings().limits())
+            if paced is not None:
+                stack.closers.append(paced[1])
             routers += ingest_routers(
                 # The import's per-line bound is the store's (Kafka's message size).
                 settings.model_copy(
@@ -259,6 +265,7 @@ class ServerStack:
                 vector_dimension=None if embedder is None else embedder.dimension,
                 on_commit=wake,
                 jobs=job_store(settings.data_dir, settings.database_url),
+                backlog=None if paced is None else paced[0],
             )
             if stack.projector is not None:
                 writer_lock = stack.projector.lock

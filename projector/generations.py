@@ -296,10 +296,15 @@ class _DeferringState:
         changes: Mapping[str, Mapping[str, tuple[int, bool]]],
         *,
         held: Collection[str] = (),
+        namespaces: Mapping[str, int] | None = None,
     ) -> None:
         # A deferred generation missed this batch: its position must not claim it.
         self._inner.commit(
-            consumer, position, changes, held=frozenset(held) | self._deferred.deferred()
+            consumer,
+            position,
+            changes,
+            held=frozenset(held) | self._deferred.deferred(),
+            namespaces=namespaces,
         )
 
     def write_targets(self, namespace: str, snapshot_kind: str) -> list[str]:

@@ -273,6 +273,9 @@ class ProjectionState(Protocol):
     one transaction, so a crash replays the batch, never half of it; every writable
     generation is then applied up to `position`, except those in `held` (their writes
     wait elsewhere: they keep their position until they replay the batch themselves).
+    `namespaces` (namespace -> the newest position of its events in the batch) is stored
+    in the same transaction where the deployment paces writers by it (PostgreSQL: the
+    per-namespace backlog of server-mode ingest); positions per namespace only grow.
     """
 
     def position(self, consumer: str) -> int: ...
@@ -286,6 +289,7 @@ class ProjectionState(Protocol):
         changes: Mapping[str, Mapping[str, tuple[int, bool]]],
         *,
         held: Collection[str] = (),
+        namespaces: Mapping[str, int] | None = None,
     ) -> None: ...
 
     def write_targets(self, namespace: str, snapshot_kind: str) -> list[str]: ...

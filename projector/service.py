@@ -231,7 +231,9 @@ def project_batch(
                 report.position = max(report.position, max(e.position for e in entries))
                 report.trace_contexts = _trace_contexts(entries)
             crash_point("projector.engines_written")
-            state.commit(consumer, report.position, changes)
+            state.commit(
+                consumer, report.position, changes, namespaces=_newest_by_namespace(entries)
+            )
             crash_point("projector.committed")
     except BaseException:
         log.reset()  # nothing committed: deliver the same entries again
@@ -240,6 +242,17 @@ def project_batch(
     _measure_lag(log, health, consumer, report)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _newest_by_namespace(entries: Sequence[LogEntry]) -> dict[str, int]:
+    """Each namespace's newest log position in the batch (dead-lettered records count:
+    they are handled too)."""
+    out: dict[str, int] = {}
+    for entry in entries:
+        namespace = entry.event.record.namespace
+        if entry.position > out.get(namespace, -1):
+            out[namespace] = entry.position
+    return out
 
 
 def _park(messages: Sequence[Undecodable], box: DeadLetterBox | None, consumer: str) -> None:

@@ -184,11 +184,15 @@ class ProjectorLogStatus(BaseModel):
 @dataclass(frozen=True, slots=True)
 class NamespaceLog:
     """One namespace's events on the log: its newest position (0: none), how many are
-    after a given position and when the oldest of those was written."""
+    after a given position and when the oldest of those was written; `applied`: the
+    newest position of its events the projector applied (0: none yet; stored with each
+    batch, `projector_namespace_positions`), `dead_letters`: its records parked."""
 
     high_water: int
     pending: int
     oldest_pending_at: datetime | None
+    applied: int = 0
+    dead_letters: int = 0
 
 
 class Routing(Protocol):

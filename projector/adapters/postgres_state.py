@@ -146,9 +146,12 @@ class PostgresProjectorState:
         changes: Mapping[str, Mapping[str, tuple[int, bool]]],
         *,
         held: Collection[str] = (),
+        namespaces: Mapping[str, int] | None = None,
     ) -> None:
         """Store the new position and each generation's new document revisions; every
-        writable generation but those `held` is applied up to `position`."""
+        writable generation but those `held` is applied up to `position`; each of
+        `namespaces` is applied up to its position (`projector_namespace_positions`,
+        read by server-mode ingest to pace that namespace's writers)."""
         now = datetime.now(UTC)
         with self._transaction("commit projector batch") as cur:
             if self._fence is not None:
@@ -160,6 +163,14 @@ class PostgresProjectorState:
                     "commit_seq = commit_seq + 1, document_count = document_count + %s "
                     "WHERE generation_id = %s",
                     (position, added, generation_id),
+                )
+            if namespaces:
+                cur.executemany(
+                    "INSERT INTO projector_namespace_positions VALUES (%s,%s,%s) "
+                    "ON CONFLICT (namespace) DO UPDATE SET position = GREATEST("
+                    "projector_namespace_positions.position, excluded.position), "
+                    "updated_at = excluded.updated_at",
+                    [(ns, int(pos), now) for ns, pos in sorted(namespaces.items())],
                 )
             cur.execute(
                 "INSERT INTO projector_positions VALUES (%s,%s,%s) ON CONFLICT (consumer) "

@@ -100,6 +100,11 @@ CREATE TABLE IF NOT EXISTS projector_log_status (
     lag_events  INTEGER NOT NULL,
     measured_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS projector_namespace_positions (
+    namespace  TEXT PRIMARY KEY,
+    position   INTEGER NOT NULL,
+    updated_at TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS dead_letters (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
     consumer     TEXT NOT NULL,
@@ -236,9 +241,13 @@ class SqliteProjectorState:
         changes: Mapping[str, Mapping[str, tuple[int, bool]]],
         *,
         held: Collection[str] = (),
+        namespaces: Mapping[str, int] | None = None,
     ) -> None:
         """Store the new position and each generation's new document revisions; every
-        writable generation but those `held` is applied up to `position`."""
+        writable generation but those `held` is applied up to `position`. `namespaces`
+        (namespace -> its newest position in the batch) is kept for keyed readiness
+        (`projector_namespace_positions`); writers are paced on it only on PostgreSQL
+        (the embedded deployment measures each backlog in memory: `contracts.progress`)."""
         held = sorted(held)
         now = datetime.now(UTC).isoformat()
         with self._transaction() as conn:
@@ -256,6 +265,13 @@ class SqliteProjectorState:
                     "(SELECT COUNT(*) FROM generation_documents WHERE generation_id = ? "
                     "AND deleted = 0) WHERE generation_id = ?",
                     (position, generation_id, generation_id),
+                )
+            if namespaces:
+                conn.executemany(
+                    "INSERT INTO projector_namespace_positions VALUES (?,?,?) "
+                    "ON CONFLICT(namespace) DO UPDATE SET position = MAX(position, "
+                    "excluded.position), updated_at = excluded.updated_at",
+                    [(ns, int(pos), now) for ns, pos in sorted(namespaces.items())],
                 )
             conn.execute(
                 "INSERT INTO projector_positions VALUES (?,?,?) ON CONFLICT(consumer) "

@@ -185,13 +185,16 @@ class PostgresRouting:
             "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = %s), "
             "(SELECT COUNT(*) FROM outbox WHERE namespace = %s AND position > %s), "
             "(SELECT created_at FROM outbox WHERE namespace = %s AND position > %s "
-            "ORDER BY position LIMIT 1)",
-            (namespace, namespace, after, namespace, after),
+            "ORDER BY position LIMIT 1), "
+            "(SELECT COALESCE(MAX(position), 0) FROM projector_namespace_positions "
+            "WHERE namespace = %s), "
+            "(SELECT COUNT(*) FROM dead_letters WHERE namespace = %s)",
+            (namespace, namespace, after, namespace, after, namespace, namespace),
         )
         if not rows:
             return NamespaceLog(0, 0, None)
-        high, pending, oldest = rows[0]
-        return NamespaceLog(int(high), int(pending), oldest)
+        high, pending, oldest, applied, dead = rows[0]
+        return NamespaceLog(int(high), int(pending), oldest, int(applied), int(dead))
 
     def log_status(self) -> ProjectorLogStatus | None:
         rows = self._reads.query(

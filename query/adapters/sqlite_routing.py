@@ -190,16 +190,21 @@ class SqliteRouting(_Reader):
             "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = ?), "
             "(SELECT COUNT(*) FROM outbox WHERE namespace = ? AND position > ?), "
             "(SELECT created_at FROM outbox WHERE namespace = ? AND position > ? "
-            "ORDER BY position LIMIT 1)",
-            (namespace, namespace, after, namespace, after),
+            "ORDER BY position LIMIT 1), "
+            "(SELECT COALESCE(MAX(position), 0) FROM projector_namespace_positions "
+            "WHERE namespace = ?), "
+            "(SELECT COUNT(*) FROM dead_letters WHERE namespace = ?)",
+            (namespace, namespace, after, namespace, after, namespace, namespace),
         )
         if not rows:
             return NamespaceLog(0, 0, None)
-        high, pending, oldest = rows[0]
+        high, pending, oldest, applied, dead = rows[0]
         return NamespaceLog(
             int(str(high)),
             int(str(pending)),
             None if oldest is None else datetime.fromisoformat(str(oldest)),
+            int(str(applied)),
+            int(str(dead)),
         )
 
     def log_status(self) -> ProjectorLogStatus | None:

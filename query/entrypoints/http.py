@@ -365,19 +365,28 @@ def readiness_for(
     out = {k: body[k] for k in _TENANT_READINESS if k in body}
     out["log_high_water"] = body["log_high_water"] if own is None else own.high_water
     measured = body.get("projector_log")
+    keyed = measured
     if measured is not None:
-        # Whether the projector's measurement is current, and the namespace's own events
-        # after the projector's position (not its consumer, position or global lag).
-        lag = (
-            measured["lag_events"]
-            if namespace_log is None
-            else namespace_log(namespace, int(measured["position"])).pending
-        )
-        out["projector_log"] = {"current": measured["current"], "lag_events": lag}
+        if namespace_log is None or own is None:
+            keyed = {"current": measured["current"], "lag_events": measured["lag_events"]}
+        else:
+            # The namespace's own view (never its consumer, position or the global lag):
+            # its events after the newest of the projector's applied position for it
+            # (stored with each batch) and the position a measured lag of 0 vouches for.
+            position = int(measured["position"])
+            vouched = position if measured["lag_events"] == 0 else 0
+            after = max(own.applied, vouched)
+            keyed = {
+                "current": bool(measured["current"]) or after >= own.high_water,
+                "lag_events": namespace_log(namespace, after).pending,
+                "dead_letters": own.dead_letters,
+            }
+        out["projector_log"] = keyed
     out["scopes"] = scopes
-    # `ready` still takes the projector's own measurement as it is: on a partitioned log
-    # (Kafka) positions alone cannot vouch that every earlier event was applied.
-    out["ready"] = _is_ready(scopes, measured) and not _failing(body)
+    # Ready on the namespace's own measurement: another tenant's backlog or dead letters
+    # never make this one unready. On Kafka the applied position is the newest of the
+    # namespace's events applied over its topic's partitions.
+    out["ready"] = _is_ready(scopes, keyed) and not _failing(body)
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from contracts.auth import ApiKeyGrant
 from contracts.errors import OrreryError
 from contracts.records import Record
 from ingest.adapters.sqlite_store import SqliteRecordStore
@@ -26,7 +27,7 @@ from orrery.cli import app
 from projector.bootstrap import EmbeddedProjector, embedded_projector
 from projector.service import project_batch
 from query.adapters.sqlite_routing import SqliteRouting
-from query.entrypoints.http import readiness
+from query.entrypoints.http import readiness, readiness_for
 from tests.fakes import FakeHashingEmbedder
 
 GARBAGE = b'{"event_type": "record_changed", "record": {"namespace": 7}}'
@@ -136,3 +137,32 @@ def test_without_a_dead_letter_box_the_batch_fails_and_nothing_commits(stack: St
             step()
     assert stack.projector.state.position("projector") == 0
     assert stack.projector.state.dead_letter_count() == 0
+
+
+def test_keyed_readiness_takes_the_namespaces_own_lag_and_dead_letters(stack: Stack) -> None:
+    """Issue 22: a key's readiness once took the projector's global measurement, so
+    another tenant's unapplied events (or dead letters) made it unready."""
+    other = Record(
+        namespace="other", snapshot_kind="objects", item_id="o", revision=1, text={"title": "o"}
+    )
+    stack.store.write([other])
+    stack.garbage(GARBAGE)  # a dead letter of the projector, not of "other"
+    stack.projector.step()
+    stack.projector.step()
+    stack.store.write([rec("late")])  # "ns" has an event the projector has not applied
+    routing = SqliteRouting(stack.db)
+    body = readiness(routing, None)
+    # Globally: measured before the newest write, so it cannot vouch for it.
+    assert body["ready"] is False and body["projector_log"]["current"] is False
+    assert body["projector_log"]["dead_letters"] == 1
+    mine = readiness_for(body, ApiKeyGrant(namespace="other"), routing.namespace_log)
+    assert mine["ready"] is True, mine
+    assert mine["projector_log"] == {"current": True, "lag_events": 0, "dead_letters": 0}
+    theirs = readiness_for(body, ApiKeyGrant(namespace="ns"), routing.namespace_log)
+    assert theirs["ready"] is False
+    assert theirs["projector_log"]["lag_events"] == 1
+    stack.projector.step()
+    body = readiness(routing, None)
+    theirs = readiness_for(body, ApiKeyGrant(namespace="ns"), routing.namespace_log)
+    assert theirs["ready"] is True, theirs
+    assert theirs["projector_log"]["lag_events"] == 0

@@ -1,5 +1,7 @@
-"""Backpressure per namespace (issue 22), on a real `orrery serve` (embedded: the
-deployment that paces writes against its own projector).
+"""Backpressure per namespace (issue 22), on a real `orrery serve`, in both deployments:
+embedded (paced against its own projector, in memory) and server mode (PostgreSQL +
+Kafka + OpenSearch + Qdrant: paced by the namespace's outbox rows after the projector's
+applied position for it, `ingest.adapters.postgres_backlog`).
 
 Tenant A floods, through every write route (`POST /v1/records`, the KoutenDB import,
 ChonkyDB's bulk write), far faster than the projector applies, with a small backlog
@@ -21,7 +23,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import run_tag
 from tests.e2e.conftest import Server, start_server
+from tests.e2e.test_generations import DEPLOYMENTS
+from tests.e2e.test_servers_http import server_env
 
 pytestmark = [pytest.mark.slow]
 
@@ -44,13 +49,17 @@ def record(namespace: str, item: str, rng: random.Random) -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=DEPLOYMENTS)
+def srv(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     env = {
         "ORRERY_API_KEYS": f"{KEYS[A]}={A},{KEYS[B]}={B}",
         "ORRERY_INGEST_MAX_LAG_EVENTS": str(MAX_LAG),
         "ORRERY_INGEST_BACKLOG_WAIT_SECONDS": "0.5",
     }
+    if request.param == "servers":
+        env.update(server_env(run_tag()))
     server = start_server(tmp_path_factory.mktemp("backpressure") / "data", env=env)
     yield server
     server.stop()
