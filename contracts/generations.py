@@ -23,6 +23,7 @@ from contracts.digests import sha256_json
 
 __all__ = [
     "BuildReceipt",
+    "CopyEvidence",
     "CoverageFallback",
     "EngineEvidence",
     "EvidenceCheck",
@@ -215,6 +216,21 @@ class LivePointer(BaseModel):
     switched_at: datetime
 
 
+class CopyEvidence(BaseModel):
+    """One copy of one shard read back and compared with the registry's pairs of that
+    shard (`contracts.shards.shard_of`) at the check's position. `eligible`: it holds
+    exactly those pairs; `reason` says how it differs (or that it could not be read)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shard: int
+    copy_index: int
+    key: str
+    eligible: bool
+    document_count: int = 0
+    reason: str = ""
+
+
 class EngineEvidence(BaseModel):
     """One engine's read-back of a generation compared with the expected document set.
 
@@ -236,6 +252,10 @@ class EngineEvidence(BaseModel):
     missing: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
     stale: tuple[str, ...] = ()
+    # Per copy of each shard (engines that address copies; empty for one copy): the
+    # engine matches when every shard has an eligible copy, and `document_count` and
+    # `id_set_digest` then describe one eligible copy of each shard.
+    copies: tuple[CopyEvidence, ...] = ()
 
 
 class EvidenceCheck(BaseModel):

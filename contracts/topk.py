@@ -231,6 +231,11 @@ class QueryPlan(BaseModel):
         "`qdrant_edge_query`); the rest of `latency_ms.total` is Orrery's own work. "
         "Empty for a response-cache hit.",
     )
+    shards: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Per source of a spread generation: shards searched, the cap asked of "
+        "each, copies searched and copies bypassed with the reason. Empty for one shard.",
+    )
     generation_id: str
     applied_position: int
     profile: str

@@ -215,6 +215,10 @@ def query_routers(
     ports (ring statistics, profiles and kept envelopes next to the registry)."""
     routing = cast(RegistryRouting, ports.routing)
     gate = eligibility_gate(settings, admin, routing)
+    use_copy_verdicts = getattr(ports.vectors, "use_copy_verdicts", None)
+    if use_copy_verdicts is not None:
+        # The Qdrant server layout searches only copies whose read-back matched.
+        use_copy_verdicts(lambda generation_id: gate.copy_verdicts(generation_id, "qdrant"))
     gated = dataclasses.replace(
         ports,
         lexical=ReportingLexicalSearch(ports.lexical, gate),

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, cast
 
 from contracts.admin import (
     BuildProgress,
@@ -48,6 +48,7 @@ from contracts.events import LogEntry
 from contracts.faults import crash_point
 from contracts.generations import (
     BuildReceipt,
+    CopyEvidence,
     EngineEvidence,
     EvidenceCheck,
     GenerationDescriptor,
@@ -66,6 +67,7 @@ from contracts.qualification import (
     receipt_failures,
 )
 from contracts.records import Record
+from contracts.shards import shard_of
 from projector.model import (
     diff_pairs,
     engine_evidence,
@@ -78,6 +80,8 @@ from projector.model import (
 from projector.ports import (
     AliasMirror,
     CanonicalSnapshot,
+    CopyRead,
+    CopyReadback,
     EngineReadback,
     EventLog,
     EvidenceLog,
@@ -415,6 +419,11 @@ def build_shape(request: BuildRequest, ports: GenerationPorts) -> tuple[int, int
 # -- evidence -------------------------------------------------------------------------------
 
 
+# One engine's read-back: its pairs, and each copy's for engines that address copies
+# (then the pairs are empty).
+Observed = tuple[list[tuple[str, int]], list[CopyRead] | None]
+
+
 def _read_evidence(
     generation_id: str, ports: GenerationPorts, progress: Progress, pace: Pace = no_pace
 ) -> tuple[RegistrySnapshot, str, list[EngineEvidence], str]:
@@ -439,26 +448,37 @@ def _read_evidence(
 
     def read(
         pace: Pace = no_pace,
-    ) -> tuple[RegistrySnapshot, list[tuple[str, list[tuple[str, int]]]]]:
+    ) -> tuple[RegistrySnapshot, list[tuple[str, Observed]]]:
         registry = ports.contents.registry_pairs(generation_id)
         before[:] = [registry]
         progress("registry", len(registry.pairs), len(registry.pairs))
-        observed = []
+        observed: list[tuple[str, Observed]] = []
         for engine, readback in readbacks:
             pace()
+            if _copies_of(readback, generation_id):
+                copies = cast(CopyReadback, readback).copy_pairs(generation_id, pace=pace)
+                read_count = sum(len(c.pairs or ()) for c in copies)
+                progress(engine, read_count, len(registry.pairs))
+                observed.append((engine, ([], copies)))
+                continue
             pairs = readback.stored_pairs(generation_id, pace=pace)
             progress(engine, len(pairs), len(registry.pairs))
-            observed.append((engine, pairs))
+            observed.append((engine, (pairs, None)))
         return registry, observed
 
     def compare(
-        registry: RegistrySnapshot, observed: list[tuple[str, list[tuple[str, int]]]]
+        registry: RegistrySnapshot,
+        observed: list[tuple[str, Observed]],
     ) -> tuple[str, list[EngineEvidence]]:
         digest = id_set_digest(registry.pairs.items())
-        return digest, [
-            engine_evidence(e, diff_pairs(registry.pairs, p, expected_digest=digest))
-            for e, p in observed
-        ]
+        out = []
+        for engine, (pairs, copies) in observed:
+            if copies is not None:
+                out.append(copy_evidence(engine, registry.pairs, copies))
+            else:
+                diff = diff_pairs(registry.pairs, pairs, expected_digest=digest)
+                out.append(engine_evidence(engine, diff))
+        return digest, out
 
     try:
         registry, observed = read(pace)
@@ -475,6 +495,62 @@ def _read_evidence(
         registry = before[0] if before else ports.contents.registry_pairs(generation_id)
         digest = id_set_digest(registry.pairs.items())
         return registry, digest, [], f"cannot read the generation back: {exc.message}"
+
+
+def _copies_of(readback: EngineReadback, generation_id: str) -> bool:
+    """Whether `readback` addresses the generation's copies one by one (more than one)."""
+    layout = getattr(readback, "copy_layout", None)
+    return layout is not None and tuple(layout(generation_id)) != (1, 1)
+
+
+def copy_evidence(
+    engine: str, expected: Mapping[str, int], copies: Sequence[CopyRead]
+) -> EngineEvidence:
+    """An engine's evidence from its copies: each copy compared with the registry's pairs
+    of its shard (`shard_of`); the engine matches when every shard has an eligible copy,
+    and its count and digest are then those of one eligible copy per shard (the first)."""
+    shards = 1 + max(c.shard for c in copies)
+    by_shard: list[dict[str, int]] = [{} for _ in range(shards)]
+    for document_id, revision in expected.items():
+        by_shard[shard_of(document_id, shards)][document_id] = revision
+    judged: list[CopyEvidence] = []
+    chosen: dict[int, list[tuple[str, int]]] = {}
+    covered: set[int] = set()
+    for copy in sorted(copies, key=lambda c: (c.shard, c.copy_index)):
+        if copy.pairs is None:
+            judged.append(
+                CopyEvidence(
+                    shard=copy.shard,
+                    copy_index=copy.copy_index,
+                    key=copy.key,
+                    eligible=False,
+                    reason=f"cannot be read: {copy.error}",
+                )
+            )
+            continue
+        diff = diff_pairs(by_shard[copy.shard], copy.pairs)
+        reason = "" if diff.matches else mismatch_reason([engine_evidence(copy.key, diff)])
+        judged.append(
+            CopyEvidence(
+                shard=copy.shard,
+                copy_index=copy.copy_index,
+                key=copy.key,
+                eligible=diff.matches,
+                document_count=diff.count,
+                reason=reason,
+            )
+        )
+        if diff.matches and copy.shard not in covered:
+            chosen[copy.shard] = copy.pairs
+            covered.add(copy.shard)
+        elif copy.shard not in chosen:
+            chosen[copy.shard] = copy.pairs
+    merged = [pair for shard in sorted(chosen) for pair in chosen[shard]]
+    overall = engine_evidence(engine, diff_pairs(expected, merged))
+    uncovered = [s for s in range(shards) if s not in covered]
+    return overall.model_copy(
+        update={"matches": overall.matches and not uncovered, "copies": tuple(judged)}
+    )
 
 
 def check_evidence(

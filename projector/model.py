@@ -302,6 +302,9 @@ def mismatch_reason(evidence: Sequence[EngineEvidence]) -> str:
             )
             if n
         ]
+        shards = {c.shard for c in item.copies}
+        uncovered = sorted(shards - {c.shard for c in item.copies if c.eligible})
+        what += [f"shard {s} has no eligible copy" for s in uncovered]
         parts.append(f"{item.engine}: {', '.join(what)}")
     return "; ".join(parts)
 

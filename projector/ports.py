@@ -22,6 +22,8 @@ from contracts.records import Record
 __all__ = [
     "AliasMirror",
     "CanonicalSnapshot",
+    "CopyRead",
+    "CopyReadback",
     "DeadLetter",
     "DeadLetterBox",
     "EngineReadback",
@@ -333,6 +335,32 @@ class EngineReadback(Protocol):
     def stored_pairs(
         self, generation_id: str, *, pace: Pace = no_pace
     ) -> list[tuple[str, int]]: ...
+
+
+@dataclass(frozen=True)
+class CopyRead:
+    """What one copy of one shard holds: its pairs, or None and why it could not be read."""
+
+    shard: int
+    copy_index: int
+    key: str
+    pairs: list[tuple[str, int]] | None
+    error: str = ""
+
+
+class CopyReadback(Protocol):
+    """An engine whose shard copies are each addressable (the Qdrant server layout).
+
+    Guarantees: `copy_layout` is the generation's `(shards, copies per shard)`, `(1, 1)`
+    when it keeps one copy; `copy_pairs` reads every copy by itself (never through a
+    merge of copies), each pair from the engine; a copy that cannot be read is returned
+    with `pairs=None` and the error, never raised, so the others still count. Documents
+    are placed by `contracts.shards.shard_of`.
+    """
+
+    def copy_layout(self, generation_id: str) -> tuple[int, int]: ...
+
+    def copy_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[CopyRead]: ...
 
 
 class AliasMirror(Protocol):

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from contracts.errors import ErrorCode, OrreryError
-from contracts.generations import CoverageFallback, EvidenceCheck
+from contracts.generations import CopyEvidence, CoverageFallback, EvidenceCheck
 from contracts.index import Candidate, SearchFilter
 from contracts.pacing import DutyCycle, Pace, no_pace
 from query.ports import EvidenceSource, LexicalSearch, Route, Routing, VectorSearch
@@ -88,6 +88,8 @@ class Verdict:
     applied_position: int
     commit_seq: int
     state: str = ""
+    # Per copy of each shard, for engines that address copies (`EngineEvidence.copies`).
+    copies: tuple[tuple[str, CopyEvidence], ...] = ()
 
     @classmethod
     def of(cls, check: EvidenceCheck, facts: tuple[str, int] | None = None) -> Verdict:
@@ -100,7 +102,14 @@ class Verdict:
             applied_position=check.applied_position,
             commit_seq=commit_seq,
             state=state,
+            copies=tuple((e.engine, c) for e in check.engines for c in e.copies),
         )
+
+    def uncovered_shards(self) -> list[int]:
+        """Shards of an engine that addresses copies with no eligible copy."""
+        shards = {(e, c.shard) for e, c in self.copies}
+        covered = {(e, c.shard) for e, c in self.copies if c.eligible}
+        return sorted({shard for _, shard in shards - covered})
 
     def speaks_for(self, state: str, commit_seq: int) -> bool:
         return self.state == state and self.commit_seq == commit_seq
@@ -116,13 +125,26 @@ class Verdict:
         return "soon" if age >= _NEGATIVE_RECHECK_SECONDS else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "eligible": self.eligible,
             "checked_at": self.checked_at.isoformat(),
             "reason": self.reason,
             "checked_position": self.applied_position,
             "checked_commit_seq": self.commit_seq,
         }
+        if self.copies:
+            out["copies"] = [
+                {
+                    "engine": engine,
+                    "shard": c.shard,
+                    "copy": c.copy_index,
+                    "key": c.key,
+                    "eligible": c.eligible,
+                    "reason": c.reason,
+                }
+                for engine, c in self.copies
+            ]
+        return out
 
 
 class EligibilityGate:
@@ -189,12 +211,14 @@ class EligibilityGate:
                             )
                         }
                     )
+        uncovered = verdict.uncovered_shards()
         raise OrreryError(
             ErrorCode.COVERAGE_UNAVAILABLE,
             f"no eligible generation covers scope {scope_ref!r} of namespace "
             f"{route.namespace!r}: generation {route.generation_id} is not eligible "
             f"({verdict.reason})",
             {
+                **({"shard": uncovered[0]} if uncovered else {}),
                 "namespace": route.namespace,
                 "scope_ref": scope_ref,
                 "snapshot_kind": route.snapshot_kind,
@@ -240,6 +264,16 @@ class EligibilityGate:
         if verdict is not None:
             return verdict
         return self._check_now(generation_id, wait=self._first_wait, facts=facts)
+
+    def copy_verdicts(self, generation_id: str, engine: str) -> dict[str, bool] | None:
+        """Whether each copy of `engine`'s shards is eligible, by the latest verdict
+        (None: no verdict, or the engine keeps one copy)."""
+        with self._lock:
+            verdict = self._verdicts.get(generation_id)
+        if verdict is None:
+            return None
+        found = {c.key: c.eligible for e, c in verdict.copies if e == engine}
+        return found or None
 
     def suspect(self, generation_id: str) -> None:
         """An engine failed for this generation: re-check it soon (not on this thread)."""

@@ -22,6 +22,7 @@ from contracts.phrases import PhrasePlan, PhrasePlanReport
 from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
 from contracts.request_context import current as current_request
 from contracts.request_context import note_namespace
+from contracts.shards import shard_report
 from contracts.timing import engine_clock
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
@@ -219,6 +220,7 @@ class _Stopwatch:
         self.plan: dict[str, Any] = {}
         # Milliseconds inside engine library calls (`contracts.timing`), by engine.
         self.engine_ms: dict[str, float] = {}
+        self.shards: dict[str, dict[str, Any]] = {}
         self._mark = self.start
 
     def lap(self, stage: str) -> None:
@@ -568,7 +570,7 @@ def _rank(
     if cache_probe is not None and cache_probe(q.route, q.profile, watch, _cache_extra(q)):
         ranked.cached = True
         return ranked
-    with engine_clock() as watch.engine_ms:
+    with engine_clock() as watch.engine_ms, shard_report() as watch.shards:
         sources = _search_sources(q, ports, watch)
         _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=ask.report_plan)
     watch.lap("rerank")
@@ -919,6 +921,7 @@ def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPl
         reranked_count=len(ranked.fused),
         latency_ms=ranked.watch.latency(),
         engine_ms={k: round(v, 3) for k, v in sorted(ranked.watch.engine_ms.items())},
+        shards=dict(sorted(ranked.watch.shards.items())),
         generation_id=ranked.route.generation_id,
         applied_position=ranked.route.applied_position,
         profile=ranked.profile.id,

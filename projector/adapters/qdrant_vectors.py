@@ -24,6 +24,19 @@ again. Orrery avoids concurrent writers per document (the log is keyed by docume
 so one projector owns a document at a time); this adapter also serializes its own
 `apply` calls per generation.
 
+Spread generations (`shards` > 1 or `replicas` > 0) on a Qdrant *cluster* keep one
+custom shard key per copy: `s{shard}c{copy}` (`contracts.shards.copy_key`), each a
+one-replica shard placed on peer `(shard + copy) mod P` of the peers sorted by id, so a
+shard's copies sit on distinct peers. A document goes to shard
+`contracts.shards.shard_of(document_id, shards)` and is written to every copy of it in
+the same `batch_update_points` with the same guards. Each copy is therefore read back
+(`copy_pairs`, a scroll by its key) and searched by itself: per-copy evidence is real,
+not a replica Qdrant picks. The collection's metadata records the layout
+(`orrery_shards`, `orrery_copies`). Writes need every copy's peer up (the batch fails
+and the projector retries). A standalone server refuses custom shard keys ("Distributed
+mode disabled"): there a spread generation uses Qdrant's automatic sharding and counts
+as one copy for evidence.
+
 Aliases: `mirror_alias` points a native alias at a generation with one atomic
 `update_collection_aliases` (delete + create). Orrery's live pointer is its own routing
 record; the alias is a mirror for outside readers.
@@ -52,6 +65,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
 from contracts.index_fields import DOCUMENT_ID, REVISION
 from contracts.pacing import Pace, no_pace
+from contracts.shards import copy_key, shard_of
 from contracts.vector_payload import (
     GRAPH_FIELDS,
     PAYLOAD_INDEXES,
@@ -64,7 +78,7 @@ from contracts.vector_payload import (
     payload_of,
     point_id,
 )
-from projector.ports import IndexEvidence
+from projector.ports import CopyRead, IndexEvidence
 
 __all__ = ["DEPENDENCY", "QdrantServerVectorIndex", "open_qdrant_client"]
 
@@ -72,6 +86,9 @@ _log = logging.getLogger(__name__)
 
 DEPENDENCY = "qdrant"
 _SCROLL_PAGE = 1_000
+# Collection metadata of a spread generation: its shard count and copies per shard.
+_SHARDS_META = "orrery_shards"
+_COPIES_META = "orrery_copies"
 # Collection and alias names: what Qdrant accepts, kept to a portable subset.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
@@ -151,6 +168,7 @@ class QdrantServerVectorIndex:
         self._prefix = collection_prefix
         self._lock = threading.Lock()
         self._dimensions: dict[str, int] = {}
+        self._layouts: dict[str, tuple[int, int]] = {}
         self._write_locks: dict[str, threading.Lock] = {}
         self._closed = False
 
@@ -179,7 +197,21 @@ class QdrantServerVectorIndex:
                         {"generation_id": generation_id, "alias": name},
                     )
             info = self._info(name)
+            peers = self._peers() if (shards, replicas) != (1, 0) and info is None else []
             if info is None:
+                layout: dict[str, Any] = {
+                    "shard_number": shards,
+                    "replication_factor": replicas + 1,
+                }
+                if peers:
+                    # One shard key per copy (see the module docstring): each copy is
+                    # written, read back and searched by itself.
+                    layout = {
+                        "sharding_method": models.ShardingMethod.CUSTOM,
+                        "shard_number": 1,
+                        "replication_factor": 1,
+                        "metadata": {_SHARDS_META: shards, _COPIES_META: replicas + 1},
+                    }
                 try:
                     self._client.create_collection(
                         name,
@@ -188,8 +220,7 @@ class QdrantServerVectorIndex:
                                 size=dimension, distance=models.Distance.COSINE
                             )
                         },
-                        shard_number=shards,
-                        replication_factor=replicas + 1,
+                        **layout,
                     )
                 except _DRIVER_ERRORS as error:
                     if "already exists" not in str(error):
@@ -203,6 +234,10 @@ class QdrantServerVectorIndex:
                     f"generation {generation_id!r} holds {present}-d vectors",
                     {"expected": present, "got": dimension},
                 )
+            if info is not None and _layout_of(info) != (1, 1):
+                peers = self._peers()
+            if peers:
+                self._create_copies(name, shards, replicas + 1, peers)
             indexed = set(info.payload_schema) if info is not None else set()
             self._create_payload_indexes(name, indexed)
         with self._lock:
@@ -232,18 +267,30 @@ class QdrantServerVectorIndex:
         if not newest and not delete_at:
             return
         with self._write_lock(generation_id):
+            shards, copies = self.copy_layout(generation_id)
             with _translated(f"read revisions of {generation_id}", generation_id):
-                present = self._present_revisions(name, list(newest))
+                present = self._present_revisions(name, list(newest), _all_keys(shards, copies))
             writes: dict[uuid.UUID, IndexDocument] = {}
             for pid, document in newest.items():
                 stale = present.get(pid, document.revision) > document.revision
                 deleted_in_call = delete_at.get(pid, document.revision - 1) >= document.revision
                 if not stale and not deleted_in_call:
                     writes[pid] = document
-            operations: list[models.UpdateOperation] = [
-                *_upsert_operations(writes),
-                *_delete_operations(delete_at),
-            ]
+            operations: list[models.UpdateOperation] = []
+            if (shards, copies) == (1, 1):
+                operations += [*_upsert_operations(writes), *_delete_operations(delete_at)]
+            else:
+                # Every copy of a document's shard gets the same guarded operations: a
+                # re-applied batch (after a crash) converges on every copy alike.
+                routes = {pid: shard_of(d.document_id, shards) for pid, d in newest.items()}
+                routes.update({point_id(d): shard_of(d, shards) for d, _ in deletes})
+                for shard in range(shards):
+                    mine = {p: d for p, d in writes.items() if routes[p] == shard}
+                    gone = {p: r for p, r in delete_at.items() if routes[p] == shard}
+                    for copy in range(copies):
+                        key = copy_key(shard, copy)
+                        operations += _upsert_operations(mine, key)
+                        operations += _delete_operations(gone, key)
             if not operations:
                 return
             with _translated(f"apply to {generation_id}", generation_id):
@@ -256,7 +303,52 @@ class QdrantServerVectorIndex:
 
     def stored_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[tuple[str, int]]:
         """Every `(document_id, revision)` the collection holds, from a full scroll
-        (`pace` between pages)."""
+        (`pace` between pages); of a spread generation, copy 0 of every shard (each
+        copy by itself: `copy_pairs`)."""
+        shards, copies = self.copy_layout(generation_id)
+        if (shards, copies) == (1, 1):
+            return self._scroll_pairs(generation_id, None, pace)
+        pairs: list[tuple[str, int]] = []
+        for shard in range(shards):
+            pairs += self._scroll_pairs(generation_id, copy_key(shard, 0), pace)
+        return pairs
+
+    def copy_layout(self, generation_id: str) -> tuple[int, int]:
+        """`(shards, copies per shard)` of the generation: `(1, 1)` for one collection
+        of Qdrant's own sharding, else what its metadata records (immutable, cached)."""
+        with self._lock:
+            known = self._layouts.get(generation_id)
+        if known is not None:
+            return known
+        self._check_open()
+        with _translated(f"read {generation_id}", generation_id):
+            info = self._info(self.collection_name(generation_id))
+        if info is None:
+            raise _not_found(generation_id)
+        layout = _layout_of(info)
+        with self._lock:
+            self._layouts[generation_id] = layout
+        return layout
+
+    def copy_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[CopyRead]:
+        """Every copy of every shard read by itself (a scroll with its shard key); a copy
+        that cannot be read comes back with `pairs=None` and the error."""
+        shards, copies = self.copy_layout(generation_id)
+        out: list[CopyRead] = []
+        for shard in range(shards):
+            for copy in range(copies):
+                key = copy_key(shard, copy) if (shards, copies) != (1, 1) else None
+                try:
+                    pairs = self._scroll_pairs(generation_id, key, pace)
+                except DependencyUnavailable as error:
+                    out.append(CopyRead(shard, copy, key or "", None, error.message[:300]))
+                    continue
+                out.append(CopyRead(shard, copy, key or "", pairs))
+        return out
+
+    def _scroll_pairs(
+        self, generation_id: str, key: str | None, pace: Pace
+    ) -> list[tuple[str, int]]:
         name = self.collection_name(generation_id)
         self._check_open()
         pairs: list[tuple[str, int]] = []
@@ -269,6 +361,7 @@ class QdrantServerVectorIndex:
                     offset=offset,
                     with_payload=[DOCUMENT_ID, REVISION],
                     with_vectors=False,
+                    shard_key_selector=key,
                 )
             for record in records:
                 payload = record.payload or {}
@@ -285,6 +378,7 @@ class QdrantServerVectorIndex:
         self._check_open()
         with self._lock:
             self._dimensions.pop(generation_id, None)
+            self._layouts.pop(generation_id, None)
         with _translated(f"drop {generation_id}"):
             try:
                 self._client.delete_collection(name)
@@ -405,15 +499,52 @@ class QdrantServerVectorIndex:
                     warnings.simplefilter("ignore", UserWarning)
                 self._client.create_payload_index(name, field, field_schema=schema, wait=True)
 
-    def _present_revisions(self, name: str, pids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    def _present_revisions(
+        self, name: str, pids: list[uuid.UUID], keys: list[str] | None
+    ) -> dict[uuid.UUID, int]:
+        """The newest revision any copy holds of each point (`keys`: every copy)."""
         if not pids:
             return {}
         records = self._client.retrieve(
-            name, [str(pid) for pid in pids], with_payload=[REVISION], with_vectors=False
+            name,
+            [str(pid) for pid in pids],
+            with_payload=[REVISION],
+            with_vectors=False,
+            shard_key_selector=cast(Any, keys),
         )
-        return {
-            uuid.UUID(str(record.id)): int((record.payload or {})[REVISION]) for record in records
-        }
+        present: dict[uuid.UUID, int] = {}
+        for record in records:
+            pid = uuid.UUID(str(record.id))
+            revision = int((record.payload or {})[REVISION])
+            present[pid] = max(revision, present.get(pid, revision))
+        return present
+
+    def _peers(self) -> list[int]:
+        """The cluster's peer ids, sorted; [] without a cluster (or in local mode)."""
+        if self._local:
+            return []
+        status = self._client.http.distributed_api.cluster_status().result
+        return sorted(int(p) for p in (getattr(status, "peers", None) or {}))
+
+    def _create_copies(self, name: str, shards: int, copies: int, peers: list[int]) -> None:
+        """One shard key per copy, copy c of shard s on peer (s + c) mod P of the peers
+        sorted by id: the copies of a shard on distinct peers. Keys present already are
+        kept."""
+        if copies > len(peers):
+            raise OrreryError(
+                ErrorCode.INVALID_REQUEST,
+                f"{copies} copies of a shard need {copies} Qdrant peers, the cluster has "
+                f"{len(peers)}",
+                {"copies": copies, "peers": len(peers)},
+            )
+        for shard in range(shards):
+            for copy in range(copies):
+                placement = [peers[(shard + copy) % len(peers)]] if peers else None
+                try:
+                    self._client.create_shard_key(name, copy_key(shard, copy), placement=placement)
+                except _DRIVER_ERRORS as error:
+                    if "already exists" not in str(error):
+                        raise
 
 
 def open_qdrant_client(*, url: str | None = None, path: str | None = None) -> QdrantClient:
@@ -500,7 +631,22 @@ def _revision_at_most(revision: int) -> models.FieldCondition:
     return models.FieldCondition(key=REVISION, range=models.Range(lte=revision))
 
 
-def _upsert_operations(writes: Mapping[uuid.UUID, IndexDocument]) -> list[models.UpsertOperation]:
+def _layout_of(info: models.CollectionInfo) -> tuple[int, int]:
+    metadata = info.config.metadata or {}
+    if _SHARDS_META not in metadata:
+        return (1, 1)
+    return (int(metadata[_SHARDS_META]), int(metadata[_COPIES_META]))
+
+
+def _all_keys(shards: int, copies: int) -> list[str] | None:
+    if (shards, copies) == (1, 1):
+        return None
+    return [copy_key(s, c) for s in range(shards) for c in range(copies)]
+
+
+def _upsert_operations(
+    writes: Mapping[uuid.UUID, IndexDocument], key: str | None = None
+) -> list[models.UpsertOperation]:
     """One conditional upsert per distinct revision: replaces only older-or-equal points."""
     by_revision: dict[int, list[models.PointStruct]] = defaultdict(list)
     for pid, document in writes.items():
@@ -515,14 +661,18 @@ def _upsert_operations(writes: Mapping[uuid.UUID, IndexDocument]) -> list[models
     return [
         models.UpsertOperation(
             upsert=models.PointsList(
-                points=points, update_filter=models.Filter(must=[_revision_at_most(revision)])
+                points=points,
+                update_filter=models.Filter(must=[_revision_at_most(revision)]),
+                shard_key=key,
             )
         )
         for revision, points in sorted(by_revision.items())
     ]
 
 
-def _delete_operations(delete_at: Mapping[uuid.UUID, int]) -> list[models.DeleteOperation]:
+def _delete_operations(
+    delete_at: Mapping[uuid.UUID, int], key: str | None = None
+) -> list[models.DeleteOperation]:
     """One filtered delete per distinct revision: removes only older-or-equal points."""
     by_revision: dict[int, list[models.ExtendedPointId]] = defaultdict(list)
     for pid, revision in delete_at.items():
@@ -532,7 +682,8 @@ def _delete_operations(delete_at: Mapping[uuid.UUID, int]) -> list[models.Delete
             delete=models.FilterSelector(
                 filter=models.Filter(
                     must=[models.HasIdCondition(has_id=pids), _revision_at_most(revision)]
-                )
+                ),
+                shard_key=key,
             )
         )
         for revision, pids in sorted(by_revision.items())

@@ -13,7 +13,10 @@ there (qdrant-client would warn on every process's first query).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from qdrant_client import QdrantClient, models
 from qdrant_client.common.client_exceptions import QdrantException
@@ -32,6 +35,7 @@ from contracts.index_fields import (
     VISIBILITY,
     hidden_term,
 )
+from contracts.shards import copy_key, report_shards
 from contracts.vector_payload import (
     RETURNED_FIELDS,
     VECTOR_NAME,
@@ -52,6 +56,15 @@ DEPENDENCY = "qdrant"
 # HTTP answers and transport failures (it wraps httpx's), `QdrantException` for rate
 # limits, and in local mode plain `ValueError` / `RuntimeError` / `KeyError` / `OSError`.
 _DRIVER_ERRORS = (ApiException, QdrantException, ValueError, RuntimeError, KeyError, OSError)
+# A copy that failed a search is skipped for this long before it is tried again.
+_DOWN_SECONDS = 10.0
+# Collection metadata of a spread generation (written by the projector's adapter).
+_SHARDS_META = "orrery_shards"
+_COPIES_META = "orrery_copies"
+
+# What the eligibility gate knows of a generation's copies: key -> eligible (None: no
+# per-copy verdict yet, every copy is a candidate).
+CopyVerdicts = Callable[[str], Mapping[str, bool] | None]
 
 
 class QdrantServerVectorSearch:
@@ -92,6 +105,15 @@ class QdrantServerVectorSearch:
         self._local = options.get("location") == ":memory:" or options.get("path") is not None
         self._prefix = collection_prefix
         self._hnsw_ef = hnsw_ef
+        self._copy_verdicts: CopyVerdicts = lambda _generation_id: None
+        self._lock = threading.Lock()
+        self._layouts: dict[str, tuple[int, int]] = {}
+        self._down: dict[tuple[str, str], float] = {}
+
+    def use_copy_verdicts(self, verdicts: CopyVerdicts) -> None:
+        """Take per-copy eligibility from `verdicts` (the eligibility gate's evidence):
+        a copy whose read-back did not match the registry is never searched."""
+        self._copy_verdicts = verdicts
 
     def search(
         self,
@@ -106,7 +128,11 @@ class QdrantServerVectorSearch:
             return []
         check_generation_id(generation_id)
         collection = f"{self._prefix}-{generation_id}"
-        points = self._top(collection, generation_id, query_vector, engine_filter, limit)
+
+        def run(keys: list[str] | None) -> list[models.ScoredPoint]:
+            return self._top(collection, generation_id, query_vector, engine_filter, limit, keys)
+
+        points = self._over_copies(collection, generation_id, limit, run)
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
 
     def scores(
@@ -121,20 +147,122 @@ class QdrantServerVectorSearch:
             return {}
         check_generation_id(generation_id)
         collection = f"{self._prefix}-{generation_id}"
+
+        def run(keys: list[str] | None) -> list[models.ScoredPoint]:
+            try:
+                response = self._client.query_points(
+                    collection,
+                    query=query_vector,
+                    using=VECTOR_NAME,
+                    query_filter=engine_filter,
+                    limit=size,
+                    with_payload=[DOCUMENT_ID],
+                    with_vectors=False,
+                    search_params=None if self._local else models.SearchParams(exact=True),
+                    shard_key_selector=cast(Any, keys),
+                )
+            except _DRIVER_ERRORS as error:
+                raise self._diagnose(error, collection, generation_id, len(query_vector)) from error
+            return response.points
+
+        points = self._over_copies(collection, generation_id, size, run, report=False)
+        return {str((p.payload or {})[DOCUMENT_ID]): cosine_score(p.score) for p in points}
+
+    # -- copies ------------------------------------------------------------------------
+
+    def _layout(self, collection: str, generation_id: str) -> tuple[int, int]:
+        """`(shards, copies per shard)`: `(1, 1)` unless the collection's metadata says it
+        keeps one shard key per copy (immutable per generation, so cached)."""
+        with self._lock:
+            known = self._layouts.get(generation_id)
+        if known is not None:
+            return known
+        if self._local:
+            return (1, 1)
         try:
-            response = self._client.query_points(
-                collection,
-                query=query_vector,
-                using=VECTOR_NAME,
-                query_filter=engine_filter,
-                limit=size,
-                with_payload=[DOCUMENT_ID],
-                with_vectors=False,
-                search_params=None if self._local else models.SearchParams(exact=True),
-            )
+            metadata = self._client.get_collection(collection).config.metadata or {}
         except _DRIVER_ERRORS as error:
-            raise self._diagnose(error, collection, generation_id, len(query_vector)) from error
-        return {str((p.payload or {})[DOCUMENT_ID]): cosine_score(p.score) for p in response.points}
+            raise self._diagnose(error, collection, generation_id, 0) from error
+        layout = (
+            (int(metadata[_SHARDS_META]), int(metadata[_COPIES_META]))
+            if _SHARDS_META in metadata
+            else (1, 1)
+        )
+        with self._lock:
+            self._layouts[generation_id] = layout
+        return layout
+
+    def _over_copies(
+        self,
+        collection: str,
+        generation_id: str,
+        cap: int,
+        run: Callable[[list[str] | None], list[models.ScoredPoint]],
+        *,
+        report: bool = True,
+    ) -> list[models.ScoredPoint]:
+        """`run` over one eligible copy of every shard (Qdrant merges their exact
+        scores into one global top-k); a copy that fails is probed, set aside for
+        `_DOWN_SECONDS`, and its shard's next eligible copy taken. A shard left with no
+        eligible copy is `COVERAGE_UNAVAILABLE` naming it — never fewer results."""
+        shards, copies = self._layout(collection, generation_id)
+        if (shards, copies) == (1, 1):
+            return run(None)
+        verdicts = self._copy_verdicts(generation_id) or {}
+        bypassed: dict[str, str] = {}
+        for shard in range(shards):
+            for copy in range(copies):
+                key = copy_key(shard, copy)
+                if verdicts.get(key, True) is False:
+                    bypassed[key] = "ineligible: its read-back did not match the registry"
+        for _attempt in range(copies + 1):
+            now = time.monotonic()
+            with self._lock:
+                for (generation, key), until in list(self._down.items()):
+                    if until <= now:
+                        del self._down[(generation, key)]
+                    elif generation == generation_id:
+                        bypassed.setdefault(key, "unavailable: a search on it failed")
+            chosen: list[str] = []
+            for shard in range(shards):
+                keys = [copy_key(shard, c) for c in range(copies)]
+                usable = [k for k in keys if k not in bypassed]
+                if not usable:
+                    raise _shard_uncovered(generation_id, shard, {k: bypassed[k] for k in keys})
+                chosen.append(usable[0])
+            try:
+                points = run(chosen)
+            except DependencyUnavailable:
+                failing = self._probe(collection, chosen)
+                if not failing:
+                    raise
+                with self._lock:
+                    for key in failing:
+                        self._down[(generation_id, key)] = time.monotonic() + _DOWN_SECONDS
+                continue
+            if report:
+                report_shards(
+                    "vector",
+                    {
+                        "shards": shards,
+                        "copies": copies,
+                        "cap": cap,
+                        "searched": chosen,
+                        "bypassed": [{"copy": k, "reason": r} for k, r in sorted(bypassed.items())],
+                    },
+                )
+            return points
+        raise DependencyUnavailable(DEPENDENCY, f"query {generation_id}: copies keep failing")
+
+    def _probe(self, collection: str, keys: list[str]) -> list[str]:
+        """The copies among `keys` that do not answer a count by themselves."""
+        failing = []
+        for key in keys:
+            try:
+                self._client.count(collection, exact=False, shard_key_selector=key)
+            except _DRIVER_ERRORS:
+                failing.append(key)
+        return failing
 
     def close(self) -> None:
         """Close the client (shared with a projector index in local mode: close once)."""
@@ -147,6 +275,7 @@ class QdrantServerVectorSearch:
         vector: list[float],
         engine_filter: models.Filter | None,
         limit: int,
+        keys: list[str] | None = None,
     ) -> list[models.ScoredPoint]:
         """The best points, including every point tied with the `limit`-th one.
 
@@ -170,6 +299,7 @@ class QdrantServerVectorSearch:
                     with_payload=list(RETURNED_FIELDS),
                     with_vectors=False,
                     search_params=params,
+                    shard_key_selector=cast(Any, keys),
                 )
             except _DRIVER_ERRORS as error:
                 raise self._diagnose(error, collection, generation_id, len(vector)) from error
@@ -256,6 +386,15 @@ _HIDDEN = models.FieldCondition(key=FACETS, match=models.MatchValue(value=hidden
 
 def _any_of(field: str, values: list[str]) -> models.FieldCondition:
     return models.FieldCondition(key=field, match=models.MatchAny(any=values))
+
+
+def _shard_uncovered(generation_id: str, shard: int, why: Mapping[str, str]) -> OrreryError:
+    return OrreryError(
+        ErrorCode.COVERAGE_UNAVAILABLE,
+        f"shard {shard} of generation {generation_id!r} has no eligible copy: "
+        + "; ".join(f"{k} {r}" for k, r in sorted(why.items())),
+        {"engine": DEPENDENCY, "generation_id": generation_id, "shard": shard, "copies": dict(why)},
+    )
 
 
 def _coverage_unavailable(generation_id: str) -> OrreryError:

@@ -1,0 +1,521 @@
+"""Sharded, replicated vector generations on a real 3-peer Qdrant cluster (issue 23).
+
+One private cluster (`tests/harness/servers.py`: three peers on loopback, peer 1 the one
+Orrery talks to) and one server-mode `orrery serve` over it (Kafka, OpenSearch, Redis
+from the shared harness; the registry in SQLite under its data dir, so the test can run
+a qualification in-process with a test-only vector source and store its receipt).
+
+The projector's first generation of the scope is the N=1 reference; a 3-shard,
+1-replica generation keeps one shard key per copy (`s{shard}c{copy}`, copy c of shard s
+on peer (s + c) mod 3 of the peers sorted by id). The tests run in file order: the
+spread generation is compared, refused with a bad receipt, qualified and promoted, one
+copy is made stale and repaired, then peers are stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contracts.index import Candidate, SearchFilter
+from contracts.qualification import QualificationReceipt, QualifyRequest
+from contracts.records import derive_document_id
+from contracts.shards import copy_key, shard_of
+from tests.conftest import require_server, run_tag
+from tests.e2e.conftest import Server, start_server
+from tests.e2e.test_shards import ADMIN, ADMIN_KEY, KIND, MARKER, NS, PROFILES, SCOPE, corpus, ok
+from tests.harness.servers import start_qdrant_cluster, stop_qdrant_cluster, stop_qdrant_peer
+
+pytestmark = [pytest.mark.servers, pytest.mark.slow]
+
+SHARDS = 3
+
+
+@dataclass
+class Deployment:
+    server: Server
+    cluster: dict[str, Any]
+    cluster_dir: Path
+    prefix: str
+    data_dir: Path
+    first: str  # the projector's generation: 1 shard, no replica
+    env: dict[str, str]
+
+    def admin_post(self, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+        return self.server.client.post(
+            ADMIN + path, json=body or {}, headers={"x-admin-key": ADMIN_KEY}, timeout=300
+        )
+
+    def admin_get(self, path: str = "") -> httpx.Response:
+        return self.server.client.get(ADMIN + path, headers={"x-admin-key": ADMIN_KEY})
+
+    def build(self, shards: int, replicas: int) -> str:
+        body = {"namespace": NS, "snapshot_kind": KIND, "shards": shards, "replicas": replicas}
+        started = ok(self.admin_post("/build", body), 202)
+        generation_id = str(started["row"]["generation_id"])
+        deadline = time.monotonic() + 180
+        while True:
+            view = ok(self.admin_get(f"/{generation_id}"))
+            if view["row"]["state"] != "building":
+                break
+            assert time.monotonic() < deadline, view
+            time.sleep(0.2)
+        assert view["row"]["state"] == "sealed", view
+        check = ok(self.admin_post(f"/{generation_id}/verify"))
+        assert check["verified"], check
+        return generation_id
+
+    def collection(self, generation_id: str) -> str:
+        return f"{self.prefix}-{generation_id}"
+
+    def qdrant(self, path: str) -> Any:
+        response = httpx.get(f"{self.cluster['url']}{path}", timeout=10)
+        response.raise_for_status()
+        return response.json()["result"]
+
+    def topk(self, generation_id: str | None = None, **body: Any) -> httpx.Response:
+        ref = SCOPE if generation_id is None else f"{SCOPE}@{generation_id}"
+        return self.server.topk(namespace=NS, scope_ref=ref, timeout_seconds=30, **body)
+
+    def copies(self) -> dict[str, dict[str, Any]]:
+        """The live scope's per-copy eligibility, as readiness shows it."""
+        ready = self.server.client.get("/v1/readiness").json()
+        scope = next(s for s in ready["scopes"] if s["namespace"] == NS)
+        listed = scope.get("eligibility", {}).get("copies", [])
+        return {c["key"]: c for c in listed if c["engine"] == "qdrant"}
+
+    def wait_copies(self, want: Callable[[dict[str, dict[str, Any]]], bool]) -> None:
+        deadline = time.monotonic() + 120
+        while not want(seen := self.copies()):
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    from tests.e2e.test_servers_http import server_env
+
+    for name in ("kafka", "opensearch", "redis"):
+        require_server(name)
+    cluster_dir = Path(tempfile.mkdtemp(prefix="orrery-qshards-", dir="/tmp"))
+    server: Server | None = None
+    deployed: Deployment | None = None
+    try:
+        cluster = start_qdrant_cluster(cluster_dir, 3, timeout_s=180)
+        tag = run_tag()
+        prefix = f"orrery-test-{tag}"
+        data_dir = tmp_path_factory.mktemp("qshards") / "data"
+        env = server_env(
+            tag,
+            database=False,
+            ORRERY_QDRANT_URL=cluster["url"],
+            ORRERY_ADMIN_KEY=ADMIN_KEY,
+            ORRERY_ELIGIBILITY_INTERVAL_SECONDS="2",
+            ORRERY_QUALIFY_PROFILES=",".join(PROFILES),
+            # Every answer compared here is searched, never replayed from the cache.
+            ORRERY_CACHE_RESPONSES="false",
+        )
+        server = start_server(data_dir, env=env)
+        assert server.post_records(corpus()).status_code == 200
+        server.wait_projected(timeout=180, documents={(NS, KIND): 160})
+        ready = server.client.get("/v1/readiness").json()
+        first = next(s["generation_id"] for s in ready["scopes"] if s["namespace"] == NS)
+        deployed = Deployment(server, cluster, cluster_dir, prefix, data_dir, first, env)
+        yield deployed
+    finally:
+        # The test that restarts the server leaves its last process in the deployment.
+        last = deployed.server if deployed is not None else server
+        if last is not None and last.process.poll() is None:
+            last.stop()
+        stop_qdrant_cluster(cluster_dir)
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def spread(deployment: Deployment) -> str:
+    """A generation of 3 shards with one replica each, verified (not promoted yet)."""
+    return deployment.build(SHARDS, 1)
+
+
+def _queries() -> list[str]:
+    rng = random.Random(5)
+    return [r["text"]["title"] for r in rng.sample(corpus(), 6)] + [f"{MARKER} marker"]
+
+
+SLICES: list[dict[str, Any]] = [
+    {},
+    {"galaxy": "north"},
+    {"status": ["active"], "visibility": ["public"]},
+]
+
+
+def answers(dep: Deployment, generation_id: str | None) -> list[list[tuple[str, float]]]:
+    out = []
+    for text in _queries():
+        for filters in SLICES:
+            for profile in PROFILES:
+                body = ok(
+                    dep.topk(
+                        generation_id,
+                        query_text=text,
+                        result_limit=10,
+                        filters=filters,
+                        profile=profile,
+                        include={"query_plan": True},
+                    )
+                )
+                assert body["query_plan"]["cache"] != "hit"
+                out.append([(r["document_id"], r["score"]) for r in body["results"]])
+    return out
+
+
+def plan_of(dep: Deployment, generation_id: str | None = None) -> dict[str, Any]:
+    body = ok(dep.topk(generation_id, query_text="amber basalt", include={"query_plan": True}))
+    return dict(body["query_plan"])
+
+
+# -- tests ----------------------------------------------------------------------------------
+
+
+def test_one_shard_key_per_copy_on_distinct_peers(deployment: Deployment, spread: str) -> None:
+    info = deployment.qdrant(f"/collections/{deployment.collection(spread)}/cluster")
+    where: dict[str, int] = {s["shard_key"]: info["peer_id"] for s in info["local_shards"]}
+    where.update({s["shard_key"]: s["peer_id"] for s in info["remote_shards"]})
+    assert set(where) == {copy_key(s, c) for s in range(SHARDS) for c in range(2)}
+    for shard in range(SHARDS):
+        assert where[copy_key(shard, 0)] != where[copy_key(shard, 1)]
+    assert len(set(where.values())) == 3
+    # Every copy holds exactly its shard's documents.
+    for shard in range(SHARDS):
+        expected = sum(1 for r in corpus() if shard_of(_doc_id(r), SHARDS) == shard)
+        for copy in range(2):
+            counted = httpx.post(
+                f"{deployment.cluster['url']}/collections/{deployment.collection(spread)}"
+                "/points/count",
+                json={"exact": True, "shard_key": copy_key(shard, copy)},
+                timeout=10,
+            ).json()["result"]["count"]
+            assert counted == expected, (shard, copy)
+
+
+def _doc_id(record: dict[str, Any]) -> str:
+    return derive_document_id(
+        record["namespace"], record["snapshot_kind"], record["item_id"], record["galaxy"]
+    )
+
+
+def test_three_shards_answer_exactly_what_one_shard_does(
+    deployment: Deployment, spread: str
+) -> None:
+    one, three = answers(deployment, deployment.first), answers(deployment, spread)
+    compared = 0
+    for a, b in zip(one, three, strict=True):
+        assert [d for d, _ in b] == [d for d, _ in a]
+        for (_, x), (_, y) in zip(a, b, strict=True):
+            # Answers carry six decimals: float32 cosines computed in other segments
+            # may round to a neighbouring last digit.
+            assert y == pytest.approx(x, rel=1e-6, abs=1.01e-6)
+        compared += len(a)
+    assert compared > 300
+    vector = plan_of(deployment, spread)["shards"]["vector"]
+    assert vector["shards"] == SHARDS and vector["copies"] == 2
+    assert sorted(int(k[1]) for k in vector["searched"]) == list(range(SHARDS))
+    assert vector["bypassed"] == [] and vector["cap"] >= 10
+    assert "vector" not in plan_of(deployment, deployment.first)["shards"]
+
+
+# -- in-process qualification with a test-only vector source --------------------------------
+
+
+def per_shard_cap(client: Any, prefix: str) -> Any:
+    """TEST ONLY — a vector cap too small for N shards: each shard is asked for
+    cap // N candidates by itself and the lists merged by score, as if the cap were
+    spread evenly over the shards."""
+    from contracts.vector_payload import RETURNED_FIELDS, VECTOR_NAME, best_first, candidate_of
+    from query.adapters.qdrant_vectors import QdrantServerVectorSearch, qdrant_filter
+
+    class PerShardCap(QdrantServerVectorSearch):
+        def search(
+            self, generation_id: str, vector: Sequence[float], filter: SearchFilter, limit: int
+        ) -> list[Candidate]:
+            found: list[Candidate] = []
+            for shard in range(SHARDS):
+                points = client.query_points(
+                    f"{prefix}-{generation_id}",
+                    query=list(vector),
+                    using=VECTOR_NAME,
+                    query_filter=qdrant_filter(filter),
+                    limit=max(1, limit // SHARDS),
+                    with_payload=list(RETURNED_FIELDS),
+                    shard_key_selector=copy_key(shard, 0),
+                ).points
+                found += [candidate_of(p.payload or {}, p.score) for p in points]
+            return best_first(found, limit)
+
+    return PerShardCap(client, collection_prefix=prefix)
+
+
+def qualify_in_process(
+    dep: Deployment, generation_id: str, vectors: Any, request: QualifyRequest
+) -> QualificationReceipt:
+    from ingest.bootstrap import canonical_db_path
+    from orrery.servers import qdrant_client
+    from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
+    from projector.adapters.sqlite_state import SqliteProjectorState
+    from projector.bootstrap import default_embedder
+    from query.adapters.qdrant_vectors import QdrantServerVectorSearch
+    from query.bootstrap import query_limits, scope_registry, server_query_ports
+    from query.qualify import QualifySetup, qualify_generation
+    from query.settings import QuerySettings
+
+    opensearch = require_server("opensearch")
+    settings = QuerySettings(
+        mode="servers",
+        data_dir=dep.data_dir,
+        opensearch_url=opensearch,
+        opensearch_index_prefix=dep.prefix,
+        qdrant_url=dep.cluster["url"],
+        qdrant_collection_prefix=dep.prefix,
+    )
+    qdrant = qdrant_client(settings)
+    ports, close = server_query_ports(
+        canonical_db_path(dep.data_dir),
+        embedder=default_embedder(1),
+        opensearch_url=opensearch,
+        opensearch_index_prefix=dep.prefix,
+        qdrant=qdrant,
+        qdrant_collection_prefix=dep.prefix,
+        redis_url=None,
+        cache_responses=False,
+        scopes=scope_registry(settings),
+    )
+    writer = OpenSearchLexicalIndex(opensearch, index_prefix=dep.prefix)
+    state = SqliteProjectorState(canonical_db_path(dep.data_dir))
+    exact = QdrantServerVectorSearch(qdrant, collection_prefix=dep.prefix, exact=True)
+    try:
+        row, descriptor = state.generation(generation_id)
+        with writer.reference_copy(generation_id) as reference_id:
+            setup = QualifySetup(
+                production=replace(ports, vectors=vectors(qdrant, dep.prefix)),
+                reference_lexical=ports.lexical,
+                reference_vectors=exact,
+                reference_id=reference_id,
+                limits=query_limits(settings),
+                profiles=list(PROFILES),
+                thresholds=settings.qualification_thresholds(),
+            )
+            receipt = qualify_generation(descriptor, row.applied_position, request, setup=setup)
+        state.record_receipt(receipt)
+        return receipt
+    finally:
+        state.close()
+        writer.close()
+        close()
+        qdrant.close()
+
+
+def test_a_vector_cap_too_small_for_the_shards_fails_inclusion_and_promote_answers_409(
+    deployment: Deployment, spread: str
+) -> None:
+    receipt = qualify_in_process(deployment, spread, per_shard_cap, QualifyRequest(sample_size=24))
+    assert not receipt.passed
+    assert any("inclusion" in failure for failure in receipt.failures), receipt.failures
+    worst = min(
+        s.sources["vector"].inclusion_min
+        for s in receipt.slices
+        if s.queries and "vector" in s.sources
+    )
+    assert worst is not None and worst < 0.95
+    refused = deployment.admin_post(f"/{spread}/promote")
+    assert refused.status_code == 409, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "qualification_failed"
+    assert error["details"]["receipt_id"] == receipt.receipt_id
+
+
+def test_qualified_and_promoted_readiness_shows_every_copy_eligible(
+    deployment: Deployment, spread: str
+) -> None:
+    receipt = ok(deployment.admin_post(f"/{spread}/qualify", {"sample_size": 24}))["receipt"]
+    assert receipt["passed"], receipt["failures"]
+    for figures in receipt["slices"]:
+        for source in figures["sources"].values():
+            assert source["inclusion_min"] in (None, 1.0), figures
+    ok(deployment.admin_post(f"/{spread}/promote"))
+    deployment.wait_copies(
+        lambda c: len(c) == 2 * SHARDS and all(x["eligible"] for x in c.values())
+    )
+    assert ok(deployment.topk(query_text="amber"))["generation_id"] == spread
+
+
+def test_a_stale_copy_is_bypassed_and_answers_stay_the_same(
+    deployment: Deployment, spread: str
+) -> None:
+    from qdrant_client import QdrantClient, models
+
+    from contracts.vector_payload import point_id
+
+    before = answers(deployment, None)
+    victim = next(_doc_id(r) for r in corpus() if shard_of(_doc_id(r), SHARDS) == 0)
+    stale, good = copy_key(0, 0), copy_key(0, 1)
+    client = QdrantClient(url=deployment.cluster["url"], check_compatibility=False)
+    collection = deployment.collection(spread)
+    try:
+        kept = client.retrieve(
+            collection,
+            [str(point_id(victim))],
+            with_payload=True,
+            with_vectors=True,
+            shard_key_selector=good,
+        )
+        assert len(kept) == 1
+        client.delete(
+            collection,
+            models.PointIdsList(points=[str(point_id(victim))]),
+            shard_key_selector=stale,
+            wait=True,
+        )
+        deployment.wait_copies(lambda c: c.get(stale, {}).get("eligible") is False)
+        shown = deployment.copies()
+        assert "1 missing" in shown[stale]["reason"], shown[stale]
+        assert all(c["eligible"] for k, c in shown.items() if k != stale)
+        assert answers(deployment, None) == before
+        bypassed = plan_of(deployment)["shards"]["vector"]["bypassed"]
+        assert [b["copy"] for b in bypassed] == [stale]
+        assert "ineligible" in bypassed[0]["reason"]
+    finally:
+        # Repaired from the good copy, so the peer tests start from six eligible copies.
+        point = kept[0]
+        client.upsert(
+            collection,
+            [models.PointStruct(id=point.id, vector=point.vector, payload=point.payload)],
+            shard_key_selector=stale,
+            wait=True,
+        )
+        client.close()
+    deployment.wait_copies(lambda c: all(x["eligible"] for x in c.values()))
+    assert plan_of(deployment)["shards"]["vector"]["bypassed"] == []
+
+
+def _changes(start: int) -> list[dict[str, Any]]:
+    """Revision 2 of 20 documents of the corpus and 20 new documents."""
+    base = corpus()
+    updated = [
+        {**r, "revision": 2, "payload": {"n": i, "updated": True}}
+        for i, r in enumerate(base[start : start + 20], start)
+    ]
+    added = [
+        {**r, "item_id": f"new-{start + i:03d}", "payload": {"n": 1000 + start + i}}
+        for i, r in enumerate(base[start + 80 : start + 100])
+    ]
+    return updated + added
+
+
+def _copy_pairs(dep: Deployment, generation_id: str, key: str) -> list[tuple[str, int]]:
+    pairs: list[tuple[str, int]] = []
+    offset: Any = None
+    while True:
+        body: dict[str, Any] = {
+            "limit": 500,
+            "with_payload": ["document_id", "revision"],
+            "shard_key": key,
+        }
+        if offset is not None:
+            body["offset"] = offset
+        response = httpx.post(
+            f"{dep.cluster['url']}/collections/{dep.collection(generation_id)}/points/scroll",
+            json=body,
+            timeout=30,
+        )
+        response.raise_for_status()
+        result = response.json()["result"]
+        pairs += [(p["payload"]["document_id"], p["payload"]["revision"]) for p in result["points"]]
+        offset = result.get("next_page_offset")
+        if offset is None:
+            return pairs
+
+
+def test_a_projector_killed_mid_batch_loses_and_duplicates_nothing_in_any_copy(
+    deployment: Deployment, spread: str
+) -> None:
+    """The live generation is the 3-shard one: the projector dies between its two
+    engines' writes, then after both and before its commit; after a restart every copy
+    of every shard holds exactly the canonical store's pairs of that shard, once."""
+    from contracts.faults import CRASH_ENV
+    from tests.e2e.conftest import canonical_heads
+    from tests.e2e.test_crash_points import post_until_crash
+
+    dep = deployment
+    dep.server.stop()
+    for start, point in ((0, "projector.lexical_applied"), (20, "projector.engines_written")):
+        crashing = start_server(dep.data_dir, env={**dep.env, CRASH_ENV: point})
+        post_until_crash(crashing, _changes(start))
+    dep.server = start_server(dep.data_dir, env=dep.env)
+    # The second batch's answer may have been lost with the process: sent again.
+    again = dep.server.post_records(_changes(20))
+    assert again.status_code in (200, 409), again.text[:500]
+    dep.server.wait_projected(timeout=180, documents={(NS, KIND): 200})
+    heads = dict(canonical_heads(dep.data_dir, NS, KIND))
+    assert len(heads) == 200 and sum(1 for r in heads.values() if r == 2) == 40
+    for shard in range(SHARDS):
+        expected = {d: r for d, r in heads.items() if shard_of(d, SHARDS) == shard}
+        for copy in range(2):
+            pairs = _copy_pairs(dep, spread, copy_key(shard, copy))
+            assert len(pairs) == len({d for d, _ in pairs}), (shard, copy)
+            assert dict(pairs) == expected, (shard, copy)
+    dep.wait_copies(
+        lambda c: (
+            len(c) == 2 * SHARDS
+            and all(x["eligible"] for x in c.values())
+            and all(x["reason"] == "" for x in c.values())
+        )
+    )
+
+
+def _peer_ids(dep: Deployment) -> dict[int, int]:
+    """Harness peer index -> Qdrant peer id (matched by P2P port)."""
+    status = dep.qdrant("/cluster")
+    by_port = {
+        int(p["uri"].rstrip("/").rsplit(":", 1)[1]): int(i) for i, p in status["peers"].items()
+    }
+    out = {}
+    for index in (1, 2, 3):
+        config = json.loads((dep.cluster_dir / f"qdrant-{index}" / "config.yaml").read_text())
+        out[index] = by_port[config["cluster"]["p2p"]["port"]]
+    return out
+
+
+def test_one_peer_down_changes_no_answer_two_down_fail_naming_the_shard(
+    deployment: Deployment, spread: str
+) -> None:
+    before = answers(deployment, None)
+    peers = _peer_ids(deployment)
+    ordered = sorted(peers.values())
+    assert stop_qdrant_peer(deployment.cluster_dir, 3)
+    assert answers(deployment, None) == before
+    on_three = {
+        copy_key(s, c) for s in range(SHARDS) for c in range(2) if ordered[(s + c) % 3] == peers[3]
+    }
+    bypassed = plan_of(deployment)["shards"]["vector"]["bypassed"]
+    assert {b["copy"] for b in bypassed} == on_three
+    # The second peer down: the shard whose two copies lived on peers 2 and 3 is gone.
+    lost = next(
+        s for s in range(SHARDS) if {ordered[s % 3], ordered[(s + 1) % 3]} == {peers[2], peers[3]}
+    )
+    assert stop_qdrant_peer(deployment.cluster_dir, 2)
+    for text in _queries():
+        response = deployment.topk(query_text=text)
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["code"] == "coverage_unavailable", error
+        assert error["details"]["shard"] == lost, error
