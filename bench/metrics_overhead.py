@@ -13,9 +13,10 @@
    (`ORRERY_TRACING=true` without an exporter: ids only, no spans), `metrics+spans`
    (spans made and handed to a batch processor whose exporter discards them: the cost
    of exporting, minus the network). Medians of the wall time and of the CPU time of
-   the request's thread, in microseconds; plus what is spent off the request thread: a
-   scrape's CPU per request folding the queue in, and the process's CPU per access
-   line made and written by the writer thread.
+   the request's thread, in microseconds, and the wall time until the response's body
+   was sent (span and log work runs after it); plus what is spent off the request
+   thread: a scrape's CPU per request folding the queue in, and the process's CPU per
+   access line made and written by the writer thread.
 2. End to end: one `orrery serve --sample` per variant (`off`, `off-b`, `metrics`,
    `metrics+log`, `metrics+tracing`), all on copies of one prepared data dir, running
    at once on loopback. The same `topk_records` request goes to every server in turn,
@@ -97,8 +98,12 @@ def _app(observer: Any) -> Any:
     return app
 
 
+_RESPONDED = [0]
+
+
 async def _noop_send(message: Any) -> None:
-    return None
+    if message["type"] == "http.response.body":
+        _RESPONDED[0] = time.perf_counter_ns()
 
 
 async def _receive() -> Any:
@@ -155,6 +160,9 @@ def micro(calls: int) -> dict[str, Any]:
     # CPU time of this thread too: on a loaded machine the wall time of a call mostly
     # measures waiting for a core, its CPU time what the call itself costs.
     cpu: dict[str, list[float]] = {name: [] for name in apps}
+    # Wall time until the response's body was sent: what the client waits for (the
+    # rest of a call runs after the response has left).
+    to_response: dict[str, list[float]] = {name: [] for name in apps}
     flush_us: list[float] = []
 
     order = random.Random(25)
@@ -173,6 +181,7 @@ def micro(calls: int) -> dict[str, Any]:
                 await app(scope, _receive, _noop_send)
                 cpu[name].append((time.thread_time_ns() - started_cpu) / 1000.0)
                 wall[name].append((time.perf_counter_ns() - started) / 1000.0)
+                to_response[name].append((_RESPONDED[0] - started) / 1000.0)
                 if name == "metrics+log":
                     # Its line is written by the writer thread: let it finish before the
                     # next call, whose wall time it would otherwise take (in a server it
@@ -203,6 +212,7 @@ def micro(calls: int) -> dict[str, Any]:
         "wall_us": wall_us,
         "cpu_us": cpu_us,
         "over_off_cpu_us": {n: round(v - cpu_us["off"], 2) for n, v in cpu_us.items()},
+        "to_response_us": {n: round(statistics.median(t), 2) for n, t in to_response.items()},
         "scrape_fold_us_per_request": round(statistics.median(flush_us), 2) if flush_us else None,
         "access_line_process_cpu_us": round(writer_us, 2),
     }
@@ -418,10 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     result["micro"] = micro(args.micro)
     micro_ = result["micro"]
-    print("micro, median us per request (wall | CPU of the request thread | CPU over off):")
+    print("micro, median us per request (wall | CPU of the request thread | CPU over off | "
+          "wall until the response left):")  # fmt: skip
     for name in micro_["wall_us"]:
         print(f"  {name:16} {micro_['wall_us'][name]:8.2f} | {micro_['cpu_us'][name]:8.2f} | "
-              f"{micro_['over_off_cpu_us'][name]:+8.2f}")  # fmt: skip
+              f"{micro_['over_off_cpu_us'][name]:+8.2f} | "
+              f"{micro_['to_response_us'][name]:8.2f}")  # fmt: skip
     print(f"  off the request thread: a scrape folds {micro_['scrape_fold_us_per_request']} us "
           f"per request, an access line costs {micro_['access_line_process_cpu_us']} us of "
           "the process")  # fmt: skip

@@ -20,6 +20,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -44,6 +45,10 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 _TRACEPARENT = re.compile(rb"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-([0-9a-f]{2})")
 _NO_TRACE = b"0" * 32
+# The answers a traced request made, for `Tracing.end_request` (set per request).
+_ANSWERS: ContextVar[list[tuple[int, Answered]] | None] = ContextVar(
+    "orrery_trace_answers", default=None
+)
 
 
 class Tracing:
@@ -80,13 +85,22 @@ class Tracing:
         own = span.get_span_context()
         context.trace_id = format(own.trace_id, "032x")
         context.traceparent = f"00-{context.trace_id}-{own.span_id:016x}-{own.trace_flags:02x}"
-        return span, token
+        answers: list[tuple[int, Answered]] = []
+        return span, token, answers, _ANSWERS.set(answers)
 
     def end_request(self, handle: Any, route: str, status: int, context: RequestContext) -> None:
+        """End the request's span, after making the stage spans of the answers it made
+        (`answered`): this runs once the response has left, so the spans' cost is not
+        part of the answer's latency."""
         if handle is None:
             return
-        span, token = handle
+        span, token, answers, answers_token = handle
         otel_context.detach(token)
+        _ANSWERS.reset(answers_token)
+        if answers:
+            parent = trace.set_span_in_context(span)
+            for end, answer in answers:
+                self._stage_spans(answer, end, parent)
         span.update_name(f"{span.name} {route}")
         span.set_attribute("http.route", route)
         span.set_attribute("http.response.status_code", status)
@@ -100,16 +114,23 @@ class Tracing:
     # --- queries (query.ports.QueryObserver) -----------------------------------------
 
     def answered(self, answer: Answered) -> None:
-        """One child span per stage of the answer just made, under the current span (the
-        request's), ending now and laid end to end by the stopwatch's durations."""
-        if not trace.get_current_span().get_span_context().is_valid:
-            return
+        """One child span per stage of the answer just made, under the request's span,
+        ending now and laid end to end by the stopwatch's durations. Inside a request
+        they are made by `end_request`, after the response has left; outside one, under
+        the current span (none: no spans)."""
+        pending = _ANSWERS.get()
+        if pending is not None:
+            pending.append((time.time_ns(), answer))
+        elif trace.get_current_span().get_span_context().is_valid:
+            self._stage_spans(answer, time.time_ns(), None)
+
+    def _stage_spans(self, answer: Answered, end: int, parent: Any) -> None:
         endpoint, stages_ms, engine_ms, cache, _ = answer
-        end = time.time_ns()
         at = end - int(sum(stages_ms.values()) * 1e6)
         for stage, ms in stages_ms.items():
             span = self.tracer.start_span(
                 f"query.{stage}",
+                context=parent,
                 start_time=at,
                 attributes={"orrery.endpoint": endpoint, "orrery.stage": stage},
             )
