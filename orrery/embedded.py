@@ -117,6 +117,12 @@ class RegistryRouting(Routing, Protocol):
     def document_ids(self, generation_id: str, galaxy: str | None = None) -> list[str]: ...
 
 
+def _copy_verdicts(
+    gate: EligibilityGate, engine: str, generation_id: str
+) -> dict[str, bool] | None:
+    return gate.copy_verdicts(generation_id, engine)
+
+
 def eligibility_gate(
     settings: QuerySettings, admin: GenerationAdmin, routing: Routing
 ) -> EligibilityGate:
@@ -215,10 +221,11 @@ def query_routers(
     ports (ring statistics, profiles and kept envelopes next to the registry)."""
     routing = cast(RegistryRouting, ports.routing)
     gate = eligibility_gate(settings, admin, routing)
-    use_copy_verdicts = getattr(ports.vectors, "use_copy_verdicts", None)
-    if use_copy_verdicts is not None:
-        # The Qdrant server layout searches only copies whose read-back matched.
-        use_copy_verdicts(lambda generation_id: gate.copy_verdicts(generation_id, "qdrant"))
+    # Server engines search only copies whose read-back matched the registry.
+    for source, engine in ((ports.vectors, "qdrant"), (ports.lexical, "opensearch")):
+        use_copy_verdicts = getattr(source, "use_copy_verdicts", None)
+        if use_copy_verdicts is not None:
+            use_copy_verdicts(functools.partial(_copy_verdicts, gate, engine))
     gated = dataclasses.replace(
         ports,
         lexical=ReportingLexicalSearch(ports.lexical, gate),

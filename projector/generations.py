@@ -23,6 +23,7 @@ at the registry's then position).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import threading
@@ -67,7 +68,6 @@ from contracts.qualification import (
     receipt_failures,
 )
 from contracts.records import Record
-from contracts.shards import shard_of
 from projector.model import (
     diff_pairs,
     engine_evidence,
@@ -445,6 +445,8 @@ def _read_evidence(
     # The registry as read before the engines: an unreadable engine's check reports the
     # facts it started from (a batch committed meanwhile must make it stale, not current).
     before: list[RegistrySnapshot] = []
+    # The shard each engine that addresses copies places a document in.
+    routes: dict[str, Callable[[str], int]] = {}
 
     def read(
         pace: Pace = no_pace,
@@ -456,7 +458,9 @@ def _read_evidence(
         for engine, readback in readbacks:
             pace()
             if _copies_of(readback, generation_id):
-                copies = cast(CopyReadback, readback).copy_pairs(generation_id, pace=pace)
+                spread = cast(CopyReadback, readback)
+                copies = spread.copy_pairs(generation_id, pace=pace)
+                routes[engine] = functools.partial(spread.document_shard, generation_id)
                 read_count = sum(len(c.pairs or ()) for c in copies)
                 progress(engine, read_count, len(registry.pairs))
                 observed.append((engine, ([], copies)))
@@ -474,7 +478,7 @@ def _read_evidence(
         out = []
         for engine, (pairs, copies) in observed:
             if copies is not None:
-                out.append(copy_evidence(engine, registry.pairs, copies))
+                out.append(copy_evidence(engine, registry.pairs, copies, routes[engine]))
             else:
                 diff = diff_pairs(registry.pairs, pairs, expected_digest=digest)
                 out.append(engine_evidence(engine, diff))
@@ -504,15 +508,19 @@ def _copies_of(readback: EngineReadback, generation_id: str) -> bool:
 
 
 def copy_evidence(
-    engine: str, expected: Mapping[str, int], copies: Sequence[CopyRead]
+    engine: str,
+    expected: Mapping[str, int],
+    copies: Sequence[CopyRead],
+    shard_of_document: Callable[[str], int],
 ) -> EngineEvidence:
     """An engine's evidence from its copies: each copy compared with the registry's pairs
-    of its shard (`shard_of`); the engine matches when every shard has an eligible copy,
-    and its count and digest are then those of one eligible copy per shard (the first)."""
+    of its shard (by the engine's own routing, `shard_of_document`); the engine matches
+    when every shard has an eligible copy, and its count and digest are then those of one
+    eligible copy per shard (the first)."""
     shards = 1 + max(c.shard for c in copies)
     by_shard: list[dict[str, int]] = [{} for _ in range(shards)]
     for document_id, revision in expected.items():
-        by_shard[shard_of(document_id, shards)][document_id] = revision
+        by_shard[shard_of_document(document_id)][document_id] = revision
     judged: list[CopyEvidence] = []
     chosen: dict[int, list[tuple[str, int]]] = {}
     covered: set[int] = set()

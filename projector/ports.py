@@ -352,13 +352,15 @@ class CopyReadback(Protocol):
     """An engine whose shard copies are each addressable (the Qdrant server layout).
 
     Guarantees: `copy_layout` is the generation's `(shards, copies per shard)`, `(1, 1)`
-    when it keeps one copy; `copy_pairs` reads every copy by itself (never through a
+    when it keeps one copy; `document_shard` is the shard the engine places a document
+    in (its own routing rule); `copy_pairs` reads every copy by itself (never through a
     merge of copies), each pair from the engine; a copy that cannot be read is returned
-    with `pairs=None` and the error, never raised, so the others still count. Documents
-    are placed by `contracts.shards.shard_of`.
+    with `pairs=None` and the error, never raised, so the others still count.
     """
 
     def copy_layout(self, generation_id: str) -> tuple[int, int]: ...
+
+    def document_shard(self, generation_id: str, document_id: str) -> int: ...
 
     def copy_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[CopyRead]: ...
 

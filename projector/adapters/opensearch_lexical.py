@@ -75,7 +75,7 @@ from contracts.index_fields import (
 )
 from contracts.pacing import Pace, no_pace
 from projector.model import check_keywords, newest_operations
-from projector.ports import IndexEvidence
+from projector.ports import CopyRead, IndexEvidence
 
 __all__ = [
     "DEFAULT_BULK_ACTIONS",
@@ -563,8 +563,72 @@ class OpenSearchLexicalIndex:
         if response.get("errors"):
             _raise_item_errors(response.get("items", []), operations, generation_id)
 
-    def _stored_pairs(self, index: str, pace: Pace = no_pace) -> Iterator[tuple[str, int]]:
-        """`(document_id, revision)` of every document, read from doc values by scrolling."""
+    def copy_layout(self, generation_id: str) -> tuple[int, int]:
+        """`(number_of_shards, number_of_replicas + 1)` of the generation's index."""
+        shards, replicas, _ = self._shape(generation_id)
+        return shards, replicas + 1
+
+    def document_shard(self, generation_id: str, document_id: str) -> int:
+        """The shard OpenSearch routes `document_id` to (its default routing on `_id`:
+        murmur3 of the UTF-16 id, scaled through `number_of_routing_shards`)."""
+        shards, _, routing_shards = self._shape(generation_id)
+        return opensearch_shard(_engine_id(document_id), shards, routing_shards)
+
+    def copy_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[CopyRead]:
+        """Every copy of every shard read by itself: a scroll with
+        `preference=_shards:i|_only_nodes:<node>`, one per started copy (`_cat/shards`);
+        a copy not started, or whose read fails, comes back with `pairs=None`. Keys are
+        `s{shard}@{node}` (copy 0 the primary)."""
+        index = self.index_name(generation_id)
+        try:
+            rows = self._client.cat.shards(index=index, format="json", h="shard,prirep,state,node")
+        except OpenSearchException as exc:
+            raise _translate(exc, "cannot list shards", generation_id) from exc
+        ordered = sorted(
+            rows, key=lambda r: (int(r["shard"]), r["prirep"] != "p", str(r.get("node") or ""))
+        )
+        out: list[CopyRead] = []
+        counts: dict[int, int] = {}
+        for row in ordered:
+            shard = int(row["shard"])
+            copy = counts.get(shard, 0)
+            counts[shard] = copy + 1
+            node = row.get("node")
+            key = f"s{shard}@{node or f'unassigned-{copy}'}"
+            if not node or row.get("state") != "STARTED":
+                out.append(CopyRead(shard, copy, key, None, f"copy is {row.get('state')}"))
+                continue
+            preference = f"_shards:{shard}|_only_nodes:{node}"
+            try:
+                pairs = list(self._stored_pairs(index, pace, preference=preference))
+            except OpenSearchException as exc:
+                out.append(CopyRead(shard, copy, key, None, str(exc)[:300]))
+                continue
+            out.append(CopyRead(shard, copy, key, pairs))
+        return out
+
+    def _shape(self, generation_id: str) -> tuple[int, int, int]:
+        """`(shards, replicas, routing shards)` of the generation's index (cached; the
+        replica count is read each time: it is the one an operator may change)."""
+        index = self.index_name(generation_id)
+        try:
+            settings = self._client.indices.get_settings(index=index)
+        except OpenSearchException as exc:
+            raise _translate(exc, "cannot read settings", generation_id) from exc
+        values = next(iter(settings.values()))["settings"]["index"]
+        shards = int(values["number_of_shards"])
+        routing = values.get("number_of_routing_shards")
+        return (
+            shards,
+            int(values.get("number_of_replicas", 0)),
+            int(routing) if routing else default_routing_shards(shards),
+        )
+
+    def _stored_pairs(
+        self, index: str, pace: Pace = no_pace, *, preference: str | None = None
+    ) -> Iterator[tuple[str, int]]:
+        """`(document_id, revision)` of every document, read from doc values by scrolling
+        (from the copies `preference` names, else any copy of each shard)."""
         body = {
             "size": _SCROLL_PAGE,
             "sort": ["_doc"],
@@ -572,7 +636,10 @@ class OpenSearchLexicalIndex:
             "docvalue_fields": [DOCUMENT_ID, REVISION],
             "query": {"match_all": {}},
         }
-        page = self._client.search(index=index, body=body, params={"scroll": _SCROLL_KEEPALIVE})
+        params = {"scroll": _SCROLL_KEEPALIVE}
+        if preference is not None:
+            params["preference"] = preference
+        page = self._client.search(index=index, body=body, params=params)
         scroll_id = page.get("_scroll_id")
         try:
             while True:
@@ -591,6 +658,54 @@ class OpenSearchLexicalIndex:
             if scroll_id is not None:
                 with contextlib.suppress(OpenSearchException):
                     self._client.clear_scroll(body={"scroll_id": [scroll_id]})
+
+
+def default_routing_shards(shards: int) -> int:
+    """OpenSearch's default `number_of_routing_shards` of an index with `shards` shards
+    (room for splitting up to 1024 shards: shards × 2^(10 - ⌈log2 shards⌉), at least ×2)."""
+    if shards <= 1:
+        return 1
+    return shards << max(1, 10 - (shards - 1).bit_length())
+
+
+def opensearch_shard(engine_id: str, shards: int, routing_shards: int) -> int:
+    """The shard OpenSearch's default routing puts `_id` `engine_id` in: murmur3 (x86,
+    32-bit, seed 0) of the id's UTF-16LE bytes, floor-mod the routing shards, divided by
+    the routing factor (`OperationRouting.calculateScaledShardId`)."""
+    if shards <= 1:
+        return 0
+    return (murmur3_32(engine_id.encode("utf-16-le")) % routing_shards) // (
+        routing_shards // shards
+    )
+
+
+def murmur3_32(data: bytes, seed: int = 0) -> int:
+    """MurmurHash3 x86 32-bit of `data`, as a signed 32-bit integer (Java's `int`)."""
+    c1, c2, mask = 0xCC9E2D51, 0x1B873593, 0xFFFFFFFF
+    h = seed & mask
+    blocks = len(data) // 4
+    for i in range(blocks):
+        k = int.from_bytes(data[4 * i : 4 * i + 4], "little")
+        k = (k * c1) & mask
+        k = ((k << 15) | (k >> 17)) & mask
+        h ^= (k * c2) & mask
+        h = ((h << 13) | (h >> 19)) & mask
+        h = (h * 5 + 0xE6546B64) & mask
+    tail = data[4 * blocks :]
+    k = 0
+    for position in range(len(tail) - 1, -1, -1):
+        k ^= tail[position] << (8 * position)
+    if tail:
+        k = (k * c1) & mask
+        k = ((k << 15) | (k >> 17)) & mask
+        h ^= (k * c2) & mask
+    h ^= len(data)
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & mask
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & mask
+    h ^= h >> 16
+    return h - (1 << 32) if h & 0x80000000 else h
 
 
 # A pending operation on one document: the revision to write, or `(document_id, revision)`

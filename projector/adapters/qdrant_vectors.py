@@ -330,6 +330,10 @@ class QdrantServerVectorIndex:
             self._layouts[generation_id] = layout
         return layout
 
+    def document_shard(self, generation_id: str, document_id: str) -> int:
+        """The shard of `document_id` (`contracts.shards.shard_of`)."""
+        return shard_of(document_id, self.copy_layout(generation_id)[0])
+
     def copy_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[CopyRead]:
         """Every copy of every shard read by itself (a scroll with its shard key); a copy
         that cannot be read comes back with `pairs=None` and the error."""

@@ -9,7 +9,7 @@ language included), so query text is analyzed exactly as that generation's text 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -36,6 +36,7 @@ from contracts.index_fields import (
     has_combined_field,
     hidden_term,
 )
+from contracts.shards import report_shards
 
 __all__ = ["DEFAULT_INDEX_PREFIX", "DEFAULT_SEARCH_TYPE", "OpenSearchLexicalSearch", "SearchType"]
 
@@ -55,8 +56,17 @@ _SCORE_SORT: list[Any] = [{"_score": "desc"}, {DOCUMENT_ID: "asc"}]
 # Only what is read back: a smaller response to send and to parse.
 _FILTER_PATH = (
     "hits.hits._id,hits.hits._score,hits.hits.fields,hits.hits.sort,"
-    "_shards.failed,_shards.failures.shard,_shards.failures.index,_shards.failures.reason.type"
+    "_shards.total,_shards.failed,_shards.failures.shard,_shards.failures.index,"
+    "_shards.failures.reason.type"
 )
+# Copy keys of the evidence check: `s{shard}@{node}` (a copy not on a node:
+# `s{shard}@unassigned-{copy}`).
+_COPY_KEY = re.compile(r"^s(\d+)@(.+)$")
+_UNASSIGNED = "unassigned-"
+
+# What the eligibility gate knows of a generation's copies: key -> eligible (None: no
+# per-copy verdict).
+CopyVerdicts = Callable[[str], Mapping[str, bool] | None]
 SearchType = Literal["dfs_query_then_fetch", "query_then_fetch"]
 DEFAULT_SEARCH_TYPE: SearchType = "dfs_query_then_fetch"
 # Shard numbers in OpenSearch's "missing shards [[index][2], …]" refusals.
@@ -126,6 +136,53 @@ class OpenSearchLexicalSearch:
             max_retries=MAX_RETRIES,
             retry_on_timeout=True,
         )
+        self._copy_verdicts: CopyVerdicts = lambda _generation_id: None
+
+    def use_copy_verdicts(self, verdicts: CopyVerdicts) -> None:
+        """Take per-copy eligibility from `verdicts` (the eligibility gate's evidence): a
+        search then runs only on nodes that hold no ineligible copy
+        (`preference=_only_nodes:…`), if those still hold a copy of every shard."""
+        self._copy_verdicts = verdicts
+
+    def _preference(self, generation_id: str) -> tuple[str | None, list[dict[str, str]]]:
+        """The search preference that bypasses every ineligible copy, and the copies it
+        bypasses; a shard left without an eligible copy on those nodes is
+        `COVERAGE_UNAVAILABLE` naming it."""
+        verdicts = self._copy_verdicts(generation_id)
+        if not verdicts:
+            return None, []
+        copies: list[tuple[int, str, str, bool]] = []
+        for key, eligible in verdicts.items():
+            match = _COPY_KEY.fullmatch(key)
+            if match is not None:
+                copies.append((int(match.group(1)), match.group(2), key, eligible))
+        bad = {node for _, node, _, ok in copies if not ok and not node.startswith(_UNASSIGNED)}
+        if not bad and all(ok for *_, ok in copies):
+            return None, []
+        good = {n for _, n, _, _ in copies if not n.startswith(_UNASSIGNED)} - bad
+        bypassed = [
+            {
+                "copy": key,
+                "reason": "ineligible: its read-back did not match the registry"
+                if not ok
+                else f"on node {node}, which holds an ineligible copy",
+            }
+            for _, node, key, ok in sorted(copies)
+            if not ok or node in bad
+        ]
+        for shard in sorted({s for s, *_ in copies}):
+            if not any(s == shard and ok and n in good for s, n, _, ok in copies):
+                raise OrreryError(
+                    ErrorCode.COVERAGE_UNAVAILABLE,
+                    f"shard {shard} of generation {generation_id!r} has no eligible copy",
+                    {
+                        "engine": _ENGINE,
+                        "generation_id": generation_id,
+                        "shard": shard,
+                        "copies": {b["copy"]: b["reason"] for b in bypassed},
+                    },
+                )
+        return ("_only_nodes:" + ",".join(sorted(good)) if bad else None), bypassed
 
     def search(
         self,
@@ -305,6 +362,8 @@ class OpenSearchLexicalSearch:
         return self._hits(index, generation_id, query, _SCORE_SORT, limit, docvalue_fields)
 
     def _search(self, index: str, generation_id: str, body: dict[str, Any]) -> list[Any]:
+        preference, bypassed = self._preference(generation_id)
+        params = {} if preference is None else {"preference": preference}
         try:
             response = self._client.search(
                 index=index,
@@ -312,6 +371,7 @@ class OpenSearchLexicalSearch:
                 filter_path=_FILTER_PATH,
                 search_type=self.search_type,
                 allow_partial_search_results="false",
+                params=params,
             )
         except OpenSearchConnectionError as exc:
             raise _unavailable(exc, generation_id) from exc
@@ -345,6 +405,17 @@ class OpenSearchLexicalSearch:
                 generation_id,
                 failure.get("shard", -1),
                 str((failure.get("reason") or {}).get("type", "shard failed")),
+            )
+        if int(shards.get("total", 1)) > 1 or bypassed:
+            report_shards(
+                "lexical",
+                {
+                    "shards": int(shards.get("total", 1)),
+                    "cap": int(body.get("size", 0)),
+                    "search_type": self.search_type,
+                    "preference": preference,
+                    "bypassed": bypassed,
+                },
             )
         # `filter_path` leaves out what it filtered to nothing: no hits, no `hits` key.
         hits: list[Any] = response.get("hits", {}).get("hits", [])

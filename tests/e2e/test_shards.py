@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -507,6 +508,46 @@ def test_shard_local_rank_fusion_fails_overlap_and_promote_answers_409(
     assert error["details"]["receipt_id"] == receipt.receipt_id
 
 
+def lexical_copies(dep: Deployment) -> dict[str, dict[str, Any]]:
+    """The live scope's per-copy eligibility of OpenSearch, as readiness shows it."""
+    ready = dep.server.client.get("/v1/readiness").json()
+    scope = next(s for s in ready["scopes"] if s["namespace"] == NS)
+    listed = scope.get("eligibility", {}).get("copies", [])
+    return {c["key"]: c for c in listed if c["engine"] == "opensearch"}
+
+
+def wait_lexical_copies(
+    dep: Deployment, want: Callable[[dict[str, dict[str, Any]]], bool]
+) -> dict[str, dict[str, Any]]:
+    deadline = time.monotonic() + 120
+    while not want(seen := lexical_copies(dep)):
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.2)
+    return seen
+
+
+def lexical_plan(dep: Deployment) -> dict[str, Any]:
+    """`query_plan.shards.lexical` of a fresh (never cached) query on the live scope."""
+    text = f"amber basalt {uuid.uuid4().hex}"
+    body = ok(dep.server.topk(namespace=NS, scope_ref=SCOPE, query_text=text, timeout_seconds=30))
+    assert body["query_plan"]["cache"] != "hit"
+    return dict(body["query_plan"]["shards"]["lexical"])
+
+
+def test_every_opensearch_copy_is_read_back_by_itself(deployment: Deployment, spread: str) -> None:
+    """Each copy of the live generation's 3 shards (primary and replica, one per node) is
+    scrolled with `preference=_shards:i|_only_nodes:<node>` and compared with the
+    registry's pairs of that shard by OpenSearch's own routing: all six eligible."""
+    copies = wait_lexical_copies(
+        deployment, lambda c: len(c) == 6 and all(x["eligible"] for x in c.values())
+    )
+    assert {k.split("@")[1] for k in copies} == {"orrery-node-1", "orrery-node-2"}
+    assert sorted(c["shard"] for c in copies.values()) == [0, 0, 1, 1, 2, 2]
+    plan = lexical_plan(deployment)
+    assert plan["shards"] == 3 and plan["search_type"] == "dfs_query_then_fetch"
+    assert plan["bypassed"] == [] and plan["preference"] is None and plan["cap"] >= 10
+
+
 def test_stopping_one_node_of_two_changes_no_answer(deployment: Deployment, spread: str) -> None:
     """The live generation (3 shards, 1 replica) answers the same with node 2 gone; a
     generation without replicas has a shard with no copy left: its search fails naming
@@ -535,6 +576,19 @@ def test_stopping_one_node_of_two_changes_no_answer(deployment: Deployment, spre
         if r["generation_id"] not in (spread, deployment.first) and r["state"] == "verified"
     )
     assert stop_opensearch_node(deployment.cluster_dir, 2)
+    assert answers() == before
+    # The copies node 2 held are no longer read back: bypassed, named in the plan.
+    copies = wait_lexical_copies(
+        deployment,
+        lambda c: (
+            bool(c)
+            and not any(x["eligible"] for k, x in c.items() if not k.endswith("@orrery-node-1"))
+        ),
+    )
+    lost = sorted(k for k, x in copies.items() if not x["eligible"])
+    assert len(lost) == 3, copies
+    assert {c["shard"] for c in copies.values() if c["eligible"]} == {0, 1, 2}
+    assert sorted(b["copy"] for b in lexical_plan(deployment)["bypassed"]) == lost
     assert answers() == before
     lexical = OpenSearchLexicalSearch(deployment.cluster["url"], index_prefix=deployment.prefix)
     try:
