@@ -77,6 +77,17 @@ ATLAS_VERSION = 1
 RAW_PAYLOAD_SCHEMA = "koutendb.raw.v1"
 DEFAULT_PROFILE = "default"
 
+
+def _null_means_default(schema: JsonDict) -> None:
+    """The field's schema as the string it is, or null (which means its default)."""
+    string: JsonDict = {"type": "string"}
+    for word in ("minLength", "maxLength"):
+        if word in schema:
+            string[word] = schema.pop(word)
+    schema.pop("type", None)
+    schema["anyOf"] = [string, {"type": "null"}]
+
+
 # The vocabulary (KoutenDB's `tuningFromSearchProfile`).
 AMOUNTS: Mapping[str, int] = {"raFew": 3, "raNormal": 8, "raMany": 16, "raAllUseful": 32}
 SCOPES: Mapping[str, int] = {"ssTight": 0, "ssNear": 15, "ssWide": 45, "ssAll": 90}
@@ -241,7 +252,13 @@ class KoutenRetrieveRequest(_Request):
     ring: str | None = Field(
         default=None, max_length=512, json_schema_extra={"pattern": "^[^/]+(/[^/]+)*$"}
     )
-    profile: str = Field(default=DEFAULT_PROFILE, min_length=1, max_length=128)
+    # null means the default profile, as a field left out does.
+    profile: str = Field(
+        default=DEFAULT_PROFILE,
+        min_length=1,
+        max_length=128,
+        json_schema_extra=_null_means_default,
+    )
     amount: str | None = Field(default=None, json_schema_extra={"enum": [*AMOUNTS, None]})
     scope: str | None = Field(default=None, json_schema_extra={"enum": [*SCOPES, None]})
     depth: str | None = Field(default=None, json_schema_extra={"enum": [*DEPTHS, None]})
@@ -267,6 +284,11 @@ class KoutenRetrieveRequest(_Request):
         return None if value is None else check_ring(value)
 
     _words = field_validator("amount", "scope", "depth")(lambda v, info: _check_word(v, info))
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _null_profile(cls, value: object) -> object:
+        return DEFAULT_PROFILE if value is None else value
 
 
 class KoutenPlanRequest(KoutenRetrieveRequest):

@@ -486,12 +486,13 @@ def _query(request: KoutenRetrieveRequest, ports: KoutenPorts) -> _Query:
     return _Query(mode, text, vector)
 
 
-def _plan_vector(q: _Query, ports: KoutenPorts) -> Vector | None:
+def _plan_vector(q: _Query, ports: KoutenPorts, namespace: str) -> Vector | None:
     """The vector rings are ranked by: the given one, else the query text's embedding."""
     if q.vector is not None:
         return np.asarray(q.vector, dtype=np.float64)
     if q.text:
-        return np.asarray(ports.query.query_vectors.vector(q.text), dtype=np.float64)
+        vector = ports.query.query_vectors.vector(q.text, tenant=namespace)
+        return np.asarray(vector, dtype=np.float64)
     return None
 
 
@@ -518,7 +519,7 @@ def plan_request(
         ports.limits.profiles.get(request.fusionProfile)
     query = None
     if request.queryText.strip() or request.queryVector is not None:
-        query = _plan_vector(_query(request, ports), ports)
+        query = _plan_vector(_query(request, ports), ports, namespace)
     route = admitted_route(namespace, request.scopeRef, principal=principal, ports=ports.query)
     table = ports.tables.get(route, galaxy)
     plan, _ = make_plan(knobs, request.ring, table, query)
@@ -538,7 +539,7 @@ def retrieve_envelope(
     _check_budget(knobs, ports.limits)
     route = admitted_route(namespace, request.scopeRef, principal=principal, ports=ports.query)
     table = ports.tables.get(route, galaxy)
-    plan, rings = make_plan(knobs, request.ring, table, _plan_vector(q, ports))
+    plan, rings = make_plan(knobs, request.ring, table, _plan_vector(q, ports, namespace))
     hits = search_rings(
         RingSearch(
             principal=principal,

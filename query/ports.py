@@ -329,17 +329,21 @@ class RecordReader(Protocol):
 class Cache(Protocol):
     """A byte cache with TTLs (responses, query embeddings).
 
-    Guarantees: `get` returns exactly what `set` stored under the key, or None (absent,
-    expired or evicted); a cache never makes an answer wrong — keys bind everything the
-    value depends on. Failures raise `DependencyUnavailable`; callers then go uncached.
+    Guarantees: `get` returns exactly what `set` stored under the key for the same
+    `tenant` (a namespace; "" for process-wide entries), or None (absent, expired or
+    evicted); tenants never share an entry; a cache never makes an answer wrong — keys
+    bind everything the value depends on. The in-process cache bounds each tenant apart,
+    so one tenant's entries never evict another's (within its tenant bound); Redis
+    bounds only its whole memory. Failures raise `DependencyUnavailable`; callers then
+    go uncached.
     """
 
     @property
     def name(self) -> str: ...
 
-    def get(self, key: str) -> bytes | None: ...
+    def get(self, key: str, *, tenant: str = "") -> bytes | None: ...
 
-    def set(self, key: str, value: bytes, ttl_seconds: float) -> None: ...
+    def set(self, key: str, value: bytes, ttl_seconds: float, *, tenant: str = "") -> None: ...
 
     def close(self) -> None: ...
 

@@ -450,7 +450,7 @@ class ScopeResolver:
         if self._shared is None:
             return None
         try:
-            raw = self._shared.get(self._shared_key(key))
+            raw = self._shared.get(self._shared_key(key), tenant=key[0])
         except DependencyUnavailable as exc:
             log.debug("scope cache unavailable: %s", exc.message)
             return None
@@ -461,7 +461,9 @@ class ScopeResolver:
         if self._shared is None:
             return
         try:
-            self._shared.set(self._shared_key(key), generation_id.encode(), self._ttl)
+            self._shared.set(
+                self._shared_key(key), generation_id.encode(), self._ttl, tenant=key[0]
+            )
         except DependencyUnavailable as exc:
             log.debug("scope cache unavailable: %s", exc.message)
 

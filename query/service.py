@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -57,6 +55,7 @@ from query.ports import (
 )
 from query.profiles import ProfileRegistry
 from query.scopes import ScopeResolver, ScopeTarget, merge_filters
+from query.tenant_lru import TenantLru
 
 __all__ = [
     "Principal",
@@ -119,24 +118,27 @@ class QueryLimits:
 
 
 class QueryEmbeddingCache:
-    """Query vectors by `(embedder_id, text)`: a bounded in-process LRU in front of an
-    optional shared cache (Redis in server mode). Thread-safe; a shared-cache failure
-    only costs an embedding."""
+    """Query vectors by `(embedder_id, text)`, per tenant: a bounded in-process LRU per
+    namespace (`query.tenant_lru`: one tenant's queries never evict another's vectors)
+    in front of an optional shared cache (Redis in server mode, keys per tenant).
+    Thread-safe; a shared-cache failure only costs an embedding."""
 
     def __init__(
         self,
         embedder: Embedder,
         *,
-        capacity: int = 4_096,
+        capacity: int = 512,
+        max_tenants: int = 16,
         shared: Cache | None = None,
         ttl_seconds: float = 86_400.0,
     ) -> None:
         self._embedder = embedder
-        self._capacity = capacity
         self._shared = shared
         self._ttl = ttl_seconds
-        self._items: OrderedDict[str, tuple[float, ...]] = OrderedDict()
-        self._lock = threading.Lock()
+        # ~12 KiB per 384-d vector (a tuple of floats): at most capacity × max_tenants.
+        self._items: TenantLru[tuple[float, ...]] = TenantLru(
+            max_entries=capacity, max_bytes=2**62, max_tenants=max_tenants
+        )
 
     @property
     def embedder_id(self) -> str:
@@ -146,38 +148,33 @@ class QueryEmbeddingCache:
     def dimension(self) -> int:
         return self._embedder.dimension
 
-    def vector(self, text: str) -> tuple[float, ...]:
-        with self._lock:
-            hit = self._items.get(text)
-            if hit is not None:
-                self._items.move_to_end(text)
-                return hit
+    def vector(self, text: str, *, tenant: str = "") -> tuple[float, ...]:
+        hit = self._items.get(tenant, text)
+        if hit is not None:
+            return hit
         key = f"qv:{self.embedder_id}:{sha256_hex(text.encode())}"
-        vector = self._shared_get(key)
+        vector = self._shared_get(key, tenant)
         if vector is None:
             vector = self._embedder.embed([text])[0]
-            self._shared_set(key, vector)
-        with self._lock:
-            self._items[text] = vector
-            while len(self._items) > self._capacity:
-                self._items.popitem(last=False)
+            self._shared_set(key, vector, tenant)
+        self._items.put(tenant, text, vector)
         return vector
 
-    def _shared_get(self, key: str) -> tuple[float, ...] | None:
+    def _shared_get(self, key: str, tenant: str) -> tuple[float, ...] | None:
         if self._shared is None:
             return None
         try:
-            raw = self._shared.get(key)
+            raw = self._shared.get(key, tenant=tenant)
         except DependencyUnavailable as exc:
             log.debug("query-vector cache unavailable: %s", exc.message)
             return None
         return None if raw is None else tuple(json.loads(raw))
 
-    def _shared_set(self, key: str, vector: tuple[float, ...]) -> None:
+    def _shared_set(self, key: str, vector: tuple[float, ...], tenant: str) -> None:
         if self._shared is None:
             return
         try:
-            self._shared.set(key, json.dumps(vector).encode(), self._ttl)
+            self._shared.set(key, json.dumps(vector).encode(), self._ttl, tenant=tenant)
         except DependencyUnavailable as exc:
             log.debug("query-vector cache unavailable: %s", exc.message)
 
@@ -731,7 +728,11 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
         lexical = ports.overlap.start(search_lexical)
     given = q.query_vector
     sources = _Sources(
-        query_vector=(given if given is not None else ports.query_vectors.vector(q.text))
+        query_vector=(
+            given
+            if given is not None
+            else ports.query_vectors.vector(q.text, tenant=q.route.namespace)
+        )
         if use_vector
         else None,
         lexical=[],
@@ -984,6 +985,7 @@ class _ResponseProbe:
     ports: QueryPorts
     state: CacheState = "disabled"
     key: str = ""
+    tenant: str = ""
     cached: TopKResponse | None = None
     cached_next: CursorPosition | None = None
 
@@ -996,8 +998,9 @@ class _ResponseProbe:
         if self.ports.responses is None:
             return False
         self.key = _response_key(self.request, self.principal, route, profile, extra)
+        self.tenant = route.namespace
         try:
-            raw = self.ports.responses.get(self.key)
+            raw = self.ports.responses.get(self.key, tenant=route.namespace)
         except DependencyUnavailable as exc:
             log.warning("response cache unavailable: %s", exc.message)
             self.state = "unavailable"
@@ -1030,7 +1033,7 @@ class _ResponseProbe:
                 }
             ).encode()
         try:
-            self.ports.responses.set(self.key, value, ttl_seconds)
+            self.ports.responses.set(self.key, value, ttl_seconds, tenant=self.tenant)
         except DependencyUnavailable as exc:
             log.warning("response cache unavailable: %s", exc.message)
 

@@ -1,64 +1,53 @@
-"""The embedded cache: an in-process LRU with per-entry TTLs."""
+"""The embedded cache: an in-process LRU per tenant with per-entry TTLs."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
+
+from query.tenant_lru import TenantLru
 
 __all__ = ["MemoryCache"]
 
 
 class MemoryCache:
-    """`Cache` in process memory, bounded by entry count and total bytes. Thread-safe."""
+    """`Cache` in process memory: per tenant (`query.tenant_lru`) bounded by entry count
+    and total bytes, at most `max_tenants` tenants (the least recently used one dropped
+    whole past that): by default 2,000 entries and 8 MiB per tenant, 16 tenants, so
+    at most 128 MiB of values. Thread-safe."""
 
     def __init__(
         self,
         *,
-        max_entries: int = 10_000,
-        max_bytes: int = 64 * 1024 * 1024,
+        max_entries: int = 2_000,
+        max_bytes: int = 8 * 1024 * 1024,
+        max_tenants: int = 16,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
-        self._max_entries = max_entries
-        self._max_bytes = max_bytes
-        self._bytes = 0
+        self._items: TenantLru[tuple[float, bytes]] = TenantLru(
+            max_entries=max_entries,
+            max_bytes=max_bytes,
+            max_tenants=max_tenants,
+            size=lambda item: len(item[1]),
+        )
         self._clock = clock
-        self._lock = threading.Lock()
 
     @property
     def name(self) -> str:
         return "memory"
 
-    def get(self, key: str) -> bytes | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is None:
-                return None
-            expires, value = item
-            if expires <= self._clock():
-                self._remove(key)
-                return None
-            self._items.move_to_end(key)
-            return value
+    def get(self, key: str, *, tenant: str = "") -> bytes | None:
+        item = self._items.get(tenant, key)
+        if item is None:
+            return None
+        expires, value = item
+        if expires <= self._clock():
+            self._items.remove(tenant, key)
+            return None
+        return value
 
-    def set(self, key: str, value: bytes, ttl_seconds: float) -> None:
-        if len(value) > self._max_bytes:
-            return
-        with self._lock:
-            if key in self._items:
-                self._remove(key)
-            self._items[key] = (self._clock() + ttl_seconds, value)
-            self._bytes += len(value)
-            while len(self._items) > self._max_entries or self._bytes > self._max_bytes:
-                self._remove(next(iter(self._items)))
-
-    def _remove(self, key: str) -> None:
-        _, value = self._items.pop(key)
-        self._bytes -= len(value)
+    def set(self, key: str, value: bytes, ttl_seconds: float, *, tenant: str = "") -> None:
+        self._items.put(tenant, key, (self._clock() + ttl_seconds, value))
 
     def close(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self._bytes = 0
+        self._items.clear()

@@ -7,6 +7,8 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from query.adapters.memory_cache import MemoryCache
 from query.adapters.redis_cache import RedisCache
@@ -85,3 +87,72 @@ def test_keys_naming_hostile_namespaces_stay_apart(cache: Cache) -> None:
     for n, key in enumerate(keys):
         cache.set(key, str(n).encode(), 60)
     assert [cache.get(key) for key in keys] == [str(n).encode() for n in range(len(keys))]
+
+
+def test_tenants_never_share_an_entry(cache: Cache) -> None:
+    cache.set("k", b"a", 60, tenant="tenant-a")
+    cache.set("k", b"b", 60, tenant="tenant-b")
+    assert cache.get("k", tenant="tenant-a") == b"a"
+    assert cache.get("k", tenant="tenant-b") == b"b"
+    assert cache.get("k") is None and cache.get("k", tenant="tenant-c") is None
+
+
+@pytest.mark.servers
+def test_redis_keys_live_under_the_tenants_namespace_token() -> None:
+    import redis
+
+    from contracts.names import namespace_token
+
+    prefix = f"orrery-test-{uuid.uuid4().hex[:8]}:"
+    cache = RedisCache(require_server("redis"), prefix=prefix, timeout_seconds=1.0)
+    raw = redis.Redis.from_url(require_server("redis"))
+    try:
+        for tenant in ("plain", *HOSTILE_NAMESPACES[:3]):
+            cache.set("k", tenant.encode("utf-8", "surrogatepass"), 60, tenant=tenant)
+            stored = raw.get(f"{prefix}{namespace_token(tenant)}:k")
+            assert stored == tenant.encode("utf-8", "surrogatepass")
+        cache.set("k", b"process", 60)
+        assert raw.get(f"{prefix}-:k") == b"process"
+    finally:
+        raw.delete(*raw.keys(f"{prefix}*"))
+        raw.close()
+        cache.close()
+
+
+PER_TENANT = 8
+writes = st.lists(
+    st.tuples(st.sampled_from(["b", "c", "d"]), st.integers(0, 40), st.integers(1, 300)),
+    max_size=120,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a_entries=st.integers(1, PER_TENANT), others=writes)
+def test_another_tenants_writes_never_evict_a_tenants_entries(
+    a_entries: int, others: list[tuple[str, int, int]]
+) -> None:
+    """Issue 22: the caches were one LRU, so tenant B's traffic evicted tenant A's
+    entries. Within the tenant bound, whatever the others write (count, keys, sizes
+    up to the byte bound), every entry of A stays."""
+    cache = MemoryCache(max_entries=PER_TENANT, max_bytes=1_000, max_tenants=4)
+    for n in range(a_entries):
+        cache.set(f"a{n}", f"value-{n}".encode(), 60, tenant="a")
+    for tenant, key, size in others:
+        cache.set(f"{tenant}{key}", b"x" * size, 60, tenant=tenant)
+    assert [cache.get(f"a{n}", tenant="a") for n in range(a_entries)] == [
+        f"value-{n}".encode() for n in range(a_entries)
+    ]
+
+
+def test_a_tenant_is_bounded_on_its_own_and_tenants_past_the_bound_drop_the_coldest() -> None:
+    cache = MemoryCache(max_entries=2, max_bytes=10, max_tenants=2)
+    for key in ("1", "2", "3"):
+        cache.set(key, b"v", 60, tenant="a")
+    assert [cache.get(k, tenant="a") for k in ("1", "2", "3")] == [None, b"v", b"v"]
+    cache.set("big", b"x" * 11, 60, tenant="a")  # over the tenant's bytes: not kept
+    assert cache.get("big", tenant="a") is None and cache.get("3", tenant="a") == b"v"
+    cache.set("1", b"v", 60, tenant="b")
+    cache.get("3", tenant="a")  # a used after b: b is now the coldest tenant
+    cache.set("1", b"v", 60, tenant="c")
+    assert cache.get("1", tenant="b") is None
+    assert cache.get("3", tenant="a") == b"v" and cache.get("1", tenant="c") == b"v"

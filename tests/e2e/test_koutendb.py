@@ -230,6 +230,8 @@ def test_scenario_5_plans(kouten: Server) -> None:
         500,
     ]
     assert plan(kouten, galaxy="s3")["profile"] == "default"
+    # null means the default profile, as a profile left out does (it was a 422).
+    assert plan(kouten, galaxy="s3", profile=None)["profile"] == "default"
 
 
 def test_scenario_6_validator_messages(kouten: Server) -> None:

@@ -120,15 +120,6 @@ ADMISSION_TYPES = {
 }
 
 
-def _open_null_profile(error: dict[str, Any]) -> bool:
-    """Open item (docs/reliability.md): KoutenDB retrieve/plan refuse `"profile": null`,
-    which the served document lets schemathesis send; not yet traced to its cause."""
-    errors = (error.get("details") or {}).get("errors") or []
-    return bool(errors) and all(
-        e.get("loc") == ["profile"] and e.get("type") == "string_type" for e in errors
-    )
-
-
 def _admission_refusal(error: dict[str, Any]) -> bool:
     """Whether a 422 refuses records only for `ADMISSION_TYPES` reasons."""
     records = (error.get("details") or {}).get("records")
@@ -301,12 +292,7 @@ def _refused_valid(response: Any) -> str | None:
         code, message = error["code"], error["message"]
     except (ValueError, KeyError, TypeError):
         return f"{status} without Orrery's error shape"
-    if (
-        code in STATE_CODES
-        or message.startswith(CROSS_FIELD)
-        or _admission_refusal(error)
-        or _open_null_profile(error)
-    ):
+    if code in STATE_CODES or message.startswith(CROSS_FIELD) or _admission_refusal(error):
         return None
     return f"schema-valid request refused: {status} {code}: {response.text[:300]}"
 
