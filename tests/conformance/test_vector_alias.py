@@ -263,7 +263,7 @@ def test_the_server_guards_revisions_when_the_read_is_stale(
     qdrant.index.create("g", DIM)
     qdrant.index.apply("g", [doc("d1", 3, status="active")], [])
     # As if another writer stored revision 3 between this writer's read and its write.
-    monkeypatch.setattr(qdrant.index, "_present_revisions", lambda name, pids: {})
+    monkeypatch.setattr(qdrant.index, "_present_revisions", lambda name, pids, keys: {})
     qdrant.index.apply("g", [doc("d1", 2, status="archived", vector=unit(0, 1, 0, 0))], [])
     [hit] = qdrant.search.search("g", unit(1, 0, 0, 0), SearchFilter(), 5)
     assert (hit.revision, hit.status, hit.score) == (3, "active", pytest.approx(1.0, abs=1e-6))
