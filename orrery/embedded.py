@@ -358,15 +358,21 @@ class EmbeddedStack:
             settings, ("embedded",), span_exporter=span_exporter
         )
         metrics = observability.metrics
-        # The bulk-load child makes the default embedder itself (one thread).
+        # The bulk-load child makes the default embedder itself (one thread), behind
+        # the same vector store when one is configured.
+        child_kwargs: dict[str, Any] = {"threads": 1}
+        if settings.embedding_cache_dir is not None:
+            child_kwargs["cache_dir"] = str(settings.embedding_cache_dir)
         child_embedder = (
-            EmbedderFactory("projector.bootstrap:default_embedder", {"threads": 1})
+            EmbedderFactory("projector.bootstrap:default_embedder", child_kwargs)
             if embedder is None
             else None
         )
         # Queries embed in a session of their own; an injected embedder serves both.
         query_embedder = embedder or warm_query_embedder(settings.query_embedder_threads)
-        embedder = embedder or default_embedder(settings.embedder_threads)
+        embedder = embedder or default_embedder(
+            settings.embedder_threads, settings.embedding_cache_dir
+        )
         if metrics is not None:
             query_embedder = CountingEmbedder(query_embedder, metrics, "queries")
             embedder = CountingEmbedder(embedder, metrics, "documents")

@@ -277,7 +277,7 @@ class DirectAdmin:
             projector = embedded_projector(
                 settings.data_dir,
                 db_path,
-                embedder=default_embedder(settings.embedder_threads),
+                embedder=default_embedder(settings.embedder_threads, settings.embedding_cache_dir),
                 batch_size=settings.projector_batch_size,
                 text_languages=settings.text_languages(),
             )
@@ -318,7 +318,7 @@ class DirectAdmin:
 
         if settings.database_url:
             migrate_all(settings.database_url)
-        embedder = default_embedder(settings.embedder_threads)
+        embedder = default_embedder(settings.embedder_threads, settings.embedding_cache_dir)
         qdrant = qdrant_client(settings)
         # The query side a qualification runs through (no response cache, no gate).
         ports, close_ports = server_query_ports(

@@ -209,7 +209,7 @@ class ServerStack:
         # Queries embed in a session of their own; an injected embedder serves both.
         query_embedder = embedder
         if needs_embedder and embedder is None:
-            embedder = default_embedder(settings.embedder_threads)
+            embedder = default_embedder(settings.embedder_threads, settings.embedding_cache_dir)
             if Role.QUERY in roles:
                 query_embedder = warm_query_embedder(settings.query_embedder_threads)
         if metrics is not None:

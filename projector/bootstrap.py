@@ -189,11 +189,17 @@ class EmbeddedProjector:
         self.lock.close()
 
 
-def default_embedder(threads: int = 2) -> Embedder:
-    """all-MiniLM-L6-v2 (int8 ONNX) from its PyPI package; loaded on first use."""
+def default_embedder(threads: int = 2, cache_dir: str | Path | None = None) -> Embedder:
+    """all-MiniLM-L6-v2 (int8 ONNX) from its PyPI package; loaded on first use. With
+    `cache_dir` (`ORRERY_EMBEDDING_CACHE_DIR`), behind the vector store kept there."""
     from projector.adapters.onnx_embedder import OnnxMiniLMEmbedder
 
-    return OnnxMiniLMEmbedder(intra_op_num_threads=threads)
+    embedder = OnnxMiniLMEmbedder(intra_op_num_threads=threads)
+    if cache_dir:
+        from projector.adapters.embedding_cache import CachingEmbedder
+
+        return CachingEmbedder(embedder, Path(cache_dir))
+    return embedder
 
 
 def warm_query_embedder(threads: int) -> Embedder:
@@ -263,9 +269,14 @@ class EmbedderFactory:
 
 def _child_embedder(embedder: Embedder) -> EmbedderFactory | None:
     """The factory of the default embedder (one thread in a child); None for others."""
+    kwargs: dict[str, Any] = {"threads": 1}
+    cached = sys.modules.get("projector.adapters.embedding_cache")
+    if cached is not None and isinstance(embedder, cached.CachingEmbedder):
+        kwargs["cache_dir"] = str(embedder.directory)
+        embedder = embedder.inner
     onnx = sys.modules.get("projector.adapters.onnx_embedder")
     if onnx is not None and isinstance(embedder, onnx.OnnxMiniLMEmbedder):
-        return EmbedderFactory(f"{__name__}:default_embedder", {"threads": 1})
+        return EmbedderFactory(f"{__name__}:default_embedder", kwargs)
     return None
 
 

@@ -150,6 +150,12 @@ class QuerySettings(BaseSettings):
     projector_batch_size: int = Field(default=2_048, ge=1, le=100_000)
     projector_poll_seconds: float = Field(default=0.05, gt=0.0)
     embedder_threads: int = Field(default=2, ge=1, le=64)
+    embedding_cache_dir: Path | None = Field(
+        default=None,
+        description="A directory of document vectors kept across data dirs and processes, "
+        "keyed by embedder id and text digest (a corpus loaded again is not re-embedded); "
+        "None = each data dir's own vector cache only",
+    )
     query_embedder_threads: int = Field(
         default=1,
         ge=1,

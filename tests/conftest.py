@@ -84,6 +84,29 @@ def _drop_run_resources() -> Iterator[None]:
         drop_engine_resources(f"orrery-test-{tag}")
 
 
+# `orrery serve --sample` and the other servers the suite starts embed the same texts
+# again and again (the 306-record sample: 20-40 s of a loaded 2-core machine each time).
+# They share one content-addressed vector store (`ORRERY_EMBEDDING_CACHE_DIR`: keyed by
+# embedder id and text digest, so a hit is the vector the model gives that text) under
+# the run's temporary root, which every xdist worker of the run sees. A value already in
+# the environment (a cache kept between runs) is used as it is.
+EMBEDDING_CACHE_ENV = "ORRERY_EMBEDDING_CACHE_DIR"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _embedding_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    if os.environ.get(EMBEDDING_CACHE_ENV):
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    os.environ[EMBEDDING_CACHE_ENV] = str(root / "embedding-cache")
+    try:
+        yield
+    finally:
+        os.environ.pop(EMBEDDING_CACHE_ENV, None)
+
+
 @contextlib.contextmanager
 def new_database() -> Iterator[str]:
     """The URL of a new, empty database on the harness's PostgreSQL, dropped afterwards

@@ -9,7 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,9 +101,13 @@ def canonical_heads(
 
 
 def start_server(
-    data_dir: Path, *extra: str, env: dict[str, str] | None = None, command: str = "serve"
+    data_dir: Path,
+    *extra: str,
+    env: Mapping[str, str | None] | None = None,
+    command: str = "serve",
 ) -> Server:
-    """Start an `orrery` HTTP command on a free port and wait until /healthz answers."""
+    """Start an `orrery` HTTP command on a free port and wait until /healthz answers.
+    `env` is added to this process's environment; a None value removes that variable."""
     port = free_port()
     log_path = data_dir.parent / f"{command}-{port}.log"
     with log_path.open("ab") as log:
@@ -121,7 +125,7 @@ def start_server(
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None},
         )
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0)
     deadline = time.monotonic() + 60

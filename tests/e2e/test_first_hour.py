@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from projector.bootstrap import operator_lock
+from tests.conftest import EMBEDDING_CACHE_ENV
 from tests.e2e.conftest import Server, free_port, start_server
 
 ADMIN_KEY = "first-hour-admin"
@@ -164,7 +165,8 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, l
     srv = start_server(
         tmp_path_factory.mktemp("first-hour") / "data",
         "--sample",
-        env={"ORRERY_ADMIN_KEY": ADMIN_KEY},
+        # A first start embeds the sample: no vectors kept from the suite's other servers.
+        env={"ORRERY_ADMIN_KEY": ADMIN_KEY, EMBEDDING_CACHE_ENV: None},
     )
     codes: list[int] = []
     deadline = time.monotonic() + 300
