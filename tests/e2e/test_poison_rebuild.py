@@ -37,6 +37,19 @@ from projector.bootstrap import (
 from projector.generations import BuildControl, GenerationAdmin, GenerationOptions
 from query.adapters.sqlite_routing import SqliteRouting
 from query.entrypoints.http import readiness
+from tests.e2e.test_generations import (
+    DEPLOYMENTS,
+    admin_get,
+    best_lexical,
+    build_sealed,
+    deployed,
+    ok,
+    promote,
+    records,
+    topk,
+    verify,
+)
+from tests.e2e.test_generations import NS as GEN_NS
 from tests.fakes import FakeHashingEmbedder
 
 DIM = 16
@@ -300,3 +313,70 @@ def test_a_poison_record_written_during_a_child_build_is_parked_by_its_hand_over
             assert pairs == dep.canonical() - {(poison.doc_id, 1)}, source
         assert [d.document_id for d in dep.projector.state.dead_letters()] == [poison.doc_id]
         assert dep.admin.verify(generation_id).ok
+
+
+# -- a real `orrery serve`, embedded and in server mode ----------------------------------
+
+
+@pytest.mark.parametrize("kind", DEPLOYMENTS)
+def test_orrery_serve_rebuilds_promotes_and_serves_a_scope_holding_a_poison_record(
+    tmp_path: Path, kind: str
+) -> None:
+    """The way it failed: a scope holding an all-zero vector written before the door (here
+    straight into the canonical store) could not be rebuilt. Now the build seals with the
+    record parked, verifies, is promoted, and every other record is searchable in it."""
+    with deployed(kind, tmp_path / "data", ORRERY_GEN_BUILD_BATCH_SIZE="10") as srv:
+        assert srv.post_records(records(0, 40)).status_code == 200
+        bad = Record.model_validate(
+            {
+                "namespace": GEN_NS,
+                "snapshot_kind": KIND,
+                "item_id": "obj-poison",
+                "revision": 1,
+                "text": {"title": "poison number 99"},
+                "metadata": {"status": "active", "updated_at": "2026-06-01T10:00:00Z"},
+                "vector": [0.0] * 384,
+            }
+        )
+        store: Any
+        if srv.database_url:
+            from ingest.adapters.postgres_store import PostgresRecordStore
+
+            store = PostgresRecordStore(srv.database_url)
+        else:
+            store = SqliteRecordStore(srv.data_dir / "orrery.sqlite")
+        try:
+            store.write([bad])
+        finally:
+            store.close()
+        srv.wait_projected(timeout=120, documents={(GEN_NS, KIND): 40})
+        generation_id = build_sealed(srv)
+        view = ok(admin_get(srv, f"/{generation_id}"))
+        assert view["descriptor"]["source_manifest"]["dead_lettered"] == [[bad.doc_id, 1]]
+        check = verify(srv, generation_id)
+        assert check["verified"], check
+        assert check["check"]["coverage"]["dead_lettered"] == 1
+        promote(srv, generation_id)
+        answer = ok(topk(srv, "item number 17"))
+        assert answer["generation_id"] == generation_id
+        assert best_lexical(answer) == "obj-17"
+        everything = ok(topk(srv, "", limit=100, filters={"status": ["active"]}))
+        assert sorted(r["item_id"] for r in everything["results"]) == sorted(
+            f"obj-{i}" for i in range(40)
+        )
+        letters = _dead_letters(srv, GEN_NS)
+        assert [(d["document_id"], d["revision"]) for d in letters] == [(bad.doc_id, 1)]
+
+
+def _dead_letters(srv: Any, namespace: str) -> list[dict[str, Any]]:
+    if srv.database_url:
+        from query.adapters.postgres_routing import PostgresRouting, open_reads
+
+        reads = open_reads(srv.database_url, pool_size=1)
+        try:
+            return list(PostgresRouting(reads).dead_letters(1_000, namespace=namespace))
+        finally:
+            reads.close()
+    return list(
+        SqliteRouting(srv.data_dir / "orrery.sqlite").dead_letters(1_000, namespace=namespace)
+    )
