@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from contracts.admin import BuildRequest
 from contracts.digests import id_set_digest
+from contracts.errors import DependencyUnavailable
 from contracts.records import Record
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from orrery.cli import app
@@ -380,3 +381,35 @@ def _dead_letters(srv: Any, namespace: str) -> list[dict[str, Any]]:
     return list(
         SqliteRouting(srv.data_dir / "orrery.sqlite").dead_letters(1_000, namespace=namespace)
     )
+
+
+class UnreachableVectors:
+    """The real vector index, but every write fails as an unreachable engine does."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.writes = 0
+
+    def apply(self, *args: Any, **kwargs: Any) -> None:
+        self.writes += 1
+        raise DependencyUnavailable("qdrant-edge", "unreachable (injected)")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_transient_fault_still_fails_the_build_and_parks_nothing(tmp_path: Path) -> None:
+    """An engine that cannot be reached is the engine's fault, not a record's: the batch
+    is tried `_LOAD_ATTEMPTS` times, then the build fails; nothing is dead-lettered."""
+    import dataclasses
+
+    with deployment(tmp_path, in_child=False) as dep:
+        dep.store.write([rec(f"ok-{i}", vector=unit(i)) for i in range(5)])
+        unreachable = UnreachableVectors(dep.admin.ports.vectors)
+        dep.admin.ports = dataclasses.replace(dep.admin.ports, vectors=unreachable)
+        with pytest.raises(DependencyUnavailable, match="unreachable"):
+            dep.build()
+        assert unreachable.writes == 3
+        (row,) = dep.admin.rows(NS, KIND)
+        assert row.state.value == "failed"
+        assert dep.projector.state.dead_letter_count() == 0
