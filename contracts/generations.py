@@ -106,7 +106,10 @@ class SourceManifest(BaseModel):
 
     `high_water` is the log position the snapshot reflects; `document_count` and
     `id_set_digest` describe the canonical store's live documents of the scope at that
-    position (sha256 over sorted `(document_id, revision)`).
+    position (sha256 over sorted `(document_id, revision)`). `dead_lettered`: the
+    `(document_id, revision)` pairs of the snapshot the build could not apply (refused
+    at the door or by an engine, deterministically) and parked as dead letters instead:
+    the generation does not hold them, and its coverage check leaves them out (sorted).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -116,11 +119,14 @@ class SourceManifest(BaseModel):
     high_water: int
     document_count: int
     id_set_digest: str
+    dead_lettered: tuple[tuple[str, int], ...] = ()
 
     @property
     def manifest_id(self) -> str:
-        """The manifest's digest: its identity."""
-        return sha256_json(self.model_dump(mode="json"))
+        """The manifest's digest: its identity (a manifest without dead letters has the
+        identity it had before the field existed)."""
+        exclude = None if self.dead_lettered else {"dead_lettered"}
+        return sha256_json(self.model_dump(mode="json", exclude=exclude))
 
 
 class BuildReceipt(BaseModel):
@@ -236,7 +242,10 @@ class EngineEvidence(BaseModel):
 
     `missing`: expected but absent; `unexpected`: present but not expected; `stale`:
     present at another revision; `duplicates`: ids the engine holds more than once. The
-    id lists are bounded samples (sorted); the `*_count` fields are exact.
+    id lists are bounded samples (sorted); the `*_count` fields are exact. For the
+    `canonical` coverage check, `dead_lettered` counts the canonical store's live pairs
+    left out of the expected set because they are parked as dead letters (the
+    generation removed them at that revision).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -249,6 +258,7 @@ class EngineEvidence(BaseModel):
     unexpected_count: int = 0
     stale_count: int = 0
     duplicates: int = 0
+    dead_lettered: int = 0
     missing: tuple[str, ...] = ()
     unexpected: tuple[str, ...] = ()
     stale: tuple[str, ...] = ()

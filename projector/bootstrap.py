@@ -311,6 +311,7 @@ def embedded_generation_admin(
     return GenerationAdmin(
         GenerationPorts(
             registry=projector.state,
+            dead_letters=projector.state,
             contents=projector.state,
             maintenance=projector.state,
             evidence_log=projector.state,
@@ -375,6 +376,7 @@ def bulk_load_ports(
     writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
     ports = GenerationPorts(
         registry=state,
+        dead_letters=state,
         contents=state,
         maintenance=state,
         evidence_log=state,
@@ -583,6 +585,7 @@ def server_generation_admin(
     admin = GenerationAdmin(
         GenerationPorts(
             registry=state,
+            dead_letters=state,
             contents=state,
             maintenance=state,
             evidence_log=state,

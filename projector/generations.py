@@ -44,7 +44,7 @@ from contracts.admin import (
 )
 from contracts.digests import id_set_digest, sha256_json
 from contracts.embedding import Embedder
-from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError, is_deterministic
 from contracts.events import LogEntry
 from contracts.faults import crash_point
 from contracts.generations import (
@@ -82,6 +82,7 @@ from projector.ports import (
     CanonicalSnapshot,
     CopyRead,
     CopyReadback,
+    DeadLetterBox,
     EngineReadback,
     EventLog,
     EvidenceLog,
@@ -92,11 +93,18 @@ from projector.ports import (
     ProjectionState,
     ReceiptLog,
     RegistrySnapshot,
+    RejectedRecord,
     VectorCache,
     VectorIndex,
     WriterLock,
 )
-from projector.service import analyzed_schema_digest, embed_records
+from projector.service import (
+    BatchContainment,
+    PoisonGuard,
+    analyzed_schema_digest,
+    embed_records,
+    park_rejected,
+)
 
 __all__ = [
     "ORPHANED_AFTER",
@@ -125,6 +133,8 @@ _CHECKABLE = frozenset({GenerationState.SEALED, GenerationState.VERIFIED, Genera
 # Attempts per snapshot batch when an engine is unavailable, and the pause between them.
 _LOAD_ATTEMPTS = 3
 _LOAD_RETRY_S = 0.5
+# A build parks the snapshot records it cannot apply as dead letters of this consumer.
+BUILD_CONSUMER = "build"
 # The loader looks at the registry every this many batches: an abort by another process
 # (the generation is no longer `building`) stops it.
 _STATE_POLL_BATCHES = 5
@@ -357,6 +367,7 @@ class GenerationPorts:
 
     With `bulk_loader`, `deferred` and `handover` (the embedded deployment), a build's
     snapshot is loaded by another process (`run_build`); without them, in this one.
+    `dead_letters` is the projector's dead-letter box (see `load_snapshot`).
     """
 
     registry: GenerationRegistry
@@ -392,6 +403,9 @@ class GenerationPorts:
     index_config: IndexConfig = field(default_factory=IndexConfig)
     spreads: bool = False
     receipts: ReceiptLog | None = None
+    # Where a build parks the snapshot records it cannot apply (issue 22), as the
+    # projector does; None: such a record fails the build.
+    dead_letters: DeadLetterBox | None = None
 
 
 def config_schema_digest(schema_digest: str, config: IndexConfig) -> str:
@@ -638,26 +652,62 @@ def _check(
     )
 
 
+# Dead letters read per coverage check at most (parked records are rare).
+_PARKED_READ = 100_000
+
+
+def _parked_pairs(
+    descriptor: GenerationDescriptor, manifest: SourceManifest | None, ports: GenerationPorts
+) -> set[tuple[str, int]]:
+    """The scope's `(document_id, revision)` pairs parked as dead letters: those its
+    build's manifest lists and those in the dead-letter box now (parked by a build or
+    by the projector; a re-drive removes a letter only once it wrote a newer revision)."""
+    parked = set(manifest.dead_lettered) if manifest is not None else set()
+    if ports.dead_letters is not None:
+        parked.update(
+            (letter.document_id, letter.revision)
+            for letter in ports.dead_letters.dead_letters(
+                _PARKED_READ, namespace=descriptor.namespace
+            )
+            if letter.snapshot_kind == descriptor.snapshot_kind
+            and letter.document_id is not None
+            and letter.revision is not None
+        )
+    return parked
+
+
 def _coverage(
     descriptor: GenerationDescriptor,
     registry: RegistrySnapshot,
     digest: str,
     ports: GenerationPorts,
+    manifest: SourceManifest | None = None,
 ) -> tuple[EngineEvidence, RegistrySnapshot, str]:
     """The registry's set compared with the canonical store's live set at its position;
     with an unordered log, retried (at the registry's then position) while older
     positions may still be on their way. Returns the evidence and the registry snapshot
-    (and its digest) it was compared at."""
+    (and its digest) it was compared at.
+
+    Canonical pairs parked as dead letters (`_parked_pairs`; `manifest` defaults to the
+    generation's own) are not expected — each generation removed them at their revision
+    — and are counted in the evidence's `dead_lettered`, never left out silently."""
     deadline = time.monotonic() + (
         0.0 if ports.options.ordered_log else ports.options.coverage_wait_seconds
+    )
+    parked = _parked_pairs(
+        descriptor, manifest if manifest is not None else descriptor.source_manifest, ports
     )
     while True:
         canonical = ports.snapshot.live_pairs_at(
             descriptor.namespace, descriptor.snapshot_kind, registry.applied_position
         )
-        diff = diff_pairs(registry.pairs, canonical, expected_digest=digest)
+        expected = [pair for pair in canonical if pair not in parked]
+        diff = diff_pairs(registry.pairs, expected, expected_digest=digest)
         if diff.matches or time.monotonic() >= deadline:
-            return engine_evidence("canonical", diff), registry, digest
+            evidence = engine_evidence("canonical", diff).model_copy(
+                update={"dead_lettered": len(canonical) - len(expected)}
+            )
+            return evidence, registry, digest
         time.sleep(0.5)
         registry = ports.contents.registry_pairs(descriptor.generation_id)
         digest = id_set_digest(registry.pairs.items())
@@ -835,22 +885,20 @@ def load_snapshot(
     written under the writer lock and only where the generation does not already hold
     the same or a newer revision (a dual write may have got there first, with an upsert
     or a tombstone), so replays and races converge. Vectors come from the records or
-    the vector cache (nothing already embedded is embedded again). Stops with
+    the vector cache (nothing already embedded is embedded again). A record that cannot
+    be applied is parked as a dead letter and left out (`_load_batch`); the manifest
+    lists it (`SourceManifest.dead_lettered`) and seal's coverage check leaves it out of
+    the expected set. Stops with
     `BuildAborted` when cancelled or when the generation left `building`.
     """
     generation_id = descriptor.generation_id
     started = time.perf_counter()
     durations: dict[str, float] = {}
-    counters = {"written": 0, "skipped": 0, "failed": 0, "batches": 0}
+    counters = {"written": 0, "skipped": 0, "failed": 0, "batches": 0, "dead_lettered": 0}
     control.progress("snapshot", 0, 0)
     keys = ports.snapshot.snapshot_keys(descriptor.namespace, descriptor.snapshot_kind)
-    manifest = SourceManifest(
-        namespace=descriptor.namespace,
-        snapshot_kind=descriptor.snapshot_kind,
-        high_water=keys.high_water,
-        document_count=len(keys.keys),
-        id_set_digest=id_set_digest(keys.keys),
-    )
+    guard = PoisonGuard()
+    parked: set[tuple[str, int]] = set()
     durations["snapshot"] = time.perf_counter() - started
     mark = time.perf_counter()
     counters["tombstones"] = _record_tombstones(generation_id, keys.tombstones, ports)
@@ -860,10 +908,12 @@ def load_snapshot(
         _check_running(generation_id, control, ports, counters["batches"])
         chunk = keys.keys[start : start + ports.options.batch_size]
         try:
-            written, skipped = _load_batch(generation_id, chunk, ports)
+            written, skipped, dead = _load_batch(generation_id, chunk, ports, guard)
         except OrreryError:
             counters["failed"] += len(chunk)
             raise
+        parked.update(dead)
+        counters["dead_lettered"] = len(parked)
         counters["written"] += written
         counters["skipped"] += skipped
         counters["batches"] += 1
@@ -872,6 +922,14 @@ def load_snapshot(
         if ports.options.pause_seconds > 0:
             control.wait(ports.options.pause_seconds)
     durations["load"] = time.perf_counter() - mark
+    manifest = SourceManifest(
+        namespace=descriptor.namespace,
+        snapshot_kind=descriptor.snapshot_kind,
+        high_water=keys.high_water,
+        document_count=len(keys.keys),
+        id_set_digest=id_set_digest(keys.keys),
+        dead_lettered=tuple(sorted(parked)),
+    )
     return BulkLoad(manifest, counters, durations)
 
 
@@ -1052,12 +1110,26 @@ def _replay_log(
         plan = plan_batch(events, ports.contents.revisions(generation_id, doc_ids))
         if not plan.revisions:
             continue
-        upserts = list(plan.upserts.values())
+        # The door check, as in the projector and `_load_batch`: a refused record is
+        # parked and removed at its revision (an engine's refusal still fails the build).
+        positions = {
+            (e.event.document_id, e.event.revision): e.position
+            for e in entries
+            if isinstance(e, LogEntry)
+        }
+        rejected: list[RejectedRecord] = []
+        upserts, refused = BatchContainment(PoisonGuard(), rejected).admit(
+            list(plan.upserts.values()), positions, dimension=ports.embedder.dimension
+        )
         vectors, _ = embed_records(upserts, embedder=ports.embedder, cache=ports.cache)
         documents = [to_index_document(r, vectors[r.doc_id]) for r in upserts]
-        deletes = sorted(plan.deletes.items())
+        deletes = sorted({*plan.deletes.items(), *refused})
         ports.lexical.apply(generation_id, documents, deletes)
         ports.vectors.apply(generation_id, documents, deletes)
+        if rejected:
+            park_rejected(rejected, ports.dead_letters, BUILD_CONSUMER)
+        for document_id, revision in refused:
+            plan.revisions[document_id] = (revision, True)
         ports.contents.record_documents(generation_id, plan.revisions)
     return position
 
@@ -1078,32 +1150,86 @@ def _check_running(
 
 
 def _load_batch(
-    generation_id: str, keys: Sequence[tuple[str, int]], ports: GenerationPorts
-) -> tuple[int, int]:
-    """Write one batch of snapshot records; returns `(written, skipped)`."""
+    generation_id: str,
+    keys: Sequence[tuple[str, int]],
+    ports: GenerationPorts,
+    guard: PoisonGuard,
+) -> tuple[int, int, list[tuple[str, int]]]:
+    """Write one batch of snapshot records; returns `(written, skipped, dead-lettered
+    (document_id, revision) pairs)`.
+
+    Contained like the projector's batches (`projector.service.PoisonGuard`): a record
+    the door refuses (`contracts.admission`) or an engine refuses deterministically
+    (found by bisecting the batch) is parked as a dead letter (`ports.dead_letters`,
+    consumer `build`, named by namespace, kind, document id and revision: it has no log
+    position) and recorded in the generation as removed at its revision (a delete in
+    both engines and the registry, so a dual write of the same revision is skipped and
+    a later one applies); the rest of the batch loads. An engine that takes no write of
+    the batch is retried up to `guard.max_attempts` times before its records are
+    parked (the engine may be at fault); a transient fault (`DependencyUnavailable`) is
+    retried `_LOAD_ATTEMPTS` times, then raised. Without a dead-letter box a refused
+    record fails the batch (and the build).
+    """
     records: list[Record] = ports.snapshot.records(keys)
-    vectors, _ = embed_records(records, embedder=ports.embedder, cache=ports.cache)
-    documents = {r.doc_id: to_index_document(r, vectors[r.doc_id]) for r in records}
-    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+    refused_at_door: list[RejectedRecord] = []
+    admitted, _ = BatchContainment(guard, refused_at_door).admit(
+        records, {}, dimension=ports.embedder.dimension
+    )
+    vectors, _ = embed_records(admitted, embedder=ports.embedder, cache=ports.cache)
+    documents = {r.doc_id: to_index_document(r, vectors[r.doc_id]) for r in admitted}
+    upserts = {r.doc_id: r for r in admitted}
+
+    def write(docs: Sequence[IndexDocument], deletes: Sequence[tuple[str, int]]) -> None:
+        ports.lexical.apply(generation_id, docs, deletes)
+        ports.vectors.apply(generation_id, docs, deletes)
+
+    transient = refusals = 0
+    while True:
+        refused_by_engine: list[RejectedRecord] = []
+        containment = BatchContainment(guard, refused_by_engine)
         try:
             with ports.lock.hold():
-                held = ports.contents.revisions(generation_id, list(documents))
+                held = ports.contents.revisions(generation_id, [r.doc_id for r in records])
                 fresh: list[IndexDocument] = [
                     d for d in documents.values() if held.get(d.document_id, 0) < d.revision
                 ]
-                if fresh:
-                    ports.lexical.apply(generation_id, fresh, [])
-                    ports.vectors.apply(generation_id, fresh, [])
-                    ports.contents.record_documents(
-                        generation_id, {d.document_id: (d.revision, False) for d in fresh}
-                    )
-            return len(fresh), len(documents) - len(fresh)
+                refused = containment.write(write, fresh, [], {}, upserts)
+                letters = [
+                    r
+                    for r in [*refused_at_door, *refused_by_engine]
+                    if held.get(r.record.doc_id, 0) <= r.record.revision
+                ]
+                removed = sorted(
+                    (r.record.doc_id, r.record.revision)
+                    for r in letters
+                    if held.get(r.record.doc_id, 0) < r.record.revision
+                )
+                if removed:
+                    # Whatever an engine took of a refused revision leaves again.
+                    write([], removed)
+                if letters:
+                    park_rejected(letters, ports.dead_letters, BUILD_CONSUMER)
+                changes = {d.document_id: (d.revision, False) for d in fresh}
+                changes.update({d: (r, True) for d, r in removed})
+                if changes:
+                    ports.contents.record_documents(generation_id, changes)
+            parked = sorted({(r.record.doc_id, r.record.revision) for r in letters})
+            written = len(fresh) - len(refused)
+            return written, len(records) - written - len(removed), parked
         except DependencyUnavailable as exc:
-            if attempt == _LOAD_ATTEMPTS:
+            transient += 1
+            if transient == _LOAD_ATTEMPTS:
                 raise
             log.warning("snapshot batch of %s failed (%s); retrying", generation_id, exc.message)
-            time.sleep(_LOAD_RETRY_S * attempt)
-    raise AssertionError("unreachable")
+            time.sleep(_LOAD_RETRY_S * transient)
+        except OrreryError as exc:
+            refusals += 1
+            if not is_deterministic(exc) or refusals > guard.max_attempts:
+                raise
+            # The engine took no write of the batch: it may refuse everything (its own
+            # fault, not a record's). `guard` counts; its records are parked at the last.
+            log.warning("snapshot batch of %s refused (%s); retrying", generation_id, exc.message)
+            time.sleep(_LOAD_RETRY_S * refusals)
 
 
 def _catch_up(
@@ -1149,7 +1275,7 @@ def _seal(
     _, current = ports.registry.generation(generation_id)
     registry = ports.contents.registry_pairs(generation_id)
     coverage, registry, digest = _coverage(
-        current, registry, id_set_digest(registry.pairs.items()), ports
+        current, registry, id_set_digest(registry.pairs.items()), ports, manifest
     )
     if not coverage.matches:
         raise OrreryError(

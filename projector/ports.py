@@ -203,20 +203,25 @@ class EventLog(Protocol):
 class RejectedRecord:
     """A decoded event the projector could not apply, deterministically (a poison record).
 
-    `position` is its log position (unique per log), `record` the revision refused,
+    `position` is its log position (unique per log; None for a record a generation build
+    loaded from the canonical snapshot, which has none), `record` the revision refused,
     `code` machine-readable (`contracts.admission` problem types such as `vector_zero`,
     or the engine's error code) and `reason` what failed. As a dead letter its `where` is
-    `event@<position>`.
+    `event@<position>`, or `record@<namespace>/<snapshot_kind>/<document_id>@<revision>`
+    without a position.
     """
 
-    position: int
+    position: int | None
     record: Record
     code: str
     reason: str
 
     @property
     def where(self) -> str:
-        return f"event@{self.position}"
+        if self.position is not None:
+            return f"event@{self.position}"
+        r = self.record
+        return f"record@{r.namespace}/{r.snapshot_kind}/{r.doc_id}@{r.revision}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +244,9 @@ class DeadLetterBox(Protocol):
     """Where the projector parks messages it cannot decode and records it cannot apply.
 
     Guarantees: `park` and `park_rejected` are durable when they return and idempotent
-    on `(consumer, where)` (a replayed batch parks nothing twice); parked messages are
+    on `(consumer, where)` (a replayed batch parks nothing twice); `park_rejected` parks
+    a record revision (namespace, snapshot kind, document id, revision) once, whoever
+    refused it first (the projector or a generation build); parked messages are
     kept, raw bytes included, until `remove` deletes them (an operator's re-drive);
     `dead_letters` lists them oldest first, those of one namespace when it is given.
     """

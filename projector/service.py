@@ -6,7 +6,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from contracts.admission import record_problems
@@ -34,10 +34,12 @@ from projector.ports import (
 )
 
 __all__ = [
+    "BatchContainment",
     "BatchReport",
     "PoisonGuard",
     "analyzed_schema_digest",
     "embed_records",
+    "park_rejected",
     "project_batch",
 ]
 
@@ -221,10 +223,12 @@ def project_batch(
                 vector_engine=vector_engine,
                 topology=topology,
                 text_languages=text_languages if text_languages is not None else TextLanguages(),
-                containment=_Containment(poison if poison is not None else PoisonGuard(), rejected),
+                containment=BatchContainment(
+                    poison if poison is not None else PoisonGuard(), rejected
+                ),
             )
             if rejected:
-                _park_rejected(rejected, dead_letters, consumer)
+                park_rejected(rejected, dead_letters, consumer)
                 report.dead_lettered = len({r.where for r in rejected})
             report.events = len(fetched)
             if entries:
@@ -275,7 +279,7 @@ def _park(messages: Sequence[Undecodable], box: DeadLetterBox | None, consumer: 
     box.park(consumer, messages)
 
 
-def _park_rejected(
+def park_rejected(
     rejected: Sequence[RejectedRecord], box: DeadLetterBox | None, consumer: str
 ) -> None:
     unique = list({r.where: r for r in rejected}.values())
@@ -354,7 +358,7 @@ def _apply_entries(
     vector_engine: str,
     topology: Callable[[str], Topology] | None,
     text_languages: TextLanguages,
-    containment: _Containment,
+    containment: BatchContainment,
 ) -> dict[str, dict[str, tuple[int, bool]]]:
     by_scope: dict[tuple[str, str], list[LogEntry]] = defaultdict(list)
     for entry in entries:
@@ -391,22 +395,9 @@ def _apply_entries(
             report.skipped += plan.skipped
             if not plan.revisions:
                 continue
-            upsert_records: list[Record] = []
-            removed: list[tuple[str, int]] = []
-            for record in plan.upserts.values():
-                # Its size was a limit of the transport it came through already.
-                problems = record_problems(record, dimension=embedder.dimension, size=False)
-                if not problems:
-                    upsert_records.append(record)
-                    continue
-                removed.append((record.doc_id, record.revision))
-                first = problems[0]
-                containment.reject(
-                    positions[(record.doc_id, record.revision)],
-                    record,
-                    first.type,
-                    f"{'.'.join(map(str, first.loc))}: {first.msg}",
-                )
+            upsert_records, removed = containment.admit(
+                list(plan.upserts.values()), positions, dimension=embedder.dimension
+            )
             vecs, embedded = embed_records(upsert_records, embedder=embedder, cache=cache)
             report.embedded += embedded
             docs: list[IndexDocument] = [
@@ -446,24 +437,58 @@ def _apply_entries(
 
 
 @dataclass(slots=True)
-class _Containment:
-    """One batch's poison-record containment (see `PoisonGuard`)."""
+class BatchContainment:
+    """One batch's poison-record containment (see `PoisonGuard`): the projector's for a
+    batch of the log, a generation build's for a batch of the canonical snapshot (whose
+    records have no log position: `positions` maps them to None).
+
+    Refused records are appended to `rejected`; the caller parks them and removes their
+    revision from the generation (a delete at that revision in the engines and the
+    registry)."""
 
     guard: PoisonGuard
     rejected: list[RejectedRecord]
     # Whether an engine write of this batch succeeded (the engines take writes).
     wrote: bool = False
 
-    def reject(self, position: int, record: Record, code: str, reason: str) -> None:
+    def reject(self, position: int | None, record: Record, code: str, reason: str) -> None:
         self.rejected.append(RejectedRecord(position, record, code, reason))
+
+    def admit(
+        self,
+        records: Sequence[Record],
+        positions: Mapping[tuple[str, int], int | None],
+        *,
+        dimension: int,
+    ) -> tuple[list[Record], list[tuple[str, int]]]:
+        """The door check of the write routes (`contracts.admission.record_problems`; a
+        pure function, so a refusal is final): `(records admitted, (document_id,
+        revision) of those rejected)`."""
+        admitted: list[Record] = []
+        refused: list[tuple[str, int]] = []
+        for record in records:
+            # Its size was a limit of the transport it came through already.
+            problems = record_problems(record, dimension=dimension, size=False)
+            if not problems:
+                admitted.append(record)
+                continue
+            refused.append((record.doc_id, record.revision))
+            first = problems[0]
+            self.reject(
+                positions.get((record.doc_id, record.revision)),
+                record,
+                first.type,
+                f"{'.'.join(map(str, first.loc))}: {first.msg}",
+            )
+        return admitted, refused
 
     def write(
         self,
         write: Callable[[Sequence[IndexDocument], Sequence[tuple[str, int]]], None],
         docs: Sequence[IndexDocument],
         deletes: Sequence[tuple[str, int]],
-        positions: dict[tuple[str, int], int],
-        upserts: dict[str, Record],
+        positions: Mapping[tuple[str, int], int | None],
+        upserts: Mapping[str, Record],
     ) -> list[tuple[str, int]]:
         """Write `docs` and `deletes`; on a deterministic failure, bisect to the
         operations that fail alone and return those refused for good, as
@@ -488,7 +513,13 @@ class _Containment:
                 if isinstance(operation, IndexDocument)
                 else operation
             )
-            where = f"event@{positions[(document_id, revision)]}"
+            position = positions.get((document_id, revision))
+            record = upserts.get(document_id)
+            where = (
+                f"event@{position}"
+                if position is not None or record is None
+                else RejectedRecord(None, record, "", "").where
+            )
             attempts = self.guard.failures.get(where, 0) + 1
             if not self.wrote and attempts < self.guard.max_attempts:
                 # Nothing of this batch was written: the engine may refuse everything
@@ -496,11 +527,8 @@ class _Containment:
                 self.guard.failures[where] = attempts
                 raise error
             self.guard.failures.pop(where, None)
-            record = upserts.get(document_id)
             if record is not None and record.revision == revision:
-                self.reject(
-                    positions[(document_id, revision)], record, error.code.value, error.message
-                )
+                self.reject(position, record, error.code.value, error.message)
             refused.append((document_id, revision))
         return refused
 

@@ -712,7 +712,10 @@ class PostgresProjectorState:
             cur.executemany(
                 "INSERT INTO dead_letters (consumer, location, position, message_key, "
                 "message_value, headers_json, reason, parked_at, namespace, snapshot_kind, "
-                "document_id, revision) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "document_id, revision) SELECT %s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s "
+                # A record revision is parked once, by whoever refused it first.
+                "WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE namespace = %s AND "
+                "snapshot_kind = %s AND document_id = %s AND revision = %s) "
                 "ON CONFLICT (consumer, location) DO NOTHING",
                 [
                     (
@@ -724,6 +727,10 @@ class PostgresProjectorState:
                         "[]",
                         f"{r.code}: {r.reason}",
                         now,
+                        r.record.namespace,
+                        r.record.snapshot_kind,
+                        r.record.doc_id,
+                        r.record.revision,
                         r.record.namespace,
                         r.record.snapshot_kind,
                         r.record.doc_id,

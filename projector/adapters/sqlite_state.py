@@ -803,7 +803,10 @@ class SqliteProjectorState:
             conn.executemany(
                 "INSERT OR IGNORE INTO dead_letters (consumer, location, position, "
                 "message_key, message_value, headers_json, reason, parked_at, namespace, "
-                "snapshot_kind, document_id, revision) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                "snapshot_kind, document_id, revision) SELECT ?,?,?,?,?,?,?,?,?,?,?,? "
+                # A record revision is parked once, by whoever refused it first.
+                "WHERE NOT EXISTS (SELECT 1 FROM dead_letters WHERE namespace = ? AND "
+                "snapshot_kind = ? AND document_id = ? AND revision = ?)",
                 [
                     (
                         consumer,
@@ -814,6 +817,10 @@ class SqliteProjectorState:
                         "[]",
                         f"{r.code}: {r.reason}",
                         now,
+                        r.record.namespace,
+                        r.record.snapshot_kind,
+                        r.record.doc_id,
+                        r.record.revision,
                         r.record.namespace,
                         r.record.snapshot_kind,
                         r.record.doc_id,

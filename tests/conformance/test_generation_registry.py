@@ -694,3 +694,45 @@ def test_record_reader_knows_which_namespaces_and_kinds_it_holds(backend: Backen
     assert reader.holds("ns", "graph")
     assert not reader.holds("ns", "midterm")
     assert not reader.holds("nsx") and not reader.holds("other", "objects")
+
+
+def test_dead_letter_box_parks_a_record_revision_once_whoever_refuses_it(
+    registry: Registry,
+) -> None:
+    """`DeadLetterBox.park_rejected`: the projector parks a record at its log position,
+    a generation build at its name (no position); one letter per record revision either
+    way, replays included, and another revision is another letter."""
+    from projector.ports import RejectedRecord
+
+    namespace = f"dl-{time.monotonic_ns()}"
+
+    def rec(item: str, revision: int = 1) -> Record:
+        return Record.model_validate(
+            {
+                "namespace": namespace,
+                "snapshot_kind": "objects",
+                "item_id": item,
+                "revision": revision,
+                "text": {"title": item},
+            }
+        )
+
+    first, second = rec("first"), rec("second")
+    registry.park_rejected("projector", [RejectedRecord(5, first, "vector_zero", "zero")])
+    registry.park_rejected("build", [RejectedRecord(None, first, "vector_zero", "zero")])
+    registry.park_rejected("build", [RejectedRecord(None, second, "vector_zero", "zero")])
+    registry.park_rejected("projector", [RejectedRecord(9, second, "vector_zero", "zero")])
+    registry.park_rejected("build", [RejectedRecord(None, second, "vector_zero", "zero")])
+    again = rec("first", revision=2)
+    registry.park_rejected("build", [RejectedRecord(None, again, "vector_zero", "zero")])
+    letters = registry.dead_letters(namespace=namespace)
+    assert [(d.consumer, d.message.where, d.message.position) for d in letters] == [
+        ("projector", "event@5", 5),
+        ("build", f"record@{namespace}/objects/{second.doc_id}@1", None),
+        ("build", f"record@{namespace}/objects/{first.doc_id}@2", None),
+    ]
+    assert [(d.document_id, d.revision) for d in letters] == [
+        (first.doc_id, 1),
+        (second.doc_id, 1),
+        (first.doc_id, 2),
+    ]

@@ -29,7 +29,7 @@ from ingest.adapters.sqlite_store import SqliteRecordStore
 from orrery.cli import app
 from orrery.redrive import redrive_dead_letters
 from projector.bootstrap import EmbeddedProjector, embedded_projector
-from projector.service import PoisonGuard, _Containment, _write_generation
+from projector.service import BatchContainment, PoisonGuard, _write_generation
 from query.adapters.sqlite_routing import SqliteRouting
 from query.entrypoints.http import readiness
 from tests.fakes import FakeHashingEmbedder
@@ -267,7 +267,7 @@ def test_bisection_isolates_the_document_an_engine_refuses(stack: Stack) -> None
             dimension=DIM,
         )
 
-    containment = _Containment(PoisonGuard(), [])
+    containment = BatchContainment(PoisonGuard(), [])
     refused = containment.write(write, docs, [], positions, {})
     assert refused == [(bad.document_id, bad.revision)]
     assert containment.wrote and len(calls) <= 2 + 2 * math.ceil(math.log2(len(docs)))
@@ -278,8 +278,8 @@ def test_bisection_isolates_the_document_an_engine_refuses(stack: Stack) -> None
     alone = PoisonGuard(max_attempts=3)
     for _ in range(2):
         with pytest.raises(OrreryError):
-            _Containment(alone, []).write(write, [bad], [], positions, {})
-    assert _Containment(alone, []).write(write, [bad], [], positions, {}) == [
+            BatchContainment(alone, []).write(write, [bad], [], positions, {})
+    assert BatchContainment(alone, []).write(write, [bad], [], positions, {}) == [
         (bad.document_id, bad.revision)
     ]
     assert alone.failures == {}
