@@ -395,7 +395,7 @@ def _apply_entries(
             removed: list[tuple[str, int]] = []
             for record in plan.upserts.values():
                 # Its size was a limit of the transport it came through already.
-                problems = record_problems(record, dimension=embedder.dimension, size=False)
+                problems = record_problems(record, dimension=embedder.dimension)
                 if not problems:
                     upsert_records.append(record)
                     continue
