@@ -6,9 +6,9 @@ every attempt — is refused here instead, at the door, with the field that is w
 (issue 22: one all-zero vector acknowledged with 200 stopped indexing for every tenant).
 `POST /v1/records`, the ChonkyDB bulk and single-record routes, the KoutenDB import and
 `orrery ingest` all call `record_problems` and `check_record_size`; the projector calls
-`record_problems` again on what it
-reads (a record that reached the log another way is dead-lettered, never retried
-forever), and the vector engines' `check_vector` applies `vector_problem`.
+`record_problems` again on what it reads (a record that reached the log another way is
+dead-lettered, never retried forever), and the vector engines' `check_vector` applies
+`vector_problem`.
 
 The limits, and where they come from:
 
@@ -226,8 +226,8 @@ def check_record_size(record: Record, *, max_record_bytes: int, index: int = 0) 
     largest = max(parts, key=lambda name: parts[name])
     raise OrreryError(
         ErrorCode.RECORD_TOO_LARGE,
-        f"record {index} is {size} bytes as stored JSON, more than {max_record_bytes} "
-        f"(ORRERY_MAX_RECORD_BYTES); its largest field is {largest}; nothing was written",
+        f"the record is {size} bytes as stored JSON, more than {max_record_bytes} "
+        f"(ORRERY_MAX_RECORD_BYTES); its largest field is {largest}",
         {
             "index": index,
             "document_id": record.doc_id,
