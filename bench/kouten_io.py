@@ -41,6 +41,7 @@ from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.koutendb_io import ImportOptions, JsonlImporter, LineSplitter, dump_lines
 from orrery.cli import tune_gc
 from projector.adapters.sqlite_state import SqliteProjectorState
+from query.settings import QuerySettings
 
 OUT = REPO_ROOT / "docs" / "bench" / "kouten_io.json"
 DIM = 384
@@ -96,6 +97,7 @@ def run_import(data: bytes, db: Path, *, chunk: int = 1 << 16) -> dict[str, Any]
         id_field="_id",
         batch_size=1_000,
         vector_dimension=DIM,
+        max_record_bytes=QuerySettings().max_record_bytes,
     )
     importer = JsonlImporter(options, store)
     splitter = LineSplitter()

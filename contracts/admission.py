@@ -5,9 +5,10 @@ projector would refuse *deterministically* — the same record failing the same 
 every attempt — is refused here instead, at the door, with the field that is wrong
 (issue 22: one all-zero vector acknowledged with 200 stopped indexing for every tenant).
 `POST /v1/records`, the ChonkyDB bulk and single-record routes, the KoutenDB import and
-`orrery ingest` all call `record_problems`; the projector calls it again on what it
-reads (a record that reached the log another way is dead-lettered, never retried
-forever), and the vector engines' `check_vector` applies `vector_problem`.
+`orrery ingest` all call `record_problems` and `check_record_size`; the projector calls
+`record_problems` again on what it reads (a record that reached the log another way is
+dead-lettered, never retried forever), and the vector engines' `check_vector` applies
+`vector_problem`.
 
 The limits, and where they come from:
 
@@ -27,12 +28,15 @@ The limits, and where they come from:
   a payload entry of the record's vector point (Qdrant's request size is bounded);
 - keywords are valid Unicode (no lone surrogate): no engine stores one
   (`projector.model.check_keywords`);
-- a record's JSON is at most `MAX_RECORD_BYTES`: in server mode each record travels as
-  one Kafka message, and a Kafka producer refuses a message over its
-  `max_request_size` (1 MiB by default, as the broker's `message.max.bytes`) on every
-  attempt — one such record would stop the relay, and every tenant's writes behind it.
+- a record's stored JSON is at most the deployment's `ORRERY_MAX_RECORD_BYTES`
+  (`check_record_size`, `413 record_too_large`): the embedded store takes at most
+  `MAX_RECORD_BYTES` (it bounds the memory of every read that loads records); in server
+  mode each record travels as one Kafka message, and a Kafka producer refuses a message
+  over its `max_request_size` (1 MiB by default, as the broker's `message.max.bytes`) on
+  every attempt — one such record would stop the relay, and every tenant's writes
+  behind it (`contracts.events.KAFKA_MAX_RECORD_BYTES`).
 
-Pure functions of the record (and the deployment's dimension); no I/O.
+Pure functions of the record (and the deployment's dimension and bound); no I/O.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "Problem",
     "check_record",
+    "check_record_size",
     "problem_dicts",
+    "record_bytes",
     "record_problems",
     "vector_problem",
 ]
@@ -66,9 +72,9 @@ FLOAT32_EPSILON = 1.1920928955078125e-07
 _FLOAT32_MAX_LENGTH = math.sqrt(FLOAT32_MAX)
 KEYWORD_MAX_BYTES = 8_192
 MAX_FACET_VALUES = 1_024
-# The largest record any deployment stores (the embedded default of
-# `ORRERY_MAX_RECORD_BYTES`). A deployment's own, smaller bound (server mode: 960 KiB,
-# one Kafka message with its envelope) is enforced by its store: `413 record_too_large`.
+# The largest record (its stored JSON) any deployment stores: the embedded deployment's
+# default and ceiling of `ORRERY_MAX_RECORD_BYTES` (server mode's is one Kafka message,
+# `contracts.events.KAFKA_MAX_RECORD_BYTES`).
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 # The most bytes one vector component takes in JSON (`-1.2345678901234567e-308,`).
 _VECTOR_COMPONENT_BYTES = 25
@@ -79,7 +85,7 @@ class Problem:
     """Why a record cannot be applied: the field (`loc`, as pydantic names it), a human
     message and a machine-readable `type` (`vector_not_finite`, `vector_zero`,
     `embedder_mismatch` for a wrong dimension, `keyword_too_long`, `too_many_facets`,
-    `not_unicode`, `record_too_large`)."""
+    `not_unicode`)."""
 
     loc: tuple[str | int, ...]
     msg: str
@@ -141,14 +147,12 @@ def _keyword_problem(loc: tuple[str | int, ...], value: str) -> Problem | None:
     return None
 
 
-def record_problems(
-    record: Record, *, dimension: int | None, vector: bool = True, size: bool = True
-) -> list[Problem]:
+def record_problems(record: Record, *, dimension: int | None, vector: bool = True) -> list[Problem]:
     """Every reason a (validated) record cannot be applied by the projector and every
     engine; empty when it can. A tombstone has none (nothing of it is indexed).
     `dimension` is the embedder's (None: unchecked); `vector=False` leaves the vector
-    out (a caller that checked it with `vector_problem` already); `size=False` the
-    record's size (a record read from the log has travelled already)."""
+    out (a caller that checked it with `vector_problem` already). The record's size is
+    `check_record_size`'s (a 413, not one of these 422 problems)."""
     if record.deleted:
         return []
     problems: list[Problem] = []
@@ -181,43 +185,56 @@ def record_problems(
                     "too_many_facets",
                 )
             )
-    too_large = _size_problem(record) if size else None
-    if too_large is not None:
-        problems.append(too_large)
     return problems
 
 
-def _size_problem(record: Record) -> Problem | None:
-    """`record_too_large` naming the largest field, when the record's JSON (its vector
-    counted at the most a component can take) is over `MAX_RECORD_BYTES`."""
-    vector = 0 if record.vector is None else len(record.vector) * _VECTOR_COMPONENT_BYTES
-    # Cheap bounds first: most records are far below the limit.
-    text = record.text
-    chars = len(text.title) + len(text.body) + sum(map(len, text.tags))
-    if 4 * chars + vector < MAX_RECORD_BYTES // 2:
-        payload = len(json.dumps(record.payload, ensure_ascii=False, separators=(",", ":")))
-        if payload + 4 * chars + vector < MAX_RECORD_BYTES // 2:
-            return None
+def record_bytes(record: Record) -> int:
+    """The size of `record` as every store keeps it: its JSON (`model_dump_json`) in
+    UTF-8 bytes."""
+    return len(record.__pydantic_serializer__.to_json(record))
+
+
+def check_record_size(record: Record, *, max_record_bytes: int, index: int = 0) -> None:
+    """`413 record_too_large` (details: `index`, `document_id`, `record_bytes`,
+    `max_record_bytes`, and `field`, the largest one) when `record`'s stored JSON is over
+    `max_record_bytes` (the deployment's `ORRERY_MAX_RECORD_BYTES`); a record of exactly
+    `max_record_bytes` passes. A tombstone is checked too: it is stored and travels."""
+    dims = 0 if record.vector is None else len(record.vector)
     try:
-        size = len(record.model_dump_json(exclude={"vector"}).encode("utf-8")) + vector
-    except UnicodeEncodeError:
-        return None  # reported as `not_unicode`
-    if size <= MAX_RECORD_BYTES:
-        return None
+        # Without its vector first (serializing floats is most of a record's cost), the
+        # vector counted at the most a component takes: exact only when that is not
+        # enough to decide.
+        if dims:
+            rest = len(record.__pydantic_serializer__.to_json(record, exclude={"vector"}))
+            # `,"vector":[…]` around the components.
+            if rest + 12 + dims * _VECTOR_COMPONENT_BYTES <= max_record_bytes:
+                return
+        size = record_bytes(record)
+    except (UnicodeEncodeError, ValueError):
+        return  # a lone surrogate: reported as `not_unicode` (or refused by validation)
+    if size <= max_record_bytes:
+        return
+    text = record.text
     parts = {
-        ("payload",): len(json.dumps(record.payload, ensure_ascii=False)),
-        ("text", "body"): len(text.body),
-        ("text", "title"): len(text.title),
-        ("text", "tags"): sum(map(len, text.tags)),
-        ("metadata",): len(record.metadata.model_dump_json()),
-        ("vector",): vector,
+        "payload": len(json.dumps(record.payload, ensure_ascii=False)),
+        "text.body": len(text.body),
+        "text.title": len(text.title),
+        "text.tags": sum(map(len, text.tags)),
+        "metadata": len(record.metadata.model_dump_json()),
+        "vector": dims * _VECTOR_COMPONENT_BYTES,
     }
-    largest = max(parts, key=lambda loc: parts[loc])
-    return Problem(
-        largest,
-        f"the record is {size} bytes as JSON, at most {MAX_RECORD_BYTES} "
-        f"(one event on the log); its largest field is {'.'.join(largest)}",
-        "record_too_large",
+    largest = max(parts, key=lambda name: parts[name])
+    raise OrreryError(
+        ErrorCode.RECORD_TOO_LARGE,
+        f"the record is {size} bytes as stored JSON, more than {max_record_bytes} "
+        f"(ORRERY_MAX_RECORD_BYTES); its largest field is {largest}",
+        {
+            "index": index,
+            "document_id": record.doc_id,
+            "field": largest,
+            "record_bytes": size,
+            "max_record_bytes": max_record_bytes,
+        },
     )
 
 

@@ -105,6 +105,11 @@ class ImportLineError(_Out):
         description="Why, machine-readable (e.g. `vector_zero`, `vector_not_finite`, "
         "`keyword_too_long`: see `contracts.admission`).",
     )
+    details: dict[str, Any] | None = Field(
+        default=None,
+        description="What the error envelope's `details` would say (`record_too_large`: "
+        "`record_bytes`, `max_record_bytes`).",
+    )
 
 
 class ImportResponse(_Out):

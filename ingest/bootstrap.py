@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from contracts.events import LogEntry
 from ingest.adapters.sqlite_store import SqliteRecordStore
-from ingest.model import MAX_RECORD_BYTES, FlowLimits
+from ingest.model import FlowLimits
 from ingest.pacing import WriteFlow
 from ingest.ports import JobStore, RecordStore, StoreMaintenance
 from ingest.relay import relay_outbox
@@ -45,7 +45,6 @@ def embedded_store(
     data_dir: Path,
     *,
     on_committed: Callable[[list[LogEntry]], None] | None = None,
-    max_record_bytes: int | None = MAX_RECORD_BYTES,
     on_positions: Callable[[list[tuple[str, int]]], None] | None = None,
 ) -> RecordStore:
     """The canonical store of the embedded deployment: SQLite with its outbox;
@@ -54,7 +53,6 @@ def embedded_store(
     return SqliteRecordStore(
         canonical_db_path(data_dir),
         on_committed=on_committed,
-        max_record_bytes=max_record_bytes,
         on_positions=on_positions,
     )
 
@@ -88,17 +86,15 @@ def describe_store(data_dir: Path, database_url: str | None) -> str:
     )
 
 
-def server_store(
-    data_dir: Path, database_url: str | None, *, max_record_bytes: int | None = MAX_RECORD_BYTES
-) -> RecordStore:
+def server_store(data_dir: Path, database_url: str | None) -> RecordStore:
     """The canonical store of server mode: PostgreSQL (migrated first) when a URL is
     given, else the single-host SQLite file."""
     if not database_url:
-        return embedded_store(data_dir, max_record_bytes=max_record_bytes)
+        return embedded_store(data_dir)
     from ingest.adapters.postgres_store import PostgresRecordStore
 
     migrate_database(database_url)
-    return PostgresRecordStore(database_url, max_record_bytes=max_record_bytes)
+    return PostgresRecordStore(database_url)
 
 
 def server_write_flow(

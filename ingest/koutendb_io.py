@@ -34,7 +34,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from contracts.admission import record_problems, vector_problem
+from contracts.admission import check_record_size, record_problems, vector_problem
 from contracts.errors import ErrorCode, OrreryError
 from contracts.koutendb_io import (
     DUMP_FORMAT,
@@ -51,7 +51,7 @@ from contracts.koutendb_io import (
 )
 from contracts.records import Record, RecordText, derive_document_id
 from contracts.wire import loads_strict
-from ingest.model import MAX_RECORD_BYTES, strings_in
+from ingest.model import strings_in
 from ingest.ports import RecordStore
 from ingest.service import write_records
 
@@ -97,7 +97,8 @@ class ImportOptions:
     # A batch is also full at this many bytes of lines: an import's memory is bounded in
     # bytes, whatever `batchSize` says (60 lines of 15 MB once held +2,977 MiB).
     max_batch_bytes: int = MAX_IMPORT_BATCH_BYTES
-    max_record_bytes: int | None = MAX_RECORD_BYTES
+    # The deployment's `ORRERY_MAX_RECORD_BYTES` (`QuerySettings.max_record_bytes`).
+    max_record_bytes: int = field(kw_only=True)
 
 
 class LineError(Exception):
@@ -374,7 +375,7 @@ class JsonlImporter:
                     refused[0].type,
                 )
                 continue
-            if self._too_large(item, record):
+            if self._too_large(item.line_no, record):
                 continue
             # The same id twice in one batch: the later line is the newer revision.
             next_revision[doc_id] = revision + 1
@@ -392,23 +393,16 @@ class JsonlImporter:
                 message = out.error.message if out.error is not None else "not written"
                 self._error(line_no, ErrorCode.REVISION_CONFLICT, message)
 
-    def _too_large(self, item: _Pending, record: Record) -> bool:
-        """Whether the record is over `max_record_bytes` as stored (an error line). Its
-        payload, text and tags come from the line, each at most the line's size, and its
-        vector adds at most ~100 KB: only a line too long to rule that out is serialized
-        to be measured (a record is serialized once more only then)."""
-        limit = self.options.max_record_bytes
-        if limit is None or 3 * item.size + 128 * 1024 <= limit:
-            return False
-        size = len(record.model_dump_json())
-        if size <= limit:
-            return False
-        self._error(
-            item.line_no,
-            ErrorCode.RECORD_TOO_LARGE,
-            f"the record is {size} bytes as stored, more than {limit} (ORRERY_MAX_RECORD_BYTES)",
-        )
-        return True
+    def _too_large(self, line_no: int, record: Record) -> bool:
+        """Whether the record is over `max_record_bytes` as stored: an error line
+        (`record_too_large`, with the 413's details), the import going on."""
+        try:
+            check_record_size(record, max_record_bytes=self.options.max_record_bytes)
+        except OrreryError as exc:
+            details = {k: v for k, v in exc.details.items() if k != "index"}
+            self._error(line_no, exc.code, exc.message, str(details["field"]), details=details)
+            return True
+        return False
 
     def result(self) -> ImportResponse:
         return ImportResponse(
@@ -432,12 +426,18 @@ class JsonlImporter:
         message: str,
         field: str | None = None,
         reason: str | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         self.errors += 1
         if len(self.error_lines) < MAX_REPORTED_ERRORS:
             self.error_lines.append(
                 ImportLineError(
-                    line=line_no, code=code.value, message=message[:500], field=field, reason=reason
+                    line=line_no,
+                    code=code.value,
+                    message=message[:500],
+                    field=field,
+                    reason=reason,
+                    details=details,
                 )
             )
 

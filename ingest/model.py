@@ -6,14 +6,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from contracts.errors import ErrorCode, OrreryError
-
 __all__ = [
-    "MAX_RECORD_BYTES",
     "Decision",
     "FlowLimits",
     "Outcome",
-    "check_record_bytes",
     "decide_revision",
 ]
 
@@ -55,22 +51,6 @@ class FlowLimits:
     max_lag_events: int = 4_096
     backlog_wait_seconds: float = 30.0
     searchable_wait_seconds: float = 30.0
-
-
-# The largest record (its stored JSON) a store accepts by default
-# (`ORRERY_MAX_RECORD_BYTES`): what bounds the memory of every read that loads records.
-MAX_RECORD_BYTES = 4 * 1024 * 1024
-
-
-def check_record_bytes(index: int, size: int, limit: int | None) -> None:
-    """`413 record_too_large` for a record whose stored JSON is over `limit` bytes."""
-    if limit is not None and size > limit:
-        raise OrreryError(
-            ErrorCode.RECORD_TOO_LARGE,
-            f"record {index} is {size} bytes as stored, more than {limit} "
-            "(ORRERY_MAX_RECORD_BYTES); nothing was written",
-            {"index": index, "record_bytes": size, "max_record_bytes": limit},
-        )
 
 
 def decide_revision(incoming: int, current: int | None) -> Decision:

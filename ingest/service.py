@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from contracts.admission import problem_dicts, record_problems
+from contracts.admission import check_record_size, problem_dicts, record_problems
 from contracts.errors import ErrorBody, ErrorCode, OrreryError
 from contracts.faults import crash_point
 from contracts.ingest_api import WriteItem, WriteResponse
@@ -33,6 +33,7 @@ def parse_batch(
     *,
     max_batch: int,
     vector_dimension: int | None,
+    max_record_bytes: int,
     allowed_namespace: str | None,
     allowed_galaxy: str | None = None,
 ) -> list[Record]:
@@ -43,7 +44,9 @@ def parse_batch(
     would refuse (`contracts.admission.record_problems`: a zero or non-finite-in-float32
     vector, one of another dimension than `vector_dimension`, a keyword too long). A
     record outside the key's namespace (or galaxy) is `403` before anything else is
-    looked at.
+    looked at; a valid record whose stored JSON is over `max_record_bytes` (the
+    deployment's `ORRERY_MAX_RECORD_BYTES`) is `413 record_too_large` at once
+    (`contracts.admission.check_record_size`).
     """
     items = raw.get("records") if isinstance(raw, dict) and set(raw) == {"records"} else raw
     if not isinstance(items, list):
@@ -89,6 +92,7 @@ def parse_batch(
         if refused:
             problems.append({"index": index, "errors": problem_dicts(refused)})
             continue
+        check_record_size(record, max_record_bytes=max_record_bytes, index=index)
         records.append(record)
     if problems:
         unknown = any(e.get("type") == "extra_forbidden" for p in problems for e in p["errors"])

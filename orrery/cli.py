@@ -383,6 +383,7 @@ def _redrive(settings: QuerySettings, limit: int, namespace: str | None) -> list
             box=box,
             store=store,
             dimension=default_embedder(1).dimension,
+            max_record_bytes=settings.max_record_bytes,
             namespace=namespace,
             limit=limit,
         )
@@ -465,7 +466,7 @@ def ingest(
 ) -> None:
     """Load records from a JSONL file into the canonical store (a running `serve` on the
     same data dir projects them within its poll interval)."""
-    from contracts.admission import record_problems
+    from contracts.admission import check_record_size, record_problems
     from projector.bootstrap import default_embedder
 
     settings = _settings(data_dir=data_dir)
@@ -487,8 +488,14 @@ def ingest(
             console.print(f"[red]{file}:{line_no}: {where}: {problem.msg} ({problem.type})")
         if problems:
             raise typer.Exit(1)
+        try:
+            # What every write route refuses with 413 (ORRERY_MAX_RECORD_BYTES).
+            check_record_size(record, max_record_bytes=settings.max_record_bytes)
+        except OrreryError as exc:
+            console.print(f"[red]{escape(str(file))}:{line_no}: {exc.code.value}: {exc.message}")
+            raise typer.Exit(1) from exc
         records.append(record)
-    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
+    store = embedded_store(settings.data_dir)
     accepted = rejected = 0
     try:
         with _progress() as progress:
@@ -558,11 +565,12 @@ def import_jsonl(
             id_field=id_field,
             batch_size=batch_size,
             vector_dimension=default_embedder(1).dimension,
+            max_record_bytes=settings.max_record_bytes,
         )
     except OrreryError as exc:
         raise _fail(exc) from exc
     tune_gc()  # a batch job allocating millions of containers, as a server does
-    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
+    store = embedded_store(settings.data_dir)
     importer = JsonlImporter(options, store)
     splitter = LineSplitter()
     try:
@@ -602,7 +610,7 @@ def dump(
     from ingest.koutendb_io import dump_lines
 
     settings = _settings(data_dir=data_dir)
-    store = embedded_store(settings.data_dir, max_record_bytes=settings.max_record_bytes)
+    store = embedded_store(settings.data_dir)
     try:
         lines = dump_lines(
             store=store,

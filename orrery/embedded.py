@@ -159,6 +159,7 @@ def ingest_routers(
             grants=grants,
             max_batch=settings.max_batch,
             vector_dimension=vector_dimension,
+            max_record_bytes=settings.max_record_bytes,
             on_commit=on_commit,
             flow=flow,
             pacer=pacer,
@@ -169,6 +170,7 @@ def ingest_routers(
             grants=grants,
             max_batch=settings.max_batch,
             vector_dimension=vector_dimension,
+            max_record_bytes=settings.max_record_bytes,
             on_commit=on_commit,
             pacer=pacer,
         ),
@@ -401,7 +403,6 @@ class EmbeddedStack:
             data_dir,
             on_committed=committed,
             on_positions=progress.wrote_events,
-            max_record_bytes=settings.max_record_bytes,
         )
         progress.wrote(store.high_water())
         # Each namespace's backlog left by the last run (the write path paces per

@@ -401,9 +401,11 @@ class DirectAdmin:
 
 
 def _settings(data_dir: Path | None, mode: str | None) -> QuerySettings:
-    settings = QuerySettings()
-    updates = {k: v for k, v in (("data_dir", data_dir), ("mode", mode)) if v is not None}
-    return settings.model_copy(update=updates)
+    # Validated with the overrides: `--mode` changes the deployment's defaults.
+    updates: dict[str, Any] = {
+        k: v for k, v in (("data_dir", data_dir), ("mode", mode)) if v is not None
+    }
+    return QuerySettings(**updates)
 
 
 @contextlib.contextmanager

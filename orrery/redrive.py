@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from contracts.admission import record_problems
+from contracts.admission import check_record_size, record_problems
+from contracts.errors import OrreryError
 from contracts.events import RecordChanged
 from ingest.ports import RecordStore
 from ingest.service import write_records
@@ -50,18 +51,20 @@ def redrive_dead_letters(
     box: DeadLetterBox,
     store: RecordStore,
     dimension: int | None,
+    max_record_bytes: int,
     namespace: str | None = None,
     limit: int = 1_000,
 ) -> list[RedriveOutcome]:
     """Re-drive the oldest `limit` dead letters (of `namespace`, when given); see the
     module docstring and `RedriveOutcome`. Idempotent: a letter is removed only after
     its record was written (a crash in between leaves the letter, whose next re-drive
-    finds the document superseded by the written revision)."""
+    finds the document superseded by the written revision). A record over
+    `max_record_bytes` (`ORRERY_MAX_RECORD_BYTES`) is still refused, as at the door."""
     letters = box.dead_letters(limit, namespace=namespace)
     outcomes: list[RedriveOutcome] = []
     done: list[int] = []
     for letter in letters:
-        outcome = _redrive_one(letter, store, dimension)
+        outcome = _redrive_one(letter, store, dimension, max_record_bytes)
         if outcome.outcome in ("redriven", "superseded"):
             done.append(letter.seq)
         outcomes.append(outcome)
@@ -69,7 +72,9 @@ def redrive_dead_letters(
     return outcomes
 
 
-def _redrive_one(letter: DeadLetter, store: RecordStore, dimension: int | None) -> RedriveOutcome:
+def _redrive_one(
+    letter: DeadLetter, store: RecordStore, dimension: int | None, max_record_bytes: int
+) -> RedriveOutcome:
     if letter.document_id is None or letter.revision is None:
         return RedriveOutcome(letter.seq, "undecodable", reason=letter.message.reason)
     record = RecordChanged.model_validate_json(letter.message.value).record
@@ -84,13 +89,21 @@ def _redrive_one(letter: DeadLetter, store: RecordStore, dimension: int | None) 
             revision=letter.revision,
         )
     problems = record_problems(record, dimension=dimension)
+    reason = ""
     if problems:
         first = problems[0]
+        reason = f"{'.'.join(map(str, first.loc))}: {first.msg} ({first.type})"
+    else:
+        try:
+            check_record_size(record, max_record_bytes=max_record_bytes)
+        except OrreryError as exc:
+            reason = f"{exc.message} ({exc.code.value})"
+    if reason:
         return RedriveOutcome(
             letter.seq,
             "still_refused",
             revision=letter.revision,
-            reason=f"{'.'.join(map(str, first.loc))}: {first.msg} ({first.type})",
+            reason=reason,
             namespace=letter.namespace,
             document_id=letter.document_id,
         )

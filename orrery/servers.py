@@ -25,7 +25,6 @@ from fastapi import APIRouter, FastAPI
 
 from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
-from contracts.events import KAFKA_MAX_RECORD_BYTES
 from ingest.bootstrap import (
     canonical_db_path,
     describe_store,
@@ -182,12 +181,9 @@ class ServerStack:
         metrics = observability.metrics
         log.info("canonical store: %s", describe_store(settings.data_dir, database_url))
         # The canonical store creates (or migrates) the schema every other role reads.
-        # Every event goes through Kafka here: a record is also bounded by its message size.
-        store = server_store(
-            settings.data_dir,
-            database_url,
-            max_record_bytes=min(settings.max_record_bytes, KAFKA_MAX_RECORD_BYTES),
-        )
+        # Every write route bounds a record by ORRERY_MAX_RECORD_BYTES (at most one Kafka
+        # message here: `query.settings.record_ceiling`).
+        store = server_store(settings.data_dir, database_url)
         stack.closers.append(store.close)
         if Role.INGEST in roles:
             stack.store = store
@@ -254,12 +250,7 @@ class ServerStack:
             if paced is not None:
                 stack.closers.append(paced[1])
             routers += ingest_routers(
-                # The import's per-line bound is the store's (Kafka's message size).
-                settings.model_copy(
-                    update={
-                        "max_record_bytes": min(settings.max_record_bytes, KAFKA_MAX_RECORD_BYTES)
-                    }
-                ),
+                settings,
                 store,
                 grants,
                 vector_dimension=None if embedder is None else embedder.dimension,

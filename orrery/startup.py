@@ -68,9 +68,10 @@ def load_settings(**overrides: object) -> QuerySettings:
     """`QuerySettings` from the environment with the command line's `overrides` (None:
     not given); a malformed value is an `ExpectedFailure` naming its variable."""
     try:
-        settings = QuerySettings()
-        values = {k: v for k, v in overrides.items() if v is not None}
-        return settings.model_copy(update=values)
+        # Validated with the overrides (not copied over): `--mode servers` changes the
+        # deployment's defaults (ORRERY_MAX_RECORD_BYTES) and their checks.
+        values: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+        return QuerySettings(**values)
     except ValidationError as exc:
         first = exc.errors()[0]
         value = first.get("input")

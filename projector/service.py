@@ -468,7 +468,7 @@ class BatchContainment:
         refused: list[tuple[str, int]] = []
         for record in records:
             # Its size was a limit of the transport it came through already.
-            problems = record_problems(record, dimension=dimension, size=False)
+            problems = record_problems(record, dimension=dimension)
             if not problems:
                 admitted.append(record)
                 continue

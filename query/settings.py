@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts.admission import MAX_RECORD_BYTES
+from contracts.events import KAFKA_MAX_RECORD_BYTES
 from contracts.index_fields import DEFAULT_TEXT_LANGUAGE, TextLanguages, parse_text_languages
 from contracts.qualification import QualificationThresholds
 
-__all__ = ["QuerySettings"]
+__all__ = ["QuerySettings", "record_ceiling"]
+
+
+def record_ceiling(mode: str) -> int:
+    """The largest record (stored JSON bytes) a deployment's store or log takes, the
+    default and the most of `ORRERY_MAX_RECORD_BYTES`: the embedded store's bound, or in
+    server mode one Kafka message (the event wraps the record)."""
+    return KAFKA_MAX_RECORD_BYTES if mode == "servers" else MAX_RECORD_BYTES
 
 
 class QuerySettings(BaseSettings):
@@ -59,11 +68,12 @@ class QuerySettings(BaseSettings):
         default=100, ge=1, le=10_000, description="Most header lines of one request (431)"
     )
     max_record_bytes: int = Field(
-        default=4 * 1024 * 1024,
+        default=MAX_RECORD_BYTES,
         ge=1_024,
-        le=256 * 1024 * 1024,
-        description="Largest record (its stored JSON) any write route accepts; larger = "
-        "413 record_too_large (import: an error line)",
+        description="Largest record (its stored JSON, UTF-8 bytes) every write route "
+        "accepts; larger = 413 record_too_large (an import: an error line). Default and "
+        "most: the deployment's store or log bound, 4 MiB embedded, 960 KiB in server mode "
+        "(one Kafka message within the broker's default 1 MiB); read once at startup",
     )
     max_import_batch_bytes: int = Field(
         default=8 * 1024 * 1024,
@@ -331,6 +341,25 @@ class QuerySettings(BaseSettings):
         "'otlp' extra; unset = no spans are made, each request still gets W3C trace ids "
         "(query plans, logs, the traceparent a write carries)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _record_bound_of_the_deployment(cls, data: Any) -> Any:
+        # Unset: the most the deployment's store or log takes (`record_ceiling`).
+        if isinstance(data, dict) and data.get("max_record_bytes") in (None, ""):
+            mode = data.get("mode") or "embedded"
+            data = {**data, "max_record_bytes": record_ceiling(str(mode))}
+        return data
+
+    @field_validator("max_record_bytes")
+    @classmethod
+    def _record_bound_fits(cls, value: int, info: ValidationInfo) -> int:
+        mode = str(info.data.get("mode", "embedded"))
+        ceiling = record_ceiling(mode)
+        if value > ceiling:
+            what = "the embedded store" if mode == "embedded" else "one Kafka message"
+            raise ValueError(f"{value} is more than {what} takes in {mode} mode ({ceiling})")
+        return value
 
     @model_validator(mode="after")
     def _languages_are_known(self) -> QuerySettings:

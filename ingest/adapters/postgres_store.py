@@ -23,7 +23,7 @@ from contracts.events import record_changed_json
 from contracts.records import Record, payload_sha256
 from contracts.request_context import current_traceparent
 from ingest.adapters.postgres_db import driver_errors, open_pool
-from ingest.model import MAX_RECORD_BYTES, Decision, Outcome, check_record_bytes, decide_revision
+from ingest.model import Decision, Outcome, decide_revision
 from ingest.ports import Head
 
 __all__ = ["WRITER_LOCK_KEY", "PostgresRecordStore"]
@@ -43,10 +43,7 @@ class PostgresRecordStore:
     `DependencyUnavailable` and leave nothing written.
     """
 
-    def __init__(
-        self, url: str, *, pool_size: int = 4, max_record_bytes: int | None = MAX_RECORD_BYTES
-    ) -> None:
-        self._max_record_bytes = max_record_bytes
+    def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self._pool: ConnectionPool = open_pool(url, max_size=pool_size, name="orrery-ingest")
 
     def write(self, records: Sequence[Record]) -> list[Outcome]:
@@ -105,8 +102,6 @@ class PostgresRecordStore:
                 return outcomes
             # Serialized once: the records row and the outbox event carry the same JSON.
             bodies = [r.model_dump_json() for _, r in accepted]
-            for (index, _), body in zip(accepted, bodies, strict=True):
-                check_record_bytes(index, len(body), self._max_record_bytes)
             cur.executemany(
                 "INSERT INTO records VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                 [

@@ -30,7 +30,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import OUTBOX_EVENT_IS_RECORD, LogEntry, RecordChanged
 from contracts.records import Record, payload_sha256
 from contracts.request_context import current_traceparent
-from ingest.model import MAX_RECORD_BYTES, Decision, Outcome, check_record_bytes, decide_revision
+from ingest.model import Decision, Outcome, decide_revision
 from ingest.ports import Head
 
 __all__ = ["HANDOVER_MAX_BYTES", "SCHEMA", "SqliteRecordStore", "connect"]
@@ -99,10 +99,9 @@ class SqliteRecordStore:
     """`RecordStore` over one SQLite file.
 
     Guarantees: a batch is one transaction (records, heads and outbox rows together);
-    a stale or equal revision is rejected alone; a record whose stored JSON is over
-    `max_record_bytes` fails the batch (`413 record_too_large`, nothing written); all
-    writes are serialized in-process by a lock and across processes by SQLite's write
-    lock. After a batch committed,
+    a stale or equal revision is rejected alone (a record's size is bounded at the door:
+    `contracts.admission.check_record_size`); all writes are serialized in-process by a
+    lock and across processes by SQLite's write lock. After a batch committed,
     `on_positions` (if given) gets `(namespace, position)` of each of its outbox events,
     and `on_committed` (if given) its outbox events of records up to `HANDOVER_MAX_BYTES`
     as stored, as written, in position order (the
@@ -114,12 +113,10 @@ class SqliteRecordStore:
         path: Path,
         *,
         on_committed: Callable[[list[LogEntry]], None] | None = None,
-        max_record_bytes: int | None = MAX_RECORD_BYTES,
         on_positions: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:
         self._path = path
         self._on_positions = on_positions
-        self._max_record_bytes = max_record_bytes
         self._on_committed = on_committed
         self._lock = threading.Lock()
         try:
@@ -184,8 +181,6 @@ class SqliteRecordStore:
                 return outcomes
             # One serialization per record, stored once: the outbox row refers to it.
             record_jsons = [record.model_dump_json() for _, record in accepted]
-            for (index, _), record_json in zip(accepted, record_jsons, strict=True):
-                check_record_bytes(index, len(record_json), self._max_record_bytes)
             conn.executemany(
                 "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [

@@ -221,6 +221,7 @@ def create_router(
     grants: dict[str, ApiKeyGrant],
     max_batch: int,
     vector_dimension: int | None,
+    max_record_bytes: int,
     on_commit: Callable[[], None] | None = None,
     pacer: WritePacer | None = None,
 ) -> APIRouter:
@@ -246,6 +247,7 @@ def create_router(
             raws,
             max_batch=max_batch,
             vector_dimension=vector_dimension,
+            max_record_bytes=max_record_bytes,
             allowed_namespace=None if grant is None else grant.namespace,
             allowed_galaxy=None if grant is None else grant.galaxy,
         )
@@ -394,6 +396,7 @@ def create_router(
             [tombstone],
             max_batch=1,
             vector_dimension=None,
+            max_record_bytes=max_record_bytes,
             allowed_namespace=None if grant is None else grant.namespace,
             allowed_galaxy=None if grant is None else grant.galaxy,
         )

@@ -30,6 +30,7 @@ def create_router(
     grants: dict[str, ApiKeyGrant],
     max_batch: int,
     vector_dimension: int | None,
+    max_record_bytes: int,
     on_commit: Callable[[], None] | None = None,
     flow: WriteFlow | None = None,
     pacer: WritePacer | None = None,
@@ -80,6 +81,7 @@ def create_router(
                 loads_strict(raw),
                 max_batch=max_batch,
                 vector_dimension=vector_dimension,
+                max_record_bytes=max_record_bytes,
                 allowed_namespace=None if grant is None else grant.namespace,
                 allowed_galaxy=None if grant is None else grant.galaxy,
             )

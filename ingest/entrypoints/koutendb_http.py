@@ -40,7 +40,6 @@ from ingest.koutendb_io import (
     LineSplitter,
     dump_lines,
 )
-from ingest.model import MAX_RECORD_BYTES
 from ingest.pacing import WritePacer
 from ingest.ports import RecordStore
 
@@ -160,10 +159,10 @@ def create_router(
     grants: dict[str, ApiKeyGrant],
     max_batch: int,
     vector_dimension: int | None,
+    max_record_bytes: int,
     on_commit: Callable[[], None] | None = None,
     resolve_scope: Callable[[str, str], str],
     max_batch_bytes: int = MAX_IMPORT_BATCH_BYTES,
-    max_record_bytes: int | None = MAX_RECORD_BYTES,
     pacer: WritePacer | None = None,
 ) -> APIRouter:
     """The import and dump routes over `store`. `resolve_scope(namespace, scope_ref)` is

@@ -229,28 +229,3 @@ def test_live_records_read_one_snapshot(store: RecordStore) -> None:
     assert first.item_id == "i0000" and first.revision == 1
     assert len(rest) == 1_199 and all(r.revision == 1 for r in rest)
     assert rest[-1].item_id == "i1199"
-
-
-def test_a_record_over_the_bound_fails_the_batch_and_nothing_is_written(
-    opener: Callable[[], RecordStore],
-) -> None:
-    """Issue 22: record payloads are bounded at write time (`max_record_bytes`, the
-    stored JSON), so every read that loads records is bounded too."""
-    from contracts.errors import OrreryError
-
-    store = opener()
-    small, big = rec("small", 1), rec("big", 1)
-    big.payload = {"blob": "x" * 5_000}
-    try:
-        store._max_record_bytes = 4_096  # type: ignore[attr-defined]
-        before = store.high_water()
-        with pytest.raises(OrreryError) as caught:
-            store.write([small, big])
-        assert caught.value.code.value == "record_too_large"
-        assert caught.value.details["index"] == 1
-        assert caught.value.details["max_record_bytes"] == 4_096
-        assert store.high_water() == before
-        assert store.heads([small.doc_id]) == []
-        assert [o.decision.value for o in store.write([small])] == ["accepted"]
-    finally:
-        store.close()

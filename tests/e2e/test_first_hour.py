@@ -54,6 +54,15 @@ def one_line(stderr: str) -> str:
         ({"ORRERY_API_KEYS": "garbage"}, "ORRERY_API_KEYS entry 'garbage'"),
         ({"ORRERY_PORT": "abc"}, "ORRERY_PORT: Input should be a valid integer"),
         ({"ORRERY_SCOPES": '{"*": {"x@y": "objects"}}'}, "ORRERY_SCOPES['*']['x@y']"),
+        # More than the deployment's store or log takes (issue 22).
+        (
+            {"ORRERY_MAX_RECORD_BYTES": "4194305"},
+            "ORRERY_MAX_RECORD_BYTES: Value error, 4194305 is more than the embedded store",
+        ),
+        (
+            {"ORRERY_MODE": "servers", "ORRERY_MAX_RECORD_BYTES": "983041"},
+            "ORRERY_MAX_RECORD_BYTES: Value error, 983041 is more than one Kafka message",
+        ),
     ],
 )
 def test_a_bad_setting_is_one_line_and_exit_2(

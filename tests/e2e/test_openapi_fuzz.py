@@ -108,7 +108,8 @@ CROSS_FIELD = (
     "tantivy and qdrant-edge keep a generation in one shard",
 )
 # The door's value rules no JSON Schema keyword states (`contracts.admission`, issue 22):
-# float32's range and a non-zero length for vectors, keyword bytes, facet counts, sizes.
+# float32's range and a non-zero length for vectors, keyword bytes, facet counts (a
+# record's size is 413 record_too_large, not one of them).
 ADMISSION_TYPES = {
     "vector_not_finite",
     "vector_zero",
@@ -116,7 +117,6 @@ ADMISSION_TYPES = {
     "keyword_too_long",
     "too_many_facets",
     "not_unicode",
-    "record_too_large",
 }
 
 

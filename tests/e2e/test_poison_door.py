@@ -63,8 +63,8 @@ POISON: list[tuple[dict[str, Any], list[Any], str]] = [
     ),
 ]
 IDS = ["zero", "overflow", "underflow", "unnormalizable", "dimension", "label", "facet"]
-# A record over the deployment's size bound is refused by the store (413
-# record_too_large: tests/e2e/test_request_memory.py; server mode: one Kafka message).
+# A record over the deployment's size bound (ORRERY_MAX_RECORD_BYTES) is 413
+# record_too_large on every route: tests/e2e/test_record_size.py.
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from contracts.admission import MAX_RECORD_BYTES
 from contracts.errors import OrreryError
 from contracts.index import to_index_document
 from contracts.index_fields import DEFAULT_TEXT_ANALYZER
@@ -180,7 +181,12 @@ def test_a_corrected_revision_applies_and_supersedes_the_dead_letter(stack: Stac
     stack.store.write([rec("poisoner", "p", revision=2, vector=unit(3))])
     stack.run()
     assert stack.counts() == {"poisoner": 1}
-    (outcome,) = redrive_dead_letters(box=stack.projector.state, store=stack.store, dimension=DIM)
+    (outcome,) = redrive_dead_letters(
+        box=stack.projector.state,
+        store=stack.store,
+        dimension=DIM,
+        max_record_bytes=MAX_RECORD_BYTES,
+    )
     assert outcome.outcome == "superseded"
     assert stack.projector.state.dead_letter_count() == 0
 
@@ -214,7 +220,10 @@ def test_an_engine_that_refuses_everything_is_retried_a_bounded_number_of_times_
         (letter,) = fixed.projector.state.dead_letters()
         assert letter.message.reason.startswith("embedder_mismatch")
         (outcome,) = redrive_dead_letters(
-            box=fixed.projector.state, store=fixed.store, dimension=DIM
+            box=fixed.projector.state,
+            store=fixed.store,
+            dimension=DIM,
+            max_record_bytes=MAX_RECORD_BYTES,
         )
         assert (outcome.outcome, outcome.revision) == ("redriven", 2)
         fixed.run()

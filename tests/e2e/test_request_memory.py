@@ -206,8 +206,10 @@ def test_an_import_line_whose_record_is_too_large_is_an_error_line(srv: Server) 
     assert answer.status_code == 200, answer.text[:500]
     out = answer.json()
     assert (out["imported"], out["errors"]) == (0, 2)
-    # Refused at the door (`contracts.admission`: 422's reason) or by the store's bound.
-    assert {e.get("reason") or e["code"] for e in out["errorLines"]} == {"record_too_large"}
+    # Refused at the door (`contracts.admission.check_record_size`), with the bound.
+    assert {e["code"] for e in out["errorLines"]} == {"record_too_large"}
+    bound = 960 * 1024 if srv.database_url else 4 * MiB
+    assert {e["details"]["max_record_bytes"] for e in out["errorLines"]} == {bound}
 
 
 def test_by_id_of_large_records_is_bounded_in_bytes(srv: Server, big_ids: list[str]) -> None:

@@ -16,6 +16,8 @@ from contracts.admission import (
     KEYWORD_MAX_BYTES,
     MAX_FACET_VALUES,
     MAX_RECORD_BYTES,
+    check_record_size,
+    record_bytes,
     record_problems,
     vector_problem,
 )
@@ -131,17 +133,54 @@ def test_float32_max_is_the_largest_finite_float32() -> None:
     assert "NaN, an infinity" in vector_problem([FLOAT32_MAX * 1.0000001, 0.0], None).msg  # type: ignore[union-attr]
 
 
-def test_a_record_larger_than_any_store_takes_is_refused_naming_its_largest_field() -> None:
+def too_large(rec: Record, bound: int = MAX_RECORD_BYTES) -> dict[str, Any] | None:
+    try:
+        check_record_size(rec, max_record_bytes=bound, index=3)
+    except OrreryError as exc:
+        assert (exc.code, exc.http_status) == (ErrorCode.RECORD_TOO_LARGE, 413)
+        return exc.details
+    return None
+
+
+def test_a_record_larger_than_the_bound_is_413_naming_its_largest_field() -> None:
     big = record(payload={"blob": "p" * (MAX_RECORD_BYTES + 10)})
-    assert [(p.loc, p.type) for p in record_problems(big, dimension=None)] == [
-        (("payload",), "record_too_large")
-    ]
+    details = too_large(big)
+    assert details is not None
+    assert (details["index"], details["field"]) == (3, "payload")
+    assert details["max_record_bytes"] == MAX_RECORD_BYTES
+    assert details["record_bytes"] == record_bytes(big) > MAX_RECORD_BYTES
+    # Not one of the 422 problems: the projector reads it back without refusing it.
+    assert record_problems(big, dimension=None) == []
     # No field alone is over the bound, together they are (the body: ~380 KB as UTF-8).
     wide = record(
         text={"body": "\u00e9" * 190_000}, payload={"blob": "q" * (MAX_RECORD_BYTES - 300_000)}
     )
-    assert [p.type for p in record_problems(wide, dimension=None)] == ["record_too_large"]
-    # Read back from the log, it is not refused again for its size.
-    assert record_problems(big, dimension=None, size=False) == []
+    assert too_large(wide) is not None
     near = record(payload={"blob": "r" * (MAX_RECORD_BYTES - 2_000)})
-    assert record_problems(near, dimension=None) == []
+    assert too_large(near) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    body=st.text(max_size=300),
+    blob=st.text(max_size=300),
+    dims=st.integers(min_value=0, max_value=40),
+    scale=st.floats(min_value=1e-30, max_value=1e30),
+    slack=st.integers(min_value=-3, max_value=3),
+)
+def test_the_bound_is_exact_in_stored_json_bytes(
+    body: str, blob: str, dims: int, scale: float, slack: int
+) -> None:
+    """A record of exactly the bound passes, one byte over is refused, whatever its text
+    (multi-byte, escaped) and its vector (the cheap estimate never decides wrongly)."""
+    vector = [scale * (i + 1) / 7 for i in range(dims)] or None
+    try:
+        rec = record(text={"body": body}, payload={"blob": blob}, vector=vector)
+        size = record_bytes(rec)
+    except (ValueError, UnicodeEncodeError):
+        return  # lone surrogates: refused by validation or as not_unicode
+    assert size == len(rec.model_dump_json().encode("utf-8"))
+    bound = size + slack
+    if bound < 1:
+        return
+    assert (too_large(rec, bound) is None) == (size <= bound)

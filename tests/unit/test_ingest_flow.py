@@ -15,6 +15,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from contracts.admission import MAX_RECORD_BYTES
 from contracts.progress import LogProgress
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.entrypoints.http import WriteFlow, create_router
@@ -38,7 +39,12 @@ class Stack:
         )
         flow = None if limits is None else WriteFlow(self.progress, limits)
         router = create_router(
-            store=self.store, grants={}, max_batch=100, vector_dimension=None, flow=flow
+            store=self.store,
+            grants={},
+            max_batch=100,
+            vector_dimension=None,
+            max_record_bytes=MAX_RECORD_BYTES,
+            flow=flow,
         )
         self.client = TestClient(build_app("test", [router]))
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contracts.admission import MAX_RECORD_BYTES
 from contracts.errors import ErrorCode
 from contracts.koutendb_io import (
     RAW_PAYLOAD_SCHEMA,
@@ -22,7 +23,13 @@ from contracts.koutendb_io import (
 )
 from ingest.koutendb_io import ImportOptions, LineError, LineSplitter, map_line
 
-OPTIONS = ImportOptions(namespace="ns", snapshot_kind="objects", galaxy="g", vector_dimension=2)
+OPTIONS = ImportOptions(
+    namespace="ns",
+    snapshot_kind="objects",
+    galaxy="g",
+    vector_dimension=2,
+    max_record_bytes=MAX_RECORD_BYTES,
+)
 
 
 def line(row: object) -> bytes:
@@ -65,6 +72,7 @@ def test_rows_are_routed_by_ring_field_prefix_payload_and_vector_fields() -> Non
         vec_field="emb",
         id_field="_id",
         vector_dimension=2,
+        max_record_bytes=MAX_RECORD_BYTES,
     )
     row = {"_id": 5, "meta": {"tenant": "a"}, "body": {"text": "hello"}, "emb": [0.5, 0.5]}
     out = map_line(line(row), options)
@@ -173,6 +181,7 @@ def test_a_store_fault_stops_the_import_with_its_progress(tmp_path: Path) -> Non
         grants={},
         max_batch=1_000,
         vector_dimension=None,
+        max_record_bytes=MAX_RECORD_BYTES,
         resolve_scope=lambda _ns, _ref: "objects",
     )
     app = build_app("t", [router], stream_paths=["/v1/koutendb/import"])
@@ -208,7 +217,12 @@ def test_imported_records_are_the_records_full_validation_makes(tmp_path: Path) 
     from ingest.koutendb_io import JsonlImporter
 
     options = ImportOptions(
-        namespace="ns", snapshot_kind="objects", galaxy="g", vec_field="v", id_field="k"
+        namespace="ns",
+        snapshot_kind="objects",
+        galaxy="g",
+        vec_field="v",
+        id_field="k",
+        max_record_bytes=MAX_RECORD_BYTES,
     )
     lines = [
         line({"k": "a", "v": [1, 2.5, -3]}),  # ints become floats
@@ -285,6 +299,10 @@ def test_a_batch_is_full_at_its_bytes_and_a_record_over_the_bound_is_an_error_li
         result = importer.result()
         assert (result.read, result.imported, result.errors) == (8, 7, 1)
         assert (result.errorLines[0].line, result.errorLines[0].code) == (6, "record_too_large")
+        details = result.errorLines[0].details
+        assert details is not None and details["max_record_bytes"] == 400_000
+        assert details["record_bytes"] > 400_000
+        assert result.errorLines[0].field == "payload"
         # Three lines of ~100 KB pass 250,000 bytes: batches of 3, then 2 + the big line
         # (refused before the store), then the last two.
         assert store.batches == [3, 2, 2]

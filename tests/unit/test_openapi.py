@@ -13,6 +13,7 @@ from typing import Any, cast
 import pytest
 from pydantic import BaseModel
 
+from contracts.admission import MAX_RECORD_BYTES
 from contracts.errors import HTTP_STATUS, ErrorCode
 from contracts.export_schemas import MODELS
 from contracts.openapi import (
@@ -109,7 +110,13 @@ def test_ingest_only_app_documents_bodies_and_orrery_errors() -> None:
     from orrery.http import build_app
 
     # Documenting the routes touches no store.
-    router = create_router(store=cast(Any, None), grants={}, max_batch=10, vector_dimension=None)
+    router = create_router(
+        store=cast(Any, None),
+        grants={},
+        max_batch=10,
+        vector_dimension=None,
+        max_record_bytes=MAX_RECORD_BYTES,
+    )
     with TestClient(build_app("Orrery ingest", [router], max_body_bytes=1_000)) as client:
         doc = client.get("/openapi.json").json()
     assert "HTTPValidationError" not in json.dumps(doc)
