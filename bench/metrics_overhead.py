@@ -12,11 +12,13 @@
    `metrics`, `metrics+log` (JSON access line into /dev/null), `metrics+tracing`
    (`ORRERY_TRACING=true` without an exporter: ids only, no spans), `metrics+spans`
    (spans made and handed to a batch processor whose exporter discards them: the cost
-   of exporting, minus the network). Medians of the wall time and of the CPU time of
-   the request's thread, in microseconds, and the wall time until the response's body
-   was sent (span and log work runs after it); plus what is spent off the request
-   thread: a scrape's CPU per request folding the queue in, and the process's CPU per
-   access line made and written by the writer thread.
+   of exporting, minus the network), `metrics+spans@0.01` (the same, head-sampled at
+   `ORRERY_TRACING_SAMPLE_RATIO=0.01`: what production tracing costs). Medians of the
+   wall time and of the CPU time of the request's thread, in microseconds, and the
+   wall time until the response's body was sent (span and log work runs after it);
+   plus what is spent off the request thread: a scrape's CPU per request folding the
+   queue in, and the process's CPU per access line made and written by the writer
+   thread.
 2. End to end: one `orrery serve --sample` per variant (`off`, `off-b`, `metrics`,
    `metrics+log`, `metrics+tracing`), all on copies of one prepared data dir, running
    at once on loopback. The same `topk_records` request goes to every server in turn,
@@ -126,7 +128,7 @@ def micro(calls: int) -> dict[str, Any]:
         RequestTelemetry,
         query_observer,
     )
-    from orrery.tracing import Tracing, open_tracing
+    from orrery.tracing import Tracing, head_sampler, open_tracing
 
     class Discard(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
@@ -144,6 +146,9 @@ def micro(calls: int) -> dict[str, Any]:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Discard()))
     spans = Tracing(provider)
+    sampled_provider = TracerProvider(sampler=head_sampler(0.01))
+    sampled_provider.add_span_processor(BatchSpanProcessor(Discard()))
+    sampled = Tracing(sampled_provider)
     observabilities = {
         "off": Observability(),
         "off-b": Observability(),
@@ -151,6 +156,7 @@ def micro(calls: int) -> dict[str, Any]:
         "metrics+log": Observability(metrics=metrics, access_log=True),
         "metrics+tracing": Observability(metrics=metrics, tracing=ids_only),
         "metrics+spans": Observability(metrics=metrics, tracing=spans),
+        "metrics+spans@0.01": Observability(metrics=metrics, tracing=sampled),
     }
     apps: dict[str, Any] = {"bare": _app(None)}
     for name, observability in observabilities.items():
@@ -196,6 +202,7 @@ def micro(calls: int) -> dict[str, Any]:
 
     asyncio.run(run())
     provider.shutdown()
+    sampled_provider.shutdown()
     ids_only.close()
     # The access line's cost on the writer thread: CPU of the whole process per line,
     # lines queued by this thread and written by the writer.
@@ -431,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     print("micro, median us per request (wall | CPU of the request thread | CPU over off | "
           "wall until the response left):")  # fmt: skip
     for name in micro_["wall_us"]:
-        print(f"  {name:16} {micro_['wall_us'][name]:8.2f} | {micro_['cpu_us'][name]:8.2f} | "
+        print(f"  {name:18} {micro_['wall_us'][name]:8.2f} | {micro_['cpu_us'][name]:8.2f} | "
               f"{micro_['over_off_cpu_us'][name]:+8.2f} | "
               f"{micro_['to_response_us'][name]:8.2f}")  # fmt: skip
     print(f"  off the request thread: a scrape folds {micro_['scrape_fold_us_per_request']} us "

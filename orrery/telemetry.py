@@ -731,7 +731,11 @@ def open_observability(
     tracing = None
     if settings.tracing:
         tracing = open_tracing(
-            settings.otlp_endpoint, service="orrery", roles=roles, exporter=span_exporter
+            settings.otlp_endpoint,
+            service="orrery",
+            roles=roles,
+            exporter=span_exporter,
+            sample_ratio=settings.tracing_sample_ratio,
         )
         closers.append(tracing.close)
     access = settings.access_log if settings.access_log is not None else settings.mode == "servers"

@@ -12,6 +12,14 @@ either no span is made at all (a span costs ~100 us of the request's thread, for
 nothing when nobody receives it): each request still gets its W3C ids — the caller's
 trace id continued, a new span id — so log lines, `query_plan.trace_id` and the
 `traceparent` a write carries through the outbox and Kafka are the same as with spans.
+
+Spans are sampled at the head (`ORRERY_TRACING_SAMPLE_RATIO`, the SDK's
+`ParentBased(TraceIdRatioBased(ratio))`): a request continuing a caller's trace follows
+the caller's sampled flag; any other request, and each projector batch, is sampled with
+probability `ratio` by its trace id. An unsampled request makes no span at all (neither
+its own nor its stages') but keeps its W3C ids, as above; its `traceparent` says
+"not sampled" (flags `00`), so the services it calls and the writes it carries do not
+sample it either.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from starlette.types import Scope
@@ -39,7 +48,7 @@ from starlette.types import Scope
 from contracts.request_context import RequestContext
 from query.ports import Answered
 
-__all__ = ["Tracing", "open_tracing"]
+__all__ = ["Tracing", "head_sampler", "open_tracing"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
@@ -64,8 +73,8 @@ class Tracing:
     # --- HTTP requests ---------------------------------------------------------------
 
     def start_request(self, scope: Scope, context: RequestContext) -> Any:
-        """The request's span (None: not exporting), current until `end_request`; sets
-        the request's `trace_id` and `traceparent` either way."""
+        """The request's span (None: not exporting, or not sampled), current until
+        `end_request`; sets the request's `trace_id` and `traceparent` either way."""
         if not self.exporting:
             _ids_only(scope, context)
             return None
@@ -81,10 +90,14 @@ class Tracing:
             kind=SpanKind.SERVER,
             attributes={"http.request.method": scope["method"]},
         )
-        token = otel_context.attach(trace.set_span_in_context(span))
         own = span.get_span_context()
         context.trace_id = format(own.trace_id, "032x")
         context.traceparent = f"00-{context.trace_id}-{own.span_id:016x}-{own.trace_flags:02x}"
+        if not span.is_recording():
+            # Not sampled: the ids are kept, nothing else is made (no stage spans either:
+            # `answered` finds neither a pending list nor a current span).
+            return None
+        token = otel_context.attach(trace.set_span_in_context(span))
         answers: list[tuple[int, Answered]] = []
         return span, token, answers, _ANSWERS.set(answers)
 
@@ -203,17 +216,28 @@ def _span_context(traceparent: str) -> SpanContext | None:
     return context if context.is_valid else None
 
 
+def head_sampler(ratio: float) -> Sampler:
+    """The SDK's `ParentBased(TraceIdRatioBased(ratio))`: a span with a parent is sampled
+    as its parent was (a caller's `traceparent` flag), a root span with probability
+    `ratio` by its trace id. `ValueError` outside [0, 1]."""
+    if not 0.0 <= ratio <= 1.0:  # also refuses NaN
+        raise ValueError(f"the trace sample ratio must be in [0, 1], not {ratio!r}")
+    return ParentBased(TraceIdRatioBased(ratio))
+
+
 def open_tracing(
     otlp_endpoint: str | None,
     *,
     service: str,
     roles: Iterable[str],
     exporter: SpanExporter | None = None,
+    sample_ratio: float = 1.0,
 ) -> Tracing:
     """A `Tracing` whose spans go to `exporter` (synchronously: tests), else to the OTLP
-    endpoint (batched), else one that makes no spans (`exporting` False)."""
+    endpoint (batched), else one that makes no spans (`exporting` False). Spans are
+    sampled by `head_sampler(sample_ratio)`."""
     resource = Resource.create({"service.name": service, "orrery.roles": ",".join(sorted(roles))})
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, sampler=head_sampler(sample_ratio))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif otlp_endpoint:

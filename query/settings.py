@@ -335,6 +335,15 @@ class QuerySettings(BaseSettings):
     tracing: bool = Field(
         default=False, description="OpenTelemetry spans per request, stage, write and batch"
     )
+    tracing_sample_ratio: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Head sampling of spans (OpenTelemetry ParentBased(TraceIdRatioBased)): "
+        "a request continuing a caller's trace follows its sampled flag, any other request "
+        "and each projector batch is sampled with this probability; an unsampled request "
+        "makes no span but keeps its W3C trace ids",
+    )
     otlp_endpoint: str | None = Field(
         default=None,
         description="OTLP/HTTP traces endpoint (http://collector:4318/v1/traces); needs the "

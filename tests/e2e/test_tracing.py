@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from ingest.bootstrap import canonical_db_path
 from orrery.embedded import EmbeddedStack
 from query.settings import QuerySettings
 from tests.e2e.test_embedded_http import rec
@@ -21,12 +25,16 @@ SCOPE = "longterm:objects:current"
 STAGES = ("scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize")
 
 
-@pytest.fixture
-def traced(tmp_path: Path) -> Iterator[tuple[TestClient, InMemorySpanExporter]]:
+TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+@contextmanager
+def _stack(data_dir: Path, **settings: object) -> Iterator[tuple[TestClient, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
-    settings = QuerySettings(data_dir=tmp_path / "data", tracing=True, projector_poll_seconds=0.02)
     stack = EmbeddedStack.open(
-        settings, embedder=FakeHashingEmbedder(dimension=32), span_exporter=exporter
+        QuerySettings(data_dir=data_dir, tracing=True, projector_poll_seconds=0.02, **settings),
+        embedder=FakeHashingEmbedder(dimension=32),
+        span_exporter=exporter,
     )
     stack.start()
     try:
@@ -34,6 +42,19 @@ def traced(tmp_path: Path) -> Iterator[tuple[TestClient, InMemorySpanExporter]]:
             yield client, exporter
     finally:
         stack.close()
+
+
+@pytest.fixture
+def traced(tmp_path: Path) -> Iterator[tuple[TestClient, InMemorySpanExporter]]:
+    with _stack(tmp_path / "data") as traced:
+        yield traced
+
+
+def _outbox_traceparents(data_dir: Path) -> list[str | None]:
+    """The `traceparent` each outbox row carries, in write order."""
+    with sqlite3.connect(canonical_db_path(data_dir)) as conn:
+        rows = conn.execute("SELECT trace_context FROM outbox ORDER BY position").fetchall()
+    return [trace for (trace,) in rows]
 
 
 def _load(client: TestClient) -> None:
@@ -174,3 +195,82 @@ def test_a_write_is_linked_from_the_batch_of_another_process_through_kafka(
     finally:
         projector.close()
         writer.close()
+
+
+def _sampled(traceparent: str | None) -> bool:
+    assert traceparent is not None
+    match = TRACEPARENT.fullmatch(traceparent)
+    assert match is not None, traceparent
+    return bool(int(match[3], 16) & 1)
+
+
+def test_ratio_0_makes_no_span_but_keeps_every_trace_id(tmp_path: Path) -> None:
+    """`ORRERY_TRACING_SAMPLE_RATIO=0`: writes, queries, readiness polls and projector
+    batches make no span, yet each request has its own trace id (in `query_plan`, on the
+    outbox rows of a write, marked unsampled); a caller's trace id is continued."""
+    data_dir = tmp_path / "data"
+    with _stack(data_dir, tracing_sample_ratio=0.0) as (client, exporter):
+        _load(client)
+        query = {"namespace": NS, "scope_ref": SCOPE, "query_text": "thermos"}
+        plans = [
+            client.post("/v1/external/retrieve/topk_records", json=query).json()["query_plan"]
+            for _ in range(2)
+        ]
+        caller = "4bf92f3577b34da6a3ce929d0e0e4736"
+        unsampled = {"traceparent": f"00-{caller}-00f067aa0ba902b7-00"}
+        continued = client.post(
+            "/v1/external/retrieve/topk_records", json=query, headers=unsampled
+        ).json()["query_plan"]
+        response = client.post("/v1/records", json=[rec("quiet", namespace=NS)], headers=unsampled)
+        assert response.status_code == 200, response.text
+        assert exporter.get_finished_spans() == ()
+    ids = [plan["trace_id"] for plan in plans]
+    assert all(re.fullmatch("[0-9a-f]{32}", i) and i != "0" * 32 for i in ids), ids
+    assert ids[0] != ids[1]
+    assert continued["trace_id"] == caller
+    *loaded, quiet = _outbox_traceparents(data_dir)  # `_load`'s one write of 5, then 1
+    assert len(loaded) == 5 and len(set(loaded)) == 1
+    assert not _sampled(loaded[0]) and not _sampled(quiet)
+    assert loaded[0] is not None and not loaded[0].startswith(f"00-{caller}-")
+    assert quiet is not None and quiet.startswith(f"00-{caller}-")
+    assert not quiet.startswith(f"00-{caller}-00f067aa0ba902b7")
+
+
+def test_a_callers_sampled_flag_is_honoured_whatever_the_ratio(tmp_path: Path) -> None:
+    """ParentBased: at ratio 0 a caller's sampled request still has its request span and
+    one span per stage, and its write carries a sampled `traceparent`; at ratio 1 a
+    caller's unsampled request makes no span but keeps the caller's trace id."""
+    caller = "0af7651916cd43dd8448eb211c80319c"
+    sampled = {"traceparent": f"00-{caller}-b7ad6b7169203331-01"}
+    query = {"namespace": NS, "scope_ref": SCOPE, "query_text": "thermos"}
+    data_dir = tmp_path / "zero"
+    with _stack(data_dir, tracing_sample_ratio=0.0) as (client, exporter):
+        _load(client)
+        assert exporter.get_finished_spans() == ()
+        response = client.post("/v1/external/retrieve/topk_records", json=query, headers=sampled)
+        assert response.status_code == 200, response.text
+        assert response.json()["query_plan"]["trace_id"] == caller
+        write = client.post("/v1/records", json=[rec("loud", namespace=NS)], headers=sampled)
+        assert write.status_code == 200, write.text
+        spans = exporter.get_finished_spans()
+    assert {format(s.context.trace_id, "032x") for s in spans} == {caller}
+    (request,) = [s for s in spans if s.name == "POST /v1/external/retrieve/topk_records"]
+    assert request.parent is not None and request.parent.span_id == 0xB7AD6B7169203331
+    assert sorted(s.name for s in _children(spans, request)) == sorted(
+        f"query.{stage}" for stage in STAGES
+    )
+    (written,) = [s for s in spans if s.name == "POST /v1/records"]
+    carried = _outbox_traceparents(data_dir)[-1]
+    assert _sampled(carried)
+    assert (
+        carried == f"00-{caller}-{written.context.span_id:016x}-{written.context.trace_flags:02x}"
+    )
+
+    with _stack(tmp_path / "one", tracing_sample_ratio=1.0) as (client, exporter):
+        unsampled = {"traceparent": f"00-{caller}-b7ad6b7169203331-00"}
+        response = client.get("/healthz", headers=unsampled)
+        assert response.status_code == 200
+        assert exporter.get_finished_spans() == ()
+        client.get("/healthz")
+        (own,) = exporter.get_finished_spans()
+        assert format(own.context.trace_id, "032x") != caller

@@ -7,15 +7,19 @@ import asyncio
 import threading
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import generate_latest
 
 from contracts.request_context import RequestContext
 from orrery import telemetry
+from orrery.startup import ExpectedFailure, load_settings
 from orrery.telemetry import Metrics, Observability, RequestTelemetry, query_observer
-from orrery.tracing import open_tracing
+from orrery.tracing import head_sampler, open_tracing
 from query.ports import Answered
+from query.settings import QuerySettings
 
 ROUTES = ("/healthz", "/v1/external/retrieve/topk_records", "<unmatched>")
 
@@ -166,3 +170,93 @@ def test_access_lines_leave_in_order_and_close_writes_them_all() -> None:
     access.close()  # a closed writer starts again for a later line
     assert records[-1].request_id == "after"  # type: ignore[attr-defined]
     assert access.flush()  # nothing running: nothing to wait for
+
+
+_ANSWER = Answered(
+    "topk",
+    {"scope_resolve": 0.1, "candidate_fetch": 0.5, "index_search": 1.2, "rerank": 0.3,
+     "payload_materialize": 0.2},
+    {"tantivy_search": 0.8},
+    "miss",
+    {"lexical": 10},
+)  # fmt: skip
+
+ROUTE_SPAN = "GET <unmatched>"  # the route of a scope without one
+callers = st.one_of(
+    st.none(),
+    st.tuples(
+        st.integers(min_value=1, max_value=2**128 - 1).map(lambda n: format(n, "032x")),
+        st.booleans(),  # the caller's sampled flag
+    ),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ratio=st.floats(min_value=0.0, max_value=1.0), caller=callers)
+def test_head_sampling_follows_the_caller_and_always_keeps_the_ids(
+    ratio: float, caller: tuple[str, bool] | None
+) -> None:
+    """`ORRERY_TRACING_SAMPLE_RATIO`: a caller's sampled flag decides whatever the ratio;
+    without a caller, ratio 0 makes no span and 1 always does. Either way the request
+    has its W3C ids, its `traceparent`'s flag says whether spans were made, and a
+    sampled request makes its own span and one per stage of its answer."""
+    exporter = InMemorySpanExporter()
+    tracing = open_tracing(
+        None, service="t", roles=["serve"], exporter=exporter, sample_ratio=ratio
+    )
+    observability = Observability(tracing=tracing)
+    observer = query_observer(observability)
+    seen: list[RequestContext] = []
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        from contracts.request_context import current
+
+        context = current()
+        assert context is not None
+        seen.append(context)
+        observer.answered(_ANSWER)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    headers = []
+    if caller is not None:
+        flag = "01" if caller[1] else "00"
+        headers = [(b"traceparent", f"00-{caller[0]}-00f067aa0ba902b7-{flag}".encode())]
+    _call(RequestTelemetry(inner, observability=observability), headers)
+    tracing.close()
+    (context,) = seen
+    assert context.trace_id is not None and len(context.trace_id) == 32
+    assert context.trace_id != "0" * 32
+    assert context.traceparent is not None
+    _, trace_id, span_id, flags = context.traceparent.split("-")
+    assert trace_id == context.trace_id and span_id != "00f067aa0ba902b7"
+    spans = exporter.get_finished_spans()
+    sampled = bool(spans)
+    assert int(flags, 16) & 1 == sampled  # W3C sampled bit (the SDK may set "random", 02)
+    if caller is not None:
+        assert context.trace_id == caller[0]
+        assert sampled == caller[1]
+    elif ratio == 0.0:
+        assert not sampled
+    elif ratio == 1.0:
+        assert sampled
+    if sampled:
+        assert {format(s.context.trace_id, "032x") for s in spans} == {context.trace_id}
+        assert sorted(s.name for s in spans) == sorted(
+            [ROUTE_SPAN, *(f"query.{stage}" for stage in _ANSWER[1])]
+        )
+
+
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "nan", "half"])
+def test_a_sample_ratio_outside_0_1_is_refused_at_startup(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORRERY_TRACING_SAMPLE_RATIO", value)
+    with pytest.raises(ExpectedFailure, match="ORRERY_TRACING_SAMPLE_RATIO"):
+        load_settings()
+    with pytest.raises(ValueError):
+        head_sampler(float("nan") if value == "half" else float(value))
+
+
+def test_the_default_ratio_samples_every_trace() -> None:
+    assert QuerySettings.model_fields["tracing_sample_ratio"].default == 1.0
