@@ -23,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from contracts.admin import BuildRequest
+from contracts.admission import MAX_RECORD_BYTES
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable
 from contracts.records import Record
@@ -208,7 +209,12 @@ def test_a_rebuild_parks_poison_records_and_seals_verifies_and_promotes(
         dep.store.write([rec("zero", revision=2, vector=unit(3))])
         dep.run()
         assert (zero, 2) in dep.held(built.generation_id)["qdrant-edge"]
-        outcomes = redrive_dead_letters(box=dep.projector.state, store=dep.store, dimension=DIM)
+        outcomes = redrive_dead_letters(
+            box=dep.projector.state,
+            store=dep.store,
+            dimension=DIM,
+            max_record_bytes=MAX_RECORD_BYTES,
+        )
         assert sorted((o.document_id, o.outcome) for o in outcomes) == sorted(
             [(overflow, "still_refused"), (zero, "superseded")]
         )
