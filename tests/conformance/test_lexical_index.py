@@ -491,7 +491,7 @@ def test_operators_are_not_interpreted(corpus: Lexical) -> None:
 @settings(
     max_examples=150,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
     text=st.text(

@@ -201,7 +201,7 @@ def test_import_and_dump_refuse_bad_requests(srv: Server) -> None:
 @settings(
     max_examples=12,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(asked=st.sampled_from([None, "ga", "gb", "default", "GA", "ga2"]))
 def test_a_galaxy_bound_key_stays_in_its_galaxy(srv: Server, asked: str | None) -> None:

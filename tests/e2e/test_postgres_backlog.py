@@ -110,7 +110,7 @@ step = st.one_of(
 @settings(
     max_examples=25,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(steps=st.lists(step, min_size=1, max_size=12))
 def test_backlogs_are_per_namespace(stack: Stack, steps: list[tuple[str, str, int]]) -> None:
