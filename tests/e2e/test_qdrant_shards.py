@@ -33,7 +33,16 @@ from contracts.records import derive_document_id
 from contracts.shards import copy_key, shard_of
 from tests.conftest import require_server, run_tag
 from tests.e2e.conftest import Server, start_server
-from tests.e2e.test_shards import ADMIN, ADMIN_KEY, KIND, MARKER, NS, PROFILES, SCOPE, corpus, ok
+from tests.e2e.test_shards import (
+    ADMIN_KEY,
+    KIND,
+    MARKER,
+    NS,
+    PROFILES,
+    ClusterDeployment,
+    corpus,
+    ok,
+)
 from tests.harness.servers import start_qdrant_cluster, stop_qdrant_cluster, stop_qdrant_peer
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
@@ -42,38 +51,10 @@ SHARDS = 3
 
 
 @dataclass
-class Deployment:
-    server: Server
-    cluster: dict[str, Any]
-    cluster_dir: Path
-    prefix: str
-    data_dir: Path
-    first: str  # the projector's generation: 1 shard, no replica
+class Deployment(ClusterDeployment):
+    """Over a 3-peer Qdrant cluster."""
+
     env: dict[str, str]
-
-    def admin_post(self, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
-        return self.server.client.post(
-            ADMIN + path, json=body or {}, headers={"x-admin-key": ADMIN_KEY}, timeout=300
-        )
-
-    def admin_get(self, path: str = "") -> httpx.Response:
-        return self.server.client.get(ADMIN + path, headers={"x-admin-key": ADMIN_KEY})
-
-    def build(self, shards: int, replicas: int) -> str:
-        body = {"namespace": NS, "snapshot_kind": KIND, "shards": shards, "replicas": replicas}
-        started = ok(self.admin_post("/build", body), 202)
-        generation_id = str(started["row"]["generation_id"])
-        deadline = time.monotonic() + 180
-        while True:
-            view = ok(self.admin_get(f"/{generation_id}"))
-            if view["row"]["state"] != "building":
-                break
-            assert time.monotonic() < deadline, view
-            time.sleep(0.2)
-        assert view["row"]["state"] == "sealed", view
-        check = ok(self.admin_post(f"/{generation_id}/verify"))
-        assert check["verified"], check
-        return generation_id
 
     def collection(self, generation_id: str) -> str:
         return f"{self.prefix}-{generation_id}"
@@ -82,10 +63,6 @@ class Deployment:
         response = httpx.get(f"{self.cluster['url']}{path}", timeout=10)
         response.raise_for_status()
         return response.json()["result"]
-
-    def topk(self, generation_id: str | None = None, **body: Any) -> httpx.Response:
-        ref = SCOPE if generation_id is None else f"{SCOPE}@{generation_id}"
-        return self.server.topk(namespace=NS, scope_ref=ref, timeout_seconds=30, **body)
 
     def copies(self) -> dict[str, dict[str, Any]]:
         """The live scope's per-copy eligibility, as readiness shows it."""

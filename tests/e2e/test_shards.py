@@ -114,7 +114,10 @@ def corpus() -> list[dict[str, Any]]:
 
 
 @dataclass
-class Deployment:
+class ClusterDeployment:
+    """One server-mode `orrery serve` over a private engine cluster: the admin calls and
+    the build-and-verify step both shard test files use."""
+
     server: Server
     cluster: dict[str, Any]
     cluster_dir: Path
@@ -131,6 +134,7 @@ class Deployment:
         return self.server.client.get(ADMIN + path, headers={"x-admin-key": ADMIN_KEY})
 
     def build(self, shards: int, replicas: int) -> str:
+        """Build, seal and verify a generation of the scope; its id."""
         body = {"namespace": NS, "snapshot_kind": KIND, "shards": shards, "replicas": replicas}
         started = ok(self.admin_post("/build", body), 202)
         generation_id = str(started["row"]["generation_id"])
@@ -144,6 +148,23 @@ class Deployment:
         assert view["row"]["state"] == "sealed", view
         check = ok(self.admin_post(f"/{generation_id}/verify"))
         assert check["verified"], check
+        self.wait_allocated(generation_id)
+        return generation_id
+
+    def wait_allocated(self, generation_id: str) -> None:
+        """Returns once every copy of the generation is allocated (nothing to wait for
+        unless the engine allocates copies after the build)."""
+
+    def topk(self, generation_id: str | None = None, **body: Any) -> httpx.Response:
+        ref = SCOPE if generation_id is None else f"{SCOPE}@{generation_id}"
+        return self.server.topk(namespace=NS, scope_ref=ref, timeout_seconds=30, **body)
+
+
+@dataclass
+class Deployment(ClusterDeployment):
+    """Over a 2-node OpenSearch cluster."""
+
+    def wait_allocated(self, generation_id: str) -> None:
         # Every copy allocated before anything is measured or stopped.
         index = f"{self.prefix}-{generation_id}"
         health = httpx.get(
@@ -152,12 +173,6 @@ class Deployment:
             timeout=90,
         ).json()
         assert health["status"] == "green", health
-        return generation_id
-
-    def topk(self, generation_id: str, **body: Any) -> httpx.Response:
-        return self.server.topk(
-            namespace=NS, scope_ref=f"{SCOPE}@{generation_id}", timeout_seconds=30, **body
-        )
 
 
 def ok(response: httpx.Response, status: int = 200) -> dict[str, Any]:
