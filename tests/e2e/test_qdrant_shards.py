@@ -41,6 +41,7 @@ from tests.e2e.test_shards import (
     PROFILES,
     ClusterDeployment,
     corpus,
+    in_process_qualifier,
     ok,
 )
 from tests.harness.servers import start_qdrant_cluster, stop_qdrant_cluster, stop_qdrant_peer
@@ -249,60 +250,19 @@ def per_shard_cap(client: Any, prefix: str) -> Any:
 def qualify_in_process(
     dep: Deployment, generation_id: str, vectors: Any, request: QualifyRequest
 ) -> QualificationReceipt:
-    from ingest.bootstrap import canonical_db_path
-    from orrery.servers import qdrant_client
-    from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
-    from projector.adapters.sqlite_state import SqliteProjectorState
-    from projector.bootstrap import default_embedder
-    from query.adapters.qdrant_vectors import QdrantServerVectorSearch
-    from query.bootstrap import query_limits, scope_registry, server_query_ports
-    from query.qualify import QualifySetup, qualify_generation
-    from query.settings import QuerySettings
-
-    opensearch = require_server("opensearch")
-    settings = QuerySettings(
-        mode="servers",
-        data_dir=dep.data_dir,
-        opensearch_url=opensearch,
-        opensearch_index_prefix=dep.prefix,
+    """A qualification run in this process with `vectors(qdrant, prefix)` as the
+    production vector source; its receipt stored in the server's registry."""
+    with in_process_qualifier(
+        dep.data_dir,
+        dep.prefix,
+        opensearch_url=require_server("opensearch"),
         qdrant_url=dep.cluster["url"],
-        qdrant_collection_prefix=dep.prefix,
-    )
-    qdrant = qdrant_client(settings)
-    ports, close = server_query_ports(
-        canonical_db_path(dep.data_dir),
-        embedder=default_embedder(1),
-        opensearch_url=opensearch,
-        opensearch_index_prefix=dep.prefix,
-        qdrant=qdrant,
-        qdrant_collection_prefix=dep.prefix,
-        redis_url=None,
-        cache_responses=False,
-        scopes=scope_registry(settings),
-    )
-    writer = OpenSearchLexicalIndex(opensearch, index_prefix=dep.prefix)
-    state = SqliteProjectorState(canonical_db_path(dep.data_dir))
-    exact = QdrantServerVectorSearch(qdrant, collection_prefix=dep.prefix, exact=True)
-    try:
-        row, descriptor = state.generation(generation_id)
-        with writer.reference_copy(generation_id) as reference_id:
-            setup = QualifySetup(
-                production=replace(ports, vectors=vectors(qdrant, dep.prefix)),
-                reference_lexical=ports.lexical,
-                reference_vectors=exact,
-                reference_id=reference_id,
-                limits=query_limits(settings),
-                profiles=list(PROFILES),
-                thresholds=settings.qualification_thresholds(),
-            )
-            receipt = qualify_generation(descriptor, row.applied_position, request, setup=setup)
-        state.record_receipt(receipt)
-        return receipt
-    finally:
-        state.close()
-        writer.close()
-        close()
-        qdrant.close()
+    ) as run:
+        return run(
+            generation_id,
+            lambda ports, qdrant: replace(ports, vectors=vectors(qdrant, dep.prefix)),
+            request,
+        )
 
 
 def test_a_vector_cap_too_small_for_the_shards_fails_inclusion_and_promote_answers_409(

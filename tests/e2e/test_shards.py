@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -282,12 +283,17 @@ def shard_local_ranks(url: str, prefix: str, shards: int) -> Any:
 
 
 Qualify = Callable[[str, Any, QualifyRequest], QualificationReceipt]
+# Given the production ports and the deployment's Qdrant client: the ports to qualify.
+Production = Callable[[Any, Any], Any]
 
 
-@pytest.fixture(scope="module")
-def qualify_in_process(deployment: Deployment) -> Iterator[Qualify]:
-    """Runs a qualification of the running deployment in this process, with a given
-    production lexical source, and stores its receipt in the server's registry."""
+@contextmanager
+def in_process_qualifier(
+    data_dir: Path, prefix: str, *, opensearch_url: str, qdrant_url: str
+) -> Iterator[Callable[[str, Production, QualifyRequest], QualificationReceipt]]:
+    """Runs qualifications of a running server-mode deployment in this process, with a
+    production source the test chooses, and stores each receipt in the server's
+    registry; the reference is the deployment's own (1-shard BM25 copy, exact vectors)."""
     from ingest.bootstrap import canonical_db_path
     from orrery.servers import qdrant_client
     from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
@@ -300,33 +306,35 @@ def qualify_in_process(deployment: Deployment) -> Iterator[Qualify]:
 
     settings = QuerySettings(
         mode="servers",
-        data_dir=deployment.data_dir,
-        opensearch_url=deployment.cluster["url"],
-        opensearch_index_prefix=deployment.prefix,
-        qdrant_url=require_server("qdrant"),
-        qdrant_collection_prefix=deployment.prefix,
+        data_dir=data_dir,
+        opensearch_url=opensearch_url,
+        opensearch_index_prefix=prefix,
+        qdrant_url=qdrant_url,
+        qdrant_collection_prefix=prefix,
     )
     qdrant = qdrant_client(settings)
     ports, close = server_query_ports(
-        canonical_db_path(deployment.data_dir),
+        canonical_db_path(data_dir),
         embedder=default_embedder(1),
-        opensearch_url=deployment.cluster["url"],
-        opensearch_index_prefix=deployment.prefix,
+        opensearch_url=opensearch_url,
+        opensearch_index_prefix=prefix,
         qdrant=qdrant,
-        qdrant_collection_prefix=deployment.prefix,
+        qdrant_collection_prefix=prefix,
         redis_url=None,
         cache_responses=False,
         scopes=scope_registry(settings),
     )
-    writer = OpenSearchLexicalIndex(deployment.cluster["url"], index_prefix=deployment.prefix)
-    state = SqliteProjectorState(canonical_db_path(deployment.data_dir))
-    exact = QdrantServerVectorSearch(qdrant, collection_prefix=deployment.prefix, exact=True)
+    writer = OpenSearchLexicalIndex(opensearch_url, index_prefix=prefix)
+    state = SqliteProjectorState(canonical_db_path(data_dir))
+    exact = QdrantServerVectorSearch(qdrant, collection_prefix=prefix, exact=True)
 
-    def run(generation_id: str, lexical: Any, request: QualifyRequest) -> QualificationReceipt:
+    def run(
+        generation_id: str, production: Production, request: QualifyRequest
+    ) -> QualificationReceipt:
         row, descriptor = state.generation(generation_id)
         with writer.reference_copy(generation_id) as reference_id:
             setup = QualifySetup(
-                production=replace(ports, lexical=lexical),
+                production=production(ports, qdrant),
                 reference_lexical=ports.lexical,
                 reference_vectors=exact,
                 reference_id=reference_id,
@@ -345,6 +353,21 @@ def qualify_in_process(deployment: Deployment) -> Iterator[Qualify]:
         writer.close()
         close()
         qdrant.close()
+
+
+@pytest.fixture(scope="module")
+def qualify_in_process(deployment: Deployment) -> Iterator[Qualify]:
+    """Runs a qualification of the running deployment in this process, with a given
+    production lexical source, and stores its receipt in the server's registry."""
+    with in_process_qualifier(
+        deployment.data_dir,
+        deployment.prefix,
+        opensearch_url=deployment.cluster["url"],
+        qdrant_url=require_server("qdrant"),
+    ) as run:
+        yield lambda generation_id, lexical, request: run(
+            generation_id, lambda ports, _qdrant: replace(ports, lexical=lexical), request
+        )
 
 
 # -- tests ----------------------------------------------------------------------------------
