@@ -11,7 +11,7 @@ from contracts.embedding import Embedder
 from contracts.generations import GenerationDescriptor
 from contracts.qualification import QualificationReceipt, QualifyRequest
 from query.adapters.memory_cache import MemoryCache
-from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
+from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch, VectorMemo
 from query.adapters.sqlite_koutendb import SqliteKoutenStore
 from query.adapters.sqlite_ring_stats import SqliteRingStats
 from query.adapters.sqlite_routing import (
@@ -166,7 +166,8 @@ def embedded_query_ports(
     return QueryPorts(
         routing=routing,
         lexical=TantivyLexicalSearch(lexical_index_provider),
-        vectors=QdrantEdgeVectorSearch(vector_shard_provider),
+        # The re-score's vectors of lexical candidates, by revision (64 MiB at most).
+        vectors=QdrantEdgeVectorSearch(vector_shard_provider, memo=VectorMemo()),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder),
         responses=MemoryCache() if cache_responses else None,

@@ -511,10 +511,15 @@ class ReportingVectorSearch:
             raise
 
     def scores(
-        self, generation_id: str, vector: Sequence[float], filter: SearchFilter
+        self,
+        generation_id: str,
+        vector: Sequence[float],
+        filter: SearchFilter,
+        *,
+        revisions: Mapping[str, int] | None = None,
     ) -> dict[str, float]:
         try:
-            return self._inner.scores(generation_id, vector, filter)
+            return self._inner.scores(generation_id, vector, filter, revisions=revisions)
         except OrreryError as exc:
             _report(self._gate, generation_id, exc)
             raise

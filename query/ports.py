@@ -117,11 +117,23 @@ class VectorSearch(Protocol):
     ) -> list[Candidate]: ...
 
     def scores(
-        self, generation_id: str, vector: Sequence[float], filter: SearchFilter
+        self,
+        generation_id: str,
+        vector: Sequence[float],
+        filter: SearchFilter,
+        *,
+        revisions: Mapping[str, int] | None = None,
     ) -> dict[str, float]:
         """The exact cosine of each document `filter` lets through, by document id: the
         score `search` gives it wherever `search` is exact, without building candidates.
-        `filter.document_ids` must be set (it bounds the work)."""
+        `filter.document_ids` must be set (it bounds the work).
+
+        `revisions`: the revision the caller found each listed document at, through this
+        same `filter` (the re-score's lexical candidates, whose payloads are answered at
+        those revisions). An adapter that kept the vector of a document at the revision
+        named may score it without asking the engine (equal to the engine's score to
+        float32 rounding, and consistent with the revision answered); otherwise the
+        document is scored as without `revisions`, at the point the index holds now."""
 
 
 class Route(BaseModel):

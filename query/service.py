@@ -879,6 +879,7 @@ def _rescore(
     vector_ids = {c.document_id for c in vector}
     only_vector = sorted(vector_ids - lexical_ids)
     only_lexical = sorted(lexical_ids - vector_ids)
+    only = set(only_lexical)
     looked_up = 0
     lookup_vectors: Callable[[], dict[str, float]] | None = None
     if query_vector is not None and vector_ids and only_lexical:
@@ -887,9 +888,13 @@ def _rescore(
             update={"document_ids": tuple(only_lexical), "phrases": ()}
         )
 
+        # The revisions the lexical source found them at: an adapter holding those
+        # revisions' vectors scores them without another engine call.
+        revisions = {c.document_id: c.revision for c in lexical if c.document_id in only}
+
         def lookup_vectors() -> dict[str, float]:
             assert query_vector is not None
-            return ports.vectors.scores(generation_id, query_vector, by_ids)
+            return ports.vectors.scores(generation_id, query_vector, by_ids, revisions=revisions)
 
         looked_up += len(only_lexical)
     pending: Pending[dict[str, float]] | None = None

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
 from qdrant_edge import (
     EdgeShard,
     FieldCondition,
@@ -38,6 +42,7 @@ from contracts.index_fields import (
     DOCUMENT_ID,
     FACETS,
     GALAXY,
+    REVISION,
     RING,
     RING_PATH,
     STATUS,
@@ -61,7 +66,13 @@ from contracts.vector_payload import (
 if TYPE_CHECKING:
     from qdrant_edge import ConditionType
 
-__all__ = ["QdrantEdgeVectorSearch", "ShardProvider", "edge_filter"]
+__all__ = [
+    "DEFAULT_MEMO_BYTES",
+    "QdrantEdgeVectorSearch",
+    "ShardProvider",
+    "VectorMemo",
+    "edge_filter",
+]
 
 DEPENDENCY = "qdrant-edge"
 # The `QueryPlan.engine_ms` key of qdrant-edge's query calls.
@@ -73,6 +84,109 @@ _RETURNED = PayloadSelector.Include(list(RETURNED_FIELDS))
 
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
+
+# What the re-score's vectors may hold: 64 MiB is ~43k vectors of 384 dimensions.
+DEFAULT_MEMO_BYTES = 64 << 20
+
+# What a memo fill reads besides the vector: the revision it belongs to.
+_REVISION_ONLY = PayloadSelector.Include([REVISION])
+
+_Vector = npt.NDArray[np.float32]
+
+
+class VectorMemo:
+    """The stored (unit) vectors of documents at one revision, by `(generation, document)`,
+    as float32 bytes, least recently used first out past `max_bytes`.
+
+    Correct by construction rather than by invalidation: a generation's vector of a
+    document at a revision never changes (another embedder is another generation), so an
+    entry is used only for the very revision a caller names, and a newer revision is a
+    miss that replaces it. Thread-safe; lookups and fills never call the engine."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._entries: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
+        self._lock = threading.Lock()
+        # Recent lookups and hits (halved past 4,096 lookups), and fills skipped.
+        self._lookups = 0
+        self._hits = 0
+        self._skipped = 0
+
+    def worth_filling(self) -> bool:
+        """Whether a lookup that missed should bring the vectors along: always while
+        the memo has room; once full, when at least a quarter of recent lookups hit (a
+        corpus larger than the memo, queried at random, would only churn it), and
+        every eighth time otherwise, so that a change in the queries is noticed."""
+        if self._bytes + 64 * 1024 < self._max_bytes:
+            return True
+        if 4 * self._hits >= self._lookups:
+            return True
+        self._skipped += 1
+        return self._skipped % 8 == 0
+
+    def get_many(
+        self, generation_id: str, revisions: Iterable[tuple[str, int]]
+    ) -> tuple[list[str], list[bytes], list[str]]:
+        """For each `(document, revision)`: the documents held and their vectors, in
+        order, and the documents not held (at that revision)."""
+        held: list[str] = []
+        vectors: list[bytes] = []
+        missing: list[str] = []
+        with self._lock:
+            entries = self._entries
+            touch = entries.move_to_end
+            for document_id, revision in revisions:
+                key = (generation_id, document_id)
+                entry = entries.get(key)
+                if entry is None or entry[0] != revision:
+                    missing.append(document_id)
+                    continue
+                touch(key)
+                held.append(document_id)
+                vectors.append(entry[1])
+            self._lookups += len(held) + len(missing)
+            self._hits += len(held)
+            if self._lookups > 4_096:
+                self._lookups //= 2
+                self._hits //= 2
+        return held, vectors, missing
+
+    def put(self, generation_id: str, document_id: str, revision: int, vector: bytes) -> None:
+        size = _entry_bytes(vector)
+        if size > self._max_bytes:
+            return
+        key = (generation_id, document_id)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= _entry_bytes(old[1])
+            self._entries[key] = (revision, vector)
+            self._bytes += size
+            while self._bytes > self._max_bytes:
+                _key, (_revision, evicted) = self._entries.popitem(last=False)
+                self._bytes -= _entry_bytes(evicted)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _entry_bytes(vector: bytes) -> int:
+    """What an entry counts against the bound: its vector and ~64 bytes of key and slot."""
+    return 64 + len(vector)
+
+
+def _as_vector(values: Sequence[Any]) -> bytes:
+    """A stored vector as the memo keeps it: float32, native byte order."""
+    return np.asarray(values, dtype=np.float32).tobytes()
+
+
+def _unit(vector: Sequence[float]) -> _Vector:
+    """`vector` scaled to unit length in float32, as the engine prepares a cosine query."""
+    array = np.asarray(vector, dtype=np.float32)
+    return array / np.float32(np.sqrt(np.dot(array, array)))
 
 
 class QdrantEdgeVectorSearch:
@@ -92,9 +206,16 @@ class QdrantEdgeVectorSearch:
     `INVALID_REQUEST`; any other engine failure -> `DependencyUnavailable`.
     """
 
-    def __init__(self, shard_provider: ShardProvider, *, hnsw_ef: int = 128) -> None:
+    def __init__(
+        self,
+        shard_provider: ShardProvider,
+        *,
+        hnsw_ef: int = 128,
+        memo: VectorMemo | None = None,
+    ) -> None:
         self._shard_provider = shard_provider
         self._hnsw_ef = hnsw_ef
+        self._memo = memo
 
     def search(
         self,
@@ -112,30 +233,104 @@ class QdrantEdgeVectorSearch:
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
 
     def scores(
-        self, generation_id: str, vector: Sequence[float], filter: SearchFilter
+        self,
+        generation_id: str,
+        vector: Sequence[float],
+        filter: SearchFilter,
+        *,
+        revisions: Mapping[str, int] | None = None,
     ) -> dict[str, float]:
-        """`VectorSearch.scores`: one exact request (`SearchParams(exact=True)`) over the
+        """`VectorSearch.scores`.
+
+        Without `revisions`: one exact request (`SearchParams(exact=True)`) over the
         listed documents' points, without payloads. A point's id is a pure function of
         its document's id (`contracts.vector_payload.point_id`), so the ids are matched
         as point ids (`HasIdCondition`: the engine goes to those points directly; a
         `MatchAny` on the `document_id` payload index cost half as much again) and each
-        returned point maps back to its document by that id."""
+        returned point maps back to its document by that id.
+
+        With `revisions` (the revision the caller found each document at, through this
+        same `filter`) and a memo: a document the memo holds at the revision named is
+        scored from its stored unit vector in float32 like the engine (equal to the
+        engine's score to float32 rounding, ~1e-7, not bit for bit) without an engine
+        call. The others are looked up by the engine as without `revisions`, their
+        vectors brought along and memoized when the point holds the revision named
+        (`VectorMemo.worth_filling`)."""
         query_vector = check_query_vector(vector)
         must = _must(filter.model_copy(update={"document_ids": None}))
         size = id_lookup_size(filter, DEPENDENCY)
         if size == 0 or filter.matches_nothing():
             return {}
+        listed = list(filter.document_ids or ())
+        shard = self._shard(generation_id)
+        memo = self._memo
+        if revisions is None or memo is None:
+            return self._exact_scores(shard, generation_id, query_vector, must, listed)
+        query = _unit(query_vector)
+        held, vectors, missing = memo.get_many(
+            generation_id, ((d, revisions.get(d, -1)) for d in listed)
+        )
+        out: dict[str, float] = {}
+        if vectors:
+            if len(vectors[0]) != query.nbytes:
+                # The engine refuses it with its own message (`EMBEDDER_MISMATCH`).
+                return self._exact_scores(shard, generation_id, query_vector, must, listed)
+            matrix = np.frombuffer(b"".join(vectors), dtype=np.float32)
+            cosines = (matrix.reshape(len(vectors), query.shape[0]) @ query).tolist()
+            out = {d: min(1.0, max(-1.0, c)) for d, c in zip(held, cosines, strict=True)}
+        if missing:
+            out.update(
+                self._exact_scores(
+                    shard,
+                    generation_id,
+                    query_vector,
+                    must,
+                    missing,
+                    fill=(memo, revisions) if memo.worth_filling() else None,
+                )
+            )
+        return out
+
+    def _exact_scores(
+        self,
+        shard: EdgeShard,
+        generation_id: str,
+        query_vector: list[float],
+        must: list[ConditionType],
+        listed: Sequence[str],
+        *,
+        fill: tuple[VectorMemo, Mapping[str, int]] | None = None,
+    ) -> dict[str, float]:
+        """The engine's exact lookup of `listed` under `must` (the filter's clauses
+        without its ids). With `fill`, the points' vectors come along and those at the
+        revision the caller named are memoized."""
         # Point id (as a string) -> document id: a document id that is a canonical UUID
         # is its own point id (`point_id`), so no UUID object is built for it.
-        documents = {
-            _point_key(document_id): document_id for document_id in filter.document_ids or ()
-        }
-        must.append(HasIdCondition(set(documents)))
-        shard = self._shard(generation_id)
+        documents = {_point_key(document_id): document_id for document_id in listed}
+        clauses = [*must, HasIdCondition(set(documents))]
         points = self._exact(
-            shard, generation_id, query_vector, Filter(must=must, must_not=[_HIDDEN]), size
+            shard,
+            generation_id,
+            query_vector,
+            Filter(must=clauses, must_not=[_HIDDEN]),
+            len(listed),
+            with_vectors=fill is not None,
         )
-        return {documents[str(point.id)]: cosine_score(point.score) for point in points}
+        scores = {documents[str(point.id)]: cosine_score(point.score) for point in points}
+        if fill is not None:
+            memo, revisions = fill
+            for point in points:
+                document_id = documents[str(point.id)]
+                named = point.vector
+                dense = named.get(VECTOR_NAME) if isinstance(named, dict) else None
+                revision = (point.payload or {}).get(REVISION)
+                if (
+                    isinstance(dense, list)
+                    and isinstance(revision, int)
+                    and revision == revisions.get(document_id)
+                ):
+                    memo.put(generation_id, document_id, revision, _as_vector(dense))
+        return scores
 
     def _exact(
         self,
@@ -144,13 +339,15 @@ class QdrantEdgeVectorSearch:
         vector: list[float],
         engine_filter: Filter | None,
         limit: int,
+        *,
+        with_vectors: bool = False,
     ) -> list[ScoredPoint]:
         request = QueryRequest(
             limit=limit,
             query=Query.Nearest(vector, using=VECTOR_NAME),
             filter=engine_filter,
-            with_payload=False,
-            with_vector=False,
+            with_payload=_REVISION_ONLY if with_vectors else False,
+            with_vector=with_vectors,
             params=SearchParams(exact=True),
         )
         try:

@@ -136,10 +136,16 @@ class QdrantServerVectorSearch:
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
 
     def scores(
-        self, generation_id: str, vector: Sequence[float], filter: SearchFilter
+        self,
+        generation_id: str,
+        vector: Sequence[float],
+        filter: SearchFilter,
+        *,
+        revisions: Mapping[str, int] | None = None,
     ) -> dict[str, float]:
         """`VectorSearch.scores`: one exact request (`SearchParams(exact=True)`; local mode
-        is exact anyway) over the listed ids, returning only `document_id` of each point."""
+        is exact anyway) over the listed ids, returning only `document_id` of each point.
+        `revisions` is not used: the server holds the vectors."""
         query_vector = check_query_vector(vector)
         engine_filter = qdrant_filter(filter)
         size = id_lookup_size(filter, DEPENDENCY)

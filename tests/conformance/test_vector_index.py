@@ -40,7 +40,7 @@ from projector.adapters.qdrant_edge_vectors import (
 )
 from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 from projector.ports import IndexEvidence, VectorIndex
-from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
+from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch, VectorMemo
 from query.adapters.qdrant_vectors import QdrantServerVectorSearch
 from query.ports import VectorSearch
 from tests.conformance.corpus import CORPUS, DIM, doc, unit
@@ -69,7 +69,9 @@ def _qdrant_edge(storage: Path) -> Engine:
     def optimize(generation_id: str) -> None:
         index.optimize(generation_id)
 
-    return Engine(index=index, search=QdrantEdgeVectorSearch(index.shard_for), optimize=optimize)
+    # With the re-score's vector memo, as the embedded deployment runs it.
+    search = QdrantEdgeVectorSearch(index.shard_for, memo=VectorMemo())
+    return Engine(index=index, search=search, optimize=optimize)
 
 
 # The harness's Qdrant server is shared: this run's collections carry their own prefix.
@@ -290,6 +292,55 @@ def test_scores_are_exactly_the_search_scores_of_the_listed_ids(loaded: Harness,
         scores = loaded.search.scores(loaded.generation_id, vector, search_filter)
         assert scores == {c.document_id: c.score for c in searched}
         assert set(scores) == expected
+
+
+@pytest.mark.parametrize("case", list(FILTER_CASES))
+def test_scores_at_the_revisions_found_are_the_search_scores(loaded: Harness, case: str) -> None:
+    """`scores(..., revisions=...)` (the re-score names the revision the lexical side
+    found each document at): the search's scores to float32 rounding, on the first call
+    and on the next ones (which an adapter may answer from stored vectors)."""
+    search_filter, expected = FILTER_CASES[case]
+    listed = search_filter.document_ids or ("d1", "d2", "d3", "d4", "d5", "unknown")
+    if search_filter.document_ids is None:
+        search_filter = search_filter.model_copy(update={"document_ids": listed})
+    revisions = {d.document_id: d.revision for d in CORPUS}
+    for _ in range(2):
+        for vector in (unit(1, 0, 0, 0), unit(0, 1, 0, 0), unit(0.3, -0.2, 0.9, 0.1)):
+            searched = {c.document_id: c.score for c in loaded.query(vector, search_filter, 10)}
+            scores = loaded.search.scores(
+                loaded.generation_id, vector, search_filter, revisions=revisions
+            )
+            assert scores == pytest.approx(searched, abs=1e-6)
+            assert set(scores) == expected
+
+
+def test_scores_at_a_revision_rewritten_since(engine: Harness) -> None:
+    """A document rewritten after the caller found it: named at the new revision it
+    scores with the new vector, whatever an earlier call kept; named at the old one,
+    with the vector of that revision (an adapter that kept it) or the one it holds now;
+    one hidden from the vector lane at the revision named scores nothing."""
+    engine.apply([doc("m1", vector=unit(1, 0, 0, 0)), doc("m2", vector=unit(0, 1, 0, 0))])
+    by_id = SearchFilter(document_ids=("m1", "m2"))
+    query = unit(1, 1, 0, 0)
+    old = {"m1": 1, "m2": 1}
+    before = {"m1": 0.5**0.5, "m2": 0.5**0.5}
+    assert engine.search.scores(engine.generation_id, query, by_id, revisions=old) == (
+        pytest.approx(before, abs=1e-6)
+    )
+    engine.apply([doc("m1", 2, vector=unit(0, 0, 1, 0))])
+    now = engine.search.scores(engine.generation_id, query, by_id)
+    assert now == pytest.approx({"m1": 0.0, "m2": 0.5**0.5}, abs=1e-6)
+    for _ in range(2):
+        scores = engine.search.scores(
+            engine.generation_id, query, by_id, revisions={"m1": 2, "m2": 1}
+        )
+        assert scores == pytest.approx(now, abs=1e-6)
+    stale = engine.search.scores(engine.generation_id, query, by_id, revisions=old)
+    assert stale["m2"] == pytest.approx(now["m2"], abs=1e-6)
+    assert stale["m1"] in (pytest.approx(before["m1"], abs=1e-6), pytest.approx(0.0, abs=1e-6))
+    engine.apply([doc("m2", 2, vector=unit(0, 1, 0, 0), facets={HIDDEN_FACET: ("vector",)})])
+    scores = engine.search.scores(engine.generation_id, query, by_id, revisions={"m1": 2, "m2": 2})
+    assert scores == pytest.approx({"m1": 0.0}, abs=1e-6)
 
 
 def test_scores_of_canonical_uuid_ids_and_their_other_spellings(engine: Harness) -> None:
