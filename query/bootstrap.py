@@ -166,16 +166,19 @@ def embedded_query_ports(
     return QueryPorts(
         routing=routing,
         lexical=TantivyLexicalSearch(lexical_index_provider),
-        # The re-score's vectors of lexical candidates, by revision (64 MiB at most).
+        # The re-score's vectors of lexical candidates, by revision (256 MiB at most).
         vectors=QdrantEdgeVectorSearch(vector_shard_provider, memo=VectorMemo()),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder),
         responses=MemoryCache() if cache_responses else None,
         scopes=ScopeResolver(routing, scopes, holds=records.holds),
         cursors=cursors,
-        # Sources one after the other: both engines run in this process, and on the
-        # embedded A/B (`bench/topk.py --sizes 20000`) the overlap did not pay.
+        # The vector search beside the lexical one (`QueryPorts.vector_overlap`); the
+        # lexical search and the score lookups stay on the request's thread: running
+        # the mostly-Python tantivy adapter on a pool only contended for the GIL (the
+        # embedded A/B, `bench/topk.py --sizes 20000`, gained nothing).
         overlap=None,
+        vector_overlap=shared_source_pool(),
     )
 
 

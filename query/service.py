@@ -194,6 +194,10 @@ class QueryPorts:
     # Runs a request's two sources (and its two score lookups) side by side; None: one
     # after the other on the request's thread. Rankings are the same either way.
     overlap: SourcePool | None = None
+    # Runs only the vector search beside the lexical one, which stays on the request's
+    # thread (embedded: qdrant-edge searches on its own threads without the GIL while the
+    # tantivy adapter's work is mostly Python); used when `overlap` is None.
+    vector_overlap: SourcePool | None = None
     # Told about every answer (metrics, spans); None: nobody listens.
     observer: QueryObserver | None = None
 
@@ -726,6 +730,8 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
     lexical: Pending[list[Candidate]] | None = None
     if use_lexical and use_vector and ports.overlap is not None:
         lexical = ports.overlap.start(search_lexical)
+    elif use_lexical and use_vector and ports.vector_overlap is not None:
+        return _search_vector_beside(q, ports, watch, search_lexical, ports.vector_overlap)
     given = q.query_vector
     sources = _Sources(
         query_vector=(
@@ -766,6 +772,44 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
         sources.indexes_used.append("vector")
     if q.search_filter != SearchFilter() or (
         isinstance(profile, WeightedProfile) and profile.metadata_weight > 0.0
+    ):
+        sources.indexes_used.append("metadata")
+    watch.plan.update(indexes_used=sources.indexes_used, source_counts=sources.counts)
+    watch.lap("index_search")
+    return sources
+
+
+def _search_vector_beside(
+    q: _Resolved,
+    ports: QueryPorts,
+    watch: _Stopwatch,
+    search_lexical: Callable[[], list[Candidate]],
+    pool: SourcePool,
+) -> _Sources:
+    """`_search_sources` with both sources, the vector search on `pool` and the lexical
+    one on this thread (`QueryPorts.vector_overlap`). The same candidates, laps and
+    errors (a failure of both reports the lexical one)."""
+    generation_id = q.route.generation_id
+    query_vector = (
+        q.query_vector
+        if q.query_vector is not None
+        else ports.query_vectors.vector(q.text, tenant=q.route.namespace)
+    )
+    watch.lap("candidate_fetch")
+
+    def search_vector() -> list[Candidate]:
+        vector_filter = q.phrases.vector_filter(q.search_filter, generation_id, ports.lexical)
+        return ports.vectors.search(generation_id, query_vector, vector_filter, q.depths["vector"])
+
+    vector = pool.start(search_vector)
+    sources = _Sources(
+        query_vector=query_vector,
+        lexical=search_lexical(),
+        vector=watch.wait(vector, "index_search"),
+        indexes_used=["bm25" if q.lexical_text else "filter", "vector"],
+    )
+    if q.search_filter != SearchFilter() or (
+        isinstance(q.profile, WeightedProfile) and q.profile.metadata_weight > 0.0
     ):
         sources.indexes_used.append("metadata")
     watch.plan.update(indexes_used=sources.indexes_used, source_counts=sources.counts)

@@ -12,6 +12,7 @@ The payload it reads and filters on is written by
 from __future__ import annotations
 
 import functools
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -85,13 +86,11 @@ _RETURNED = PayloadSelector.Include(list(RETURNED_FIELDS))
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
 
-# What the re-score's vectors may hold: 64 MiB is ~43k vectors of 384 dimensions.
-DEFAULT_MEMO_BYTES = 64 << 20
+# What the re-score's vectors may hold: 256 MiB is ~170k vectors of 384 dimensions.
+DEFAULT_MEMO_BYTES = 256 << 20
 
 # What a memo fill reads besides the vector: the revision it belongs to.
 _REVISION_ONLY = PayloadSelector.Include([REVISION])
-
-_Vector = npt.NDArray[np.float32]
 
 
 class VectorMemo:
@@ -110,22 +109,10 @@ class VectorMemo:
         self._bytes = 0
         self._entries: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
         self._lock = threading.Lock()
-        # Recent lookups and hits (halved past 4,096 lookups), and fills skipped.
-        self._lookups = 0
-        self._hits = 0
-        self._skipped = 0
 
-    def worth_filling(self) -> bool:
-        """Whether a lookup that missed should bring the vectors along: always while
-        the memo has room; once full, when at least a quarter of recent lookups hit (a
-        corpus larger than the memo, queried at random, would only churn it), and
-        every eighth time otherwise, so that a change in the queries is noticed."""
-        if self._bytes + 64 * 1024 < self._max_bytes:
-            return True
-        if 4 * self._hits >= self._lookups:
-            return True
-        self._skipped += 1
-        return self._skipped % 8 == 0
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
 
     def get_many(
         self, generation_id: str, revisions: Iterable[tuple[str, int]]
@@ -147,11 +134,6 @@ class VectorMemo:
                 touch(key)
                 held.append(document_id)
                 vectors.append(entry[1])
-            self._lookups += len(held) + len(missing)
-            self._hits += len(held)
-            if self._lookups > 4_096:
-                self._lookups //= 2
-                self._hits //= 2
         return held, vectors, missing
 
     def put(self, generation_id: str, document_id: str, revision: int, vector: bytes) -> None:
@@ -183,10 +165,10 @@ def _as_vector(values: Sequence[Any]) -> bytes:
     return np.asarray(values, dtype=np.float32).tobytes()
 
 
-def _unit(vector: Sequence[float]) -> _Vector:
-    """`vector` scaled to unit length in float32, as the engine prepares a cosine query."""
-    array = np.asarray(vector, dtype=np.float32)
-    return array / np.float32(np.sqrt(np.dot(array, array)))
+def _unit(vector: Sequence[float]) -> npt.NDArray[np.float64]:
+    """`vector` scaled to unit length (float64), as the engine prepares a cosine query."""
+    array = np.asarray(vector, dtype=np.float64)
+    return array / math.sqrt(float(np.dot(array, array)))
 
 
 class QdrantEdgeVectorSearch:
@@ -216,6 +198,7 @@ class QdrantEdgeVectorSearch:
         self._shard_provider = shard_provider
         self._hnsw_ef = hnsw_ef
         self._memo = memo
+        self._memo_serves: dict[str, bool] = {}
 
     def search(
         self,
@@ -250,12 +233,14 @@ class QdrantEdgeVectorSearch:
         returned point maps back to its document by that id.
 
         With `revisions` (the revision the caller found each document at, through this
-        same `filter`) and a memo: a document the memo holds at the revision named is
-        scored from its stored unit vector in float32 like the engine (equal to the
-        engine's score to float32 rounding, ~1e-7, not bit for bit) without an engine
-        call. The others are looked up by the engine as without `revisions`, their
-        vectors brought along and memoized when the point holds the revision named
-        (`VectorMemo.worth_filling`)."""
+        same `filter`) and a memo: a document whose stored unit vector at the revision
+        named is known is scored from it here (equal to the engine's score to float32
+        rounding, ~1e-7, not bit for bit), the same whether the memo held it or the
+        engine's exact lookup just brought it along (and it was memoized); a point at
+        another revision gets the engine's score, as without `revisions`. Only for a
+        generation whose vectors all fit the memo when first asked (`_memoized`); a
+        larger one is looked up by the engine, as without `revisions`: refilling a
+        churning memo would cost more than the lookups it saves."""
         query_vector = check_query_vector(vector)
         must = _must(filter.model_copy(update={"document_ids": None}))
         size = id_lookup_size(filter, DEPENDENCY)
@@ -264,32 +249,84 @@ class QdrantEdgeVectorSearch:
         listed = list(filter.document_ids or ())
         shard = self._shard(generation_id)
         memo = self._memo
-        if revisions is None or memo is None:
+        if revisions is None or memo is None or not self._memoized(shard, generation_id, vector):
             return self._exact_scores(shard, generation_id, query_vector, must, listed)
-        query = _unit(query_vector)
         held, vectors, missing = memo.get_many(
             generation_id, ((d, revisions.get(d, -1)) for d in listed)
         )
         out: dict[str, float] = {}
+        if missing:
+            out = self._read(
+                shard, generation_id, query_vector, must, missing, revisions, held, vectors
+            )
         if vectors:
-            if len(vectors[0]) != query.nbytes:
+            query = _unit(query_vector)
+            if len(vectors[0]) != 4 * query.shape[0]:
                 # The engine refuses it with its own message (`EMBEDDER_MISMATCH`).
                 return self._exact_scores(shard, generation_id, query_vector, must, listed)
             matrix = np.frombuffer(b"".join(vectors), dtype=np.float32)
-            cosines = (matrix.reshape(len(vectors), query.shape[0]) @ query).tolist()
-            out = {d: min(1.0, max(-1.0, c)) for d, c in zip(held, cosines, strict=True)}
-        if missing:
-            out.update(
-                self._exact_scores(
-                    shard,
-                    generation_id,
-                    query_vector,
-                    must,
-                    missing,
-                    fill=(memo, revisions) if memo.worth_filling() else None,
-                )
-            )
+            # Each row summed on its own (pairwise, in float64): a document's score never
+            # depends on which others are scored with it, so pages of one query agree.
+            rows = matrix.reshape(len(vectors), query.shape[0]).astype(np.float64)
+            cosines = (rows * query).sum(axis=1).tolist()
+            out.update((d, min(1.0, max(-1.0, c))) for d, c in zip(held, cosines, strict=True))
         return out
+
+    def _read(
+        self,
+        shard: EdgeShard,
+        generation_id: str,
+        query_vector: list[float],
+        must: list[ConditionType],
+        listed: list[str],
+        revisions: Mapping[str, int],
+        held: list[str],
+        vectors: list[bytes],
+    ) -> dict[str, float]:
+        """The engine's exact lookup of `listed`, vectors included: a point at the
+        revision named joins `held`/`vectors` (scored like the memo's) and is memoized;
+        the score of a point at another revision is the engine's, returned."""
+        assert self._memo is not None
+        memo = self._memo
+        documents = {_point_key(document_id): document_id for document_id in listed}
+        points = self._exact(
+            shard,
+            generation_id,
+            query_vector,
+            Filter(must=[*must, HasIdCondition(set(documents))], must_not=[_HIDDEN]),
+            len(listed),
+            with_vectors=True,
+        )
+        other: dict[str, float] = {}
+        for point in points:
+            document_id = documents[str(point.id)]
+            named = point.vector
+            dense = named.get(VECTOR_NAME) if isinstance(named, dict) else None
+            revision = (point.payload or {}).get(REVISION)
+            if isinstance(dense, list) and revision == revisions.get(document_id):
+                stored = _as_vector(dense)
+                held.append(document_id)
+                vectors.append(stored)
+                if isinstance(revision, int):
+                    memo.put(generation_id, document_id, revision, stored)
+            else:
+                other[document_id] = cosine_score(point.score)
+        return other
+
+    def _memoized(self, shard: EdgeShard, generation_id: str, vector: Sequence[float]) -> bool:
+        """Whether the memo serves `generation_id`: decided once per generation and
+        process (so one query's pages are always scored one way), by whether its points'
+        vectors fit the memo's bound."""
+        decided = self._memo_serves.get(generation_id)
+        if decided is None:
+            assert self._memo is not None
+            try:
+                points = shard.info().points_count
+            except Exception as error:  # the driver raises bare Exception
+                raise _translate(error, generation_id) from error
+            decided = points * (64 + 4 * len(vector)) <= self._memo.max_bytes
+            self._memo_serves[generation_id] = decided
+        return decided
 
     def _exact_scores(
         self,
@@ -298,39 +335,20 @@ class QdrantEdgeVectorSearch:
         query_vector: list[float],
         must: list[ConditionType],
         listed: Sequence[str],
-        *,
-        fill: tuple[VectorMemo, Mapping[str, int]] | None = None,
     ) -> dict[str, float]:
         """The engine's exact lookup of `listed` under `must` (the filter's clauses
-        without its ids). With `fill`, the points' vectors come along and those at the
-        revision the caller named are memoized."""
+        without its ids)."""
         # Point id (as a string) -> document id: a document id that is a canonical UUID
         # is its own point id (`point_id`), so no UUID object is built for it.
         documents = {_point_key(document_id): document_id for document_id in listed}
-        clauses = [*must, HasIdCondition(set(documents))]
         points = self._exact(
             shard,
             generation_id,
             query_vector,
-            Filter(must=clauses, must_not=[_HIDDEN]),
+            Filter(must=[*must, HasIdCondition(set(documents))], must_not=[_HIDDEN]),
             len(listed),
-            with_vectors=fill is not None,
         )
-        scores = {documents[str(point.id)]: cosine_score(point.score) for point in points}
-        if fill is not None:
-            memo, revisions = fill
-            for point in points:
-                document_id = documents[str(point.id)]
-                named = point.vector
-                dense = named.get(VECTOR_NAME) if isinstance(named, dict) else None
-                revision = (point.payload or {}).get(REVISION)
-                if (
-                    isinstance(dense, list)
-                    and isinstance(revision, int)
-                    and revision == revisions.get(document_id)
-                ):
-                    memo.put(generation_id, document_id, revision, _as_vector(dense))
-        return scores
+        return {documents[str(point.id)]: cosine_score(point.score) for point in points}
 
     def _exact(
         self,

@@ -251,12 +251,23 @@ class SqliteRecordReader(_Reader):
         super().__init__(path)
         self._max_answer_bytes = max_answer_bytes
 
-    def _records(self, sql: str, params: Sequence[object], budget: list[int]) -> list[StoredRecord]:
-        """The rows of `sql` (record JSON last) as records, taking their JSON's bytes
-        from `budget[0]`; `answer_too_large` once it runs out."""
+    def _records(
+        self,
+        sql: str,
+        params: Sequence[object],
+        budget: list[int],
+        *,
+        keep: set[tuple[str, int]] | None = None,
+    ) -> list[StoredRecord]:
+        """The rows of `sql` (`document_id, revision` first, record JSON last) as records,
+        taking their JSON's bytes from `budget[0]`; `answer_too_large` once it runs out.
+        `keep`: only rows whose `(document_id, revision)` it holds (the others neither
+        returned nor counted)."""
         out: list[StoredRecord] = []
         try:
             for row in self._conn().execute(sql, params):
+                if keep is not None and (row[0], row[1]) not in keep:
+                    continue
                 budget[0] -= len(str(row[-1]))
                 if budget[0] < 0:
                     raise answer_too_large(self._max_answer_bytes)
@@ -268,16 +279,26 @@ class SqliteRecordReader(_Reader):
         return out
 
     def fetch(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], StoredRecord]:
-        # One primary-key lookup per key: an OR of compound conditions makes SQLite scan
-        # the whole table (measured: 20 ms for 10 keys at 100k records).
+        # One statement over the primary key's product `ids × revisions` (index probes,
+        # no scan), the pairs not asked for dropped here: an OR of compound conditions
+        # makes SQLite scan the whole table (20 ms for 10 keys at 100k records), and so
+        # does a row-value `IN (VALUES ...)` in SQLite 3.40; one statement per key cost
+        # 0.81 ms for 10 keys against 0.53 (SciFact, CPU, busy machine).
         # SQLite drops the vector (three quarters of a record's JSON, never answered by a
         # query) before Python parses the rest: 470 -> 300 us for 10 records.
         out: dict[tuple[str, int], StoredRecord] = {}
-        sql = f"SELECT {self._FETCH_COLUMNS} FROM records WHERE document_id = ? AND revision = ?"
+        wanted = set(keys)
         budget = [self._max_answer_bytes]
-        for key in keys:
-            for record in self._records(sql, key, budget):
-                out[key] = record
+        for start in range(0, len(keys), 200):
+            chunk = keys[start : start + 200]
+            ids = sorted({document_id for document_id, _revision in chunk})
+            revisions = sorted({revision for _document_id, revision in chunk})
+            sql = (
+                f"SELECT {self._FETCH_COLUMNS} FROM records WHERE document_id IN "
+                f"({','.join('?' * len(ids))}) AND revision IN ({','.join('?' * len(revisions))})"
+            )
+            for record in self._records(sql, [*ids, *revisions], budget, keep=wanted):
+                out[(record.document_id, record.revision)] = record
         return out
 
     def heads(self, namespace: str | None, document_ids: Sequence[str]) -> list[StoredRecord]:

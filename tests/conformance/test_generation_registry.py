@@ -9,6 +9,7 @@ all on one database.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -580,6 +581,27 @@ def test_record_reader_returns_exact_revisions_heads_and_pages(backend: Backend)
     assert total == 2
     assert [r.document_id for r in first + rest] == sorted([doc["a"], doc["b"]])
     assert reader.page("ns", "other-galaxy", 0, 5) == (0, [])
+
+
+def test_record_reader_fetches_exactly_the_pairs_asked(backend: Backend) -> None:
+    """Any mix of stored pairs, other revisions of stored documents and unknown
+    documents: exactly the stored pairs asked for come back, each at its revision (a
+    lookup over `ids × revisions` must drop the product's other pairs)."""
+    store = backend.open(backend.store)
+    reader = backend.open(backend.records)
+    store.write([_record(item, 1) for item in "abcd"])
+    store.write([_record(item, 2) for item in "ab"])
+    store.write([_record("a", 3)])
+    pairs = (("a", 1), ("a", 2), ("a", 3), ("b", 1), ("b", 2), ("c", 1), ("d", 1))
+    stored = {(_record(item, revision).doc_id, revision) for item, revision in pairs}
+    ids = [*sorted({d for d, _ in stored}), "nope"]
+    rng = random.Random(7)
+    for _ in range(40):
+        keys = [(rng.choice(ids), rng.randint(1, 4)) for _ in range(rng.randint(0, 9))]
+        fetched = reader.fetch(keys)
+        assert set(fetched) == set(keys) & stored
+        for (document_id, revision), record in fetched.items():
+            assert (record.document_id, record.revision) == (document_id, revision)
 
 
 def test_record_reader_pages_every_namespace(backend: Backend) -> None:

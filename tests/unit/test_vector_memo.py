@@ -46,18 +46,3 @@ def test_a_vector_larger_than_the_bound_is_not_kept() -> None:
     memo = VectorMemo(max_bytes=100)
     memo.put("g", "d", 1, bytes(64))
     assert len(memo) == 0
-
-
-def test_fills_stop_when_a_full_memo_rarely_hits() -> None:
-    memo = VectorMemo(max_bytes=64 * 1024 + 2 * (64 + 16))
-    assert memo.worth_filling()
-    for n in range(2):
-        memo.put("g", f"d{n}", 1, VECTOR)
-    # Full, and nothing hit yet: one fill in eight goes ahead.
-    for n in range(100):
-        memo.get_many("g", [(f"x{n}", 1)])
-    assert sum(memo.worth_filling() for _ in range(80)) == 10
-    # Mostly hits again: every fill goes ahead.
-    for _ in range(400):
-        memo.get_many("g", [("d0", 1)])
-    assert all(memo.worth_filling() for _ in range(10))
