@@ -64,6 +64,9 @@ servers-down:
 
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist; 0 = one process). Each test
 # file stays on one worker (`--dist loadfile`): module-scoped servers are started once.
+# Files go out in collection order (`--no-loadscope-reorder`), which tests/conftest.py
+# makes the files with slow tests first: xdist's own order (most tests first) left the
+# long files of few tests to the end, one worker busy for minutes while the other idled.
 # Workers share the harness servers; every test names its topics, databases, indexes,
 # collections, key prefixes and data dirs uniquely (tests/conftest.py).
 PYTEST_WORKERS ?= 2
@@ -72,10 +75,10 @@ SETUP_JOBS ?= 4
 
 test: venv browser
 	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target check resolve-pythons servers-up
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests -m "not measurement"
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests -m "not measurement"
 
 test-unit: venv
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile tests/unit tests/conformance -m "not servers"
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit tests/conformance -m "not servers"
 
 check: lint typecheck imports
 

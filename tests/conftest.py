@@ -28,6 +28,20 @@ settings.register_profile(
 )
 settings.load_profile("orrery")
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a test marked `slow` first, the others after them; within each group the
+    collection order, within a file its own order (the e2e files run in file order).
+
+    `make test` hands whole files to its workers in this order (`--dist loadfile
+    --no-loadscope-reorder`): the long files start first and the many short ones fill in
+    at the end. (xdist's default order, most tests first, put the long files with one to
+    seven tests last, where one of them can keep a worker busy for minutes after the other
+    ran out of files.)"""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+
+
 _ENV_NAMES = {
     "kafka": "ORRERY_KAFKA_BOOTSTRAP",
     "opensearch": "ORRERY_OPENSEARCH_URL",
