@@ -22,11 +22,13 @@ help:
 	@echo "make bench-servers  ingest, freshness and top-k: embedded vs servers at 100k"
 	@echo "make bench-chonkydb  the ChonkyDB dialect's p50 overhead over native topk_records"
 
-$(STAMP): pyproject.toml
+# The test venv has the optional `otlp` extra too: tests/e2e/test_otlp_export.py exports
+# over OTLP/HTTP, so CI covers the exporter an operator installs.
+$(STAMP): pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,otlp]"
 	touch $(STAMP)
 
 venv: $(STAMP)

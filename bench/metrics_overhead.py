@@ -11,16 +11,20 @@
    context only; the same variant twice, so their difference is the noise floor),
    `metrics`, `metrics+log` (JSON access line into /dev/null), `metrics+tracing`
    (`ORRERY_TRACING=true` without an exporter: ids only, no spans), `metrics+spans`
-   (spans made and handed to a batch processor whose exporter discards them: the cost
-   of exporting, minus the network), `metrics+spans@0.01` (the same, head-sampled at
-   `ORRERY_TRACING_SAMPLE_RATIO=0.01`: what production tracing costs). Medians of the
-   wall time and of the CPU time of the request's thread, in microseconds, and the
-   wall time until the response's body was sent (span and log work runs after it);
-   plus what is spent off the request thread: a scrape's CPU per request folding the
-   queue in, and the process's CPU per access line made and written by the writer
-   thread.
+   (every request sampled, the default ratio 1.0: its spans made by the span thread
+   and handed to a batch processor whose exporter discards them: the cost of
+   exporting, minus the network), `metrics+spans@0.01` (the same, head-sampled at
+   `ORRERY_TRACING_SAMPLE_RATIO=0.01`). Medians of the wall time and of the CPU time of
+   the request's thread, in microseconds, and the wall time until the response's body
+   was sent (log work runs after it); plus what is spent off the request thread: a
+   scrape's CPU per request folding the queue in, the process's CPU per access line
+   made and written by the writer thread, and the process's CPU per sampled request
+   beyond its own thread's (the span thread making its spans).
 2. End to end: one `orrery serve --sample` per variant (`off`, `off-b`, `metrics`,
-   `metrics+log`, `metrics+tracing`), all on copies of one prepared data dir, running
+   `metrics+log`, `metrics+tracing`, `metrics+spans`: `ORRERY_OTLP_ENDPOINT` set, every
+   request sampled at the default ratio 1.0 and exported over OTLP/HTTP to a receiver
+   in this process that decodes and counts the spans), all on copies of one prepared
+   data dir, running
    at once on loopback. The same `topk_records` request goes to every server in turn,
    in a new seeded order for each text, over keep-alive clients: first each text once
    (response-cache misses), then the same texts again (hits). p50/p95 per variant, the
@@ -113,7 +117,6 @@ async def _receive() -> Any:
 
 
 def micro(calls: int) -> dict[str, Any]:
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import (
         BatchSpanProcessor,
         SpanExporter,
@@ -128,7 +131,7 @@ def micro(calls: int) -> dict[str, Any]:
         RequestTelemetry,
         query_observer,
     )
-    from orrery.tracing import Tracing, head_sampler, open_tracing
+    from orrery.tracing import Tracing, head_sampler, open_tracing, tracer_provider
 
     class Discard(SpanExporter):
         def export(self, spans: Any) -> SpanExportResult:
@@ -143,10 +146,10 @@ def micro(calls: int) -> dict[str, Any]:
     access.setLevel(logging.INFO)
     metrics = Metrics(["bench"])
     ids_only = open_tracing(None, service="bench", roles=["bench"])
-    provider = TracerProvider()
+    provider = tracer_provider(head_sampler(1.0))
     provider.add_span_processor(BatchSpanProcessor(Discard()))
     spans = Tracing(provider)
-    sampled_provider = TracerProvider(sampler=head_sampler(0.01))
+    sampled_provider = tracer_provider(head_sampler(0.01))
     sampled_provider.add_span_processor(BatchSpanProcessor(Discard()))
     sampled = Tracing(sampled_provider)
     observabilities = {
@@ -193,6 +196,10 @@ def micro(calls: int) -> dict[str, Any]:
                     # next call, whose wall time it would otherwise take (in a server it
                     # runs while the event loop waits for the network).
                     ACCESS_LOG.flush()
+                elif name == "metrics+spans":
+                    spans.flush()  # the same for the span thread's work
+                elif name == "metrics+spans@0.01":
+                    sampled.flush()
             if i % 1000 == 999:
                 # What a scrape does first: fold the queue in (off the request thread).
                 queued = len(metrics._requests)
@@ -201,8 +208,23 @@ def micro(calls: int) -> dict[str, Any]:
                 flush_us.append((time.thread_time_ns() - started) / 1000.0 / max(queued, 1))
 
     asyncio.run(run())
-    provider.shutdown()
-    sampled_provider.shutdown()
+
+    async def span_thread_cost(n: int) -> float:
+        # The process's CPU per sampled request beyond the request thread's own: what
+        # the span thread spends making its spans (the batch processor's export to the
+        # discarding exporter included).
+        app = apps["metrics+spans"]
+        spans.flush()
+        started_cpu, started_thread = time.process_time_ns(), time.thread_time_ns()
+        for _ in range(n):
+            await app(_scope(), _receive, _noop_send)
+        own = time.thread_time_ns() - started_thread
+        spans.flush(timeout=120)
+        return (time.process_time_ns() - started_cpu - own) / 1000.0 / n
+
+    span_thread_us = asyncio.run(span_thread_cost(min(calls, 5_000)))
+    spans.close()
+    sampled.close()
     ids_only.close()
     # The access line's cost on the writer thread: CPU of the whole process per line,
     # lines queued by this thread and written by the writer.
@@ -222,6 +244,7 @@ def micro(calls: int) -> dict[str, Any]:
         "to_response_us": {n: round(statistics.median(t), 2) for n, t in to_response.items()},
         "scrape_fold_us_per_request": round(statistics.median(flush_us), 2) if flush_us else None,
         "access_line_process_cpu_us": round(writer_us, 2),
+        "span_thread_process_cpu_us": round(span_thread_us, 2),
     }
 
 
@@ -235,7 +258,53 @@ VARIANTS: dict[str, dict[str, str]] = {
                     "ORRERY_ACCESS_LOG": "true"},
     "metrics+tracing": {"ORRERY_METRICS": "true", "ORRERY_TRACING": "true",
                         "ORRERY_ACCESS_LOG": "false"},
+    # ORRERY_OTLP_ENDPOINT is added by `end_to_end` (the receiver's port).
+    "metrics+spans": {"ORRERY_METRICS": "true", "ORRERY_TRACING": "true",
+                      "ORRERY_ACCESS_LOG": "false", "ORRERY_TRACING_SAMPLE_RATIO": "1.0"},
 }  # fmt: skip
+
+
+class _OtlpReceiver:
+    """An OTLP/HTTP trace receiver on loopback (a thread of this process): decodes each
+    `ExportTraceServiceRequest` (protobuf) and counts its spans, answers 200."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        receiver = self
+        self.spans = 0
+        answer = ExportTraceServiceResponse().SerializeToString()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportTraceServiceRequest.FromString(body)
+                receiver.spans += sum(
+                    len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans
+                )
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def _start(data_dir: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -286,6 +355,9 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
     from ingest.sample import SAMPLE_NAMESPACE, sample_queries
 
     root = Path(tempfile.mkdtemp(prefix="orrery-metrics-bench-"))
+    receiver = _OtlpReceiver()
+    variants = {name: dict(env) for name, env in VARIANTS.items()}
+    variants["metrics+spans"]["ORRERY_OTLP_ENDPOINT"] = receiver.endpoint
     procs: dict[str, subprocess.Popen[bytes]] = {}
     clients: dict[str, httpx.Client] = {}
     try:
@@ -298,7 +370,7 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, trust_env=False) as c:
             _wait(c, proc, time.monotonic() + 900)
         _stop(proc)
-        for name, env in VARIANTS.items():
+        for name, env in variants.items():
             (root / name).mkdir()
             shutil.copytree(seed / "data", root / name / "data")
             (root / name / "data" / "operator.lock").unlink(missing_ok=True)
@@ -347,8 +419,10 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
                             if scraped.status_code != 200:
                                 raise SystemExit(f"{name}: /metrics {scraped.status_code}")
         rng = np.random.default_rng(25)
+        _stop(procs.pop("metrics+spans"))  # its batch processor exports what it holds
         out: dict[str, Any] = {
             "load1_during": [round(x, 2) for x in load_during],
+            "otlp_spans_received": receiver.spans,
             "scrape_every_texts": 50,
             "scrape_p50_ms": {n: round(statistics.median(v), 2) for n, v in scrapes.items() if v},
         }
@@ -372,6 +446,7 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
             client.close()
         for proc in procs.values():
             _stop(proc)
+        receiver.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -443,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{micro_['to_response_us'][name]:8.2f}")  # fmt: skip
     print(f"  off the request thread: a scrape folds {micro_['scrape_fold_us_per_request']} us "
           f"per request, an access line costs {micro_['access_line_process_cpu_us']} us of "
-          "the process")  # fmt: skip
+          f"the process, the span thread {micro_['span_thread_process_cpu_us']} us per "
+          "sampled request")  # fmt: skip
     if not args.skip_e2e:
         result["end_to_end"] = end_to_end(args.queries, args.warmup)
         for kind in ("miss", "hit"):
@@ -458,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{kind:4} {name:16} p50 {cell['p50_ms']:8.3f} ms p95 "
                       f"{cell['p95_ms']:8.3f}{extra}")  # fmt: skip
         print("scrape p50 ms (untimed, every 50 texts):", result["end_to_end"]["scrape_p50_ms"])
+        print("spans received over OTLP:", result["end_to_end"]["otlp_spans_received"])
     result["loadavg_after"] = load()
     print("loadavg", result["loadavg_before"], "->", result["loadavg_after"])
     write_json(args.out, result)

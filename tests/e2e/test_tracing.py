@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from ingest.bootstrap import canonical_db_path
 from orrery.embedded import EmbeddedStack
+from orrery.tracing import Tracing
 from query.settings import QuerySettings
 from tests.e2e.test_embedded_http import rec
 from tests.fakes import FakeHashingEmbedder
@@ -28,14 +29,30 @@ STAGES = ("scope_resolve", "candidate_fetch", "index_search", "rerank", "payload
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 
+class FlushingExporter(InMemorySpanExporter):
+    """The in-memory exporter, read after the stack's span thread has made every request
+    span queued so far (`Tracing.flush`): requests' spans are made after they answered."""
+
+    tracing: Tracing | None = None
+
+    def get_finished_spans(self) -> tuple[ReadableSpan, ...]:
+        assert self.tracing is not None and self.tracing.flush()
+        return super().get_finished_spans()
+
+    def clear(self) -> None:
+        assert self.tracing is not None and self.tracing.flush()
+        super().clear()
+
+
 @contextmanager
-def _stack(data_dir: Path, **settings: object) -> Iterator[tuple[TestClient, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
+def _stack(data_dir: Path, **settings: object) -> Iterator[tuple[TestClient, FlushingExporter]]:
+    exporter = FlushingExporter()
     stack = EmbeddedStack.open(
         QuerySettings(data_dir=data_dir, tracing=True, projector_poll_seconds=0.02, **settings),
         embedder=FakeHashingEmbedder(dimension=32),
         span_exporter=exporter,
     )
+    exporter.tracing = stack.observability.tracing
     stack.start()
     try:
         with TestClient(stack.app) as client:
@@ -45,7 +62,7 @@ def _stack(data_dir: Path, **settings: object) -> Iterator[tuple[TestClient, InM
 
 
 @pytest.fixture
-def traced(tmp_path: Path) -> Iterator[tuple[TestClient, InMemorySpanExporter]]:
+def traced(tmp_path: Path) -> Iterator[tuple[TestClient, FlushingExporter]]:
     with _stack(tmp_path / "data") as traced:
         yield traced
 
@@ -72,7 +89,7 @@ def _children(spans: tuple[ReadableSpan, ...], parent: ReadableSpan) -> list[Rea
 
 
 def test_a_query_has_one_span_per_stage_summing_to_its_total(
-    traced: tuple[TestClient, InMemorySpanExporter],
+    traced: tuple[TestClient, FlushingExporter],
 ) -> None:
     client, exporter = traced
     _load(client)
@@ -105,7 +122,7 @@ def test_a_query_has_one_span_per_stage_summing_to_its_total(
 
 
 def test_a_callers_traceparent_is_continued(
-    traced: tuple[TestClient, InMemorySpanExporter],
+    traced: tuple[TestClient, FlushingExporter],
 ) -> None:
     client, exporter = traced
     caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -119,7 +136,7 @@ def test_a_callers_traceparent_is_continued(
 
 
 def test_a_projector_batch_span_links_to_the_write_it_applied(
-    traced: tuple[TestClient, InMemorySpanExporter],
+    traced: tuple[TestClient, FlushingExporter],
 ) -> None:
     client, exporter = traced
     response = client.post("/v1/records", json=[rec("linked", namespace=NS, title="linked")])
@@ -161,7 +178,7 @@ def test_a_write_is_linked_from_the_batch_of_another_process_through_kafka(
     fields: dict[str, Any] = {k.removeprefix("ORRERY_").lower(): v for k, v in env.items()}
     fields.update(data_dir=tmp_path / "data", tracing=True)
     settings = QuerySettings(**fields)
-    writer_spans, projector_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    writer_spans, projector_spans = FlushingExporter(), FlushingExporter()
     embedder = FakeHashingEmbedder(dimension=32)
     writer = ServerStack.open(
         settings, frozenset({Role.INGEST, Role.RELAY}), embedder=embedder,
@@ -170,6 +187,8 @@ def test_a_write_is_linked_from_the_batch_of_another_process_through_kafka(
     projector = ServerStack.open(
         settings, frozenset({Role.PROJECTOR}), embedder=embedder, span_exporter=projector_spans
     )
+    writer_spans.tracing = writer.observability.tracing
+    projector_spans.tracing = projector.observability.tracing
     writer.start()
     projector.start()
     try:

@@ -260,3 +260,137 @@ def test_a_sample_ratio_outside_0_1_is_refused_at_startup(
 
 def test_the_default_ratio_samples_every_trace() -> None:
     assert QuerySettings.model_fields["tracing_sample_ratio"].default == 1.0
+
+
+_STAGES = ("scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize")
+_traced_callers = st.one_of(
+    st.none(),
+    st.just((b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01", None)),  # malformed: a new trace
+    st.tuples(
+        st.tuples(
+            st.integers(min_value=1, max_value=2**128 - 1),
+            st.integers(min_value=1, max_value=2**64 - 1),
+            st.sampled_from((0x00, 0x01, 0x02, 0x03)),  # sampled and random-trace-id bits
+        ).map(lambda t: f"00-{t[0]:032x}-{t[1]:016x}-{t[2]:02x}".encode()),
+        st.sampled_from((None, b"congo=t61rcWkgMzE", b"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")),
+    ),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    caller=_traced_callers,
+    answers=st.lists(
+        st.dictionaries(
+            st.sampled_from(_STAGES), st.floats(min_value=0.0, max_value=80.0), min_size=1
+        ),
+        max_size=3,
+    ),
+    status=st.sampled_from((200, 404, 503)),
+)
+def test_the_span_thread_exports_exactly_the_ids_parents_and_times_of_the_request(
+    caller: tuple[bytes, bytes | None] | None, answers: list[dict[str, float]], status: int
+) -> None:
+    """Spans are made by the span thread from what the request's thread recorded: the
+    request span has the ids of the request's `traceparent` (the ids a write carries, and
+    `query_plan.trace_id`), the caller's span as its remote parent (and its
+    `tracestate`), the request's start and end; each answer's stage spans are its
+    children, laid end to end with exactly the plan's durations, the last ending when
+    the answer was made. The tracing module's clock is a fake that ticks a second and a
+    bit per reading: every time is compared exactly."""
+    import itertools
+    import types
+
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    from contracts.request_context import current
+    from orrery import tracing as tracing_module
+
+    exporter = InMemorySpanExporter()
+    tracing = open_tracing(None, service="t", roles=["serve"], exporter=exporter)
+    observer = query_observer(Observability(tracing=tracing))
+    seen: list[RequestContext] = []
+    readings: list[int] = []
+    ticks = itertools.count(1_700_000_000_000_000_000, 1_000_000_007)
+
+    def time_ns() -> int:
+        readings.append(next(ticks))
+        return readings[-1]
+
+    async def inner(scope: Any, receive: Any, send: Any) -> None:
+        context = current()
+        assert context is not None
+        seen.append(context)
+        for stages in answers:
+            observer.answered(Answered("topk", stages, {"tantivy_search": 0.5}, "miss", {}))
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    headers: list[tuple[bytes, bytes]] = []
+    if caller is not None:
+        headers.append((b"traceparent", caller[0]))
+        if caller[1] is not None:
+            headers.append((b"tracestate", caller[1]))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tracing_module, "time", types.SimpleNamespace(time_ns=time_ns))
+        _call(RequestTelemetry(inner, observability=Observability(tracing=tracing)), headers)
+    assert tracing.flush()
+    spans = exporter.get_finished_spans()
+    tracing.close()
+
+    (context,) = seen
+    assert context.traceparent is not None
+    _, trace_hex, span_hex, flags_hex = context.traceparent.split("-")
+    assert trace_hex == context.trace_id
+    parsed = _caller_fields(caller[0]) if caller is not None else None
+    if parsed is not None and not parsed[2] & 1:
+        # The caller did not sample: nothing is made, its trace id is continued.
+        assert spans == () and int(trace_hex, 16) == parsed[0]
+        assert int(flags_hex, 16) == parsed[2]
+        return
+    *stage_spans, request = spans
+    assert request.kind == SpanKind.SERVER and request.name == ROUTE_SPAN
+    assert request.context.trace_id == int(trace_hex, 16)
+    assert request.context.span_id == int(span_hex, 16)
+    assert int(request.context.trace_flags) == int(flags_hex, 16)
+    if parsed is None:
+        assert request.parent is None
+        assert int(flags_hex, 16) == 0x03  # sampled, random trace id
+    else:
+        assert request.parent is not None and request.parent.is_remote
+        assert (request.parent.trace_id, request.parent.span_id) == parsed[:2]
+        assert int(flags_hex, 16) == parsed[2]
+        state = caller[1] if caller is not None else None
+        assert request.context.trace_state.to_header() == (state or b"").decode()
+    # The request's thread read the clock at its start, once per answer, at its end.
+    started, *answered_at, ended = readings
+    assert len(answered_at) == len(answers)
+    assert (request.start_time, request.end_time) == (started, ended)
+    assert request.attributes is not None
+    assert request.attributes["http.response.status_code"] == status
+    assert (request.status.status_code == StatusCode.ERROR) == (status >= 500)
+    assert len(stage_spans) == sum(len(stages) for stages in answers)
+    at = 0
+    for stages, answer_end in zip(answers, answered_at, strict=True):
+        mine = stage_spans[at : at + len(stages)]
+        at += len(stages)
+        assert [s.name for s in mine] == [f"query.{stage}" for stage in stages]
+        for span, ms in zip(mine, stages.values(), strict=True):
+            assert span.parent is not None and not span.parent.is_remote
+            assert span.parent.span_id == request.context.span_id
+            assert span.context.trace_id == request.context.trace_id
+            assert (span.end_time or 0) - (span.start_time or 0) == int(ms * 1e6)
+        for left, right in itertools.pairwise(mine):
+            assert left.end_time == right.start_time
+        # The answer's end, read when it was made: the stages end there (but for the
+        # rounding of each duration to whole nanoseconds).
+        rounding = int(sum(stages.values()) * 1e6) - sum(int(ms * 1e6) for ms in stages.values())
+        assert (mine[-1].end_time or 0) + rounding == answer_end
+
+
+def _caller_fields(value: bytes) -> tuple[int, int, int] | None:
+    """A well-formed version-00 `traceparent`'s trace id, span id and flags (else None)."""
+    version, trace_id, span_id, flags = value.decode().split("-")
+    if version != "00" or int(trace_id, 16) == 0 or int(span_id, 16) == 0:
+        return None
+    return int(trace_id, 16), int(span_id, 16), int(flags, 16)
