@@ -173,10 +173,10 @@ def embedded_query_ports(
         responses=MemoryCache() if cache_responses else None,
         scopes=ScopeResolver(routing, scopes, holds=records.holds),
         cursors=cursors,
-        # The vector search beside the lexical one (`QueryPorts.vector_overlap`); the
-        # lexical search and the score lookups stay on the request's thread: running
-        # the mostly-Python tantivy adapter on a pool only contended for the GIL (the
-        # embedded A/B, `bench/topk.py --sizes 20000`, gained nothing).
+        # The lexical search beside the vector one (`QueryPorts.vector_overlap`), the
+        # score lookups one after the other: tantivy-py holds the GIL, so only a call that
+        # lets it go (qdrant-edge's search) leaves room for another (the embedded A/B,
+        # `bench/topk.py --sizes 20000`, gained nothing with every call overlapped).
         overlap=None,
         vector_overlap=shared_source_pool(),
     )

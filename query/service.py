@@ -194,9 +194,10 @@ class QueryPorts:
     # Runs a request's two sources (and its two score lookups) side by side; None: one
     # after the other on the request's thread. Rankings are the same either way.
     overlap: SourcePool | None = None
-    # Runs only the vector search beside the lexical one, which stays on the request's
-    # thread (embedded: qdrant-edge searches on its own threads without the GIL while the
-    # tantivy adapter's work is mostly Python); used when `overlap` is None.
+    # Runs the lexical search beside the vector one only (no score lookups beside it),
+    # when `overlap` is None: embedded, the vector search lets the GIL go while qdrant-edge
+    # computes on its own threads, which is when the lexical search runs
+    # (`_search_lexical_beside`).
     vector_overlap: SourcePool | None = None
     # Told about every answer (metrics, spans); None: nobody listens.
     observer: QueryObserver | None = None
@@ -731,7 +732,7 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
     if use_lexical and use_vector and ports.overlap is not None:
         lexical = ports.overlap.start(search_lexical)
     elif use_lexical and use_vector and ports.vector_overlap is not None:
-        return _search_vector_beside(q, ports, watch, search_lexical, ports.vector_overlap)
+        return _search_lexical_beside(q, ports, watch, search_lexical, ports.vector_overlap)
     given = q.query_vector
     sources = _Sources(
         query_vector=(
@@ -779,35 +780,45 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
     return sources
 
 
-def _search_vector_beside(
+def _search_lexical_beside(
     q: _Resolved,
     ports: QueryPorts,
     watch: _Stopwatch,
     search_lexical: Callable[[], list[Candidate]],
     pool: SourcePool,
 ) -> _Sources:
-    """`_search_sources` with both sources, the vector search on `pool` and the lexical
-    one on this thread (`QueryPorts.vector_overlap`). The same candidates, laps and
-    errors (a failure of both reports the lexical one)."""
+    """`_search_sources` with both sources, the lexical search on `pool` and the vector
+    one on this thread (`QueryPorts.vector_overlap`): qdrant-edge lets the GIL go while
+    it searches, which is when the lexical search (tantivy-py holds the GIL, the adapter
+    is mostly Python) runs. The other way round the pool thread waited for the GIL (up
+    to the interpreter's switch interval) and mostly never started before the lexical
+    search was done. The same candidates, laps and errors (a failure of both reports
+    the lexical one)."""
     generation_id = q.route.generation_id
+    lexical = pool.start(search_lexical)
     query_vector = (
         q.query_vector
         if q.query_vector is not None
         else ports.query_vectors.vector(q.text, tenant=q.route.namespace)
     )
     watch.lap("candidate_fetch")
-
-    def search_vector() -> list[Candidate]:
+    vector: list[Candidate] = []
+    vector_error: Exception | None = None
+    try:
         vector_filter = q.phrases.vector_filter(q.search_filter, generation_id, ports.lexical)
-        return ports.vectors.search(generation_id, query_vector, vector_filter, q.depths["vector"])
-
-    vector = pool.start(search_vector)
+        vector = ports.vectors.search(
+            generation_id, query_vector, vector_filter, q.depths["vector"]
+        )
+    except Exception as exc:
+        vector_error = exc
     sources = _Sources(
         query_vector=query_vector,
-        lexical=search_lexical(),
-        vector=watch.wait(vector, "index_search"),
+        lexical=watch.wait(lexical, "index_search"),
+        vector=vector,
         indexes_used=["bm25" if q.lexical_text else "filter", "vector"],
     )
+    if vector_error is not None:
+        raise vector_error
     if q.search_filter != SearchFilter() or (
         isinstance(q.profile, WeightedProfile) and q.profile.metadata_weight > 0.0
     ):
