@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -109,6 +110,34 @@ class RingDelta:
             self.vector_sum += sign * vector
             self.unit_sum += sign * unit
 
+    def add_rows(self, vectors: Sequence[npt.NDArray[Any]], signs: Sequence[int]) -> None:
+        """`add(vector, sign)` for each pair, as whole-matrix operations: one batch's
+        moves of a ring cost a few numpy calls, not a dozen per document (issue 24: the
+        per-vector calls were ~9 % of the embedded projector's interpreter time). The
+        same vectors count (`contributes`), each as float64; sums agree with `add` one
+        by one to rounding (the norms are computed row-wise)."""
+        if not vectors:
+            return
+        matrix = np.asarray(vectors, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix))
+        keep = np.isfinite(matrix).all(axis=1) & np.isfinite(norms)
+        if not keep.all():
+            matrix, norms = matrix[keep], norms[keep]
+            signs = [s for s, k in zip(signs, keep.tolist(), strict=True) if k]
+        if not len(signs):
+            return
+        signed = np.asarray(signs, dtype=np.float64)[:, None]
+        units = np.divide(matrix, norms[:, None], out=matrix.copy(), where=norms[:, None] > 0.0)
+        vector_sum = (signed * matrix).sum(axis=0)
+        unit_sum = (signed * units).sum(axis=0)
+        self.documents += int(sum(signs))
+        if self.vector_sum is None or self.unit_sum is None:
+            self.vector_sum, self.unit_sum = vector_sum, unit_sum
+        else:
+            self.vector_sum += vector_sum
+            self.unit_sum += unit_sum
+
 
 def contributes(vector: RingVector) -> bool:
     """Whether a member's vector counts in its ring's sums: every value and its length
@@ -183,7 +212,10 @@ def ring_moves(
     delete at r removes what is at r or older and stays as a tombstone at r; a document's
     contribution moves with it. Vectors count as their float32 values. Raises
     `ValueError` for an upsert without a vector."""
-    deltas: dict[tuple[str, str], RingDelta] = defaultdict(RingDelta)
+    # Each ring's moves in order, applied as one matrix per ring at the end.
+    moves: dict[tuple[str, str], tuple[list[npt.NDArray[Any]], list[int]]] = defaultdict(
+        lambda: ([], [])
+    )
     rows: list[RingMemberRow] = []
     for document_id, (revision, change) in sorted(changes.items()):
         old = members.get(document_id)
@@ -192,7 +224,9 @@ def ring_moves(
         if old is not None and old[0] == revision and old[1] is None:
             continue
         if old is not None and old[1] is not None:
-            deltas[(old[2], old[3])].add(old[1], -1)
+            vectors, signs = moves[(old[2], old[3])]
+            vectors.append(old[1])
+            signs.append(-1)
         if change is None:
             rows.append((document_id, revision, True, "", "", None))
             continue
@@ -200,8 +234,13 @@ def ring_moves(
             raise ValueError(f"document {document_id} has no vector")
         with np.errstate(over="ignore"):  # past float32's range: infinite, not counted
             stored = np.asarray(change.vector, dtype=np.float32)
-        deltas[(change.galaxy, change.ring)].add(stored.astype(np.float64), 1)
+        vectors, signs = moves[(change.galaxy, change.ring)]
+        vectors.append(stored)
+        signs.append(1)
         rows.append((document_id, revision, False, change.galaxy, change.ring, stored.tobytes()))
+    deltas: dict[tuple[str, str], RingDelta] = defaultdict(RingDelta)
+    for key, (vectors, signs) in moves.items():
+        deltas[key].add_rows(vectors, signs)
     return rows, deltas
 
 
