@@ -352,10 +352,16 @@ def post_records(
 ) -> httpx.Response:
     """`POST /v1/records` as a well-behaved producer: a `503 ingest_backlog` (the
     embedded projector is too far behind; nothing was written) is sent again after its
-    `Retry-After`, for at most `max_wait_s`. Any other answer is returned as it is."""
+    `Retry-After`, for at most `max_wait_s`. Any other answer is returned as it is.
+    `records`: the records, or their JSON already encoded (bytes)."""
     deadline_at = time.monotonic() + max_wait_s
     while True:
-        response = client.post("/v1/records", json=records)
+        if isinstance(records, bytes):
+            response = client.post(
+                "/v1/records", content=records, headers={"content-type": "application/json"}
+            )
+        else:
+            response = client.post("/v1/records", json=records)
         backlog = response.status_code == 503 and (
             response.json().get("error", {}).get("code") == "ingest_backlog"
         )

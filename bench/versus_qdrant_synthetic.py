@@ -68,6 +68,7 @@ from bench.common import (
     latency_bars,
     latency_summary,
     poll_readiness,
+    post_records,
     run_and_publish,
     serve,
     source_digest,
@@ -238,10 +239,10 @@ def load_orrery(
         if present:
             raise RuntimeError(f"the data dir holds {present} records, not {size}: use a fresh one")
         for body in bodies:
-            ex = exchange(client, "POST", "/v1/records", content=body)
-            if ex.response.status_code != 200:
+            response = post_records(client, body)
+            if response.status_code != 200:
                 raise RuntimeError(
-                    f"POST /v1/records: {ex.response.status_code} {ex.response.text[:300]}"
+                    f"POST /v1/records: {response.status_code} {response.text[:300]}"
                 )
     poll_readiness(server, client, lambda r: bool(r["ready"]) and documents(r) >= size)
     ready_s = time.perf_counter() - started
