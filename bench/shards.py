@@ -1,184 +1,756 @@
-"""What sharding costs and what global statistics buy, at the lexical adapter (issue 23).
+"""What sharding costs and what the receipt sees, at 100k on a real cluster (issue 23).
 
-    .venv/bin/python bench/shards.py [--documents 20000] [--queries 200]
-        [--shards 1,2,4] [--out docs/bench/shards.json]
+    .venv/bin/python bench/shards.py [--data-root /tmp/orrery-bench-shards]
+        [--phase build|measure|all] [--documents 100000] [--queries 200]
+        [--out docs/bench/shards.json]
 
-One synthetic corpus (seeded: titles of 3 words and bodies of 5-40 words from a
-500-word vocabulary with a Zipf-like spread, so term statistics differ from shard to
-shard) is written by the projector's `OpenSearchLexicalIndex` into one index per shard
-count N on the harness's OpenSearch (`ORRERY_OPENSEARCH_URL`, one node: every shard on
-it). The same queries (titles of sampled documents) then run through the query side's
-`OpenSearchLexicalSearch` (limit 100, the default candidate depth), interleaved
-query by query over every index, once with `dfs_query_then_fetch` (Orrery's default)
-and once with `query_then_fetch`. Reported per N and search type: latency p50/p95 (ms)
-and, against the N = 1 index, candidate inclusion (|top-100 ∩ reference top-100| / 100),
-top-10 overlap and top-10 order agreement (the same document at the same rank). The
-indexes are deleted at the end, whatever happens.
+One deployment, built once under `--data-root` and reused by every later run (`build`
+skips what `state.json` there says is done; `measure` only measures): a private 3-peer
+Qdrant cluster (`tests/harness/servers.py`), the harness's Kafka, OpenSearch and Redis,
+and a server-mode `orrery serve` (response cache off) on `<root>/data`.
+
+Build: the corpus of `bench/topk.py` (seeded; titles of 3-7 pseudo-words, bodies of
+30-60, 384-d unit vectors) is POSTed and projected (the projector's generation: 1 shard,
+no replica), then generations of 2 and 4 shards without a replica and of 3 shards with
+one replica are built and verified through the admin API. The bench then waits until
+every peer reports the collections green with their HNSW graphs built (indexed vectors
+= points: every key holds far more points than Qdrant's indexing threshold, so searches
+use HNSW, not exact scans).
+
+Measure (each figure with `/proc/loadavg` before and after; the machine is shared):
+1. `topk_records` over HTTP, pinned to each generation (`scope_ref@generation`), the
+   queries of `bench/topk.py` (2-5 words, every second one filtered on status and
+   galaxy), interleaved query by query over the shapes (the order rotating each query)
+   after one untimed pass that warms the query-vector cache: p50/p95 per shape, the
+   stage latencies `query_plan.latency_ms` reports (means and p95) and the engines' own
+   times (`engine_ms`); the ratio of each shape's p95 to the 1-shard one.
+2. DFS against `query_then_fetch`: the query side's `OpenSearchLexicalSearch` on each
+   generation's index with both search types, interleaved: latency, and inclusion and
+   top-10 order agreement against the 1-shard DFS lists.
+3. Qualification: `POST /v1/admin/generations/{id}/qualify` of the 3-shard, 1-replica
+   generation (the default 200 queries): wall time and the receipt's figures.
+4. Per-shard vector caps with HNSW on the 4-shard generation: each shard asked for
+   D, D/2 and D/N candidates (D = the production cap) and the lists merged by score,
+   qualified in process against the exact reference (the receipt's vector inclusion).
+5. Peer 3 of 3 stopped: `topk_records` p50/p95 of the 3-shard, 1-replica generation
+   (each shard then answered by its eligible copy) interleaved with the 1-shard one;
+   the peer is started again afterwards.
+
+Writes `docs/bench/shards.json` and a PNG next to it and prints a table. Figures are
+reported, never asserted; the targets of issue 23 are printed next to them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import statistics
 import sys
 import time
-import uuid
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import httpx
 
-from bench.common import (  # noqa: E402
-    git_facts,
+if __package__ in (None, ""):  # run as `python bench/shards.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    REPO_ROOT,
+    ServeProcess,
+    harness_servers_env,
+    ingest_env,
     latency_summary,
-    machine_facts,
-    utc_now,
-    write_json,
+    run_and_publish,
+    start_serve,
 )
-from contracts.index import SearchFilter, to_index_document  # noqa: E402
-from contracts.records import Record  # noqa: E402
-from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex  # noqa: E402
-from query.adapters.opensearch_lexical import OpenSearchLexicalSearch  # noqa: E402
-from tests.harness.servers import server_urls  # noqa: E402
+from bench.topk import (
+    NAMESPACE,
+    SCOPE_REF,
+    SNAPSHOT_KIND,
+    QuerySpec,
+    Vocabulary,
+    corpus_batches,
+    ingest,
+    make_queries,
+)
 
-CAP = 100
+ADMIN_KEY = "bench-admin-key"
+ADMIN = "/v1/admin/generations"
+TOPK = "/v1/external/retrieve/topk_records"
+# (shards, replicas) of every generation; the first is the projector's.
+SHAPES: tuple[tuple[int, int], ...] = ((1, 0), (2, 0), (3, 1), (4, 0))
+LATENCY_SHAPES = SHAPES
+QUALIFIED = (3, 1)
+CAPPED = (4, 0)
+PEERS = 3
+LEXICAL_CAP = 100
 TOP = 10
+SEED = 42
 
 
-def corpus(size: int, seed: int = 23) -> list[Record]:
-    rng = random.Random(seed)
-    vocabulary = [f"w{i:03d}" for i in range(500)]
-    weights = [1.0 / (i + 1) for i in range(len(vocabulary))]
-    now = datetime(2026, 6, 1, tzinfo=UTC)
-    out = []
-    for i in range(size):
-        title = " ".join(rng.choices(vocabulary, weights, k=3))
-        body = " ".join(rng.choices(vocabulary, weights, k=rng.randint(5, 40)))
-        out.append(
-            Record.model_validate(
-                {
-                    "namespace": "bench",
-                    "snapshot_kind": "objects",
-                    "item_id": f"doc-{i}",
-                    "revision": 1,
-                    "text": {"title": title, "body": body},
-                    "metadata": {"updated_at": now},
-                }
-            )
-        )
+def shape_name(shape: Sequence[int]) -> str:
+    return f"n{shape[0]}r{shape[1]}"
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# -- the deployment -------------------------------------------------------------------------
+
+
+class Deployment:
+    """The state of `--data-root`: the cluster, the server's environment and the
+    generation of every shape, kept in `state.json` so a later run reuses them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / "state.json"
+        self.state: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def save(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.state, indent=2) + "\n")
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.root / "qdrant"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.state["env"])
+
+    @property
+    def prefix(self) -> str:
+        return self.env["ORRERY_QDRANT_COLLECTION_PREFIX"]
+
+    @property
+    def qdrant_url(self) -> str:
+        return self.env["ORRERY_QDRANT_URL"]
+
+    def generation(self, shape: Sequence[int]) -> str:
+        return str(self.state["generations"][shape_name(shape)])
+
+    def cluster_up(self) -> None:
+        """Start the cluster, or start its stopped peers again on their own data."""
+        from tests.harness.servers import resume_qdrant_peer, start_qdrant_cluster
+
+        if "env" not in self.state:
+            cluster = start_qdrant_cluster(self.cluster_dir, PEERS, timeout_s=300)
+            env = harness_servers_env("shards")
+            env["ORRERY_QDRANT_URL"] = cluster["url"]
+            self.state["env"] = env
+            self.state["peer_urls"] = cluster["urls"]
+            self.save()
+            return
+        for peer in range(1, PEERS + 1):
+            resume_qdrant_peer(self.cluster_dir, peer)
+        _wait_peers(self.qdrant_url, PEERS)
+
+    @contextmanager
+    def server(self, **extra: str) -> Iterator[ServeProcess]:
+        env = {
+            **self.env,
+            **extra,
+            **ingest_env(2_000),
+            "ORRERY_ADMIN_KEY": ADMIN_KEY,
+            "ORRERY_CACHE_RESPONSES": "false",
+            "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2",
+        }
+        server = start_serve(self.root / "data", self.root / "serve.log", env, startup_s=600)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def _wait_peers(url: str, peers: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            known = httpx.get(f"{url}/cluster", timeout=10).json()["result"]["peers"]
+            if len(known) >= peers:
+                return
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Qdrant cluster at {url} did not show {peers} peers")
+        time.sleep(1)
+
+
+def admin(client: httpx.Client, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    response = client.request(
+        method, ADMIN + path, json=body, headers={"x-admin-key": ADMIN_KEY}, timeout=3600
+    )
+    if response.status_code >= 300:
+        raise RuntimeError(f"{method} {path}: {response.status_code} {response.text[:500]}")
+    return dict(response.json())
+
+
+def build_generation(client: httpx.Client, shards: int, replicas: int) -> dict[str, Any]:
+    """Build, seal and verify one generation of the bench scope; its id and timings."""
+    body = {
+        "namespace": NAMESPACE,
+        "snapshot_kind": SNAPSHOT_KIND,
+        "shards": shards,
+        "replicas": replicas,
+    }
+    started = time.perf_counter()
+    generation_id = str(admin(client, "POST", "/build", body)["row"]["generation_id"])
+    while True:
+        view = admin(client, "GET", f"/{generation_id}")
+        if view["row"]["state"] != "building":
+            break
+        time.sleep(2)
+    if view["row"]["state"] != "sealed":
+        raise RuntimeError(f"build of {generation_id}: {view['row']}")
+    built_s = time.perf_counter() - started
+    check = admin(client, "POST", f"/{generation_id}/verify")
+    if not check["verified"]:
+        raise RuntimeError(f"verify of {generation_id}: {check}")
+    return {
+        "generation_id": generation_id,
+        "build_seconds": round(built_s, 1),
+        "verify_seconds": round(time.perf_counter() - started - built_s, 1),
+    }
+
+
+def indexed(dep: Deployment, shape: Sequence[int]) -> dict[str, Any]:
+    """Per peer: the collection's status and how many of its points are in HNSW."""
+    collection = f"{dep.prefix}-{dep.generation(shape)}"
+    out = {}
+    for url in dep.state["peer_urls"]:
+        info = httpx.get(f"{url}/collections/{collection}", timeout=30).json()["result"]
+        out[url] = {
+            "status": info["status"],
+            "optimizer": str(info["optimizer_status"]),
+            "points": info.get("points_count") or 0,
+            "indexed_vectors": info.get("indexed_vectors_count") or 0,
+            "segments": info.get("segments_count") or 0,
+        }
     return out
+
+
+def wait_indexed(dep: Deployment, timeout_s: float = 3600) -> dict[str, Any]:
+    """Every collection green on every peer, with its vectors indexed, twice in a row
+    10 s apart (the optimizer starts a few seconds after the last write)."""
+    deadline = time.monotonic() + timeout_s
+    steady = 0
+    while True:
+        seen = {shape_name(s): indexed(dep, s) for s in SHAPES}
+        done = all(
+            p["status"] == "green" and p["indexed_vectors"] >= 0.95 * p["points"]
+            for peers in seen.values()
+            for p in peers.values()
+        )
+        steady = steady + 1 if done else 0
+        if steady >= 2:
+            return seen
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"collections not indexed in time: {seen}")
+        print(f"waiting for HNSW: {json.dumps(seen)[:400]}", flush=True)
+        time.sleep(10)
+
+
+def build(dep: Deployment, documents: int) -> None:
+    dep.root.mkdir(parents=True, exist_ok=True)
+    dep.state.setdefault("load_build_before", loadavg())
+    dep.cluster_up()
+    with dep.server() as server, server.client(timeout_s=600) as client:
+        generations = dep.state.setdefault("generations", {})
+        if shape_name(SHAPES[0]) not in generations:
+            vocab = Vocabulary.build(random.Random(SEED))
+            figures = ingest(
+                server, client, corpus_batches(documents, 2_000, SEED, vocab), documents
+            )
+            ready = client.get("/v1/readiness").json()
+            first = next(s for s in ready["scopes"] if s["namespace"] == NAMESPACE)
+            generations[shape_name(SHAPES[0])] = first["generation_id"]
+            dep.state["documents"] = documents
+            dep.state["ingest"] = {
+                k: v for k, v in figures.items() if isinstance(v, int | float | str)
+            }
+            dep.save()
+        builds = dep.state.setdefault("builds", {})
+        for shape in SHAPES[1:]:
+            if shape_name(shape) in generations:
+                continue
+            print(f"building {shape_name(shape)}", flush=True)
+            made = build_generation(client, *shape)
+            generations[shape_name(shape)] = made["generation_id"]
+            builds[shape_name(shape)] = made
+            dep.save()
+            print(f"built {shape_name(shape)}: {made}", flush=True)
+    dep.state["indexed"] = wait_indexed(dep)
+    dep.state["load_build_after"] = loadavg()
+    dep.save()
+
+
+# -- measuring ------------------------------------------------------------------------------
+
+
+def topk_body(generation_id: str, query: QuerySpec) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "namespace": NAMESPACE,
+        "scope_ref": f"{SCOPE_REF}@{generation_id}",
+        "query_text": query.text,
+        "result_limit": TOP,
+        "timeout_seconds": 60,
+        "include": {"query_plan": True, "payload": False},
+    }
+    if query.filters:
+        body["filters"] = query.filters
+    return body
+
+
+def interleaved_topk(
+    client: httpx.Client,
+    dep: Deployment,
+    shapes: Sequence[Sequence[int]],
+    queries: Sequence[QuerySpec],
+) -> dict[str, Any]:
+    """`topk_records` of every query on every shape, the order rotating per query."""
+    names = [shape_name(s) for s in shapes]
+    ids = {shape_name(s): dep.generation(s) for s in shapes}
+    seconds: dict[str, list[float]] = {n: [] for n in names}
+    stages: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    engines: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    searched: dict[str, Any] = {}
+    before = loadavg()
+    for i, query in enumerate(queries):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            started = time.perf_counter()
+            response = client.post(TOPK, json=topk_body(ids[name], query))
+            elapsed = time.perf_counter() - started
+            if response.status_code != 200:
+                raise RuntimeError(f"{name}: {response.status_code} {response.text[:300]}")
+            plan = response.json()["query_plan"]
+            seconds[name].append(elapsed)
+            for stage, ms in plan["latency_ms"].items():
+                stages[name].setdefault(stage, []).append(float(ms))
+            for engine, ms in plan.get("engine_ms", {}).items():
+                engines[name].setdefault(engine, []).append(float(ms))
+            searched.setdefault(name, plan.get("shards"))
+    return {
+        "load_before": before,
+        "load_after": loadavg(),
+        "shapes": {
+            name: {
+                "latency_ms": latency_summary(seconds[name]),
+                "stages_ms": {
+                    stage: {"mean": round(statistics.fmean(v), 3), "p95": _p95(v)}
+                    for stage, v in stages[name].items()
+                },
+                "engine_ms": {
+                    engine: {"mean": round(statistics.fmean(v), 3), "p95": _p95(v)}
+                    for engine, v in engines[name].items()
+                },
+                "query_plan_shards": searched.get(name),
+            }
+            for name in names
+        },
+    }
+
+
+def _p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))], 3)
+
+
+def lexical_search_types(dep: Deployment, queries: Sequence[QuerySpec]) -> dict[str, Any]:
+    """DFS against query_then_fetch on every generation's OpenSearch index."""
+    from contracts.index import SearchFilter
+    from query.adapters.opensearch_lexical import OpenSearchLexicalSearch
+
+    env = dep.env
+    readers = {
+        kind: OpenSearchLexicalSearch(
+            env["ORRERY_OPENSEARCH_URL"],
+            index_prefix=env["ORRERY_OPENSEARCH_INDEX_PREFIX"],
+            search_type=kind,
+        )
+        for kind in ("dfs_query_then_fetch", "query_then_fetch")
+    }
+    paths = [(s, k) for s in LATENCY_SHAPES for k in readers]
+    seconds: dict[tuple[Any, str], list[float]] = {p: [] for p in paths}
+    ranked: dict[tuple[Any, str], list[list[str]]] = {p: [] for p in paths}
+    before = loadavg()
+    try:
+        for shape, kind in paths:  # warm-up
+            for query in queries[:10]:
+                readers[kind].search(dep.generation(shape), query.text, SearchFilter(), LEXICAL_CAP)
+        for i, query in enumerate(queries):
+            for shape, kind in paths[i % len(paths) :] + paths[: i % len(paths)]:
+                started = time.perf_counter()
+                found = readers[kind].search(
+                    dep.generation(shape), query.text, SearchFilter(), LEXICAL_CAP
+                )
+                seconds[(shape, kind)].append(time.perf_counter() - started)
+                ranked[(shape, kind)].append([c.document_id for c in found])
+    finally:
+        for reader in readers.values():
+            reader.close()
+    reference = ranked[(SHAPES[0], "dfs_query_then_fetch")]
+    rows = []
+    for (shape, kind), lists in ranked.items():
+        inclusion, agreement = [], []
+        for made, exact in zip(lists, reference, strict=True):
+            if exact:
+                inclusion.append(len(set(made) & set(exact)) / len(exact))
+                top = exact[:TOP]
+                agreement.append(
+                    sum(1 for r, d in enumerate(top) if r < len(made) and made[r] == d) / len(top)
+                )
+        rows.append(
+            {
+                "shape": shape_name(shape),
+                "search_type": kind,
+                "latency_ms": latency_summary(seconds[(shape, kind)]),
+                "inclusion_mean": round(statistics.fmean(inclusion), 6),
+                "inclusion_min": round(min(inclusion), 6),
+                "top10_order_agreement_mean": round(statistics.fmean(agreement), 6),
+                "top10_order_agreement_min": round(min(agreement), 6),
+            }
+        )
+    return {"cap": LEXICAL_CAP, "load_before": before, "load_after": loadavg(), "rows": rows}
+
+
+def qualify(dep: Deployment, workers: int, py_spy: Path | None) -> dict[str, Any]:
+    """`POST …/qualify` of the 3-shard, 1-replica generation on a server whose
+    `ORRERY_QUALIFY_WORKERS` is `workers` (with `py_spy`: sampled into that file)."""
+    import subprocess
+
+    generation_id = dep.generation(QUALIFIED)
+    with (
+        dep.server(ORRERY_QUALIFY_WORKERS=str(workers)) as server,
+        server.client(timeout_s=600) as client,
+    ):
+        spy = None
+        if py_spy is not None:
+            spy = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "-r",
+                    "200",
+                    "-f",
+                    "raw",
+                    "-o",
+                    str(py_spy),
+                    "-p",
+                    str(server.pid),
+                    "--threads",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        before = loadavg()
+        started = time.perf_counter()
+        receipt = admin(client, "POST", f"/{generation_id}/qualify", {})["receipt"]
+        wall = time.perf_counter() - started
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(timeout=120)
+    return {
+        "workers": workers,
+        "shape": shape_name(QUALIFIED),
+        "wall_seconds": round(wall, 2),
+        "receipt_seconds": receipt["seconds"],
+        "sample_size": receipt["sample_size"],
+        "passed": receipt["passed"],
+        "failures": receipt["failures"],
+        "caps": receipt["caps"],
+        "slices": _slice_figures(receipt["slices"]),
+        "load_before": before,
+        "load_after": loadavg(),
+    }
+
+
+def _slice_figures(slices: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    return {
+        s["slice"]: {
+            "queries": s["queries"],
+            "sources": {
+                name: {k: f[k] for k in ("cap", "inclusion_mean", "inclusion_min")}
+                for name, f in s["sources"].items()
+            },
+            "profiles": {
+                name: {k: f[k] for k in ("overlap_mean", "overlap_min", "order_agreement_mean")}
+                for name, f in s["profiles"].items()
+            },
+        }
+        for s in slices
+        if s["queries"]
+    }
+
+
+def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
+    """Receipts of the 4-shard generation whose vector source asks each shard for
+    D / divisor candidates (merged by score, the first D kept), for divisors 1, 2, N."""
+    from contracts.index import Candidate, SearchFilter
+    from contracts.qualification import QualifyRequest
+    from contracts.shards import copy_key
+    from contracts.vector_payload import RETURNED_FIELDS, VECTOR_NAME, best_first, candidate_of
+    from query.adapters.qdrant_vectors import QdrantServerVectorSearch, qdrant_filter
+    from tests.e2e.test_shards import in_process_qualifier
+
+    shards = CAPPED[0]
+    env = dep.env
+    out: dict[str, Any] = {"shape": shape_name(CAPPED), "sample_size": sample_size, "caps": {}}
+
+    def capped(divisor: int) -> Callable[[Any, Any], Any]:
+        def production(ports: Any, qdrant: Any) -> Any:
+            class PerShardCap(QdrantServerVectorSearch):
+                def search(
+                    self,
+                    generation_id: str,
+                    vector: Sequence[float],
+                    filter: SearchFilter,
+                    limit: int,
+                ) -> list[Candidate]:
+                    found: list[Candidate] = []
+                    for shard in range(shards):
+                        points = qdrant.query_points(
+                            f"{dep.prefix}-{generation_id}",
+                            query=list(vector),
+                            using=VECTOR_NAME,
+                            query_filter=qdrant_filter(filter),
+                            limit=max(1, limit // divisor),
+                            with_payload=list(RETURNED_FIELDS),
+                            shard_key_selector=copy_key(shard, 0),
+                        ).points
+                        found += [candidate_of(p.payload or {}, p.score) for p in points]
+                    return best_first(found, limit)
+
+            return replace(ports, vectors=PerShardCap(qdrant, collection_prefix=dep.prefix))
+
+        return production
+
+    with in_process_qualifier(
+        dep.root / "data",
+        env["ORRERY_OPENSEARCH_INDEX_PREFIX"],
+        opensearch_url=env["ORRERY_OPENSEARCH_URL"],
+        qdrant_url=dep.qdrant_url,
+    ) as run:
+        for label, divisor in (("D", 1), ("D/2", 2), (f"D/{shards}", shards)):
+            before = loadavg()
+            receipt = run(
+                dep.generation(CAPPED), capped(divisor), QualifyRequest(sample_size=sample_size)
+            )
+            out["caps"][label] = {
+                "per_shard_divisor": divisor,
+                "passed": receipt.passed,
+                "seconds": receipt.seconds,
+                "vector_inclusion": {
+                    s.slice: {
+                        "cap": s.sources["vector"].cap,
+                        "mean": s.sources["vector"].inclusion_mean,
+                        "min": s.sources["vector"].inclusion_min,
+                    }
+                    for s in receipt.slices
+                    if s.queries and "vector" in s.sources
+                },
+                "load_before": before,
+                "load_after": loadavg(),
+            }
+            print(f"caps {label}: {out['caps'][label]}", flush=True)
+    return out
+
+
+def peer_down(
+    client: httpx.Client, dep: Deployment, queries: Sequence[QuerySpec]
+) -> dict[str, Any]:
+    from tests.harness.servers import resume_qdrant_peer, stop_qdrant_peer
+
+    stop_qdrant_peer(dep.cluster_dir, PEERS)
+    try:
+        # The first queries find the peer's copies unreachable; the eligibility loop
+        # (every 2 s) then sets them aside.
+        for query in queries[:5]:
+            client.post(TOPK, json=topk_body(dep.generation(QUALIFIED), query))
+        time.sleep(5)
+        figures = interleaved_topk(client, dep, [SHAPES[0], QUALIFIED], queries)
+    finally:
+        resume_qdrant_peer(dep.cluster_dir, PEERS)
+        _wait_peers(dep.qdrant_url, PEERS)
+    return figures
+
+
+def measure(
+    dep: Deployment,
+    count: int,
+    cap_sample: int,
+    skip: set[str],
+    qualify_workers: Sequence[int],
+    py_spy: Path | None,
+) -> dict[str, Any]:
+    dep.cluster_up()
+    out: dict[str, Any] = {
+        "documents": dep.state["documents"],
+        "queries": count,
+        "shapes": [shape_name(s) for s in SHAPES],
+        "generations": dep.state["generations"],
+        "builds": dep.state.get("builds"),
+        "ingest": dep.state.get("ingest"),
+        "indexed": indexed_all(dep),
+        "load_build": [dep.state.get("load_build_before"), dep.state.get("load_build_after")],
+        "load_before": loadavg(),
+    }
+    rng = random.Random(SEED)
+    vocab = Vocabulary.build(rng)
+    queries = make_queries(random.Random(7), vocab, count)
+    if "qualify" not in skip:
+        out["qualify"] = []
+        for workers in qualify_workers:
+            out["qualify"].append(qualify(dep, workers, py_spy if workers == 1 else None))
+            row = out["qualify"][-1]
+            print(f"qualify, {workers} worker(s): {row['wall_seconds']} s {row}", flush=True)
+    with dep.server() as server, server.client(timeout_s=600) as client:
+        for shape in SHAPES:  # warm the query-vector cache and every connection
+            for query in queries:
+                client.post(TOPK, json=topk_body(dep.generation(shape), query))
+        if "topk" not in skip:
+            out["topk"] = interleaved_topk(client, dep, LATENCY_SHAPES, queries)
+            print_topk(out["topk"])
+        if "lexical" not in skip:
+            out["lexical"] = lexical_search_types(dep, queries)
+        if "caps" not in skip:
+            out["caps"] = per_shard_caps(dep, cap_sample)
+        if "peer_down" not in skip:
+            out["peer_down"] = peer_down(client, dep, queries)
+            print_topk(out["peer_down"])
+    out["load_after"] = loadavg()
+    return out
+
+
+def indexed_all(dep: Deployment) -> dict[str, Any]:
+    return {shape_name(s): indexed(dep, s) for s in SHAPES}
+
+
+# -- output ---------------------------------------------------------------------------------
+
+
+def print_topk(figures: Mapping[str, Any]) -> None:
+    shapes = figures["shapes"]
+    base = shapes[shape_name(SHAPES[0])]["latency_ms"]["p95"]
+    for name, f in shapes.items():
+        lat = f["latency_ms"]
+        stages = ", ".join(f"{k} {v['mean']:.1f}" for k, v in f["stages_ms"].items())
+        print(
+            f"{name}: p50 {lat['p50']:.1f} ms p95 {lat['p95']:.1f} ms "
+            f"({lat['p95'] / base:.2f}x N=1 p95); stages (mean ms) {stages}"
+        )
+    print(f"load {figures['load_before']} -> {figures['load_after']}", flush=True)
+
+
+def table(report: Mapping[str, Any]) -> None:
+    if "topk" in report:
+        print("topk_records, interleaved (target: n3 p95 <= 1.3x n1):")
+        print_topk(report["topk"])
+    for row in report.get("lexical", {}).get("rows", []):
+        lat = row["latency_ms"]
+        print(
+            f"lexical {row['shape']} {row['search_type']:<21} p50 {lat['p50']:.1f} "
+            f"p95 {lat['p95']:.1f} ms inclusion {row['inclusion_mean']:.4f} "
+            f"order {row['top10_order_agreement_mean']:.4f} "
+            f"(min {row['top10_order_agreement_min']:.2f})"
+        )
+    for q in report.get("qualify", []):
+        print(
+            f"qualify {q['shape']}, {q['workers']} worker(s): {q['sample_size']} queries in "
+            f"{q['wall_seconds']} s (target <= 60 s), passed {q['passed']}"
+        )
+    for label, c in report.get("caps", {}).get("caps", {}).items():
+        means = [v["mean"] for v in c["vector_inclusion"].values()]
+        mins = [v["min"] for v in c["vector_inclusion"].values()]
+        print(f"per-shard cap {label}: vector inclusion mean {means} min {mins}")
+    if "peer_down" in report:
+        print("peer 3 of 3 down:")
+        print_topk(report["peer_down"])
+
+
+def plot(report: Mapping[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("topk", "all peers up")]
+    if "peer_down" in report:
+        panels.append(("peer_down", "peer 3 of 3 down"))
+    panels = [(k, t) for k, t in panels if k in report]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.4))
+    axes = axes if len(panels) > 1 else [axes]
+    for ax, (key, title) in zip(axes, panels, strict=False):
+        shapes = report[key]["shapes"]
+        names = list(shapes)
+        for k, stat in enumerate(("p50", "p95")):
+            values = [shapes[n]["latency_ms"][stat] for n in names]
+            bars = ax.bar(
+                [i + (k - 0.5) * 0.38 for i in range(len(names))], values, 0.38, label=stat
+            )
+            ax.bar_label(bars, labels=[f"{v:.0f}" for v in values], fontsize=7)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylabel("topk_records ms, client-side")
+        load = report[key]["load_before"], report[key]["load_after"]
+        ax.set_title(
+            f"{report['documents']:,} docs, {title}\nload {load[0][0]} -> {load[1][0]}", fontsize=8
+        )
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--documents", type=int, default=20_000)
+    parser.add_argument("--data-root", type=Path, default=Path("/tmp/orrery-bench-shards"))
+    parser.add_argument("--phase", choices=("build", "measure", "all"), default="all")
+    parser.add_argument("--documents", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--shards", default="1,2,4")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench" / "shards.json")
+    parser.add_argument("--cap-sample", type=int, default=200, help="queries per cap receipt")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated: topk,lexical,qualify,caps,peer_down"
+    )
+    parser.add_argument(
+        "--qualify-workers", default="1,4", help="ORRERY_QUALIFY_WORKERS values to time"
+    )
+    parser.add_argument("--py-spy", type=Path, help="py-spy raw profile of the 1-worker qualify")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "shards.json")
     args = parser.parse_args()
-    url = os.environ.get("ORRERY_OPENSEARCH_URL") or server_urls().get("opensearch")
-    if not url:
-        print("no OpenSearch: start the harness (make servers-up)", file=sys.stderr)
-        return 1
-    counts = [int(n) for n in args.shards.split(",")]
-    if counts[0] != 1:
-        print("--shards must start with 1 (the reference)", file=sys.stderr)
-        return 2
-    prefix = f"orrery-bench-shards-{uuid.uuid4().hex[:8]}"
-    writer = OpenSearchLexicalIndex(url, index_prefix=prefix, refresh="true")
-    reader = {
-        kind: OpenSearchLexicalSearch(url, index_prefix=prefix, search_type=kind)
-        for kind in ("dfs_query_then_fetch", "query_then_fetch")
-    }
-    records = corpus(args.documents)
-    docs = [to_index_document(r, None) for r in records]
-    queries = [r.text.title for r in random.Random(5).sample(records, args.queries)]
-    load_s: dict[int, float] = {}
-    try:
-        for n in counts:
-            started = time.perf_counter()
-            writer.create(f"n{n}", shards=n)
-            for start in range(0, len(docs), 2_000):
-                writer.apply(f"n{n}", docs[start : start + 2_000], [])
-            load_s[n] = round(time.perf_counter() - started, 2)
-            print(f"N={n}: {len(docs)} documents loaded in {load_s[n]} s", flush=True)
-        for search in reader.values():  # warm-up
-            for n in counts:
-                for text in queries[:20]:
-                    search.search(f"n{n}", text, SearchFilter(), CAP)
-        seconds: dict[tuple[int, str], list[float]] = {(n, k): [] for n in counts for k in reader}
-        ranked: dict[tuple[int, str], list[list[str]]] = {
-            (n, k): [] for n in counts for k in reader
-        }
-        order = [(n, k) for n in counts for k in reader]
-        for i, text in enumerate(queries):
-            rotated = order[i % len(order) :] + order[: i % len(order)]
-            for n, kind in rotated:
-                started = time.perf_counter()
-                found = reader[kind].search(f"n{n}", text, SearchFilter(), CAP)
-                seconds[(n, kind)].append(time.perf_counter() - started)
-                ranked[(n, kind)].append([c.document_id for c in found])
-        reference = ranked[(1, "dfs_query_then_fetch")]
-        results: list[dict[str, Any]] = []
-        for (n, kind), lists in ranked.items():
-            inclusion, overlap, agreement = [], [], []
-            for made, exact in zip(lists, reference, strict=True):
-                if not exact:
-                    continue
-                inclusion.append(len(set(made) & set(exact)) / len(exact))
-                top_made, top_exact = made[:TOP], exact[:TOP]
-                overlap.append(len(set(top_made) & set(top_exact)) / len(top_exact))
-                same = sum(
-                    1 for r, d in enumerate(top_exact) if r < len(top_made) and top_made[r] == d
-                )
-                agreement.append(same / len(top_exact))
-            results.append(
-                {
-                    "shards": n,
-                    "search_type": kind,
-                    "latency_ms": latency_summary(seconds[(n, kind)]),
-                    "inclusion_mean": round(sum(inclusion) / len(inclusion), 6),
-                    "inclusion_min": round(min(inclusion), 6),
-                    "top10_overlap_mean": round(sum(overlap) / len(overlap), 6),
-                    "top10_order_agreement_mean": round(sum(agreement) / len(agreement), 6),
-                    "top10_order_agreement_min": round(min(agreement), 6),
-                }
-            )
-    finally:
-        for n in counts:
-            writer.drop(f"n{n}")
-        writer.close()
-        for search in reader.values():
-            search.close()
-    report = {
-        "benchmark": "shards",
-        "created_at": utc_now(),
-        "documents": args.documents,
-        "queries": args.queries,
-        "cap": CAP,
-        "opensearch": "harness, one node (every shard on one node: the fan-out's price "
-        "without the network)",
-        "load_seconds": load_s,
-        "loadavg_before": Path("/proc/loadavg").read_text().split()[:3],
-        "results": results,
-        "machine": machine_facts(),
-        "git": git_facts(),
-    }
-    write_json(args.out, report)
-    for row in results:
-        lat = row["latency_ms"]
-        print(
-            f"N={row['shards']} {row['search_type']:<21} p50 {lat['p50']:7.2f} ms "
-            f"p95 {lat['p95']:7.2f} ms  inclusion {row['inclusion_mean']:.4f} "
-            f"(min {row['inclusion_min']:.2f})  top-10 overlap {row['top10_overlap_mean']:.4f} "
-            f"order {row['top10_order_agreement_mean']:.4f} "
-            f"(min {row['top10_order_agreement_min']:.2f})"
-        )
-    print(f"wrote {args.out}")
-    return 0
+    dep = Deployment(args.data_root)
+    if args.phase in ("build", "all"):
+        build(dep, args.documents)
+        if args.phase == "build":
+            print(f"built under {args.data_root}: {json.dumps(dep.state['generations'])}")
+            return 0
+    skip = {s for s in args.skip.split(",") if s}
+    command = " ".join(["bench/shards.py", *sys.argv[1:]])
+    return run_and_publish(
+        "shards",
+        lambda: {
+            "command": command,
+            **measure(
+                dep,
+                args.queries,
+                args.cap_sample,
+                skip,
+                [int(w) for w in args.qualify_workers.split(",") if w],
+                args.py_spy,
+            ),
+        },
+        timeout_s=4 * 3600,
+        out=args.out,
+        plot=plot,
+        table=table,
+    )
 
 
 if __name__ == "__main__":

@@ -292,6 +292,7 @@ def server_qualifier(
             profiles=profiles,
             thresholds=settings.qualification_thresholds(),
             sample_size=settings.qualify_queries,
+            workers=settings.qualify_workers,
             method=method,
         )
         return qualify_generation(descriptor, position, request, setup=setup)

@@ -24,6 +24,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -32,7 +33,7 @@ from contracts.digests import sha256_json
 from contracts.generations import GenerationDescriptor
 from contracts.index import Candidate
 from contracts.phrases import PhraseGroup, PhrasePlan
-from contracts.profiles import RrfProfile
+from contracts.profiles import FusionProfile, RrfProfile
 from contracts.qualification import (
     SLICES,
     ProfileFigures,
@@ -62,8 +63,9 @@ class QualifySetup:
 
     `production`: the query worker's ports; `reference_lexical` searches the reference
     copy, whose generation id is `reference_id`; `reference_vectors` searches exactly;
-    `profiles`: profile ids to compare (resolved by `limits.profiles`); `method`: how
-    production and reference search, recorded in the receipt.
+    `profiles`: profile ids to compare (resolved by `limits.profiles`); `workers`:
+    queries run side by side; `method`: how production and reference search, recorded in
+    the receipt.
     """
 
     production: QueryPorts
@@ -74,6 +76,7 @@ class QualifySetup:
     profiles: Sequence[str]
     thresholds: QualificationThresholds
     sample_size: int = 200
+    workers: int = 4
     method: Mapping[str, str] = field(default_factory=dict)
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
@@ -139,55 +142,22 @@ def qualify_generation(
     size = request.sample_size or setup.sample_size
     queries = _sample(descriptor.generation_id, namespace, kind, size, request, setup)
     fixed = setup.clock()
-    production = (
-        _Recording(setup.production.lexical),
-        _Recording(setup.production.vectors),
-    )
-    reference = (
-        _Recording(setup.reference_lexical, {descriptor.generation_id: setup.reference_id}),
-        _Recording(setup.reference_vectors),
-    )
-    ports = {
-        "production": _ports(setup.production, production, fixed),
-        "reference": _ports(setup.production, reference, fixed),
-    }
     resolved = [setup.limits.profiles.get(p) for p in setup.profiles]
+
+    def run(query: _Query) -> _Outcome:
+        return _run_query(query, descriptor, scope_ref, resolved, setup, fixed)
+
     tallies: dict[str, _Tally] = {name: _Tally() for name in SLICES}
-    for query in queries:
-        tally = tallies[query.slice]
-        tally.queries += 1
-        for index, profile in enumerate(resolved):
-            answers = {}
-            for side, side_ports in ports.items():
-                topk = TopKRequest(
-                    namespace=namespace,
-                    scope_ref=f"{scope_ref}@{descriptor.generation_id}",
-                    query_text=query.text,
-                    result_limit=TOP_K,
-                    filters=query.filters,
-                    profile=profile.id,
-                    phrase_plan=query.phrase_plan,
-                    include=Include(
-                        payload=False, metadata=False, score_breakdown=False, query_plan=False
-                    ),
-                    timeout_seconds=_TIMEOUT_S,
-                )
-                # Each side's recordings start empty: a source a profile does not
-                # search leaves None (no inclusion figure for it).
-                for source in production if side == "production" else reference:
-                    source.last = None
-                response = topk_records(
-                    topk, principal=Principal(), ports=side_ports, limits=setup.limits
-                )
-                answers[side] = [(r.document_id, r.score) for r in response.results]
-            if index == 0:
-                for name, made, exact in (
-                    ("lexical", production[0].last, reference[0].last),
-                    ("vector", production[1].last, reference[1].last),
-                ):
-                    if made is not None and exact:
-                        tally.inclusion[name].append(_inclusion(made, exact))
-            _compare(profile.id, answers["production"], answers["reference"], tally)
+    # Queries run side by side (each waits on engines most of its time); their
+    # outcomes are tallied in sample order, so the receipt is the same at any width.
+    with ThreadPoolExecutor(max_workers=max(1, setup.workers)) as pool:
+        for query, outcome in zip(queries, pool.map(run, queries), strict=True):
+            tally = tallies[query.slice]
+            tally.queries += 1
+            for name, value in outcome.inclusion.items():
+                tally.inclusion[name].append(value)
+            for profile_id, made, exact in outcome.answers:
+                _compare(profile_id, made, exact, tally)
     depths = setup.limits.depths(resolved[0], TOP_K)
     slices = tuple(
         _figures(name, tallies[name], depths, skipped=_skipped(name, queries)) for name in SLICES
@@ -217,6 +187,75 @@ def qualify_generation(
         seconds=round(time.perf_counter() - started, 3),
     )
     return receipt.with_id()
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """One query's figures: each source's inclusion (profile 1's candidate lists) and
+    each profile's production and reference answers."""
+
+    inclusion: dict[str, float] = field(default_factory=dict)
+    answers: list[tuple[str, list[tuple[str, float]], list[tuple[str, float]]]] = field(
+        default_factory=list
+    )
+
+
+def _run_query(
+    query: _Query,
+    descriptor: GenerationDescriptor,
+    scope_ref: str,
+    profiles: Sequence[FusionProfile],
+    setup: QualifySetup,
+    now: datetime,
+) -> _Outcome:
+    """Every profile of one query through `topk_records`, production then reference,
+    each side over sources recording the candidate lists fusion receives."""
+    production = (
+        _Recording(setup.production.lexical),
+        _Recording(setup.production.vectors),
+    )
+    reference = (
+        _Recording(setup.reference_lexical, {descriptor.generation_id: setup.reference_id}),
+        _Recording(setup.reference_vectors),
+    )
+    sides = {
+        "production": (production, _ports(setup.production, production, now)),
+        "reference": (reference, _ports(setup.production, reference, now)),
+    }
+    outcome = _Outcome()
+    for index, profile in enumerate(profiles):
+        answers = {}
+        for side, (sources, side_ports) in sides.items():
+            topk = TopKRequest(
+                namespace=descriptor.namespace,
+                scope_ref=f"{scope_ref}@{descriptor.generation_id}",
+                query_text=query.text,
+                result_limit=TOP_K,
+                filters=query.filters,
+                profile=profile.id,
+                phrase_plan=query.phrase_plan,
+                include=Include(
+                    payload=False, metadata=False, score_breakdown=False, query_plan=False
+                ),
+                timeout_seconds=_TIMEOUT_S,
+            )
+            # Each side's recordings start empty: a source a profile does not search
+            # leaves None (no inclusion figure for it).
+            for source in sources:
+                source.last = None
+            response = topk_records(
+                topk, principal=Principal(), ports=side_ports, limits=setup.limits
+            )
+            answers[side] = [(r.document_id, r.score) for r in response.results]
+        if index == 0:
+            for name, made, exact in (
+                ("lexical", production[0].last, reference[0].last),
+                ("vector", production[1].last, reference[1].last),
+            ):
+                if made is not None and exact:
+                    outcome.inclusion[name] = _inclusion(made, exact)
+        outcome.answers.append((profile.id, answers["production"], answers["reference"]))
+    return outcome
 
 
 def _ports(base: QueryPorts, sources: tuple[_Recording, _Recording], now: datetime) -> QueryPorts:

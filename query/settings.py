@@ -287,6 +287,13 @@ class QuerySettings(BaseSettings):
     qualify_queries: int = Field(
         default=200, ge=1, le=10_000, description="Sample size of `orrery gen qualify`"
     )
+    qualify_workers: int = Field(
+        default=4,
+        ge=1,
+        le=32,
+        description="Qualification queries run side by side (each waits on the engines "
+        "most of its time); the receipt is the same at any width",
+    )
     qualify_profiles: str = Field(
         default="",
         description="Profiles a qualification compares (comma separated); unset = the "

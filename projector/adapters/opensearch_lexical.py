@@ -93,6 +93,8 @@ DEFAULT_BULK_ACTIONS = 1_000
 # after the next scheduled refresh: at most this long, on average half of it.
 DEFAULT_REFRESH_INTERVAL = "1s"
 REQUEST_TIMEOUT_S = 10
+# One page of a reference copy (thousands of documents) on a loaded node.
+_COPY_REQUEST_TIMEOUT_S = 120
 MAX_RETRIES = 2
 
 RefreshPolicy = Literal["wait_for", "true"]
@@ -469,6 +471,10 @@ class OpenSearchLexicalIndex:
             with contextlib.suppress(OpenSearchException):
                 self._client.indices.delete(index=target, ignore_unavailable=True)
             raise _translate(exc, "cannot copy index", generation_id) from exc
+        except OrreryError:
+            with contextlib.suppress(OpenSearchException):
+                self._client.indices.delete(index=target, ignore_unavailable=True)
+            raise
         try:
             yield reference_id
         finally:
@@ -480,7 +486,12 @@ class OpenSearchLexicalIndex:
         """Every stored document of `source` into `target` (scrolled `_source`, the same
         `_id` and external version)."""
         body = {"size": _SCROLL_PAGE, "sort": ["_doc"], "version": True}
-        page = self._client.search(index=source, body=body, params={"scroll": _SCROLL_KEEPALIVE})
+        page = self._client.search(
+            index=source,
+            body=body,
+            params={"scroll": _SCROLL_KEEPALIVE},
+            request_timeout=_COPY_REQUEST_TIMEOUT_S,
+        )
         scroll_id = page.get("_scroll_id")
         try:
             while True:
@@ -499,17 +510,30 @@ class OpenSearchLexicalIndex:
                     )
                     lines.append(hit["_source"])
                 if lines:
-                    response = self._client.bulk(body=lines)
-                    if response.get("errors"):
+                    response = self._client.bulk(
+                        body=lines,
+                        params={"filter_path": "errors,items.*.status,items.*.error"},
+                        request_timeout=_COPY_REQUEST_TIMEOUT_S,
+                    )
+                    # A 409 is this very version copied already: the client retried a
+                    # bulk that timed out while the engine still applied it.
+                    refused = [
+                        item["index"]
+                        for item in response.get("items", [])
+                        if item.get("index", {}).get("error")
+                        and item["index"].get("status") not in _NO_OP_STATUSES
+                    ]
+                    if refused:
                         raise OrreryError(
                             ErrorCode.INTERNAL,
                             f"copying {source} to {target}: the engine refused documents",
-                            {"engine": _ENGINE, "index": target},
+                            {"engine": _ENGINE, "index": target, "first_error": refused[0]},
                         )
                 if len(hits) < _SCROLL_PAGE or scroll_id is None:
                     return
                 page = self._client.scroll(
-                    body={"scroll": _SCROLL_KEEPALIVE, "scroll_id": scroll_id}
+                    body={"scroll": _SCROLL_KEEPALIVE, "scroll_id": scroll_id},
+                    request_timeout=_COPY_REQUEST_TIMEOUT_S,
                 )
                 scroll_id = page.get("_scroll_id", scroll_id)
         finally:

@@ -357,6 +357,20 @@ class SqliteRecordReader(_Reader):
         if galaxy is not None:
             where += " AND r.galaxy = ?"
             args.append(galaxy)
+        if galaxy is None:
+            # Counted and skipped on the narrow heads table, records joined for the
+            # page alone: the join walked every record's JSON up to the offset (17 s at
+            # offset 99,000 of 100k records with vectors).
+            total = self._query(f"SELECT COUNT(*) FROM heads h WHERE {where}", args)
+            rows = self._records(
+                f"SELECT {cols} FROM (SELECT document_id, revision FROM heads h WHERE "
+                f"{where} ORDER BY h.document_id LIMIT ? OFFSET ?) p JOIN records r ON "
+                "r.document_id = p.document_id AND r.revision = p.revision "
+                "ORDER BY r.document_id",
+                [*args, limit, offset],
+                [self._max_answer_bytes],
+            )
+            return (int(str(total[0][0])) if total else 0), rows
         join = (
             "FROM heads h JOIN records r ON r.document_id = h.document_id "
             "AND r.revision = h.revision"

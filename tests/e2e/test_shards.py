@@ -227,11 +227,20 @@ def spread(deployment: Deployment) -> str:
 
 
 class _Preferring:
-    """The OpenSearch client with a `preference` added to every search (one shard)."""
+    """The OpenSearch client with a `preference` added to every search (one shard); the
+    preference is the calling thread's (a qualification runs queries side by side)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
-        self.preference: str | None = None
+        self._local = threading.local()
+
+    @property
+    def preference(self) -> str | None:
+        return getattr(self._local, "preference", None)
+
+    @preference.setter
+    def preference(self, value: str | None) -> None:
+        self._local.preference = value
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)

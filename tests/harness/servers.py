@@ -1106,6 +1106,27 @@ def stop_qdrant_peer(base_dir: str | Path, index: int) -> bool:
     return _stop_server(peer, _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S))
 
 
+class _ResumedQdrantPeer(QdrantClusterPeer):
+    """A peer of an existing cluster started again on its own storage, config and ports
+    (it knows the cluster from its stored Raft state: no ``--bootstrap``)."""
+
+    def prepare(self) -> Launch:
+        ports = dict(_read_json(self.state_path)["ports"])
+        argv = [str(self.binary()), "--config-path", str(self.dir / "config.yaml")]
+        argv += ["--disable-telemetry", "--uri", f"http://{HOST}:{ports['p2p']}"]
+        return Launch(argv=argv, ports=ports, version="resumed")
+
+
+def resume_qdrant_peer(base_dir: str | Path, index: int, *, timeout_s: float = 180) -> str:
+    """Start peer ``index`` of the Qdrant cluster under ``base_dir`` again, keeping its
+    data (after `stop_qdrant_peer`, or after every peer stopped); its URL. A running
+    peer is reused."""
+    base = _resolve(base_dir, default_base_dir)
+    peer = _ResumedQdrantPeer(base, default_cache_dir(), index, {}, 0)
+    record = _start_server(peer, timeout_s, _env_float("ORRERY_SERVERS_GRACE", DEFAULT_GRACE_S))
+    return str(record["url"])
+
+
 def stop_qdrant_cluster(base_dir: str | Path) -> None:
     """Stop every peer of the Qdrant cluster under ``base_dir``."""
     base = _resolve(base_dir, default_base_dir)
