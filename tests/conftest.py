@@ -138,14 +138,14 @@ def new_database() -> Iterator[str]:
     """The URL of a new, empty database on the harness's PostgreSQL, dropped afterwards
     (`WITH (FORCE)`: sessions of killed processes included)."""
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg.conninfo import make_conninfo
 
     server = require_server("postgres")
     name = f"orrery_t_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"'.encode())
     try:
-        yield make_conninfo(**{**conninfo_to_dict(server), "dbname": name})
+        yield make_conninfo(server, dbname=name)
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import numpy as np
@@ -261,7 +261,7 @@ def shard_local_ranks(url: str, prefix: str, shards: int) -> Any:
         def __init__(self) -> None:
             super().__init__(url, index_prefix=prefix, search_type="query_then_fetch")
             self._preferring = _Preferring(self._client)
-            self._client = self._preferring
+            self._client = cast(Any, self._preferring)
 
         def search(
             self,

@@ -1111,7 +1111,10 @@ class _ResumedQdrantPeer(QdrantClusterPeer):
     (it knows the cluster from its stored Raft state: no ``--bootstrap``)."""
 
     def prepare(self) -> Launch:
-        ports = dict(_read_json(self.state_path)["ports"])
+        state = _read_json(self.state_path)
+        if state is None:
+            raise RuntimeError(f"{self.state_path}: no state of the peer to resume")
+        ports = dict(state["ports"])
         argv = [str(self.binary()), "--config-path", str(self.dir / "config.yaml")]
         argv += ["--disable-telemetry", "--uri", f"http://{HOST}:{ports['p2p']}"]
         return Launch(argv=argv, ports=ports, version="resumed")
