@@ -194,6 +194,19 @@ def _pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def _largest_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The largest difference between the scores or score-breakdown values of two
+    answers ranking the same documents."""
+    gap = 0.0
+    for (_, score_a, parts_a, _), (_, score_b, parts_b, _) in zip(
+        a["results"], b["results"], strict=True
+    ):
+        gap = max(gap, abs(score_a - score_b))
+        for key in parts_a:
+            gap = max(gap, abs(float(parts_a[key]) - float(parts_b[key])))
+    return gap
+
+
 def _side(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     client = [s["ms"] for s in samples]
     total = [s["total"] for s in samples]
@@ -222,7 +235,8 @@ def compare(a: Path, b: Path, data_dir: Path, queries: int, rounds: int) -> dict
         workers = {"A": Worker(a, data_dir, work / "A"), "B": Worker(b, data_dir, work / "B")}
         load_before = Path("/proc/loadavg").read_text().strip()
         samples: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
-        identical = different = 0
+        identical = different = same_ranking = 0
+        score_gap = 0.0
         for round_ in range(rounds):
             for index in range(queries):
                 order = ("A", "B") if (index + round_) % 2 == 0 else ("B", "A")
@@ -233,6 +247,10 @@ def compare(a: Path, b: Path, data_dir: Path, queries: int, rounds: int) -> dict
                     identical += 1
                 else:
                     different += 1
+                    ranked = [[r[0] for r in answers[side]["results"]] for side in ("A", "B")]
+                    if ranked[0] == ranked[1]:
+                        same_ranking += 1
+                        score_gap = max(score_gap, _largest_gap(answers["A"], answers["B"]))
         load_after = Path("/proc/loadavg").read_text().strip()
         for running in workers.values():
             running.close()
@@ -246,6 +264,10 @@ def compare(a: Path, b: Path, data_dir: Path, queries: int, rounds: int) -> dict
         "rounds": rounds,
         "identical_answers": identical,
         "different_answers": different,
+        # Of the different ones: the same documents in the same order, scores and score
+        # breakdowns apart by at most `largest_score_gap` (rounding of float32 engines).
+        "different_answers_same_ranking": same_ranking,
+        "largest_score_gap": score_gap,
         "loadavg": {"before": load_before, "after": load_after},
         "sides": sides,
         "b_over_a": {
