@@ -264,49 +264,6 @@ VARIANTS: dict[str, dict[str, str]] = {
 }  # fmt: skip
 
 
-class _OtlpReceiver:
-    """An OTLP/HTTP trace receiver on loopback (a thread of this process): decodes each
-    `ExportTraceServiceRequest` (protobuf) and counts its spans, answers 200."""
-
-    def __init__(self) -> None:
-        import http.server
-        import threading
-
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-            ExportTraceServiceRequest,
-            ExportTraceServiceResponse,
-        )
-
-        receiver = self
-        self.spans = 0
-        answer = ExportTraceServiceResponse().SerializeToString()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest.FromString(body)
-                receiver.spans += sum(
-                    len(scope.spans) for rs in request.resource_spans for scope in rs.scope_spans
-                )
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def _start(data_dir: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = (data_dir.parent / "serve.log").open("ab")
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("ORRERY_")}
@@ -355,7 +312,9 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
     from ingest.sample import SAMPLE_NAMESPACE, sample_queries
 
     root = Path(tempfile.mkdtemp(prefix="orrery-metrics-bench-"))
-    receiver = _OtlpReceiver()
+    from tests.harness.otlp import OtlpReceiver
+
+    receiver = OtlpReceiver()
     variants = {name: dict(env) for name, env in VARIANTS.items()}
     variants["metrics+spans"]["ORRERY_OTLP_ENDPOINT"] = receiver.endpoint
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -422,7 +381,7 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
         _stop(procs.pop("metrics+spans"))  # its batch processor exports what it holds
         out: dict[str, Any] = {
             "load1_during": [round(x, 2) for x in load_during],
-            "otlp_spans_received": receiver.spans,
+            "otlp_spans_received": len(receiver.received()),
             "scrape_every_texts": 50,
             "scrape_p50_ms": {n: round(statistics.median(v), 2) for n, v in scrapes.items() if v},
         }
