@@ -174,9 +174,10 @@ def embedded_query_ports(
         scopes=ScopeResolver(routing, scopes, holds=records.holds),
         cursors=cursors,
         # The lexical search beside the vector one (`QueryPorts.vector_overlap`), the
-        # score lookups one after the other: tantivy-py holds the GIL, so only a call that
-        # lets it go (qdrant-edge's search) leaves room for another (the embedded A/B,
-        # `bench/topk.py --sizes 20000`, gained nothing with every call overlapped).
+        # score lookups one after the other: tantivy's search lets the GIL go and
+        # qdrant-edge's keeps it, so the two searches compute at once only when tantivy
+        # is entered first (`_search_lexical_beside`); a score lookup beside the memo's
+        # re-score (Python, GIL) gained nothing in a paired A/B.
         overlap=None,
         vector_overlap=shared_source_pool(),
     )
