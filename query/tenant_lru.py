@@ -59,8 +59,7 @@ class TenantLru(Generic[K, V]):
             if lru is None:
                 return [None for _ in keys]
             self._tenants.move_to_end(tenant)
-            get = lru.get
-            return [get(key) for key in keys]
+            return lru.get_many(keys)
 
     def put(self, tenant: str, key: K, value: V) -> None:
         size = self._size(value)
@@ -111,6 +110,19 @@ class _Lru(Generic[K, V]):
             return None
         self._items.move_to_end(key)
         return item[0]
+
+    def get_many(self, keys: Iterable[K]) -> list[V | None]:
+        items = self._items
+        touch = items.move_to_end
+        out: list[V | None] = []
+        for key in keys:
+            item = items.get(key)
+            if item is None:
+                out.append(None)
+            else:
+                touch(key)
+                out.append(item[0])
+        return out
 
     def put(self, key: K, value: V, size: int, max_entries: int, max_bytes: int) -> None:
         self.remove(key)
