@@ -15,11 +15,18 @@ A pure ASGI middleware (nothing buffered here), installed by every app factory
 
 Errors leave in Orrery's shape (`contracts.errors.ErrorResponse`). The rest of a refused
 body is discarded by the server (uvicorn reads and drops it to keep the connection).
+
+The limits are one `BodyLimits` value: the guard applies it (`limit_for`) and the app's
+OpenAPI document is annotated from it (`BodyLimits.document`: every POST/PUT/PATCH
+operation declares its limit as `x-orrery-max-body-bytes` and its `413` names
+`body_too_large` with that limit), so the document and the guard cannot disagree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -32,7 +39,9 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_STREAM_BYTES",
     "JSON_LINES_TYPES",
+    "MAX_BODY_BYTES_KEY",
     "RETRY_AFTER_SECONDS",
+    "BodyLimits",
     "BodyTooLarge",
     "RequestGuard",
     "error_response",
@@ -76,6 +85,67 @@ async def _send_error(error: OrreryError, scope: Scope, receive: Receive, send: 
     await JSONResponse(body, status_code=error.http_status, headers=headers)(scope, receive, send)
 
 
+# The operation's extension in the OpenAPI document that states its body limit.
+MAX_BODY_BYTES_KEY = "x-orrery-max-body-bytes"
+_DOCUMENTED_METHODS = tuple(m.lower() for m in sorted(_BODY_METHODS))
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """The request guard's body limits: `max_body_bytes` for every path, `max_stream_bytes`
+    for `stream_paths` (which take JSON lines too)."""
+
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    stream_paths: frozenset[str] = field(default_factory=frozenset)
+    max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1 or self.max_stream_bytes < 1:
+            raise ValueError("max_body_bytes and max_stream_bytes must be at least 1")
+
+    def limit_for(self, path: str) -> int:
+        """The most bytes a request body to `path` may have."""
+        return self.max_stream_bytes if path in self.stream_paths else self.max_body_bytes
+
+    def document(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """`doc` (an OpenAPI document whose operations declare Orrery's error responses,
+        `contracts.openapi.finish_document`) with every POST/PUT/PATCH operation's body
+        limit: `MAX_BODY_BYTES_KEY`, and its `413` (which must allow `body_too_large`,
+        else `ValueError`) says the limit. In place; returns `doc`. The guard refuses an
+        oversized body of any method, but only these methods carry one (`_BODY_METHODS`,
+        the same set its media-type check covers, so their `415` is the guard's too)."""
+        for path, item in doc.get("paths", {}).items():
+            limit = self.limit_for(path)
+            setting = (
+                "ORRERY_MAX_IMPORT_BYTES" if path in self.stream_paths else "ORRERY_MAX_BODY_BYTES"
+            )
+            for method in _DOCUMENTED_METHODS:
+                op = item.get(method)
+                if op is None:
+                    continue
+                op[MAX_BODY_BYTES_KEY] = limit
+                response = op.get("responses", {}).get("413")
+                if response is None or ErrorCode.BODY_TOO_LARGE.value not in _codes(response):
+                    raise ValueError(f"{method.upper()} {path} declares no 413 body_too_large")
+                response["description"] = (
+                    f"{response['description']}; a body over {limit} bytes ({setting}) is "
+                    f"`body_too_large` with details.max_body_bytes = {limit}"
+                )
+        return doc
+
+
+def _codes(response: dict[str, Any]) -> list[str]:
+    """The error codes an error response (`contracts.openapi.error_responses`, perhaps
+    beside a route's own model in `anyOf`) allows."""
+    schema = response["content"]["application/json"]["schema"]
+    codes: list[str] = []
+    for branch in schema.get("anyOf", [schema]):
+        for part in branch.get("allOf", ()):
+            error = part.get("properties", {}).get("error", {})
+            codes.extend(error.get("properties", {}).get("code", {}).get("enum", ()))
+    return codes
+
+
 class RequestGuard:
     """Refuses oversized and non-JSON bodies before any route reads them (see the module
     docstring). Guarantee: the wrapped app never receives more than `max_body_bytes` bytes
@@ -85,16 +155,15 @@ class RequestGuard:
         self,
         app: ASGIApp,
         *,
+        limits: BodyLimits | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         stream_paths: Iterable[str] = (),
         max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
     ) -> None:
-        if max_body_bytes < 1 or max_stream_bytes < 1:
-            raise ValueError("max_body_bytes and max_stream_bytes must be at least 1")
+        if limits is None:
+            limits = BodyLimits(max_body_bytes, frozenset(stream_paths), max_stream_bytes)
         self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.stream_paths = frozenset(stream_paths)
-        self.max_stream_bytes = max_stream_bytes
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -102,7 +171,8 @@ class RequestGuard:
             return
         headers = Headers(scope=scope)
         content_type = headers.get("content-type")
-        streamed = scope.get("path") in self.stream_paths
+        path = scope.get("path", "")
+        streamed = path in self.limits.stream_paths
         wants_json = scope["method"] in _BODY_METHODS and content_type is not None
         if wants_json and content_type is not None and not _is_json(content_type, lines=streamed):
             error = OrreryError(
@@ -112,7 +182,7 @@ class RequestGuard:
             )
             await _send_error(error, scope, receive, send)
             return
-        limit = self.max_stream_bytes if streamed else self.max_body_bytes
+        limit = self.limits.limit_for(path)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             await _send_error(BodyTooLarge(limit), scope, receive, send)

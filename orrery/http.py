@@ -31,6 +31,7 @@ from contracts.request_context import note_error
 from orrery.guard import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_STREAM_BYTES,
+    BodyLimits,
     RequestGuard,
     error_response,
     retry_after,
@@ -92,9 +93,10 @@ def build_app(
     # first request. Added first, so it is the innermost middleware.
     lean: dict[tuple[str, str], Any] = {}
     app.add_middleware(LeanRoutes, endpoints=lean)
-    install_request_guard(app, max_body_bytes=max_body_bytes, stream_paths=stream_paths,
-                          max_stream_bytes=max_stream_bytes)  # fmt: skip
-    install_openapi(app, document_facts)
+    limits = install_request_guard(app, max_body_bytes=max_body_bytes,
+                                   stream_paths=stream_paths,
+                                   max_stream_bytes=max_stream_bytes)  # fmt: skip
+    install_openapi(app, document_facts, body_limits=limits)
     if api_key_header.lower() != API_KEY_HEADER:
         app.add_middleware(ApiKeyHeader, header=api_key_header)
     if observability is not None:
@@ -172,27 +174,31 @@ def install_request_guard(
     max_body_bytes: int,
     stream_paths: Sequence[str] = (),
     max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES,
-) -> None:
+) -> BodyLimits:
     """Every app's body limit and content-type check (`orrery.guard`); `stream_paths`
-    take JSON lines up to `max_stream_bytes`."""
-    app.add_middleware(
-        RequestGuard,
-        max_body_bytes=max_body_bytes,
-        stream_paths=stream_paths,
-        max_stream_bytes=max_stream_bytes,
-    )
+    take JSON lines up to `max_stream_bytes`. Returns the limits the guard applies, for
+    the OpenAPI document (`install_openapi(body_limits=…)`)."""
+    limits = BodyLimits(max_body_bytes, frozenset(stream_paths), max_stream_bytes)
+    app.add_middleware(RequestGuard, limits=limits)
+    return limits
 
 
-def install_openapi(app: FastAPI, facts: dict[str, Any] | None = None) -> None:
+def install_openapi(
+    app: FastAPI, facts: dict[str, Any] | None = None, *, body_limits: BodyLimits | None = None
+) -> None:
     """Serve the app's OpenAPI document as `contracts.openapi.finish_document` makes it:
     request bodies and success models as the routes declare them, Orrery's error shape
     for every error status, components equal to `docs/schemas/` with this deployment's
-    `facts` filled in."""
+    `facts` filled in; with `body_limits` (the request guard's), each body-carrying
+    operation's limit and its `413 body_too_large` (`orrery.guard.BodyLimits.document`)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = finish_document(generate(), facts)
+            document = finish_document(generate(), facts)
+            if body_limits is not None:
+                body_limits.document(document)
+            app.openapi_schema = document
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -166,7 +166,8 @@ def embedded_query_ports(
     return QueryPorts(
         routing=routing,
         lexical=TantivyLexicalSearch(lexical_index_provider),
-        # The re-score's vectors of lexical candidates, by revision (256 MiB at most).
+        # The re-score's vectors of lexical candidates, by revision: 256 MiB per tenant,
+        # 4 tenants (`VectorMemo`; one tenant's fills never evict another's).
         vectors=QdrantEdgeVectorSearch(vector_shard_provider, memo=VectorMemo()),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder),

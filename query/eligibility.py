@@ -517,9 +517,12 @@ class ReportingVectorSearch:
         filter: SearchFilter,
         *,
         revisions: Mapping[str, int] | None = None,
+        tenant: str = "",
     ) -> dict[str, float]:
         try:
-            return self._inner.scores(generation_id, vector, filter, revisions=revisions)
+            return self._inner.scores(
+                generation_id, vector, filter, revisions=revisions, tenant=tenant
+            )
         except OrreryError as exc:
             _report(self._gate, generation_id, exc)
             raise

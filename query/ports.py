@@ -123,6 +123,7 @@ class VectorSearch(Protocol):
         filter: SearchFilter,
         *,
         revisions: Mapping[str, int] | None = None,
+        tenant: str = "",
     ) -> dict[str, float]:
         """The exact cosine of each document `filter` lets through, by document id: the
         score `search` gives it wherever `search` is exact, without building candidates.
@@ -133,7 +134,11 @@ class VectorSearch(Protocol):
         those revisions). An adapter that kept the vector of a document at the revision
         named may score it without asking the engine (equal to the engine's score to
         float32 rounding, and consistent with the revision answered); otherwise the
-        document is scored as without `revisions`, at the point the index holds now."""
+        document is scored as without `revisions`, at the point the index holds now.
+
+        `tenant`: the namespace asking (the generation's). Vectors an adapter keeps are
+        kept per tenant: one tenant's lookups never evict another's; it never changes a
+        score."""
 
 
 class Route(BaseModel):

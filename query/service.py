@@ -136,7 +136,7 @@ class QueryEmbeddingCache:
         self._shared = shared
         self._ttl = ttl_seconds
         # ~12 KiB per 384-d vector (a tuple of floats): at most capacity × max_tenants.
-        self._items: TenantLru[tuple[float, ...]] = TenantLru(
+        self._items: TenantLru[str, tuple[float, ...]] = TenantLru(
             max_entries=capacity, max_bytes=2**62, max_tenants=max_tenants
         )
 
@@ -885,6 +885,7 @@ def _fuse_and_page(
             profile,
             watch=ranked.watch,
             prefetched=sources.lexical_scores,
+            tenant=q.route.namespace,
         )
     fused = fuse(
         profile,
@@ -922,6 +923,7 @@ def _rescore(
     *,
     watch: _Stopwatch,
     prefetched: dict[str, float] | None = None,
+    tenant: str = "",
 ) -> Rescored:
     """Exact scores of each source's candidates in the other source, fetched by id.
 
@@ -946,12 +948,14 @@ def _rescore(
         )
 
         # The revisions the lexical source found them at: an adapter holding those
-        # revisions' vectors scores them without another engine call.
+        # revisions' vectors scores them without another engine call (kept per tenant).
         revisions = {c.document_id: c.revision for c in lexical if c.document_id in only}
 
         def lookup_vectors() -> dict[str, float]:
             assert query_vector is not None
-            return ports.vectors.scores(generation_id, query_vector, by_ids, revisions=revisions)
+            return ports.vectors.scores(
+                generation_id, query_vector, by_ids, revisions=revisions, tenant=tenant
+            )
 
         looked_up += len(only_lexical)
     pending: Pending[dict[str, float]] | None = None

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
 
 __all__ = ["TenantLru"]
 
+K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class TenantLru(Generic[V]):
+class TenantLru(Generic[K, V]):
     """`get`/`put` per `(tenant, key)`.
 
     Guarantees: a tenant holds at most `max_entries` entries of total `size` at most
@@ -40,10 +41,10 @@ class TenantLru(Generic[V]):
         self._max_bytes = max_bytes
         self._max_tenants = max_tenants
         self._size = size
-        self._tenants: OrderedDict[str, _Lru[V]] = OrderedDict()
+        self._tenants: OrderedDict[str, _Lru[K, V]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, tenant: str, key: str) -> V | None:
+    def get(self, tenant: str, key: K) -> V | None:
         with self._lock:
             lru = self._tenants.get(tenant)
             if lru is None:
@@ -51,7 +52,16 @@ class TenantLru(Generic[V]):
             self._tenants.move_to_end(tenant)
             return lru.get(key)
 
-    def put(self, tenant: str, key: str, value: V) -> None:
+    def get_many(self, tenant: str, keys: Iterable[K]) -> list[V | None]:
+        """`get` of each key, in order, under one lock (a hot path's batch)."""
+        with self._lock:
+            lru = self._tenants.get(tenant)
+            if lru is None:
+                return [None for _ in keys]
+            self._tenants.move_to_end(tenant)
+            return lru.get_many(keys)
+
+    def put(self, tenant: str, key: K, value: V) -> None:
         size = self._size(value)
         if size > self._max_bytes:
             return
@@ -64,7 +74,7 @@ class TenantLru(Generic[V]):
             self._tenants.move_to_end(tenant)
             lru.put(key, value, size, self._max_entries, self._max_bytes)
 
-    def remove(self, tenant: str, key: str) -> None:
+    def remove(self, tenant: str, key: K) -> None:
         with self._lock:
             lru = self._tenants.get(tenant)
             if lru is not None:
@@ -78,29 +88,50 @@ class TenantLru(Generic[V]):
         with self._lock:
             self._tenants.clear()
 
+    def __len__(self) -> int:
+        """Entries held, over all tenants."""
+        with self._lock:
+            return sum(len(lru) for lru in self._tenants.values())
 
-class _Lru(Generic[V]):
+
+class _Lru(Generic[K, V]):
     __slots__ = ("_bytes", "_items")
 
     def __init__(self) -> None:
-        self._items: OrderedDict[str, tuple[V, int]] = OrderedDict()
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
         self._bytes = 0
 
-    def get(self, key: str) -> V | None:
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: K) -> V | None:
         item = self._items.get(key)
         if item is None:
             return None
         self._items.move_to_end(key)
         return item[0]
 
-    def put(self, key: str, value: V, size: int, max_entries: int, max_bytes: int) -> None:
+    def get_many(self, keys: Iterable[K]) -> list[V | None]:
+        items = self._items
+        touch = items.move_to_end
+        out: list[V | None] = []
+        for key in keys:
+            item = items.get(key)
+            if item is None:
+                out.append(None)
+            else:
+                touch(key)
+                out.append(item[0])
+        return out
+
+    def put(self, key: K, value: V, size: int, max_entries: int, max_bytes: int) -> None:
         self.remove(key)
         self._items[key] = (value, size)
         self._bytes += size
         while len(self._items) > max_entries or self._bytes > max_bytes:
             self.remove(next(iter(self._items)))
 
-    def remove(self, key: str) -> None:
+    def remove(self, key: K) -> None:
         item = self._items.pop(key, None)
         if item is not None:
             self._bytes -= item[1]

@@ -24,7 +24,7 @@ class MemoryCache:
         max_tenants: int = 16,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._items: TenantLru[tuple[float, bytes]] = TenantLru(
+        self._items: TenantLru[str, tuple[float, bytes]] = TenantLru(
             max_entries=max_entries,
             max_bytes=max_bytes,
             max_tenants=max_tenants,

@@ -14,8 +14,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -63,12 +61,14 @@ from contracts.vector_payload import (
     point_id,
     utc_timestamp,
 )
+from query.tenant_lru import TenantLru
 
 if TYPE_CHECKING:
     from qdrant_edge import ConditionType
 
 __all__ = [
     "DEFAULT_MEMO_BYTES",
+    "DEFAULT_MEMO_TENANTS",
     "QdrantEdgeVectorSearch",
     "ShardProvider",
     "VectorMemo",
@@ -86,8 +86,12 @@ _RETURNED = PayloadSelector.Include(list(RETURNED_FIELDS))
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
 
-# What the re-score's vectors may hold: 256 MiB is ~170k vectors of 384 dimensions.
+# What the re-score's vectors may hold per tenant: 256 MiB is ~170k vectors of 384
+# dimensions, so a single tenant's memo is what it was when the memo was one LRU.
 DEFAULT_MEMO_BYTES = 256 << 20
+# Tenants with vectors held at once; past that the least recently used one is dropped
+# whole, so the memo holds at most DEFAULT_MEMO_TENANTS × DEFAULT_MEMO_BYTES (1 GiB).
+DEFAULT_MEMO_TENANTS = 4
 
 # What a memo fill reads besides the vector: the revision it belongs to.
 _REVISION_ONLY = PayloadSelector.Include([REVISION])
@@ -95,61 +99,67 @@ _REVISION_ONLY = PayloadSelector.Include([REVISION])
 
 class VectorMemo:
     """The stored (unit) vectors of documents at one revision, by `(generation, document)`,
-    as float32 bytes, least recently used first out past `max_bytes`.
+    as float32 bytes, kept per tenant (namespace): each tenant has its own least recently
+    used bound of `max_bytes`, at most `max_tenants` tenants are held (past that the
+    least recently used tenant is dropped whole), so one tenant's fills never evict
+    another's entries while at most `max_tenants` tenants are held (`query.tenant_lru`),
+    and the memo holds at most
+    `max_tenants × max_bytes`.
 
     Correct by construction rather than by invalidation: a generation's vector of a
     document at a revision never changes (another embedder is another generation), so an
     entry is used only for the very revision a caller names, and a newer revision is a
     miss that replaces it. Thread-safe; lookups and fills never call the engine."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
+    def __init__(
+        self, max_bytes: int = DEFAULT_MEMO_BYTES, *, max_tenants: int = DEFAULT_MEMO_TENANTS
+    ) -> None:
         if max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
+        if max_tenants < 1:
+            raise ValueError("max_tenants must be >= 1")
         self._max_bytes = max_bytes
-        self._bytes = 0
-        self._entries: OrderedDict[tuple[str, str], tuple[int, bytes]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._max_tenants = max_tenants
+        self._entries: TenantLru[tuple[str, str], tuple[int, bytes]] = TenantLru(
+            max_entries=2**62,
+            max_bytes=max_bytes,
+            max_tenants=max_tenants,
+            size=lambda entry: _entry_bytes(entry[1]),
+        )
 
     @property
     def max_bytes(self) -> int:
+        """The bound of each tenant's entries."""
         return self._max_bytes
 
+    @property
+    def max_tenants(self) -> int:
+        return self._max_tenants
+
     def get_many(
-        self, generation_id: str, revisions: Iterable[tuple[str, int]]
+        self, tenant: str, generation_id: str, revisions: Iterable[tuple[str, int]]
     ) -> tuple[list[str], list[bytes], list[str]]:
-        """For each `(document, revision)`: the documents held and their vectors, in
-        order, and the documents not held (at that revision)."""
+        """For each `(document, revision)`: the documents `tenant` holds and their
+        vectors, in order, and the documents not held (at that revision)."""
+        asked = list(revisions)
+        entries = self._entries.get_many(
+            tenant, [(generation_id, document_id) for document_id, _ in asked]
+        )
         held: list[str] = []
         vectors: list[bytes] = []
         missing: list[str] = []
-        with self._lock:
-            entries = self._entries
-            touch = entries.move_to_end
-            for document_id, revision in revisions:
-                key = (generation_id, document_id)
-                entry = entries.get(key)
-                if entry is None or entry[0] != revision:
-                    missing.append(document_id)
-                    continue
-                touch(key)
+        for (document_id, revision), entry in zip(asked, entries, strict=True):
+            if entry is None or entry[0] != revision:
+                missing.append(document_id)
+            else:
                 held.append(document_id)
                 vectors.append(entry[1])
         return held, vectors, missing
 
-    def put(self, generation_id: str, document_id: str, revision: int, vector: bytes) -> None:
-        size = _entry_bytes(vector)
-        if size > self._max_bytes:
-            return
-        key = (generation_id, document_id)
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= _entry_bytes(old[1])
-            self._entries[key] = (revision, vector)
-            self._bytes += size
-            while self._bytes > self._max_bytes:
-                _key, (_revision, evicted) = self._entries.popitem(last=False)
-                self._bytes -= _entry_bytes(evicted)
+    def put(
+        self, tenant: str, generation_id: str, document_id: str, revision: int, vector: bytes
+    ) -> None:
+        self._entries.put(tenant, (generation_id, document_id), (revision, vector))
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -222,6 +232,7 @@ class QdrantEdgeVectorSearch:
         filter: SearchFilter,
         *,
         revisions: Mapping[str, int] | None = None,
+        tenant: str = "",
     ) -> dict[str, float]:
         """`VectorSearch.scores`.
 
@@ -240,7 +251,8 @@ class QdrantEdgeVectorSearch:
         another revision gets the engine's score, as without `revisions`. Only for a
         generation whose vectors all fit the memo when first asked (`_memoized`); a
         larger one is looked up by the engine, as without `revisions`: refilling a
-        churning memo would cost more than the lookups it saves."""
+        churning memo would cost more than the lookups it saves. The memo's entries are
+        `tenant`'s (its own bound: another tenant's lookups never evict them)."""
         query_vector = check_query_vector(vector)
         must = _must(filter.model_copy(update={"document_ids": None}))
         size = id_lookup_size(filter, DEPENDENCY)
@@ -252,12 +264,12 @@ class QdrantEdgeVectorSearch:
         if revisions is None or memo is None or not self._memoized(shard, generation_id, vector):
             return self._exact_scores(shard, generation_id, query_vector, must, listed)
         held, vectors, missing = memo.get_many(
-            generation_id, ((d, revisions.get(d, -1)) for d in listed)
+            tenant, generation_id, ((d, revisions.get(d, -1)) for d in listed)
         )
         out: dict[str, float] = {}
         if missing:
             out = self._read(
-                shard, generation_id, query_vector, must, missing, revisions, held, vectors
+                shard, generation_id, query_vector, must, missing, revisions, held, vectors, tenant
             )
         if vectors:
             query = _unit(query_vector)
@@ -282,9 +294,11 @@ class QdrantEdgeVectorSearch:
         revisions: Mapping[str, int],
         held: list[str],
         vectors: list[bytes],
+        tenant: str,
     ) -> dict[str, float]:
         """The engine's exact lookup of `listed`, vectors included: a point at the
-        revision named joins `held`/`vectors` (scored like the memo's) and is memoized;
+        revision named joins `held`/`vectors` (scored like the memo's) and is memoized
+        (as `tenant`'s);
         the score of a point at another revision is the engine's, returned."""
         assert self._memo is not None
         memo = self._memo
@@ -308,7 +322,7 @@ class QdrantEdgeVectorSearch:
                 held.append(document_id)
                 vectors.append(stored)
                 if isinstance(revision, int):
-                    memo.put(generation_id, document_id, revision, stored)
+                    memo.put(tenant, generation_id, document_id, revision, stored)
             else:
                 other[document_id] = cosine_score(point.score)
         return other
@@ -316,7 +330,7 @@ class QdrantEdgeVectorSearch:
     def _memoized(self, shard: EdgeShard, generation_id: str, vector: Sequence[float]) -> bool:
         """Whether the memo serves `generation_id`: decided once per generation and
         process (so one query's pages are always scored one way), by whether its points'
-        vectors fit the memo's bound."""
+        vectors fit the memo's bound (a tenant's: a generation belongs to one tenant)."""
         decided = self._memo_serves.get(generation_id)
         if decided is None:
             assert self._memo is not None

@@ -142,10 +142,11 @@ class QdrantServerVectorSearch:
         filter: SearchFilter,
         *,
         revisions: Mapping[str, int] | None = None,
+        tenant: str = "",
     ) -> dict[str, float]:
         """`VectorSearch.scores`: one exact request (`SearchParams(exact=True)`; local mode
         is exact anyway) over the listed ids, returning only `document_id` of each point.
-        `revisions` is not used: the server holds the vectors."""
+        `revisions` and `tenant` are not used: the server holds the vectors."""
         query_vector = check_query_vector(vector)
         engine_filter = qdrant_filter(filter)
         size = id_lookup_size(filter, DEPENDENCY)

@@ -296,19 +296,20 @@ def test_scores_are_exactly_the_search_scores_of_the_listed_ids(loaded: Harness,
 
 @pytest.mark.parametrize("case", list(FILTER_CASES))
 def test_scores_at_the_revisions_found_are_the_search_scores(loaded: Harness, case: str) -> None:
-    """`scores(..., revisions=...)` (the re-score names the revision the lexical side
-    found each document at): the search's scores to float32 rounding, on the first call
-    and on the next ones (which an adapter may answer from stored vectors)."""
+    """`scores(..., revisions=..., tenant=...)` (the re-score names the revision the
+    lexical side found each document at, and the namespace asking): the search's scores
+    to float32 rounding, on the first call and on the next ones (which an adapter may
+    answer from the vectors it keeps for that tenant), whichever tenant asks."""
     search_filter, expected = FILTER_CASES[case]
     listed = search_filter.document_ids or ("d1", "d2", "d3", "d4", "d5", "unknown")
     if search_filter.document_ids is None:
         search_filter = search_filter.model_copy(update={"document_ids": listed})
     revisions = {d.document_id: d.revision for d in CORPUS}
-    for _ in range(2):
+    for tenant in ("", "tenant-a", "tenant-a", "tenant-b"):
         for vector in (unit(1, 0, 0, 0), unit(0, 1, 0, 0), unit(0.3, -0.2, 0.9, 0.1)):
             searched = {c.document_id: c.score for c in loaded.query(vector, search_filter, 10)}
             scores = loaded.search.scores(
-                loaded.generation_id, vector, search_filter, revisions=revisions
+                loaded.generation_id, vector, search_filter, revisions=revisions, tenant=tenant
             )
             assert scores == pytest.approx(searched, abs=1e-6)
             assert set(scores) == expected

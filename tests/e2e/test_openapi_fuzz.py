@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
+from schemathesis.config._checks import NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -50,6 +54,7 @@ from schemathesis.specs.openapi.checks import (
 from contracts.errors import HTTP_STATUS, ErrorResponse
 from contracts.export_schemas import MODELS
 from contracts.openapi import COMPONENTS, DEPLOYMENT, apply_facts, components_of, error_responses
+from orrery.guard import MAX_BODY_BYTES_KEY
 from tests.e2e.conftest import Server, start_server
 
 pytestmark = [pytest.mark.slow]
@@ -184,6 +189,10 @@ def test_openapi_declares_bodies_successes_and_orrery_errors(document: dict[str,
                 assert _all_refs(ok), where
             for status, response in errors.items():
                 got = op["responses"][status]
+                if status == "413" and MAX_BODY_BYTES_KEY in op:
+                    # The guard's limit said (`orrery.guard.BodyLimits.document`).
+                    assert got["description"].startswith(response["description"]), where
+                    got = {**got, "description": response["description"]}
                 schema = got["content"]["application/json"]["schema"]
                 error = response["content"]["application/json"]["schema"]
                 if "anyOf" in schema and schema["anyOf"][-1] == error:
@@ -193,6 +202,98 @@ def test_openapi_declares_bodies_successes_and_orrery_errors(document: dict[str,
                     assert got["description"] == response["description"], f"{where} {status}"
                     continue
                 assert got == response, f"{where} {status}"
+
+
+BODY_METHODS = ("post", "put", "patch")
+
+
+def test_every_body_route_declares_413_and_an_oversized_body_gets_it(
+    server: Server, document: dict[str, Any]
+) -> None:
+    """Every operation that carries a body (POST/PUT/PATCH) declares its body limit
+    (`x-orrery-max-body-bytes`, the request guard's own `BodyLimits`) and a `413` whose
+    codes include `body_too_large`; a request declaring one byte more than that limit
+    gets exactly `413 body_too_large` with `details.max_body_bytes` = the declared limit
+    (sent raw: the KoutenDB import's limit is 2 GiB, refused from its `Content-Length`).
+    And a chunked body (no `Content-Length`) one byte over is refused the same way."""
+    bounded = [
+        (method, path, op)
+        for path, item in document["paths"].items()
+        for method, op in item.items()
+        if method in BODY_METHODS
+    ]
+    assert len(bounded) >= 10
+    for method, path, op in bounded:
+        where = f"{method.upper()} {path}"
+        limit = op.get(MAX_BODY_BYTES_KEY)
+        assert isinstance(limit, int) and limit > 0, where
+        schema = op["responses"]["413"]["content"]["application/json"]["schema"]
+        codes = [c for part in schema["allOf"] for c in _codes_of(part)]
+        assert "body_too_large" in codes, where
+        assert f"a body over {limit} bytes" in op["responses"]["413"]["description"], where
+        status, body = _declared_oversize(server.port, method, _filled(path), limit)
+        assert status == 413, f"{where}: {status} {body[:200]!r}"
+        error = json.loads(body)["error"]
+        assert error["code"] == "body_too_large", where
+        assert error["details"] == {"max_body_bytes": limit}, where
+    limit = document["paths"]["/v1/records"]["post"][MAX_BODY_BYTES_KEY]
+    chunk = b" " * 65_536
+
+    def chunks() -> Iterator[bytes]:
+        sent = 0
+        while sent <= limit:
+            piece = chunk[: limit + 1 - sent]
+            sent += len(piece)
+            yield piece
+
+    response = httpx.post(
+        f"http://127.0.0.1:{server.port}/v1/records",
+        content=chunks(),
+        headers={**HEADERS, "content-type": "application/json"},
+        timeout=120,
+    )
+    assert response.status_code == 413, response.text[:200]
+    assert response.json()["error"]["code"] == "body_too_large"
+    assert response.json()["error"]["details"] == {"max_body_bytes": limit}
+
+
+def _codes_of(part: dict[str, Any]) -> list[str]:
+    error = part.get("properties", {}).get("error", {})
+    return list(error.get("properties", {}).get("code", {}).get("enum", ()))
+
+
+def _filled(path: str) -> str:
+    """`path` with each `{parameter}` given a plain value (the guard answers before any
+    route reads it)."""
+    return re.sub(r"\{[^}]+\}", "x1", path)
+
+
+def _declared_oversize(port: int, method: str, path: str, limit: int) -> tuple[int, bytes]:
+    """The status and body of a request whose `Content-Length` is `limit + 1`, of which
+    only a few bytes are sent (the guard refuses it from the header)."""
+    head = (
+        f"{method.upper()} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {limit + 1}\r\n"
+        f"x-api-key: {API_KEY}\r\nConnection: close\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head.encode() + b"{}")
+        received = b""
+        while b"\r\n\r\n" not in received or len(received.partition(b"\r\n\r\n")[2]) < _length(
+            received
+        ):
+            data = sock.recv(65_536)
+            if not data:
+                break
+            received += data
+    status_line, _, rest = received.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]
+
+
+def _length(received: bytes) -> int:
+    headers = received.partition(b"\r\n\r\n")[0].decode("latin-1").lower()
+    found = re.search(r"content-length:\s*(\d+)", headers)
+    return int(found.group(1)) if found else 0
 
 
 def _all_refs(schema: dict[str, Any]) -> bool:
@@ -438,8 +539,21 @@ def _fuzz(
 @pytest.mark.timeout(1200)
 def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(server: Server) -> None:
     base_url = f"http://127.0.0.1:{server.port}"
-    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json")
-    components = httpx.get(f"{base_url}/openapi.json").json()["components"]["schemas"]
+    document = httpx.get(f"{base_url}/openapi.json").json()
+    # A negative case may be too large (more records than the batch allows, a body over
+    # the guard's limit): 413, which every body-carrying operation declares
+    # (`test_every_body_route_declares_413_and_an_oversized_body_gets_it`), is a rejection.
+    config = SchemathesisConfig.from_dict(
+        {
+            "checks": {
+                "negative_data_rejection": {
+                    "expected-statuses": [*NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES, "413"]
+                }
+            }
+        }
+    )
+    schema = schemathesis.openapi.from_url(f"{base_url}/openapi.json", config=config)
+    components = document["components"]["schemas"]
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 10
     failures: list[str] = []

@@ -178,3 +178,40 @@ def test_a_streamed_path_takes_json_lines_past_the_body_limit() -> None:
             415,
             "unsupported_media_type",
         )
+
+
+def test_the_document_states_each_body_routes_limit_as_the_guard_applies_it() -> None:
+    """`build_app`'s `/openapi.json` gives each POST/PUT/PATCH operation the limit the
+    guard applies to its path (a streamed path its own) in `x-orrery-max-body-bytes` and
+    in its `413`; one byte more, declared or chunked, is that `413 body_too_large`."""
+    from fastapi import APIRouter
+
+    from contracts.openapi import operation
+    from contracts.topk import TopKRequest, TopKResponse
+    from orrery.guard import MAX_BODY_BYTES_KEY
+
+    router = APIRouter()
+    extra = operation(body=TopKRequest, ok=TopKResponse)
+
+    @router.post("/lines", openapi_extra=extra)
+    async def lines(request: Request) -> dict[str, Any]:
+        return {"bytes": sum([len(chunk) async for chunk in request.stream()])}
+
+    @router.put("/echo", openapi_extra=extra)
+    async def echo(request: Request) -> dict[str, Any]:
+        return {"length": len((await parse_body(request, Echo)).text)}
+
+    app = build_app(
+        "guarded", [router], max_body_bytes=LIMIT, stream_paths=["/lines"],
+        max_stream_bytes=LIMIT * 4,
+    )  # fmt: skip
+    with TestClient(app, raise_server_exceptions=False) as test:
+        paths = test.get("/openapi.json").json()["paths"]
+        assert "x-orrery-max-body-bytes" not in paths["/healthz"]["get"]
+        for method, path, limit in (("post", "/lines", LIMIT * 4), ("put", "/echo", LIMIT)):
+            op = paths[path][method]
+            assert op[MAX_BODY_BYTES_KEY] == limit
+            assert f"a body over {limit} bytes" in op["responses"]["413"]["description"]
+            for content in (b"x" * (limit + 1), iter([b"x" * 1_000] * (limit // 1_000 + 1))):
+                error = error_of(test.request(method, path, content=content), 413, "body_too_large")
+                assert error["details"] == {"max_body_bytes": limit}
