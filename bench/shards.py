@@ -10,7 +10,8 @@ Qdrant cluster (`tests/harness/servers.py`), the harness's Kafka, OpenSearch and
 and a server-mode `orrery serve` (response cache off) on `<root>/data`.
 
 Build: the corpus of `bench/topk.py` (seeded; titles of 3-7 pseudo-words, bodies of
-30-60, 384-d unit vectors) is POSTed and projected (the projector's generation: 1 shard,
+30-60, 384-d unit vectors clustered around 1,000 embedded topics whose words the text
+shares, `bench/synthetic.py`) is POSTed and projected (the projector's generation: 1 shard,
 no replica), then generations of 2 and 4 shards without a replica and of 3 shards with
 one replica are built and verified through the admin API. The bench then waits until
 every peer reports the collections green with their HNSW graphs built (indexed vectors
@@ -273,6 +274,7 @@ def build(dep: Deployment, documents: int) -> None:
             first = next(s for s in ready["scopes"] if s["namespace"] == NAMESPACE)
             generations[shape_name(SHAPES[0])] = first["generation_id"]
             dep.state["documents"] = documents
+            dep.state["corpus"] = "clustered"
             dep.state["ingest"] = {
                 k: v for k, v in figures.items() if isinstance(v, int | float | str)
             }
@@ -593,6 +595,7 @@ def measure(
     dep.cluster_up()
     out: dict[str, Any] = {
         "documents": dep.state["documents"],
+        "corpus": dep.state.get("corpus", "uniform"),
         "queries": count,
         "shapes": [shape_name(s) for s in SHAPES],
         "generations": dep.state["generations"],
