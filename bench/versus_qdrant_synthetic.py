@@ -125,7 +125,7 @@ console = Console(stderr=True)
 
 
 def corpus(
-    size: int, vectors: str = "clustered"
+    size: int, kind: str = "clustered"
 ) -> tuple[list[bytes], list[dict[str, Any]], np.ndarray]:
     """`bench/topk.py`'s corpus: the POST bodies, and per record (in order) what Qdrant
     gets: item id, text, payload; and the vectors (float32, as sent)."""
@@ -133,7 +133,7 @@ def corpus(
     bodies: list[bytes] = []
     rows: list[dict[str, Any]] = []
     vectors = np.empty((size, DIMENSION), dtype=np.float32)
-    for body in corpus_batches(size, BATCH, SEED, vocab, vectors=vectors):
+    for body in corpus_batches(size, BATCH, SEED, vocab, vectors=kind):
         bodies.append(body)
         for record in json.loads(body):
             vectors[len(rows)] = record["vector"]
