@@ -423,12 +423,14 @@ def lexical_search_types(dep: Deployment, queries: Sequence[QuerySpec]) -> dict[
     return {"cap": LEXICAL_CAP, "load_before": before, "load_after": loadavg(), "rows": rows}
 
 
-def qualify(dep: Deployment, workers: int, py_spy: Path | None) -> dict[str, Any]:
-    """`POST …/qualify` of the 3-shard, 1-replica generation on a server whose
-    `ORRERY_QUALIFY_WORKERS` is `workers` (with `py_spy`: sampled into that file)."""
+def qualify(
+    dep: Deployment, workers: int, py_spy: Path | None, shape: Sequence[int] = QUALIFIED
+) -> dict[str, Any]:
+    """`POST …/qualify` of the generation of `shape` (3 shards, 1 replica) on a server
+    whose `ORRERY_QUALIFY_WORKERS` is `workers` (with `py_spy`: sampled into that file)."""
     import subprocess
 
-    generation_id = dep.generation(QUALIFIED)
+    generation_id = dep.generation(shape)
     with (
         dep.server(ORRERY_QUALIFY_WORKERS=str(workers)) as server,
         server.client(timeout_s=600) as client,
@@ -454,14 +456,17 @@ def qualify(dep: Deployment, workers: int, py_spy: Path | None) -> dict[str, Any
             )
         before = loadavg()
         started = time.perf_counter()
+        cpu_before = server.cpu_seconds()
         receipt = admin(client, "POST", f"/{generation_id}/qualify", {})["receipt"]
         wall = time.perf_counter() - started
+        cpu = server.cpu_seconds() - cpu_before
         if spy is not None:
             spy.send_signal(2)
             spy.wait(timeout=120)
     return {
         "workers": workers,
-        "shape": shape_name(QUALIFIED),
+        "shape": shape_name(shape),
+        "cpu_seconds_server": round(cpu, 1),
         "wall_seconds": round(wall, 2),
         "receipt_seconds": receipt["seconds"],
         "sample_size": receipt["sample_size"],
@@ -591,6 +596,7 @@ def measure(
     skip: set[str],
     qualify_workers: Sequence[int],
     py_spy: Path | None,
+    qualify_shape: Sequence[int] = QUALIFIED,
 ) -> dict[str, Any]:
     dep.cluster_up()
     out: dict[str, Any] = {
@@ -611,7 +617,8 @@ def measure(
     if "qualify" not in skip:
         out["qualify"] = []
         for workers in qualify_workers:
-            out["qualify"].append(qualify(dep, workers, py_spy if workers == 1 else None))
+            spy = py_spy if workers == qualify_workers[0] else None
+            out["qualify"].append(qualify(dep, workers, spy, qualify_shape))
             row = out["qualify"][-1]
             print(f"qualify, {workers} worker(s): {row['wall_seconds']} s {row}", flush=True)
     with dep.server() as server, server.client(timeout_s=600) as client:
@@ -725,7 +732,15 @@ def main() -> int:
     parser.add_argument(
         "--qualify-workers", default="1,4", help="ORRERY_QUALIFY_WORKERS values to time"
     )
-    parser.add_argument("--py-spy", type=Path, help="py-spy raw profile of the 1-worker qualify")
+    parser.add_argument(
+        "--py-spy", type=Path, help="py-spy raw profile of the first --qualify-workers run"
+    )
+    parser.add_argument(
+        "--qualify-shape",
+        default=shape_name(QUALIFIED),
+        choices=[shape_name(s) for s in SHAPES[1:]],
+        help="the generation qualified",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "shards.json")
     args = parser.parse_args()
     dep = Deployment(args.data_root)
@@ -747,6 +762,7 @@ def main() -> int:
                 skip,
                 [int(w) for w in args.qualify_workers.split(",") if w],
                 args.py_spy,
+                next(s for s in SHAPES if shape_name(s) == args.qualify_shape),
             ),
         },
         timeout_s=4 * 3600,
