@@ -239,14 +239,17 @@ def indexed(dep: Deployment, shape: Sequence[int]) -> dict[str, Any]:
 
 
 def wait_indexed(dep: Deployment, timeout_s: float = 3600) -> dict[str, Any]:
-    """Every collection green on every peer, with its vectors indexed, twice in a row
-    10 s apart (the optimizer starts a few seconds after the last write)."""
+    """Every collection green on every peer with an idle optimizer, twice in a row 10 s
+    apart (the optimizer starts a few seconds after the last write). A segment under
+    Qdrant's indexing threshold (~6.5k 384-d vectors) is never given a graph, so
+    `indexed_vectors` can stay below `points` (20k in one shard: 14,288 of 20,000); the
+    counts are reported, not waited for."""
     deadline = time.monotonic() + timeout_s
     steady = 0
     while True:
         seen = {shape_name(s): indexed(dep, s) for s in SHAPES}
         done = all(
-            p["status"] == "green" and p["indexed_vectors"] >= 0.95 * p["points"]
+            p["status"] == "green" and p["optimizer"] == "ok"
             for peers in seen.values()
             for p in peers.values()
         )

@@ -299,6 +299,8 @@ class OpenSearchLexicalIndex:
         self._refresh_interval = refresh_interval
         # Text analyzer by index name: fixed for an index's life, read once per process.
         self._analyzers: dict[str, str] = {}
+        # (shards, routing shards) by index name: fixed for an index's life too.
+        self._routing: dict[str, tuple[int, int]] = {}
         self._client = OpenSearch(
             hosts=[client_url],
             timeout=REQUEST_TIMEOUT_S,
@@ -404,6 +406,7 @@ class OpenSearchLexicalIndex:
     def drop(self, generation_id: str) -> None:
         index = self.index_name(generation_id)
         self._analyzers.pop(index, None)
+        self._routing.pop(index, None)
         try:
             self._client.indices.delete(index=index)
         except TransportError as exc:
@@ -477,6 +480,7 @@ class OpenSearchLexicalIndex:
             yield reference_id
         finally:
             self._analyzers.pop(target, None)
+            self._routing.pop(target, None)
             with contextlib.suppress(OpenSearchException):
                 self._client.indices.delete(index=target, ignore_unavailable=True)
 
@@ -601,7 +605,7 @@ class OpenSearchLexicalIndex:
     def document_shard(self, generation_id: str, document_id: str) -> int:
         """The shard OpenSearch routes `document_id` to (its default routing on `_id`:
         murmur3 of the UTF-16 id, scaled through `number_of_routing_shards`)."""
-        shards, _, routing_shards = self._shape(generation_id)
+        shards, routing_shards = self._routing_of(generation_id)
         return opensearch_shard(_engine_id(document_id), shards, routing_shards)
 
     def copy_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[CopyRead]:
@@ -638,8 +642,8 @@ class OpenSearchLexicalIndex:
         return out
 
     def _shape(self, generation_id: str) -> tuple[int, int, int]:
-        """`(shards, replicas, routing shards)` of the generation's index (cached; the
-        replica count is read each time: it is the one an operator may change)."""
+        """`(shards, replicas, routing shards)` of the generation's index, read now (the
+        replica count is the one an operator may change)."""
         index = self.index_name(generation_id)
         try:
             settings = self._client.indices.get_settings(index=index)
@@ -648,11 +652,20 @@ class OpenSearchLexicalIndex:
         values = next(iter(settings.values()))["settings"]["index"]
         shards = int(values["number_of_shards"])
         routing = values.get("number_of_routing_shards")
-        return (
-            shards,
-            int(values.get("number_of_replicas", 0)),
-            int(routing) if routing else default_routing_shards(shards),
-        )
+        routing_shards = int(routing) if routing else default_routing_shards(shards)
+        self._routing[index] = (shards, routing_shards)
+        return shards, int(values.get("number_of_replicas", 0)), routing_shards
+
+    def _routing_of(self, generation_id: str) -> tuple[int, int]:
+        """`(shards, routing shards)` of the generation's index: fixed for the index's
+        life, read once (a document's shard is asked for every document a read-back
+        compares, so not one settings request each)."""
+        index = self.index_name(generation_id)
+        known = self._routing.get(index)
+        if known is None:
+            shards, _, routing_shards = self._shape(generation_id)
+            known = (shards, routing_shards)
+        return known
 
     def _stored_pairs(
         self, index: str, pace: Pace = no_pace, *, preference: str | None = None
