@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/shards.py [--data-root /tmp/orrery-bench-shards]
         [--phase build|measure|all] [--documents 100000] [--queries 200]
-        [--out docs/bench/shards.json]
+        [--qualify-shape n3r1] [--qualify-workers 1,4] [--py-spy FILE]
+        [--skip topk,lexical,qualify,caps,peer_down] [--out docs/bench/shards.json]
 
 One deployment, built once under `--data-root` and reused by every later run (`build`
 skips what `state.json` there says is done; `measure` only measures): a private 3-peer
