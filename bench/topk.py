@@ -86,6 +86,7 @@ from bench.common import (
     source_digest,
     utc_now,
 )
+from bench.synthetic import VECTOR_KINDS, Topics
 
 NAMESPACE = "bench"
 SNAPSHOT_KIND = "objects"
@@ -158,11 +159,10 @@ class Vocabulary:
 
 
 def _record(
-    index: int, rng: random.Random, vocab: Vocabulary, vector: list[float]
+    index: int, rng: random.Random, vocab: Vocabulary, vector: list[float], text: tuple[str, str]
 ) -> dict[str, Any]:
     item_id = f"obj-{index:07d}"
-    title = vocab.phrase(rng, rng.randint(3, 7))
-    body = vocab.phrase(rng, rng.randint(30, 60))
+    title, body = text
     updated_at = REFERENCE_TIME - timedelta(seconds=rng.randrange(365 * 86_400))
     payload: dict[str, Any] = {
         "memory_id": item_id,
@@ -227,16 +227,36 @@ class SpooledCorpus:
         self._file.close()
 
 
-def corpus_batches(size: int, batch_size: int, seed: int, vocab: Vocabulary) -> Iterator[bytes]:
-    """JSON bodies of `POST /v1/records`; the corpus of N is a prefix of any larger one."""
+def corpus_batches(
+    size: int, batch_size: int, seed: int, vocab: Vocabulary, *, vectors: str = "clustered"
+) -> Iterator[bytes]:
+    """JSON bodies of `POST /v1/records`; the corpus of N is a prefix of any larger one.
+
+    `vectors="clustered"` (`bench/synthetic.py`): each record belongs to a topic, its
+    vector lies near the topic's embedded centre and its text shares the topic's words;
+    `"uniform"`: i.i.d. unit vectors and Zipf text (the corpus of results committed
+    before session 12)."""
     rng = random.Random(seed)
     vector_rng = np.random.default_rng(seed)
+    topics = Topics.build(seed, vocab) if vectors == "clustered" else None
     for start in range(0, size, batch_size):
         count = min(batch_size, size - start)
-        vectors = vector_rng.standard_normal((count, DIMENSION))
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        rows = np.round(vectors, 6).tolist()
-        records = [_record(start + i, rng, vocab, rows[i]) for i in range(count)]
+        records = []
+        if topics is None:
+            matrix = vector_rng.standard_normal((count, DIMENSION))
+            matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+            rows = np.round(matrix, 6).tolist()
+            for i in range(count):
+                text = (
+                    vocab.phrase(rng, rng.randint(3, 7)),
+                    vocab.phrase(rng, rng.randint(30, 60)),
+                )
+                records.append(_record(start + i, rng, vocab, rows[i], text))
+        else:
+            for i in range(count):
+                title, body, vector = topics.document(rng, vector_rng, vocab)
+                row = np.round(vector, 6).tolist()
+                records.append(_record(start + i, rng, vocab, row, (title, body)))
         yield json.dumps(records, separators=(",", ":")).encode()
 
 
@@ -978,7 +998,9 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     generate_s = 0.0
     if built is None:
         started = time.perf_counter()
-        batches = SpooledCorpus(corpus_batches(size, args.batch_size, args.seed, vocab))
+        batches = SpooledCorpus(
+            corpus_batches(size, args.batch_size, args.seed, vocab, vectors=args.vectors)
+        )
         generate_s = time.perf_counter() - started
         console.print(f"generated {size:,} records in {generate_s:.1f} s ({len(batches)} batches)")
     else:
@@ -1217,6 +1239,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=2_000, help="records per POST")
     parser.add_argument("--seed", type=int, default=20_260_101)
     parser.add_argument(
+        "--vectors", choices=VECTOR_KINDS, default="clustered", help="bench/synthetic.py"
+    )
+    parser.add_argument(
         "--ingest-wait",
         choices=["searchable"],
         default=None,
@@ -1286,6 +1311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batch_size": args.batch_size,
             "ingest_wait": args.ingest_wait,
             "seed": args.seed,
+            "vectors": args.vectors,
             "vector_dimension": DIMENSION,
             "vocabulary_size": VOCABULARY_SIZE,
             "zipf_exponent": ZIPF_EXPONENT,

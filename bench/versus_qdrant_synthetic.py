@@ -2,14 +2,17 @@
 HNSW on both sides (100k records by default).
 
     .venv/bin/python bench/versus_qdrant_synthetic.py [--size 100000] [--queries 300]
-        [--data-root DIR] [--keep-collection] [--out docs/bench/versus_qdrant_100k.json]
+        [--data-root DIR] [--keep-collection] [--vectors clustered|uniform]
+        [--out docs/bench/versus_qdrant_100k.json]
 
 The sibling of `bench/versus_qdrant.py` (SciFact, 5,183 documents: both engines search
 the vectors by brute force there). Here:
 
 1. Corpus: `bench/topk.py`'s synthetic records (seeded; pseudo-words with Zipf
-   frequencies, 0.5-1 KB payloads, a precomputed 384-d unit vector each); the corpus
-   of N is a prefix of every larger one. Queries: `bench/topk.py`'s query texts (2-5
+   frequencies, 0.5-1 KB payloads, a precomputed 384-d unit vector each, clustered
+   around 1,000 embedded topics whose words the text shares: `bench/synthetic.py`;
+   the committed 100k session-11 run had i.i.d. vectors, `--vectors uniform`); the
+   corpus of N is a prefix of every larger one. Queries: `bench/topk.py`'s query texts (2-5
    words), unfiltered, each embedded once with Orrery's own query embedder (cached
    under `~/.cache/orrery-bench/`); Orrery embeds the text itself (its vector is
    warmed through `retrieve` before the clock), Qdrant gets the cached vector.
@@ -73,6 +76,7 @@ from bench.common import (
     serve,
     source_digest,
 )
+from bench.synthetic import VECTOR_KINDS
 from bench.topk import (
     NAMESPACE,
     SCOPE_REF,
@@ -120,14 +124,16 @@ TOPK = "/v1/external/retrieve/topk_records"
 console = Console(stderr=True)
 
 
-def corpus(size: int) -> tuple[list[bytes], list[dict[str, Any]], np.ndarray]:
+def corpus(
+    size: int, kind: str = "clustered"
+) -> tuple[list[bytes], list[dict[str, Any]], np.ndarray]:
     """`bench/topk.py`'s corpus: the POST bodies, and per record (in order) what Qdrant
     gets: item id, text, payload; and the vectors (float32, as sent)."""
     vocab = Vocabulary.build(random.Random(SEED))
     bodies: list[bytes] = []
     rows: list[dict[str, Any]] = []
     vectors = np.empty((size, DIMENSION), dtype=np.float32)
-    for body in corpus_batches(size, BATCH, SEED, vocab):
+    for body in corpus_batches(size, BATCH, SEED, vocab, vectors=kind):
         bodies.append(body)
         for record in json.loads(body):
             vectors[len(rows)] = record["vector"]
@@ -391,7 +397,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     target = qdrant_target()
     console.print(f"generating {args.size:,} records (bench/topk.py's corpus)")
-    bodies, rows, vectors = corpus(args.size)
+    bodies, rows, vectors = corpus(args.size, args.vectors)
     specs = queries(args.queries)
     console.print(f"embedding {len(specs)} query texts (cached)")
     qvectors = query_vectors([s.text for s in specs])
@@ -417,6 +423,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "queries": args.queries,
         "config": {
             "seed": SEED,
+            "vectors": args.vectors,
             "result_limit": RESULT_LIMIT,
             "warmup_queries_per_path": WARMUP_QUERIES,
             "qdrant_prefetch_limit": PREFETCH_LIMIT,
@@ -528,6 +535,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-root", type=Path, default=None, help="keep Orrery's data here")
     parser.add_argument("--collection", default=None, help="Qdrant collection name")
     parser.add_argument("--keep-collection", action="store_true")
+    parser.add_argument(
+        "--vectors", choices=VECTOR_KINDS, default="clustered", help="bench/synthetic.py"
+    )
     parser.add_argument(
         "--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "versus_qdrant_100k.json"
     )

@@ -84,26 +84,46 @@ class QualifySetup:
 class _Recording:
     """A source that remembers the candidate list of its first `search` since `last` was
     reset (the list fusion receives: the candidate search runs before a phrase plan's
-    lookups) and passes everything through."""
+    lookups) and passes everything through — once: a call with the same arguments as an
+    earlier one of this query (the next profile asks the same source the same thing)
+    gets the earlier answer, not a second engine round trip."""
 
     def __init__(self, inner: Any, rename: Mapping[str, str] | None = None) -> None:
         self._inner = inner
         self._rename = dict(rename or {})
+        self._answers: dict[tuple[Any, ...], Any] = {}
         self.last: list[Candidate] | None = None
 
+    def _call(self, method: str, generation_id: str, args: Any, kwargs: Any) -> Any:
+        key = (method, generation_id, _key(args), _key(kwargs))
+        if key not in self._answers:
+            inner = getattr(self._inner, method)
+            self._answers[key] = inner(
+                self._rename.get(generation_id, generation_id), *args, **kwargs
+            )
+        return self._answers[key]
+
     def search(self, generation_id: str, *args: Any, **kwargs: Any) -> list[Candidate]:
-        found: list[Candidate] = self._inner.search(
-            self._rename.get(generation_id, generation_id), *args, **kwargs
-        )
+        found = list(self._call("search", generation_id, args, kwargs))
         if self.last is None:
             self.last = found
         return found
 
     def scores(self, generation_id: str, *args: Any, **kwargs: Any) -> dict[str, float]:
-        scored: dict[str, float] = self._inner.scores(
-            self._rename.get(generation_id, generation_id), *args, **kwargs
-        )
-        return scored
+        return dict(self._call("scores", generation_id, args, kwargs))
+
+
+def _key(value: Any) -> Any:
+    """A hashable stand-in for call arguments that equals another's exactly when the
+    arguments are equal (vectors element by element, mappings by their items)."""
+    if isinstance(value, Mapping):
+        return ("map", tuple(sorted((str(k), _key(v)) for k, v in value.items())))
+    if isinstance(value, str | bytes | int | float | bool | type(None)):
+        return value
+    if isinstance(value, Sequence) or hasattr(value, "tolist"):
+        items = value.tolist() if hasattr(value, "tolist") else value
+        return ("seq", tuple(_key(v) for v in items))
+    return ("obj", type(value).__qualname__, repr(value))
 
 
 @dataclass(slots=True)

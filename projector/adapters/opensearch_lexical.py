@@ -34,7 +34,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -298,6 +299,8 @@ class OpenSearchLexicalIndex:
         self._refresh_interval = refresh_interval
         # Text analyzer by index name: fixed for an index's life, read once per process.
         self._analyzers: dict[str, str] = {}
+        # (shards, routing shards) by index name: fixed for an index's life too.
+        self._routing: dict[str, tuple[int, int]] = {}
         self._client = OpenSearch(
             hosts=[client_url],
             timeout=REQUEST_TIMEOUT_S,
@@ -403,6 +406,7 @@ class OpenSearchLexicalIndex:
     def drop(self, generation_id: str) -> None:
         index = self.index_name(generation_id)
         self._analyzers.pop(index, None)
+        self._routing.pop(index, None)
         try:
             self._client.indices.delete(index=index)
         except TransportError as exc:
@@ -457,12 +461,9 @@ class OpenSearchLexicalIndex:
         try:
             analyzer = self._text_analyzer(source)
             self._client.indices.delete(index=target, ignore_unavailable=True)
-            body = index_body(
-                shards=1,
-                replicas=0,
-                refresh_interval=self._refresh_interval,
-                text_analyzer=analyzer,
-            )
+            # No scheduled refresh while the copy is written (nothing else writes to
+            # it): one refresh after it, the segments made once.
+            body = index_body(shards=1, replicas=0, refresh_interval="-1", text_analyzer=analyzer)
             self._client.indices.create(index=target, body=body)
             self._analyzers[target] = analyzer
             self._copy_documents(source, target)
@@ -479,12 +480,15 @@ class OpenSearchLexicalIndex:
             yield reference_id
         finally:
             self._analyzers.pop(target, None)
+            self._routing.pop(target, None)
             with contextlib.suppress(OpenSearchException):
                 self._client.indices.delete(index=target, ignore_unavailable=True)
 
     def _copy_documents(self, source: str, target: str) -> None:
         """Every stored document of `source` into `target` (scrolled `_source`, the same
-        `_id` and external version)."""
+        `_id` and external version). A page is bulked into the target while the next
+        one is scrolled (one bulk in flight): the copy waits on the slower engine call,
+        not on their sum."""
         body = {"size": _SCROLL_PAGE, "sort": ["_doc"], "version": True}
         page = self._client.search(
             index=source,
@@ -493,53 +497,59 @@ class OpenSearchLexicalIndex:
             request_timeout=_COPY_REQUEST_TIMEOUT_S,
         )
         scroll_id = page.get("_scroll_id")
+        pending: Future[None] | None = None
         try:
-            while True:
-                hits = page["hits"]["hits"]
-                lines: list[dict[str, Any]] = []
-                for hit in hits:
-                    lines.append(
-                        {
-                            "index": {
-                                "_index": target,
-                                "_id": hit["_id"],
-                                "version": hit["_version"],
-                                "version_type": "external",
-                            }
-                        }
-                    )
-                    lines.append(hit["_source"])
-                if lines:
-                    response = self._client.bulk(
-                        body=lines,
-                        params={"filter_path": "errors,items.*.status,items.*.error"},
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="qref-bulk") as bulks:
+                while True:
+                    hits = page["hits"]["hits"]
+                    if pending is not None:
+                        pending.result()
+                        pending = None
+                    if hits:
+                        pending = bulks.submit(self._copy_page, source, target, hits)
+                    if len(hits) < _SCROLL_PAGE or scroll_id is None:
+                        break
+                    page = self._client.scroll(
+                        body={"scroll": _SCROLL_KEEPALIVE, "scroll_id": scroll_id},
                         request_timeout=_COPY_REQUEST_TIMEOUT_S,
                     )
-                    # A 409 is this very version copied already: the client retried a
-                    # bulk that timed out while the engine still applied it.
-                    refused = [
-                        item["index"]
-                        for item in response.get("items", [])
-                        if item.get("index", {}).get("error")
-                        and item["index"].get("status") not in _NO_OP_STATUSES
-                    ]
-                    if refused:
-                        raise OrreryError(
-                            ErrorCode.INTERNAL,
-                            f"copying {source} to {target}: the engine refused documents",
-                            {"engine": _ENGINE, "index": target, "first_error": refused[0]},
-                        )
-                if len(hits) < _SCROLL_PAGE or scroll_id is None:
-                    return
-                page = self._client.scroll(
-                    body={"scroll": _SCROLL_KEEPALIVE, "scroll_id": scroll_id},
-                    request_timeout=_COPY_REQUEST_TIMEOUT_S,
-                )
-                scroll_id = page.get("_scroll_id", scroll_id)
+                    scroll_id = page.get("_scroll_id", scroll_id)
+                if pending is not None:
+                    pending.result()
         finally:
             if scroll_id is not None:
                 with contextlib.suppress(OpenSearchException):
                     self._client.clear_scroll(body={"scroll_id": [scroll_id]})
+
+    def _copy_page(self, source: str, target: str, hits: Sequence[Mapping[str, Any]]) -> None:
+        lines: list[Mapping[str, Any]] = []
+        for hit in hits:
+            action = {
+                "_index": target,
+                "_id": hit["_id"],
+                "version": hit["_version"],
+                "version_type": "external",
+            }
+            lines += ({"index": action}, hit["_source"])
+        response = self._client.bulk(
+            body=lines,
+            params={"filter_path": "errors,items.*.status,items.*.error"},
+            request_timeout=_COPY_REQUEST_TIMEOUT_S,
+        )
+        # A 409 is this very version copied already: the client retried a bulk that
+        # timed out while the engine still applied it.
+        refused = [
+            item["index"]
+            for item in response.get("items", [])
+            if item.get("index", {}).get("error")
+            and item["index"].get("status") not in _NO_OP_STATUSES
+        ]
+        if refused:
+            raise OrreryError(
+                ErrorCode.INTERNAL,
+                f"copying {source} to {target}: the engine refused documents",
+                {"engine": _ENGINE, "index": target, "first_error": refused[0]},
+            )
 
     def _text_analyzer(self, index: str) -> str:
         """The text analyzer `index` was created with (its mapping's `_meta`; indexes
@@ -595,7 +605,7 @@ class OpenSearchLexicalIndex:
     def document_shard(self, generation_id: str, document_id: str) -> int:
         """The shard OpenSearch routes `document_id` to (its default routing on `_id`:
         murmur3 of the UTF-16 id, scaled through `number_of_routing_shards`)."""
-        shards, _, routing_shards = self._shape(generation_id)
+        shards, routing_shards = self._routing_of(generation_id)
         return opensearch_shard(_engine_id(document_id), shards, routing_shards)
 
     def copy_pairs(self, generation_id: str, *, pace: Pace = no_pace) -> list[CopyRead]:
@@ -632,8 +642,8 @@ class OpenSearchLexicalIndex:
         return out
 
     def _shape(self, generation_id: str) -> tuple[int, int, int]:
-        """`(shards, replicas, routing shards)` of the generation's index (cached; the
-        replica count is read each time: it is the one an operator may change)."""
+        """`(shards, replicas, routing shards)` of the generation's index, read now (the
+        replica count is the one an operator may change)."""
         index = self.index_name(generation_id)
         try:
             settings = self._client.indices.get_settings(index=index)
@@ -642,11 +652,20 @@ class OpenSearchLexicalIndex:
         values = next(iter(settings.values()))["settings"]["index"]
         shards = int(values["number_of_shards"])
         routing = values.get("number_of_routing_shards")
-        return (
-            shards,
-            int(values.get("number_of_replicas", 0)),
-            int(routing) if routing else default_routing_shards(shards),
-        )
+        routing_shards = int(routing) if routing else default_routing_shards(shards)
+        self._routing[index] = (shards, routing_shards)
+        return shards, int(values.get("number_of_replicas", 0)), routing_shards
+
+    def _routing_of(self, generation_id: str) -> tuple[int, int]:
+        """`(shards, routing shards)` of the generation's index: fixed for the index's
+        life, read once (a document's shard is asked for every document a read-back
+        compares, so not one settings request each)."""
+        index = self.index_name(generation_id)
+        known = self._routing.get(index)
+        if known is None:
+            shards, _, routing_shards = self._shape(generation_id)
+            known = (shards, routing_shards)
+        return known
 
     def _stored_pairs(
         self, index: str, pace: Pace = no_pace, *, preference: str | None = None

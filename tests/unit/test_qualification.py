@@ -147,3 +147,41 @@ def test_embedded_engines_refuse_a_spread_index(tmp_path: object) -> None:
     finally:
         index.close()
     assert BuildRequest(namespace="ns", snapshot_kind="objects", shards=3).shards == 3
+
+
+class _CountingSource:
+    """A source that answers every search with a fresh list and counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def search(self, generation_id: str, query: object, filter: object, limit: int) -> list[str]:
+        self.calls.append((generation_id, query))
+        return [f"{generation_id}:{limit}:{len(self.calls)}"]
+
+
+@given(
+    vector=st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=8),
+    limits=st.lists(st.sampled_from([10, 50, 100]), min_size=1, max_size=6),
+)
+def test_a_recording_source_asks_the_engine_once_per_distinct_search(
+    vector: list[float], limits: list[int]
+) -> None:
+    """The same search asked again within one query gets the first answer (no second
+    engine call); any differing argument — the limit, or the vector by value — is asked;
+    `last` is the first search's list and the generation is renamed before asking."""
+    import numpy as np
+
+    from contracts.index import SearchFilter
+    from query.qualify import _Recording
+
+    inner = _CountingSource()
+    source = _Recording(inner, {"g1": "g1.qref"})
+    answers = [source.search("g1", np.asarray(vector), SearchFilter(), limit) for limit in limits]
+    assert len(inner.calls) == len(set(limits))
+    assert all(call[0] == "g1.qref" for call in inner.calls)
+    for limit, answer in zip(limits, answers, strict=True):
+        assert answer == source.search("g1", list(vector), SearchFilter(), limit)
+    assert source.last == answers[0]
+    source.search("g1", [v + 1.0 for v in vector], SearchFilter(), limits[0])
+    assert len(inner.calls) == len(set(limits)) + 1
