@@ -59,7 +59,15 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import draw_chart, free_port, git_facts, machine_facts, utc_now, write_json
+from bench.common import (
+    child_processes,
+    draw_chart,
+    free_port,
+    git_facts,
+    machine_facts,
+    utc_now,
+    write_json,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOPK = "/v1/external/retrieve/topk_records"
@@ -117,12 +125,6 @@ async def _receive() -> Any:
 
 
 def micro(calls: int) -> dict[str, Any]:
-    from opentelemetry.sdk.trace.export import (
-        BatchSpanProcessor,
-        SpanExporter,
-        SpanExportResult,
-    )
-
     from orrery.logs import JsonFormatter, RequestContextFilter
     from orrery.telemetry import (
         ACCESS_LOG,
@@ -131,11 +133,7 @@ def micro(calls: int) -> dict[str, Any]:
         RequestTelemetry,
         query_observer,
     )
-    from orrery.tracing import Tracing, head_sampler, open_tracing, tracer_provider
-
-    class Discard(SpanExporter):
-        def export(self, spans: Any) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
+    from orrery.tracing import open_tracing
 
     access = logging.getLogger("orrery.access")
     access.propagate = False
@@ -146,12 +144,16 @@ def micro(calls: int) -> dict[str, Any]:
     access.setLevel(logging.INFO)
     metrics = Metrics(["bench"])
     ids_only = open_tracing(None, service="bench", roles=["bench"])
-    provider = tracer_provider(head_sampler(1.0))
-    provider.add_span_processor(BatchSpanProcessor(Discard()))
-    spans = Tracing(provider)
-    sampled_provider = tracer_provider(head_sampler(0.01))
-    sampled_provider.add_span_processor(BatchSpanProcessor(Discard()))
-    sampled = Tracing(sampled_provider)
+    # The spans go to an OTLP receiver in a process of its own (its decoding is not
+    # this process's CPU), through the exporter child, as in a server.
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "tests.harness.otlp"], cwd=REPO_ROOT, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert receiver.stdout is not None and receiver.stdin is not None
+    endpoint = receiver.stdout.readline().strip()
+    spans = open_tracing(endpoint, service="bench", roles=["bench"], sample_ratio=1.0)
+    sampled = open_tracing(endpoint, service="bench", roles=["bench"], sample_ratio=0.01)
     observabilities = {
         "off": Observability(),
         "off-b": Observability(),
@@ -196,11 +198,11 @@ def micro(calls: int) -> dict[str, Any]:
                     # next call, whose wall time it would otherwise take (in a server it
                     # runs while the event loop waits for the network).
                     ACCESS_LOG.flush()
-                elif name == "metrics+spans":
-                    spans.flush()  # the same for the span thread's work
-                elif name == "metrics+spans@0.01":
-                    sampled.flush()
+                # The spans' shipper wakes once per 50 ms whatever the calls: its work
+                # falls on whichever call runs then, of any variant.
             if i % 1000 == 999:
+                spans.flush()
+                sampled.flush()
                 # What a scrape does first: fold the queue in (off the request thread).
                 queued = len(metrics._requests)
                 started = time.thread_time_ns()
@@ -209,23 +211,30 @@ def micro(calls: int) -> dict[str, Any]:
 
     asyncio.run(run())
 
-    async def span_thread_cost(n: int) -> float:
+    async def span_export_cost(n: int) -> tuple[float, float]:
         # The process's CPU per sampled request beyond the request thread's own: what
-        # the span thread spends making its spans (the batch processor's export to the
-        # discarding exporter included).
+        # the shipper thread spends (pickling its batches, writing them to the pipe);
+        # and the exporter child's CPU per request (making and exporting the spans).
         app = apps["metrics+spans"]
         spans.flush()
+        child = _cpu_ns(_pid(spans))
         started_cpu, started_thread = time.process_time_ns(), time.thread_time_ns()
         for _ in range(n):
             await app(_scope(), _receive, _noop_send)
         own = time.thread_time_ns() - started_thread
         spans.flush(timeout=120)
-        return (time.process_time_ns() - started_cpu - own) / 1000.0 / n
+        ours = (time.process_time_ns() - started_cpu - own) / 1000.0 / n
+        return ours, (_cpu_ns(_pid(spans)) - child) / 1000.0 / n
 
-    span_thread_us = asyncio.run(span_thread_cost(min(calls, 5_000)))
+    shipper_us, child_us = asyncio.run(span_export_cost(min(calls, 5_000)))
     spans.close()
     sampled.close()
     ids_only.close()
+    receiver.stdin.write("\n")
+    receiver.stdin.flush()
+    received = int(receiver.stdout.readline())
+    receiver.stdin.close()
+    receiver.wait(timeout=60)
     # The access line's cost on the writer thread: CPU of the whole process per line,
     # lines queued by this thread and written by the writer.
     lines = min(calls, 5_000)
@@ -244,8 +253,22 @@ def micro(calls: int) -> dict[str, Any]:
         "to_response_us": {n: round(statistics.median(t), 2) for n, t in to_response.items()},
         "scrape_fold_us_per_request": round(statistics.median(flush_us), 2) if flush_us else None,
         "access_line_process_cpu_us": round(writer_us, 2),
-        "span_thread_process_cpu_us": round(span_thread_us, 2),
+        "span_shipper_process_cpu_us": round(shipper_us, 2),
+        "span_child_cpu_us": round(child_us, 2),
+        "otlp_spans_received": received,
     }
+
+
+def _pid(tracing: Any) -> int:
+    pid = tracing.spans.pid
+    assert pid is not None, "the exporter child is not running"
+    return int(pid)
+
+
+def _cpu_ns(pid: int) -> int:
+    """User + system CPU of process `pid` so far (its own, not its waited children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 # --- end to end -------------------------------------------------------------------------
@@ -355,6 +378,12 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
                 clients[name].post(TOPK, json=body(f"warm {i}"))
         texts = [f"{examples[i % len(examples)]['query_text']} {i}" for i in range(queries)]
         times: dict[str, dict[str, list[float]]] = {n: {"miss": [], "hit": []} for n in names}
+        # CPU of each server process (the figure a loaded machine hurts least), and of
+        # its children (the exporter child of `metrics+spans`), over the timed requests
+        # and the scrapes between them.
+        cpu_before = {n: _cpu_ns(procs[n].pid) for n in names}
+        children = {n: [c["pid"] for c in child_processes(procs[n].pid)] for n in names}
+        children_before = {n: sum(_cpu_ns(c) for c in children[n]) for n in names}
         load_during = []
         scrapes: dict[str, list[float]] = {n: [] for n in names}
         for kind in ("miss", "hit"):
@@ -377,11 +406,28 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
                             scrapes[name].append((time.perf_counter() - started) * 1000.0)
                             if scraped.status_code != 200:
                                 raise SystemExit(f"{name}: /metrics {scraped.status_code}")
+        requests = 2 * len(texts)
+        server_cpu = {
+            n: round((_cpu_ns(procs[n].pid) - cpu_before[n]) / 1000.0 / requests, 1) for n in names
+        }
+        children_cpu = {
+            n: round(
+                (sum(_cpu_ns(c) for c in children[n]) - children_before[n]) / 1000.0 / requests,
+                1,
+            )
+            for n in names
+            if children[n]
+        }
         rng = np.random.default_rng(25)
         _stop(procs.pop("metrics+spans"))  # its batch processor exports what it holds
         out: dict[str, Any] = {
             "load1_during": [round(x, 2) for x in load_during],
             "otlp_spans_received": len(receiver.received()),
+            "server_cpu_us_per_request": server_cpu,
+            "server_cpu_over_off_pct": {
+                n: round((v / server_cpu["off"] - 1) * 100, 2) for n, v in server_cpu.items()
+            },
+            "children_cpu_us_per_request": children_cpu,
             "scrape_every_texts": 50,
             "scrape_p50_ms": {n: round(statistics.median(v), 2) for n, v in scrapes.items() if v},
         }
@@ -477,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{micro_['to_response_us'][name]:8.2f}")  # fmt: skip
     print(f"  off the request thread: a scrape folds {micro_['scrape_fold_us_per_request']} us "
           f"per request, an access line costs {micro_['access_line_process_cpu_us']} us of "
-          f"the process, the span thread {micro_['span_thread_process_cpu_us']} us per "
+          f"the process, the span shipper {micro_['span_shipper_process_cpu_us']} us of "
+          f"the process and the exporter child {micro_['span_child_cpu_us']} us per "
           "sampled request")  # fmt: skip
     if not args.skip_e2e:
         result["end_to_end"] = end_to_end(args.queries, args.warmup)
@@ -494,6 +541,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{cell['p95_ms']:8.3f}{extra}")  # fmt: skip
         print("scrape p50 ms (untimed, every 50 texts):", result["end_to_end"]["scrape_p50_ms"])
         print("spans received over OTLP:", result["end_to_end"]["otlp_spans_received"])
+        e2e = result["end_to_end"]
+        print("server process CPU us per request:", e2e["server_cpu_us_per_request"])
+        print("  over off (%):", e2e["server_cpu_over_off_pct"])
+        print("  its children's:", e2e["children_cpu_us_per_request"])
     result["loadavg_after"] = load()
     print("loadavg", result["loadavg_before"], "->", result["loadavg_after"])
     write_json(args.out, result)

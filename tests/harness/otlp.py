@@ -85,3 +85,20 @@ class OtlpReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def main() -> None:
+    """A receiver in a process of its own (`python -m tests.harness.otlp`, benches: its
+    decoding stays out of the measured process): prints its endpoint and the number of
+    spans received so far for each line read on stdin, ends with stdin."""
+    import sys
+
+    receiver = OtlpReceiver()
+    print(receiver.endpoint, flush=True)
+    for _ in sys.stdin:
+        print(len(receiver.received()), flush=True)
+    receiver.close()
+
+
+if __name__ == "__main__":
+    main()
