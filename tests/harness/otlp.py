@@ -26,6 +26,11 @@ class Received:
     name: str
     links: tuple[tuple[str, str], ...]
     service: str
+    start_ns: int = 0
+    end_ns: int = 0
+    attributes: tuple[tuple[str, str], ...] = ()
+    error: bool = False
+    trace_state: str = ""
 
 
 class OtlpReceiver:
@@ -74,6 +79,11 @@ class OtlpReceiver:
                         span.name,
                         tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
                         attributes.get("service.name", ""),
+                        span.start_time_unix_nano,
+                        span.end_time_unix_nano,
+                        tuple((a.key, str(_value(a.value))) for a in span.attributes),
+                        span.status.code == 2,  # STATUS_CODE_ERROR
+                        span.trace_state,
                     )
                     with self.lock:
                         self.spans.append(received)
@@ -85,6 +95,11 @@ class OtlpReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    return None if kind is None else getattr(value, kind)
 
 
 def main() -> None:
