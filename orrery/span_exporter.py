@@ -42,12 +42,13 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 __all__ = ["ExporterChild", "main", "otlp_exporter"]
 
 _log = logging.getLogger("orrery.tracing")
 _HEADER = struct.Struct("!I")
+_COUNT = struct.Struct("!Q")
 # The directory holding the `orrery` package: the child imports it from there.
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -107,10 +108,12 @@ class ExporterChild:
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._dropped = 0
+        self._export_failed = 0
         self._restarts = 0
         self._failures = 0
         self._started_at = 0.0
         self._down_until = 0.0
+        self._check_at = 0.0
 
     # --- request threads ---------------------------------------------------------------
 
@@ -156,12 +159,13 @@ class ExporterChild:
         else:
             state = "restarting"
         with self._lock:
-            dropped, restarts = self._dropped, self._restarts
+            dropped, restarts, failed = self._dropped, self._restarts, self._export_failed
         return {
             "exporter": state,
             "dropped": dropped,
             "restarts": restarts,
             "pending": len(self._pending),
+            "export_failed": failed,
         }
 
     def flush(self, timeout: float) -> bool:
@@ -206,8 +210,12 @@ class ExporterChild:
                 self._now.clear()
             if self._pending:
                 self._ship()
-            else:
-                self._child()  # a health check: a dead child is noticed and restarted
+            if (self._proc is not None or self._restarts) and time.monotonic() >= self._check_at:
+                # A health check: a dead child is noticed and restarted; a live one says
+                # how many spans its exporter could not deliver.
+                self._check_at = time.monotonic() + self.health_seconds
+                if self._child() is not None:
+                    self._exchange_flush()
             if self._stopping and (not self._pending or self._child() is None):
                 break
         self._stop_child()
@@ -250,11 +258,20 @@ class ExporterChild:
         proc = self._child()
         if proc is None or proc.stdout is None or not self._write(pickle.dumps(("flush",))):
             return False
-        ready, _, _ = select.select([proc.stdout], [], [], 120.0)
-        answer = os.read(proc.stdout.fileno(), 1) if ready else b""
-        if ready and not answer:
-            self._died(proc)
-        return answer == b"1"
+        answer = b""
+        deadline = time.monotonic() + 120.0
+        while len(answer) < 1 + _COUNT.size:
+            wait = deadline - time.monotonic()
+            if wait <= 0 or not select.select([proc.stdout], [], [], wait)[0]:
+                return False  # a child this slow is not ended: its export may be stuck
+            chunk = os.read(proc.stdout.fileno(), 1 + _COUNT.size - len(answer))
+            if not chunk:
+                self._died(proc)
+                return False
+            answer += chunk
+        with self._lock:
+            self._export_failed = _COUNT.unpack_from(answer, 1)[0]
+        return answer[:1] == b"1"
 
     def _child(self) -> subprocess.Popen[bytes] | None:
         """The running child (started or restarted when due), or None while it is down."""
@@ -332,15 +349,89 @@ class ExporterChild:
 # --- the child ---------------------------------------------------------------------------
 
 
-def _read(source: IO[bytes], n: int) -> bytes | None:
-    data = source.read(n)
-    return data if data is not None and len(data) == n else None
+# The child exports what it made once a second at most, or at once 512 spans at a time.
+_EXPORT_SECONDS = 1.0
+_EXPORT_BATCH = 512
+
+
+class _Frames:
+    """Length-prefixed frames from a file descriptor (raw reads: `select` sees every
+    byte not yet taken)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = bytearray()
+
+    def next(self, timeout: float | None) -> bytes | None:
+        """The next frame's payload; None when `timeout` passed first; EOFError at the
+        end of the stream."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if len(self.buffer) >= _HEADER.size:
+                size = _HEADER.unpack_from(self.buffer)[0]
+                if len(self.buffer) >= _HEADER.size + size:
+                    payload = bytes(self.buffer[_HEADER.size : _HEADER.size + size])
+                    del self.buffer[: _HEADER.size + size]
+                    return payload
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.fd], [], [], wait)[0]:
+                return None
+            chunk = os.read(self.fd, 1 << 20)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+
+
+def _exporting_processor(exporter: Any) -> Any:
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class Exporting(SpanProcessor):
+        """Keeps the ended spans; `export` hands them to the exporter on this thread,
+        512 at a time. While the collector is slow the child blocks (its pipe fills,
+        the serving process's bounded queue drops and counts) instead of dropping spans
+        in a queue of its own, as the SDK's batch processor would. `failed`: spans the
+        exporter did not deliver (after its own retries)."""
+
+        def __init__(self) -> None:
+            self.spans: list[ReadableSpan] = []
+            self.oldest = 0.0
+            self.failed = 0
+
+        def on_end(self, span: ReadableSpan) -> None:
+            if not self.spans:
+                self.oldest = time.monotonic()
+            self.spans.append(span)
+
+        def export(self) -> None:
+            while self.spans:
+                batch = self.spans[:_EXPORT_BATCH]
+                del self.spans[:_EXPORT_BATCH]
+                try:
+                    result = exporter.export(batch)
+                except Exception:
+                    _log.exception("spans not exported")
+                    result = None
+                if result is not SpanExportResult.SUCCESS:
+                    self.failed += len(batch)
+
+        def shutdown(self) -> None:
+            self.export()
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            failed = self.failed
+            self.export()
+            return self.failed == failed
+
+    return Exporting()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The child: reads frames from stdin until ("stop",) or the end of stdin."""
+    """The child: reads frames from stdin until ("stop",) or the end of stdin; makes
+    the spans of each batch, exports them within `_EXPORT_SECONDS`; answers each flush
+    with one byte (b"1": everything exported) and the count of spans not delivered."""
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from orrery.tracing import SpanMaker, head_sampler, tracer_provider
 
@@ -353,17 +444,22 @@ def main(argv: list[str] | None = None) -> int:
     provider = tracer_provider(
         head_sampler(float(config["sample_ratio"])), Resource.create(config["resource"])
     )
-    provider.add_span_processor(BatchSpanProcessor(otlp_exporter(config["endpoint"])))
+    processor = _exporting_processor(otlp_exporter(config["endpoint"]))
+    provider.add_span_processor(processor)
     maker = SpanMaker(provider)
-    source = sys.stdin.buffer
+    frames = _Frames(sys.stdin.fileno())
     try:
         while True:
-            header = _read(source, _HEADER.size)
-            if header is None:
+            timeout = None
+            if processor.spans:
+                timeout = max(0.0, processor.oldest + _EXPORT_SECONDS - time.monotonic())
+            try:
+                payload = frames.next(timeout)
+            except EOFError:
                 break  # the serving process is gone
-            payload = _read(source, _HEADER.unpack(header)[0])
             if payload is None:
-                break
+                processor.export()
+                continue
             message = pickle.loads(payload)
             if isinstance(message, list):
                 for item in message:
@@ -371,8 +467,11 @@ def main(argv: list[str] | None = None) -> int:
                         maker.make(item)
                     except Exception:  # one bad item must not end the child
                         _log.exception("span not made")
+                if len(processor.spans) >= _EXPORT_BATCH:
+                    processor.export()
             elif message[0] == "flush":
-                answers.write(b"1" if provider.force_flush() else b"0")
+                ok = processor.force_flush()
+                answers.write((b"1" if ok else b"0") + _COUNT.pack(processor.failed))
             elif message[0] == "stop":
                 break
     finally:

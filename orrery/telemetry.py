@@ -595,7 +595,8 @@ class StateCollector(Collector):
 class TracingCollector(Collector):
     """The span export's health at scrape time (`orrery.tracing.Tracing.status`): whether
     the exporter child runs, the sampled requests and batches whose spans were dropped
-    (queue full, child down), the children that died, the items waiting."""
+    (queue full, child down), the children that died, the items waiting, the spans the
+    endpoint did not take."""
 
     def __init__(self, tracing: Tracing) -> None:
         self.tracing = tracing
@@ -621,7 +622,13 @@ class TracingCollector(Collector):
             "orrery_trace_pending", "Sampled items queued for the span exporter"
         )
         pending.add_metric([], float(status.get("pending", 0)))
-        yield from (up, dropped, restarts, pending)
+        failed = CounterMetricFamily(
+            "orrery_trace_export_failed",
+            "Spans the exporter child made but could not deliver to the OTLP endpoint "
+            "(after the exporter's retries; as of its last health check or flush)",
+        )
+        failed.add_metric([], float(status.get("export_failed", 0)))
+        yield from (up, dropped, restarts, pending, failed)
 
 
 def with_tracing_status(

@@ -72,6 +72,7 @@ def test_a_write_and_a_query_reach_an_otlp_receiver_with_their_trace_ids(
             "dropped": 0,
             "restarts": 0,
             "pending": 0,
+            "export_failed": 0,
         }
         assert readiness["ready"] is True
     finally:

@@ -202,7 +202,13 @@ def test_a_full_queue_drops_and_counts_and_a_closed_one_too(receiver: OtlpReceiv
     finally:
         tracing.close()
     _requests(tracing, 1)
-    assert tracing.status() == {"exporter": "closed", "dropped": 4, "restarts": 0, "pending": 0}
+    assert tracing.status() == {
+        "exporter": "closed",
+        "dropped": 4,
+        "restarts": 0,
+        "pending": 0,
+        "export_failed": 0,
+    }
 
 
 def test_a_killed_child_is_noticed_counted_and_replaced(receiver: OtlpReceiver) -> None:
@@ -227,5 +233,25 @@ def test_a_killed_child_is_noticed_counted_and_replaced(receiver: OtlpReceiver) 
         assert tracing.flush(120)
         assert len({s.trace_id for s in receiver.received()}) == 2
         assert tracing.status()["dropped"] == 0
+    finally:
+        tracing.close()
+
+
+def test_spans_the_endpoint_refuses_are_counted() -> None:
+    """A collector that is not there: the child's exporter gives up after its retries,
+    the flush says so and the spans it could not deliver are counted."""
+    import socket
+
+    with socket.socket() as closed:  # a port nobody listens on once closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    tracing = open_tracing(f"http://127.0.0.1:{port}/v1/traces", service="t", roles=["serve"])
+    metrics = Metrics(["serve"])
+    metrics.registry.register(TracingCollector(tracing))
+    try:
+        _requests(tracing, 2)
+        assert tracing.flush(300) is False
+        assert tracing.status()["export_failed"] == 2
+        assert metrics.registry.get_sample_value("orrery_trace_export_failed_total") == 2.0
     finally:
         tracing.close()
