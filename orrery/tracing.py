@@ -72,7 +72,15 @@ from query.ports import Answered
 if TYPE_CHECKING:
     from orrery.span_exporter import ExporterChild
 
-__all__ = ["SpanMaker", "SpanThread", "Tracing", "head_sampler", "open_tracing", "tracer_provider"]
+__all__ = [
+    "HeadSampler",
+    "SpanMaker",
+    "SpanThread",
+    "Tracing",
+    "head_sampler",
+    "open_tracing",
+    "tracer_provider",
+]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 # A W3C `traceparent`: version, trace id, parent span id, flags (version 00's four
@@ -339,6 +347,7 @@ class Tracing:
             raise ValueError("make the provider with orrery.tracing.tracer_provider")
         self.provider = provider
         self.sampler = provider.sampler
+        self._head = self.sampler if isinstance(self.sampler, HeadSampler) else None
         self.spans = spans
         self.exporting = spans is not None
         self._lock = threading.Lock()
@@ -356,18 +365,20 @@ class Tracing:
             return None
         caller = _caller(scope)
         span_id = _new_span_id()
-        if caller is None:
-            trace_id = _new_trace_id()
-            parent = _ROOT
-            random_id = _RANDOM  # `_HandedIds` draws random trace ids
-        else:
-            trace_id, parent_id, caller_flags, _ = caller
-            remote = SpanContext(trace_id, parent_id, True, TraceFlags(caller_flags))
-            parent = trace.set_span_in_context(NonRecordingSpan(remote), _ROOT)
-            random_id = caller_flags & _RANDOM
+        trace_id = _new_trace_id() if caller is None else caller[0]
+        random_id = _RANDOM if caller is None else caller[2] & _RANDOM  # `_HandedIds`: random
         method = scope["method"]
-        sampled = self.sampler.should_sample(parent, trace_id, method, SpanKind.SERVER)
-        flags = random_id | (_SAMPLED if sampled.decision is Decision.RECORD_AND_SAMPLE else 0)
+        if self._head is not None:
+            # The head sampler's decision without the SDK's objects (~15 us of them).
+            sampled = self._head.sampled(trace_id, None if caller is None else caller[2])
+        else:
+            parent = _ROOT
+            if caller is not None:
+                remote = SpanContext(trace_id, caller[1], True, TraceFlags(caller[2]))
+                parent = trace.set_span_in_context(NonRecordingSpan(remote), _ROOT)
+            decision = self.sampler.should_sample(parent, trace_id, method, SpanKind.SERVER)
+            sampled = decision.decision is Decision.RECORD_AND_SAMPLE
+        flags = random_id | (_SAMPLED if sampled else 0)
         context.trace_id = format(trace_id, "032x")
         context.traceparent = f"00-{context.trace_id}-{span_id:016x}-{flags:02x}"
         if not flags & _SAMPLED:
@@ -501,13 +512,35 @@ def _span_context(traceparent: str) -> SpanContext | None:
     return context if context.is_valid else None
 
 
-def head_sampler(ratio: float) -> Sampler:
-    """The SDK's `ParentBased(TraceIdRatioBased(ratio))`: a span with a parent is sampled
-    as its parent was (a caller's `traceparent` flag), a root span with probability
-    `ratio` by its trace id. `ValueError` outside [0, 1]."""
+class HeadSampler(ParentBased):
+    """The SDK's `ParentBased(TraceIdRatioBased(ratio))` (its default delegates: a remote
+    parent's sampled flag decides), whose decision a request's thread can also take
+    without the SDK's objects (`sampled`): the same rule, so the exporter child, asking
+    the SDK, decides the same from the same ids."""
+
+    def __init__(self, ratio: float) -> None:
+        root = TraceIdRatioBased(ratio)
+        super().__init__(root)
+        self.bound = root.bound
+
+    def sampled(self, trace_id: int, caller_flags: int | None) -> bool:
+        """The decision for a request: its caller's sampled flag, or (no caller) its
+        trace id's low 64 bits under the ratio's bound (`TraceIdRatioBased`)."""
+        if caller_flags is not None:
+            return bool(caller_flags & _SAMPLED)
+        return trace_id & _TRACE_ID_LIMIT < self.bound
+
+
+_TRACE_ID_LIMIT = TraceIdRatioBased.TRACE_ID_LIMIT
+
+
+def head_sampler(ratio: float) -> HeadSampler:
+    """The SDK's `ParentBased(TraceIdRatioBased(ratio))` (`HeadSampler`): a span with a
+    parent is sampled as its parent was (a caller's `traceparent` flag), a root span with
+    probability `ratio` by its trace id. `ValueError` outside [0, 1]."""
     if not 0.0 <= ratio <= 1.0:  # also refuses NaN
         raise ValueError(f"the trace sample ratio must be in [0, 1], not {ratio!r}")
-    return ParentBased(TraceIdRatioBased(ratio))
+    return HeadSampler(ratio)
 
 
 def open_tracing(
