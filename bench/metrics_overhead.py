@@ -11,15 +11,16 @@
    context only; the same variant twice, so their difference is the noise floor),
    `metrics`, `metrics+log` (JSON access line into /dev/null), `metrics+tracing`
    (`ORRERY_TRACING=true` without an exporter: ids only, no spans), `metrics+spans`
-   (every request sampled, the default ratio 1.0: its spans made by the span thread
-   and handed to a batch processor whose exporter discards them: the cost of
-   exporting, minus the network), `metrics+spans@0.01` (the same, head-sampled at
+   (every request sampled, the default ratio 1.0: its spans made and exported over
+   OTLP/HTTP by the exporter child, `orrery.span_exporter`, to a receiver in a process
+   of its own), `metrics+spans@0.01` (the same, head-sampled at
    `ORRERY_TRACING_SAMPLE_RATIO=0.01`). Medians of the wall time and of the CPU time of
    the request's thread, in microseconds, and the wall time until the response's body
    was sent (log work runs after it); plus what is spent off the request thread: a
    scrape's CPU per request folding the queue in, the process's CPU per access line
-   made and written by the writer thread, and the process's CPU per sampled request
-   beyond its own thread's (the span thread making its spans).
+   made and written by the writer thread, the process's CPU per sampled request beyond
+   its own thread's (the shipper pickling and writing batches to the child) and the
+   exporter child's CPU per sampled request.
 2. End to end: one `orrery serve --sample` per variant (`off`, `off-b`, `metrics`,
    `metrics+log`, `metrics+tracing`, `metrics+spans`: `ORRERY_OTLP_ENDPOINT` set, every
    request sampled at the default ratio 1.0 and exported over OTLP/HTTP to a receiver
@@ -32,6 +33,9 @@
    bootstrap 95 % interval, and `off-b` against `off` as the noise floor. Every 50
    texts the servers with metrics are scraped (`GET /metrics`, untimed), as Prometheus
    would: their queued observations are folded in then, not on the timed requests.
+   And per kind, the CPU of each server process per request (user + system from
+   /proc: the figure a loaded machine hurts least) and of its children (the exporter
+   child).
 
 Prints a table, writes JSON and a PNG. Figures are reported, never asserted.
 """
@@ -381,12 +385,14 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
         # CPU of each server process (the figure a loaded machine hurts least), and of
         # its children (the exporter child of `metrics+spans`), over the timed requests
         # and the scrapes between them.
-        cpu_before = {n: _cpu_ns(procs[n].pid) for n in names}
         children = {n: [c["pid"] for c in child_processes(procs[n].pid)] for n in names}
-        children_before = {n: sum(_cpu_ns(c) for c in children[n]) for n in names}
+        cpu_at: dict[str, dict[str, int]] = {}
+        children_at: dict[str, dict[str, int]] = {}
         load_during = []
         scrapes: dict[str, list[float]] = {n: [] for n in names}
         for kind in ("miss", "hit"):
+            cpu_at[kind] = {n: _cpu_ns(procs[n].pid) for n in names}
+            children_at[kind] = {n: sum(_cpu_ns(c) for c in children[n]) for n in names}
             for i, text in enumerate(texts):
                 shuffle.shuffle(names)
                 for name in names:
@@ -406,26 +412,29 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
                             scrapes[name].append((time.perf_counter() - started) * 1000.0)
                             if scraped.status_code != 200:
                                 raise SystemExit(f"{name}: /metrics {scraped.status_code}")
-        requests = 2 * len(texts)
-        server_cpu = {
-            n: round((_cpu_ns(procs[n].pid) - cpu_before[n]) / 1000.0 / requests, 1) for n in names
-        }
-        children_cpu = {
-            n: round(
-                (sum(_cpu_ns(c) for c in children[n]) - children_before[n]) / 1000.0 / requests,
-                1,
-            )
-            for n in names
-            if children[n]
-        }
+        cpu_at["end"] = {n: _cpu_ns(procs[n].pid) for n in names}
+        children_at["end"] = {n: sum(_cpu_ns(c) for c in children[n]) for n in names}
+        server_cpu: dict[str, dict[str, float]] = {}
+        children_cpu: dict[str, dict[str, float]] = {}
+        for kind, after in (("miss", "hit"), ("hit", "end")):
+            server_cpu[kind] = {
+                n: round((cpu_at[after][n] - cpu_at[kind][n]) / 1000.0 / len(texts), 1)
+                for n in names
+            }
+            children_cpu[kind] = {
+                n: round((children_at[after][n] - children_at[kind][n]) / 1000.0 / len(texts), 1)
+                for n in names
+                if children[n]
+            }
         rng = np.random.default_rng(25)
-        _stop(procs.pop("metrics+spans"))  # its batch processor exports what it holds
+        _stop(procs.pop("metrics+spans"))  # its exporter child exports what it holds
         out: dict[str, Any] = {
             "load1_during": [round(x, 2) for x in load_during],
             "otlp_spans_received": len(receiver.received()),
             "server_cpu_us_per_request": server_cpu,
             "server_cpu_over_off_pct": {
-                n: round((v / server_cpu["off"] - 1) * 100, 2) for n, v in server_cpu.items()
+                kind: {n: round((v / row["off"] - 1) * 100, 2) for n, v in row.items()}
+                for kind, row in server_cpu.items()
             },
             "children_cpu_us_per_request": children_cpu,
             "scrape_every_texts": 50,
