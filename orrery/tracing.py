@@ -12,22 +12,26 @@ either no span is made at all: each request still gets its W3C ids — the calle
 trace id continued, a new span id — so log lines, `query_plan.trace_id` and the
 `traceparent` a write carries through the outbox and Kafka are the same as with spans.
 
-The request's thread makes no span either way. It draws the request's ids, asks the
-sampler, and reads the clock at the start and the end; a sampled request's facts (ids,
-times, route, status, the answers its queries made) are then one tuple queued to the
-span thread, which makes the SDK spans with exactly those ids and times (the provider's
-id generator hands them over, `_HandedIds`) and passes them to the span processor —
-the export, too, is off the request's thread. Making the spans on the request's thread
-cost ~370 us of it per request (~12 % of a response-cache hit); see
-`bench/metrics_overhead.py`. `Tracing.flush` waits until every span queued before it is
-made and exported.
+The request's thread makes no span either way. It draws the request's ids, takes the
+head sampler's decision (`HeadSampler.sampled`: the SDK's rule without its objects), and
+reads the clock at the start and the end; a sampled request's facts (ids, times, route,
+status, the answers its queries made) are then one tuple queued for `SpanMaker`, which
+makes the SDK spans with exactly those ids and times (the provider's id generator hands
+them over, `_HandedIds`). With an OTLP endpoint that happens in the exporter child
+(`orrery.span_exporter`: a process of its own, fed one pickled batch per 50 ms, bounded,
+drops and restarts counted): making and exporting spans cost ~0.6 ms of Python per
+request, and on the serving interpreter that time held the GIL the request threads
+wait for (+14 % at p50 at ratio 1.0). With an exporter object (tests) a span thread of
+this process makes them (`SpanThread`). Making the spans on the request's thread cost
+~370 us of it per request; see `bench/metrics_overhead.py`. `Tracing.flush` waits
+until every span queued before it is made and exported.
 
 Spans are sampled at the head (`ORRERY_TRACING_SAMPLE_RATIO`, the SDK's
 `ParentBased(TraceIdRatioBased(ratio))`): a request continuing a caller's trace follows
 the caller's sampled flag; any other request, and each projector batch, is sampled with
-probability `ratio` by its trace id. The request's thread asks the sampler itself (the
-same sampler decides again, from the same ids, when the span thread makes the span:
-the decision depends on the trace id and the parent's flag only). An unsampled request
+probability `ratio` by its trace id. The request's thread decides itself (the SDK's
+sampler decides again, from the same ids, when the span is made: the decision depends
+on the trace id and the parent's flag only). An unsampled request
 queues nothing but keeps its W3C ids, as above; its `traceparent` says "not sampled"
 (flags `00`), so the services it calls and the writes it carries do not sample it either.
 """
