@@ -68,6 +68,10 @@ def measure(gaps_ms: list[float], requests: int) -> dict[str, Any]:
     return out
 
 
+def load() -> str:
+    return Path("/proc/loadavg").read_text().strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200, help="requests per gap")
@@ -75,7 +79,6 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "span_shipper_rate.json"
     )
     args = parser.parse_args(argv)
-    load = lambda: Path("/proc/loadavg").read_text().strip()  # noqa: E731
     result: dict[str, Any] = {
         "bench": "span_shipper_rate",
         "when": utc_now(),
