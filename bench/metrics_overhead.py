@@ -202,7 +202,7 @@ def micro(calls: int) -> dict[str, Any]:
                     # next call, whose wall time it would otherwise take (in a server it
                     # runs while the event loop waits for the network).
                     ACCESS_LOG.flush()
-                # The spans' shipper wakes once per 50 ms whatever the calls: its work
+                # The spans' shipper wakes once per 200 ms whatever the calls: its work
                 # falls on whichever call runs then, of any variant.
             if i % 1000 == 999:
                 spans.flush()

@@ -4,10 +4,11 @@ The serving process's request threads only queue one compact tuple per sampled r
 (`orrery.tracing.Tracing.end_request`). Making the SDK spans from it and exporting them
 cost ~0.6 ms of Python per request, and on the serving interpreter that time held the
 GIL the request threads wait for (+14 % at p50 at ratio 1.0). Here a shipper thread of
-the serving process wakes at most once per `batch_seconds` (50 ms), pickles what was
+the serving process wakes at most once per `batch_seconds` (200 ms), pickles what was
 queued meanwhile as one list and writes it to the child's stdin in one frame; the child
 (`python -m orrery.span_exporter`) makes the spans with exactly the recorded ids and
-times (`orrery.tracing.SpanMaker`) and exports them through the SDK's batch processor.
+times (`orrery.tracing.SpanMaker`) and exports them itself, 512 spans or 1 s at most
+after the first waiting (a slow collector blocks it rather than losing spans).
 
 Nothing is lost silently:
 - at most `max_pending` items wait for the child; more are dropped and counted
@@ -89,7 +90,7 @@ class ExporterChild:
         resource_attributes: dict[str, str],
         sample_ratio: float,
         max_pending: int = 10_000,
-        batch_seconds: float = 0.05,
+        batch_seconds: float = 0.2,
         health_seconds: float = 5.0,
     ) -> None:
         self.config = json.dumps(

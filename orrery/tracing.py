@@ -18,7 +18,7 @@ reads the clock at the start and the end; a sampled request's facts (ids, times,
 status, the answers its queries made) are then one tuple queued for `SpanMaker`, which
 makes the SDK spans with exactly those ids and times (the provider's id generator hands
 them over, `_HandedIds`). With an OTLP endpoint that happens in the exporter child
-(`orrery.span_exporter`: a process of its own, fed one pickled batch per 50 ms, bounded,
+(`orrery.span_exporter`: a process of its own, fed one pickled batch per 200 ms, bounded,
 drops and restarts counted): making and exporting spans cost ~0.6 ms of Python per
 request, and on the serving interpreter that time held the GIL the request threads
 wait for (+14 % at p50 at ratio 1.0). With an exporter object (tests) a span thread of
