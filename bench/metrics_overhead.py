@@ -11,15 +11,16 @@
    context only; the same variant twice, so their difference is the noise floor),
    `metrics`, `metrics+log` (JSON access line into /dev/null), `metrics+tracing`
    (`ORRERY_TRACING=true` without an exporter: ids only, no spans), `metrics+spans`
-   (every request sampled, the default ratio 1.0: its spans made by the span thread
-   and handed to a batch processor whose exporter discards them: the cost of
-   exporting, minus the network), `metrics+spans@0.01` (the same, head-sampled at
+   (every request sampled, the default ratio 1.0: its spans made and exported over
+   OTLP/HTTP by the exporter child, `orrery.span_exporter`, to a receiver in a process
+   of its own), `metrics+spans@0.01` (the same, head-sampled at
    `ORRERY_TRACING_SAMPLE_RATIO=0.01`). Medians of the wall time and of the CPU time of
    the request's thread, in microseconds, and the wall time until the response's body
    was sent (log work runs after it); plus what is spent off the request thread: a
    scrape's CPU per request folding the queue in, the process's CPU per access line
-   made and written by the writer thread, and the process's CPU per sampled request
-   beyond its own thread's (the span thread making its spans).
+   made and written by the writer thread, the process's CPU per sampled request beyond
+   its own thread's (the shipper pickling and writing batches to the child) and the
+   exporter child's CPU per sampled request.
 2. End to end: one `orrery serve --sample` per variant (`off`, `off-b`, `metrics`,
    `metrics+log`, `metrics+tracing`, `metrics+spans`: `ORRERY_OTLP_ENDPOINT` set, every
    request sampled at the default ratio 1.0 and exported over OTLP/HTTP to a receiver
@@ -32,6 +33,9 @@
    bootstrap 95 % interval, and `off-b` against `off` as the noise floor. Every 50
    texts the servers with metrics are scraped (`GET /metrics`, untimed), as Prometheus
    would: their queued observations are folded in then, not on the timed requests.
+   And per kind, the CPU of each server process per request (user + system from
+   /proc: the figure a loaded machine hurts least) and of its children (the exporter
+   child).
 
 Prints a table, writes JSON and a PNG. Figures are reported, never asserted.
 """
@@ -59,7 +63,15 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import draw_chart, free_port, git_facts, machine_facts, utc_now, write_json
+from bench.common import (
+    child_processes,
+    draw_chart,
+    free_port,
+    git_facts,
+    machine_facts,
+    utc_now,
+    write_json,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOPK = "/v1/external/retrieve/topk_records"
@@ -117,12 +129,6 @@ async def _receive() -> Any:
 
 
 def micro(calls: int) -> dict[str, Any]:
-    from opentelemetry.sdk.trace.export import (
-        BatchSpanProcessor,
-        SpanExporter,
-        SpanExportResult,
-    )
-
     from orrery.logs import JsonFormatter, RequestContextFilter
     from orrery.telemetry import (
         ACCESS_LOG,
@@ -131,11 +137,7 @@ def micro(calls: int) -> dict[str, Any]:
         RequestTelemetry,
         query_observer,
     )
-    from orrery.tracing import Tracing, head_sampler, open_tracing, tracer_provider
-
-    class Discard(SpanExporter):
-        def export(self, spans: Any) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
+    from orrery.tracing import open_tracing
 
     access = logging.getLogger("orrery.access")
     access.propagate = False
@@ -146,12 +148,16 @@ def micro(calls: int) -> dict[str, Any]:
     access.setLevel(logging.INFO)
     metrics = Metrics(["bench"])
     ids_only = open_tracing(None, service="bench", roles=["bench"])
-    provider = tracer_provider(head_sampler(1.0))
-    provider.add_span_processor(BatchSpanProcessor(Discard()))
-    spans = Tracing(provider)
-    sampled_provider = tracer_provider(head_sampler(0.01))
-    sampled_provider.add_span_processor(BatchSpanProcessor(Discard()))
-    sampled = Tracing(sampled_provider)
+    # The spans go to an OTLP receiver in a process of its own (its decoding is not
+    # this process's CPU), through the exporter child, as in a server.
+    receiver = subprocess.Popen(
+        [sys.executable, "-m", "tests.harness.otlp"], cwd=REPO_ROOT, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert receiver.stdout is not None and receiver.stdin is not None
+    endpoint = receiver.stdout.readline().strip()
+    spans = open_tracing(endpoint, service="bench", roles=["bench"], sample_ratio=1.0)
+    sampled = open_tracing(endpoint, service="bench", roles=["bench"], sample_ratio=0.01)
     observabilities = {
         "off": Observability(),
         "off-b": Observability(),
@@ -196,11 +202,11 @@ def micro(calls: int) -> dict[str, Any]:
                     # next call, whose wall time it would otherwise take (in a server it
                     # runs while the event loop waits for the network).
                     ACCESS_LOG.flush()
-                elif name == "metrics+spans":
-                    spans.flush()  # the same for the span thread's work
-                elif name == "metrics+spans@0.01":
-                    sampled.flush()
+                # The spans' shipper wakes once per 200 ms whatever the calls: its work
+                # falls on whichever call runs then, of any variant.
             if i % 1000 == 999:
+                spans.flush()
+                sampled.flush()
                 # What a scrape does first: fold the queue in (off the request thread).
                 queued = len(metrics._requests)
                 started = time.thread_time_ns()
@@ -209,23 +215,30 @@ def micro(calls: int) -> dict[str, Any]:
 
     asyncio.run(run())
 
-    async def span_thread_cost(n: int) -> float:
+    async def span_export_cost(n: int) -> tuple[float, float]:
         # The process's CPU per sampled request beyond the request thread's own: what
-        # the span thread spends making its spans (the batch processor's export to the
-        # discarding exporter included).
+        # the shipper thread spends (pickling its batches, writing them to the pipe);
+        # and the exporter child's CPU per request (making and exporting the spans).
         app = apps["metrics+spans"]
         spans.flush()
+        child = _cpu_ns(_pid(spans))
         started_cpu, started_thread = time.process_time_ns(), time.thread_time_ns()
         for _ in range(n):
             await app(_scope(), _receive, _noop_send)
         own = time.thread_time_ns() - started_thread
         spans.flush(timeout=120)
-        return (time.process_time_ns() - started_cpu - own) / 1000.0 / n
+        ours = (time.process_time_ns() - started_cpu - own) / 1000.0 / n
+        return ours, (_cpu_ns(_pid(spans)) - child) / 1000.0 / n
 
-    span_thread_us = asyncio.run(span_thread_cost(min(calls, 5_000)))
+    shipper_us, child_us = asyncio.run(span_export_cost(min(calls, 5_000)))
     spans.close()
     sampled.close()
     ids_only.close()
+    receiver.stdin.write("\n")
+    receiver.stdin.flush()
+    received = int(receiver.stdout.readline())
+    receiver.stdin.close()
+    receiver.wait(timeout=60)
     # The access line's cost on the writer thread: CPU of the whole process per line,
     # lines queued by this thread and written by the writer.
     lines = min(calls, 5_000)
@@ -244,8 +257,33 @@ def micro(calls: int) -> dict[str, Any]:
         "to_response_us": {n: round(statistics.median(t), 2) for n, t in to_response.items()},
         "scrape_fold_us_per_request": round(statistics.median(flush_us), 2) if flush_us else None,
         "access_line_process_cpu_us": round(writer_us, 2),
-        "span_thread_process_cpu_us": round(span_thread_us, 2),
+        "span_shipper_process_cpu_us": round(shipper_us, 2),
+        "span_child_cpu_us": round(child_us, 2),
+        "otlp_spans_received": received,
     }
+
+
+def _pid(tracing: Any) -> int:
+    pid = tracing.spans.pid
+    assert pid is not None, "the exporter child is not running"
+    return int(pid)
+
+
+def _oncpu_ns(pid: int) -> int:
+    """Nanoseconds on a CPU of the threads of `pid` alive now (/proc schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+    return total
+
+
+def _cpu_ns(pid: int) -> int:
+    """User + system CPU of process `pid` so far (its own, not its waited children's)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 # --- end to end -------------------------------------------------------------------------
@@ -355,9 +393,20 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
                 clients[name].post(TOPK, json=body(f"warm {i}"))
         texts = [f"{examples[i % len(examples)]['query_text']} {i}" for i in range(queries)]
         times: dict[str, dict[str, list[float]]] = {n: {"miss": [], "hit": []} for n in names}
+        # CPU of each server process (the figure a loaded machine hurts least), and of
+        # its children (the exporter child of `metrics+spans`), over the timed requests
+        # and the scrapes between them.
+        children = {n: [c["pid"] for c in child_processes(procs[n].pid)] for n in names}
+        cpu_at: dict[str, dict[str, int]] = {}
+        children_at: dict[str, dict[str, int]] = {}
+        oncpu_at: dict[str, dict[str, int]] = {}
+        scrape_oncpu = {k: dict.fromkeys(names, 0) for k in ("miss", "hit")}
         load_during = []
         scrapes: dict[str, list[float]] = {n: [] for n in names}
         for kind in ("miss", "hit"):
+            cpu_at[kind] = {n: _cpu_ns(procs[n].pid) for n in names}
+            oncpu_at[kind] = {n: _oncpu_ns(procs[n].pid) for n in names}
+            children_at[kind] = {n: sum(_cpu_ns(c) for c in children[n]) for n in names}
             for i, text in enumerate(texts):
                 shuffle.shuffle(names)
                 for name in names:
@@ -373,15 +422,55 @@ def end_to_end(queries: int, warmup: int) -> dict[str, Any]:
                     for name in names:
                         if VARIANTS[name]["ORRERY_METRICS"] == "true":
                             started = time.perf_counter()
+                            before = _oncpu_ns(procs[name].pid)
                             scraped = clients[name].get("/metrics")
                             scrapes[name].append((time.perf_counter() - started) * 1000.0)
+                            scrape_oncpu[kind][name] += _oncpu_ns(procs[name].pid) - before
                             if scraped.status_code != 200:
                                 raise SystemExit(f"{name}: /metrics {scraped.status_code}")
+        cpu_at["end"] = {n: _cpu_ns(procs[n].pid) for n in names}
+        oncpu_at["end"] = {n: _oncpu_ns(procs[n].pid) for n in names}
+        oncpu: dict[str, dict[str, float]] = {}
+        children_at["end"] = {n: sum(_cpu_ns(c) for c in children[n]) for n in names}
+        server_cpu: dict[str, dict[str, float]] = {}
+        children_cpu: dict[str, dict[str, float]] = {}
+        for kind, after in (("miss", "hit"), ("hit", "end")):
+            server_cpu[kind] = {
+                n: round((cpu_at[after][n] - cpu_at[kind][n]) / 1000.0 / len(texts), 1)
+                for n in names
+            }
+            oncpu[kind] = {
+                n: round(
+                    (oncpu_at[after][n] - oncpu_at[kind][n] - scrape_oncpu[kind][n])
+                    / 1000.0
+                    / len(texts),
+                    1,
+                )
+                for n in names
+            }
+            children_cpu[kind] = {
+                n: round((children_at[after][n] - children_at[kind][n]) / 1000.0 / len(texts), 1)
+                for n in names
+                if children[n]
+            }
         rng = np.random.default_rng(25)
-        _stop(procs.pop("metrics+spans"))  # its batch processor exports what it holds
+        _stop(procs.pop("metrics+spans"))  # its exporter child exports what it holds
         out: dict[str, Any] = {
             "load1_during": [round(x, 2) for x in load_during],
             "otlp_spans_received": len(receiver.received()),
+            "server_cpu_us_per_request": server_cpu,
+            "server_cpu_over_off_pct": {
+                kind: {n: round((v / row["off"] - 1) * 100, 2) for n, v in row.items()}
+                for kind, row in server_cpu.items()
+            },
+            "children_cpu_us_per_request": children_cpu,
+            # Nanosecond on-CPU time of the server's live threads (schedstat), the
+            # scrapes' own time taken out: finer than the clock ticks above.
+            "server_oncpu_us_per_request_without_scrapes": oncpu,
+            "server_oncpu_over_off_pct": {
+                kind: {n: round((v / row["off"] - 1) * 100, 2) for n, v in row.items()}
+                for kind, row in oncpu.items()
+            },
             "scrape_every_texts": 50,
             "scrape_p50_ms": {n: round(statistics.median(v), 2) for n, v in scrapes.items() if v},
         }
@@ -477,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{micro_['to_response_us'][name]:8.2f}")  # fmt: skip
     print(f"  off the request thread: a scrape folds {micro_['scrape_fold_us_per_request']} us "
           f"per request, an access line costs {micro_['access_line_process_cpu_us']} us of "
-          f"the process, the span thread {micro_['span_thread_process_cpu_us']} us per "
+          f"the process, the span shipper {micro_['span_shipper_process_cpu_us']} us of "
+          f"the process and the exporter child {micro_['span_child_cpu_us']} us per "
           "sampled request")  # fmt: skip
     if not args.skip_e2e:
         result["end_to_end"] = end_to_end(args.queries, args.warmup)
@@ -494,6 +584,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"{cell['p95_ms']:8.3f}{extra}")  # fmt: skip
         print("scrape p50 ms (untimed, every 50 texts):", result["end_to_end"]["scrape_p50_ms"])
         print("spans received over OTLP:", result["end_to_end"]["otlp_spans_received"])
+        e2e = result["end_to_end"]
+        print("server process CPU us per request:", e2e["server_cpu_us_per_request"])
+        print("  over off (%):", e2e["server_cpu_over_off_pct"])
+        print("  its children's:", e2e["children_cpu_us_per_request"])
+        print("on-CPU us per request without scrapes (schedstat):",
+              e2e["server_oncpu_us_per_request_without_scrapes"])  # fmt: skip
+        print("  over off (%):", e2e["server_oncpu_over_off_pct"])
     result["loadavg_after"] = load()
     print("loadavg", result["loadavg_before"], "->", result["loadavg_after"])
     write_json(args.out, result)

@@ -40,6 +40,7 @@ from orrery.telemetry import (
     open_observability,
     query_observer,
     state_collector,
+    with_tracing_status,
 )
 from orrery.ui import create_ui_router
 from projector.adapters.file_lock import OperatorLock
@@ -434,8 +435,9 @@ class EmbeddedStack:
             max_answer_bytes=settings.max_answer_bytes,
         )
         ports = dataclasses.replace(ports, observer=query_observer(observability))
-        gate, readers = query_routers(settings, ports, grants, admin=admin, status=loop.status)
-        observe_state(metrics, routing=ports.routing, status=loop.status, gate=gate, admin=admin)
+        status = with_tracing_status(loop.status, observability)
+        gate, readers = query_routers(settings, ports, grants, admin=admin, status=status)
+        observe_state(metrics, routing=ports.routing, status=status, gate=gate, admin=admin)
         writers = ingest_routers(
             settings,
             store,
@@ -463,7 +465,7 @@ class EmbeddedStack:
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")
-        ready = functools.partial(readiness, ports.routing, loop.status, gate)
+        ready = functools.partial(readiness, ports.routing, status, gate)
         return cls(
             settings,
             store,

@@ -368,6 +368,9 @@ class ServerStack:
             out.update(self.projector_loop.status())
         if self.relay is not None:
             out.update(self.relay.status())
+        tracing = self.observability.tracing
+        if tracing is not None and tracing.exporting:
+            out["tracing"] = tracing.status()
         return out
 
     def start(self) -> None:

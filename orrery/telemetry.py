@@ -592,6 +592,61 @@ class StateCollector(Collector):
         yield depth
 
 
+class TracingCollector(Collector):
+    """The span export's health at scrape time (`orrery.tracing.Tracing.status`): whether
+    the exporter child runs, the sampled requests and batches whose spans were dropped
+    (queue full, child down), the children that died, the items waiting, the spans the
+    endpoint did not take."""
+
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+
+    def collect(self) -> Iterator[Metric]:
+        status = self.tracing.status()
+        up = GaugeMetricFamily(
+            "orrery_trace_exporter_up",
+            "1 when the span exporter (child process or thread) runs or has nothing to do yet",
+        )
+        up.add_metric([], 0.0 if status["exporter"] == "restarting" else 1.0)
+        dropped = CounterMetricFamily(
+            "orrery_trace_dropped",
+            "Sampled requests and projector batches whose spans were not made (the "
+            "exporter's queue was full or its child was down)",
+        )
+        dropped.add_metric([], float(status["dropped"]))
+        restarts = CounterMetricFamily(
+            "orrery_trace_exporter_restarts", "Span exporter children that died"
+        )
+        restarts.add_metric([], float(status["restarts"]))
+        pending = GaugeMetricFamily(
+            "orrery_trace_pending", "Sampled items queued for the span exporter"
+        )
+        pending.add_metric([], float(status.get("pending", 0)))
+        failed = CounterMetricFamily(
+            "orrery_trace_export_failed",
+            "Spans the exporter child made but could not deliver to the OTLP endpoint "
+            "(after the exporter's retries; as of its last health check or flush)",
+        )
+        failed.add_metric([], float(status.get("export_failed", 0)))
+        yield from (up, dropped, restarts, pending, failed)
+
+
+def with_tracing_status(
+    status: Callable[[], dict[str, Any]], observability: Observability
+) -> Callable[[], dict[str, Any]]:
+    """`status` (a process's facts for `/v1/readiness`) with `tracing`: the span
+    export's health when spans are exported (`Tracing.status`). A failing exporter never
+    makes the process unready: tracing degrades, queries do not."""
+    tracing = observability.tracing
+    if tracing is None or not tracing.exporting:
+        return status
+
+    def with_tracing() -> dict[str, Any]:
+        return {**status(), "tracing": tracing.status()}
+
+    return with_tracing
+
+
 @dataclass(frozen=True, slots=True)
 class Observability:
     """What an app records per request: metrics (None: off), the access log line, spans
@@ -738,6 +793,8 @@ def open_observability(
             sample_ratio=settings.tracing_sample_ratio,
         )
         closers.append(tracing.close)
+        if metrics is not None and tracing.exporting:
+            metrics.registry.register(TracingCollector(tracing))
     access = settings.access_log if settings.access_log is not None else settings.mode == "servers"
     observability = Observability(
         metrics=metrics,

@@ -354,7 +354,8 @@ class QuerySettings(BaseSettings):
     otlp_endpoint: str | None = Field(
         default=None,
         description="OTLP/HTTP traces endpoint (http://collector:4318/v1/traces); needs the "
-        "'otlp' extra; unset = no spans are made, each request still gets W3C trace ids "
+        "'otlp' extra; spans are made and exported by an exporter child process; unset = "
+        "no spans are made, each request still gets W3C trace ids "
         "(query plans, logs, the traceparent a write carries)",
     )
 

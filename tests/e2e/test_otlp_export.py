@@ -65,6 +65,16 @@ def test_a_write_and_a_query_reach_an_otlp_receiver_with_their_trace_ids(
                 break
             assert time.monotonic() < deadline, sorted((s.name, s.trace_id) for s in spans)
             time.sleep(0.2)
+        # The spans were made and exported by the exporter child: readiness says so.
+        readiness = srv.client.get("/v1/readiness").json()
+        assert readiness["tracing"] == {
+            "exporter": "child",
+            "dropped": 0,
+            "restarts": 0,
+            "pending": 0,
+            "export_failed": 0,
+        }
+        assert readiness["ready"] is True
     finally:
         srv.stop()
 

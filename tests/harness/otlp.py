@@ -26,6 +26,11 @@ class Received:
     name: str
     links: tuple[tuple[str, str], ...]
     service: str
+    start_ns: int = 0
+    end_ns: int = 0
+    attributes: tuple[tuple[str, str], ...] = ()
+    error: bool = False
+    trace_state: str = ""
 
 
 class OtlpReceiver:
@@ -74,6 +79,11 @@ class OtlpReceiver:
                         span.name,
                         tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
                         attributes.get("service.name", ""),
+                        span.start_time_unix_nano,
+                        span.end_time_unix_nano,
+                        tuple((a.key, str(_value(a.value))) for a in span.attributes),
+                        span.status.code == 2,  # STATUS_CODE_ERROR
+                        span.trace_state,
                     )
                     with self.lock:
                         self.spans.append(received)
@@ -85,3 +95,25 @@ class OtlpReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    return None if kind is None else getattr(value, kind)
+
+
+def main() -> None:
+    """A receiver in a process of its own (`python -m tests.harness.otlp`, benches: its
+    decoding stays out of the measured process): prints its endpoint and the number of
+    spans received so far for each line read on stdin, ends with stdin."""
+    import sys
+
+    receiver = OtlpReceiver()
+    print(receiver.endpoint, flush=True)
+    for _ in sys.stdin:
+        print(len(receiver.received()), flush=True)
+    receiver.close()
+
+
+if __name__ == "__main__":
+    main()
