@@ -1025,13 +1025,13 @@ def test_edge_failed_reopen_in_the_swap_restores_the_old_shard(
     assert _leftovers(tmp_path / "edge") == []
 
 
-def test_edge_optimize_gives_up_when_too_much_is_written_meanwhile(
+def test_edge_optimize_gives_up_past_its_journal_memory_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # `max_journal_ids` bounds the journal's memory (16 bytes per point written); the
+    # default (8M) is out of reach of a 1M-point ingest, here it is 10.
     HeldChild(monkeypatch, tmp_path)  # never released: the optimize must give up by itself
-    index = QdrantEdgeVectorIndex(
-        tmp_path / "edge", tuning=_EDGE_TEST_TUNING, max_journal_documents=10
-    )
+    index = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=_EDGE_TEST_TUNING, max_journal_ids=10)
     try:
         index.create("g", DIM)
         model = Model(index, "g", DIM, seed=8)
@@ -1040,10 +1040,10 @@ def test_edge_optimize_gives_up_when_too_much_is_written_meanwhile(
         optimizer.start()
         _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
         for _ in range(4):
-            model.step()  # 3 documents each: over the limit of 10
+            model.step()  # 3 point ids each: over the limit of 10
         optimizer.join_or_fail()
         assert isinstance(optimizer.error, OrreryError)
-        assert "more than 10 documents" in optimizer.error.message
+        assert "more than 10 point ids" in optimizer.error.message
         _assert_serves_exactly(index, model)
         assert _leftovers(tmp_path / "edge") == []
     finally:
