@@ -37,9 +37,9 @@ runs it in this process; it copies, optimizes the copy in a child and swaps:
    copied file by file (holes kept) to `root/.<generation>.optimizing`. A copy of a
    flushed shard, WAL included, loads like the original (qdrant-edge's snapshot calls
    only consume snapshots a Qdrant server made; they cannot make one). From then on
-   every `apply` also records the ids of the points it touches (upserted or deleted,
-   16 bytes each, before it writes) in an in-memory journal; the live shard keeps
-   serving searches and taking writes.
+   every `apply`, once it has written (or failed to), also records the ids of the
+   points it touched (upserted or deleted, 16 bytes each) in an in-memory journal; the
+   live shard keeps serving searches and taking writes.
 2. Optimize. A child process (`python -c`, niced) loads the copy, optimizes, flushes and
    closes it. This process only waits for it, so its GIL stays free.
 3. Catch up. The optimized copy is loaded here and every journaled point is brought to
@@ -76,8 +76,8 @@ shard holds every write throughout, so the journal is simply dropped. However mu
 written meanwhile, an optimize is not thrown away for it: the journal costs 16 bytes
 per point written, and only past `max_journal_ids` (8M by default, 128 MiB: a memory
 bound no 1M-point ingest reaches) is the optimize abandoned. An `apply` that fails on
-the live shard abandons nothing either: its points were journaled before it wrote, so
-the catch-up copies whatever it left there. A crash mid-swap leaves either the old
+the live shard abandons nothing either: its points are journaled all the same, so the
+catch-up copies whatever it left there. A crash mid-swap leaves either the old
 directory at `.retired` and none
 in place (put back when the generation is next opened) or the optimized copy in place,
 complete with the journal; leftovers are removed when the generation is next opened.
@@ -199,6 +199,8 @@ _CATCH_UP_SLACK = 32
 # Points read from the live shard and written into the copy per engine call of the
 # catch-up (each call holds the GIL, as a scroll page does).
 _CATCH_UP_PAGE = 250
+# Journal positions de-duplicated at a time by the catch-up (bounds its transient memory).
+_CATCH_UP_WINDOW = 65_536
 # A journal entry: one point id (`uuid.UUID.bytes`).
 _ID_BYTES = 16
 # Point ids one optimize's journal holds at most (16 bytes each: 128 MiB). A memory
@@ -530,10 +532,14 @@ class QdrantEdgeVectorIndex:
         writes = (newest, delete_at)
         with generation.write_lock, _translated(f"apply to {generation_id}"):
             self._check_open(generation, generation_id)
-            if generation.journal is not None:
-                # Before the write: one that fails half way is caught up all the same.
-                generation.journal.record([*newest, *delete_at])
-            _write(generation.shard, writes)
+            try:
+                _write(generation.shard, writes)
+            finally:
+                # After the write, never before: the catch-up reads a journaled point
+                # from the live shard without the lock, so its state must be final by
+                # then. A write that fails half way is journaled (and caught up) too.
+                if generation.journal is not None:
+                    generation.journal.record([*newest, *delete_at])
             self._written_at[generation_id] = time.monotonic()
 
     def evidence(self, generation_id: str) -> IndexEvidence:
@@ -1159,11 +1165,16 @@ def _catch_up(
         raise DependencyUnavailable(
             DEPENDENCY, f"optimize of {generation_id} abandoned: {journal.broken}"
         )
-    pids = journal.touched(start, end)
-    with _translated(f"catch up optimized {generation_id}"):
-        for at in range(0, len(pids), _CATCH_UP_PAGE):
-            _mirror(live, staged, pids[at : at + _CATCH_UP_PAGE])
-    return len(pids)
+    caught_up = 0
+    # A window of the journal at a time: its distinct ids are Python objects (~100 bytes
+    # each); a point repeated across windows is simply caught up twice.
+    for window in range(start, end, _CATCH_UP_WINDOW):
+        pids = journal.touched(window, min(end, window + _CATCH_UP_WINDOW))
+        with _translated(f"catch up optimized {generation_id}"):
+            for at in range(0, len(pids), _CATCH_UP_PAGE):
+                _mirror(live, staged, pids[at : at + _CATCH_UP_PAGE])
+        caught_up += len(pids)
+    return caught_up
 
 
 def _mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:

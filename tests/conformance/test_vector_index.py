@@ -1187,6 +1187,7 @@ def test_edge_any_writes_during_an_optimize_leave_the_live_shard_swapped_in(
         with pytest.MonkeyPatch.context() as patch:
             child = HeldChild(patch, root)
             patch.setattr(edge_module, "_mirror", racing_mirror)
+            patch.setattr(edge_module, "_CATCH_UP_WINDOW", 3)  # ids repeat across windows
             optimizer = OptimizeThread(edge, "g")
             optimizer.start()
             _wait_for(lambda: (root / "edge" / ".g.optimizing").exists())
