@@ -660,12 +660,11 @@ class OptimizerLog:
         ended: list[float] = []
         failed: list[tuple[float, str]] = []
         lines: list[str] = []
-        for line in log_text.splitlines():
-            try:
-                # `%(asctime)s` of the server's logging config, local time
-                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            except ValueError:
+        for raw in log_text.splitlines():
+            event = _log_event(raw)
+            if event is None:
                 continue
+            stamp, line = event
             if "optimiz" not in line:
                 continue
             lines.append(line)
@@ -691,6 +690,24 @@ class OptimizerLog:
 
 
 _CHILD_SECONDS = re.compile(r"child ([0-9.]+) s")
+
+
+def _log_event(line: str) -> tuple[float, str] | None:
+    """(epoch seconds, text) of a server log line; None for lines that are no event.
+
+    The server logs JSON objects (`ts` in ISO 8601, `msg`); older ones logged
+    `%(asctime)s` (local time) and the message on one line.
+    """
+    if line.startswith("{"):
+        try:
+            event = json.loads(line)
+            return datetime.fromisoformat(event["ts"]).timestamp(), str(event["msg"])
+        except (ValueError, KeyError, TypeError):
+            return None
+    try:
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp(), line
+    except ValueError:
+        return None
 
 
 def hnsw_build(wait: Mapping[str, Any], log: OptimizerLog) -> dict[str, Any]:

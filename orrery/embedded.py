@@ -482,7 +482,9 @@ class EmbeddedStack:
 
     def start(self) -> None:
         self.loop.start()
-        self.projector.vectors.start_background_optimizer(self.settings.optimize_interval_seconds)
+        self.projector.vectors.start_background_optimizer(
+            self.settings.optimize_interval_seconds, growth=self.settings.optimize_growth
+        )
         self.gate.start()
 
     def close(self) -> None:

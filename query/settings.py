@@ -174,6 +174,16 @@ class QuerySettings(BaseSettings):
         "only): a document batch being embedded never holds a query's embedding up",
     )
     optimize_interval_seconds: float = Field(default=5.0, gt=0.0)
+    optimize_growth: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=10.0,
+        description="While a generation takes writes, its HNSW is rebuilt once the points "
+        "written since reach this fraction of the indexed ones (at least 1,000): the "
+        "builds of an ingest add up to about (1 + growth) / growth times its size, not "
+        "its square; once it is quiet for an optimize interval the rest is built. "
+        "0 = every 1,000 points",
+    )
     cache_responses: bool = True
     response_ttl_seconds: float = Field(default=300.0, gt=0.0)
 

@@ -37,18 +37,31 @@ runs it in this process; it copies, optimizes the copy in a child and swaps:
    copied file by file (holes kept) to `root/.<generation>.optimizing`. A copy of a
    flushed shard, WAL included, loads like the original (qdrant-edge's snapshot calls
    only consume snapshots a Qdrant server made; they cannot make one). From then on
-   every successful `apply` is also recorded in an in-memory journal (its resolved
-   upserts and deletes); the live shard keeps serving searches and taking writes.
+   every `apply`, once it has written (or failed to), also records the ids of the
+   points it touched (upserted or deleted, 16 bytes each) in an in-memory journal; the
+   live shard keeps serving searches and taking writes.
 2. Optimize. A child process (`python -c`, niced) loads the copy, optimizes, flushes and
    closes it. This process only waits for it, so its GIL stays free.
-3. Catch up. The optimized copy is loaded here and the journal replayed into it through
-   the write path of `apply` (idempotent on revisions): a few rounds without the write
-   lock, then the rest under it. It must then hold as many points as the live shard;
-   it is closed (flushed). `apply` waits from here to the end of the swap.
+3. Catch up. The optimized copy is loaded here and every journaled point is brought to
+   its current state in the live shard, the truth: read from it with vector and
+   payload and upserted into the copy, or deleted from the copy if the live shard no
+   longer holds it. So the catch-up is idempotent and blind to the order and kind of
+   the writes (revision rules included: the live shard already applied them). A few
+   rounds run without the write lock (a point written again after it was read is
+   journaled again, for a later round), then the rest under it. The copy must then
+   hold as many points as the live shard; it is closed (flushed). `apply` waits from
+   here to the end of the swap.
 4. Swap. The live shard is flushed, the gate of `shard_for` closes (new searches wait)
    and the swap waits until no caller holds the live shard any more (below); the live
    shard is closed, its directory renamed to `.<generation>.retired`, the copy renamed
    into place and loaded, and the gate opens. The retired directory is deleted after.
+
+When to optimize. An optimize rebuilds the HNSW of the whole shard (qdrant-edge merges it
+into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, then
++10k 28 s, then +20k 60 s), so the background optimizer waits, while a generation takes
+writes, until the unindexed points reach a fraction (`growth`, 0.25) of the indexed
+ones (`optimize_threshold`): the builds of an ingest then add up to a multiple of its
+size, not its square. Once the generation is quiet the rest is built.
 
 Pauses that remain (10k 384-d points, 2 busy CPUs, searches and writes running; the
 whole optimize 7-10 s): qdrant-edge holds the GIL in `load`, `flush` and `close` too,
@@ -59,10 +72,13 @@ so each of those stalls the whole process briefly - the longest, the swap's `loa
 A failure anywhere (copy, child exit status or signal, unexpected child output, replay,
 point count, swap) discards the copy and keeps the old shard (renamed back and reloaded
 if the swap had got that far), then `optimize` raises `DependencyUnavailable`. The old
-shard holds every write throughout, so the journal is simply dropped. An optimize is
-also abandoned when more than `max_journal_documents` are written meanwhile (the
-journal is held in memory) or an `apply` fails on the live shard (it may have changed
-it partially). A crash mid-swap leaves either the old directory at `.retired` and none
+shard holds every write throughout, so the journal is simply dropped. However much is
+written meanwhile, an optimize is not thrown away for it: the journal costs 16 bytes
+per point written, and only past `max_journal_ids` (8M by default, 128 MiB: a memory
+bound no 1M-point ingest reaches) is the optimize abandoned. An `apply` that fails on
+the live shard abandons nothing either: its points are journaled all the same, so the
+catch-up copies whatever it left there. A crash mid-swap leaves either the old
+directory at `.retired` and none
 in place (put back when the generation is next opened) or the optimized copy in place,
 complete with the journal; leftovers are removed when the generation is next opened.
 
@@ -88,6 +104,7 @@ import errno
 import gc
 import json
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -95,7 +112,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,6 +158,7 @@ __all__ = [
     "VECTOR_NAME",
     "QdrantEdgeTuning",
     "QdrantEdgeVectorIndex",
+    "optimize_threshold",
     "payload_of",
     "point_id",
     "utc_timestamp",
@@ -175,12 +193,40 @@ _DRAIN_TIMEOUT_S = 5.0
 _DRAIN_COLLECT_AFTER_S = 0.05
 _COPY_CHUNK = 1 << 20
 # Catch-up without the write lock chases new writes this many rounds at most, and stops
-# early once at most `_CATCH_UP_SLACK` are left for the round under the lock.
+# early once at most `_CATCH_UP_SLACK` point ids are left for the round under the lock.
 _CATCH_UP_ROUNDS = 3
 _CATCH_UP_SLACK = 32
+# Points read from the live shard and written into the copy per engine call of the
+# catch-up (each call holds the GIL, as a scroll page does).
+_CATCH_UP_PAGE = 250
+# Journal positions de-duplicated at a time by the catch-up (bounds its transient memory).
+_CATCH_UP_WINDOW = 65_536
+# A journal entry: one point id (`uuid.UUID.bytes`).
+_ID_BYTES = 16
+# Point ids one optimize's journal holds at most (16 bytes each: 128 MiB). A memory
+# bound, not a work bound: a 1M-point ingest rewriting every point eight times over
+# during one optimize stays below it. Past it the optimize is abandoned (old shard kept).
+_MAX_JOURNAL_IDS = 8_000_000
 # The background optimizer puts off a generation that keeps taking writes at most this
 # long (`QdrantEdgeVectorIndex._writes_flowing`).
 _MAX_DEFERRAL_S = 60.0
+# Optimize thresholds: at least this many unindexed points, and while a generation takes
+# writes at least this fraction of its indexed points (`optimize_threshold`).
+MIN_UNINDEXED = 1_000
+OPTIMIZE_GROWTH = 0.25
+
+
+def optimize_threshold(indexed: int, *, min_unindexed: int, growth: float) -> int:
+    """Unindexed points at which a shard holding `indexed` HNSW-indexed points is worth
+    an optimize: `min_unindexed`, or `growth` times `indexed` if that is more.
+
+    An optimize rebuilds the HNSW of the whole shard (qdrant-edge merges it into one
+    indexed segment), so a fixed threshold makes an ingest of N points rebuild about
+    N² / (2 · min_unindexed) points in all. Growing with the shard, each build is at
+    least (1 + growth) times the one before: the builds of an ingest of N points add up
+    to at most N · (1 + growth) / growth points (5 N at 0.25).
+    """
+    return max(1, min_unindexed, math.ceil(growth * indexed))
 
 
 def _index_params(field: str, kind: PayloadIndexKind) -> PayloadSchemaParams:
@@ -236,7 +282,9 @@ class _OptimizeReport:
     """Where one optimize spent its time, for the log."""
 
     seconds: dict[str, float] = field(default_factory=dict)
-    replayed: int = 0
+    # Point ids the journal recorded, and distinct points copied from the live shard.
+    journaled: int = 0
+    caught_up: int = 0
     searches_paused: float = 0.0
 
     @contextlib.contextmanager
@@ -251,7 +299,8 @@ class _OptimizeReport:
     def __str__(self) -> str:
         phases = ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in self.seconds.items())
         return (
-            f"{phases}; {self.replayed} writes replayed; "
+            f"{phases}; {self.journaled} point writes journaled, "
+            f"{self.caught_up} points caught up from the live shard; "
             f"searches paused {self.searches_paused * 1000:.1f} ms"
         )
 
@@ -260,33 +309,44 @@ class _Cancelled(Exception):
     """The generation was dropped or the index closed while an optimize ran."""
 
 
-@dataclass
 class _Journal:
-    """The writes `apply` made to a live shard since it was copied for an optimize.
+    """The points `apply` touched in a live shard since it was copied for an optimize.
 
-    Appended under the generation's write lock; read by the catch-up without it (only
-    appended to; `invalidate` rebinds `entries` rather than clearing it in place).
+    Only their ids, 16 bytes each (`uuid.UUID.bytes`, one per point per `apply`, repeats
+    included), never their documents: the catch-up reads each touched point's current
+    state from the live shard. Appended under the generation's write lock; read by the
+    catch-up without it (only appended to; a broken journal rebinds `_ids` rather than
+    clearing it in place). `limit` bounds the memory (ids), not the work.
     """
 
-    limit: int
-    entries: list[_Writes] = field(default_factory=list)
-    documents: int = 0
-    # Why the journal cannot bring the copy up to date (the optimize is abandoned).
-    broken: str | None = None
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._ids = bytearray()
+        # Why the journal cannot bring the copy up to date (the optimize is abandoned).
+        self.broken: str | None = None
 
-    def record(self, writes: _Writes) -> None:
+    def __len__(self) -> int:
+        return len(self._ids) // _ID_BYTES
+
+    def record(self, pids: Iterable[uuid.UUID]) -> None:
         if self.broken is not None:
             return
-        self.documents += len(writes[0]) + len(writes[1])
-        if self.documents > self.limit:
-            self.invalidate(f"more than {self.limit} documents were written meanwhile")
+        ids = b"".join(pid.bytes for pid in pids)
+        if (len(self._ids) + len(ids)) // _ID_BYTES > self.limit:
+            self.broken = f"more than {self.limit} point ids were written meanwhile"
+            self._ids = bytearray()
         else:
-            self.entries.append(writes)
+            self._ids += ids
 
-    def invalidate(self, reason: str) -> None:
-        if self.broken is None:
-            self.broken = reason
-        self.entries = []
+    def touched(self, start: int, end: int) -> list[uuid.UUID]:
+        """The distinct ids recorded at positions `start` to `end`, first seen first."""
+        ids = bytes(self._ids[start * _ID_BYTES : end * _ID_BYTES])
+        return [
+            uuid.UUID(bytes=raw)
+            for raw in dict.fromkeys(
+                ids[at : at + _ID_BYTES] for at in range(0, len(ids), _ID_BYTES)
+            )
+        ]
 
 
 @dataclass
@@ -388,12 +448,13 @@ class QdrantEdgeVectorIndex:
         root: Path | str,
         *,
         tuning: QdrantEdgeTuning | None = None,
-        max_journal_documents: int = 50_000,
+        max_journal_ids: int = _MAX_JOURNAL_IDS,
     ) -> None:
-        """`max_journal_documents`: writes held in memory during one optimize, at most."""
+        """`max_journal_ids`: point ids journaled during one optimize, at most (16 bytes
+        each; past it the optimize is abandoned, see `_MAX_JOURNAL_IDS`)."""
         self._root = Path(root)
         self._tuning = tuning or QdrantEdgeTuning()
-        self._max_journal_documents = max_journal_documents
+        self._max_journal_ids = max_journal_ids
         self._lock = threading.RLock()
         self._generations: dict[str, _Generation] = {}
         # Unindexed count at which optimize last changed nothing: retried only above it.
@@ -471,15 +532,14 @@ class QdrantEdgeVectorIndex:
         writes = (newest, delete_at)
         with generation.write_lock, _translated(f"apply to {generation_id}"):
             self._check_open(generation, generation_id)
-            journal = generation.journal
             try:
                 _write(generation.shard, writes)
-            except BaseException:
-                if journal is not None:
-                    journal.invalidate("an apply failed on the live shard")
-                raise
-            if journal is not None:
-                journal.record(writes)
+            finally:
+                # After the write, never before: the catch-up reads a journaled point
+                # from the live shard without the lock, so its state must be final by
+                # then. A write that fails half way is journaled (and caught up) too.
+                if generation.journal is not None:
+                    generation.journal.record([*newest, *delete_at])
             self._written_at[generation_id] = time.monotonic()
 
     def evidence(self, generation_id: str) -> IndexEvidence:
@@ -544,23 +604,28 @@ class QdrantEdgeVectorIndex:
 
     def unindexed_count(self, generation_id: str) -> int:
         """Points of the generation not yet covered by an HNSW graph."""
-        shard = self._reader(generation_id)
-        with _translated(f"info of {generation_id}"):
-            info = shard.info()
-            return max(0, info.points_count - info.indexed_vectors_count)
+        return self._index_counts(generation_id)[1]
 
-    def optimize_needed(self, generation_id: str, *, min_unindexed: int = 1_000) -> bool:
-        """Whether `optimize` would build HNSW for at least `min_unindexed` points.
+    def optimize_needed(
+        self,
+        generation_id: str,
+        *,
+        min_unindexed: int = MIN_UNINDEXED,
+        growth: float = OPTIMIZE_GROWTH,
+    ) -> bool:
+        """Whether `optimize` would build HNSW for enough points to be worth it.
 
-        True when that many points lack HNSW, they hold more vectors than the shard's
+        True when `optimize_threshold` points lack HNSW (`min_unindexed`, or `growth`
+        times the indexed points if more), they hold more vectors than the shard's
         indexing threshold (below it qdrant-edge leaves them unindexed anyway), and the
         last optimize that changed nothing saw fewer.
         """
         generation = self._require(generation_id)
-        unindexed = self.unindexed_count(generation_id)
+        indexed, unindexed = self._index_counts(generation_id)
         vector_kb = unindexed * (generation.dimension or 1) * 4 / 1024
+        threshold = optimize_threshold(indexed, min_unindexed=min_unindexed, growth=growth)
         return (
-            unindexed >= max(1, min_unindexed)
+            unindexed >= threshold
             and vector_kb >= generation.indexing_threshold_kb
             and unindexed > self._idle_at.get(generation_id, -1)
         )
@@ -605,18 +670,32 @@ class QdrantEdgeVectorIndex:
                 generation.shard.flush()
         return changed
 
-    def optimize_if_needed(self, generation_id: str, *, min_unindexed: int = 1_000) -> bool:
+    def optimize_if_needed(
+        self,
+        generation_id: str,
+        *,
+        min_unindexed: int = MIN_UNINDEXED,
+        growth: float = OPTIMIZE_GROWTH,
+    ) -> bool:
         """`optimize` when `optimize_needed`; returns whether segments changed."""
-        if not self.optimize_needed(generation_id, min_unindexed=min_unindexed):
+        if not self.optimize_needed(generation_id, min_unindexed=min_unindexed, growth=growth):
             return False
         return self.optimize(generation_id)
 
     def start_background_optimizer(
-        self, interval_s: float = 5.0, *, min_unindexed: int = 1_000
+        self,
+        interval_s: float = 5.0,
+        *,
+        min_unindexed: int = MIN_UNINDEXED,
+        growth: float = OPTIMIZE_GROWTH,
     ) -> None:
         """Every `interval_s`, `optimize_if_needed` each open generation, one at a time,
         except one written within the last `interval_s` (up to `_MAX_DEFERRAL_S`: an
         optimize during a stream of writes redoes them, see `_writes_flowing`).
+
+        While a generation takes writes its threshold grows with it (`growth`, see
+        `optimize_threshold`); once it was quiet for `interval_s` the rest is built as
+        soon as `min_unindexed` points lack HNSW.
 
         A daemon thread; `close()` stops it (cancelling a running optimize). A second
         call while it runs does nothing. Failures are logged and retried next round.
@@ -629,7 +708,7 @@ class QdrantEdgeVectorIndex:
             self._stop.clear()
             self._optimizer = threading.Thread(
                 target=self._optimize_loop,
-                args=(interval_s, min_unindexed),
+                args=(interval_s, min_unindexed, growth),
                 name="qdrant-edge-optimizer",
                 daemon=True,
             )
@@ -637,7 +716,7 @@ class QdrantEdgeVectorIndex:
 
     # -- optimize: copy, child, catch up, swap -------------------------------------
 
-    def _optimize_loop(self, interval_s: float, min_unindexed: int) -> None:
+    def _optimize_loop(self, interval_s: float, min_unindexed: int, growth: float) -> None:
         while not self._stop.wait(interval_s):
             with self._lock:
                 generation_ids = list(self._generations)
@@ -646,8 +725,14 @@ class QdrantEdgeVectorIndex:
                     return
                 if self._writes_flowing(generation_id, interval_s):
                     continue
+                written = self._written_at.get(generation_id)
+                quiet = written is None or time.monotonic() - written >= interval_s
                 try:
-                    self.optimize_if_needed(generation_id, min_unindexed=min_unindexed)
+                    self.optimize_if_needed(
+                        generation_id,
+                        min_unindexed=min_unindexed,
+                        growth=0.0 if quiet else growth,
+                    )
                 except OrreryError as error:
                     if error.code is not ErrorCode.NOT_FOUND and not self._stop.is_set():
                         _log.warning("optimizing %s failed: %s", generation_id, error.message)
@@ -657,12 +742,12 @@ class QdrantEdgeVectorIndex:
         written within the last `interval_s` and has not been put off for
         `_MAX_DEFERRAL_S` yet.
 
-        An optimize started while writes stream in is mostly wasted: every write made
-        meanwhile is applied twice (live shard, then the journal replay into the copy,
-        both holding the GIL), loading the copy holds the GIL too, the child takes the
-        other CPU from the writers, and past `max_journal_documents` the optimize is
-        abandoned. Search stays exact meanwhile; under writes that never pause the
-        optimize still runs once per `_MAX_DEFERRAL_S`.
+        An optimize started while writes stream in is mostly wasted: every point written
+        meanwhile is written twice (live shard, then read back from it into the copy,
+        both holding the GIL), loading the copy holds the GIL too and the child takes
+        the other CPU from the writers. Search stays exact meanwhile; under writes that
+        never pause the optimize still runs once per `_MAX_DEFERRAL_S`, when the
+        unindexed points reach the growing threshold.
         """
         now = time.monotonic()
         written = self._written_at.get(generation_id)
@@ -707,7 +792,7 @@ class QdrantEdgeVectorIndex:
                 raise DependencyUnavailable(
                     DEPENDENCY, f"copy {generation_id} to optimize it: {error}"
                 ) from error
-            generation.journal = _Journal(self._max_journal_documents)
+            generation.journal = _Journal(self._max_journal_ids)
 
     def _optimize_in_child(
         self, generation_id: str, generation: _Generation, staging: Path
@@ -752,7 +837,7 @@ class QdrantEdgeVectorIndex:
     def _catch_up_and_swap(
         self, generation_id: str, generation: _Generation, report: _OptimizeReport
     ) -> None:
-        """Steps 3 and 4: replay the journal into the optimized copy, then swap it in."""
+        """Steps 3 and 4: catch the optimized copy up with the live shard, then swap it in."""
         live, staging, retired = self._paths(generation_id)
         journal = generation.journal
         assert journal is not None  # set by _copy_live_shard, cleared only after us
@@ -760,17 +845,24 @@ class QdrantEdgeVectorIndex:
             staged = _load_shard(staging, f"load optimized {generation_id}")
         staged_open = True
         try:
-            replayed = 0
+            done = 0
             with report.timing("catch_up"):
                 for _ in range(_CATCH_UP_ROUNDS):
-                    end = len(journal.entries)
-                    replayed = _replay(staged, journal, replayed, generation_id, end)
-                    if len(journal.entries) - replayed <= _CATCH_UP_SLACK:
+                    self._check_not_cancelled(generation)
+                    end = len(journal)
+                    report.caught_up += _catch_up(
+                        generation.shard, staged, journal, done, end, generation_id
+                    )
+                    done = end
+                    if len(journal) - done <= _CATCH_UP_SLACK:
                         break
             with generation.write_lock, report.timing("writes_blocked"):
                 self._check_not_cancelled(generation)
-                replayed = _replay(staged, journal, replayed, generation_id)
-                report.replayed = replayed
+                end = len(journal)
+                report.caught_up += _catch_up(
+                    generation.shard, staged, journal, done, end, generation_id
+                )
+                report.journaled = end
                 self._ensure_payload_indexes(staged)
                 with _translated(f"check optimized {generation_id}"):
                     expected = generation.shard.info().points_count
@@ -963,6 +1055,14 @@ class QdrantEdgeVectorIndex:
                 if name not in present:
                     shard.update(UpdateOperation.create_field_index(name, schema))
 
+    def _index_counts(self, generation_id: str) -> tuple[int, int]:
+        """Points of the generation covered by an HNSW graph, and points not."""
+        shard = self._reader(generation_id)
+        with _translated(f"info of {generation_id}"):
+            info = shard.info()
+        indexed = min(info.indexed_vectors_count, info.points_count)
+        return indexed, info.points_count - indexed
+
     def _scroll_pairs(
         self, generation: _Generation, generation_id: str, pace: Pace = no_pace
     ) -> list[tuple[str, int]]:
@@ -1010,7 +1110,7 @@ class QdrantEdgeVectorIndex:
 def _write(shard: EdgeShard, writes: _Writes) -> None:
     """Apply resolved upserts, then deletes, to `shard` under the revision rules.
 
-    The write path of `apply` and of the journal replay; idempotent.
+    The write path of `apply`; idempotent.
     """
     newest, delete_at = writes
     present = _present_revisions(shard, [*newest, *delete_at])
@@ -1044,22 +1144,53 @@ def _present_revisions(shard: EdgeShard, pids: list[uuid.UUID]) -> dict[uuid.UUI
     return {_as_uuid(record.id): int((record.payload or {})["revision"]) for record in records}
 
 
-def _replay(
-    shard: EdgeShard, journal: _Journal, start: int, generation_id: str, end: int | None = None
+def _catch_up(
+    live: EdgeShard,
+    staged: EdgeShard,
+    journal: _Journal,
+    start: int,
+    end: int,
+    generation_id: str,
 ) -> int:
-    """Write journal entries `start` to `end` (default: all) into `shard`; returns `end`."""
-    entries = journal.entries
-    position = start
-    while True:
-        if journal.broken is not None:
-            raise DependencyUnavailable(
-                DEPENDENCY, f"optimize of {generation_id} abandoned: {journal.broken}"
-            )
-        if position >= (len(entries) if end is None else end):
-            return position
-        with _translated(f"replay writes into optimized {generation_id}"):
-            _write(shard, entries[position])
-        position += 1
+    """Bring the points journaled at positions `start` to `end` in `staged` to their
+    state in `live`; returns how many distinct points that was.
+
+    The live shard is the truth: each point is copied as it is there now (vector and
+    payload) or deleted if it is not there, whatever the writes that touched it were
+    and in whatever order they came, so catching a point up twice is harmless. Without
+    the write lock a point may change again after it is read: that write journals it
+    again, at a position past `end`, for a later round.
+    """
+    if journal.broken is not None:
+        raise DependencyUnavailable(
+            DEPENDENCY, f"optimize of {generation_id} abandoned: {journal.broken}"
+        )
+    caught_up = 0
+    # A window of the journal at a time: its distinct ids are Python objects (~100 bytes
+    # each); a point repeated across windows is simply caught up twice.
+    for window in range(start, end, _CATCH_UP_WINDOW):
+        pids = journal.touched(window, min(end, window + _CATCH_UP_WINDOW))
+        with _translated(f"catch up optimized {generation_id}"):
+            for at in range(0, len(pids), _CATCH_UP_PAGE):
+                _mirror(live, staged, pids[at : at + _CATCH_UP_PAGE])
+        caught_up += len(pids)
+    return caught_up
+
+
+def _mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:
+    """Make `target` hold exactly what `source` holds of the points `pids`."""
+    ids: list[PointId] = list(pids)
+    records = source.retrieve(ids, with_payload=True, with_vector=True)
+    present: dict[uuid.UUID, Point] = {}
+    for record in records:
+        pid = _as_uuid(record.id)
+        assert record.vector is not None  # asked for
+        present[pid] = Point(pid, record.vector, record.payload)
+    if present:
+        target.update(UpdateOperation.upsert_points(list(present.values())))
+    absent: list[PointId] = [pid for pid in pids if pid not in present]
+    if absent:
+        target.update(UpdateOperation.delete_points(absent))
 
 
 def _load_shard(path: Path, action: str) -> EdgeShard:

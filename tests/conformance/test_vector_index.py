@@ -22,10 +22,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from qdrant_client import QdrantClient
-from qdrant_edge import EdgeShard, Query, QueryRequest, SearchParams
+from qdrant_edge import EdgeShard, Query, QueryRequest, ScrollRequest, SearchParams
 
 from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
@@ -36,6 +39,7 @@ from projector.adapters.qdrant_edge_vectors import (
     VECTOR_NAME,
     QdrantEdgeTuning,
     QdrantEdgeVectorIndex,
+    optimize_threshold,
     point_id,
 )
 from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
@@ -1026,13 +1030,13 @@ def test_edge_failed_reopen_in_the_swap_restores_the_old_shard(
     assert _leftovers(tmp_path / "edge") == []
 
 
-def test_edge_optimize_gives_up_when_too_much_is_written_meanwhile(
+def test_edge_optimize_gives_up_past_its_journal_memory_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # `max_journal_ids` bounds the journal's memory (16 bytes per point written); the
+    # default (8M) is out of reach of a 1M-point ingest, here it is 10.
     HeldChild(monkeypatch, tmp_path)  # never released: the optimize must give up by itself
-    index = QdrantEdgeVectorIndex(
-        tmp_path / "edge", tuning=_EDGE_TEST_TUNING, max_journal_documents=10
-    )
+    index = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=_EDGE_TEST_TUNING, max_journal_ids=10)
     try:
         index.create("g", DIM)
         model = Model(index, "g", DIM, seed=8)
@@ -1041,14 +1045,233 @@ def test_edge_optimize_gives_up_when_too_much_is_written_meanwhile(
         optimizer.start()
         _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
         for _ in range(4):
-            model.step()  # 3 documents each: over the limit of 10
+            model.step()  # 3 point ids each: over the limit of 10
         optimizer.join_or_fail()
         assert isinstance(optimizer.error, OrreryError)
-        assert "more than 10 documents" in optimizer.error.message
+        assert "more than 10 point ids" in optimizer.error.message
         _assert_serves_exactly(index, model)
         assert _leftovers(tmp_path / "edge") == []
     finally:
         index.close()
+
+
+def _points(index: QdrantEdgeVectorIndex) -> dict[str, tuple[object, object]]:
+    """Every point of the generation "g": id -> (payload, vector), as stored."""
+    out: dict[str, tuple[object, object]] = {}
+    offset = None
+    shard = index.shard_for("g")
+    while True:
+        records, offset = shard.scroll(
+            ScrollRequest(offset=offset, limit=1_000, with_payload=True, with_vector=True)
+        )
+        for record in records:
+            out[str(record.id)] = (record.payload, record.vector)
+        if offset is None:
+            return out
+
+
+class Twins:
+    """The same writes to two indexes: `edge` (optimized) and `twin` (never optimized)."""
+
+    def __init__(self, edge: QdrantEdgeVectorIndex, twin: QdrantEdgeVectorIndex) -> None:
+        self.edge = edge
+        self.twin = twin
+        for index in (edge, twin):
+            index.create("g", DIM)
+
+    def apply(self, upserts: list[IndexDocument], deletes: list[tuple[str, int]]) -> None:
+        for index in (self.edge, self.twin):
+            index.apply("g", upserts, deletes)
+
+
+def _random_unit(rng: random.Random) -> tuple[float, ...]:
+    return unit(*(rng.gauss(0.0, 1.0) for _ in range(DIM)))
+
+
+def test_edge_optimize_is_never_abandoned_for_the_volume_written_meanwhile(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """60k documents written during one optimize (the journal of whole documents gave
+    up past 50k), ids rewritten, deleted and brought back at an older revision: the
+    swapped-in shard holds exactly what a never-optimized twin holds, point for point
+    (ids, payloads with revisions, vectors)."""
+    child = HeldChild(monkeypatch, tmp_path)
+    twin = QdrantEdgeVectorIndex(tmp_path / "twin", tuning=_EDGE_TEST_TUNING)
+    try:
+        twins = Twins(edge, twin)
+        rng = random.Random(21)
+        twins.apply([doc(f"a{i}", vector=_random_unit(rng)) for i in range(300)], [])
+        optimizer = OptimizeThread(edge, "g")
+        optimizer.start()
+        _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+        for batch in range(60):
+            twins.apply([doc(f"b{batch}-{i}", vector=_random_unit(rng)) for i in range(1_000)], [])
+        for revision in range(2, 6):  # the same ids again and again
+            twins.apply(
+                [doc(f"a{i}", revision, vector=_random_unit(rng)) for i in range(0, 300, 3)],
+                [(f"a{i}", revision) for i in range(1, 300, 7)],
+            )
+        twins.apply([doc("a1", 1, vector=_random_unit(rng))], [])  # back, at an older revision
+        twins.apply([], [(f"b7-{i}", 1) for i in range(1_000)])  # a whole batch deleted
+        child.release()
+        optimizer.join_or_fail(600.0)
+        assert (optimizer.error, optimizer.result) == (None, True)
+        assert edge.shard_for("g").info().indexed_vectors_count > 0
+        expected = _points(twin)
+        assert len(expected) == 300 + 60_000 - 1_000 - len(range(1, 300, 7)) + 1
+        assert _points(edge) == expected
+        assert _leftovers(tmp_path / "edge") == []
+    finally:
+        twin.close()
+
+
+_POOL = ["p0", "p1", "p2", "p3", "p4", "p5", "p300", "p301", "p302"]  # p3xx: new ids
+_WRITE = st.tuples(
+    st.booleans(),  # upsert (else delete)
+    st.sampled_from(_POOL),
+    st.integers(1, 4),  # revision
+    st.integers(0, 3),  # which vector
+)
+_VECTORS = [unit(1, 0, 0, 0), unit(0, 1, 0, 0), unit(1, 1, 0, 1), unit(-1, 2, 3, 0)]
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    during_child=st.lists(st.lists(_WRITE, min_size=1, max_size=4), max_size=12),
+    during_catch_up=st.lists(st.lists(_WRITE, min_size=1, max_size=4), max_size=6),
+)
+def test_edge_any_writes_during_an_optimize_leave_the_live_shard_swapped_in(
+    tmp_path_factory: pytest.TempPathFactory,
+    during_child: list[list[tuple[bool, str, int, int]]],
+    during_catch_up: list[list[tuple[bool, str, int, int]]],
+) -> None:
+    """Any upserts and deletes, while the child optimizes the copy and while the
+    catch-up reads the live shard (after its read of a point, before the write into the
+    copy): the shard swapped in holds exactly what a never-optimized twin holds."""
+    root = tmp_path_factory.mktemp("interleaved")
+    edge = QdrantEdgeVectorIndex(root / "edge", tuning=_EDGE_TEST_TUNING)
+    twin = QdrantEdgeVectorIndex(root / "twin", tuning=_EDGE_TEST_TUNING)
+    try:
+        twins = Twins(edge, twin)
+
+        def write(calls: list[list[tuple[bool, str, int, int]]]) -> None:
+            for call in calls:
+                twins.apply(
+                    [doc(i, r, vector=_VECTORS[v]) for upsert, i, r, v in call if upsert],
+                    [(i, r) for upsert, i, r, _ in call if not upsert],
+                )
+
+        twins.apply([doc(f"p{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
+        write_lock = edge._generations["g"].write_lock
+        mirror = edge_module._mirror
+        pending = list(during_catch_up)
+
+        class Racing:
+            """The live shard, written to right after each read (if the lock is free)."""
+
+            def __init__(self, shard: EdgeShard) -> None:
+                self._shard = shard
+
+            def retrieve(self, *args: Any, **kwargs: Any) -> Any:
+                records = self._shard.retrieve(*args, **kwargs)
+                if pending and not write_lock.locked():
+                    write([pending.pop(0)])
+                return records
+
+        def racing_mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:
+            mirror(cast(EdgeShard, Racing(source)), target, pids)
+
+        with pytest.MonkeyPatch.context() as patch:
+            child = HeldChild(patch, root)
+            patch.setattr(edge_module, "_mirror", racing_mirror)
+            patch.setattr(edge_module, "_CATCH_UP_WINDOW", 3)  # ids repeat across windows
+            optimizer = OptimizeThread(edge, "g")
+            optimizer.start()
+            _wait_for(lambda: (root / "edge" / ".g.optimizing").exists())
+            write(during_child)
+            if not during_child:
+                write([[(True, "p0", 1, 0)]])  # the catch-up has something to read
+            child.release()
+            optimizer.join_or_fail()
+        assert (optimizer.error, optimizer.result) == (None, True)
+        write(pending)  # what the catch-up had no round left for: after the swap
+        assert _points(edge) == _points(twin)
+        assert edge.evidence("g") == twin.evidence("g")
+    finally:
+        edge.close()
+        twin.close()
+
+
+def test_optimize_threshold_grows_with_the_shard() -> None:
+    assert optimize_threshold(0, min_unindexed=1_000, growth=0.25) == 1_000
+    assert optimize_threshold(3_999, min_unindexed=1_000, growth=0.25) == 1_000
+    assert optimize_threshold(4_001, min_unindexed=1_000, growth=0.25) == 1_001
+    assert optimize_threshold(1_000_000, min_unindexed=1_000, growth=0.25) == 250_000
+    assert optimize_threshold(1_000_000, min_unindexed=1_000, growth=0.0) == 1_000
+    assert optimize_threshold(0, min_unindexed=0, growth=0.0) == 1
+
+
+def _rebuilt_points(batches: list[int], *, min_unindexed: int, growth: float) -> int:
+    """Points an ingest of `batches` rebuilds when each optimize rebuilds the shard and
+    runs as soon as the threshold is reached after a batch."""
+    size = indexed = rebuilt = 0
+    for batch in batches:
+        size += batch
+        if size - indexed >= optimize_threshold(
+            indexed, min_unindexed=min_unindexed, growth=growth
+        ):
+            rebuilt += size
+            indexed = size
+    return rebuilt
+
+
+@given(
+    batches=st.lists(st.integers(1, 5_000), min_size=1, max_size=300),
+    min_unindexed=st.integers(0, 5_000),
+    growth=st.floats(0.05, 2.0),
+)
+def test_optimize_threshold_keeps_the_builds_of_an_ingest_linear(
+    batches: list[int], min_unindexed: int, growth: float
+) -> None:
+    # Each build is at least (1 + growth) times the one before: a geometric series.
+    rebuilt = _rebuilt_points(batches, min_unindexed=min_unindexed, growth=growth)
+    assert rebuilt <= sum(batches) * (1 + growth) / growth
+
+
+def test_optimize_threshold_at_100k_in_batches_of_2k() -> None:
+    batches = [2_000] * 50
+    flat = _rebuilt_points(batches, min_unindexed=1_000, growth=0.0)
+    growing = _rebuilt_points(batches, min_unindexed=1_000, growth=0.25)
+    assert flat == sum(range(2_000, 100_001, 2_000))  # 2.55M: every batch rebuilds all
+    assert growing <= 500_000
+
+
+def test_edge_optimize_needed_grows_with_the_indexed_points(edge: QdrantEdgeVectorIndex) -> None:
+    edge.create("g", DIM)
+    edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(400)], [])
+    assert edge.optimize_if_needed("g", min_unindexed=10, growth=0.25)  # nothing indexed yet
+    edge.apply("g", [doc(f"y{i}", vector=unit(1, i, 1, 0)) for i in range(99)], [])
+    assert not edge.optimize_needed("g", min_unindexed=10, growth=0.25)  # 99 < 400 / 4
+    assert edge.optimize_needed("g", min_unindexed=10, growth=0.0)
+    edge.apply("g", [doc("y99", vector=unit(0, 0, 1, 1))], [])
+    assert edge.optimize_needed("g", min_unindexed=10, growth=0.25)  # 100 of 400
+
+
+def test_edge_background_optimizer_builds_the_rest_once_quiet(
+    edge: QdrantEdgeVectorIndex,
+) -> None:
+    # A threshold of 10x the indexed points holds while writes flow, never once quiet.
+    edge.create("g", DIM)
+    edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
+    assert edge.optimize("g")
+    edge.apply("g", [doc(f"y{i}", vector=unit(1, i, 1, 0)) for i in range(100)], [])
+    assert not edge.optimize_needed("g", min_unindexed=10, growth=10.0)
+    edge.start_background_optimizer(0.05, min_unindexed=10, growth=10.0)
+    _wait_for(lambda: edge.unindexed_count("g") == 0)
 
 
 def test_edge_one_optimize_per_generation(
