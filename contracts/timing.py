@@ -4,10 +4,6 @@ against which the server's own stage times are compared (`QueryPlan.engine_ms`).
 Adapters wrap each call into an engine library in `engine_call(name)`; a request that
 wants the totals opens an `engine_clock()` around its work. Outside a clock the calls
 are not timed (no cost beyond one context-variable read). Stdlib only, no I/O.
-
-`engine_entry(event)` marks a block whose first engine call sets `event` as it starts:
-a caller that runs a search on another thread waits on it to know when that thread has
-gone into the engine (and, for a driver that lets the GIL go there, stopped needing it).
 """
 
 from __future__ import annotations
@@ -18,12 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["engine_call", "engine_clock", "engine_entry"]
+__all__ = ["engine_call", "engine_clock"]
 
 _TOTALS: ContextVar[dict[str, float] | None] = ContextVar("orrery_engine_ms", default=None)
 # A request's calls may run on two threads at once (`query.overlap`), adding to one dict.
 _ADD = threading.Lock()
-_ENTRY: ContextVar[threading.Event | None] = ContextVar("orrery_engine_entry", default=None)
 
 
 @contextmanager
@@ -40,24 +35,8 @@ def engine_clock() -> Iterator[dict[str, float]]:
 
 
 @contextmanager
-def engine_entry(event: threading.Event) -> Iterator[None]:
-    """Set `event` when the block's first `engine_call` starts (at once if it makes none,
-    when the block ends), so a waiter is never left waiting on a call that never came."""
-    token = _ENTRY.set(event)
-    try:
-        yield
-    finally:
-        _ENTRY.reset(token)
-        event.set()
-
-
-@contextmanager
 def engine_call(engine: str) -> Iterator[None]:
-    """Add the block's wall time to `engine` of the current clock, if there is one; tell
-    the `engine_entry` waiter, if any, that an engine call is starting."""
-    entry = _ENTRY.get()
-    if entry is not None:
-        entry.set()
+    """Add the block's wall time to `engine` of the current clock, if there is one."""
     totals = _TOTALS.get()
     if totals is None:
         yield

@@ -175,10 +175,9 @@ def embedded_query_ports(
         scopes=ScopeResolver(routing, scopes, holds=records.holds),
         cursors=cursors,
         # The lexical search beside the vector one (`QueryPorts.vector_overlap`), the
-        # score lookups one after the other: tantivy's search lets the GIL go and
-        # qdrant-edge's keeps it, so the two searches compute at once only when tantivy
-        # is entered first (`_search_lexical_beside`); a score lookup beside the memo's
-        # re-score (Python, GIL) gained nothing in a paired A/B.
+        # score lookups one after the other: on two cores every other arrangement gained
+        # nothing (docs/ARCHITECTURE.md; tantivy's search lets the GIL go, qdrant-edge's
+        # keeps it while its own threads compute).
         overlap=None,
         vector_overlap=shared_source_pool(),
     )

@@ -18,17 +18,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Generic, TypeVar
 
-from contracts.timing import engine_entry
-
 __all__ = ["DeadlinePassed", "Pending", "SourcePool", "shared_source_pool"]
 
 T = TypeVar("T")
 
 DEFAULT_WORKERS = 4
-# How long `SourcePool.start_into_engine` waits for the call to reach its engine: its
-# Python before that (building the query) takes 0.1-0.5 ms; a pool with every worker busy
-# must not hold the request up for longer than this.
-ENGINE_HANDOFF_S = 0.003
 
 
 class DeadlinePassed(Exception):
@@ -49,10 +43,6 @@ class Pending(Generic[T]):
     def __init__(self, call: Callable[[], T], future: Future[T] | None) -> None:
         self._call = call
         self._future = future
-
-    def on_pool(self) -> bool:
-        """Whether the call was handed to the pool (else it runs when its result is asked)."""
-        return self._future is not None
 
     def running(self) -> bool:
         """Whether the call is running on the pool right now (started, not finished)."""
@@ -96,28 +86,6 @@ class SourcePool:
             if self._closed:
                 return Pending(call, None)
             return Pending(run, self._executor.submit(run))
-
-    def start_into_engine(
-        self, call: Callable[[], T], *, handoff_seconds: float = ENGINE_HANDOFF_S
-    ) -> Pending[T]:
-        """`start`, then wait until the call has entered its first engine call
-        (`contracts.timing.engine_call`), at most `handoff_seconds`.
-
-        For a caller about to make an engine call that keeps the GIL (qdrant-edge's
-        search does) beside one whose engine lets it go (tantivy's does): waiting here
-        lets the pool thread build its query and go into its engine first, so both
-        engines compute at once; without the wait the pool thread needs the GIL the
-        caller holds and mostly starts only after the caller's engine call."""
-        entered = threading.Event()
-
-        def call_marked() -> T:
-            with engine_entry(entered):
-                return call()
-
-        pending = self.start(call_marked)
-        if pending.on_pool():
-            entered.wait(handoff_seconds)
-        return pending
 
     def close(self) -> None:
         with self._lock:

@@ -195,8 +195,7 @@ class QueryPorts:
     # after the other on the request's thread. Rankings are the same either way.
     overlap: SourcePool | None = None
     # Runs the lexical search beside the vector one only (no score lookups beside it),
-    # when `overlap` is None: embedded, tantivy's search lets the GIL go, so it runs on
-    # the pool while this thread is in qdrant-edge's (`_search_lexical_beside`).
+    # when `overlap` is None: embedded (`_search_lexical_beside`).
     vector_overlap: SourcePool | None = None
     # Told about every answer (metrics, spans); None: nobody listens.
     observer: QueryObserver | None = None
@@ -787,17 +786,12 @@ def _search_lexical_beside(
     pool: SourcePool,
 ) -> _Sources:
     """`_search_sources` with both sources, the lexical search on `pool` and the vector
-    one on this thread (`QueryPorts.vector_overlap`), both engines computing at once.
-
-    Measured with qdrant-edge-py 0.9 and tantivy 0.27 (two threads, one engine each):
-    tantivy's search lets the GIL go (1.85x the throughput of one thread), qdrant-edge's
-    keeps it for the whole call (0.98x) while its own threads compute. So the pool thread
-    first builds its query and goes into tantivy (`SourcePool.start_into_engine` waits for
-    that, GIL released), then this thread goes into qdrant-edge; started the other way
-    round the pool thread waited for the GIL through the whole vector search. The same
-    candidates, laps and errors (a failure of both reports the lexical one)."""
+    one on this thread (`QueryPorts.vector_overlap`). tantivy's search lets the GIL go,
+    qdrant-edge's keeps it while its own threads compute (docs/ARCHITECTURE.md), so the
+    two overlap only where the pool thread is inside tantivy. The same candidates, laps
+    and errors (a failure of both reports the lexical one)."""
     generation_id = q.route.generation_id
-    lexical = pool.start_into_engine(search_lexical)
+    lexical = pool.start(search_lexical)
     query_vector = (
         q.query_vector
         if q.query_vector is not None

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from contracts.errors import ErrorCode, OrreryError
-from contracts.timing import engine_call, engine_clock, engine_entry
+from contracts.timing import engine_call, engine_clock
 from query.overlap import DeadlinePassed, Pending, SourcePool
 from query.service import _Stopwatch
 
@@ -140,72 +140,3 @@ def test_running_is_true_only_while_the_pool_runs_the_call(pool: SourcePool) -> 
     release.set()
     assert pending.result(_far()) == 1 and not pending.running()
     assert queued.result(_far()) == 2
-
-
-def test_start_into_engine_returns_once_the_call_is_inside_its_engine(pool: SourcePool) -> None:
-    """The caller goes on only when the pool thread has entered its engine call (not
-    before: the work ahead of the engine call is done by then)."""
-    inside = threading.Event()
-    release = threading.Event()
-    steps: list[str] = []
-
-    def call() -> str:
-        steps.append("query built")
-        with engine_call("tantivy_search"):
-            inside.set()
-            assert release.wait(WAIT_S)
-        return "hits"
-
-    pending = pool.start_into_engine(call, handoff_seconds=WAIT_S)
-    # Returned before the engine call ended (it waits on `release`), after it started.
-    assert steps == ["query built"] and inside.is_set() and not release.is_set()
-    release.set()
-    assert pending.result(_far()) == "hits"
-
-
-def test_start_into_engine_stops_waiting_for_a_call_without_engine_calls(
-    pool: SourcePool,
-) -> None:
-    """A call that ends (or fails) before any engine call releases the waiter at once."""
-    pending = pool.start_into_engine(lambda: "nothing to search", handoff_seconds=WAIT_S)
-    assert pending.result(_far()) == "nothing to search"
-
-    def fail() -> None:
-        raise OrreryError(ErrorCode.INVALID_REQUEST, "bad filter")
-
-    failing = pool.start_into_engine(fail, handoff_seconds=WAIT_S)
-    with pytest.raises(OrreryError):
-        failing.result(_far())
-
-
-def test_start_into_engine_on_a_busy_pool_waits_at_most_the_handoff(pool: SourcePool) -> None:
-    """Every worker busy: the wait ends after `handoff_seconds` and the call is taken back
-    by the caller when its result is asked for."""
-    release = threading.Event()
-    blocker = pool.start(lambda: release.wait(WAIT_S))
-    ran_on: list[str] = []
-
-    def call() -> None:
-        with engine_call("tantivy_search"):
-            ran_on.append(threading.current_thread().name)
-
-    pending = pool.start_into_engine(call, handoff_seconds=0.01)
-    assert not ran_on  # the pool had not started it
-    pending.result(_far())
-    assert ran_on == [threading.current_thread().name]
-    release.set()
-    blocker.result(_far())
-
-
-def test_engine_entry_marks_only_its_own_block() -> None:
-    """Outside an `engine_entry` block engine calls set nothing; a nested block's event
-    is set by its own first call only."""
-    outer = threading.Event()
-    inner = threading.Event()
-    with engine_call("qdrant_edge_query"):
-        pass
-    with engine_entry(outer):
-        with engine_entry(inner), engine_call("tantivy_search"):
-            assert inner.is_set() and not outer.is_set()
-        assert not outer.is_set()
-    assert outer.is_set()  # set when its block ended without an engine call of its own
