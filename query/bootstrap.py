@@ -149,6 +149,7 @@ def embedded_query_ports(
     embedder: Embedder,
     lexical_index_provider: Callable[[str], Any],
     vector_shard_provider: Callable[[str], Any],
+    vector_flat_provider: Callable[[str], Any] | None = None,
     cache_responses: bool = True,
     scopes: ScopeRegistry | None = None,
     cursors: CursorCodec | None = None,
@@ -168,7 +169,11 @@ def embedded_query_ports(
         lexical=TantivyLexicalSearch(lexical_index_provider),
         # The re-score's vectors of lexical candidates, by revision: 256 MiB per tenant,
         # 4 tenants (`VectorMemo`; one tenant's fills never evict another's).
-        vectors=QdrantEdgeVectorSearch(vector_shard_provider, memo=VectorMemo()),
+        # Generations the engine would brute-force are scanned from the projector's
+        # in-memory copies (`contracts.flat_vectors`) when it offers them.
+        vectors=QdrantEdgeVectorSearch(
+            vector_shard_provider, memo=VectorMemo(), flat_provider=vector_flat_provider
+        ),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder),
         responses=MemoryCache() if cache_responses else None,

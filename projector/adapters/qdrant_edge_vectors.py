@@ -134,6 +134,7 @@ from qdrant_edge import (
 
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.flat_vectors import FlatVectors, flat_capacity
 from contracts.index import IndexDocument
 from contracts.pacing import Pace, no_pace
 from contracts.vector_payload import (
@@ -152,7 +153,7 @@ from projector.model import check_single_copy
 from projector.ports import IndexEvidence
 
 if TYPE_CHECKING:
-    from qdrant_edge import NamedVector, PayloadSchemaParams, PointId
+    from qdrant_edge import NamedVector, PayloadSchemaParams, PointId, Record
 
 __all__ = [
     "VECTOR_NAME",
@@ -172,6 +173,11 @@ _CONFIG_FILE = "edge_config.json"
 # 250 points, ~8 ms at 1,000 with the same total), the longest a paced read-back can
 # stall a query sharing the interpreter.
 _SCROLL_PAGE = 250
+# Points a page when a generation is copied for flat scans (`flat_for`).
+_FLAT_COPY_PAGE = 1_000
+# What the flat copies of all generations may hold: each reserves its generation's
+# capacity (at most Qdrant's 10 MB indexing threshold of vectors), so 51 copies at most.
+DEFAULT_FLAT_MAX_BYTES = 512 << 20
 # Run by `optimize` in a child process with the copy's path as argv[1]; its last line of
 # output says whether segments changed. Niced: the HNSW build must not starve serving.
 _OPTIMIZE_SCRIPT = """
@@ -372,6 +378,12 @@ class _Generation:
     closed: bool = False
     # Set while an optimize works on a copy: the writes the copy lacks.
     journal: _Journal | None = None
+    # The exact in-memory copy searches scan instead of the shard (`flat_for`): kept
+    # equal to the shard under `write_lock`; decided (built or refused) on first use.
+    flat: FlatVectors | None = None
+    flat_decided: bool = False
+    # Bytes of the flat budget this generation's copy holds (`_FlatBudget`).
+    flat_reserved: int = 0
 
     def reader_shard(self) -> EdgeShard | None:
         """The open shard (None once closed); waits while the gate is closed."""
@@ -449,10 +461,20 @@ class QdrantEdgeVectorIndex:
         *,
         tuning: QdrantEdgeTuning | None = None,
         max_journal_ids: int = _MAX_JOURNAL_IDS,
+        flat_scan: bool = True,
+        flat_max_bytes: int = DEFAULT_FLAT_MAX_BYTES,
+        flat_max_points: int | None = None,
     ) -> None:
         """`max_journal_ids`: point ids journaled during one optimize, at most (16 bytes
-        each; past it the optimize is abandoned, see `_MAX_JOURNAL_IDS`)."""
+        each; past it the optimize is abandoned, see `_MAX_JOURNAL_IDS`). `flat_scan`:
+        whether `flat_for` offers in-memory copies of small generations, together at most
+        `flat_max_bytes` of vectors (each reserves its generation's capacity), a copy
+        holding at most `flat_max_points` points (by default those under the indexing
+        threshold, `flat_capacity`)."""
         self._root = Path(root)
+        self._flat_scan = flat_scan
+        self._flat_max_points = flat_max_points
+        self._flat_budget = _FlatBudget(flat_max_bytes)
         self._tuning = tuning or QdrantEdgeTuning()
         self._max_journal_ids = max_journal_ids
         self._lock = threading.RLock()
@@ -534,6 +556,14 @@ class QdrantEdgeVectorIndex:
             self._check_open(generation, generation_id)
             try:
                 _write(generation.shard, writes)
+                if generation.flat is not None:
+                    touched = {pid: document.document_id for pid, document in newest.items()}
+                    touched.update((point_id(d), d) for d, _ in deletes)
+                    self._sync_flat(generation, touched)
+            except BaseException:
+                # What the shard holds now is unknown: the copy is rebuilt on next use.
+                generation.flat, generation.flat_decided = None, False
+                raise
             finally:
                 # After the write, never before: the catch-up reads a journaled point
                 # from the live shard without the lock, so its state must be final by
@@ -601,6 +631,32 @@ class QdrantEdgeVectorIndex:
         if shard is None:
             raise KeyError(generation_id)
         return shard
+
+    def flat_for(self, generation_id: str) -> FlatVectors | None:
+        """The exact in-memory copy of `generation_id`'s points searches may scan instead
+        of its shard (`contracts.flat_vectors`), or None when they must ask the shard.
+
+        Decided once per generation and process, on first call (so one query's pages
+        are scored one way): a copy is built (a scroll of the shard, under the write
+        lock: ~0.15 ms a point) when the flat scan is on and the generation holds at most
+        `flat_capacity` points, those the engine itself brute-forces (below its indexing
+        threshold). `apply` keeps it equal to the shard; past the capacity it is dropped
+        for good (the shard answers from then on, HNSW once it is built). Raises
+        `KeyError` for an unknown generation, as `shard_for` does."""
+        generation = self._get(generation_id)
+        if generation is None:
+            raise KeyError(generation_id)
+        if generation.flat_decided:
+            return generation.flat
+        with generation.write_lock:
+            if not generation.flat_decided:
+                if generation.closed:
+                    raise KeyError(generation_id)
+                generation.flat = self._flat_copy(generation, generation_id)
+                generation.flat_decided = True
+                if generation.flat is None:
+                    self._release_flat(generation)
+            return generation.flat
 
     def unindexed_count(self, generation_id: str) -> int:
         """Points of the generation not yet covered by an HNSW graph."""
@@ -1048,6 +1104,64 @@ class QdrantEdgeVectorIndex:
         _remove_tree(staging)
         _remove_tree(retired)
 
+    def _flat_capacity(self, generation: _Generation) -> int:
+        if not self._flat_scan or generation.dimension is None:
+            return 0
+        if self._flat_max_points is not None:
+            return self._flat_max_points
+        return flat_capacity(generation.indexing_threshold_kb, generation.dimension)
+
+    def _flat_copy(self, generation: _Generation, generation_id: str) -> FlatVectors | None:
+        """Under the write lock: a copy of every point of the shard, or None if the
+        generation is over `_flat_capacity` (or the flat scan is off)."""
+        capacity = self._flat_capacity(generation)
+        if capacity == 0:
+            return None
+        with _translated(f"count {generation_id}"):
+            if generation.shard.info().points_count > capacity:
+                return None
+        assert generation.dimension is not None  # `_flat_capacity` is 0 without it
+        if generation.flat_reserved == 0:
+            reserved = capacity * generation.dimension * 4
+            if not self._flat_budget.reserve(reserved):
+                _log.info(
+                    "generation %s: flat-scan budget spent, searched in the shard", generation_id
+                )
+                return None
+            generation.flat_reserved = reserved
+        flat = FlatVectors(generation.dimension)
+        offset: PointId | None = None
+        with _translated(f"copy {generation_id} for flat scans"):
+            while True:
+                records, offset = generation.shard.scroll(
+                    ScrollRequest(
+                        offset=offset, limit=_FLAT_COPY_PAGE, with_payload=True, with_vector=True
+                    )
+                )
+                flat.put(_flat_rows(records))
+                if offset is None:
+                    return flat
+
+    def _sync_flat(self, generation: _Generation, touched: dict[uuid.UUID, str]) -> None:
+        """Under the write lock, after a write: the copy's rows of `touched` (point id ->
+        document id) made what the
+        shard now holds (read back, so the vectors are the engine's own unit vectors);
+        the copy is dropped for good once the generation outgrows `_flat_capacity`."""
+        flat = generation.flat
+        assert flat is not None
+        ids: list[PointId] = list(touched)
+        records = generation.shard.retrieve(ids, with_payload=True, with_vector=True)
+        present = {_as_uuid(record.id) for record in records}
+        flat.put(_flat_rows(records))
+        flat.remove(d for pid, d in touched.items() if pid not in present)
+        if len(flat) > self._flat_capacity(generation):
+            generation.flat = None
+            self._release_flat(generation)
+
+    def _release_flat(self, generation: _Generation) -> None:
+        self._flat_budget.release(generation.flat_reserved)
+        generation.flat_reserved = 0
+
     def _ensure_payload_indexes(self, shard: EdgeShard) -> None:
         with _translated("create payload indexes"):
             present = shard.info().payload_schema
@@ -1090,13 +1204,14 @@ class QdrantEdgeVectorIndex:
                 return pairs
             pace()
 
-    @staticmethod
-    def _close_generation(generation_id: str, generation: _Generation) -> None:
+    def _close_generation(self, generation_id: str, generation: _Generation) -> None:
         """Cancel its optimize, wait for it and for readers, then flush and close."""
         generation.cancelled.set()
         with generation.optimize_lock, generation.write_lock, generation.exclusive() as drained:
             if not drained:
                 _log.warning("closing %s while a caller still holds its shard", generation_id)
+            generation.flat, generation.flat_decided = None, True
+            self._release_flat(generation)
             if generation.closed:
                 return
             generation.closed = True
@@ -1136,6 +1251,38 @@ def _write(shard: EdgeShard, writes: _Writes) -> None:
         shard.update(UpdateOperation.upsert_points(points))
     if removals:
         shard.update(UpdateOperation.delete_points(removals))
+
+
+class _FlatBudget:
+    """Bytes of vectors the flat copies of all generations may hold together."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, size: int) -> bool:
+        with self._lock:
+            if self._used + size > self._max_bytes:
+                return False
+            self._used += size
+            return True
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self._used -= size
+
+
+def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list[Any]]]:
+    """`(payload, stored vector)` of points read with both, for `FlatVectors.put`."""
+    for record in records:
+        vector = record.vector
+        dense = vector.get(VECTOR_NAME) if isinstance(vector, dict) else None
+        if not isinstance(dense, list):
+            raise DependencyUnavailable(
+                DEPENDENCY, f"point {record.id} came back without its vector"
+            )
+        yield record.payload or {}, dense
 
 
 def _present_revisions(shard: EdgeShard, pids: list[uuid.UUID]) -> dict[uuid.UUID, int]:

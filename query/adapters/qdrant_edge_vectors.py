@@ -36,6 +36,7 @@ from qdrant_edge import (
 )
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.flat_vectors import FlatVectors
 from contracts.index import Candidate, SearchFilter, id_lookup_size
 from contracts.index_fields import (
     DOCUMENT_ID,
@@ -69,6 +70,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MEMO_BYTES",
     "DEFAULT_MEMO_TENANTS",
+    "FLAT_ENGINE",
+    "FlatProvider",
     "QdrantEdgeVectorSearch",
     "ShardProvider",
     "VectorMemo",
@@ -85,6 +88,13 @@ _RETURNED = PayloadSelector.Include(list(RETURNED_FIELDS))
 
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
+
+FlatProvider = Callable[[str], FlatVectors | None]
+"""Returns the in-memory copy of a generation to scan instead of its shard, or None;
+raises `KeyError` if there is no such generation (`QdrantEdgeVectorIndex.flat_for`)."""
+
+# The `QueryPlan.engine_ms` key of scans of an in-memory copy (`FlatVectors`).
+FLAT_ENGINE = "flat_vectors"
 
 # What the re-score's vectors may hold per tenant: 256 MiB is ~170k vectors of 384
 # dimensions, so a single tenant's memo is what it was when the memo was one LRU.
@@ -192,6 +202,10 @@ class QdrantEdgeVectorSearch:
       (also across the `limit` boundary); scores are cosine similarities in [-1, 1].
     - Exact on segments without HNSW (qdrant-edge brute-forces them); on HNSW segments
       approximate with `ef = max(hnsw_ef, limit + 1)`.
+    - With a `flat_provider`, a generation it offers a copy of (one the engine would
+      brute-force anyway) is scanned in memory instead (`contracts.flat_vectors`: the
+      same exact answer to float32 rounding, without the engine call), for every filter
+      the copy has columns for; others go to the engine.
 
     Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
     dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds ->
@@ -204,8 +218,10 @@ class QdrantEdgeVectorSearch:
         *,
         hnsw_ef: int = 128,
         memo: VectorMemo | None = None,
+        flat_provider: FlatProvider | None = None,
     ) -> None:
         self._shard_provider = shard_provider
+        self._flat_provider = flat_provider
         self._hnsw_ef = hnsw_ef
         self._memo = memo
         self._memo_serves: dict[str, bool] = {}
@@ -221,6 +237,12 @@ class QdrantEdgeVectorSearch:
         engine_filter = edge_filter(filter)
         if limit <= 0 or filter.matches_nothing():
             return []
+        flat = self._flat(generation_id, query_vector)
+        if flat is not None:
+            with engine_call(FLAT_ENGINE):
+                found = flat.search(query_vector, filter, limit)
+            if found is not None:
+                return found
         shard = self._shard(generation_id)
         points = self._top(shard, generation_id, query_vector, engine_filter, limit)
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
@@ -258,6 +280,12 @@ class QdrantEdgeVectorSearch:
         size = id_lookup_size(filter, DEPENDENCY)
         if size == 0 or filter.matches_nothing():
             return {}
+        flat = self._flat(generation_id, query_vector)
+        if flat is not None:
+            with engine_call(FLAT_ENGINE):
+                scored = flat.scores(query_vector, filter)
+            if scored is not None:
+                return scored
         listed = list(filter.document_ids or ())
         shard = self._shard(generation_id)
         memo = self._memo
@@ -388,15 +416,26 @@ class QdrantEdgeVectorSearch:
         except Exception as error:  # the driver raises bare Exception
             raise _translate(error, generation_id) from error
 
+    def _flat(self, generation_id: str, vector: Sequence[float]) -> FlatVectors | None:
+        """The generation's in-memory copy to scan, if it has one of `vector`'s
+        dimension (a query of another dimension goes to the engine, which refuses it)."""
+        if self._flat_provider is None:
+            return None
+        try:
+            flat = self._flat_provider(generation_id)
+        except KeyError:
+            raise _unknown(generation_id) from None
+        except OrreryError:
+            raise
+        except Exception as error:  # the engine's copy failed: bare Exception
+            raise _translate(error, generation_id) from error
+        return flat if flat is not None and flat.dimension == len(vector) else None
+
     def _shard(self, generation_id: str) -> EdgeShard:
         try:
             return self._shard_provider(generation_id)
         except KeyError:
-            raise OrreryError(
-                ErrorCode.COVERAGE_UNAVAILABLE,
-                f"no vector index for generation {generation_id!r}",
-                {"generation_id": generation_id},
-            ) from None
+            raise _unknown(generation_id) from None
 
     def _top(
         self,
@@ -500,6 +539,14 @@ def _point_key(document_id: str) -> str:
 
 def _bound(value: datetime | None) -> str | None:
     return None if value is None else utc_timestamp(value)
+
+
+def _unknown(generation_id: str) -> OrreryError:
+    return OrreryError(
+        ErrorCode.COVERAGE_UNAVAILABLE,
+        f"no vector index for generation {generation_id!r}",
+        {"generation_id": generation_id},
+    )
 
 
 def _translate(error: Exception, generation_id: str) -> OrreryError:

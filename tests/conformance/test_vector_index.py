@@ -78,6 +78,21 @@ def _qdrant_edge(storage: Path) -> Engine:
     return Engine(index=index, search=search, optimize=optimize)
 
 
+def _qdrant_edge_flat(storage: Path) -> Engine:
+    """qdrant-edge with the query side scanning the in-memory copies
+    (`contracts.flat_vectors`) as the embedded deployment does, offered here whatever the
+    generation's size (HNSW built or not) so every case goes through them."""
+    index = QdrantEdgeVectorIndex(storage, tuning=_EDGE_TEST_TUNING, flat_max_points=100_000)
+
+    def optimize(generation_id: str) -> None:
+        index.optimize(generation_id)
+
+    search = QdrantEdgeVectorSearch(
+        index.shard_for, memo=VectorMemo(), flat_provider=index.flat_for
+    )
+    return Engine(index=index, search=search, optimize=optimize)
+
+
 # The harness's Qdrant server is shared: this run's collections carry their own prefix.
 _QDRANT_TEST_PREFIX = f"orrery-test-{run_tag()}"
 
@@ -113,6 +128,7 @@ def _qdrant_local(storage: Path) -> Engine:
 
 ENGINES: dict[str, EngineFactory] = {
     "qdrant-edge": _qdrant_edge,
+    "qdrant-edge-flat": _qdrant_edge_flat,
     "qdrant-server": _qdrant_server,
     "qdrant-local": _qdrant_local,
 }

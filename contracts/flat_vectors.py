@@ -1,0 +1,263 @@
+"""An in-memory copy of a small generation's vectors, scanned exactly.
+
+A Qdrant-family engine brute-forces a segment below its indexing threshold (10 MB of
+vectors by default: ~6,800 points of 384 dimensions); at SciFact's 5,183 points that is
+qdrant-edge's whole answer, and the request, the scan and the conversion of its points
+cost ~2.1 ms where the same exact scan over a float32 matrix in numpy costs ~0.5
+(docs/bench/README.md). `FlatVectors` is that matrix, with each row's candidate fields
+(`contracts.index.Candidate`) and the columns the common filters test.
+
+The projector's vector adapter keeps it equal to its shard (rows copied from what the
+shard stores after each write, under the shard's write lock); the query's vector
+adapter scans it. It lives here because both sides use it (as `contracts.vector_payload`
+does), and it is pure: numpy and the stdlib, no engine.
+
+Scores: `cosine` of the stored unit vector and the query scaled to unit length,
+accumulated in float32 per row (`numpy.einsum`, never BLAS: a row's score does not
+depend on which other rows are scored with it, so a `scores` lookup of a few rows and a
+`search` over all of them agree bit for bit, and no BLAS worker threads spin on the
+second core). Equal to the engine's own cosine to float32 rounding (~1e-7).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from contracts.index import Candidate, SearchFilter
+from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, RING, STATUS, hidden_term
+from contracts.vector_payload import candidate_of, utc_instant
+
+__all__ = ["FlatVectors", "flat_capacity"]
+
+# Documents hidden from the vector lane are never a hit: such a point is not a row.
+_HIDDEN = hidden_term("vector")
+# A code no interned string has: a missing field (no ring) matches no filter on it.
+_ABSENT = -1
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def flat_capacity(indexing_threshold_kb: int, dimension: int) -> int:
+    """The points a generation may hold and still be scanned flat: those its engine would
+    brute-force too (a segment under `indexing_threshold_kb` of float32 vectors)."""
+    return max(0, indexing_threshold_kb * 1024 // (4 * max(1, dimension)))
+
+
+class FlatVectors:
+    """One generation's points as rows: unit vectors (float32) and candidate fields.
+
+    Rows are written with `put` (the state a point has in the engine, read back from
+    it) and `remove`; a removed row's slot is reused. Thread-safe: one lock, held for a
+    write or a scan (a scan of 5k rows costs ~0.5 ms).
+
+    `search` and `scores` answer only filters whose every clause is a column here
+    (`galaxy`, `status`, `rings`, the `updated_*` bounds and `document_ids`) and return
+    None for any other (`visibility`, `facets`, `ring_trees`): the caller asks the
+    engine, which answers the same exactly (an engine brute-forces these segments).
+    """
+
+    def __init__(self, dimension: int, *, capacity: int = 256) -> None:
+        if dimension < 1:
+            raise ValueError("dimension must be >= 1")
+        self._dimension = dimension
+        self._lock = threading.Lock()
+        self._rows: dict[str, int] = {}
+        self._free: list[int] = []
+        self._high = 0
+        self._codes: dict[str, int] = {}
+        self._candidates: list[Candidate | None] = []
+        self._matrix: npt.NDArray[np.float32] = np.zeros((0, dimension), dtype=np.float32)
+        self._galaxy: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+        self._status: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+        self._ring: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+        self._updated: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._live: npt.NDArray[np.bool_] = np.zeros(0, dtype=np.bool_)
+        self._allocate(max(1, capacity))
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def put(self, points: Iterable[tuple[Mapping[str, Any], Sequence[float]]]) -> None:
+        """Store each `(payload, stored unit vector)` as its document's row (replacing
+        the one there); a payload hidden from the vector lane removes the row."""
+        with self._lock:
+            for payload, vector in points:
+                document_id = str(payload[DOCUMENT_ID])
+                if _HIDDEN in (payload.get(FACETS) or ()):
+                    self._remove(document_id)
+                    continue
+                row = self._rows.get(document_id)
+                if row is None:
+                    row = self._slot()
+                    self._rows[document_id] = row
+                candidate = candidate_of(payload, 0.0)
+                self._matrix[row] = np.asarray(vector, dtype=np.float32)
+                self._candidates[row] = candidate
+                self._galaxy[row] = self._code(payload.get(GALAXY))
+                self._status[row] = self._code(payload.get(STATUS))
+                self._ring[row] = self._code(payload.get(RING) or None)
+                self._updated[row] = _micros(candidate.updated_at)
+                self._live[row] = True
+
+    def remove(self, document_ids: Iterable[str]) -> None:
+        with self._lock:
+            for document_id in document_ids:
+                self._remove(document_id)
+
+    def search(
+        self, vector: Sequence[float], filter: SearchFilter, limit: int
+    ) -> list[Candidate] | None:
+        """The best `limit` rows under `filter`, best first, ties by `document_id`
+        (across the `limit` boundary too), scores clamped to [-1, 1]; None if `filter`
+        has a clause this copy has no column for."""
+        if not _answerable(filter):
+            return None
+        if limit <= 0 or filter.matches_nothing():
+            return []
+        query = _unit(vector)
+        with self._lock:
+            mask = self._mask(filter)
+            if mask is None:
+                return []
+            rows = np.flatnonzero(mask)
+            if rows.size == 0:
+                return []
+            matrix = self._matrix[: self._high]
+            scores = np.einsum("ij,j->i", matrix, query)[rows]
+            candidates = self._candidates
+            if rows.size > limit:
+                # Every row tied with the `limit`-th best, so ties are broken by id.
+                kth = np.partition(scores, rows.size - limit)[rows.size - limit]
+                keep = scores >= kth
+                rows, scores = rows[keep], scores[keep]
+            picked = [
+                candidates[row]._replace(score=min(1.0, max(-1.0, score)))  # type: ignore[union-attr]
+                for row, score in zip(rows.tolist(), scores.tolist(), strict=True)
+            ]
+        picked.sort(key=lambda c: (-c.score, c.document_id))
+        return picked[:limit]
+
+    def scores(self, vector: Sequence[float], filter: SearchFilter) -> dict[str, float] | None:
+        """`VectorSearch.scores` of the documents `filter.document_ids` lists that match
+        the rest of `filter` (clamped cosines); None as for `search`."""
+        if not _answerable(filter) or filter.document_ids is None:
+            return None
+        if filter.matches_nothing():
+            return {}
+        query = _unit(vector)
+        with self._lock:
+            listed = [(d, self._rows.get(d)) for d in dict.fromkeys(filter.document_ids)]
+            found = [(d, row) for d, row in listed if row is not None]
+            if not found:
+                return {}
+            rows = np.fromiter((row for _, row in found), dtype=np.intp, count=len(found))
+            mask = self._mask(filter.model_copy(update={"document_ids": None}))
+            if mask is None:
+                return {}
+            keep = mask[rows]
+            rows = rows[keep]
+            ids = [d for (d, _), kept in zip(found, keep.tolist(), strict=True) if kept]
+            values = np.einsum("ij,j->i", self._matrix[rows], query).tolist()
+        return {d: min(1.0, max(-1.0, v)) for d, v in zip(ids, values, strict=True)}
+
+    # -- rows ---------------------------------------------------------------------------
+
+    def _mask(self, filter: SearchFilter) -> npt.NDArray[np.bool_] | None:
+        """The live rows `filter` keeps (up to the high-water row); None if none can
+        (a value no row holds)."""
+        high = self._high
+        mask = self._live[:high].copy()
+        if filter.galaxy is not None:
+            code = self._codes.get(filter.galaxy)
+            if code is None:
+                return None
+            mask &= self._galaxy[:high] == code
+        for column, values in ((self._status, filter.status), (self._ring, filter.rings)):
+            if values is not None:
+                codes = [self._codes[v] for v in values if v in self._codes]
+                if not codes:
+                    return None
+                mask &= np.isin(column[:high], codes)
+        if filter.updated_after is not None:
+            mask &= self._updated[:high] >= _micros(utc_instant(filter.updated_after))
+        if filter.updated_before is not None:
+            mask &= self._updated[:high] <= _micros(utc_instant(filter.updated_before))
+        if filter.document_ids is not None:
+            rows = [self._rows[d] for d in filter.document_ids if d in self._rows]
+            listed = np.zeros(high, dtype=np.bool_)
+            listed[rows] = True
+            mask &= listed
+        return mask
+
+    def _remove(self, document_id: str) -> None:
+        row = self._rows.pop(document_id, None)
+        if row is not None:
+            self._live[row] = False
+            self._candidates[row] = None
+            self._free.append(row)
+
+    def _slot(self) -> int:
+        if self._free:
+            return self._free.pop()
+        if self._high == self._matrix.shape[0]:
+            self._allocate(2 * self._high)
+        self._high += 1
+        return self._high - 1
+
+    def _allocate(self, capacity: int) -> None:
+        """Columns of `capacity` rows, the rows held so far copied over."""
+        high = self._high
+        matrix = np.zeros((capacity, self._dimension), dtype=np.float32)
+        galaxy = np.full(capacity, _ABSENT, dtype=np.int32)
+        status = np.full(capacity, _ABSENT, dtype=np.int32)
+        ring = np.full(capacity, _ABSENT, dtype=np.int32)
+        updated = np.zeros(capacity, dtype=np.int64)
+        live = np.zeros(capacity, dtype=np.bool_)
+        if high:
+            matrix[:high] = self._matrix[:high]
+            galaxy[:high] = self._galaxy[:high]
+            status[:high] = self._status[:high]
+            ring[:high] = self._ring[:high]
+            updated[:high] = self._updated[:high]
+            live[:high] = self._live[:high]
+        self._matrix, self._galaxy, self._status = matrix, galaxy, status
+        self._ring, self._updated, self._live = ring, updated, live
+        self._candidates.extend([None] * (capacity - len(self._candidates)))
+
+    def _code(self, value: object) -> int:
+        if value is None:
+            return _ABSENT
+        return self._codes.setdefault(str(value), len(self._codes))
+
+
+def _answerable(filter: SearchFilter) -> bool:
+    """Whether every clause of `filter` is a column of `FlatVectors`."""
+    return (
+        filter.visibility is None
+        and not filter.facets
+        and filter.ring_trees is None
+        and not filter.phrases
+    )
+
+
+def _unit(vector: Sequence[float]) -> npt.NDArray[np.float32]:
+    """The query scaled to unit length (in float64, then float32), as the engine scales
+    a cosine query."""
+    array = np.asarray(vector, dtype=np.float64)
+    unit: npt.NDArray[np.float32] = (array / np.sqrt(np.dot(array, array))).astype(np.float32)
+    return unit
+
+
+def _micros(instant: datetime) -> int:
+    """Microseconds since the epoch of an aware datetime, exactly (integers only)."""
+    delta = instant - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
