@@ -132,18 +132,23 @@ class FlatVectors:
             if rows.size == 0:
                 return []
             matrix = self._matrix[: self._high]
-            scores = np.einsum("ij,j->i", matrix, query)[rows]
-            candidates = self._candidates
+            scores = np.clip(np.einsum("ij,j->i", matrix, query)[rows], -1.0, 1.0)
             if rows.size > limit:
                 # Every row tied with the `limit`-th best, so ties are broken by id.
                 kth = np.partition(scores, rows.size - limit)[rows.size - limit]
                 keep = scores >= kth
                 rows, scores = rows[keep], scores[keep]
+            order = np.argsort(-scores, kind="stable")
+            rows, scores = rows[order], scores[order]
+            candidates = self._candidates
             picked = [
-                candidates[row]._replace(score=min(1.0, max(-1.0, score)))  # type: ignore[union-attr]
-                for row, score in zip(rows.tolist(), scores.tolist(), strict=True)
+                Candidate(c[0], c[1], score, c[3], c[4])  # type: ignore[index]
+                for c, score in zip(
+                    [candidates[row] for row in rows.tolist()], scores.tolist(), strict=True
+                )
             ]
-        picked.sort(key=lambda c: (-c.score, c.document_id))
+        if rows.size > 1 and bool((scores[1:] == scores[:-1]).any()):
+            picked.sort(key=lambda c: (-c.score, c.document_id))
         return picked[:limit]
 
     def scores(self, vector: Sequence[float], filter: SearchFilter) -> dict[str, float] | None:
