@@ -16,6 +16,7 @@ Keyword fields hold exact values; `FACETS` holds one `name=value` term per facet
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import uuid
@@ -166,6 +167,10 @@ def document_key(document_id: str) -> tuple[int, int] | None:
     return value.int >> 64, value.int & _LOW_64
 
 
+# Memoized: every lexical hit of every query maps its key back (~170 per one-shot at
+# SciFact), and the same documents recur across queries; `lru_cache` is C, thread-safe
+# and bounded.
+@functools.lru_cache(maxsize=65_536)
 def document_id_of_key(high: int, low: int) -> str:
     """The document id whose `document_key` is `(high, low)`: the canonical UUID string
     (formatted directly: a third of `str(uuid.UUID(int=...))`'s time, once per hit)."""
