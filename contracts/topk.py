@@ -228,7 +228,8 @@ class QueryPlan(BaseModel):
         default_factory=dict,
         description="Milliseconds spent inside engine library calls while answering, by "
         "engine call (embedded: `tantivy_search`, `tantivy_doc_reads`, "
-        "`qdrant_edge_query`); the rest of `latency_ms.total` is Orrery's own work. "
+        "`qdrant_edge_query`, `flat_vectors` for a generation scanned from its in-memory "
+        "copy); the rest of `latency_ms.total` is Orrery's own work. "
         "Empty for a response-cache hit.",
     )
     shards: dict[str, dict[str, Any]] = Field(
