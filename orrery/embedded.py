@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from fastapi import APIRouter, FastAPI
+from prometheus_client import Gauge
 
 from contracts.auth import ApiKeyGrant, parse_api_keys
 from contracts.embedding import Embedder
@@ -296,6 +297,25 @@ def observe_state(
     )
 
 
+def observe_flat_copies(metrics: Metrics | None, usage: Callable[[], tuple[int, int]]) -> None:
+    """Scrape-time gauges of the in-memory vector copies small generations are scanned
+    from (`QdrantEdgeVectorIndex.flat_for`): how many, and the bytes they reserve."""
+    if metrics is None:
+        return
+    copies = Gauge(
+        "orrery_flat_vector_copies",
+        "Generations searched from an exact in-memory copy of their vectors",
+        registry=metrics.registry,
+    )
+    copies.set_function(lambda: float(usage()[0]))
+    reserved = Gauge(
+        "orrery_flat_vector_bytes",
+        "Bytes the in-memory vector copies reserve (at most 512 MiB in all)",
+        registry=metrics.registry,
+    )
+    reserved.set_function(lambda: float(usage()[1]))
+
+
 log = logging.getLogger("orrery")
 
 
@@ -439,6 +459,7 @@ class EmbeddedStack:
         status = with_tracing_status(loop.status, observability)
         gate, readers = query_routers(settings, ports, grants, admin=admin, status=status)
         observe_state(metrics, routing=ports.routing, status=status, gate=gate, admin=admin)
+        observe_flat_copies(metrics, projector.vectors.flat_usage)
         writers = ingest_routers(
             settings,
             store,

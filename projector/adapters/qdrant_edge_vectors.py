@@ -658,6 +658,13 @@ class QdrantEdgeVectorIndex:
                     self._release_flat(generation)
             return generation.flat
 
+    def flat_usage(self) -> tuple[int, int]:
+        """How many generations hold a flat copy now, and the bytes of the budget they
+        reserve (`flat_for`)."""
+        with self._lock:
+            copies = sum(1 for g in self._generations.values() if g.flat is not None)
+        return copies, self._flat_budget.used
+
     def unindexed_count(self, generation_id: str) -> int:
         """Points of the generation not yet covered by an HNSW graph."""
         return self._index_counts(generation_id)[1]
@@ -1271,6 +1278,10 @@ class _FlatBudget:
     def release(self, size: int) -> None:
         with self._lock:
             self._used -= size
+
+    @property
+    def used(self) -> int:
+        return self._used
 
 
 def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list[Any]]]:

@@ -155,6 +155,10 @@ def test_a_scrape_counts_exactly_the_sequence(client: TestClient) -> None:
     assert value(s, "orrery_generations", snapshot_kind="objects") == 2
     # One scope, eligible or (its new generation's first check still running) not yet.
     assert value(s, "orrery_scopes_eligible", snapshot_kind="objects") == 1
+    # The queried generation is small: scanned from its in-memory copy, which reserves
+    # at most its engine's 10 MB indexing threshold (the new generation was never asked).
+    assert value(s, "orrery_flat_vector_copies") == 1
+    assert 0 < value(s, "orrery_flat_vector_bytes") <= 10_000 * 1024
     # No label holds the namespace (ORRERY_METRICS_NAMESPACE_LABELS is off).
     assert not [key for key in s if ("namespace", NS) in key[1]]
     # A second scrape changes no counter of the sequence (a scrape is not a request of
