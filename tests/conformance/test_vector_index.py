@@ -1104,13 +1104,36 @@ def _random_unit(rng: random.Random) -> tuple[float, ...]:
     return unit(*(rng.gauss(0.0, 1.0) for _ in range(DIM)))
 
 
+# Documents written during the optimize of the test below, in batches of 1,000, and the
+# catch-up's journal window it runs with: four windows, a rewritten id in two of them.
+_VOLUME_BATCHES = 12
+_VOLUME_WINDOW = 4_096
+
+
 def test_edge_optimize_is_never_abandoned_for_the_volume_written_meanwhile(
     edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """60k documents written during one optimize (the journal of whole documents gave
-    up past 50k), ids rewritten, deleted and brought back at an older revision: the
-    swapped-in shard holds exactly what a never-optimized twin holds, point for point
-    (ids, payloads with revisions, vectors)."""
+    """12k documents written during one optimize, ids rewritten, deleted and brought back
+    at an older revision: the swapped-in shard holds exactly what a never-optimized twin
+    holds, point for point (ids, payloads with revisions, vectors).
+
+    (It wrote 60k once: the journal of whole documents gave up past 50k. The journal of
+    point ids has one volume bound, `max_journal_ids`, 8M by default, whose giving up
+    `test_edge_optimize_gives_up_past_its_journal_memory_bound` checks; what else grows
+    with the volume is the catch-up's walk over the journal, a window of positions at a
+    time. 60k writes stayed inside one window of 65,536; here the window is 4,096, so
+    the 13.6k journaled ids cross three window boundaries, ids rewritten at revisions 2-5
+    fall in two windows and are caught up twice, and every window is many catch-up
+    pages of 250.)"""
+    monkeypatch.setattr(edge_module, "_CATCH_UP_WINDOW", _VOLUME_WINDOW)
+    windows: list[int] = []
+    touched = edge_module._Journal.touched
+
+    def counted(journal: Any, start: int, end: int) -> list[uuid.UUID]:
+        windows.append(start)
+        return touched(journal, start, end)
+
+    monkeypatch.setattr(edge_module._Journal, "touched", counted)
     child = HeldChild(monkeypatch, tmp_path)
     twin = QdrantEdgeVectorIndex(tmp_path / "twin", tuning=_EDGE_TEST_TUNING)
     try:
@@ -1120,7 +1143,7 @@ def test_edge_optimize_is_never_abandoned_for_the_volume_written_meanwhile(
         optimizer = OptimizeThread(edge, "g")
         optimizer.start()
         _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
-        for batch in range(60):
+        for batch in range(_VOLUME_BATCHES):
             twins.apply([doc(f"b{batch}-{i}", vector=_random_unit(rng)) for i in range(1_000)], [])
         for revision in range(2, 6):  # the same ids again and again
             twins.apply(
@@ -1134,8 +1157,13 @@ def test_edge_optimize_is_never_abandoned_for_the_volume_written_meanwhile(
         assert (optimizer.error, optimizer.result) == (None, True)
         assert edge.shard_for("g").info().indexed_vectors_count > 0
         expected = _points(twin)
-        assert len(expected) == 300 + 60_000 - 1_000 - len(range(1, 300, 7)) + 1
+        written = _VOLUME_BATCHES * 1_000
+        assert len(expected) == 300 + written - 1_000 - len(range(1, 300, 7)) + 1
         assert _points(edge) == expected
+        # The whole journal was walked window by window (one round caught everything up:
+        # the writes were all in before the child was released).
+        journaled = written + 4 * (len(range(0, 300, 3)) + len(range(1, 300, 7))) + 1 + 1_000
+        assert windows == list(range(0, journaled, _VOLUME_WINDOW)), windows
         assert _leftovers(tmp_path / "edge") == []
     finally:
         twin.close()

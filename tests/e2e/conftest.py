@@ -12,10 +12,13 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from tests.harness.otlp import OtlpReceiver
 
 
 def free_port() -> int:
@@ -152,3 +155,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("e2e") / "data")
     yield srv
     srv.stop()
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP trace receiver on loopback (`tests.harness.otlp`), closed afterwards."""
+    # Imported here: the receiver decodes with the `otlp` extra's opentelemetry-proto,
+    # which no other e2e test needs.
+    from tests.harness.otlp import OtlpReceiver
+
+    otlp = OtlpReceiver()
+    yield otlp
+    otlp.close()

@@ -218,18 +218,25 @@ def _crash_while_writing(deployed: Deployment, point: str) -> None:
         srv.stop()
 
 
-def _first_generation(deployed: Deployment) -> str:
+def _first_generation(deployed: Deployment, *, and_a_second: bool = False) -> tuple[str, str]:
+    """The projector's generation of 120 records, and (asked for) a second one built,
+    sealed and verified in the same process: `(first, second or "")`."""
     srv = deployed.start()
     try:
         assert srv.post_records(records(0, 120)).status_code == 200
         srv.wait_projected(timeout=120, documents={(NS, KIND): 120})
-        return live_generation(srv)
+        first, second = live_generation(srv), ""
+        if and_a_second:
+            second = start_build(srv)
+            assert wait_state(srv, second)["row"]["state"] == "sealed"
+            assert verify(srv, second)["verified"]
+        return first, second
     finally:
         srv.stop()
 
 
 def _crash_while_building(deployed: Deployment, point: str) -> None:
-    first = _first_generation(deployed)
+    first, _ = _first_generation(deployed)
     srv = deployed.start(crash_at=point)
     with contextlib.suppress(httpx.TransportError):
         admin_post(srv, "/build", {"namespace": NS, "snapshot_kind": KIND})
@@ -251,14 +258,7 @@ def _crash_while_building(deployed: Deployment, point: str) -> None:
 
 
 def _crash_while_promoting(deployed: Deployment, point: str) -> None:
-    first = _first_generation(deployed)
-    srv = deployed.start()
-    try:
-        second = start_build(srv)
-        assert wait_state(srv, second)["row"]["state"] == "sealed"
-        assert verify(srv, second)["verified"]
-    finally:
-        srv.stop()
+    first, second = _first_generation(deployed, and_a_second=True)
     srv = deployed.start(crash_at=point)
     with contextlib.suppress(httpx.TransportError):
         admin_post(srv, f"/{second}/promote")

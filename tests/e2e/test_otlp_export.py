@@ -4,10 +4,7 @@ loopback: the spans of one write and one query arrive with the right ids."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.e2e.conftest import start_server
 from tests.e2e.test_embedded_http import rec
@@ -15,13 +12,6 @@ from tests.harness.otlp import OtlpReceiver
 
 NS = "otlp_ns"
 STAGES = ("scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize")
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    receiver = OtlpReceiver()
-    yield receiver
-    receiver.close()
 
 
 def test_a_write_and_a_query_reach_an_otlp_receiver_with_their_trace_ids(

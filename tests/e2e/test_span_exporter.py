@@ -12,7 +12,7 @@ import random
 import signal
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,13 +31,6 @@ from query.ports import Answered
 from tests.harness.otlp import OtlpReceiver
 
 STAGES = ("scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize")
-
-
-@pytest.fixture
-def receiver() -> Iterator[OtlpReceiver]:
-    receiver = OtlpReceiver()
-    yield receiver
-    receiver.close()
 
 
 def _call(app: Any, headers: list[tuple[bytes, bytes]]) -> None:
