@@ -547,13 +547,15 @@ def _read_evidence(
 
     try:
         registry, observed = read(pace)
-        digest, evidence = compare(registry, observed)
-        unchanged = ports.contents.commit_seq(generation_id) == registry.commit_seq
-        if unchanged and all(item.matches for item in evidence):
-            return registry, digest, evidence, ""
+        # Compared only when no batch committed meanwhile: else the re-read below decides
+        # (hashing every pair of three sets for nothing was most of a check's CPU).
+        if ports.contents.commit_seq(generation_id) == registry.commit_seq:
+            digest, evidence = compare(registry, observed)
+            if all(item.matches for item in evidence):
+                return registry, digest, evidence, ""
         # A batch was (or may have been) mid-write: read again with writers held off —
         # first only the documents the optimistic read saw differ from the registry now
-        # (`_settle`); everything again when that does not settle it.
+        # (`settle`); everything again when that does not settle it.
         with ports.lock.hold():
             settled = settle(ports.contents.registry_pairs(generation_id), observed)
             if settled is None:
