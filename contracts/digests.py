@@ -15,11 +15,21 @@ from typing import Any
 __all__ = ["canonical_json", "id_set_digest", "sha256_hex", "sha256_json"]
 
 
+# What `json.dumps` with these arguments builds per call (a third of the time of a
+# two-item list, a digest's unit): its `encode` is the very same serialization, and it
+# holds no state between calls (thread-safe).
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
+# How `canonical_json` writes a string (`ensure_ascii=False`).
+_json_string = json.encoder.encode_basestring
+
+
 def canonical_json(value: Any) -> bytes:
     """Serialize `value` deterministically: sorted keys, no spaces, UTF-8."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def sha256_hex(data: bytes) -> str:
@@ -41,8 +51,13 @@ def id_set_digest(pairs: Iterable[tuple[str, int]]) -> str:
     for before, after in itertools.pairwise(ordered):
         if before[0] == after[0]:
             raise ValueError(f"document {before[0]!r} appears twice in an id set")
-    digest = hashlib.sha256()
-    for document_id, revision in ordered:
-        digest.update(canonical_json([document_id, revision]))
-        digest.update(b"\n")
-    return digest.hexdigest()
+    # Each line is `canonical_json([document_id, revision])` and a newline, written
+    # directly for a string and an int (the JSON encoder's own string escaping): a
+    # fifth of the time per pair, and an evidence check hashes every pair it reads.
+    lines = [
+        f"[{_json_string(document_id)},{int.__repr__(revision)}]\n"
+        if type(document_id) is str and type(revision) is int
+        else canonical_json([document_id, revision]).decode("utf-8") + "\n"
+        for document_id, revision in ordered
+    ]
+    return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()

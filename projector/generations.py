@@ -131,6 +131,11 @@ log = logging.getLogger("orrery.generations")
 
 _CHECKABLE = frozenset({GenerationState.SEALED, GenerationState.VERIFIED, GenerationState.LIVE})
 # Attempts per snapshot batch when an engine is unavailable, and the pause between them.
+# An evidence check whose optimistic read saw the registry move re-reads, with writers
+# held off, only the documents it saw differ (`PointReadback.pairs_of`) while they are at
+# most this share of the registry (or `_SETTLE_MINIMUM`); more, and it reads everything.
+_SETTLE_SHARE = 0.5
+_SETTLE_MINIMUM = 1_000
 _LOAD_ATTEMPTS = 3
 _LOAD_RETRY_S = 0.5
 # A build parks the snapshot records it cannot apply as dead letters of this consumer.
@@ -498,15 +503,65 @@ def _read_evidence(
                 out.append(engine_evidence(engine, diff))
         return digest, out
 
+    def settle(
+        registry: RegistrySnapshot, observed: list[tuple[str, Observed]]
+    ) -> tuple[RegistrySnapshot, list[tuple[str, Observed]]] | None:
+        """The optimistic read brought to `registry` (read with writers held off) by
+        reading again only the documents whose pair it saw differ from `registry`'s
+        (written while it ran, or truly divergent), or None when that cannot settle it:
+        an engine that addresses copies or cannot read documents by id, a duplicated
+        id, a re-read that still differs (a divergence: the full re-read reports it
+        exactly), or more to re-read than `_SETTLE_SHARE` of the registry.
+
+        Sound as the full re-read is: every engine write and registry commit happens
+        under the writer lock, a batch writes the engines before it commits, and a
+        document's revision only grows, so a document whose pair the optimistic read saw
+        equal to the registry's now was not written after the engine read it (it would
+        have committed a newer revision by now), unless a batch wrote the engine and
+        failed before committing — the race the optimistic read accepts already."""
+        limit = max(_SETTLE_MINIMUM, int(len(registry.pairs) * _SETTLE_SHARE))
+        settled: list[tuple[str, Observed]] = []
+        for (engine, (pairs, copies)), (_, readback) in zip(observed, readbacks, strict=True):
+            pairs_of = getattr(readback, "pairs_of", None)
+            if copies is not None or pairs_of is None:
+                return None
+            seen = dict(pairs)
+            if len(seen) != len(pairs):
+                return None
+            expected = registry.pairs
+            differ = {d for d, r in seen.items() if expected.get(d) != r}
+            differ.update(d for d in expected if d not in seen)
+            if len(differ) > limit:
+                return None
+            if differ:
+                fresh = pairs_of(generation_id, sorted(differ))
+                again = dict(fresh)
+                if len(again) != len(fresh) or any(expected.get(d) != again.get(d) for d in differ):
+                    return None
+                for document_id in differ:
+                    seen.pop(document_id, None)
+                seen.update(again)
+            progress(engine, len(seen), len(expected))
+            settled.append((engine, (list(seen.items()), None)))
+        return registry, settled
+
     try:
         registry, observed = read(pace)
-        digest, evidence = compare(registry, observed)
-        unchanged = ports.contents.commit_seq(generation_id) == registry.commit_seq
-        if unchanged and all(item.matches for item in evidence):
-            return registry, digest, evidence, ""
-        # A batch was (or may have been) mid-write: read again with writers held off.
+        # Compared only when no batch committed meanwhile: else the re-read below decides
+        # (hashing every pair of three sets for nothing was most of a check's CPU).
+        if ports.contents.commit_seq(generation_id) == registry.commit_seq:
+            digest, evidence = compare(registry, observed)
+            if all(item.matches for item in evidence):
+                return registry, digest, evidence, ""
+        # A batch was (or may have been) mid-write: read again with writers held off —
+        # first only the documents the optimistic read saw differ from the registry now
+        # (`settle`); everything again when that does not settle it.
         with ports.lock.hold():
-            registry, observed = read()
+            settled = settle(ports.contents.registry_pairs(generation_id), observed)
+            if settled is None:
+                registry, observed = read()
+            else:
+                registry, observed = settled
         digest, evidence = compare(registry, observed)
         return registry, digest, evidence, ""
     except OrreryError as exc:

@@ -35,6 +35,7 @@ __all__ = [
     "IndexEvidence",
     "LexicalIndex",
     "LogHealth",
+    "PointReadback",
     "ProjectionState",
     "ReceiptLog",
     "RegistrySnapshot",
@@ -341,6 +342,20 @@ class EngineReadback(Protocol):
 
     def stored_pairs(
         self, generation_id: str, *, pace: Pace = no_pace
+    ) -> list[tuple[str, int]]: ...
+
+
+class PointReadback(Protocol):
+    """An engine that also reads back named documents (optional beside `EngineReadback`:
+    an evidence check then re-reads only the documents a concurrent batch moved).
+
+    Guarantees: every `(document_id, revision)` pair the engine holds for one of
+    `document_ids`, from the engine itself, an id held twice returned twice, an id not
+    held absent; order unspecified. An unknown generation raises like `stored_pairs`.
+    """
+
+    def pairs_of(
+        self, generation_id: str, document_ids: Sequence[str]
     ) -> list[tuple[str, int]]: ...
 
 

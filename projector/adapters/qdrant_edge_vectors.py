@@ -178,6 +178,8 @@ _FLAT_COPY_PAGE = 1_000
 # What the flat copies of all generations may hold: each reserves its generation's
 # capacity (at most Qdrant's 10 MB indexing threshold of vectors), so 51 copies at most.
 DEFAULT_FLAT_MAX_BYTES = 512 << 20
+# Points retrieved by id per call (`pairs_of`).
+_RETRIEVE_PAGE = 1_000
 # Run by `optimize` in a child process with the copy's path as argv[1]; its last line of
 # output says whether segments changed. Niced: the HNSW build must not starve serving.
 _OPTIMIZE_SCRIPT = """
@@ -582,6 +584,28 @@ class QdrantEdgeVectorIndex:
         """Every `(document_id, revision)` the shard holds, from a full scroll (`pace`
         between pages)."""
         return self._scroll_pairs(self._require(generation_id), generation_id, pace)
+
+    def pairs_of(self, generation_id: str, document_ids: Sequence[str]) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the shard holds for `document_ids`, from their
+        points' payloads (retrieved by point id, in pages)."""
+        generation = self._require(generation_id)
+        pairs: list[tuple[str, int]] = []
+        pids: list[PointId] = [point_id(d) for d in document_ids]
+        for start in range(0, len(pids), _RETRIEVE_PAGE):
+            shard = generation.reader_shard()
+            if shard is None:
+                raise _not_found(generation_id)
+            with _translated(f"retrieve from {generation_id}"):
+                records = shard.retrieve(
+                    pids[start : start + _RETRIEVE_PAGE],
+                    with_payload=["document_id", "revision"],
+                    with_vector=False,
+                )
+            del shard
+            for record in records:
+                payload = record.payload or {}
+                pairs.append((str(payload["document_id"]), int(payload["revision"])))
+        return pairs
 
     def drop(self, generation_id: str) -> None:
         """Close and delete the generation's shard (no-op if absent).

@@ -264,6 +264,18 @@ class TantivyLexicalIndex:
         except _DRIVER_ERRORS as exc:
             raise _unavailable("cannot read index", generation_id, exc) from exc
 
+    def pairs_of(self, generation_id: str, document_ids: Sequence[str]) -> list[tuple[str, int]]:
+        """Every `(document_id, revision)` the index holds for `document_ids`, from its
+        stored fields (one term-set search; an id held twice comes back twice)."""
+        index = self._require(generation_id).index
+        try:
+            searcher = index.searcher()
+            query = tantivy.Query.term_set_query(index.schema, DOCUMENT_ID, list(document_ids))
+            hits = _all_hits(searcher, query, len(document_ids))
+            return [_stored_pair(searcher.doc(address)) for _score, address in hits]
+        except _DRIVER_ERRORS as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
+
     def drop(self, generation_id: str) -> None:
         path = self._path(generation_id)
         # The registry stays locked so that no one reopens the directory while it goes.

@@ -1,8 +1,13 @@
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from contracts.auth import authenticate, parse_api_keys
@@ -20,6 +25,54 @@ from contracts.topk import TopKRequest
 
 def test_canonical_json_sorts_keys_and_keeps_unicode() -> None:
     assert canonical_json({"b": 1, "a": "ä"}) == '{"a":"ä","b":1}'.encode()
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_canonical_json_is_json_dumps_canonical(value: Any) -> None:
+    expected = json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+    assert canonical_json(value) == expected
+
+
+def test_canonical_json_refuses_non_finite_numbers() -> None:
+    for value in (float("nan"), [1.0, float("inf")], {"a": -float("inf")}):
+        with pytest.raises(ValueError):
+            canonical_json(value)
+
+
+def _reference_id_set_digest(pairs: list[tuple[str, int]]) -> str:
+    """`id_set_digest` as first written: one canonical JSON line per sorted pair."""
+    digest = hashlib.sha256()
+    for document_id, revision in sorted(pairs):
+        digest.update(canonical_json([document_id, revision]))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=40), st.integers(), max_size=30))
+def test_id_set_digest_is_the_canonical_json_of_each_pair(pairs: dict[str, int]) -> None:
+    items = list(pairs.items())
+    assert id_set_digest(items) == _reference_id_set_digest(items)
+    # Values of other types than str and int take canonical_json itself.
+    odd_ids = ('\u00e4"\n\x00', "z")
+    odd = [*[p for p in items if p[0] not in odd_ids], (odd_ids[0], True), (odd_ids[1], 10**30)]
+    assert id_set_digest(odd) == _reference_id_set_digest(odd)
 
 
 def test_id_set_digest_ignores_order_and_rejects_duplicates() -> None:

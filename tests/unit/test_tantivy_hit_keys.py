@@ -8,12 +8,15 @@ schema version 4 (no hit keys) still answers, and exactly as a version 5 index d
 from __future__ import annotations
 
 import functools
+import hashlib
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import projector.adapters.tantivy_lexical as projector_tantivy
 import query.adapters.tantivy_lexical as query_tantivy
@@ -82,6 +85,48 @@ def test_document_keys_round_trip_canonical_uuids_only() -> None:
     assert document_key("{" + UUIDS[0] + "}") is None
     assert document_key("d1") is None
     assert status_key("active") != status_key("Active")
+
+
+def _reference_document_key(document_id: str) -> tuple[int, int] | None:
+    """`document_key` as first written: parse with `uuid.UUID`, keep the canonical form."""
+    try:
+        value = uuid.UUID(document_id)
+    except ValueError:
+        return None
+    if str(value) != document_id:
+        return None
+    return value.int >> 64, value.int & ((1 << 64) - 1)
+
+
+def _uuid_spellings(value: uuid.UUID) -> list[str]:
+    text = str(value)
+    return [
+        text,
+        text.upper(),
+        text.replace("-", ""),
+        "{" + text + "}",
+        "urn:uuid:" + text,
+        text + "\n",
+        " " + text,
+        text[:-1] + "g",
+        text[:-1] + "\u0660",
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.uuids(), st.text(max_size=40))
+def test_document_key_is_the_uuid_parse_for_any_spelling(value: uuid.UUID, other: str) -> None:
+    for candidate in [*_uuid_spellings(value), other]:
+        assert document_key(candidate) == _reference_document_key(candidate)
+
+
+@given(st.text(max_size=30))
+def test_status_key_is_memoized_without_changing_it(status: str) -> None:
+    expected = int.from_bytes(
+        hashlib.sha256(status.encode("utf-8", "surrogatepass")).digest()[:8], "big"
+    )
+    assert status_key(status) == expected
+    assert status_key(status) == expected
 
 
 def test_a_version_5_index_reads_hits_from_fast_fields_only(

@@ -49,6 +49,9 @@ def rejected(raw: bytes, **kwargs: Any) -> OrreryError:
         # Behind a vector and beside colons in strings (the fast path counts keys).
         (b'[{"v": [0.5, 1, -2e-3], "s": "a:b"}, [0.25, {"k": ":", "k": 2}]]', "key 'k'"),
         (b'{"p": {"x": 1}, "q": [{"y": 1, "z": 2}], "p": 3}', "duplicate object key 'p'"),
+        # Inside a list that starts and ends with numbers (counted as a vector: unseen).
+        (b'{"v": [0.5, {"k": 1, "k": 2}, 0.25]}', "duplicate object key 'k'"),
+        (b'[[1, [2, {"a": {"b": 0, "b": 1}}], 3]]', "duplicate object key 'b'"),
         (nested(10_000), f"nested deeper than {MAX_DEPTH} levels"),
         (b"[" * 100_000, f"nested deeper than {MAX_DEPTH} levels"),
         (b'{"a": ' * 5_000 + b"1" + b"}" * 5_000, f"nested deeper than {MAX_DEPTH}"),
@@ -133,6 +136,12 @@ def test_bodies_of_vectors_parse_exactly() -> None:
         }
         for i in range(20)
     ]
+    raw = json.dumps(body).encode()
+    assert loads_strict(raw) == json.loads(raw) == body
+
+
+def test_lists_mixing_numbers_and_containers_parse_exactly() -> None:
+    body = {"v": [0.5, {"a": 1, "b": [2, {"c": 3}]}, [4, 5], 0.25], "w": [1, [], {}, 2.5]}
     raw = json.dumps(body).encode()
     assert loads_strict(raw) == json.loads(raw) == body
 
