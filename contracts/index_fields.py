@@ -60,6 +60,7 @@ __all__ = [
     "document_key",
     "has_combined_field",
     "hidden_term",
+    "is_canonical_uuid",
     "parse_text_languages",
     "ring_path",
     "status_key",
@@ -162,7 +163,7 @@ def document_key(document_id: str) -> tuple[int, int] | None:
     The canonical form is exactly what `str(uuid.UUID(...))` writes, so it is matched
     as text and its hex digits read directly (a third of parsing and formatting a
     `uuid.UUID`, once per indexed document)."""
-    if _CANONICAL_UUID.fullmatch(document_id) is None:
+    if not is_canonical_uuid(document_id):
         return None
     value = int(document_id.replace("-", ""), 16)
     return value >> 64, value & _LOW_64
@@ -193,6 +194,12 @@ def status_key(status: str) -> int:
 _LOW_64 = (1 << 64) - 1
 # `str(uuid.UUID(...))`'s form: 32 lowercase hex digits grouped 8-4-4-4-12.
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def is_canonical_uuid(text: str) -> bool:
+    """Whether `text` is exactly what `str(uuid.UUID(text))` writes (lowercase,
+    hyphenated): such an id is its own UUID string, parsed by no one."""
+    return _CANONICAL_UUID.fullmatch(text) is not None
 
 
 def ring_path(ring: str) -> tuple[str, ...]:
