@@ -3,7 +3,8 @@
     .venv/bin/python bench/shards.py [--data-root /tmp/orrery-bench-shards]
         [--phase build|measure|all] [--documents 100000] [--queries 200]
         [--qualify-shape n3r1] [--qualify-workers 1,4] [--py-spy FILE]
-        [--skip topk,lexical,qualify,caps,peer_down] [--out docs/bench/shards.json]
+        [--skip topk,lexical,qualify,caps,peer_down] [--shapes n1r0,n2r0,n3r1,n4r0]
+        [--out docs/bench/shards.json]
 
 One deployment, built once under `--data-root` and reused by every later run (`build`
 skips what `state.json` there says is done; `measure` only measures): a private 3-peer
@@ -724,6 +725,7 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
 
 
 def main() -> int:
+    global SHAPES, LATENCY_SHAPES
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-root", type=Path, default=Path("/tmp/orrery-bench-shards"))
     parser.add_argument("--phase", choices=("build", "measure", "all"), default="all")
@@ -745,8 +747,17 @@ def main() -> int:
         choices=[shape_name(s) for s in SHAPES[1:]],
         help="the generation qualified",
     )
+    parser.add_argument(
+        "--shapes",
+        default=",".join(shape_name(s) for s in SHAPES),
+        help="generations built and measured (n1r0 always first: the projector's)",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "shards.json")
     args = parser.parse_args()
+    chosen = [s for s in SHAPES if shape_name(s) in args.shapes.split(",")]
+    if not chosen or chosen[0] != SHAPES[0]:
+        parser.error("--shapes must include n1r0")
+    SHAPES = LATENCY_SHAPES = tuple(chosen)
     dep = Deployment(args.data_root)
     if args.phase in ("build", "all"):
         build(dep, args.documents)

@@ -350,6 +350,7 @@ def in_process_qualifier(
                 limits=query_limits(settings),
                 profiles=list(PROFILES),
                 thresholds=settings.qualification_thresholds(),
+                heads=ports.records,
             )
             receipt = qualify_generation(descriptor, row.applied_position, request, setup=setup)
         state.record_receipt(receipt)
