@@ -473,7 +473,8 @@ def qualify(
         if spy is not None:
             spy.send_signal(2)
             spy.wait(timeout=120)
-        # Again at the same position: the reference copy is reused.
+        # Again at the same position: the reference copy is reused (it is kept after a
+        # failed receipt; a passing one drops it).
         started = time.perf_counter()
         cpu_before = server.cpu_seconds()
         again = admin(client, "POST", f"/{generation_id}/qualify", {})["receipt"]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -86,6 +87,8 @@ __all__ = [
     "RefreshPolicy",
     "index_body",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_INDEX_PREFIX = "orrery"
 # Operations per `_bulk` request; an `apply` larger than this is sent in several requests.
@@ -408,8 +411,7 @@ class OpenSearchLexicalIndex:
         self._analyzers.pop(index, None)
         self._routing.pop(index, None)
         try:
-            # The qualification reference kept for it (`reference_copy`), if any.
-            self._client.indices.delete(index=f"{index}.qref", ignore_unavailable=True)
+            self._drop_reference(index)
             self._client.indices.delete(index=index)
         except TransportError as exc:
             if exc.status_code == 404:
@@ -417,6 +419,21 @@ class OpenSearchLexicalIndex:
             raise _translate(exc, "cannot delete index", generation_id) from exc
         except OpenSearchException as exc:
             raise _translate(exc, "cannot delete index", generation_id) from exc
+
+    def drop_reference(self, generation_id: str) -> None:
+        """Delete the generation's qualification reference (`reference_copy`), if any;
+        a failure is logged, not raised (the copy is only a cache: the next
+        qualification makes or checks it anyway)."""
+        try:
+            self._drop_reference(self.index_name(generation_id))
+        except OpenSearchException as exc:
+            log.warning("cannot delete the reference copy of %s: %s", generation_id, exc)
+
+    def _drop_reference(self, index: str) -> None:
+        target = f"{index}.qref"
+        self._analyzers.pop(target, None)
+        self._routing.pop(target, None)
+        self._client.indices.delete(index=target, ignore_unavailable=True)
 
     def close(self) -> None:
         """Close the client's connections. The object is not used afterwards."""
@@ -467,8 +484,8 @@ class OpenSearchLexicalIndex:
         and sequence numbers holds exactly the documents copied then (any index or
         delete raises a primary's `max_seq_no`), so it yields the copy as is; otherwise
         it copies again. An untagged copy (one that failed or was interrupted, or made
-        while writes were in flight) is never reused. `drop` deletes the copy with its
-        generation's index."""
+        while writes were in flight) is never reused. `drop_reference` deletes it, and
+        `drop` with its generation's index."""
         source = self.index_name(generation_id)
         reference_id = f"{generation_id}.qref"
         target = self.index_name(reference_id)

@@ -82,7 +82,13 @@ def test_the_reference_copy_is_reused_until_its_source_takes_a_write(
     untagged = _uuid(index, "g3.qref")
     with index.reference_copy("g3") as reference_id:
         assert _uuid(index, reference_id) != untagged
-    # Dropping the generation drops its reference too.
+    # `drop_reference` deletes it (twice is harmless); dropping the generation drops
+    # its reference too.
+    index.drop_reference("g3")
+    index.drop_reference("g3")
+    assert _uuid(index, "g3.qref") is None
+    with index.reference_copy("g3"):
+        assert _uuid(index, "g3.qref") is not None
     index.drop("g3")
     assert _uuid(index, "g3.qref") is None
     index.create("g3", shards=3)  # for the fixture's teardown

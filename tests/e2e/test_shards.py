@@ -491,6 +491,10 @@ def test_a_passing_receipt_lets_the_spread_generation_be_promoted(
     assert gone.status_code == 410, gone.text
     assert gone.json()["error"]["code"] == "generation_unavailable"
     assert receipt["passed"], receipt["failures"]
+    # A passing receipt leaves no reference copy behind (a failed one keeps it for the
+    # next qualification).
+    copy = httpx.get(f"{deployment.cluster['url']}/{deployment.prefix}-{spread}.qref", timeout=30)
+    assert copy.status_code == 404, copy.text[:300]
     assert receipt["receipt_id"] == sha256_json(
         {k: v for k, v in receipt.items() if k != "receipt_id"}
     )
