@@ -545,7 +545,8 @@ def server_generation_admin(
     (`contracts.names`; lowercase for OpenSearch). New generations are spread as
     `index_shape(namespace, kind)` says (default 1 shard, no replica); `qualify` runs a
     qualification sample against a 1-shard reference copy of the lexical index (made
-    here, dropped afterwards) — without it, this process cannot qualify."""
+    here; kept for the next qualification after a failed receipt, dropped after a
+    passing one) — without it, this process cannot qualify."""
     from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
     from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 
@@ -619,7 +620,13 @@ def server_generation_admin(
             row: GenerationRow, descriptor: GenerationDescriptor, request: QualifyRequest
         ) -> QualificationReceipt:
             with lexical.reference_copy(descriptor.generation_id) as reference_id:
-                return runner(descriptor, row.applied_position, request, reference_id)
+                receipt = runner(descriptor, row.applied_position, request, reference_id)
+            # Kept after a failed receipt (a qualification run again after a settings
+            # change reuses it); a passing one is what a promote needs, and a live
+            # generation should not carry a second copy of its index on disk.
+            if receipt.passed:
+                lexical.drop_reference(descriptor.generation_id)
+            return receipt
 
         admin.qualifier = qualifier
 

@@ -24,7 +24,14 @@ from query.cursors import CursorCodec, parse_cursor_keys
 from query.koutendb import KoutenPorts, RingTables
 from query.overlap import shared_source_pool
 from query.phrases import VocabularyRegistry, parse_vocabularies
-from query.ports import Cache, EnvelopeLog, RecordReader, RingStatistics, SearchProfiles
+from query.ports import (
+    Cache,
+    EnvelopeLog,
+    HeadListing,
+    RecordReader,
+    RingStatistics,
+    SearchProfiles,
+)
 from query.profiles import ProfileRegistry, parse_profiles
 from query.qualify import QualifySetup, qualify_generation
 from query.scopes import ScopeRegistry, ScopeResolver, parse_scopes
@@ -300,6 +307,7 @@ def server_qualifier(
             sample_size=settings.qualify_queries,
             workers=settings.qualify_workers,
             method=method,
+            heads=ports.records if isinstance(ports.records, HeadListing) else None,
         )
         return qualify_generation(descriptor, position, request, setup=setup)
 

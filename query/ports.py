@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +22,7 @@ __all__ = [
     "EnvelopeLog",
     "EvidenceSource",
     "HeadFacts",
+    "HeadListing",
     "KeptEnvelope",
     "LexicalSearch",
     "NamespaceLog",
@@ -341,6 +342,21 @@ class RecordReader(Protocol):
         """Whether any record (current or deleted) of `namespace` (and `snapshot_kind`,
         unless None) was ever stored: an unknown namespace from a scope not indexed yet.
         One index lookup."""
+
+
+@runtime_checkable
+class HeadListing(Protocol):
+    """Lists a namespace's current records by key, reading no record JSON (what a
+    qualification draws its sample from: one scan instead of one `page` per record).
+
+    Guarantees: `head_keys(namespace)` holds exactly the `(document_id, revision)` of
+    the records `RecordReader.page(namespace, None, …)` of the same store pages through,
+    in the same order (by document id, as the store's own collation orders it).
+    """
+
+    def head_keys(self, namespace: str) -> list[tuple[str, int]]:
+        """The current (non-deleted) records of `namespace` as `(document_id, revision)`,
+        ordered by document id."""
 
 
 class Cache(Protocol):

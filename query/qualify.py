@@ -23,7 +23,7 @@ import hashlib
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,7 +46,7 @@ from contracts.qualification import (
 )
 from contracts.records import Record
 from contracts.topk import Include, QueryFilters, TopKRequest
-from query.ports import LexicalSearch, VectorSearch
+from query.ports import HeadListing, LexicalSearch, RecordReader, StoredRecord, VectorSearch
 from query.service import Principal, QueryLimits, QueryPorts, topk_records
 
 __all__ = ["QualifySetup", "qualify_generation"]
@@ -55,6 +55,9 @@ __all__ = ["QualifySetup", "qualify_generation"]
 TOP_K = 10
 # A qualification query's deadline: it measures agreement, not latency.
 _TIMEOUT_S = 60.0
+# Sampled records fetched per call (record JSON without vectors: well under the reader's
+# answer bound).
+_DRAW_CHUNK = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,9 @@ class QualifySetup:
     copy, whose generation id is `reference_id`; `reference_vectors` searches exactly;
     `profiles`: profile ids to compare (resolved by `limits.profiles`); `workers`:
     queries run side by side; `method`: how production and reference search, recorded in
-    the receipt.
+    the receipt; `heads`: lists the store's current records by key (the sample is drawn
+    from it; without it, one `production.records.page` call per drawn record — the same
+    sample, slower).
     """
 
     production: QueryPorts
@@ -78,6 +83,7 @@ class QualifySetup:
     sample_size: int = 200
     workers: int = 4
     method: Mapping[str, str] = field(default_factory=dict)
+    heads: HeadListing | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
 
@@ -312,20 +318,15 @@ def _sample(
 ) -> list[_Query]:
     """`size` documents of the scope, drawn by a generator seeded with the generation
     id, turned into queries spread over the slices the namespace can have."""
-    records = setup.production.records
     seed = int(hashlib.sha256(generation_id.encode()).hexdigest()[:16], 16)
     rng = random.Random(seed)
-    total, _ = records.page(namespace, None, 0, 1)
-    offsets = rng.sample(range(total), min(total, size * 2)) if total else []
     drawn: list[Record] = []
-    for offset in offsets:
+    for stored in _drawn_records(namespace, size, rng, setup.production.records, setup.heads):
         if len(drawn) >= size:
             break
-        _, page = records.page(namespace, None, offset, 1)
-        for stored in page:
-            record = Record.model_validate_json(stored.record_json)
-            if record.snapshot_kind == kind and (request.queries or record.text.title.strip()):
-                drawn.append(record)
+        record = Record.model_validate_json(stored.record_json)
+        if record.snapshot_kind == kind and (request.queries or record.text.title.strip()):
+            drawn.append(record)
     vocabularies = setup.limits.vocabularies.vocabularies(namespace)
     terms = setup.limits.vocabularies.terms(namespace, vocabularies[0]) if vocabularies else []
     slices = [s for s in SLICES if s != "phrase" or terms]
@@ -349,6 +350,37 @@ def _sample(
             )
         queries.append(query)
     return queries
+
+
+def _drawn_records(
+    namespace: str,
+    size: int,
+    rng: random.Random,
+    records: RecordReader,
+    heads: HeadListing | None,
+) -> Iterator[StoredRecord]:
+    """The current records of `namespace` at `2 * size` offsets (in document-id order)
+    drawn by `rng`, in the order drawn, lazily (the caller stops once it has enough).
+
+    With `heads`, the keys are listed once and the records fetched by key a chunk at a
+    time; without, each offset is one `page` call (a sort of every head per call). Both
+    yield the same records — the store's heads in the same order — and draw the same
+    offsets from `rng`, so the sample and its digest do not depend on which ran.
+    """
+    if heads is None:
+        total, _ = records.page(namespace, None, 0, 1)
+    else:
+        keys = heads.head_keys(namespace)
+        total = len(keys)
+    offsets = rng.sample(range(total), min(total, size * 2)) if total else []
+    if heads is None:
+        for offset in offsets:
+            yield from records.page(namespace, None, offset, 1)[1]
+        return
+    for start in range(0, len(offsets), _DRAW_CHUNK):
+        wanted = [keys[offset] for offset in offsets[start : start + _DRAW_CHUNK]]
+        found = records.fetch(wanted)
+        yield from (found[key] for key in wanted if key in found)
 
 
 def _plan_json(query: _Query) -> Any:

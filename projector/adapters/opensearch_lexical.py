@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -86,6 +87,8 @@ __all__ = [
     "RefreshPolicy",
     "index_body",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_INDEX_PREFIX = "orrery"
 # Operations per `_bulk` request; an `apply` larger than this is sent in several requests.
@@ -408,6 +411,7 @@ class OpenSearchLexicalIndex:
         self._analyzers.pop(index, None)
         self._routing.pop(index, None)
         try:
+            self._drop_reference(index)
             self._client.indices.delete(index=index)
         except TransportError as exc:
             if exc.status_code == 404:
@@ -415,6 +419,21 @@ class OpenSearchLexicalIndex:
             raise _translate(exc, "cannot delete index", generation_id) from exc
         except OpenSearchException as exc:
             raise _translate(exc, "cannot delete index", generation_id) from exc
+
+    def drop_reference(self, generation_id: str) -> None:
+        """Delete the generation's qualification reference (`reference_copy`), if any;
+        a failure is logged, not raised (the copy is only a cache: the next
+        qualification makes or checks it anyway)."""
+        try:
+            self._drop_reference(self.index_name(generation_id))
+        except OpenSearchException as exc:
+            log.warning("cannot delete the reference copy of %s: %s", generation_id, exc)
+
+    def _drop_reference(self, index: str) -> None:
+        target = f"{index}.qref"
+        self._analyzers.pop(target, None)
+        self._routing.pop(target, None)
+        self._client.indices.delete(index=target, ignore_unavailable=True)
 
     def close(self) -> None:
         """Close the client's connections. The object is not used afterwards."""
@@ -453,21 +472,27 @@ class OpenSearchLexicalIndex:
         """A copy of the generation's index in one shard with no replica, the same
         mapping and analyzer and the same documents (as of one scroll snapshot): the
         global BM25 reference a qualification compares the generation with. Yields the
-        copy's generation id (`{generation_id}.qref`, searchable like a generation) and
-        deletes the copy on exit. Being fresh, it holds no deleted documents."""
+        copy's generation id (`{generation_id}.qref`, searchable like a generation).
+        Being fresh, it holds no deleted documents.
+
+        The copy is kept for the next qualification of the generation and reused while
+        the source took no write since: before copying, every primary's `max_seq_no` is
+        read (with the source's uuid) and, when each equals its `local_checkpoint` (no
+        write in flight), the source is refreshed — so everything up to those sequence
+        numbers is visible to the scroll — and the copy is tagged with them in its
+        mapping's `_meta` once complete. A later call whose source shows the same uuid
+        and sequence numbers holds exactly the documents copied then (any index or
+        delete raises a primary's `max_seq_no`), so it yields the copy as is; otherwise
+        it copies again. An untagged copy (one that failed or was interrupted, or made
+        while writes were in flight) is never reused. `drop_reference` deletes it, and
+        `drop` with its generation's index."""
         source = self.index_name(generation_id)
         reference_id = f"{generation_id}.qref"
         target = self.index_name(reference_id)
         try:
-            analyzer = self._text_analyzer(source)
-            self._client.indices.delete(index=target, ignore_unavailable=True)
-            # No scheduled refresh while the copy is written (nothing else writes to
-            # it): one refresh after it, the segments made once.
-            body = index_body(shards=1, replicas=0, refresh_interval="-1", text_analyzer=analyzer)
-            self._client.indices.create(index=target, body=body)
-            self._analyzers[target] = analyzer
-            self._copy_documents(source, target)
-            self._client.indices.refresh(index=target)
+            mark = self._write_mark(source)
+            if mark is None or self._reference_tag(target) != mark:
+                self._copy_reference(source, target, mark)
         except OpenSearchException as exc:
             with contextlib.suppress(OpenSearchException):
                 self._client.indices.delete(index=target, ignore_unavailable=True)
@@ -476,13 +501,57 @@ class OpenSearchLexicalIndex:
             with contextlib.suppress(OpenSearchException):
                 self._client.indices.delete(index=target, ignore_unavailable=True)
             raise
-        try:
-            yield reference_id
-        finally:
-            self._analyzers.pop(target, None)
-            self._routing.pop(target, None)
-            with contextlib.suppress(OpenSearchException):
-                self._client.indices.delete(index=target, ignore_unavailable=True)
+        yield reference_id
+
+    def _copy_reference(self, source: str, target: str, mark: dict[str, Any] | None) -> None:
+        """`target` made anew as the 1-shard copy of `source`, tagged with `mark`."""
+        analyzer = self._text_analyzer(source)
+        self._client.indices.delete(index=target, ignore_unavailable=True)
+        if mark is not None:
+            self._client.indices.refresh(index=source)
+        # No scheduled refresh while the copy is written (nothing else writes to it): one
+        # refresh after it, the segments made once.
+        body = index_body(shards=1, replicas=0, refresh_interval="-1", text_analyzer=analyzer)
+        self._client.indices.create(index=target, body=body)
+        self._analyzers[target] = analyzer
+        self._copy_documents(source, target)
+        self._client.indices.refresh(index=target)
+        if mark is not None:
+            meta = dict(body["mappings"]["_meta"])
+            meta["orrery"] = {**meta["orrery"], "reference_of": mark}
+            self._client.indices.put_mapping(index=target, body={"_meta": meta})
+
+    def _write_mark(self, index: str) -> dict[str, Any] | None:
+        """`{uuid, max_seq_no: [per primary]}` of `index`, or None while a primary has
+        a write in flight (`max_seq_no` above its `local_checkpoint`) or lacks the
+        figures."""
+        stats = self._client.indices.stats(
+            index=index,
+            metric="docs",
+            params={
+                "level": "shards",
+                "filter_path": "indices.*.uuid,indices.*.shards.*.routing.primary,"
+                "indices.*.shards.*.seq_no",
+            },
+        )
+        found = stats.get("indices", {}).get(index)
+        if not found:
+            return None
+        sequence: list[int] = []
+        for shard in sorted(found.get("shards", {}), key=int):
+            primaries = [c for c in found["shards"][shard] if c.get("routing", {}).get("primary")]
+            seq_no = primaries[0].get("seq_no", {}) if primaries else {}
+            if "max_seq_no" not in seq_no or seq_no["max_seq_no"] != seq_no.get("local_checkpoint"):
+                return None
+            sequence.append(int(seq_no["max_seq_no"]))
+        return {"uuid": found.get("uuid"), "max_seq_no": sequence}
+
+    def _reference_tag(self, target: str) -> Any:
+        """The `_meta.orrery.reference_of` a complete reference copy was tagged with
+        (None: no copy, or not tagged)."""
+        mapping = self._client.indices.get_mapping(index=target, ignore_unavailable=True)
+        found = mapping.get(target, {}).get("mappings", {}).get("_meta", {})
+        return found.get("orrery", {}).get("reference_of")
 
     def _copy_documents(self, source: str, target: str) -> None:
         """Every stored document of `source` into `target` (scrolled `_source`, the same

@@ -280,11 +280,11 @@ class PostgresRouting:
 
 
 class PostgresRecordReader:
-    """`RecordReader` over ingest's `records` and `heads` tables (the stored JSON is
-    returned as written, vector included). Each read that returns record JSON carries a
-    guard the server evaluates first from the sizes alone (`octet_length` of a TOASTed
-    value reads no data): past `max_answer_bytes` it returns no rows, and a second,
-    size-only query tells that apart from no match (`answer_too_large`)."""
+    """`RecordReader` and `HeadListing` over ingest's `records` and `heads` tables (the
+    stored JSON is returned as written, vector included). Each read that returns record
+    JSON carries a guard the server evaluates first from the sizes alone (`octet_length`
+    of a TOASTed value reads no data): past `max_answer_bytes` it returns no rows, and a
+    second, size-only query tells that apart from no match (`answer_too_large`)."""
 
     _COLUMNS = (
         "r.document_id, r.revision, r.item_id, r.namespace, r.snapshot_kind, r.galaxy, "
@@ -381,6 +381,15 @@ class PostgresRecordReader:
             [*args, limit, offset],
         )
         return (int(total[0][0]) if total else 0), [_stored(row) for row in rows]
+
+    def head_keys(self, namespace: str) -> list[tuple[str, int]]:
+        # Ordered as `page` orders (`h.document_id`, the column's collation).
+        rows = self._reads.query(
+            "SELECT h.document_id, h.revision FROM heads h "
+            "WHERE NOT h.deleted AND h.namespace = %s ORDER BY h.document_id",
+            (namespace,),
+        )
+        return [(str(d), int(r)) for d, r in rows]
 
     def holds(self, namespace: str, snapshot_kind: str | None = None) -> bool:
         rows = self._reads.query(

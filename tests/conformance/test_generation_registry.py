@@ -583,6 +583,54 @@ def test_record_reader_returns_exact_revisions_heads_and_pages(backend: Backend)
     assert reader.page("ns", "other-galaxy", 0, 5) == (0, [])
 
 
+def test_head_keys_list_what_pages_walk_and_draw_the_same_sample(backend: Backend) -> None:
+    """`head_keys` is the page walk's `(document_id, revision)` in its order, through
+    updates, deletes, other kinds and another namespace; so a qualification sample drawn
+    from it holds the same records in the same order as one drawn a `page` per record,
+    and leaves the generator in the same state (the phrase slice draws from it next)."""
+    from query.qualify import _drawn_records
+
+    store = backend.open(backend.store)
+    reader = backend.open(backend.records)
+    rng = random.Random(11)
+    revisions: dict[tuple[str, str], int] = {}
+    for _ in range(6):
+        batch = []
+        for _ in range(rng.randint(5, 25)):
+            namespace = rng.choice(["ns", "ns", "ns", "other"])
+            item = f"i{rng.randrange(60)}"
+            revision = revisions.get((namespace, item), 0) + 1
+            revisions[(namespace, item)] = revision
+            batch.append(
+                Record(
+                    namespace=namespace,
+                    snapshot_kind=rng.choice(["objects", "objects", "docs"]),
+                    item_id=item,
+                    revision=revision,
+                    deleted=rng.random() < 0.15,
+                    text={"title": f"title {item}"},
+                )
+            )
+        store.write(batch)
+    total, rows = reader.page("ns", None, 0, 1_000)
+    keys = reader.head_keys("ns")
+    assert keys == [(r.document_id, r.revision) for r in rows]
+    assert len(keys) == total > 0
+    assert reader.head_keys("nobody") == []
+    for seed, size in ((1, 3), (2, 10), (3, total), (4, 500)):
+        paged, listed = random.Random(seed), random.Random(seed)
+        by_page = list(_drawn_records("ns", size, paged, reader, None))
+        by_keys = list(_drawn_records("ns", size, listed, reader, reader))
+        assert [(r.document_id, r.revision, r.snapshot_kind) for r in by_keys] == [
+            (r.document_id, r.revision, r.snapshot_kind) for r in by_page
+        ]
+        assert [Record.model_validate_json(r.record_json).text.title for r in by_keys] == [
+            Record.model_validate_json(r.record_json).text.title for r in by_page
+        ]
+        assert len(by_keys) == min(total, 2 * size)
+        assert paged.getstate() == listed.getstate()
+
+
 def test_record_reader_fetches_exactly_the_pairs_asked(backend: Backend) -> None:
     """Any mix of stored pairs, other revisions of stored documents and unknown
     documents: exactly the stored pairs asked for come back, each at its revision (a

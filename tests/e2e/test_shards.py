@@ -350,6 +350,7 @@ def in_process_qualifier(
                 limits=query_limits(settings),
                 profiles=list(PROFILES),
                 thresholds=settings.qualification_thresholds(),
+                heads=ports.records,
             )
             receipt = qualify_generation(descriptor, row.applied_position, request, setup=setup)
         state.record_receipt(receipt)
@@ -490,6 +491,10 @@ def test_a_passing_receipt_lets_the_spread_generation_be_promoted(
     assert gone.status_code == 410, gone.text
     assert gone.json()["error"]["code"] == "generation_unavailable"
     assert receipt["passed"], receipt["failures"]
+    # A passing receipt leaves no reference copy behind (a failed one keeps it for the
+    # next qualification).
+    copy = httpx.get(f"{deployment.cluster['url']}/{deployment.prefix}-{spread}.qref", timeout=30)
+    assert copy.status_code == 404, copy.text[:300]
     assert receipt["receipt_id"] == sha256_json(
         {k: v for k, v in receipt.items() if k != "receipt_id"}
     )
