@@ -6,8 +6,11 @@ import hashlib
 import math
 import re
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["FakeHashingEmbedder"]
+from contracts.records import Record
+
+__all__ = ["FakeHashingEmbedder", "titled_record"]
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 
@@ -49,3 +52,19 @@ class FakeHashingEmbedder:
         if norm == 0.0:
             return tuple(1.0 if i == 0 else 0.0 for i in range(self._dimension))
         return tuple(x / norm for x in buckets)
+
+
+def titled_record(
+    namespace: str, snapshot_kind: str, item: str, revision: int = 1, **fields: Any
+) -> Record:
+    """A record of `item` with a title and a body made from its name, plus `fields`."""
+    return Record.model_validate(
+        {
+            "namespace": namespace,
+            "snapshot_kind": snapshot_kind,
+            "item_id": item,
+            "revision": revision,
+            "text": {"title": f"{item} title", "body": f"body of {item}"},
+            **fields,
+        }
+    )

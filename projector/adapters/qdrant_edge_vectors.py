@@ -602,9 +602,7 @@ class QdrantEdgeVectorIndex:
                     with_vector=False,
                 )
             del shard
-            for record in records:
-                payload = record.payload or {}
-                pairs.append((str(payload["document_id"]), int(payload["revision"])))
+            pairs.extend(_pairs(records))
         return pairs
 
     def drop(self, generation_id: str) -> None:
@@ -1228,9 +1226,7 @@ class QdrantEdgeVectorIndex:
                     )
                 )
             del shard
-            for record in records:
-                payload = record.payload or {}
-                pairs.append((str(payload["document_id"]), int(payload["revision"])))
+            pairs.extend(_pairs(records))
             if offset is None:
                 return pairs
             pace()
@@ -1306,6 +1302,13 @@ class _FlatBudget:
     @property
     def used(self) -> int:
         return self._used
+
+
+def _pairs(records: Iterable[Record]) -> Iterator[tuple[str, int]]:
+    """`(document_id, revision)` of points read with those two payload fields."""
+    for record in records:
+        payload = record.payload or {}
+        yield str(payload["document_id"]), int(payload["revision"])
 
 
 def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list[Any]]]:

@@ -24,7 +24,7 @@ from contracts.records import Record
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from projector.bootstrap import EmbedderFactory, embedded_generation_admin, embedded_projector
 from projector.generations import GenerationOptions, check_evidence
-from tests.fakes import FakeHashingEmbedder
+from tests.fakes import FakeHashingEmbedder, titled_record
 
 DIM = 16
 NS = "settle"
@@ -32,16 +32,7 @@ KIND = "objects"
 
 
 def rec(item: str, revision: int = 1, **fields: Any) -> Record:
-    return Record.model_validate(
-        {
-            "namespace": NS,
-            "snapshot_kind": KIND,
-            "item_id": item,
-            "revision": revision,
-            "text": {"title": f"{item} title", "body": f"body of {item}"},
-            **fields,
-        }
-    )
+    return titled_record(NS, KIND, item, revision, **fields)
 
 
 class Pipeline:

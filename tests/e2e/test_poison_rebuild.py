@@ -52,7 +52,7 @@ from tests.e2e.test_generations import (
     verify,
 )
 from tests.e2e.test_generations import NS as GEN_NS
-from tests.fakes import FakeHashingEmbedder
+from tests.fakes import FakeHashingEmbedder, titled_record
 
 DIM = 16
 NS = "poisoner"
@@ -60,16 +60,7 @@ KIND = "objects"
 
 
 def rec(item: str, revision: int = 1, **fields: Any) -> Record:
-    return Record.model_validate(
-        {
-            "namespace": NS,
-            "snapshot_kind": KIND,
-            "item_id": item,
-            "revision": revision,
-            "text": {"title": f"{item} title", "body": f"body of {item}"},
-            **fields,
-        }
-    )
+    return titled_record(NS, KIND, item, revision, **fields)
 
 
 def unit(i: int) -> list[float]:
