@@ -310,6 +310,7 @@ def in_process_qualifier(
     from projector.bootstrap import default_embedder
     from query.adapters.qdrant_vectors import QdrantServerVectorSearch
     from query.bootstrap import query_limits, scope_registry, server_query_ports
+    from query.ports import HeadListing
     from query.qualify import QualifySetup, qualify_generation
     from query.settings import QuerySettings
 
@@ -336,6 +337,9 @@ def in_process_qualifier(
     writer = OpenSearchLexicalIndex(opensearch_url, index_prefix=prefix)
     state = SqliteProjectorState(canonical_db_path(data_dir))
     exact = QdrantServerVectorSearch(qdrant, collection_prefix=prefix, exact=True)
+    # The store's reader lists head keys, as the composition hands it to qualification.
+    assert isinstance(ports.records, HeadListing)
+    heads: HeadListing = ports.records
 
     def run(
         generation_id: str, production: Production, request: QualifyRequest
@@ -350,7 +354,7 @@ def in_process_qualifier(
                 limits=query_limits(settings),
                 profiles=list(PROFILES),
                 thresholds=settings.qualification_thresholds(),
-                heads=ports.records,
+                heads=heads,
             )
             receipt = qualify_generation(descriptor, row.applied_position, request, setup=setup)
         state.record_receipt(receipt)
