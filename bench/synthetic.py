@@ -122,35 +122,23 @@ def _centres(texts: Sequence[str]) -> np.ndarray[Any, Any]:
 def _recall(size: int, queries: int, seed: int, kind: str) -> dict[str, Any]:
     import tempfile
 
-    from qdrant_edge import (
-        Distance,
-        EdgeConfig,
-        EdgeOptimizersConfig,
-        EdgeShard,
-        EdgeVectorParams,
-        HnswIndexConfig,
-        Point,
-        SearchParams,
-        UpdateOperation,
-    )
+    from qdrant_edge import EdgeShard, Point, SearchParams, UpdateOperation
 
     from bench.topk import Vocabulary, corpus_batches, make_queries
+    from projector.adapters.qdrant_edge_vectors import VECTOR_NAME, QdrantEdgeTuning
     from projector.bootstrap import default_embedder
 
     vocab = Vocabulary.build(random.Random(seed))
     titles: list[str] = []
     with tempfile.TemporaryDirectory(prefix="orrery-synthetic-") as tmp:
-        config = EdgeConfig(
-            vectors={"v": EdgeVectorParams(size=DIMENSION, distance=Distance.Cosine)},
-            hnsw_config=HnswIndexConfig(m=16, ef_construct=100, full_scan_threshold=10_000),
-            optimizers=EdgeOptimizersConfig(indexing_threshold=10_000),
-        )
+        # A generation's own engine config (Qdrant's defaults: m 16, ef_construct 100).
+        config = QdrantEdgeTuning().edge_config(DIMENSION)
         shard = EdgeShard.create(tmp, config)
         started = time.perf_counter()
         for body in corpus_batches(size, 2_000, seed, vocab, vectors=kind):
             records = json.loads(body)
             points = [
-                Point(id=len(titles) + i, vector={"v": r["vector"]}, payload={})
+                Point(id=len(titles) + i, vector={VECTOR_NAME: r["vector"]}, payload={})
                 for i, r in enumerate(records)
             ]
             titles.extend(r["text"]["title"] for r in records)
@@ -197,7 +185,11 @@ def _recall(size: int, queries: int, seed: int, kind: str) -> dict[str, Any]:
 def _ids(shard: Any, vector: Sequence[float], limit: int, params: Any) -> set[Any]:
     from qdrant_edge import Query, QueryRequest
 
-    request = QueryRequest(query=Query.Nearest(list(vector), using="v"), limit=limit, params=params)
+    from projector.adapters.qdrant_edge_vectors import VECTOR_NAME
+
+    request = QueryRequest(
+        query=Query.Nearest(list(vector), using=VECTOR_NAME), limit=limit, params=params
+    )
     return {point.id for point in shard.query(request)}
 
 
