@@ -1,7 +1,7 @@
 """An in-memory copy of a small generation's vectors, scanned exactly.
 
 A Qdrant-family engine brute-forces a segment below its indexing threshold (10 MB of
-vectors by default: ~6,800 points of 384 dimensions); at SciFact's 5,183 points that is
+vectors by default: ~6,660 points of 384 dimensions); at SciFact's 5,183 points that is
 qdrant-edge's whole answer, and the request, the scan and the conversion of its points
 cost ~2.1 ms where the same exact scan over a float32 matrix in numpy costs ~0.5
 (docs/bench/README.md). `FlatVectors` is that matrix, with each row's candidate fields
