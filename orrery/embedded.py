@@ -454,6 +454,7 @@ class EmbeddedStack:
             scopes=scope_registry(settings),
             cursors=cursor_codec(settings),
             max_answer_bytes=settings.max_answer_bytes,
+            record_cache_bytes=settings.record_cache_bytes,
         )
         ports = dataclasses.replace(ports, observer=query_observer(observability))
         status = with_tracing_status(loop.status, observability)

@@ -282,6 +282,7 @@ class ServerStack:
                 max_answer_bytes=settings.max_answer_bytes,
                 database_url=database_url,
                 opensearch_search_type=settings.opensearch_search_type,
+                record_cache_bytes=settings.record_cache_bytes,
             )
             stack.closers.append(close_ports)
             ports = dataclasses.replace(ports, observer=query_observer(observability))

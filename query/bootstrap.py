@@ -34,6 +34,7 @@ from query.ports import (
 )
 from query.profiles import ProfileRegistry, parse_profiles
 from query.qualify import QualifySetup, qualify_generation
+from query.record_cache import DEFAULT_RECORD_CACHE_BYTES, RecordCache
 from query.scopes import ScopeRegistry, ScopeResolver, parse_scopes
 from query.service import QueryEmbeddingCache, QueryLimits, QueryPorts
 from query.settings import QuerySettings
@@ -161,6 +162,7 @@ def embedded_query_ports(
     scopes: ScopeRegistry | None = None,
     cursors: CursorCodec | None = None,
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+    record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES,
 ) -> QueryPorts:
     """Query ports over the embedded stack.
 
@@ -192,6 +194,7 @@ def embedded_query_ports(
         # keeps it while its own threads compute).
         overlap=None,
         vector_overlap=shared_source_pool(),
+        record_cache=_record_cache(record_cache_bytes, max_answer_bytes),
     )
 
 
@@ -210,6 +213,7 @@ def server_query_ports(
     database_url: str | None = None,
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     opensearch_search_type: SearchType = "dfs_query_then_fetch",
+    record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES,
 ) -> tuple[QueryPorts, Callable[[], None]]:
     """Query ports over the servers, and the function that closes what they opened:
     OpenSearch, Qdrant (`qdrant` is a `QdrantClient`), Redis for responses and query
@@ -257,8 +261,17 @@ def server_query_ports(
         ),
         cursors=cursors,
         overlap=shared_source_pool(),
+        record_cache=_record_cache(record_cache_bytes, max_answer_bytes),
     )
     return ports, close
+
+
+def _record_cache(max_bytes: int, max_answer_bytes: int) -> RecordCache | None:
+    """The per-tenant cache of stored records answers used (`ORRERY_RECORD_CACHE_BYTES`
+    per tenant; 0: none)."""
+    if max_bytes <= 0:
+        return None
+    return RecordCache(max_answer_bytes=max_answer_bytes, max_bytes=max_bytes)
 
 
 def qualify_profiles(settings: QuerySettings) -> list[str]:

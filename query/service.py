@@ -54,6 +54,7 @@ from query.ports import (
     VectorSearch,
 )
 from query.profiles import ProfileRegistry
+from query.record_cache import RecordCache
 from query.scopes import ScopeResolver, ScopeTarget, merge_filters
 from query.tenant_lru import TenantLru
 
@@ -199,6 +200,17 @@ class QueryPorts:
     vector_overlap: SourcePool | None = None
     # Told about every answer (metrics, spans); None: nobody listens.
     observer: QueryObserver | None = None
+    # Keeps the records answers were made of, per tenant (`query.record_cache`); None:
+    # every answer reads them from `records`.
+    record_cache: RecordCache | None = None
+
+    def fetch_records(
+        self, namespace: str, keys: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], StoredRecord]:
+        """`records.fetch(keys)` for a query of `namespace`, through `record_cache`."""
+        if self.record_cache is None:
+            return self.records.fetch(keys)
+        return self.record_cache.fetch(self.records, namespace, keys)
 
 
 class _Stopwatch:
@@ -1179,7 +1191,7 @@ def _materialize(
     Built without re-validation (`model_construct`): every value is typed already, and
     payloads and metadata are the stored record's own, validated when it was written —
     walking each payload again cost more than parsing it."""
-    stored = ports.records.fetch([(c.document_id, c.revision) for c in top])
+    stored = ports.fetch_records(ranked.route.namespace, [(c.document_id, c.revision) for c in top])
     include = request.include
     with_payload, with_metadata = include.payload, include.metadata
     with_content, with_breakdown = include.content, include.score_breakdown
@@ -1413,7 +1425,7 @@ def search_rings(request: RingSearch, *, ports: QueryPorts, limits: QueryLimits)
         limits=limits,
     )
     top = ranked.top(request.limit)
-    stored = ports.records.fetch([(c.document_id, c.revision) for c in top])
+    stored = ports.fetch_records(ranked.route.namespace, [(c.document_id, c.revision) for c in top])
     hits: list[RingHit] = []
     for candidate in top:
         row = stored.get((candidate.document_id, candidate.revision))

@@ -87,6 +87,13 @@ class QuerySettings(BaseSettings):
         description="Most stored record bytes one answer materializes (by-id reads, "
         "top-k payloads); more = 413 answer_too_large (ask for fewer ids or a page)",
     )
+    record_cache_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=0,
+        description="Stored record JSON each query worker keeps per tenant after an "
+        "answer used it (a revision never changes, so a kept record is never stale; 32 "
+        "tenants at most): the next answers with it skip the store's read. 0 = off",
+    )
     max_result_limit: int = Field(
         default=500,
         ge=1,

@@ -293,7 +293,7 @@ def _ranked_within(
             indexes_ignored=list(_lanes(body.allowed_indexes).ignored),
         )
     out = _retrieve_native(body, namespace, scope_ref, principal, ports, limits)
-    stored = ports.records.fetch([(c.document_id, c.revision) for c in out.candidates])
+    stored = ports.fetch_records(namespace, [(c.document_id, c.revision) for c in out.candidates])
     hits = []
     for c in out.candidates:
         row = stored.get((c.document_id, c.revision))
@@ -439,7 +439,7 @@ def chonky_retrieve(
         )
     out = _retrieve_native(body, namespace, scope_ref, principal, ports, limits)
     stored = (
-        ports.records.fetch([(c.document_id, c.revision) for c in out.candidates])
+        ports.fetch_records(namespace, [(c.document_id, c.revision) for c in out.candidates])
         if body.include_metadata
         else {}
     )

@@ -716,6 +716,79 @@ def test_record_reads_are_bounded_in_bytes_and_kinds_read_no_json(backend: Backe
     assert records.heads("ns", ["nope"]) == [] and records.fetch([("nope", 1)]) == {}
 
 
+class _CountingReader:
+    """A reader that counts the pairs it was asked for (the rest is the real reader's)."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.asked: list[tuple[str, int]] = []
+
+    def fetch(self, keys: Any) -> Any:
+        self.asked.extend(keys)
+        return self.reader.fetch(keys)
+
+
+def test_record_cache_answers_what_the_reader_answers_per_tenant(backend: Backend) -> None:
+    """`RecordCache.fetch` returns exactly `reader.fetch` for any mix of kept, stored and
+    unknown pairs of two tenants; a pair is read from the store once while kept; a record
+    is kept only for the namespace it belongs to; one tenant filling its bound never
+    evicts another's records; and the answer bound counts kept records too (413)."""
+    from query.record_cache import RecordCache
+
+    store = backend.open(backend.store)
+    reader = backend.open(backend.records)
+    records = [
+        Record(namespace=namespace, snapshot_kind="objects", item_id=item, revision=revision)
+        for namespace in ("ns", "other")
+        for item in "abcdef"
+        for revision in (1, 2)
+    ]
+    store.write([r for r in records if r.revision == 1])
+    store.write([r for r in records if r.revision == 2])
+    pairs: dict[str, list[tuple[str, int]]] = {"ns": [], "other": []}
+    for r in records:
+        pairs[r.namespace].append((r.doc_id, r.revision))
+    size = max(len(reader.fetch([p])[p].record_json) for p in pairs["ns"])
+    # Room for four records of a tenant: the draws below keep evicting.
+    cache = RecordCache(max_answer_bytes=1_000_000, max_bytes=4 * size)
+    counting = _CountingReader(reader)
+    rng = random.Random(5)
+    for _ in range(60):
+        namespace = rng.choice(["ns", "other"])
+        own, foreign = pairs[namespace], pairs["other" if namespace == "ns" else "ns"]
+        keys = list(
+            dict.fromkeys(
+                rng.choice(own + foreign[:2] + [("nope", 1), (own[0][0], 9)])
+                for _ in range(rng.randint(0, 6))
+            )
+        )
+        assert cache.fetch(counting, namespace, keys) == reader.fetch(keys)
+    # Kept: asked again, a tenant's last pairs are not read from the store again.
+    last = pairs["ns"][:3]
+    cache.fetch(counting, "ns", last)
+    counting.asked.clear()
+    assert cache.fetch(counting, "ns", last) == reader.fetch(last)
+    assert counting.asked == []
+    # Never kept for a tenant it does not belong to (read again each time).
+    foreign_pair = pairs["other"][0]
+    for _ in range(2):
+        counting.asked.clear()
+        assert cache.fetch(counting, "ns", [foreign_pair]) == reader.fetch([foreign_pair])
+        assert counting.asked == [foreign_pair]
+    # "other" fills and churns its own bound: "ns"'s kept records stay.
+    for pair in pairs["other"]:
+        cache.fetch(counting, "other", [pair])
+    counting.asked.clear()
+    cache.fetch(counting, "ns", last)
+    assert counting.asked == []
+    # The answer bound counts kept and read records alike.
+    tight = RecordCache(max_answer_bytes=2 * size + size // 2, max_bytes=10 * size)
+    tight.fetch(reader, "ns", pairs["ns"][:2])
+    with pytest.raises(OrreryError) as caught:
+        tight.fetch(reader, "ns", pairs["ns"][:3])
+    assert caught.value.code is ErrorCode.ANSWER_TOO_LARGE
+
+
 def _receipt(generation_id: str, digest: str, at: datetime, passed: bool) -> Any:
     from contracts.qualification import QualificationReceipt, QualificationThresholds
 
