@@ -21,6 +21,7 @@ second core). Equal to the engine's own cosine to float32 rounding (~1e-7).
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -256,9 +257,18 @@ def _answerable(filter: SearchFilter) -> bool:
 
 def _unit(vector: Sequence[float]) -> npt.NDArray[np.float32]:
     """The query scaled to unit length (in float64, then float32), as the engine scales
-    a cosine query."""
+    a cosine query; read-only, shared by the calls for one query vector (`_unit_of`)."""
+    return _unit_of(vector if isinstance(vector, tuple) else tuple(vector))
+
+
+@functools.lru_cache(maxsize=64)
+def _unit_of(vector: tuple[float, ...]) -> npt.NDArray[np.float32]:
+    # Once per query vector: a query's search and its re-score's lookup scale the same
+    # vector, and each numpy call here lets the GIL go (the lexical search's thread
+    # then runs until it lets it go in turn).
     array = np.asarray(vector, dtype=np.float64)
     unit: npt.NDArray[np.float32] = (array / np.sqrt(np.dot(array, array))).astype(np.float32)
+    unit.flags.writeable = False
     return unit
 
 
