@@ -142,8 +142,9 @@ class FlatVectors:
             order = np.argsort(-scores, kind="stable")
             rows, scores = rows[order], scores[order]
             candidates = self._candidates
+            new = tuple.__new__  # the named tuple's generated `__new__` costs twice this
             picked = [
-                Candidate(c[0], c[1], score, c[3], c[4])  # type: ignore[index]
+                new(Candidate, (c[0], c[1], score, c[3], c[4]))  # type: ignore[index]
                 for c, score in zip(
                     [candidates[row] for row in rows.tolist()], scores.tolist(), strict=True
                 )

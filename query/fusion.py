@@ -143,6 +143,9 @@ def _union(lexical: Sequence[Candidate], vector: Sequence[Candidate]) -> dict[st
     return seen
 
 
+# A named tuple built from its fields' tuple: half the time of its generated `__new__`
+# (one per candidate of every query).
+_new = tuple.__new__
 _BY_ID = attrgetter("document_id")
 _BY_SCORE = attrgetter("score")
 
@@ -211,7 +214,7 @@ def fuse_weighted_profile(
         fresh = exp(neg_ln2 * (age_days if age_days > 0.0 else 0.0) / half_life)
         meta = boosts.get(candidate.status, other)
         score = fsum((lw * lx, vw * vx, fw * fresh, mw * meta)) / total
-        fused.append(FusedCandidate(doc_id, candidate.revision, score, lx, vx, fresh, meta))
+        fused.append(_new(FusedCandidate, (doc_id, candidate.revision, score, lx, vx, fresh, meta)))
     return _sorted(fused)
 
 
@@ -243,7 +246,7 @@ def fuse_rrf(
         lex = reciprocal(lex_ranks.get(doc_id))
         vec = reciprocal(vec_ranks.get(doc_id))
         score = (profile.lexical_weight * lex + profile.vector_weight * vec) / total
-        fused.append(FusedCandidate(doc_id, candidate.revision, score, lex, vec, 0.0, 0.0))
+        fused.append(_new(FusedCandidate, (doc_id, candidate.revision, score, lex, vec, 0.0, 0.0)))
     return _sorted(fused)
 
 

@@ -45,6 +45,7 @@ __all__ = ["TantivyLexicalSearch"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
+_new = tuple.__new__
 # Below this many values a disjunction of term queries beats a term-set query (which
 # costs ~0.25 ms even for one value at 10k documents; measured with tantivy 0.27).
 _TERM_SET_MIN_VALUES = 128
@@ -409,13 +410,17 @@ class _HitReader:
                 missing.append(len(candidates))
                 candidates.append(_MISSING)
                 continue
+            # `tuple.__new__`: half the time of the named tuple's generated `__new__`.
             candidates.append(
-                Candidate(
-                    document_id_of_key(high, low),
-                    revision,
-                    float(score),
-                    _EPOCH + micros * _MICROSECOND,
-                    status,
+                _new(
+                    Candidate,
+                    (
+                        document_id_of_key(high, low),
+                        revision,
+                        float(score),
+                        _EPOCH + micros * _MICROSECOND,
+                        status,
+                    ),
                 )
             )
         if missing:
