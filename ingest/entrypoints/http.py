@@ -16,10 +16,9 @@ from contracts.errors import ErrorCode, OrreryError
 from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.openapi import operation
 from contracts.records import Record
-from contracts.wire import loads_strict
 from ingest.pacing import WAIT_POLL_SECONDS, WriteFlow, WritePacer
 from ingest.ports import RecordStore
-from ingest.service import parse_batch, write_records
+from ingest.service import parse_body, write_records
 
 __all__ = ["WAIT_POLL_SECONDS", "WriteFlow", "create_router"]
 
@@ -77,8 +76,8 @@ def create_router(
         raw = await request.body()
 
         def parse() -> list[Record]:
-            return parse_batch(
-                loads_strict(raw),
+            return parse_body(
+                raw,
                 max_batch=max_batch,
                 vector_dimension=vector_dimension,
                 max_record_bytes=max_record_bytes,
