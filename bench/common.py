@@ -129,6 +129,37 @@ class ServeProcess:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def thread_cpu_seconds(self) -> dict[int, float]:
+        """User + system CPU time of each live thread of the server (native id -> s)."""
+        out: dict[int, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for tid in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                stat = Path(f"/proc/{self.pid}/task/{tid}/stat").read_text()
+            except OSError:  # the thread ended meanwhile
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    def thread_names(self) -> dict[int, str]:
+        """Python's name of each Python thread of the server (native id -> name), from
+        `py-spy dump` (the OS names them all alike); {} without py-spy."""
+        spy = Path(sys.executable).with_name("py-spy")
+        if not spy.exists():
+            return {}
+        dump = subprocess.run(
+            [str(spy), "dump", "--pid", str(self.pid), "--nonblocking"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
+        return {
+            int(tid, 0): name
+            for tid, name in re.findall(r'Thread (\S+) \([^)]*\): "([^"]*)"', dump)
+        }
+
     def log_problems(self, limit: int = 20) -> list[str]:
         """The last `limit` ERROR lines and exception lines of the server log."""
         lines = [

@@ -1,7 +1,8 @@
 """Embedded ingest A/B: the same corpus POSTed into `orrery serve` of two source trees,
 alternating, on fresh data dirs: end-to-end records/s (POST -> searchable), POST-only
 records/s, freshness lag per POST, and the server's CPU per record (robust to a busy
-machine, unlike the rates).
+machine, unlike the rates), also per thread: the projector's and the POST handling's
+(`/proc` per thread, named by `py-spy dump`).
 
     python bench/ingest_ab.py --baseline /path/to/other/tree [--size 20000] [--rounds 2]
         [--modes commit,searchable]
@@ -51,10 +52,14 @@ def one_run(tree: Path, mode: str, corpus: SpooledCorpus, size: int, batch: int)
     load_before = os.getloadavg()
     server = start_serve(root / "data", root / "serve.log", env, tree=tree)
     try:
+        names = server.thread_names()
+        threads_before = server.thread_cpu_seconds()
         cpu_before = server.cpu_seconds()
         with server.client(timeout_s=120.0) as client:
             result = ingest(server, client, corpus, size, None if mode == "commit" else mode)
         cpu = server.cpu_seconds() - cpu_before
+        threads_after = server.thread_cpu_seconds()
+        names.update(server.thread_names())
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -68,9 +73,26 @@ def one_run(tree: Path, mode: str, corpus: SpooledCorpus, size: int, batch: int)
         "freshness_lag_ms": {k: lag.get(k) for k in ("p50", "p95", "max")},
         "answered_before_searchable": result.get("answered_before_searchable"),
         "server_cpu_us_per_record": round(cpu / size * 1e6, 1),
+        # Per Python thread name: `orrery-projector` is the projector, `AnyIO worker
+        # thread` the POST handling off the event loop (parse, admission, store write),
+        # `MainThread` the event loop (HTTP, readiness polls); `?` native threads
+        # (engines) and threads that ended are left out of the named figures.
+        "server_cpu_us_per_record_by_thread": _by_thread(
+            names, threads_before, threads_after, size
+        ),
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _by_thread(
+    names: dict[int, str], before: dict[int, float], after: dict[int, float], size: int
+) -> dict[str, float]:
+    seconds: dict[str, float] = {}
+    for tid, cpu in after.items():
+        name = names.get(tid, "?")
+        seconds[name] = seconds.get(name, 0.0) + cpu - before.get(tid, 0.0)
+    return {name: round(s / size * 1e6, 1) for name, s in sorted(seconds.items())}
 
 
 def print_table(runs: list[dict[str, Any]]) -> None:
@@ -83,6 +105,8 @@ def print_table(runs: list[dict[str, Any]]) -> None:
         "lag p50 ms",
         "lag p95 ms",
         "CPU us/rec",
+        "projector",
+        "POST",
         "load",
     ):
         table.add_column(column)
@@ -96,9 +120,16 @@ def print_table(runs: list[dict[str, Any]]) -> None:
             "-" if lag["p50"] is None else f"{lag['p50']:,.0f}",
             "-" if lag["p95"] is None else f"{lag['p95']:,.0f}",
             f"{run['server_cpu_us_per_record']:,.0f}",
+            _thread_cell(run, "orrery-projector"),
+            _thread_cell(run, "AnyIO worker thread"),
             f"{run['load_before'][0]:.1f}",
         )
     console.print(table)
+
+
+def _thread_cell(run: dict[str, Any], name: str) -> str:
+    value = run.get("server_cpu_us_per_record_by_thread", {}).get(name)
+    return "-" if value is None else f"{value:,.0f}"
 
 
 def main() -> int:

@@ -63,6 +63,7 @@ __all__ = [
     "problem_dicts",
     "record_bytes",
     "record_problems",
+    "sized_record_json",
     "vector_problem",
 ]
 
@@ -212,8 +213,26 @@ def check_record_size(record: Record, *, max_record_bytes: int, index: int = 0) 
         size = record_bytes(record)
     except (UnicodeEncodeError, ValueError):
         return  # a lone surrogate: reported as `not_unicode` (or refused by validation)
-    if size <= max_record_bytes:
-        return
+    if size > max_record_bytes:
+        raise _too_large(record, size, max_record_bytes, index)
+
+
+def sized_record_json(record: Record, *, max_record_bytes: int, index: int = 0) -> str | None:
+    """`record.model_dump_json()`, the JSON every store keeps, after `check_record_size`'s
+    check on it (the same `413`): for a caller that stores the record next, which then
+    serializes it once, not twice. None when it cannot be serialized (a lone surrogate:
+    reported as `not_unicode`, or refused by validation)."""
+    try:
+        data = record.__pydantic_serializer__.to_json(record)
+    except (UnicodeEncodeError, ValueError):
+        return None
+    if len(data) > max_record_bytes:
+        raise _too_large(record, len(data), max_record_bytes, index)
+    return data.decode("utf-8")
+
+
+def _too_large(record: Record, size: int, max_record_bytes: int, index: int) -> OrreryError:
+    dims = 0 if record.vector is None else len(record.vector)
     text = record.text
     parts = {
         "payload": len(json.dumps(record.payload, ensure_ascii=False)),
@@ -224,7 +243,7 @@ def check_record_size(record: Record, *, max_record_bytes: int, index: int = 0) 
         "vector": dims * _VECTOR_COMPONENT_BYTES,
     }
     largest = max(parts, key=lambda name: parts[name])
-    raise OrreryError(
+    return OrreryError(
         ErrorCode.RECORD_TOO_LARGE,
         f"the record is {size} bytes as stored JSON, more than {max_record_bytes} "
         f"(ORRERY_MAX_RECORD_BYTES); its largest field is {largest}",

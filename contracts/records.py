@@ -334,9 +334,15 @@ class Record(BaseModel):
     @model_validator(mode="after")
     def _derive_id(self) -> Record:
         if self.document_id is None:
-            self.document_id = derive_document_id(
+            derived = derive_document_id(
                 self.namespace, self.snapshot_kind, self.item_id, self.galaxy
             )
+            if "document_id" in self.model_fields_set:  # sent as null
+                self.document_id = derived
+            else:
+                # Not marked as set: `model_fields_set` names exactly the fields the
+                # producer sent (the write path counts them against the body's keys).
+                self.__dict__["document_id"] = derived
         return self
 
     @property

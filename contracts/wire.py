@@ -23,7 +23,15 @@ from pydantic_core import from_json
 
 from contracts.errors import ErrorCode, OrreryError
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "JsonInt", "loads_strict", "validate_strict"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_INT_DIGITS",
+    "JsonInt",
+    "json_key_count",
+    "loads_strict",
+    "typed_parse_pairs",
+    "validate_strict",
+]
 
 # Deeper than any request or payload Orrery needs, far below the interpreter's stack.
 MAX_DEPTH = 64
@@ -147,6 +155,37 @@ def loads_strict(raw: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     return value
 
 
+def typed_parse_pairs(raw: bytes, *, max_depth: int = MAX_DEPTH) -> int | None:
+    """How many key/value pairs the JSON text `raw` holds (colons outside strings), when
+    a typed parse of it (pydantic's `validate_json` into a model that refuses non-finite
+    numbers where it types them) can stand in for `loads_strict`; None when it cannot,
+    and `loads_strict` must read it.
+
+    Not None only for valid UTF-8 nested at most `max_depth` deep without what the typed
+    parse would take where `loads_strict` refuses it: no long number (over
+    `MAX_INT_DIGITS` digits, or a positive exponent of three or more digits), no
+    surrogate escape, no `NaN` / `Infinity` token. The one refusal left to the caller is
+    a duplicate object key, which the parser drops silently: the caller compares the
+    pairs its parsed value holds (`json_key_count`, `model_fields_set`) with this count,
+    and reads the body with `loads_strict` when they differ. No I/O.
+    """
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    skeleton = _skeleton(raw)
+    if _depth(skeleton) > max_depth:
+        return None
+    shape = skeleton.translate(_NUMBER_SHAPE)
+    if _LONG_DIGITS in shape or _LONG_EXPONENT.search(shape) is not None:
+        return None
+    # Outside strings, letters are `true`, `false`, `null`, exponents (`e`, `E`) — or the
+    # non-finite tokens, which the skeleton shows by their capitals.
+    if b"N" in skeleton or b"I" in skeleton or _SURROGATE_ESCAPE.search(raw) is not None:
+        return None
+    return skeleton.count(b":")
+
+
 _REFUSED = object()
 
 
@@ -164,18 +203,19 @@ def _fast_loads(raw: bytes, skeleton: bytes) -> Any:
         value = from_json(raw, allow_inf_nan=False)
     except ValueError:
         return _REFUSED
-    if _key_count(value) != skeleton.count(b":"):
+    if json_key_count(value) != skeleton.count(b":"):
         return _REFUSED
     return value
 
 
-def _key_count(value: Any) -> int:
+def json_key_count(value: Any) -> int:
     """The number of keys of every object in a parsed JSON value — or fewer: a list whose
     first and last items are numbers is taken for a list of numbers (a vector) without
-    looking at the rest. Counting short is safe: `_fast_loads` then finds fewer keys than
-    colons and lets the strict path decide, as for a duplicate key; only a list mixing
-    numbers and containers takes that slower path. Vectors are most of a body, and
-    their items' types cost a quarter of the fast parse when each is looked at."""
+    looking at the rest. Counting short is safe: a caller comparing it with the text's
+    colons (`_fast_loads`, `typed_parse_pairs`) then lets the strict path decide, as for
+    a duplicate key; only a list mixing numbers and containers takes that slower path.
+    Vectors are most of a body, and their items' types cost a quarter of the fast parse
+    when each is looked at."""
     count = 0
     stack = [value]
     while stack:

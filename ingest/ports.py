@@ -36,7 +36,12 @@ class RecordStore(Protocol):
     - Outbox positions strictly increase in commit order.
     """
 
-    def write(self, records: Sequence[Record]) -> list[Outcome]: ...
+    def write(
+        self, records: Sequence[Record], *, stored_json: Sequence[str | None] | None = None
+    ) -> list[Outcome]:
+        """`stored_json[i]`, when given and not None, is `records[i].model_dump_json()`
+        (the caller serialized it already, `contracts.admission.sized_record_json`):
+        stored as is instead of serializing the record again."""
 
     def heads(self, document_ids: Sequence[str]) -> list[Head]:
         """The newest revision of each listed document that was ever written (deleted

@@ -46,13 +46,20 @@ class PostgresRecordStore:
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
         self._pool: ConnectionPool = open_pool(url, max_size=pool_size, name="orrery-ingest")
 
-    def write(self, records: Sequence[Record]) -> list[Outcome]:
+    def write(
+        self, records: Sequence[Record], *, stored_json: Sequence[str | None] | None = None
+    ) -> list[Outcome]:
         if not records:
             return []
         with driver_errors("write records"), self._pool.connection() as conn:
-            return self._write(conn, records)
+            return self._write(conn, records, stored_json)
 
-    def _write(self, conn: psycopg.Connection[Any], records: Sequence[Record]) -> list[Outcome]:
+    def _write(
+        self,
+        conn: psycopg.Connection[Any],
+        records: Sequence[Record],
+        stored_json: Sequence[str | None] | None,
+    ) -> list[Outcome]:
         now = datetime.now(UTC)
         outcomes: list[Outcome] = []
         with conn.transaction(), conn.cursor() as cur:
@@ -101,7 +108,7 @@ class PostgresRecordStore:
             if not accepted:
                 return outcomes
             # Serialized once: the records row and the outbox event carry the same JSON.
-            bodies = [r.model_dump_json() for _, r in accepted]
+            bodies = [_stored(index, r, stored_json) for index, r in accepted]
             cur.executemany(
                 "INSERT INTO records VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                 [
@@ -209,3 +216,9 @@ class PostgresRecordStore:
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _stored(index: int, record: Record, stored_json: Sequence[str | None] | None) -> str:
+    """The JSON the store keeps of `record`: the caller's serialization when it gave one."""
+    given = None if stored_json is None else stored_json[index]
+    return record.model_dump_json() if given is None else given

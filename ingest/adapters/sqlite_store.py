@@ -140,7 +140,9 @@ class SqliteRecordStore:
             except sqlite3.Error as exc:
                 raise DependencyUnavailable("sqlite", str(exc)) from exc
 
-    def write(self, records: Sequence[Record]) -> list[Outcome]:
+    def write(
+        self, records: Sequence[Record], *, stored_json: Sequence[str | None] | None = None
+    ) -> list[Outcome]:
         outcomes: list[Outcome] = []
         now = datetime.now(UTC).isoformat()
         with self._transaction() as conn:
@@ -180,7 +182,7 @@ class SqliteRecordStore:
             if not accepted:
                 return outcomes
             # One serialization per record, stored once: the outbox row refers to it.
-            record_jsons = [record.model_dump_json() for _, record in accepted]
+            record_jsons = [_stored(index, record, stored_json) for index, record in accepted]
             conn.executemany(
                 "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
                 [
@@ -356,3 +358,9 @@ class SqliteRecordStore:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _stored(index: int, record: Record, stored_json: Sequence[str | None] | None) -> str:
+    """The JSON the store keeps of `record`: the caller's serialization when it gave one."""
+    given = None if stored_json is None else stored_json[index]
+    return record.model_dump_json() if given is None else given

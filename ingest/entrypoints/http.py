@@ -15,11 +15,9 @@ from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.errors import ErrorCode, OrreryError
 from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.openapi import operation
-from contracts.records import Record
-from contracts.wire import loads_strict
 from ingest.pacing import WAIT_POLL_SECONDS, WriteFlow, WritePacer
 from ingest.ports import RecordStore
-from ingest.service import parse_batch, write_records
+from ingest.service import Admitted, parse_body, write_records
 
 __all__ = ["WAIT_POLL_SECONDS", "WriteFlow", "create_router"]
 
@@ -76,9 +74,9 @@ def create_router(
             )
         raw = await request.body()
 
-        def parse() -> list[Record]:
-            return parse_batch(
-                loads_strict(raw),
+        def parse() -> Admitted:
+            return parse_body(
+                raw,
                 max_batch=max_batch,
                 vector_dimension=vector_dimension,
                 max_record_bytes=max_record_bytes,
@@ -88,12 +86,17 @@ def create_router(
 
         # Parsing a batch of vectors takes tens of ms: off the event loop, which keeps
         # answering queries meanwhile (and before admission: it overlaps the projector).
-        records = await run_in_threadpool(parse)
+        batch = await run_in_threadpool(parse)
+        records = batch.records
         # Held from the backlog check through the write: the bound holds for concurrent
         # writers too (the store serializes their transactions anyway).
         async with pacer.admitted(r.namespace for r in records):
             result = await run_in_threadpool(
-                write_records, records, store=store, on_commit=on_commit
+                write_records,
+                records,
+                store=store,
+                on_commit=on_commit,
+                stored_json=batch.stored_json,
             )
         if wait == "searchable" and flow is not None:
             result.searchable = await _until_searchable(flow, result)

@@ -229,3 +229,20 @@ def test_live_records_read_one_snapshot(store: RecordStore) -> None:
     assert first.item_id == "i0000" and first.revision == 1
     assert len(rest) == 1_199 and all(r.revision == 1 for r in rest)
     assert rest[-1].item_id == "i1199"
+
+
+def test_a_given_serialization_is_stored_for_its_own_record(store: RecordStore) -> None:
+    store.write([rec("a", 2)])
+    batch = [rec("a", 1), rec("b", 1), rec("c", 1)]
+    # The first is stale: each accepted record still gets its own JSON (by index), and a
+    # record without one is serialized by the store.
+    stored_json = [batch[0].model_dump_json(), batch[1].model_dump_json(), None]
+    outcomes = store.write(batch, stored_json=stored_json)
+    assert [o.decision for o in outcomes] == [
+        Decision.CONFLICT,
+        Decision.ACCEPTED,
+        Decision.ACCEPTED,
+    ]
+    live = {r.item_id: r for r in store.live_records("ns", "objects", "default")}
+    assert live["b"] == batch[1] and live["c"] == batch[2]
+    assert live["a"].revision == 2
