@@ -366,6 +366,22 @@ class EligibilityGate:
             return no_pace
         return DutyCycle(self._background_share)
 
+    def _forgets(self, generation_id: str) -> bool:
+        """Drop the verdict of a generation no query can be admitted to (retired, failed,
+        building, or gone from the registry) instead of re-checking it: a full read-back
+        of a retired 100k generation every interval cost seconds of the interpreter for
+        nothing. Its routes are refused on their state alone (`_verdict_of`); one that
+        comes back (a rollback) is checked again when first asked, as any new one."""
+        try:
+            route = self._routing.generation(generation_id)
+        except OrreryError:
+            return False  # the registry is unreachable: keep it, check as before
+        if route is not None and route.state not in _DEAD_STATES:
+            return False
+        with self._lock:
+            self._verdicts.pop(generation_id, None)
+        return True
+
     def _facts(self, generation_id: str) -> tuple[str, int] | None:
         try:
             route = self._routing.generation(generation_id)
@@ -441,6 +457,8 @@ class EligibilityGate:
             for generation_id in sorted(due):
                 if self._stop.is_set():
                     return
+                if generation_id not in asked and self._forgets(generation_id):
+                    continue
                 pace = no_pace if generation_id in asked else self._pace_for(generation_id)
                 self._check_now(generation_id, wait=0.0, pace=pace)
         except OrreryError as exc:

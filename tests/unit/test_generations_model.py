@@ -436,7 +436,7 @@ def test_gate_rechecks_suspects_in_the_background() -> None:
         gate.close()
 
 
-def _eventually(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+def _eventually(condition: Callable[[], bool], seconds: float = 30.0) -> bool:
     """Whether `condition` holds within `seconds` (polled; for background rounds)."""
     deadline = datetime.now(UTC) + timedelta(seconds=seconds)
     while not condition() and datetime.now(UTC) < deadline:
@@ -562,3 +562,44 @@ def test_a_negative_check_taken_over_from_another_worker_is_retaken_once_facts_m
     assert source.calls == {}
     assert gate.admit(moved(1), "s").generation_id == "g2"
     assert source.calls == {"g2": 1}
+
+
+def test_the_round_forgets_generations_no_query_can_reach_instead_of_rechecking_them() -> None:
+    """A retired generation's verdict is dropped, not re-read every interval (a full
+    read-back of its indexes); the live one keeps being re-checked, and a registry that
+    cannot answer keeps the verdict."""
+
+    class Retiring(FakeRouting):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.states = {"g1": "live", "g2": "live"}
+            self.unreachable = False
+
+        def generation(self, generation_id: str) -> Route | None:
+            if self.unreachable:
+                raise OrreryError(ErrorCode.DEPENDENCY_UNAVAILABLE, "registry down")
+            return route(generation_id, self.states[generation_id])
+
+    source = FakeSource({"g1": True, "g2": True})
+    routing = Retiring()
+    gate = EligibilityGate(source, routing, interval_seconds=0.05, background_share=1.0)
+    gate.admit(route("g1"), "s")
+    gate.admit(route("g2"), "s")
+    routing.unreachable = True
+    gate.start()
+    try:
+        # While the registry cannot answer, both verdicts stay and are re-checked.
+        assert _eventually(lambda: source.calls["g1"] >= 3 and source.calls["g2"] >= 3)
+        routing.unreachable = False
+        routing.states["g1"] = "retired"
+        assert _eventually(lambda: gate.status("g1")["eligible"] is None)
+        settled = source.calls["g1"]
+        live = source.calls["g2"]
+        assert _eventually(lambda: source.calls["g2"] >= live + 3)
+        # `status` schedules a check of a generation without a verdict (readiness asks):
+        # at most that one; the periodic round does not take it up again.
+        assert source.calls["g1"] <= settled + 1
+        with pytest.raises(OrreryError):
+            gate.admit(route("g1", "retired"), "s")
+    finally:
+        gate.close()
