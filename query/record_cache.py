@@ -11,7 +11,7 @@ change a kept record).
 Per tenant (`query.tenant_lru`): a record is kept under the namespace it belongs to and
 only when that is the namespace that asked, so one tenant's answers never evict another's
 records and a tenant is never answered from another's entries. Bounded by `max_bytes` of
-record JSON per tenant and `max_tenants` tenants.
+record JSON (plus a fixed cost per record) per tenant and `max_tenants` tenants.
 """
 
 from __future__ import annotations
@@ -21,19 +21,26 @@ from collections.abc import Sequence
 from query.ports import RecordReader, StoredRecord, answer_too_large
 from query.tenant_lru import TenantLru
 
-__all__ = ["DEFAULT_RECORD_CACHE_BYTES", "RecordCache"]
+__all__ = ["DEFAULT_RECORD_CACHE_BYTES", "ENTRY_OVERHEAD_BYTES", "RecordCache"]
 
-# Per tenant: ~4,500 SciFact records (3.6 KB each without their vector).
+# Per tenant: ~4,000 SciFact records (3.6 KB each without their vector); at most 16
+# tenants, so 256 MiB at worst over all of them.
 DEFAULT_RECORD_CACHE_BYTES = 16 * 1024 * 1024
-_MAX_TENANTS = 32
+_MAX_TENANTS = 16
 _MAX_ENTRIES = 100_000
+# What a kept record costs beyond its JSON text: the model and its other strings.
+ENTRY_OVERHEAD_BYTES = 640
 
 Key = tuple[str, int]
 
 
-def _size(record: StoredRecord) -> int:
+def _answer_bytes(record: StoredRecord) -> int:
     # What the readers count against `max_answer_bytes` (`len` of the JSON text).
     return len(record.record_json)
+
+
+def _kept_bytes(record: StoredRecord) -> int:
+    return len(record.record_json) + ENTRY_OVERHEAD_BYTES
 
 
 class RecordCache:
@@ -42,7 +49,7 @@ class RecordCache:
     Guarantees: `fetch(reader, namespace, keys)` returns what `reader.fetch(keys)` would,
     including `413 answer_too_large` when the records returned pass `max_answer_bytes`
     (counted over kept and read records alike); a tenant holds at most `max_bytes` of
-    record JSON. Thread-safe."""
+    record JSON and per-record cost. Thread-safe."""
 
     def __init__(
         self,
@@ -53,7 +60,10 @@ class RecordCache:
     ) -> None:
         self._max_answer_bytes = max_answer_bytes
         self._lru: TenantLru[Key, StoredRecord] = TenantLru(
-            max_entries=_MAX_ENTRIES, max_bytes=max_bytes, max_tenants=max_tenants, size=_size
+            max_entries=_MAX_ENTRIES,
+            max_bytes=max_bytes,
+            max_tenants=max_tenants,
+            size=_kept_bytes,
         )
 
     def fetch(
@@ -67,12 +77,12 @@ class RecordCache:
                 missing.append(key)
             else:
                 out[key] = record
-        held = sum(map(_size, out.values()))
+        held = sum(map(_answer_bytes, out.values()))
         if held > self._max_answer_bytes:
             raise answer_too_large(self._max_answer_bytes)
         if missing:
             read = reader.fetch(missing)
-            if held + sum(map(_size, read.values())) > self._max_answer_bytes:
+            if held + sum(map(_answer_bytes, read.values())) > self._max_answer_bytes:
                 raise answer_too_large(self._max_answer_bytes)
             for key, record in read.items():
                 if record.namespace == namespace:

@@ -90,9 +90,10 @@ class QuerySettings(BaseSettings):
     record_cache_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=0,
-        description="Stored record JSON each query worker keeps per tenant after an "
-        "answer used it (a revision never changes, so a kept record is never stale; 32 "
-        "tenants at most): the next answers with it skip the store's read. 0 = off",
+        description="Stored records each query worker keeps per tenant after an answer "
+        "used them, in bytes (their JSON plus ~640 a record; 16 tenants at most): a "
+        "revision never changes, so a kept record is never stale and the next answers "
+        "with it skip the store's read. 0 = off",
     )
     max_result_limit: int = Field(
         default=500,

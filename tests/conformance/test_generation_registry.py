@@ -733,7 +733,7 @@ def test_record_cache_answers_what_the_reader_answers_per_tenant(backend: Backen
     unknown pairs of two tenants; a pair is read from the store once while kept; a record
     is kept only for the namespace it belongs to; one tenant filling its bound never
     evicts another's records; and the answer bound counts kept records too (413)."""
-    from query.record_cache import RecordCache
+    from query.record_cache import ENTRY_OVERHEAD_BYTES, RecordCache
 
     store = backend.open(backend.store)
     reader = backend.open(backend.records)
@@ -750,7 +750,7 @@ def test_record_cache_answers_what_the_reader_answers_per_tenant(backend: Backen
         pairs[r.namespace].append((r.doc_id, r.revision))
     size = max(len(reader.fetch([p])[p].record_json) for p in pairs["ns"])
     # Room for four records of a tenant: the draws below keep evicting.
-    cache = RecordCache(max_answer_bytes=1_000_000, max_bytes=4 * size)
+    cache = RecordCache(max_answer_bytes=1_000_000, max_bytes=4 * (size + ENTRY_OVERHEAD_BYTES))
     counting = _CountingReader(reader)
     rng = random.Random(5)
     for _ in range(60):
@@ -782,7 +782,9 @@ def test_record_cache_answers_what_the_reader_answers_per_tenant(backend: Backen
     cache.fetch(counting, "ns", last)
     assert counting.asked == []
     # The answer bound counts kept and read records alike.
-    tight = RecordCache(max_answer_bytes=2 * size + size // 2, max_bytes=10 * size)
+    tight = RecordCache(
+        max_answer_bytes=2 * size + size // 2, max_bytes=10 * (size + ENTRY_OVERHEAD_BYTES)
+    )
     tight.fetch(reader, "ns", pairs["ns"][:2])
     with pytest.raises(OrreryError) as caught:
         tight.fetch(reader, "ns", pairs["ns"][:3])
