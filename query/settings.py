@@ -91,7 +91,7 @@ class QuerySettings(BaseSettings):
         default=16 * 1024 * 1024,
         ge=0,
         description="Stored records each query worker keeps per tenant after an answer "
-        "used them, in bytes (their JSON plus ~640 a record; 16 tenants at most): a "
+        "used them, in bytes (their JSON text plus ~2 KB a record; 16 tenants at most): a "
         "revision never changes, so a kept record is never stale and the next answers "
         "with it skip the store's read. 0 = off",
     )

@@ -10,6 +10,7 @@ all on one database.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -749,8 +750,9 @@ def test_record_cache_answers_what_the_reader_answers_per_tenant(backend: Backen
     for r in records:
         pairs[r.namespace].append((r.doc_id, r.revision))
     size = max(len(reader.fetch([p])[p].record_json) for p in pairs["ns"])
+    kept = max(sys.getsizeof(reader.fetch([p])[p].record_json) for p in pairs["ns"])
     # Room for four records of a tenant: the draws below keep evicting.
-    cache = RecordCache(max_answer_bytes=1_000_000, max_bytes=4 * (size + ENTRY_OVERHEAD_BYTES))
+    cache = RecordCache(max_answer_bytes=1_000_000, max_bytes=4 * (kept + ENTRY_OVERHEAD_BYTES))
     counting = _CountingReader(reader)
     rng = random.Random(5)
     for _ in range(60):
@@ -783,7 +785,7 @@ def test_record_cache_answers_what_the_reader_answers_per_tenant(backend: Backen
     assert counting.asked == []
     # The answer bound counts kept and read records alike.
     tight = RecordCache(
-        max_answer_bytes=2 * size + size // 2, max_bytes=10 * (size + ENTRY_OVERHEAD_BYTES)
+        max_answer_bytes=2 * size + size // 2, max_bytes=10 * (kept + ENTRY_OVERHEAD_BYTES)
     )
     tight.fetch(reader, "ns", pairs["ns"][:2])
     with pytest.raises(OrreryError) as caught:
