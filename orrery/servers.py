@@ -282,6 +282,8 @@ class ServerStack:
                 max_answer_bytes=settings.max_answer_bytes,
                 database_url=database_url,
                 opensearch_search_type=settings.opensearch_search_type,
+                vector_hnsw_ef=settings.vector_hnsw_ef,
+                vector_spread_ef_factor=settings.vector_spread_ef_factor,
             )
             stack.closers.append(close_ports)
             ports = dataclasses.replace(ports, observer=query_observer(observability))

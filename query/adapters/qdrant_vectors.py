@@ -37,6 +37,8 @@ from contracts.index_fields import (
 )
 from contracts.shards import copy_key, report_shards
 from contracts.vector_payload import (
+    DEFAULT_HNSW_EF,
+    DEFAULT_SPREAD_EF_FACTOR,
     RETURNED_FIELDS,
     VECTOR_NAME,
     best_first,
@@ -46,6 +48,7 @@ from contracts.vector_payload import (
     check_query_vector,
     cosine_score,
     facet_terms,
+    hnsw_search_ef,
     utc_instant,
 )
 
@@ -81,8 +84,11 @@ class QdrantServerVectorSearch:
       (also across the `limit` boundary); scores are cosine similarities clamped to
       [-1, 1].
     - Exact in local mode and on segments a server has not indexed yet; on HNSW
-      segments approximate with `ef = max(hnsw_ef, limit + 1)`; exact everywhere with
-      `exact=True` (the global reference of a qualification receipt).
+      segments approximate with `ef = max(hnsw_ef, limit + 1)`, and for a spread
+      generation (more than one shard or copy) at least `spread_ef_factor * (limit + 1)`
+      per shard key (`contracts.vector_payload.hnsw_search_ef`; the ef is reported in
+      `query_plan.shards.vector.hnsw_ef`); exact everywhere with `exact=True` (the
+      global reference of a qualification receipt).
 
     Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
     dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds,
@@ -94,7 +100,8 @@ class QdrantServerVectorSearch:
         client: QdrantClient,
         *,
         collection_prefix: str = "orrery",
-        hnsw_ef: int = 128,
+        hnsw_ef: int = DEFAULT_HNSW_EF,
+        spread_ef_factor: int = DEFAULT_SPREAD_EF_FACTOR,
         exact: bool = False,
     ) -> None:
         check_collection_prefix(collection_prefix)
@@ -105,6 +112,7 @@ class QdrantServerVectorSearch:
         self._local = options.get("location") == ":memory:" or options.get("path") is not None
         self._prefix = collection_prefix
         self._hnsw_ef = hnsw_ef
+        self._spread_ef_factor = spread_ef_factor
         self._copy_verdicts: CopyVerdicts = lambda _generation_id: None
         self._lock = threading.Lock()
         self._layouts: dict[str, tuple[int, int]] = {}
@@ -130,7 +138,10 @@ class QdrantServerVectorSearch:
         collection = f"{self._prefix}-{generation_id}"
 
         def run(keys: list[str] | None) -> list[models.ScoredPoint]:
-            return self._top(collection, generation_id, query_vector, engine_filter, limit, keys)
+            spread = keys is not None
+            return self._top(
+                collection, generation_id, query_vector, engine_filter, limit, keys, spread
+            )
 
         points = self._over_copies(collection, generation_id, limit, run)
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
@@ -254,6 +265,8 @@ class QdrantServerVectorSearch:
                         "shards": shards,
                         "copies": copies,
                         "cap": cap,
+                        # What each shard key's HNSW search ran with (None: exact).
+                        "hnsw_ef": None if self._exact else self.ef(cap + 1, spread=True),
                         "searched": chosen,
                         "bypassed": [{"copy": k, "reason": r} for k, r in sorted(bypassed.items())],
                     },
@@ -271,6 +284,12 @@ class QdrantServerVectorSearch:
                 failing.append(key)
         return failing
 
+    def ef(self, fetch: int, *, spread: bool) -> int:
+        """The HNSW `ef` of a search asking each shard key for `fetch` points."""
+        return hnsw_search_ef(
+            fetch, floor=self._hnsw_ef, spread_factor=self._spread_ef_factor, spread=spread
+        )
+
     def close(self) -> None:
         """Close the client (shared with a projector index in local mode: close once)."""
         self._client.close()
@@ -283,6 +302,7 @@ class QdrantServerVectorSearch:
         engine_filter: models.Filter | None,
         limit: int,
         keys: list[str] | None = None,
+        spread: bool = False,
     ) -> list[models.ScoredPoint]:
         """The best points, including every point tied with the `limit`-th one.
 
@@ -295,7 +315,7 @@ class QdrantServerVectorSearch:
             if self._exact and not self._local:
                 params = models.SearchParams(exact=True)
             elif not self._local:
-                params = models.SearchParams(hnsw_ef=max(self._hnsw_ef, fetch))
+                params = models.SearchParams(hnsw_ef=self.ef(fetch, spread=spread))
             try:
                 response = self._client.query_points(
                     collection,
