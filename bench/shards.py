@@ -617,9 +617,14 @@ def ef_sweep(
 
     cap = 100
     client = open_qdrant_client(url=dep.qdrant_url)
+    # ef 0: exact search (what a brute-force scan of every key costs).
     searchers = {
         ef: QdrantServerVectorSearch(
-            client, collection_prefix=dep.prefix, hnsw_ef=ef, spread_ef_factor=1
+            client,
+            collection_prefix=dep.prefix,
+            hnsw_ef=max(1, ef),
+            spread_ef_factor=1,
+            exact=ef == 0,
         )
         for ef in efs
     }
@@ -899,7 +904,8 @@ def main() -> int:
     parser.add_argument(
         "--ef",
         default="",
-        help="HNSW ef values to sweep at the adapter (e.g. 128,256,512,1024; empty: none)",
+        help="HNSW ef values to sweep at the adapter (e.g. 128,256,512,1024; 0: exact search; "
+        "empty: none)",
     )
     parser.add_argument(
         "--ef-receipts",

@@ -94,7 +94,7 @@ PayloadIndexKind = Literal["keyword", "integer", "datetime"]
 DEFAULT_HNSW_EF = 128
 """`ORRERY_VECTOR_HNSW_EF`: the least HNSW `ef` of an approximate search."""
 
-DEFAULT_SPREAD_EF_FACTOR = 4
+DEFAULT_SPREAD_EF_FACTOR = 10
 """`ORRERY_VECTOR_SPREAD_EF_FACTOR`: a spread generation's HNSW `ef` per points asked."""
 
 PAYLOAD_INDEXES: Mapping[str, PayloadIndexKind] = {

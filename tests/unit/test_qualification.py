@@ -188,7 +188,7 @@ def test_a_recording_source_asks_the_engine_once_per_distinct_search(
 
 
 def test_a_receipt_vouches_only_for_the_search_settings_it_was_made_with() -> None:
-    made = {"vector_hnsw_ef": 128, "vector_spread_ef_factor": 4, "vector_ef": 404}
+    made = {**QuerySettings().vector_search(), "vector_ef": 1010}
     receipt = QualificationReceipt(
         generation_id="g2",
         namespace="ns",
