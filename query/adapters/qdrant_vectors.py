@@ -116,6 +116,8 @@ class QdrantServerVectorSearch:
         self._copy_verdicts: CopyVerdicts = lambda _generation_id: None
         self._lock = threading.Lock()
         self._layouts: dict[str, tuple[int, int]] = {}
+        # Generations spread by Qdrant's automatic sharding (a standalone server).
+        self._auto_spread: set[str] = set()
         self._down: dict[tuple[str, str], float] = {}
 
     def use_copy_verdicts(self, verdicts: CopyVerdicts) -> None:
@@ -138,7 +140,7 @@ class QdrantServerVectorSearch:
         collection = f"{self._prefix}-{generation_id}"
 
         def run(keys: list[str] | None) -> list[models.ScoredPoint]:
-            spread = keys is not None
+            spread = keys is not None or self._spread(generation_id)
             return self._top(
                 collection, generation_id, query_vector, engine_filter, limit, keys, spread
             )
@@ -198,7 +200,8 @@ class QdrantServerVectorSearch:
         if self._local:
             return (1, 1)
         try:
-            metadata = self._client.get_collection(collection).config.metadata or {}
+            collection_info = self._client.get_collection(collection)
+            metadata = collection_info.config.metadata or {}
         except _DRIVER_ERRORS as error:
             raise self._diagnose(error, collection, generation_id, 0) from error
         layout = (
@@ -208,7 +211,16 @@ class QdrantServerVectorSearch:
         )
         with self._lock:
             self._layouts[generation_id] = layout
+            if layout == (1, 1) and _auto_spread(collection_info):
+                self._auto_spread.add(generation_id)
         return layout
+
+    def _spread(self, generation_id: str) -> bool:
+        """Whether a generation with one shard key is spread all the same (automatic
+        sharding, where a standalone server keeps a spread generation): it is searched
+        at the spread ef too, as its receipt says. Known once `_layout` ran."""
+        with self._lock:
+            return generation_id in self._auto_spread
 
     def _over_copies(
         self,
@@ -283,6 +295,16 @@ class QdrantServerVectorSearch:
             except _DRIVER_ERRORS:
                 failing.append(key)
         return failing
+
+    def searched_ef(self, generation_id: str, limit: int) -> int | None:
+        """The HNSW ef a search of `limit` candidates in the generation runs with on
+        each shard key (None: exact, or local mode, where no ef is sent)."""
+        if self._exact or self._local:
+            return None
+        check_generation_id(generation_id)
+        layout = self._layout(f"{self._prefix}-{generation_id}", generation_id)
+        spread = layout != (1, 1) or self._spread(generation_id)
+        return self.ef(limit + 1, spread=spread)
 
     def ef(self, fetch: int, *, spread: bool) -> int:
         """The HNSW `ef` of a search asking each shard key for `fetch` points."""
@@ -413,6 +435,12 @@ _HIDDEN = models.FieldCondition(key=FACETS, match=models.MatchValue(value=hidden
 
 def _any_of(field: str, values: list[str]) -> models.FieldCondition:
     return models.FieldCondition(key=field, match=models.MatchAny(any=values))
+
+
+def _auto_spread(info: models.CollectionInfo) -> bool:
+    """More than one shard or copy by Qdrant's automatic sharding."""
+    params = info.config.params
+    return (params.shard_number or 1) > 1 or (params.replication_factor or 1) > 1
 
 
 def _shard_uncovered(generation_id: str, shard: int, why: Mapping[str, str]) -> OrreryError:
