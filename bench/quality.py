@@ -68,6 +68,7 @@ from bench.common import (
 __all__ = ["Dataset", "beir_record", "load_dataset", "main", "ndcg_at", "recall_at"]
 
 NAMESPACE = "beir"
+ADMIN_KEY = "bench-quality-admin"
 SNAPSHOT_KIND = "objects"
 SCOPE_REF = "longterm:objects:current"
 UPDATED_AT = "2020-01-01T00:00:00Z"
@@ -251,9 +252,14 @@ def _runs(extra: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _evaluate(
-    client: httpx.Client, dataset: Dataset, name: str, fields: Mapping[str, Any]
+    client: httpx.Client,
+    dataset: Dataset,
+    name: str,
+    fields: Mapping[str, Any],
+    scope_ref: str = SCOPE_REF,
 ) -> dict[str, Any]:
     ndcg: list[float] = []
+    top10: dict[str, list[str]] = {}
     recall: list[float] = []
     server_ms: list[float] = []
     profiles: set[str] = set()
@@ -264,7 +270,7 @@ def _evaluate(
         for query_id, relevant in sorted(dataset.qrels.items()):
             body = {
                 "namespace": NAMESPACE,
-                "scope_ref": SCOPE_REF,
+                "scope_ref": scope_ref,
                 "query_text": dataset.queries[query_id],
                 "result_limit": RESULT_LIMIT,
                 "timeout_seconds": QUERY_TIMEOUT_S,
@@ -281,6 +287,7 @@ def _evaluate(
             cache_hits += answer["query_plan"]["cache"] == "hit"
             sources.update(answer["query_plan"]["indexes_used"])
             ranked = [result["item_id"] for result in answer["results"]]
+            top10[query_id] = ranked[:10]
             ndcg.append(ndcg_at(ranked, relevant, 10))
             recall.append(recall_at(ranked, relevant, RESULT_LIMIT))
             progress.update(task, advance=1)
@@ -295,7 +302,31 @@ def _evaluate(
         "queries": len(ndcg),
         "server_ms_p50": round(server_ms[len(server_ms) // 2], 2),
         "cache_hits": cache_hits,
+        "_top10": top10,
     }
+
+
+def _spread_generation(client: httpx.Client, shards: int) -> str:
+    """Build, seal and verify an N-shard generation of the dataset's scope (admin API);
+    its id."""
+    headers = {"x-admin-key": ADMIN_KEY}
+    body = {"namespace": NAMESPACE, "snapshot_kind": SNAPSHOT_KIND, "shards": shards}
+    admin = "/v1/admin/generations"
+    started = client.post(f"{admin}/build", json=body, headers=headers, timeout=600)
+    if started.status_code != 202:
+        raise RuntimeError(f"build: {started.status_code} {started.text[:300]}")
+    generation_id = str(started.json()["row"]["generation_id"])
+    while True:
+        view = client.get(f"{admin}/{generation_id}", headers=headers).json()
+        if view["row"]["state"] != "building":
+            break
+        time.sleep(2)
+    if view["row"]["state"] != "sealed":
+        raise RuntimeError(f"build of {generation_id}: {view['row']}")
+    check = client.post(f"{admin}/{generation_id}/verify", headers=headers, timeout=600).json()
+    if not check.get("verified"):
+        raise RuntimeError(f"verify of {generation_id}: {check}")
+    return generation_id
 
 
 def _lexical_recipe(profile_id: str) -> str | None:
@@ -392,12 +423,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--project-timeout", type=float, default=7_200.0)
     parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="servers mode: also build an N-shard generation and run every query on it "
+        "too (pinned), reporting its figures and the queries whose top 10 differ",
+    )
+    parser.add_argument(
         "--language",
         default="english",
         help="stemming language of the dataset's namespace (ORRERY_NAMESPACE_LANGUAGES); "
         "'none' = no stemming",
     )
     args = parser.parse_args(argv)
+    if args.shards > 1 and args.mode != "servers":
+        parser.error("--shards is for --mode servers only")
     if args.data_dir is not None and args.mode == "servers":
         # Server-mode resources are named per run, so a kept data dir cannot be reused.
         parser.error("--data-dir is for --mode embedded only")
@@ -411,6 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profiles:
         env["ORRERY_PROFILES"] = args.profiles
     env["ORRERY_NAMESPACE_LANGUAGES"] = json.dumps({NAMESPACE: args.language})
+    env["ORRERY_ADMIN_KEY"] = ADMIN_KEY
     temp: Path | None = None
     data_dir: Path = args.data_dir
     if data_dir is None:
@@ -426,6 +467,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{load['project_seconds']} s ({load['project_docs_per_second']} docs/s)"
         )
         runs = [_evaluate(client, dataset, name, fields) for name, fields in _runs(args.profile)]
+        if args.shards > 1:
+            spread = _spread_generation(client, args.shards)
+            console.print(f"built and verified {spread} with {args.shards} shards")
+            for run in list(runs):
+                fields = dict(run["request"])
+                other = _evaluate(
+                    client,
+                    dataset,
+                    f"{run['name']} n{args.shards}",
+                    fields,
+                    f"{SCOPE_REF}@{spread}",
+                )
+                other["shards"] = args.shards
+                other["generation_id"] = spread
+                other["top10_differs"] = sorted(
+                    q for q, ids in other["_top10"].items() if run["_top10"].get(q) != ids
+                )
+                runs.append(other)
     except BaseException:
         console.print(f"[red]server log tail:[/]\n{server.log_text()[-3000:]}")
         raise
@@ -437,7 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.mode == "servers":
             drop_harness_resources(env)
 
-    verdict = _verdict(runs, args.target)
+    for run in runs:
+        run.pop("_top10", None)
+    verdict = _verdict([r for r in runs if "shards" not in r], args.target)
     result = {
         "benchmark": "quality",
         "created_at": utc_now(),

@@ -32,6 +32,9 @@ Measure (each figure with `/proc/loadavg` before and after; the machine is share
    top-10 order agreement against the 1-shard DFS lists.
 3. Qualification: `POST /v1/admin/generations/{id}/qualify` of the 3-shard, 1-replica
    generation (the default 200 queries): wall time and the receipt's figures.
+With `--ef 128,256,…` first: the vector adapter alone, each shard key searched at exactly
+each HNSW ef (cap 100) on every shape, interleaved, against exact search — inclusion and
+latency per ef — and with `--ef-receipts Q` an in-process receipt of Q queries per ef.
 4. Per-shard vector caps with HNSW on the 4-shard generation: each shard asked for
    D, D/2 and D/N candidates (D = the production cap) and the lists merged by score,
    qualified in process against the exact reference (the receipt's vector inclusion).
@@ -497,6 +500,7 @@ def qualify(
         "passed": receipt["passed"],
         "failures": receipt["failures"],
         "caps": receipt["caps"],
+        "search": receipt.get("search", {}),
         "slices": _slice_figures(receipt["slices"]),
         "load_before": before,
         "load_after": loadavg(),
@@ -594,6 +598,128 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
     return out
 
 
+def ef_sweep(
+    dep: Deployment, efs: Sequence[int], queries: Sequence[QuerySpec], receipts: int
+) -> dict[str, Any]:
+    """Vector inclusion@cap and search latency per HNSW `ef`, at the adapter: every
+    query's vector (embedded once) searched on every shape with every ef (each shard key
+    asked for cap + 1 points at exactly that ef: `spread_ef_factor` 1), interleaved
+    query by query (the order rotating), against exact search on the same collection.
+    Every second query carries the bench's status + galaxy filter. With `receipts` > 0,
+    then an in-process qualification receipt of the qualified shape per ef (that many
+    queries; the production vector source at that ef) — the figures the gate reads."""
+    from contracts.index import SearchFilter
+    from contracts.qualification import QualifyRequest
+    from projector.adapters.qdrant_vectors import open_qdrant_client
+    from projector.bootstrap import default_embedder
+    from query.adapters.qdrant_vectors import QdrantServerVectorSearch
+    from tests.e2e.test_shards import in_process_qualifier
+
+    cap = 100
+    client = open_qdrant_client(url=dep.qdrant_url)
+    # ef 0: exact search (what a brute-force scan of every key costs).
+    searchers = {
+        ef: QdrantServerVectorSearch(
+            client,
+            collection_prefix=dep.prefix,
+            hnsw_ef=max(1, ef),
+            spread_ef_factor=1,
+            exact=ef == 0,
+        )
+        for ef in efs
+    }
+    exact = QdrantServerVectorSearch(client, collection_prefix=dep.prefix, exact=True)
+    vectors = default_embedder(1).embed([q.text for q in queries])
+    filters = [
+        SearchFilter(galaxy=q.filters["galaxy"], status=tuple(q.filters["status"]))
+        if q.filters
+        else SearchFilter()
+        for q in queries
+    ]
+    paths = [(s, ef) for s in SHAPES for ef in efs]
+    seconds: dict[tuple[Any, int], list[float]] = {p: [] for p in paths}
+    inclusion: dict[tuple[Any, int, bool], list[float]] = {}
+    before = loadavg()
+    for i, (vector, where) in enumerate(zip(vectors, filters, strict=True)):
+        reference = {
+            s: {c.document_id for c in exact.search(dep.generation(s), vector, where, cap)}
+            for s in SHAPES
+        }
+        for shape, ef in paths[i % len(paths) :] + paths[: i % len(paths)]:
+            started = time.perf_counter()
+            found = searchers[ef].search(dep.generation(shape), vector, where, cap)
+            seconds[(shape, ef)].append(time.perf_counter() - started)
+            if reference[shape]:
+                got = {c.document_id for c in found}
+                share = len(got & reference[shape]) / len(reference[shape])
+                inclusion.setdefault((shape, ef, bool(where.status)), []).append(share)
+    rows = []
+    for shape, ef in paths:
+        row: dict[str, Any] = {
+            "shape": shape_name(shape),
+            "ef": ef,
+            "latency_ms": latency_summary(seconds[(shape, ef)]),
+        }
+        for filtered, label in ((False, "unfiltered"), (True, "filtered")):
+            values = inclusion.get((shape, ef, filtered), [])
+            if values:
+                row[label] = {
+                    "queries": len(values),
+                    "inclusion_mean": round(statistics.fmean(values), 4),
+                    "inclusion_min": round(min(values), 4),
+                }
+        rows.append(row)
+        lat = row["latency_ms"]
+        print(
+            f"ef {ef:>5} {row['shape']}: p50 {lat['p50']:.1f} p95 {lat['p95']:.1f} ms, "
+            f"inclusion unfiltered {row.get('unfiltered')} filtered {row.get('filtered')}",
+            flush=True,
+        )
+    out: dict[str, Any] = {
+        "cap": cap,
+        "queries": len(queries),
+        "load_before": before,
+        "load_after": loadavg(),
+        "rows": rows,
+    }
+    client.close()
+    if receipts <= 0:
+        return out
+    env = dep.env
+    out["receipts"] = {}
+    with in_process_qualifier(
+        dep.root / "data",
+        env["ORRERY_OPENSEARCH_INDEX_PREFIX"],
+        opensearch_url=env["ORRERY_OPENSEARCH_URL"],
+        qdrant_url=dep.qdrant_url,
+    ) as run:
+        for ef in efs:
+            before = loadavg()
+
+            def production(ports: Any, qdrant: Any, ef: int = ef) -> Any:
+                vectors = QdrantServerVectorSearch(
+                    qdrant, collection_prefix=dep.prefix, hnsw_ef=ef, spread_ef_factor=1
+                )
+                return replace(ports, vectors=vectors)
+
+            receipt = run(
+                dep.generation(QUALIFIED),
+                production,
+                QualifyRequest(sample_size=receipts),
+                {"vector_hnsw_ef": ef, "vector_spread_ef_factor": 1},
+            )
+            out["receipts"][str(ef)] = {
+                "passed": receipt.passed,
+                "seconds": receipt.seconds,
+                "failures": list(receipt.failures),
+                "slices": _slice_figures([s.model_dump(mode="json") for s in receipt.slices]),
+                "load_before": before,
+                "load_after": loadavg(),
+            }
+            print(f"receipt at ef {ef}: {out['receipts'][str(ef)]}", flush=True)
+    return out
+
+
 def peer_down(
     client: httpx.Client, dep: Deployment, queries: Sequence[QuerySpec]
 ) -> dict[str, Any]:
@@ -621,6 +747,8 @@ def measure(
     qualify_workers: Sequence[int],
     py_spy: Path | None,
     qualify_shape: Sequence[int] = QUALIFIED,
+    efs: Sequence[int] = (),
+    ef_receipts: int = 0,
 ) -> dict[str, Any]:
     dep.cluster_up()
     out: dict[str, Any] = {
@@ -638,6 +766,8 @@ def measure(
     rng = random.Random(SEED)
     vocab = Vocabulary.build(rng)
     queries = make_queries(random.Random(7), vocab, count)
+    if efs:
+        out["ef"] = ef_sweep(dep, efs, queries, ef_receipts)
     if "qualify" not in skip:
         out["qualify"] = []
         for workers in qualify_workers:
@@ -771,6 +901,18 @@ def main() -> int:
         default=",".join(shape_name(s) for s in SHAPES),
         help="generations built and measured (n1r0 always first: the projector's)",
     )
+    parser.add_argument(
+        "--ef",
+        default="",
+        help="HNSW ef values to sweep at the adapter (e.g. 128,256,512,1024; 0: exact search; "
+        "empty: none)",
+    )
+    parser.add_argument(
+        "--ef-receipts",
+        type=int,
+        default=0,
+        help="queries of an in-process receipt of the qualified shape per --ef value (0: none)",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "shards.json")
     args = parser.parse_args()
     chosen = [s for s in SHAPES if shape_name(s) in args.shapes.split(",")]
@@ -797,6 +939,8 @@ def main() -> int:
                 [int(w) for w in args.qualify_workers.split(",") if w],
                 args.py_spy,
                 next(s for s in SHAPES if shape_name(s) == args.qualify_shape),
+                [int(e) for e in args.ef.split(",") if e],
+                args.ef_receipts,
             ),
         },
         timeout_s=4 * 3600,

@@ -15,11 +15,15 @@ sample of queries, per slice (unfiltered, tenant, status + visibility, phrase pl
 A receipt holds no query text: the sample is named by its digest. It is immutable and
 content-addressed: `receipt_id` is sha256 over the canonical JSON of every other field
 (`contracts.digests`). It binds the generation's descriptor digest: a generation whose
-descriptor changed needs a new receipt.
+descriptor changed needs a new receipt. It also records the search-time settings that
+change what the production path returns (`search`: the vector search's HNSW `ef` rule and
+the `ef` it ran with at the receipt's cap); a receipt vouches only for the settings it
+was made with (`vouches_for`), so changing them needs a new receipt too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -113,8 +117,11 @@ class QualificationReceipt(BaseModel):
     `caps`: candidates per source (`lexical`, `vector`) and `top_k`; `profiles`: each
     qualified profile id with the digest of its recipe; `rrf_k`: the RRF constant of
     each `rrf` profile; `method`: how production and reference searched (the lexical
-    search type, the reference's shape); `position`: the generation's applied position
-    when the sample ran; `failures`: which thresholds were missed (empty = `passed`).
+    search type, the reference's shape); `search`: the search-time settings the production
+    path ran with (`vector_hnsw_ef`, `vector_spread_ef_factor`) and `vector_ef`, the HNSW
+    ef each shard key was searched with at the vector cap; `position`: the generation's
+    applied position when the sample ran; `failures`: which thresholds were missed
+    (empty = `passed`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -131,6 +138,7 @@ class QualificationReceipt(BaseModel):
     profiles: dict[str, str]
     rrf_k: dict[str, int] = Field(default_factory=dict)
     method: dict[str, str] = Field(default_factory=dict)
+    search: dict[str, int] = Field(default_factory=dict)
     sample_digest: str
     sample_size: int
     slices: tuple[SliceFigures, ...]
@@ -143,6 +151,11 @@ class QualificationReceipt(BaseModel):
     def computed_id(self) -> str:
         """sha256 over the canonical JSON of every field but `receipt_id`."""
         return sha256_json(self.model_dump(mode="json", exclude={"receipt_id"}))
+
+    def vouches_for(self, search: Mapping[str, int]) -> bool:
+        """Whether the receipt was made with these search-time settings (each one of
+        `search` recorded with the same value; a receipt without them vouches for none)."""
+        return all(self.search.get(name) == value for name, value in search.items())
 
     def with_id(self) -> QualificationReceipt:
         return self.model_copy(update={"receipt_id": self.computed_id()})

@@ -235,7 +235,8 @@ class QueryPlan(BaseModel):
     shards: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Per source of a spread generation: shards searched, the cap asked of "
-        "each, copies searched and copies bypassed with the reason. Empty for one shard.",
+        "each, copies searched and copies bypassed with the reason, and for vectors the "
+        "HNSW ef each shard key was searched with (`hnsw_ef`). Empty for one shard.",
     )
     generation_id: str
     applied_position: int

@@ -109,6 +109,7 @@ def generation_options(settings: QuerySettings, *, ordered_log: bool = True) -> 
         load_in_child=settings.gen_build_in_child,
         child_nice=settings.gen_build_child_nice,
         qualification=settings.qualification_thresholds(),
+        vector_search=settings.vector_search(),
     )
 
 
@@ -455,6 +456,7 @@ class EmbeddedStack:
             cursors=cursor_codec(settings),
             max_answer_bytes=settings.max_answer_bytes,
             record_cache_bytes=settings.record_cache_bytes,
+            vector_hnsw_ef=settings.vector_hnsw_ef,
         )
         ports = dataclasses.replace(ports, observer=query_observer(observability))
         status = with_tracing_status(loop.status, observability)

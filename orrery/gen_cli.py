@@ -334,6 +334,8 @@ class DirectAdmin:
             cursors=cursor_codec(settings),
             database_url=settings.database_url,
             opensearch_search_type=settings.opensearch_search_type,
+            vector_hnsw_ef=settings.vector_hnsw_ef,
+            vector_spread_ef_factor=settings.vector_spread_ef_factor,
         )
         admin, close = server_generation_admin(
             canonical_db_path(settings.data_dir),

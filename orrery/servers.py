@@ -283,6 +283,8 @@ class ServerStack:
                 database_url=database_url,
                 opensearch_search_type=settings.opensearch_search_type,
                 record_cache_bytes=settings.record_cache_bytes,
+                vector_hnsw_ef=settings.vector_hnsw_ef,
+                vector_spread_ef_factor=settings.vector_spread_ef_factor,
             )
             stack.closers.append(close_ports)
             ports = dataclasses.replace(ports, observer=query_observer(observability))

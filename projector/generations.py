@@ -203,7 +203,9 @@ class GenerationOptions:
     `load_in_child`: where the deployment can (embedded), bulk-load in a child process
     whose CPU priority is lowered by `child_nice`, so serving keeps the interpreter and
     the CPUs (see `run_build`). `qualification`: what the receipt of a sharded or
-    replicated generation must show for it to be promoted (checked at promote time).
+    replicated generation must show for it to be promoted (checked at promote time);
+    `vector_search`: the query side's search-time settings now (`QuerySettings.
+    vector_search`): only a receipt made with the same ones lets a generation be promoted.
     """
 
     batch_size: int = 1_000
@@ -216,6 +218,7 @@ class GenerationOptions:
     load_in_child: bool = True
     child_nice: int = 10
     qualification: QualificationThresholds = field(default_factory=QualificationThresholds)
+    vector_search: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1483,9 +1486,11 @@ def _qualified(descriptor: GenerationDescriptor, ports: GenerationPorts) -> str 
     """The id of the receipt that lets a spread generation be promoted (None: it is one
     shard with one copy and needs none).
 
-    The newest receipt for the generation's *current* descriptor digest decides, against
-    the thresholds in force now: none → `qualification_required`; one that misses a
-    threshold → `qualification_failed` naming what it missed.
+    The newest receipt for the generation's *current* descriptor digest, made with the
+    search-time settings in force now (`GenerationOptions.vector_search`: a receipt made
+    at another HNSW ef measured another search), decides against the thresholds in force
+    now: none → `qualification_required`; one that misses a threshold →
+    `qualification_failed` naming what it missed.
     """
     if not descriptor.topology.spread:
         return None
@@ -1497,14 +1502,20 @@ def _qualified(descriptor: GenerationDescriptor, ports: GenerationPorts) -> str 
         "replicas": descriptor.topology.replicas,
     }
     receipts = [] if ports.receipts is None else ports.receipts.receipts(generation_id)
-    current = [r for r in receipts if r.descriptor_digest == descriptor.descriptor_digest]
+    search = dict(ports.options.vector_search)
+    current = [
+        r
+        for r in receipts
+        if r.descriptor_digest == descriptor.descriptor_digest and r.vouches_for(search)
+    ]
     if not current:
         raise OrreryError(
             ErrorCode.QUALIFICATION_REQUIRED,
             f"generation {generation_id} has {descriptor.topology.shards} shard(s) and "
             f"{descriptor.topology.replicas} replica(s): qualify it first "
-            f"(`orrery gen qualify {generation_id}`)",
-            {**details, "stale_receipts": [r.receipt_id for r in receipts]},
+            f"(`orrery gen qualify {generation_id}`)"
+            + (": no receipt for its descriptor and search settings" if receipts else ""),
+            {**details, "search": search, "stale_receipts": [r.receipt_id for r in receipts]},
         )
     newest = current[0]
     failures = receipt_failures(newest.slices, ports.options.qualification)

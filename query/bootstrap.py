@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from contracts.embedding import Embedder
 from contracts.generations import GenerationDescriptor
 from contracts.qualification import QualificationReceipt, QualifyRequest
+from contracts.vector_payload import DEFAULT_HNSW_EF, DEFAULT_SPREAD_EF_FACTOR
 from query.adapters.memory_cache import MemoryCache
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch, VectorMemo
 from query.adapters.sqlite_koutendb import SqliteKoutenStore
@@ -163,6 +164,7 @@ def embedded_query_ports(
     cursors: CursorCodec | None = None,
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES,
+    vector_hnsw_ef: int = DEFAULT_HNSW_EF,
 ) -> QueryPorts:
     """Query ports over the embedded stack.
 
@@ -181,7 +183,10 @@ def embedded_query_ports(
         # Generations the engine would brute-force are scanned from the projector's
         # in-memory copies (`contracts.flat_vectors`) when it offers them.
         vectors=QdrantEdgeVectorSearch(
-            vector_shard_provider, memo=VectorMemo(), flat_provider=vector_flat_provider
+            vector_shard_provider,
+            hnsw_ef=vector_hnsw_ef,
+            memo=VectorMemo(),
+            flat_provider=vector_flat_provider,
         ),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder),
@@ -214,6 +219,8 @@ def server_query_ports(
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     opensearch_search_type: SearchType = "dfs_query_then_fetch",
     record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES,
+    vector_hnsw_ef: int = DEFAULT_HNSW_EF,
+    vector_spread_ef_factor: int = DEFAULT_SPREAD_EF_FACTOR,
 ) -> tuple[QueryPorts, Callable[[], None]]:
     """Query ports over the servers, and the function that closes what they opened:
     OpenSearch, Qdrant (`qdrant` is a `QdrantClient`), Redis for responses and query
@@ -252,7 +259,12 @@ def server_query_ports(
         lexical=OpenSearchLexicalSearch(
             opensearch_url, index_prefix=opensearch_index_prefix, search_type=opensearch_search_type
         ),
-        vectors=QdrantServerVectorSearch(qdrant, collection_prefix=qdrant_collection_prefix),
+        vectors=QdrantServerVectorSearch(
+            qdrant,
+            collection_prefix=qdrant_collection_prefix,
+            hnsw_ef=vector_hnsw_ef,
+            spread_ef_factor=vector_spread_ef_factor,
+        ),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder, shared=None if redis_url is None else shared),
         responses=shared if cache_responses else None,
@@ -301,7 +313,8 @@ def server_qualifier(
     method = {
         "lexical": f"opensearch {settings.opensearch_search_type}",
         "lexical_reference": "opensearch, one shard, no replica, same mapping (a copy)",
-        "vector": "qdrant hnsw (ef = max(128, cap + 1))",
+        "vector": "qdrant hnsw (ef = max(vector_hnsw_ef, cap + 1); spread: at least "
+        "vector_spread_ef_factor * (cap + 1) per shard key)",
         "vector_reference": "qdrant exact",
         "fusion": "global source ranks (query.service)",
     }
@@ -320,6 +333,7 @@ def server_qualifier(
             sample_size=settings.qualify_queries,
             workers=settings.qualify_workers,
             method=method,
+            search=settings.vector_search(),
             heads=ports.records if isinstance(ports.records, HeadListing) else None,
         )
         return qualify_generation(descriptor, position, request, setup=setup)

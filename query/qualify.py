@@ -46,6 +46,7 @@ from contracts.qualification import (
 )
 from contracts.records import Record
 from contracts.topk import Include, QueryFilters, TopKRequest
+from contracts.vector_payload import hnsw_search_ef
 from query.ports import HeadListing, LexicalSearch, RecordReader, StoredRecord, VectorSearch
 from query.service import Principal, QueryLimits, QueryPorts, topk_records
 
@@ -68,7 +69,9 @@ class QualifySetup:
     copy, whose generation id is `reference_id`; `reference_vectors` searches exactly;
     `profiles`: profile ids to compare (resolved by `limits.profiles`); `workers`:
     queries run side by side; `method`: how production and reference search, recorded in
-    the receipt; `heads`: lists the store's current records by key (the sample is drawn
+    the receipt; `search`: the production path's search-time settings
+    (`QuerySettings.vector_search`), recorded in the receipt with the HNSW ef they give at
+    its vector cap; `heads`: lists the store's current records by key (the sample is drawn
     from it; without it, one `production.records.page` call per drawn record — the same
     sample, slower).
     """
@@ -83,6 +86,7 @@ class QualifySetup:
     sample_size: int = 200
     workers: int = 4
     method: Mapping[str, str] = field(default_factory=dict)
+    search: Mapping[str, int] = field(default_factory=dict)
     heads: HeadListing | None = None
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
 
@@ -201,6 +205,7 @@ def qualify_generation(
         profiles={p.id: sha256_json(p.model_dump(mode="json")) for p in resolved},
         rrf_k={p.id: int(p.rrf_k) for p in resolved if isinstance(p, RrfProfile)},
         method=dict(setup.method),
+        search=_search(setup.search, depths["vector"], descriptor.topology.spread),
         sample_digest=sha256_json(
             [[q.slice, q.text, q.filters.model_dump(mode="json"), _plan_json(q)] for q in queries]
         ),
@@ -213,6 +218,20 @@ def qualify_generation(
         seconds=round(time.perf_counter() - started, 3),
     )
     return receipt.with_id()
+
+
+def _search(settings: Mapping[str, int], cap: int, spread: bool) -> dict[str, int]:
+    """The settings, and the HNSW ef a shard key is searched with at `cap` (if they
+    name the ef rule's inputs)."""
+    out = dict(settings)
+    if "vector_hnsw_ef" in out:
+        out["vector_ef"] = hnsw_search_ef(
+            cap + 1,
+            floor=out["vector_hnsw_ef"],
+            spread_factor=out.get("vector_spread_ef_factor", 1),
+            spread=spread,
+        )
+    return out
 
 
 @dataclass(slots=True)

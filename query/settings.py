@@ -13,6 +13,7 @@ from contracts.admission import MAX_RECORD_BYTES
 from contracts.events import KAFKA_MAX_RECORD_BYTES
 from contracts.index_fields import DEFAULT_TEXT_LANGUAGE, TextLanguages, parse_text_languages
 from contracts.qualification import QualificationThresholds
+from contracts.vector_payload import DEFAULT_HNSW_EF, DEFAULT_SPREAD_EF_FACTOR
 
 __all__ = ["QuerySettings", "record_ceiling"]
 
@@ -110,6 +111,21 @@ class QuerySettings(BaseSettings):
     )
     vector_candidate_depth: int | None = Field(
         default=None, ge=1, le=10_000, description="Vector candidates; None = candidate_depth"
+    )
+    vector_hnsw_ef: int = Field(
+        default=DEFAULT_HNSW_EF,
+        ge=1,
+        le=100_000,
+        description="Least HNSW ef of a vector search (Qdrant and qdrant-edge; raised to the "
+        "points asked for, limit + 1)",
+    )
+    vector_spread_ef_factor: int = Field(
+        default=DEFAULT_SPREAD_EF_FACTOR,
+        ge=1,
+        le=100,
+        description="HNSW ef of a spread generation's search (more than one shard or copy: "
+        "server mode) per point asked of each shard key; recorded in qualification receipts "
+        "(docs/deploy.md)",
     )
     default_profile: str = Field(
         default="weighted@3", description="Fusion profile of requests that name none"
@@ -458,6 +474,14 @@ class QuerySettings(BaseSettings):
             vector_inclusion_min=self.qualify_vector_inclusion_min,
             overlap_mean=self.qualify_overlap_mean,
         )
+
+    def vector_search(self) -> dict[str, int]:
+        """The search-time settings that change what a vector search returns: a
+        qualification receipt records them and vouches only for them."""
+        return {
+            "vector_hnsw_ef": self.vector_hnsw_ef,
+            "vector_spread_ef_factor": self.vector_spread_ef_factor,
+        }
 
     def text_languages(self) -> TextLanguages:
         """The stemming language of each namespace's new generations."""

@@ -37,6 +37,8 @@ from contracts.index_fields import (
 )
 from contracts.shards import copy_key, report_shards
 from contracts.vector_payload import (
+    DEFAULT_HNSW_EF,
+    DEFAULT_SPREAD_EF_FACTOR,
     RETURNED_FIELDS,
     VECTOR_NAME,
     best_first,
@@ -46,6 +48,7 @@ from contracts.vector_payload import (
     check_query_vector,
     cosine_score,
     facet_terms,
+    hnsw_search_ef,
     utc_instant,
 )
 
@@ -81,8 +84,11 @@ class QdrantServerVectorSearch:
       (also across the `limit` boundary); scores are cosine similarities clamped to
       [-1, 1].
     - Exact in local mode and on segments a server has not indexed yet; on HNSW
-      segments approximate with `ef = max(hnsw_ef, limit + 1)`; exact everywhere with
-      `exact=True` (the global reference of a qualification receipt).
+      segments approximate with `ef = max(hnsw_ef, limit + 1)`, and for a spread
+      generation (more than one shard or copy) at least `spread_ef_factor * (limit + 1)`
+      per shard key (`contracts.vector_payload.hnsw_search_ef`; the ef is reported in
+      `query_plan.shards.vector.hnsw_ef`); exact everywhere with `exact=True` (the
+      global reference of a qualification receipt).
 
     Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
     dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds,
@@ -94,7 +100,8 @@ class QdrantServerVectorSearch:
         client: QdrantClient,
         *,
         collection_prefix: str = "orrery",
-        hnsw_ef: int = 128,
+        hnsw_ef: int = DEFAULT_HNSW_EF,
+        spread_ef_factor: int = DEFAULT_SPREAD_EF_FACTOR,
         exact: bool = False,
     ) -> None:
         check_collection_prefix(collection_prefix)
@@ -105,9 +112,12 @@ class QdrantServerVectorSearch:
         self._local = options.get("location") == ":memory:" or options.get("path") is not None
         self._prefix = collection_prefix
         self._hnsw_ef = hnsw_ef
+        self._spread_ef_factor = spread_ef_factor
         self._copy_verdicts: CopyVerdicts = lambda _generation_id: None
         self._lock = threading.Lock()
         self._layouts: dict[str, tuple[int, int]] = {}
+        # Generations spread by Qdrant's automatic sharding (a standalone server).
+        self._auto_spread: set[str] = set()
         self._down: dict[tuple[str, str], float] = {}
 
     def use_copy_verdicts(self, verdicts: CopyVerdicts) -> None:
@@ -130,7 +140,10 @@ class QdrantServerVectorSearch:
         collection = f"{self._prefix}-{generation_id}"
 
         def run(keys: list[str] | None) -> list[models.ScoredPoint]:
-            return self._top(collection, generation_id, query_vector, engine_filter, limit, keys)
+            spread = keys is not None or self._spread(generation_id)
+            return self._top(
+                collection, generation_id, query_vector, engine_filter, limit, keys, spread
+            )
 
         points = self._over_copies(collection, generation_id, limit, run)
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
@@ -187,7 +200,8 @@ class QdrantServerVectorSearch:
         if self._local:
             return (1, 1)
         try:
-            metadata = self._client.get_collection(collection).config.metadata or {}
+            collection_info = self._client.get_collection(collection)
+            metadata = collection_info.config.metadata or {}
         except _DRIVER_ERRORS as error:
             raise self._diagnose(error, collection, generation_id, 0) from error
         layout = (
@@ -197,7 +211,16 @@ class QdrantServerVectorSearch:
         )
         with self._lock:
             self._layouts[generation_id] = layout
+            if layout == (1, 1) and _auto_spread(collection_info):
+                self._auto_spread.add(generation_id)
         return layout
+
+    def _spread(self, generation_id: str) -> bool:
+        """Whether a generation with one shard key is spread all the same (automatic
+        sharding, where a standalone server keeps a spread generation): it is searched
+        at the spread ef too, as its receipt says. Known once `_layout` ran."""
+        with self._lock:
+            return generation_id in self._auto_spread
 
     def _over_copies(
         self,
@@ -254,6 +277,8 @@ class QdrantServerVectorSearch:
                         "shards": shards,
                         "copies": copies,
                         "cap": cap,
+                        # What each shard key's HNSW search ran with (None: exact).
+                        "hnsw_ef": None if self._exact else self.ef(cap + 1, spread=True),
                         "searched": chosen,
                         "bypassed": [{"copy": k, "reason": r} for k, r in sorted(bypassed.items())],
                     },
@@ -271,6 +296,22 @@ class QdrantServerVectorSearch:
                 failing.append(key)
         return failing
 
+    def searched_ef(self, generation_id: str, limit: int) -> int | None:
+        """The HNSW ef a search of `limit` candidates in the generation runs with on
+        each shard key (None: exact, or local mode, where no ef is sent)."""
+        if self._exact or self._local:
+            return None
+        check_generation_id(generation_id)
+        layout = self._layout(f"{self._prefix}-{generation_id}", generation_id)
+        spread = layout != (1, 1) or self._spread(generation_id)
+        return self.ef(limit + 1, spread=spread)
+
+    def ef(self, fetch: int, *, spread: bool) -> int:
+        """The HNSW `ef` of a search asking each shard key for `fetch` points."""
+        return hnsw_search_ef(
+            fetch, floor=self._hnsw_ef, spread_factor=self._spread_ef_factor, spread=spread
+        )
+
     def close(self) -> None:
         """Close the client (shared with a projector index in local mode: close once)."""
         self._client.close()
@@ -283,6 +324,7 @@ class QdrantServerVectorSearch:
         engine_filter: models.Filter | None,
         limit: int,
         keys: list[str] | None = None,
+        spread: bool = False,
     ) -> list[models.ScoredPoint]:
         """The best points, including every point tied with the `limit`-th one.
 
@@ -295,7 +337,7 @@ class QdrantServerVectorSearch:
             if self._exact and not self._local:
                 params = models.SearchParams(exact=True)
             elif not self._local:
-                params = models.SearchParams(hnsw_ef=max(self._hnsw_ef, fetch))
+                params = models.SearchParams(hnsw_ef=self.ef(fetch, spread=spread))
             try:
                 response = self._client.query_points(
                     collection,
@@ -393,6 +435,12 @@ _HIDDEN = models.FieldCondition(key=FACETS, match=models.MatchValue(value=hidden
 
 def _any_of(field: str, values: list[str]) -> models.FieldCondition:
     return models.FieldCondition(key=field, match=models.MatchAny(any=values))
+
+
+def _auto_spread(info: models.CollectionInfo) -> bool:
+    """More than one shard or copy by Qdrant's automatic sharding."""
+    params = info.config.params
+    return (params.shard_number or 1) > 1 or (params.replication_factor or 1) > 1
 
 
 def _shard_uncovered(generation_id: str, shard: int, why: Mapping[str, str]) -> OrreryError:

@@ -1523,3 +1523,39 @@ def test_documents_hidden_from_the_vector_lane_are_never_a_hit(engine: Harness) 
     )
     assert set(scores) == {"h2", "h3"}
     assert engine.evidence().document_count == 3
+
+
+def test_the_server_search_uses_the_spread_ef_for_a_generation_spread_by_automatic_sharding() -> (
+    None
+):
+    """A standalone Qdrant keeps a spread generation in automatic shards (no shard keys):
+    it is searched at the spread ef all the same, as its qualification receipt records;
+    a 1-shard generation keeps the plain ef."""
+    from contracts.vector_payload import hnsw_search_ef
+
+    client = QdrantClient(url=require_server("qdrant"), check_compatibility=False)
+    index = QdrantServerVectorIndex(client, collection_prefix=_QDRANT_TEST_PREFIX)
+    search = QdrantServerVectorSearch(
+        client, collection_prefix=_QDRANT_TEST_PREFIX, hnsw_ef=64, spread_ef_factor=3
+    )
+    one, spread = f"ef1-{uuid.uuid4().hex[:8]}", f"ef3-{uuid.uuid4().hex[:8]}"
+    try:
+        index.create(one, DIM)
+        index.create(spread, DIM, shards=3)
+        for generation_id in (one, spread):
+            index.apply(
+                generation_id, [doc(f"d{i}", vector=unit(1, i, 0, 1)) for i in range(9)], []
+            )
+            found = search.search(generation_id, unit(1, 1, 0, 1), SearchFilter(), 5)
+            assert len(found) == 5
+        assert search.searched_ef(one, 100) == 101
+        assert search.searched_ef(spread, 100) == 303
+        assert search.searched_ef(spread, 10) == hnsw_search_ef(
+            11, floor=64, spread_factor=3, spread=True
+        )
+        exact = QdrantServerVectorSearch(client, collection_prefix=_QDRANT_TEST_PREFIX, exact=True)
+        assert exact.searched_ef(spread, 100) is None
+    finally:
+        for generation_id in (one, spread):
+            index.drop(generation_id)
+        client.close()

@@ -134,12 +134,12 @@ class ClusterDeployment:
     def admin_get(self, path: str = "") -> httpx.Response:
         return self.server.client.get(ADMIN + path, headers={"x-admin-key": ADMIN_KEY})
 
-    def build(self, shards: int, replicas: int) -> str:
+    def build(self, shards: int, replicas: int, *, timeout_s: float = 180) -> str:
         """Build, seal and verify a generation of the scope; its id."""
         body = {"namespace": NS, "snapshot_kind": KIND, "shards": shards, "replicas": replicas}
         started = ok(self.admin_post("/build", body), 202)
         generation_id = str(started["row"]["generation_id"])
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + timeout_s
         while True:
             view = ok(self.admin_get(f"/{generation_id}"))
             if view["row"]["state"] != "building":
@@ -299,7 +299,7 @@ Production = Callable[[Any, Any], Any]
 @contextmanager
 def in_process_qualifier(
     data_dir: Path, prefix: str, *, opensearch_url: str, qdrant_url: str
-) -> Iterator[Callable[[str, Production, QualifyRequest], QualificationReceipt]]:
+) -> Iterator[Callable[..., QualificationReceipt]]:
     """Runs qualifications of a running server-mode deployment in this process, with a
     production source the test chooses, and stores each receipt in the server's
     registry; the reference is the deployment's own (1-shard BM25 copy, exact vectors)."""
@@ -342,7 +342,10 @@ def in_process_qualifier(
     heads: HeadListing = ports.records
 
     def run(
-        generation_id: str, production: Production, request: QualifyRequest
+        generation_id: str,
+        production: Production,
+        request: QualifyRequest,
+        search: dict[str, int] | None = None,
     ) -> QualificationReceipt:
         row, descriptor = state.generation(generation_id)
         with writer.reference_copy(generation_id) as reference_id:
@@ -354,6 +357,9 @@ def in_process_qualifier(
                 limits=query_limits(settings),
                 profiles=list(PROFILES),
                 thresholds=settings.qualification_thresholds(),
+                # What the production source searched with (the deployment's settings
+                # unless the caller's source says otherwise).
+                search=settings.vector_search() if search is None else search,
                 heads=heads,
             )
             receipt = qualify_generation(descriptor, row.applied_position, request, setup=setup)

@@ -987,11 +987,18 @@ class QdrantClusterPeer(QdrantServer):
     (``--bootstrap`` peer 1's)."""
 
     def __init__(
-        self, base_dir: Path, cache_dir: Path, index: int, ports: dict[str, int], first_p2p: int
+        self,
+        base_dir: Path,
+        cache_dir: Path,
+        index: int,
+        ports: dict[str, int],
+        first_p2p: int,
+        storage: dict[str, Any] | None = None,
     ) -> None:
         Server.__init__(self, base_dir, cache_dir, f"qdrant-{index}", dict(ports))
         self.index = index
         self.first_p2p = first_p2p
+        self.storage = dict(storage or {})
 
     def prepare(self) -> Launch:
         binary = self.binary()
@@ -1012,6 +1019,7 @@ class QdrantClusterPeer(QdrantServer):
                         "storage_path": str(self.data_dir / "storage"),
                         "snapshots_path": str(self.data_dir / "snapshots"),
                         "temp_path": str(self.dir / "tmp"),
+                        **self.storage,
                     },
                     "service": {
                         "host": HOST,
@@ -1041,12 +1049,18 @@ def _qdrant_peers(base_dir: str | Path, http_port: int, timeout: float = 5.0) ->
 
 
 def start_qdrant_cluster(
-    base_dir: str | Path, peers: int = 3, *, timeout_s: float | None = None
+    base_dir: str | Path,
+    peers: int = 3,
+    *,
+    timeout_s: float | None = None,
+    storage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Start a fresh ``peers``-peer Qdrant cluster on loopback under ``base_dir`` (a
     private directory) and wait until every peer joined. Returns ``{"url": peer 1's URL,
     "urls": [...], "peers": [{name, pid, url, dir}]}`` (also written to
-    ``base_dir/qdrant-cluster.json``). Peers of an earlier cluster there are stopped."""
+    ``base_dir/qdrant-cluster.json``). Peers of an earlier cluster there are stopped.
+    ``storage``: extra keys of every peer's ``storage`` config (e.g. the defaults of new
+    collections: ``{"optimizers": {"indexing_threshold_kb": 1}}``)."""
     base = _resolve(base_dir, default_base_dir)
     if base == _resolve(None, default_base_dir):
         raise ValueError("a cluster needs its own --base-dir, not the shared servers' one")
@@ -1067,6 +1081,7 @@ def start_qdrant_cluster(
                 i + 1,
                 {"http": ports[3 * i], "grpc": ports[3 * i + 1], "p2p": ports[3 * i + 2]},
                 ports[2],
+                storage,
             )
             for i in range(peers)
         ]

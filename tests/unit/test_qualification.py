@@ -185,3 +185,52 @@ def test_a_recording_source_asks_the_engine_once_per_distinct_search(
     assert source.last == answers[0]
     source.search("g1", [v + 1.0 for v in vector], SearchFilter(), limits[0])
     assert len(inner.calls) == len(set(limits)) + 1
+
+
+def test_a_receipt_vouches_only_for_the_search_settings_it_was_made_with() -> None:
+    made = {**QuerySettings().vector_search(), "vector_ef": 1010}
+    receipt = QualificationReceipt(
+        generation_id="g2",
+        namespace="ns",
+        snapshot_kind="objects",
+        descriptor_digest="d",
+        position=3,
+        shards=3,
+        replicas=0,
+        caps={"lexical": 100, "vector": 100, "top_k": 10},
+        profiles={"rrf@2": "x"},
+        search=made,
+        sample_digest="s",
+        sample_size=5,
+        slices=(_slice(),),
+        thresholds=QualificationThresholds(),
+        passed=True,
+        created_at=NOW,
+    ).with_id()
+    now = QuerySettings().vector_search()
+    assert receipt.vouches_for(now)
+    assert receipt.vouches_for({})
+    assert not receipt.vouches_for({**now, "vector_spread_ef_factor": 1})
+    assert not receipt.vouches_for({**now, "vector_hnsw_ef": 256})
+    # Made before receipts recorded the search (or by a source that says nothing).
+    assert not receipt.model_copy(update={"search": {}}).vouches_for(now)
+    # The search is part of the receipt's identity.
+    assert receipt.model_copy(update={"search": {**made, "vector_ef": 128}}).computed_id() != (
+        receipt.receipt_id
+    )
+
+
+@given(
+    st.integers(1, 10_000),
+    st.integers(1, 4_096),
+    st.integers(1, 64),
+    st.booleans(),
+)
+def test_the_hnsw_ef_covers_what_is_asked_and_only_spread_generations_scale_it(
+    fetch: int, floor: int, factor: int, spread: bool
+) -> None:
+    from contracts.vector_payload import hnsw_search_ef
+
+    ef = hnsw_search_ef(fetch, floor=floor, spread_factor=factor, spread=spread)
+    assert ef >= max(floor, fetch)
+    assert ef == (max(floor, fetch, factor * fetch) if spread else max(floor, fetch))
