@@ -1,11 +1,16 @@
 """Interleaved A/B of the one-shot query path: two source trees, one data dir, one clock.
 
     .venv/bin/python bench/hotpath_ab.py --a /work/main --b . [--size 20000]
-        [--queries 200] [--rounds 3] [--data-dir DIR] [--out FILE.json]
+        [--corpus topk|scifact] [--queries 200] [--rounds 3] [--data-dir DIR]
+        [--out FILE.json]
 
 1. Builds (or reuses, `--data-dir`) an embedded data dir of `--size` records of
    `bench/topk.py`'s corpus with the B tree's code (so its indexes have B's schema),
-   then builds the HNSW index in place.
+   then builds the HNSW index in place. `--corpus scifact`: SciFact (5,183 documents,
+   `--size` ignored) with `bench/versus_qdrant.py`'s cached vectors, in a namespace of
+   language english, queried with its 300 test queries under the server's default
+   profile, as `versus_qdrant.py` sends them (each worker embeds the query texts once
+   before the warm-up).
 2. Starts one worker process per tree (`PYTHONPATH=<tree>`), each on its own copy of
    that data dir, with the query clock fixed (freshness is the same for both) and the
    response cache off; each warms up on 50 queries.
@@ -56,6 +61,39 @@ def _queries(count: int) -> list[QuerySpec]:
     return make_queries(rng, vocab, count)
 
 
+def _scifact_env() -> None:
+    """The namespace language `bench/versus_qdrant.py` gives SciFact (read by both the
+    builder's and the workers' settings)."""
+    from bench.quality import NAMESPACE
+
+    os.environ["ORRERY_NAMESPACE_LANGUAGES"] = json.dumps({NAMESPACE: "english"})
+
+
+def _scifact_queries() -> list[str]:
+    from bench.quality import load_dataset
+    from bench.versus_qdrant import DEFAULT_DATASET
+
+    dataset = load_dataset(DEFAULT_DATASET)
+    return [dataset.queries[q] for q in sorted(dataset.qrels)]
+
+
+def _scifact_batches() -> list[bytes]:
+    """SciFact's `POST /v1/records` bodies with `versus_qdrant.py`'s cached vectors."""
+    from bench.quality import beir_record, load_dataset
+    from bench.versus_qdrant import BATCH, DEFAULT_DATASET, cached_vectors
+
+    dataset = load_dataset(DEFAULT_DATASET)
+    dense = cached_vectors(dataset, DEFAULT_DATASET, sorted(dataset.qrels)).documents
+    bodies = []
+    for start in range(0, len(dataset.corpus), BATCH):
+        records = [
+            {**beir_record(row), "vector": dense[start + i].tolist()}
+            for i, row in enumerate(dataset.corpus[start : start + BATCH])
+        ]
+        bodies.append(json.dumps(records).encode())
+    return bodies
+
+
 def _stack(data_dir: Path, *, fixed_clock: bool) -> Any:
     import orrery.embedded as embedded
     from query.settings import QuerySettings
@@ -78,16 +116,21 @@ def _stack(data_dir: Path, *, fixed_clock: bool) -> Any:
     return embedded.EmbeddedStack.open(settings)
 
 
-def build(data_dir: Path, size: int) -> None:
-    """Ingest `size` records through the app, wait for zero lag, build HNSW in place."""
+def build(data_dir: Path, size: int, corpus: str) -> None:
+    """Ingest `size` records (or SciFact) through the app, wait for zero lag, build HNSW
+    in place."""
     from starlette.testclient import TestClient
 
+    if corpus == "scifact":
+        batches = _scifact_batches()
+        size = sum(len(json.loads(body)) for body in batches)
+    else:
+        batches = list(corpus_batches(size, 2_000, SEED, Vocabulary.build(random.Random(SEED))))
     stack = _stack(data_dir, fixed_clock=False)
     stack.loop.start()
-    vocab = Vocabulary.build(random.Random(SEED))
     started = time.perf_counter()
     with TestClient(stack.app) as client:
-        for body in corpus_batches(size, 2_000, SEED, vocab):
+        for body in batches:
             response = client.post(
                 "/v1/records", content=body, headers={"content-type": "application/json"}
             )
@@ -109,28 +152,38 @@ def build(data_dir: Path, size: int) -> None:
     stack.close()
 
 
-def worker(data_dir: Path) -> None:
+def worker(data_dir: Path, corpus: str) -> None:
     """Answer query indexes read from stdin, one JSON line each (see the module doc)."""
     from starlette.testclient import TestClient
 
     stack = _stack(data_dir, fixed_clock=True)
-    queries = _queries(1_000)
-    with TestClient(stack.app) as client:
+    bodies: list[dict[str, Any]]
+    if corpus == "scifact":
+        from bench.versus_qdrant import orrery_body
 
-        def one(query: QuerySpec) -> tuple[float, dict[str, Any]]:
+        bodies = [orrery_body(text) for text in _scifact_queries()]
+    else:
+        bodies = [topk_body(query, 10) for query in _queries(1_000)]
+    with TestClient(stack.app) as client:
+        if corpus == "scifact":
+            for body in bodies:  # Embeds each query once (the timed requests hit the cache).
+                warm = {k: body[k] for k in ("namespace", "scope_ref", "query_text")}
+                client.post("/v1/external/retrieve", json={**warm, "limit": 1})
+
+        def one(body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
             started = time.perf_counter()
-            response = client.post("/v1/external/retrieve/topk_records", json=topk_body(query, 10))
+            response = client.post("/v1/external/retrieve/topk_records", json=body)
             seconds = time.perf_counter() - started
             if response.status_code != 200:
                 raise RuntimeError(f"topk_records: {response.text[:300]}")
             body: dict[str, Any] = response.json()
             return seconds, body
 
-        for query in queries[:WARMUP]:
-            one(query)
+        for body in bodies[-WARMUP:]:
+            one(body)
         print("ready", flush=True)
         for line in sys.stdin:
-            seconds, body = one(queries[int(line)])
+            seconds, body = one(bodies[int(line)])
             plan = body["query_plan"]
             answer = [
                 [
@@ -158,10 +211,13 @@ def worker(data_dir: Path) -> None:
 class Worker:
     """A worker process over its own copy of the data dir, with one tree's code."""
 
-    def __init__(self, tree: Path, data_dir: Path, copy: Path) -> None:
+    def __init__(self, tree: Path, data_dir: Path, copy: Path, corpus: str) -> None:
         shutil.copytree(data_dir, copy)
         self.process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--worker", str(copy)],
+            [
+                *(sys.executable, str(Path(__file__).resolve()), "--worker", str(copy)),
+                *("--corpus", corpus),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -229,10 +285,15 @@ def _side(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def compare(a: Path, b: Path, data_dir: Path, queries: int, rounds: int) -> dict[str, Any]:
+def compare(
+    a: Path, b: Path, data_dir: Path, queries: int, rounds: int, corpus: str = "topk"
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="orrery-ab-"))
     try:
-        workers = {"A": Worker(a, data_dir, work / "A"), "B": Worker(b, data_dir, work / "B")}
+        workers = {
+            "A": Worker(a, data_dir, work / "A", corpus),
+            "B": Worker(b, data_dir, work / "B", corpus),
+        }
         load_before = Path("/proc/loadavg").read_text().strip()
         samples: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
         identical = different = same_ranking = 0
@@ -259,6 +320,7 @@ def compare(a: Path, b: Path, data_dir: Path, queries: int, rounds: int) -> dict
     sides = {side: _side(s) for side, s in samples.items()}
     return {
         "benchmark": "hotpath_ab",
+        "corpus": corpus,
         "trees": {"A": str(a), "B": str(b)},
         "queries": queries,
         "rounds": rounds,
@@ -283,6 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--a", type=Path, help="tree A (e.g. /work/main)")
     parser.add_argument("--b", type=Path, help="tree B (builds the data dir)")
     parser.add_argument("--size", type=int, default=20_000)
+    parser.add_argument("--corpus", choices=("topk", "scifact"), default="topk")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, help="reuse (or keep) this data dir")
@@ -290,11 +353,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.corpus == "scifact":
+        _scifact_env()
     if args.build is not None:
-        build(args.build, args.size)
+        build(args.build, args.size, args.corpus)
         return 0
     if args.worker is not None:
-        worker(args.worker)
+        worker(args.worker, args.corpus)
         return 0
     if args.a is None or args.b is None:
         parser.error("--a and --b are required")
@@ -303,12 +368,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         subprocess.run(
             [
                 *(sys.executable, str(Path(__file__).resolve()), "--build", str(data_dir)),
-                *("--size", str(args.size)),
+                *("--size", str(args.size), "--corpus", args.corpus),
             ],
             check=True,
             env={**os.environ, "PYTHONPATH": str(args.b.resolve())},
         )
-    report = compare(args.a, args.b, data_dir, args.queries, args.rounds)
+    queries = min(args.queries, 300) if args.corpus == "scifact" else args.queries
+    report = compare(args.a, args.b, data_dir, queries, args.rounds, args.corpus)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:

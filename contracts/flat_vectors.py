@@ -41,6 +41,11 @@ _HIDDEN = hidden_term("vector")
 # A code no interned string has: a missing field (no ring) matches no filter on it.
 _ABSENT = -1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Per thread, the scores of the last full scan: `(copy, query, version, scores)`. A
+# weighted query's re-score looks up the scores of the lexical source's candidates for
+# the very query vector its vector search just scanned with, on the same thread: those
+# scores are in this array already (one per thread, whatever the number of copies).
+_LAST_SCAN = threading.local()
 
 
 def flat_capacity(indexing_threshold_kb: int, dimension: int) -> int:
@@ -78,6 +83,8 @@ class FlatVectors:
         self._ring: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
         self._updated: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._live: npt.NDArray[np.bool_] = np.zeros(0, dtype=np.bool_)
+        # Bumped by every write: a scan's scores are reused only at the version scanned.
+        self._version = 0
         self._allocate(max(1, capacity))
 
     @property
@@ -91,6 +98,7 @@ class FlatVectors:
         """Store each `(payload, stored unit vector)` as its document's row (replacing
         the one there); a payload hidden from the vector lane removes the row."""
         with self._lock:
+            self._version += 1
             for payload, vector in points:
                 document_id = str(payload[DOCUMENT_ID])
                 if _HIDDEN in (payload.get(FACETS) or ()):
@@ -111,6 +119,7 @@ class FlatVectors:
 
     def remove(self, document_ids: Iterable[str]) -> None:
         with self._lock:
+            self._version += 1
             for document_id in document_ids:
                 self._remove(document_id)
 
@@ -133,7 +142,9 @@ class FlatVectors:
             if rows.size == 0:
                 return []
             matrix = self._matrix[: self._high]
-            scores = np.clip(np.einsum("ij,j->i", matrix, query)[rows], -1.0, 1.0)
+            scanned = np.einsum("ij,j->i", matrix, query)
+            _LAST_SCAN.scan = (self, query, self._version, scanned)
+            scores = np.clip(scanned[rows], -1.0, 1.0)
             if rows.size > limit:
                 # Every row tied with the `limit`-th best, so ties are broken by id.
                 kth = np.partition(scores, rows.size - limit)[rows.size - limit]
@@ -173,7 +184,18 @@ class FlatVectors:
             keep = mask[rows]
             rows = rows[keep]
             ids = [d for (d, _), kept in zip(found, keep.tolist(), strict=True) if kept]
-            values = np.einsum("ij,j->i", self._matrix[rows], query).tolist()
+            scan = getattr(_LAST_SCAN, "scan", None)
+            if (
+                scan is not None
+                and scan[0] is self
+                and scan[1] is query
+                and scan[2] == self._version
+            ):
+                # This thread's last scan scored these rows for this query already (the
+                # same float32 per-row sums: a row scores alike in any set of rows).
+                values = scan[3][rows].tolist()
+            else:
+                values = np.einsum("ij,j->i", self._matrix[rows], query).tolist()
         return {d: min(1.0, max(-1.0, v)) for d, v in zip(ids, values, strict=True)}
 
     # -- rows ---------------------------------------------------------------------------

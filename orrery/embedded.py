@@ -245,6 +245,7 @@ def query_routers(
             document_ids=routing.document_ids,
             status=status,
             eligibility=gate,
+            inline=True,
         ),
         create_query_chonkydb_router(
             ports=gated,

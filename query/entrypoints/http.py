@@ -106,6 +106,24 @@ class Offload:
         self._pool.shutdown(wait=False)
 
 
+class Inline(Offload):
+    """Runs the use case on the event loop's own thread: the one-shot routes of the
+    embedded stack, whose engines are in this process. There the query is CPU work under
+    the GIL from end to end (tantivy's search lets the GIL go on the source pool's thread
+    either way), so a hop to a worker thread buys no concurrency and costs ~0.4 ms a
+    query (a futures round trip and two GIL hand-overs; docs/bench/README.md). A server
+    deployment offloads: its queries wait on the network."""
+
+    def __init__(self) -> None:
+        pass
+
+    async def __call__(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return fn(*args, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
 def _json(model: BaseModel) -> Response:
     """A model as a JSON response, serialized once by pydantic (no intermediate dicts
     re-encoded by `json`: the largest answers carry every payload)."""
@@ -126,12 +144,15 @@ def create_router(
     document_ids: Callable[[str, str | None], list[str]] | None = None,
     status: Callable[[], dict[str, Any]] | None = None,
     eligibility: EligibilityGate | None = None,
+    inline: bool = False,
 ) -> APIRouter:
     """The query worker's routes. `status` adds process-level facts (e.g. projector
     state) to readiness; `eligibility` adds each live generation's eligibility verdict
-    to it. The app around them (errors, limits, OpenAPI) is `orrery.http.build_app`."""
+    to it; `inline`: the one-shot routes rank on the event loop's thread (`Inline`: the
+    embedded stack), not on a worker thread. The app around them (errors, limits,
+    OpenAPI) is `orrery.http.build_app`."""
     router = APIRouter()
-    offload = Offload()
+    offload = Inline() if inline else Offload()
 
     def principal(x_api_key: str | None, authorization: str | None) -> Principal:
         grant = authenticate(grants, x_api_key, authorization)

@@ -214,3 +214,38 @@ def test_hidden_and_deleted_documents_are_no_rows() -> None:
     found = flat.search([1.0, 1.0], SearchFilter(), 10)
     assert found is not None and [c.document_id for c in found] == ["a"]
     assert flat.search([1.0, 0.0], SearchFilter(facets={"x": ("y",)}), 10) is None
+
+
+def _row(document_id: str, status: str = "active") -> dict[str, object]:
+    return {
+        "document_id": document_id,
+        "revision": 1,
+        "updated_at": "2026-01-01T00:00:00.000000Z",
+        "status": status,
+        "galaxy": "g",
+    }
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.floats(-1, 1, width=32), min_size=8, max_size=8), min_size=1),
+    query=st.lists(st.floats(-1, 1, width=32), min_size=8, max_size=8).filter(any),
+    replaced=st.lists(st.floats(-1, 1, width=32), min_size=8, max_size=8),
+)
+def test_a_lookup_after_a_scan_scores_exactly_as_a_fresh_lookup(
+    rows: list[list[float]], query: list[float], replaced: list[float]
+) -> None:
+    """`scores` reuses the scan a `search` just made for the same query on the same thread
+    (the re-score's lookup): bit for bit what scoring the rows alone gives, and never a
+    scan from before a write."""
+    flat = FlatVectors(8, capacity=4)
+    flat.put([(_row(f"d{n}", "active" if n % 3 else "draft"), row) for n, row in enumerate(rows)])
+    twin = FlatVectors(8, capacity=4)  # the same rows, never scanned
+    twin.put([(_row(f"d{n}", "active" if n % 3 else "draft"), row) for n, row in enumerate(rows)])
+    ids = SearchFilter(status=("active",), document_ids=tuple(f"d{n}" for n in range(len(rows))))
+    flat.search(query, SearchFilter(status=("active",)), 3)
+    assert flat.scores(query, ids) == twin.scores(query, ids)
+    # A write after the scan: the lookup scores the row as written now.
+    flat.put([(_row("d1"), replaced)])
+    twin.put([(_row("d1"), replaced)])
+    assert flat.scores(query, ids) == twin.scores(query, ids)
