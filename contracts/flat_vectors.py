@@ -178,7 +178,7 @@ class FlatVectors:
             if not found:
                 return {}
             rows = np.fromiter((row for _, row in found), dtype=np.intp, count=len(found))
-            mask = self._mask(filter.model_copy(update={"document_ids": None}))
+            mask = self._mask(filter, with_ids=False)
             if mask is None:
                 return {}
             keep = mask[rows]
@@ -200,9 +200,9 @@ class FlatVectors:
 
     # -- rows ---------------------------------------------------------------------------
 
-    def _mask(self, filter: SearchFilter) -> npt.NDArray[np.bool_] | None:
+    def _mask(self, filter: SearchFilter, *, with_ids: bool = True) -> npt.NDArray[np.bool_] | None:
         """The live rows `filter` keeps (up to the high-water row); None if none can
-        (a value no row holds)."""
+        (a value no row holds). Without `with_ids`, `filter.document_ids` is ignored."""
         high = self._high
         mask = self._live[:high].copy()
         if filter.galaxy is not None:
@@ -220,7 +220,7 @@ class FlatVectors:
             mask &= self._updated[:high] >= _micros(utc_instant(filter.updated_after))
         if filter.updated_before is not None:
             mask &= self._updated[:high] <= _micros(utc_instant(filter.updated_before))
-        if filter.document_ids is not None:
+        if filter.document_ids is not None and with_ids:
             rows = [self._rows[d] for d in filter.document_ids if d in self._rows]
             listed = np.zeros(high, dtype=np.bool_)
             listed[rows] = True
@@ -280,8 +280,21 @@ def _answerable(filter: SearchFilter) -> bool:
 
 def _unit(vector: Sequence[float]) -> npt.NDArray[np.float32]:
     """The query scaled to unit length (in float64, then float32), as the engine scales
-    a cosine query; read-only, shared by the calls for one query vector (`_unit_of`)."""
-    return _unit_of(vector if isinstance(vector, tuple) else tuple(vector))
+    a cosine query; read-only, shared by the calls for one query vector (`_unit_of`).
+    The last tuple asked for on this thread is known by identity (a query's search and
+    its re-score's lookup pass the same tuple): no hash of its values."""
+    if not isinstance(vector, tuple):
+        return _unit_of(tuple(vector))
+    last = getattr(_LAST_UNIT, "last", None)
+    if last is not None and last[0] is vector:
+        unit: npt.NDArray[np.float32] = last[1]
+        return unit
+    unit = _unit_of(vector)
+    _LAST_UNIT.last = (vector, unit)
+    return unit
+
+
+_LAST_UNIT = threading.local()
 
 
 @functools.lru_cache(maxsize=64)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -251,7 +252,24 @@ def check_vector(document: IndexDocument, dimension: int | None) -> None:
 
 
 def check_query_vector(vector: Sequence[float]) -> list[float]:
-    """The query vector as floats; empty, non-finite or all-zero is `INVALID_REQUEST`."""
+    """The query vector as floats; empty, non-finite or all-zero is `INVALID_REQUEST`.
+
+    A query's vector search and its re-score's lookup check the same tuple: the last
+    tuple checked on this thread is remembered by identity (a tuple never changes)."""
+    last: tuple[Sequence[float], list[float]] | None = getattr(_CHECKED, "last", None)
+    if last is not None and last[0] is vector:
+        return last[1]
+    values = _checked(vector)
+    if isinstance(vector, tuple):
+        _CHECKED.last = (vector, values)
+    return values
+
+
+# Per thread: `(tuple, its checked values)` of the last `check_query_vector` of a tuple.
+_CHECKED = threading.local()
+
+
+def _checked(vector: Sequence[float]) -> list[float]:
     values = list(map(float, vector))
     # A finite sum proves every value finite (an inf or a nan makes the sum inf or nan);
     # only a non-finite sum (or an overflowing one) needs the per-value check.

@@ -240,7 +240,7 @@ class QdrantEdgeVectorSearch:
         flat = self._flat(generation_id, query_vector)
         if flat is not None:
             with engine_call(FLAT_ENGINE):
-                found = flat.search(query_vector, filter, limit)
+                found = flat.search(_same(vector, query_vector), filter, limit)
             if found is not None:
                 return found
         shard = self._shard(generation_id)
@@ -276,14 +276,14 @@ class QdrantEdgeVectorSearch:
         churning memo would cost more than the lookups it saves. The memo's entries are
         `tenant`'s (its own bound: another tenant's lookups never evict them)."""
         query_vector = check_query_vector(vector)
-        must = _must(filter.model_copy(update={"document_ids": None}))
+        must = _must(filter, with_ids=False)
         size = id_lookup_size(filter, DEPENDENCY)
         if size == 0 or filter.matches_nothing():
             return {}
         flat = self._flat(generation_id, query_vector)
         if flat is not None:
             with engine_call(FLAT_ENGINE):
-                scored = flat.scores(query_vector, filter)
+                scored = flat.scores(_same(vector, query_vector), filter)
             if scored is not None:
                 return scored
         listed = list(filter.document_ids or ())
@@ -483,8 +483,9 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
     return Filter(must=must or None, must_not=[_HIDDEN])
 
 
-def _must(filter: SearchFilter) -> list[ConditionType]:
-    """The `must` clauses of `edge_filter` (the same refusals)."""
+def _must(filter: SearchFilter, *, with_ids: bool = True) -> list[ConditionType]:
+    """The `must` clauses of `edge_filter` (the same refusals); without `with_ids`, less
+    the `document_ids` clause."""
     if filter.phrases:
         raise OrreryError(
             ErrorCode.INTERNAL,
@@ -509,7 +510,7 @@ def _must(filter: SearchFilter) -> list[ConditionType]:
         )
     for name, values in sorted(filter.facets.items()):
         must.append(FieldCondition(FACETS, match=MatchAny(facet_terms(name, values))))
-    if filter.document_ids is not None:
+    if filter.document_ids is not None and with_ids:
         must.append(FieldCondition(DOCUMENT_ID, match=MatchAny(list(filter.document_ids))))
     if filter.rings is not None:
         must.append(FieldCondition(RING, match=MatchAny(list(filter.rings))))
@@ -532,6 +533,12 @@ def _point_key(document_id: str) -> str:
     if is_canonical_uuid(document_id):
         return document_id
     return str(point_id(document_id))
+
+
+def _same(given: Sequence[float], checked: list[float]) -> Sequence[float]:
+    """What to hand a flat copy: the caller's tuple itself when it gave one (a flat copy
+    knows the last tuple it scaled by identity), else the checked values."""
+    return given if isinstance(given, tuple) else checked
 
 
 def _bound(value: datetime | None) -> str | None:
