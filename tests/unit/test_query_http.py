@@ -1,5 +1,5 @@
-"""The one-shot path's plumbing: the thread hop and the API key headers the hot routes
-declare by hand."""
+"""The one-shot path's plumbing: the thread hop (or, embedded, none) and the API key
+headers the hot routes declare by hand."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI, Header
 
 from contracts.errors import ErrorCode, OrreryError
-from query.entrypoints.http import KEY_HEADER_PARAMETERS, Offload
+from query.entrypoints.http import KEY_HEADER_PARAMETERS, Inline, Offload
 
 _SEEN: ContextVar[str] = ContextVar("seen", default="unset")
 
@@ -47,6 +47,25 @@ def test_offload_raises_the_calls_error() -> None:
     finally:
         offload.close()
     assert err.value.code is ErrorCode.DEADLINE_EXCEEDED
+
+
+def test_inline_runs_on_the_event_loops_thread_in_the_callers_context() -> None:
+    inline = Inline()
+
+    async def main() -> tuple[tuple[str, str, str], str]:
+        _SEEN.set("request")
+        return await inline(_where, "x", suffix="!"), threading.current_thread().name
+
+    (thread, seen, label), loop_thread = asyncio.run(main())
+    assert thread == loop_thread
+    assert (seen, label) == ("request", "x!")
+    with pytest.raises(OrreryError) as err:
+        asyncio.run(inline(_fail_late))
+    assert err.value.code is ErrorCode.DEADLINE_EXCEEDED
+
+
+def _fail_late() -> None:
+    raise OrreryError(ErrorCode.DEADLINE_EXCEEDED, "late")
 
 
 def test_key_header_parameters_are_what_fastapi_documents_for_header_params() -> None:
