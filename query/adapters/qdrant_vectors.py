@@ -36,6 +36,7 @@ from contracts.index_fields import (
     hidden_term,
 )
 from contracts.shards import copy_key, report_shards
+from contracts.timing import engine_call
 from contracts.vector_payload import (
     DEFAULT_HNSW_EF,
     DEFAULT_SPREAD_EF_FACTOR,
@@ -61,6 +62,9 @@ DEPENDENCY = "qdrant"
 _DRIVER_ERRORS = (ApiException, QdrantException, ValueError, RuntimeError, KeyError, OSError)
 # A copy that failed a search is skipped for this long before it is tried again.
 _DOWN_SECONDS = 10.0
+# `QueryPlan.engine_ms` key: a query call's wall time in the worker (client library,
+# network and engine).
+ENGINE_QUERY = "qdrant_query"
 # Collection metadata of a spread generation (written by the projector's adapter).
 _SHARDS_META = "orrery_shards"
 _COPIES_META = "orrery_copies"
@@ -170,17 +174,18 @@ class QdrantServerVectorSearch:
 
         def run(keys: list[str] | None) -> list[models.ScoredPoint]:
             try:
-                response = self._client.query_points(
-                    collection,
-                    query=query_vector,
-                    using=VECTOR_NAME,
-                    query_filter=engine_filter,
-                    limit=size,
-                    with_payload=[DOCUMENT_ID],
-                    with_vectors=False,
-                    search_params=None if self._local else models.SearchParams(exact=True),
-                    shard_key_selector=cast(Any, keys),
-                )
+                with engine_call(ENGINE_QUERY):
+                    response = self._client.query_points(
+                        collection,
+                        query=query_vector,
+                        using=VECTOR_NAME,
+                        query_filter=engine_filter,
+                        limit=size,
+                        with_payload=[DOCUMENT_ID],
+                        with_vectors=False,
+                        search_params=None if self._local else models.SearchParams(exact=True),
+                        shard_key_selector=cast(Any, keys),
+                    )
             except _DRIVER_ERRORS as error:
                 raise self._diagnose(error, collection, generation_id, len(query_vector)) from error
             return response.points
@@ -339,17 +344,18 @@ class QdrantServerVectorSearch:
             elif not self._local:
                 params = models.SearchParams(hnsw_ef=self.ef(fetch, spread=spread))
             try:
-                response = self._client.query_points(
-                    collection,
-                    query=vector,
-                    using=VECTOR_NAME,
-                    query_filter=engine_filter,
-                    limit=fetch,
-                    with_payload=list(RETURNED_FIELDS),
-                    with_vectors=False,
-                    search_params=params,
-                    shard_key_selector=cast(Any, keys),
-                )
+                with engine_call(ENGINE_QUERY):
+                    response = self._client.query_points(
+                        collection,
+                        query=vector,
+                        using=VECTOR_NAME,
+                        query_filter=engine_filter,
+                        limit=fetch,
+                        with_payload=list(RETURNED_FIELDS),
+                        with_vectors=False,
+                        search_params=params,
+                        shard_key_selector=cast(Any, keys),
+                    )
             except _DRIVER_ERRORS as error:
                 raise self._diagnose(error, collection, generation_id, len(vector)) from error
             points = response.points
