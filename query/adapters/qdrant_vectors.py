@@ -86,8 +86,10 @@ ENGINE_QUERY = "qdrant_query"
 ENGINE_TIME = "qdrant_time"
 # qdrant-client's REST timeout when the client was given none (seconds).
 _DEFAULT_TIMEOUT_S = 5.0
-# Kept-alive connections of the REST path: a request's two calls, times a few requests.
-_REST_CONNECTIONS = 8
+# Connections the REST path keeps alive (opened only as concurrent calls need them): at
+# least every thread that can call at once (request threads and the source pool), so
+# none is opened and dropped per call under load.
+_REST_CONNECTIONS = 64
 # A scored point as the adapter reads it: (score, payload).
 _Point = tuple[float, dict[str, Any]]
 # Collection metadata of a spread generation (written by the projector's adapter).
