@@ -430,6 +430,7 @@ def measure_topk(
     worker = deployment.workers[0]
     seconds: list[float] = []
     stages: list[dict[str, float]] = []
+    engines: list[dict[str, float]] = []
     with worker.client(REQUEST_TIMEOUT_S) as client:
         for query in (*warmup, *queries):  # query vectors cached: not measured
             client.post("/v1/external/retrieve/topk_records", json=topk_body(query, 10))
@@ -440,8 +441,11 @@ def measure_topk(
             if ex.response.status_code != 200:
                 raise RuntimeError(f"topk_records: {ex.response.status_code} {ex.response.text}")
             seconds.append(ex.seconds)
-            stages.append(ex.json()["query_plan"]["latency_ms"])
+            plan = ex.json()["query_plan"]
+            stages.append(plan["latency_ms"])
+            engines.append(plan.get("engine_ms") or {})
     totals = sum(s["total"] for s in stages)
+    engine_keys = sorted({k for e in engines for k in e})
     return {
         "profile": "default (weighted@3: BM25 from OpenSearch + vectors from the Qdrant server)",
         "latency_ms": latency_summary(seconds),
@@ -452,6 +456,16 @@ def measure_topk(
         "stage_ms_p50": {
             stage: round(float(np.percentile([s.get(stage, 0.0) for s in stages], 50)), 3)
             for stage in STAGES
+        },
+        # Engine calls as timed in the worker (`opensearch_search`, `qdrant_query`: wall
+        # time incl. client library and network) and as the engines report them
+        # (`opensearch_took`, `qdrant_time`), summed per query.
+        "engine_ms": {
+            key: {
+                f"p{q}": round(float(np.percentile([e.get(key, 0.0) for e in engines], q)), 3)
+                for q in (50, 95)
+            }
+            for key in engine_keys
         },
     }
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["engine_call", "engine_clock"]
+__all__ = ["engine_call", "engine_clock", "engine_reported"]
 
 _TOTALS: ContextVar[dict[str, float] | None] = ContextVar("orrery_engine_ms", default=None)
 # A request's calls may run on two threads at once (`query.overlap`), adding to one dict.
@@ -48,3 +48,15 @@ def engine_call(engine: str) -> Iterator[None]:
         elapsed = (time.perf_counter() - started) * 1000.0
         with _ADD:
             totals[engine] = totals.get(engine, 0.0) + elapsed
+
+
+def engine_reported(engine: str, milliseconds: float) -> None:
+    """Add a time an engine reported about itself (OpenSearch's `took`, Qdrant's
+    `time`) to `engine` of the current clock, if there is one: beside the wall time of
+    the same call (`engine_call`), it splits the engine's own work from the client
+    library's and the network's."""
+    totals = _TOTALS.get()
+    if totals is None:
+        return
+    with _ADD:
+        totals[engine] = totals.get(engine, 0.0) + milliseconds

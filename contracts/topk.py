@@ -229,7 +229,9 @@ class QueryPlan(BaseModel):
         description="Milliseconds spent inside engine library calls while answering, by "
         "engine call (embedded: `tantivy_search`, `tantivy_doc_reads`, "
         "`qdrant_edge_query`, `flat_vectors` for a generation scanned from its in-memory "
-        "copy); the rest of `latency_ms.total` is Orrery's own work. "
+        "copy; servers: `opensearch_search` and `qdrant_query`, the calls' wall time in the "
+        "worker, and `opensearch_took` and `qdrant_time`, the time the engines report for "
+        "them); the rest of `latency_ms.total` is Orrery's own work. "
         "Empty for a response-cache hit.",
     )
     shards: dict[str, dict[str, Any]] = Field(

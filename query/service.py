@@ -515,6 +515,9 @@ class _Sources:
     # The lexical scores of the vector candidates, looked up while the lexical search
     # still ran (a re-scoring profile with `ports.overlap`); None: not looked up.
     lexical_scores: dict[str, float] | None = None
+    # The exact vector scores of the lexical candidates, looked up on the pool thread
+    # right after the lexical search (`_VectorScoresAfter`); None: not looked up.
+    vector_scores: dict[str, float] | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -739,8 +742,9 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
         )
 
     lexical: Pending[list[Candidate]] | None = None
+    after = _VectorScoresAfter(q, ports, search_lexical)
     if use_lexical and use_vector and ports.overlap is not None:
-        lexical = ports.overlap.start(search_lexical)
+        lexical = ports.overlap.start(after.search if _rescores(q) else search_lexical)
     elif use_lexical and use_vector and ports.vector_overlap is not None:
         return _search_lexical_beside(q, ports, watch, search_lexical, ports.vector_overlap)
     given = q.query_vector
@@ -756,6 +760,7 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
         vector=[],
         indexes_used=[],
     )
+    after.vector = sources.query_vector
     watch.lap("candidate_fetch")
     if use_lexical and lexical is None:
         sources.lexical = search_lexical()
@@ -775,6 +780,7 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
             sources.lexical_scores = _prefetch_lexical_scores(q, sources.vector, ports)
     if lexical is not None:
         sources.lexical = watch.wait(lexical, "index_search")
+        sources.vector_scores = after.scores
     if vector_error is not None:
         raise vector_error
     if use_lexical:
@@ -836,6 +842,45 @@ def _search_lexical_beside(
     return sources
 
 
+class _VectorScoresAfter:
+    """The lexical search, then, on the same (pool) thread, the exact vector scores of
+    all its candidates, when the query vector is known by then (set by the request's
+    thread once embedded; never waited for). The re-score's vector lookup then runs
+    beside the vector search instead of after both searches. A lookup by id returns each
+    document's own score whatever else is listed, so the re-score keeps exactly the ones
+    it needs. A failure here is not reported: the re-score then looks them up itself."""
+
+    __slots__ = ("_ports", "_q", "_search", "scores", "vector")
+
+    def __init__(
+        self, q: _Resolved, ports: QueryPorts, search: Callable[[], list[Candidate]]
+    ) -> None:
+        self._q, self._ports, self._search = q, ports, search
+        self.vector: tuple[float, ...] | None = None
+        self.scores: dict[str, float] | None = None
+
+    def search(self) -> list[Candidate]:
+        found = self._search()
+        vector = self.vector
+        if vector is None or not found:
+            return found
+        q = self._q
+        by_ids = q.search_filter.model_copy(
+            update={"document_ids": tuple(sorted({c.document_id for c in found})), "phrases": ()}
+        )
+        try:
+            self.scores = self._ports.vectors.scores(
+                q.route.generation_id,
+                vector,
+                by_ids,
+                revisions={c.document_id: c.revision for c in found},
+                tenant=q.route.namespace,
+            )
+        except OrreryError:
+            self.scores = None
+        return found
+
+
 def _rescores(q: _Resolved) -> bool:
     """Whether the ranking looks missing scores up (`_rescore`)."""
     profile = q.profile
@@ -891,6 +936,7 @@ def _fuse_and_page(
             profile,
             watch=ranked.watch,
             prefetched=sources.lexical_scores,
+            prefetched_vector=sources.vector_scores,
             tenant=q.route.namespace,
         )
     fused = fuse(
@@ -929,6 +975,7 @@ def _rescore(
     *,
     watch: _Stopwatch,
     prefetched: dict[str, float] | None = None,
+    prefetched_vector: dict[str, float] | None = None,
     tenant: str = "",
 ) -> Rescored:
     """Exact scores of each source's candidates in the other source, fetched by id.
@@ -938,7 +985,8 @@ def _rescore(
     profile's field boosts, absent when no term matches; vectors: its exact cosine).
     Two extra engine calls at most, each bounded by the candidate depth; neither builds
     candidates. With `ports.overlap` the two run side by side. `prefetched`: lexical
-    scores of (at least) every vector candidate, looked up already.
+    scores of (at least) every vector candidate, looked up already; `prefetched_vector`:
+    vector scores of (at least) every lexical candidate, likewise.
     """
     lexical_ids = {c.document_id for c in lexical}
     vector_ids = {c.document_id for c in vector}
@@ -946,6 +994,7 @@ def _rescore(
     only_lexical = sorted(lexical_ids - vector_ids)
     only = set(only_lexical)
     looked_up = 0
+    vector_scores: dict[str, float] = {}
     lookup_vectors: Callable[[], dict[str, float]] | None = None
     if query_vector is not None and vector_ids and only_lexical:
         # Lexical candidates passed the phrase groups already; vector engines take none.
@@ -964,6 +1013,10 @@ def _rescore(
             )
 
         looked_up += len(only_lexical)
+        if prefetched_vector is not None:
+            known = prefetched_vector
+            vector_scores = {d: known[d] for d in only_lexical if d in known}
+            lookup_vectors = None
     pending: Pending[dict[str, float]] | None = None
     if lookup_vectors is not None and ports.overlap is not None and prefetched is None:
         pending = ports.overlap.start(lookup_vectors)
@@ -977,7 +1030,6 @@ def _rescore(
                 generation_id, text, by_id, field_boosts=profile.lexical_boosts()
             )
         looked_up += len(only_vector)
-    vector_scores: dict[str, float] = {}
     if pending is not None:
         vector_scores = watch.wait(pending, "rerank")
     elif lookup_vectors is not None:
