@@ -527,17 +527,29 @@ def _slice_figures(slices: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
     """Receipts of the 4-shard generation whose vector source asks each shard for
-    D / divisor candidates (merged by score, the first D kept), for divisors 1, 2, N."""
+    D / divisor candidates (merged by score, the first D kept), for divisors 1, 2, N —
+    each shard key searched through HNSW as production searches it (the spread ef rule
+    at D / divisor + 1 points, ACORN for filtered searches, the default settings)."""
+    from qdrant_client import models
+
     from contracts.index import Candidate, SearchFilter
     from contracts.qualification import QualifyRequest
     from contracts.shards import copy_key
-    from contracts.vector_payload import RETURNED_FIELDS, VECTOR_NAME, best_first, candidate_of
+    from contracts.vector_payload import (
+        DEFAULT_SPREAD_ACORN_SELECTIVITY,
+        RETURNED_FIELDS,
+        VECTOR_NAME,
+        best_first,
+        candidate_of,
+    )
     from query.adapters.qdrant_vectors import QdrantServerVectorSearch, qdrant_filter
+    from query.settings import QuerySettings
     from tests.e2e.test_shards import in_process_qualifier
 
     shards = CAPPED[0]
     env = dep.env
     out: dict[str, Any] = {"shape": shape_name(CAPPED), "sample_size": sample_size, "caps": {}}
+    acorn = models.AcornSearchParams(enable=True, max_selectivity=DEFAULT_SPREAD_ACORN_SELECTIVITY)
 
     def capped(divisor: int) -> Callable[[Any, Any], Any]:
         def production(ports: Any, qdrant: Any) -> Any:
@@ -550,14 +562,21 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
                     limit: int,
                 ) -> list[Candidate]:
                     found: list[Candidate] = []
+                    each = max(1, limit // divisor)
+                    where = qdrant_filter(filter)
+                    params = models.SearchParams(
+                        hnsw_ef=self.ef(each + 1, spread=True),
+                        acorn=acorn if where is not None and where.must else None,
+                    )
                     for shard in range(shards):
                         points = qdrant.query_points(
                             f"{dep.prefix}-{generation_id}",
                             query=list(vector),
                             using=VECTOR_NAME,
-                            query_filter=qdrant_filter(filter),
-                            limit=max(1, limit // divisor),
+                            query_filter=where,
+                            limit=each,
                             with_payload=list(RETURNED_FIELDS),
+                            search_params=params,
                             shard_key_selector=copy_key(shard, 0),
                         ).points
                         found += [candidate_of(p.payload or {}, p.score) for p in points]
@@ -576,12 +595,17 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
         for label, divisor in (("D", 1), ("D/2", 2), (f"D/{shards}", shards)):
             before = loadavg()
             receipt = run(
-                dep.generation(CAPPED), capped(divisor), QualifyRequest(sample_size=sample_size)
+                dep.generation(CAPPED),
+                capped(divisor),
+                QualifyRequest(sample_size=sample_size),
+                {**QuerySettings().vector_search(), "vector_per_shard_divisor": divisor},
             )
             out["caps"][label] = {
                 "per_shard_divisor": divisor,
                 "passed": receipt.passed,
+                "failures": list(receipt.failures),
                 "seconds": receipt.seconds,
+                "search": receipt.search,
                 "vector_inclusion": {
                     s.slice: {
                         "cap": s.sources["vector"].cap,
@@ -591,6 +615,7 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
                     for s in receipt.slices
                     if s.queries and "vector" in s.sources
                 },
+                "slices": _slice_figures([s.model_dump(mode="json") for s in receipt.slices]),
                 "load_before": before,
                 "load_after": loadavg(),
             }
@@ -598,17 +623,47 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
     return out
 
 
-def ef_sweep(
-    dep: Deployment, efs: Sequence[int], queries: Sequence[QuerySpec], receipts: int
-) -> dict[str, Any]:
-    """Vector inclusion@cap and search latency per HNSW `ef`, at the adapter: every
-    query's vector (embedded once) searched on every shape with every ef (each shard key
-    asked for cap + 1 points at exactly that ef: `spread_ef_factor` 1), interleaved
-    query by query (the order rotating), against exact search on the same collection.
-    Every second query carries the bench's status + galaxy filter. With `receipts` > 0,
-    then an in-process qualification receipt of the qualified shape per ef (that many
-    queries; the production vector source at that ef) — the figures the gate reads."""
+def sweep_filters(queries: Sequence[QuerySpec]) -> list[tuple[str, Any]]:
+    """Each query's filter in the ef sweep, by kind: the bench's own (status any-of +
+    galaxy, every second query), and on every fourth query instead the receipt's status +
+    visibility slice (one status drawn by the corpus's weights, one or two visibility
+    labels: a conjunction over two fields, no tenant)."""
+    from bench.topk import STATUS_WEIGHTS, STATUSES, VISIBILITY
     from contracts.index import SearchFilter
+
+    rng = random.Random(11)
+    out: list[tuple[str, Any]] = []
+    for i, query in enumerate(queries):
+        status = rng.choices(STATUSES, weights=STATUS_WEIGHTS)[0]
+        visibility = tuple(sorted(rng.sample(VISIBILITY, rng.randint(1, 2))))
+        if i % 4 == 2:
+            out.append(("status_visibility", SearchFilter(status=(status,), visibility=visibility)))
+        elif query.filters:
+            where = SearchFilter(
+                galaxy=query.filters["galaxy"], status=tuple(query.filters["status"])
+            )
+            out.append(("status_galaxy", where))
+        else:
+            out.append(("unfiltered", SearchFilter()))
+    return out
+
+
+def ef_sweep(
+    dep: Deployment,
+    efs: Sequence[int],
+    acorns: Sequence[float],
+    queries: Sequence[QuerySpec],
+    receipts: int,
+) -> dict[str, Any]:
+    """Vector inclusion@cap and search latency per HNSW `ef` and ACORN setting, at the
+    adapter: every query's vector (embedded once) searched on every shape with every
+    (ef, acorn) (each shard key asked for cap + 1 points at exactly that ef:
+    `spread_ef_factor` 1; `acorn` the largest filter selectivity Qdrant may use ACORN at,
+    0: never), interleaved query by query (the order rotating), against exact search on
+    the same collection, per filter kind (`sweep_filters`). With `receipts` > 0, then an
+    in-process qualification receipt of the qualified shape per (ef, acorn) (that many
+    queries; the production vector source at those settings) — the figures the gate
+    reads."""
     from contracts.qualification import QualifyRequest
     from projector.adapters.qdrant_vectors import open_qdrant_client
     from projector.bootstrap import default_embedder
@@ -617,53 +672,51 @@ def ef_sweep(
 
     cap = 100
     client = open_qdrant_client(url=dep.qdrant_url)
+    settings = [(ef, acorn) for ef in efs for acorn in acorns]
     # ef 0: exact search (what a brute-force scan of every key costs).
     searchers = {
-        ef: QdrantServerVectorSearch(
+        (ef, acorn): QdrantServerVectorSearch(
             client,
             collection_prefix=dep.prefix,
             hnsw_ef=max(1, ef),
             spread_ef_factor=1,
+            spread_acorn_selectivity=acorn,
             exact=ef == 0,
         )
-        for ef in efs
+        for ef, acorn in settings
     }
     exact = QdrantServerVectorSearch(client, collection_prefix=dep.prefix, exact=True)
     vectors = default_embedder(1).embed([q.text for q in queries])
-    filters = [
-        SearchFilter(galaxy=q.filters["galaxy"], status=tuple(q.filters["status"]))
-        if q.filters
-        else SearchFilter()
-        for q in queries
-    ]
-    paths = [(s, ef) for s in SHAPES for ef in efs]
-    seconds: dict[tuple[Any, int], list[float]] = {p: [] for p in paths}
-    inclusion: dict[tuple[Any, int, bool], list[float]] = {}
+    filters = sweep_filters(queries)
+    paths = [(s, ef, acorn) for s in SHAPES for ef, acorn in settings]
+    seconds: dict[tuple[Any, int, float], list[float]] = {p: [] for p in paths}
+    inclusion: dict[tuple[Any, int, float, str], list[float]] = {}
     before = loadavg()
-    for i, (vector, where) in enumerate(zip(vectors, filters, strict=True)):
+    for i, (vector, (kind, where)) in enumerate(zip(vectors, filters, strict=True)):
         reference = {
             s: {c.document_id for c in exact.search(dep.generation(s), vector, where, cap)}
             for s in SHAPES
         }
-        for shape, ef in paths[i % len(paths) :] + paths[: i % len(paths)]:
+        for shape, ef, acorn in paths[i % len(paths) :] + paths[: i % len(paths)]:
             started = time.perf_counter()
-            found = searchers[ef].search(dep.generation(shape), vector, where, cap)
-            seconds[(shape, ef)].append(time.perf_counter() - started)
+            found = searchers[(ef, acorn)].search(dep.generation(shape), vector, where, cap)
+            seconds[(shape, ef, acorn)].append(time.perf_counter() - started)
             if reference[shape]:
                 got = {c.document_id for c in found}
                 share = len(got & reference[shape]) / len(reference[shape])
-                inclusion.setdefault((shape, ef, bool(where.status)), []).append(share)
+                inclusion.setdefault((shape, ef, acorn, kind), []).append(share)
     rows = []
-    for shape, ef in paths:
+    for shape, ef, acorn in paths:
         row: dict[str, Any] = {
             "shape": shape_name(shape),
             "ef": ef,
-            "latency_ms": latency_summary(seconds[(shape, ef)]),
+            "acorn": acorn,
+            "latency_ms": latency_summary(seconds[(shape, ef, acorn)]),
         }
-        for filtered, label in ((False, "unfiltered"), (True, "filtered")):
-            values = inclusion.get((shape, ef, filtered), [])
+        for kind in ("unfiltered", "status_galaxy", "status_visibility"):
+            values = inclusion.get((shape, ef, acorn, kind), [])
             if values:
-                row[label] = {
+                row[kind] = {
                     "queries": len(values),
                     "inclusion_mean": round(statistics.fmean(values), 4),
                     "inclusion_min": round(min(values), 4),
@@ -671,8 +724,9 @@ def ef_sweep(
         rows.append(row)
         lat = row["latency_ms"]
         print(
-            f"ef {ef:>5} {row['shape']}: p50 {lat['p50']:.1f} p95 {lat['p95']:.1f} ms, "
-            f"inclusion unfiltered {row.get('unfiltered')} filtered {row.get('filtered')}",
+            f"ef {ef:>5} acorn {acorn} {row['shape']}: p50 {lat['p50']:.1f} p95 "
+            f"{lat['p95']:.1f} ms, inclusion unfiltered {row.get('unfiltered')} status+galaxy "
+            f"{row.get('status_galaxy')} status+visibility {row.get('status_visibility')}",
             flush=True,
         )
     out: dict[str, Any] = {
@@ -693,12 +747,18 @@ def ef_sweep(
         opensearch_url=env["ORRERY_OPENSEARCH_URL"],
         qdrant_url=dep.qdrant_url,
     ) as run:
-        for ef in efs:
+        for ef, acorn in settings:
+            if ef == 0:
+                continue
             before = loadavg()
 
-            def production(ports: Any, qdrant: Any, ef: int = ef) -> Any:
+            def production(ports: Any, qdrant: Any, ef: int = ef, acorn: float = acorn) -> Any:
                 vectors = QdrantServerVectorSearch(
-                    qdrant, collection_prefix=dep.prefix, hnsw_ef=ef, spread_ef_factor=1
+                    qdrant,
+                    collection_prefix=dep.prefix,
+                    hnsw_ef=ef,
+                    spread_ef_factor=1,
+                    spread_acorn_selectivity=acorn,
                 )
                 return replace(ports, vectors=vectors)
 
@@ -706,9 +766,16 @@ def ef_sweep(
                 dep.generation(QUALIFIED),
                 production,
                 QualifyRequest(sample_size=receipts),
-                {"vector_hnsw_ef": ef, "vector_spread_ef_factor": 1},
+                {
+                    "vector_hnsw_ef": ef,
+                    "vector_spread_ef_factor": 1,
+                    "vector_spread_acorn_permille": round(acorn * 1000),
+                },
             )
-            out["receipts"][str(ef)] = {
+            label = f"ef {ef}, acorn {acorn}"
+            out["receipts"][label] = {
+                "ef": ef,
+                "acorn": acorn,
                 "passed": receipt.passed,
                 "seconds": receipt.seconds,
                 "failures": list(receipt.failures),
@@ -716,7 +783,7 @@ def ef_sweep(
                 "load_before": before,
                 "load_after": loadavg(),
             }
-            print(f"receipt at ef {ef}: {out['receipts'][str(ef)]}", flush=True)
+            print(f"receipt at {label}: {out['receipts'][label]}", flush=True)
     return out
 
 
@@ -749,6 +816,7 @@ def measure(
     qualify_shape: Sequence[int] = QUALIFIED,
     efs: Sequence[int] = (),
     ef_receipts: int = 0,
+    acorns: Sequence[float] = (0.0,),
 ) -> dict[str, Any]:
     dep.cluster_up()
     out: dict[str, Any] = {
@@ -767,7 +835,7 @@ def measure(
     vocab = Vocabulary.build(rng)
     queries = make_queries(random.Random(7), vocab, count)
     if efs:
-        out["ef"] = ef_sweep(dep, efs, queries, ef_receipts)
+        out["ef"] = ef_sweep(dep, efs, acorns, queries, ef_receipts)
     if "qualify" not in skip:
         out["qualify"] = []
         for workers in qualify_workers:
@@ -908,6 +976,11 @@ def main() -> int:
         "empty: none)",
     )
     parser.add_argument(
+        "--acorn",
+        default="0.4",
+        help="with --ef: ACORN max selectivities to sweep too (0: off; e.g. 0,0.4)",
+    )
+    parser.add_argument(
         "--ef-receipts",
         type=int,
         default=0,
@@ -941,6 +1014,7 @@ def main() -> int:
                 next(s for s in SHAPES if shape_name(s) == args.qualify_shape),
                 [int(e) for e in args.ef.split(",") if e],
                 args.ef_receipts,
+                [float(a) for a in args.acorn.split(",") if a],
             ),
         },
         timeout_s=4 * 3600,
