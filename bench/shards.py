@@ -32,9 +32,11 @@ Measure (each figure with `/proc/loadavg` before and after; the machine is share
    top-10 order agreement against the 1-shard DFS lists.
 3. Qualification: `POST /v1/admin/generations/{id}/qualify` of the 3-shard, 1-replica
    generation (the default 200 queries): wall time and the receipt's figures.
-With `--ef 128,256,…` first: the vector adapter alone, each shard key searched at exactly
-each HNSW ef (cap 100) on every shape, interleaved, against exact search — inclusion and
-latency per ef — and with `--ef-receipts Q` an in-process receipt of Q queries per ef.
+With `--ef 128,256,…` first (and `--acorn 0,0.4`: ACORN settings to cross them with): the
+vector adapter alone, each shard key searched at exactly each HNSW ef (cap 100) on every
+shape, interleaved, against exact search — inclusion per filter kind (none; the bench's
+status + galaxy; the receipt's status + visibility) and latency per setting — and with
+`--ef-receipts Q` an in-process receipt of Q queries per setting.
 4. Per-shard vector caps with HNSW on the 4-shard generation: each shard asked for
    D, D/2 and D/N candidates (D = the production cap) and the lists merged by score,
    qualified in process against the exact reference (the receipt's vector inclusion).
@@ -843,20 +845,22 @@ def measure(
             out["qualify"].append(qualify(dep, workers, spy, qualify_shape))
             row = out["qualify"][-1]
             print(f"qualify, {workers} worker(s): {row['wall_seconds']} s {row}", flush=True)
-    with dep.server() as server, server.client(timeout_s=600) as client:
-        for shape in SHAPES:  # warm the query-vector cache and every connection
-            for query in queries:
-                client.post(TOPK, json=topk_body(dep.generation(shape), query))
-        if "topk" not in skip:
-            out["topk"] = interleaved_topk(client, dep, LATENCY_SHAPES, queries)
-            print_topk(out["topk"])
-        if "lexical" not in skip:
-            out["lexical"] = lexical_search_types(dep, queries)
-        if "caps" not in skip:
-            out["caps"] = per_shard_caps(dep, cap_sample)
-        if "peer_down" not in skip:
-            out["peer_down"] = peer_down(client, dep, queries)
-            print_topk(out["peer_down"])
+    if "lexical" not in skip:
+        out["lexical"] = lexical_search_types(dep, queries)
+    if "caps" not in skip:
+        out["caps"] = per_shard_caps(dep, cap_sample)
+    # Only the HTTP phases need the server (the others search through the adapters).
+    if {"topk", "peer_down"} - skip:
+        with dep.server() as server, server.client(timeout_s=600) as client:
+            for shape in SHAPES:  # warm the query-vector cache and every connection
+                for query in queries:
+                    client.post(TOPK, json=topk_body(dep.generation(shape), query))
+            if "topk" not in skip:
+                out["topk"] = interleaved_topk(client, dep, LATENCY_SHAPES, queries)
+                print_topk(out["topk"])
+            if "peer_down" not in skip:
+                out["peer_down"] = peer_down(client, dep, queries)
+                print_topk(out["peer_down"])
     out["load_after"] = loadavg()
     return out
 
@@ -913,12 +917,19 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("topk", "all peers up")]
-    if "peer_down" in report:
-        panels.append(("peer_down", "peer 3 of 3 down"))
+    panels = [(k, t) for k, t in (("topk", "all peers up"), ("peer_down", "peer 3 of 3 down"))]
     panels = [(k, t) for k, t in panels if k in report]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.4))
-    axes = axes if len(panels) > 1 else [axes]
+    receipts = [
+        (f"{shape_name(QUALIFIED)} {label}", figures["slices"])
+        for label, figures in report.get("ef", {}).get("receipts", {}).items()
+    ]
+    receipts += [
+        (f"{report['caps']['shape']} per-shard cap {label}", figures["slices"])
+        for label, figures in report.get("caps", {}).get("caps", {}).items()
+    ]
+    count = len(panels) + (1 if receipts else 0)
+    fig, axes = plt.subplots(1, max(1, count), figsize=(5.5 * max(1, count), 4.4))
+    axes = list(axes) if count > 1 else [axes]
     for ax, (key, title) in zip(axes, panels, strict=False):
         shapes = report[key]["shapes"]
         names = list(shapes)
@@ -935,6 +946,28 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
             f"{report['documents']:,} docs, {title}\nload {load[0][0]} -> {load[1][0]}", fontsize=8
         )
         ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    if receipts:
+        ax = axes[-1]
+        slice_names = ("unfiltered", "tenant", "status_visibility")
+        width = 0.8 / len(slice_names)
+        for k, name in enumerate(slice_names):
+            values = [
+                slices.get(name, {}).get("sources", {}).get("vector", {}).get("inclusion_min")
+                or 0.0
+                for _label, slices in receipts
+            ]
+            bars = ax.bar(
+                [i + (k - 1) * width for i in range(len(receipts))], values, width, label=name
+            )
+            ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=6)
+        ax.axhline(0.95, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(receipts)), [label for label, _ in receipts], fontsize=6)
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.set_ylim(0.8, 1.01)
+        ax.set_ylabel("receipt vector inclusion min (cap 100)")
+        ax.set_title(f"{report['documents']:,} docs, receipts (line: threshold 0.95)", fontsize=8)
+        ax.legend(fontsize=6)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

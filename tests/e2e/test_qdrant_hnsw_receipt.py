@@ -13,13 +13,14 @@ search everywhere, every figure 1.0), so nothing caught either.
 
 Here a private 3-peer cluster whose collections index from the first kilobyte
 (`optimizers.indexing_threshold_kb` 1, `hnsw_index.full_scan_threshold_kb` 10: every
-segment gets a graph, searched unless a filter keeps fewer than ~7 of its points) holds 6,000 documents
-with seeded random 384-d vectors — 2,000 per shard key, where HNSW (m 16, ef_construct
-100) at ef 128 finds ~0.97 of a key's exact top 101 (measured: mean 0.969, min 0.88) and
-at ef 404 all of it — in one galaxy (the tenant slice selects every point), with
-statuses and one or two visibility labels drawn so that a status + visibility filter
-keeps 3-30 % of the points. The server runs with `ORRERY_VECTOR_SPREAD_EF_FACTOR=1`
-first (the old rule): its receipt fails on vector inclusion and promote answers 409.
+segment gets a graph, walked unless a filter keeps fewer than ~7 of its points) holds
+6,000 documents with seeded random 384-d vectors — 2,000 per shard key, where HNSW (m 16,
+ef_construct 100) at ef 128 finds ~0.97 of a key's exact top 101 (measured: mean 0.969,
+min 0.88) and at ef 404 all of it — in one galaxy (the tenant slice selects every
+point), with statuses and one or two visibility labels drawn so that a status +
+visibility filter keeps 6-28 % of the points. The server runs with
+`ORRERY_VECTOR_SPREAD_EF_FACTOR=1` first (the old rule): its receipt fails on vector
+inclusion and promote answers 409.
 Started again at the spread ef with ACORN off (`ORRERY_VECTOR_SPREAD_ACORN_SELECTIVITY=0`,
 session 14's rule), the unfiltered slices pass and the status + visibility one fails;
 with the defaults, the earlier receipts no longer vouch for the generation (other search
