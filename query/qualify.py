@@ -12,7 +12,9 @@ same use case a client's request takes — pinned to the generation: once over t
 production ports, once over the reference (a 1-shard copy of the lexical index with the
 same mapping, and exact vector search), both with the response cache off and one fixed
 clock. The candidate lists each source returned are recorded *before* fusion (candidate
-inclusion), and each profile's top k after it (overlap, order agreement, scores).
+inclusion), and each profile's top k after it (overlap, order agreement, scores), with
+whether that profile's candidate lists held the reference's whole lists (a *complete*
+query: the order agreement `order_agreement_over=complete` judges).
 `contracts.qualification` says what the figures mean and what passes.
 """
 
