@@ -97,6 +97,8 @@ LATENCY_SHAPES = SHAPES
 QUALIFIED = (3, 1)
 CAPPED = (4, 0)
 PEERS = 3
+# `--serve-env`: settings of every server this run starts (e.g. to measure with one off).
+SERVE_ENV: dict[str, str] = {}
 LEXICAL_CAP = 100
 TOP = 10
 SEED = 42
@@ -170,6 +172,7 @@ class Deployment:
             "ORRERY_CACHE_RESPONSES": "false",
             # Short, so that the peer-down phase sees a stopped peer at once.
             "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2",
+            **SERVE_ENV,
             **extra,
         }
         server = start_serve(self.root / "data", self.root / "serve.log", env, startup_s=600)
@@ -693,6 +696,7 @@ def ef_sweep(
     paths = [(s, ef, acorn) for s in SHAPES for ef, acorn in settings]
     seconds: dict[tuple[Any, int, float], list[float]] = {p: [] for p in paths}
     inclusion: dict[tuple[Any, int, float, str], list[float]] = {}
+    by_kind: dict[tuple[Any, int, float, str], list[float]] = {}
     before = loadavg()
     for i, (vector, (kind, where)) in enumerate(zip(vectors, filters, strict=True)):
         reference = {
@@ -703,6 +707,7 @@ def ef_sweep(
             started = time.perf_counter()
             found = searchers[(ef, acorn)].search(dep.generation(shape), vector, where, cap)
             seconds[(shape, ef, acorn)].append(time.perf_counter() - started)
+            by_kind.setdefault((shape, ef, acorn, kind), []).append(time.perf_counter() - started)
             if reference[shape]:
                 got = {c.document_id for c in found}
                 share = len(got & reference[shape]) / len(reference[shape])
@@ -722,6 +727,7 @@ def ef_sweep(
                     "queries": len(values),
                     "inclusion_mean": round(statistics.fmean(values), 4),
                     "inclusion_min": round(min(values), 4),
+                    "latency_ms": latency_summary(by_kind[(shape, ef, acorn, kind)]),
                 }
         rows.append(row)
         lat = row["latency_ms"]
@@ -1019,12 +1025,24 @@ def main() -> int:
         default=0,
         help="queries of an in-process receipt of the qualified shape per --ef value (0: none)",
     )
+    parser.add_argument(
+        "--serve-env",
+        action="append",
+        default=[],
+        metavar="ORRERY_X=VALUE",
+        help="a setting of every server the run starts (repeatable)",
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "shards.json")
     args = parser.parse_args()
     chosen = [s for s in SHAPES if shape_name(s) in args.shapes.split(",")]
     if not chosen or chosen[0] != SHAPES[0]:
         parser.error("--shapes must include n1r0")
     SHAPES = LATENCY_SHAPES = tuple(chosen)
+    for setting in args.serve_env:
+        name, _, value = setting.partition("=")
+        if not name.startswith("ORRERY_") or not _:
+            parser.error(f"--serve-env takes ORRERY_X=VALUE, not {setting!r}")
+        SERVE_ENV[name] = value
     dep = Deployment(args.data_root)
     if args.phase in ("build", "all"):
         build(dep, args.documents)
