@@ -32,9 +32,11 @@ Measure (each figure with `/proc/loadavg` before and after; the machine is share
    top-10 order agreement against the 1-shard DFS lists.
 3. Qualification: `POST /v1/admin/generations/{id}/qualify` of the 3-shard, 1-replica
    generation (the default 200 queries): wall time and the receipt's figures.
-With `--ef 128,256,…` first: the vector adapter alone, each shard key searched at exactly
-each HNSW ef (cap 100) on every shape, interleaved, against exact search — inclusion and
-latency per ef — and with `--ef-receipts Q` an in-process receipt of Q queries per ef.
+With `--ef 128,256,…` first (and `--acorn 0,0.4`: ACORN settings to cross them with): the
+vector adapter alone, each shard key searched at exactly each HNSW ef (cap 100) on every
+shape, interleaved, against exact search — inclusion per filter kind (none; the bench's
+status + galaxy; the receipt's status + visibility) and latency per setting — and with
+`--ef-receipts Q` an in-process receipt of Q queries per setting.
 4. Per-shard vector caps with HNSW on the 4-shard generation: each shard asked for
    D, D/2 and D/N candidates (D = the production cap) and the lists merged by score,
    qualified in process against the exact reference (the receipt's vector inclusion).
@@ -95,6 +97,8 @@ LATENCY_SHAPES = SHAPES
 QUALIFIED = (3, 1)
 CAPPED = (4, 0)
 PEERS = 3
+# `--serve-env`: settings of every server this run starts (e.g. to measure with one off).
+SERVE_ENV: dict[str, str] = {}
 LEXICAL_CAP = 100
 TOP = 10
 SEED = 42
@@ -168,6 +172,7 @@ class Deployment:
             "ORRERY_CACHE_RESPONSES": "false",
             # Short, so that the peer-down phase sees a stopped peer at once.
             "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2",
+            **SERVE_ENV,
             **extra,
         }
         server = start_serve(self.root / "data", self.root / "serve.log", env, startup_s=600)
@@ -527,17 +532,29 @@ def _slice_figures(slices: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
     """Receipts of the 4-shard generation whose vector source asks each shard for
-    D / divisor candidates (merged by score, the first D kept), for divisors 1, 2, N."""
+    D / divisor candidates (merged by score, the first D kept), for divisors 1, 2, N —
+    each shard key searched through HNSW as production searches it (the spread ef rule
+    at D / divisor + 1 points, ACORN for filtered searches, the default settings)."""
+    from qdrant_client import models
+
     from contracts.index import Candidate, SearchFilter
     from contracts.qualification import QualifyRequest
     from contracts.shards import copy_key
-    from contracts.vector_payload import RETURNED_FIELDS, VECTOR_NAME, best_first, candidate_of
+    from contracts.vector_payload import (
+        DEFAULT_SPREAD_ACORN_SELECTIVITY,
+        RETURNED_FIELDS,
+        VECTOR_NAME,
+        best_first,
+        candidate_of,
+    )
     from query.adapters.qdrant_vectors import QdrantServerVectorSearch, qdrant_filter
+    from query.settings import QuerySettings
     from tests.e2e.test_shards import in_process_qualifier
 
     shards = CAPPED[0]
     env = dep.env
     out: dict[str, Any] = {"shape": shape_name(CAPPED), "sample_size": sample_size, "caps": {}}
+    acorn = models.AcornSearchParams(enable=True, max_selectivity=DEFAULT_SPREAD_ACORN_SELECTIVITY)
 
     def capped(divisor: int) -> Callable[[Any, Any], Any]:
         def production(ports: Any, qdrant: Any) -> Any:
@@ -550,14 +567,21 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
                     limit: int,
                 ) -> list[Candidate]:
                     found: list[Candidate] = []
+                    each = max(1, limit // divisor)
+                    where = qdrant_filter(filter)
+                    params = models.SearchParams(
+                        hnsw_ef=self.ef(each + 1, spread=True),
+                        acorn=acorn if where is not None and where.must else None,
+                    )
                     for shard in range(shards):
                         points = qdrant.query_points(
                             f"{dep.prefix}-{generation_id}",
                             query=list(vector),
                             using=VECTOR_NAME,
-                            query_filter=qdrant_filter(filter),
-                            limit=max(1, limit // divisor),
+                            query_filter=where,
+                            limit=each,
                             with_payload=list(RETURNED_FIELDS),
+                            search_params=params,
                             shard_key_selector=copy_key(shard, 0),
                         ).points
                         found += [candidate_of(p.payload or {}, p.score) for p in points]
@@ -576,12 +600,17 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
         for label, divisor in (("D", 1), ("D/2", 2), (f"D/{shards}", shards)):
             before = loadavg()
             receipt = run(
-                dep.generation(CAPPED), capped(divisor), QualifyRequest(sample_size=sample_size)
+                dep.generation(CAPPED),
+                capped(divisor),
+                QualifyRequest(sample_size=sample_size),
+                {**QuerySettings().vector_search(), "vector_per_shard_divisor": divisor},
             )
             out["caps"][label] = {
                 "per_shard_divisor": divisor,
                 "passed": receipt.passed,
+                "failures": list(receipt.failures),
                 "seconds": receipt.seconds,
+                "search": receipt.search,
                 "vector_inclusion": {
                     s.slice: {
                         "cap": s.sources["vector"].cap,
@@ -591,6 +620,7 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
                     for s in receipt.slices
                     if s.queries and "vector" in s.sources
                 },
+                "slices": _slice_figures([s.model_dump(mode="json") for s in receipt.slices]),
                 "load_before": before,
                 "load_after": loadavg(),
             }
@@ -598,17 +628,47 @@ def per_shard_caps(dep: Deployment, sample_size: int) -> dict[str, Any]:
     return out
 
 
-def ef_sweep(
-    dep: Deployment, efs: Sequence[int], queries: Sequence[QuerySpec], receipts: int
-) -> dict[str, Any]:
-    """Vector inclusion@cap and search latency per HNSW `ef`, at the adapter: every
-    query's vector (embedded once) searched on every shape with every ef (each shard key
-    asked for cap + 1 points at exactly that ef: `spread_ef_factor` 1), interleaved
-    query by query (the order rotating), against exact search on the same collection.
-    Every second query carries the bench's status + galaxy filter. With `receipts` > 0,
-    then an in-process qualification receipt of the qualified shape per ef (that many
-    queries; the production vector source at that ef) — the figures the gate reads."""
+def sweep_filters(queries: Sequence[QuerySpec]) -> list[tuple[str, Any]]:
+    """Each query's filter in the ef sweep, by kind: the bench's own (status any-of +
+    galaxy, every second query), and on every fourth query instead the receipt's status +
+    visibility slice (one status drawn by the corpus's weights, one or two visibility
+    labels: a conjunction over two fields, no tenant)."""
+    from bench.topk import STATUS_WEIGHTS, STATUSES, VISIBILITY
     from contracts.index import SearchFilter
+
+    rng = random.Random(11)
+    out: list[tuple[str, Any]] = []
+    for i, query in enumerate(queries):
+        status = rng.choices(STATUSES, weights=STATUS_WEIGHTS)[0]
+        visibility = tuple(sorted(rng.sample(VISIBILITY, rng.randint(1, 2))))
+        if i % 4 == 2:
+            out.append(("status_visibility", SearchFilter(status=(status,), visibility=visibility)))
+        elif query.filters:
+            where = SearchFilter(
+                galaxy=query.filters["galaxy"], status=tuple(query.filters["status"])
+            )
+            out.append(("status_galaxy", where))
+        else:
+            out.append(("unfiltered", SearchFilter()))
+    return out
+
+
+def ef_sweep(
+    dep: Deployment,
+    efs: Sequence[int],
+    acorns: Sequence[float],
+    queries: Sequence[QuerySpec],
+    receipts: int,
+) -> dict[str, Any]:
+    """Vector inclusion@cap and search latency per HNSW `ef` and ACORN setting, at the
+    adapter: every query's vector (embedded once) searched on every shape with every
+    (ef, acorn) (each shard key asked for cap + 1 points at exactly that ef:
+    `spread_ef_factor` 1; `acorn` the largest filter selectivity Qdrant may use ACORN at,
+    0: never), interleaved query by query (the order rotating), against exact search on
+    the same collection, per filter kind (`sweep_filters`). With `receipts` > 0, then an
+    in-process qualification receipt of the qualified shape per (ef, acorn) (that many
+    queries; the production vector source at those settings) — the figures the gate
+    reads."""
     from contracts.qualification import QualifyRequest
     from projector.adapters.qdrant_vectors import open_qdrant_client
     from projector.bootstrap import default_embedder
@@ -617,62 +677,64 @@ def ef_sweep(
 
     cap = 100
     client = open_qdrant_client(url=dep.qdrant_url)
+    settings = [(ef, acorn) for ef in efs for acorn in acorns]
     # ef 0: exact search (what a brute-force scan of every key costs).
     searchers = {
-        ef: QdrantServerVectorSearch(
+        (ef, acorn): QdrantServerVectorSearch(
             client,
             collection_prefix=dep.prefix,
             hnsw_ef=max(1, ef),
             spread_ef_factor=1,
+            spread_acorn_selectivity=acorn,
             exact=ef == 0,
         )
-        for ef in efs
+        for ef, acorn in settings
     }
     exact = QdrantServerVectorSearch(client, collection_prefix=dep.prefix, exact=True)
     vectors = default_embedder(1).embed([q.text for q in queries])
-    filters = [
-        SearchFilter(galaxy=q.filters["galaxy"], status=tuple(q.filters["status"]))
-        if q.filters
-        else SearchFilter()
-        for q in queries
-    ]
-    paths = [(s, ef) for s in SHAPES for ef in efs]
-    seconds: dict[tuple[Any, int], list[float]] = {p: [] for p in paths}
-    inclusion: dict[tuple[Any, int, bool], list[float]] = {}
+    filters = sweep_filters(queries)
+    paths = [(s, ef, acorn) for s in SHAPES for ef, acorn in settings]
+    seconds: dict[tuple[Any, int, float], list[float]] = {p: [] for p in paths}
+    inclusion: dict[tuple[Any, int, float, str], list[float]] = {}
+    by_kind: dict[tuple[Any, int, float, str], list[float]] = {}
     before = loadavg()
-    for i, (vector, where) in enumerate(zip(vectors, filters, strict=True)):
+    for i, (vector, (kind, where)) in enumerate(zip(vectors, filters, strict=True)):
         reference = {
             s: {c.document_id for c in exact.search(dep.generation(s), vector, where, cap)}
             for s in SHAPES
         }
-        for shape, ef in paths[i % len(paths) :] + paths[: i % len(paths)]:
+        for shape, ef, acorn in paths[i % len(paths) :] + paths[: i % len(paths)]:
             started = time.perf_counter()
-            found = searchers[ef].search(dep.generation(shape), vector, where, cap)
-            seconds[(shape, ef)].append(time.perf_counter() - started)
+            found = searchers[(ef, acorn)].search(dep.generation(shape), vector, where, cap)
+            seconds[(shape, ef, acorn)].append(time.perf_counter() - started)
+            by_kind.setdefault((shape, ef, acorn, kind), []).append(time.perf_counter() - started)
             if reference[shape]:
                 got = {c.document_id for c in found}
                 share = len(got & reference[shape]) / len(reference[shape])
-                inclusion.setdefault((shape, ef, bool(where.status)), []).append(share)
+                inclusion.setdefault((shape, ef, acorn, kind), []).append(share)
     rows = []
-    for shape, ef in paths:
+    for shape, ef, acorn in paths:
         row: dict[str, Any] = {
             "shape": shape_name(shape),
             "ef": ef,
-            "latency_ms": latency_summary(seconds[(shape, ef)]),
+            "acorn": acorn,
+            "latency_ms": latency_summary(seconds[(shape, ef, acorn)]),
         }
-        for filtered, label in ((False, "unfiltered"), (True, "filtered")):
-            values = inclusion.get((shape, ef, filtered), [])
+        for kind in ("unfiltered", "status_galaxy", "status_visibility"):
+            values = inclusion.get((shape, ef, acorn, kind), [])
             if values:
-                row[label] = {
+                row[kind] = {
                     "queries": len(values),
                     "inclusion_mean": round(statistics.fmean(values), 4),
                     "inclusion_min": round(min(values), 4),
+                    "latency_ms": latency_summary(by_kind[(shape, ef, acorn, kind)]),
                 }
         rows.append(row)
         lat = row["latency_ms"]
         print(
-            f"ef {ef:>5} {row['shape']}: p50 {lat['p50']:.1f} p95 {lat['p95']:.1f} ms, "
-            f"inclusion unfiltered {row.get('unfiltered')} filtered {row.get('filtered')}",
+            f"ef {ef:>5} acorn {acorn} {row['shape']}: p50 {lat['p50']:.1f} p95 "
+            f"{lat['p95']:.1f} ms, inclusion unfiltered {row.get('unfiltered')} status+galaxy "
+            f"{row.get('status_galaxy')} status+visibility {row.get('status_visibility')}",
             flush=True,
         )
     out: dict[str, Any] = {
@@ -693,12 +755,18 @@ def ef_sweep(
         opensearch_url=env["ORRERY_OPENSEARCH_URL"],
         qdrant_url=dep.qdrant_url,
     ) as run:
-        for ef in efs:
+        for ef, acorn in settings:
+            if ef == 0:
+                continue
             before = loadavg()
 
-            def production(ports: Any, qdrant: Any, ef: int = ef) -> Any:
+            def production(ports: Any, qdrant: Any, ef: int = ef, acorn: float = acorn) -> Any:
                 vectors = QdrantServerVectorSearch(
-                    qdrant, collection_prefix=dep.prefix, hnsw_ef=ef, spread_ef_factor=1
+                    qdrant,
+                    collection_prefix=dep.prefix,
+                    hnsw_ef=ef,
+                    spread_ef_factor=1,
+                    spread_acorn_selectivity=acorn,
                 )
                 return replace(ports, vectors=vectors)
 
@@ -706,9 +774,16 @@ def ef_sweep(
                 dep.generation(QUALIFIED),
                 production,
                 QualifyRequest(sample_size=receipts),
-                {"vector_hnsw_ef": ef, "vector_spread_ef_factor": 1},
+                {
+                    "vector_hnsw_ef": ef,
+                    "vector_spread_ef_factor": 1,
+                    "vector_spread_acorn_permille": round(acorn * 1000),
+                },
             )
-            out["receipts"][str(ef)] = {
+            label = f"ef {ef}, acorn {acorn}"
+            out["receipts"][label] = {
+                "ef": ef,
+                "acorn": acorn,
                 "passed": receipt.passed,
                 "seconds": receipt.seconds,
                 "failures": list(receipt.failures),
@@ -716,7 +791,7 @@ def ef_sweep(
                 "load_before": before,
                 "load_after": loadavg(),
             }
-            print(f"receipt at ef {ef}: {out['receipts'][str(ef)]}", flush=True)
+            print(f"receipt at {label}: {out['receipts'][label]}", flush=True)
     return out
 
 
@@ -749,6 +824,7 @@ def measure(
     qualify_shape: Sequence[int] = QUALIFIED,
     efs: Sequence[int] = (),
     ef_receipts: int = 0,
+    acorns: Sequence[float] = (0.0,),
 ) -> dict[str, Any]:
     dep.cluster_up()
     out: dict[str, Any] = {
@@ -767,7 +843,7 @@ def measure(
     vocab = Vocabulary.build(rng)
     queries = make_queries(random.Random(7), vocab, count)
     if efs:
-        out["ef"] = ef_sweep(dep, efs, queries, ef_receipts)
+        out["ef"] = ef_sweep(dep, efs, acorns, queries, ef_receipts)
     if "qualify" not in skip:
         out["qualify"] = []
         for workers in qualify_workers:
@@ -775,20 +851,22 @@ def measure(
             out["qualify"].append(qualify(dep, workers, spy, qualify_shape))
             row = out["qualify"][-1]
             print(f"qualify, {workers} worker(s): {row['wall_seconds']} s {row}", flush=True)
-    with dep.server() as server, server.client(timeout_s=600) as client:
-        for shape in SHAPES:  # warm the query-vector cache and every connection
-            for query in queries:
-                client.post(TOPK, json=topk_body(dep.generation(shape), query))
-        if "topk" not in skip:
-            out["topk"] = interleaved_topk(client, dep, LATENCY_SHAPES, queries)
-            print_topk(out["topk"])
-        if "lexical" not in skip:
-            out["lexical"] = lexical_search_types(dep, queries)
-        if "caps" not in skip:
-            out["caps"] = per_shard_caps(dep, cap_sample)
-        if "peer_down" not in skip:
-            out["peer_down"] = peer_down(client, dep, queries)
-            print_topk(out["peer_down"])
+    if "lexical" not in skip:
+        out["lexical"] = lexical_search_types(dep, queries)
+    if "caps" not in skip:
+        out["caps"] = per_shard_caps(dep, cap_sample)
+    # Only the HTTP phases need the server (the others search through the adapters).
+    if {"topk", "peer_down"} - skip:
+        with dep.server() as server, server.client(timeout_s=600) as client:
+            for shape in SHAPES:  # warm the query-vector cache and every connection
+                for query in queries:
+                    client.post(TOPK, json=topk_body(dep.generation(shape), query))
+            if "topk" not in skip:
+                out["topk"] = interleaved_topk(client, dep, LATENCY_SHAPES, queries)
+                print_topk(out["topk"])
+            if "peer_down" not in skip:
+                out["peer_down"] = peer_down(client, dep, queries)
+                print_topk(out["peer_down"])
     out["load_after"] = loadavg()
     return out
 
@@ -845,12 +923,19 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("topk", "all peers up")]
-    if "peer_down" in report:
-        panels.append(("peer_down", "peer 3 of 3 down"))
+    panels = [(k, t) for k, t in (("topk", "all peers up"), ("peer_down", "peer 3 of 3 down"))]
     panels = [(k, t) for k, t in panels if k in report]
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(5.5 * max(1, len(panels)), 4.4))
-    axes = axes if len(panels) > 1 else [axes]
+    receipts = [
+        (f"{shape_name(QUALIFIED)} {label}", figures["slices"])
+        for label, figures in report.get("ef", {}).get("receipts", {}).items()
+    ]
+    receipts += [
+        (f"{report['caps']['shape']} per-shard cap {label}", figures["slices"])
+        for label, figures in report.get("caps", {}).get("caps", {}).items()
+    ]
+    count = len(panels) + (1 if receipts else 0)
+    fig, axes = plt.subplots(1, max(1, count), figsize=(5.5 * max(1, count), 4.4))
+    axes = list(axes) if count > 1 else [axes]
     for ax, (key, title) in zip(axes, panels, strict=False):
         shapes = report[key]["shapes"]
         names = list(shapes)
@@ -867,6 +952,28 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
             f"{report['documents']:,} docs, {title}\nload {load[0][0]} -> {load[1][0]}", fontsize=8
         )
         ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    if receipts:
+        ax = axes[-1]
+        slice_names = ("unfiltered", "tenant", "status_visibility")
+        width = 0.8 / len(slice_names)
+        for k, name in enumerate(slice_names):
+            values = [
+                slices.get(name, {}).get("sources", {}).get("vector", {}).get("inclusion_min")
+                or 0.0
+                for _label, slices in receipts
+            ]
+            bars = ax.bar(
+                [i + (k - 1) * width for i in range(len(receipts))], values, width, label=name
+            )
+            ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], fontsize=6)
+        ax.axhline(0.95, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xticks(range(len(receipts)), [label for label, _ in receipts], fontsize=6)
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.set_ylim(0.8, 1.01)
+        ax.set_ylabel("receipt vector inclusion min (cap 100)")
+        ax.set_title(f"{report['documents']:,} docs, receipts (line: threshold 0.95)", fontsize=8)
+        ax.legend(fontsize=6)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -908,10 +1015,22 @@ def main() -> int:
         "empty: none)",
     )
     parser.add_argument(
+        "--acorn",
+        default="0.4",
+        help="with --ef: ACORN max selectivities to sweep too (0: off; e.g. 0,0.4)",
+    )
+    parser.add_argument(
         "--ef-receipts",
         type=int,
         default=0,
         help="queries of an in-process receipt of the qualified shape per --ef value (0: none)",
+    )
+    parser.add_argument(
+        "--serve-env",
+        action="append",
+        default=[],
+        metavar="ORRERY_X=VALUE",
+        help="a setting of every server the run starts (repeatable)",
     )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "shards.json")
     args = parser.parse_args()
@@ -919,6 +1038,11 @@ def main() -> int:
     if not chosen or chosen[0] != SHAPES[0]:
         parser.error("--shapes must include n1r0")
     SHAPES = LATENCY_SHAPES = tuple(chosen)
+    for setting in args.serve_env:
+        name, _, value = setting.partition("=")
+        if not name.startswith("ORRERY_") or not _:
+            parser.error(f"--serve-env takes ORRERY_X=VALUE, not {setting!r}")
+        SERVE_ENV[name] = value
     dep = Deployment(args.data_root)
     if args.phase in ("build", "all"):
         build(dep, args.documents)
@@ -941,6 +1065,7 @@ def main() -> int:
                 next(s for s in SHAPES if shape_name(s) == args.qualify_shape),
                 [int(e) for e in args.ef.split(",") if e],
                 args.ef_receipts,
+                [float(a) for a in args.acorn.split(",") if a],
             ),
         },
         timeout_s=4 * 3600,

@@ -336,6 +336,7 @@ class DirectAdmin:
             opensearch_search_type=settings.opensearch_search_type,
             vector_hnsw_ef=settings.vector_hnsw_ef,
             vector_spread_ef_factor=settings.vector_spread_ef_factor,
+            vector_spread_acorn_selectivity=settings.vector_spread_acorn_selectivity,
         )
         admin, close = server_generation_admin(
             canonical_db_path(settings.data_dir),

@@ -285,6 +285,7 @@ class ServerStack:
                 record_cache_bytes=settings.record_cache_bytes,
                 vector_hnsw_ef=settings.vector_hnsw_ef,
                 vector_spread_ef_factor=settings.vector_spread_ef_factor,
+                vector_spread_acorn_selectivity=settings.vector_spread_acorn_selectivity,
             )
             stack.closers.append(close_ports)
             ports = dataclasses.replace(ports, observer=query_observer(observability))

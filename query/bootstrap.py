@@ -10,7 +10,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from contracts.embedding import Embedder
 from contracts.generations import GenerationDescriptor
 from contracts.qualification import QualificationReceipt, QualifyRequest
-from contracts.vector_payload import DEFAULT_HNSW_EF, DEFAULT_SPREAD_EF_FACTOR
+from contracts.vector_payload import (
+    DEFAULT_HNSW_EF,
+    DEFAULT_SPREAD_ACORN_SELECTIVITY,
+    DEFAULT_SPREAD_EF_FACTOR,
+)
 from query.adapters.memory_cache import MemoryCache
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch, VectorMemo
 from query.adapters.sqlite_koutendb import SqliteKoutenStore
@@ -221,6 +225,7 @@ def server_query_ports(
     record_cache_bytes: int = DEFAULT_RECORD_CACHE_BYTES,
     vector_hnsw_ef: int = DEFAULT_HNSW_EF,
     vector_spread_ef_factor: int = DEFAULT_SPREAD_EF_FACTOR,
+    vector_spread_acorn_selectivity: float = DEFAULT_SPREAD_ACORN_SELECTIVITY,
 ) -> tuple[QueryPorts, Callable[[], None]]:
     """Query ports over the servers, and the function that closes what they opened:
     OpenSearch, Qdrant (`qdrant` is a `QdrantClient`), Redis for responses and query
@@ -264,6 +269,7 @@ def server_query_ports(
             collection_prefix=qdrant_collection_prefix,
             hnsw_ef=vector_hnsw_ef,
             spread_ef_factor=vector_spread_ef_factor,
+            spread_acorn_selectivity=vector_spread_acorn_selectivity,
         ),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder, shared=None if redis_url is None else shared),
@@ -314,7 +320,8 @@ def server_qualifier(
         "lexical": f"opensearch {settings.opensearch_search_type}",
         "lexical_reference": "opensearch, one shard, no replica, same mapping (a copy)",
         "vector": "qdrant hnsw (ef = max(vector_hnsw_ef, cap + 1); spread: at least "
-        "vector_spread_ef_factor * (cap + 1) per shard key)",
+        "vector_spread_ef_factor * (cap + 1) per shard key, filtered searches with acorn "
+        "up to vector_spread_acorn_permille / 1000 of a segment)",
         "vector_reference": "qdrant exact",
         "fusion": "global source ranks (query.service)",
     }

@@ -12,7 +12,9 @@ same use case a client's request takes — pinned to the generation: once over t
 production ports, once over the reference (a 1-shard copy of the lexical index with the
 same mapping, and exact vector search), both with the response cache off and one fixed
 clock. The candidate lists each source returned are recorded *before* fusion (candidate
-inclusion), and each profile's top k after it (overlap, order agreement, scores).
+inclusion), and each profile's top k after it (overlap, order agreement, scores), with
+whether that profile's candidate lists held the reference's whole lists (a *complete*
+query: the order agreement `order_agreement_over=complete` judges).
 `contracts.qualification` says what the figures mean and what passes.
 """
 
@@ -149,6 +151,8 @@ class _Tally:
     inclusion: dict[str, list[float]] = field(default_factory=lambda: {"lexical": [], "vector": []})
     overlap: dict[str, list[float]] = field(default_factory=dict)
     order: dict[str, list[float]] = field(default_factory=dict)
+    # Order agreement of the queries whose candidates held the reference's whole top D.
+    complete_order: dict[str, list[float]] = field(default_factory=dict)
     score_diff: dict[str, float] = field(default_factory=dict)
     queries: int = 0
 
@@ -186,8 +190,8 @@ def qualify_generation(
             tally.queries += 1
             for name, value in outcome.inclusion.items():
                 tally.inclusion[name].append(value)
-            for profile_id, made, exact in outcome.answers:
-                _compare(profile_id, made, exact, tally)
+            for profile_id, made, exact, complete in outcome.answers:
+                _compare(profile_id, made, exact, tally, complete=complete)
     depths = setup.limits.depths(resolved[0], TOP_K)
     slices = tuple(
         _figures(name, tallies[name], depths, skipped=_skipped(name, queries)) for name in SLICES
@@ -237,10 +241,11 @@ def _search(settings: Mapping[str, int], cap: int, spread: bool) -> dict[str, in
 @dataclass(slots=True)
 class _Outcome:
     """One query's figures: each source's inclusion (profile 1's candidate lists) and
-    each profile's production and reference answers."""
+    each profile's production and reference answers, and whether that profile's
+    candidate lists held the reference's whole lists (complete)."""
 
     inclusion: dict[str, float] = field(default_factory=dict)
-    answers: list[tuple[str, list[tuple[str, float]], list[tuple[str, float]]]] = field(
+    answers: list[tuple[str, list[tuple[str, float]], list[tuple[str, float]], bool]] = field(
         default_factory=list
     )
 
@@ -292,14 +297,17 @@ def _run_query(
                 topk, principal=Principal(), ports=side_ports, limits=setup.limits
             )
             answers[side] = [(r.document_id, r.score) for r in response.results]
+        shares = {}
+        for name, made, exact in (
+            ("lexical", production[0].last, reference[0].last),
+            ("vector", production[1].last, reference[1].last),
+        ):
+            if made is not None and exact:
+                shares[name] = _inclusion(made, exact)
         if index == 0:
-            for name, made, exact in (
-                ("lexical", production[0].last, reference[0].last),
-                ("vector", production[1].last, reference[1].last),
-            ):
-                if made is not None and exact:
-                    outcome.inclusion[name] = _inclusion(made, exact)
-        outcome.answers.append((profile.id, answers["production"], answers["reference"]))
+            outcome.inclusion.update(shares)
+        complete = all(share == 1.0 for share in shares.values())
+        outcome.answers.append((profile.id, answers["production"], answers["reference"], complete))
     return outcome
 
 
@@ -426,11 +434,15 @@ def _compare(
     made: Sequence[tuple[str, float]],
     exact: Sequence[tuple[str, float]],
     tally: _Tally,
+    *,
+    complete: bool,
 ) -> None:
     if not exact:
         if made:  # The reference found nothing, production did: nothing agrees.
             tally.overlap.setdefault(profile, []).append(0.0)
             tally.order.setdefault(profile, []).append(0.0)
+            if complete:
+                tally.complete_order.setdefault(profile, []).append(0.0)
         return
     made_ids = [d for d, _ in made]
     exact_ids = [d for d, _ in exact]
@@ -439,6 +451,8 @@ def _compare(
     )
     same = sum(1 for i, d in enumerate(exact_ids) if i < len(made_ids) and made_ids[i] == d)
     tally.order.setdefault(profile, []).append(same / len(exact_ids))
+    if complete:
+        tally.complete_order.setdefault(profile, []).append(same / len(exact_ids))
     scores = dict(made)
     worst = tally.score_diff.get(profile, 0.0)
     for document_id, score in exact:
@@ -466,12 +480,18 @@ def _figures(name: str, tally: _Tally, depths: Mapping[str, int], *, skipped: st
             order_agreement_mean=_mean(tally.order[profile]),
             order_agreement_min=min(tally.order[profile]),
             score_max_rel_diff=tally.score_diff.get(profile, 0.0),
+            complete_queries=len(tally.complete_order.get(profile, [])),
+            complete_order_agreement_min=_least(tally.complete_order.get(profile, [])),
         )
         for profile in sorted(tally.overlap)
     }
     return SliceFigures(
         slice=name, queries=tally.queries, skipped=skipped, sources=sources, profiles=profiles
     )
+
+
+def _least(values: Sequence[float]) -> float | None:
+    return min(values) if values else None
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -13,7 +13,11 @@ from contracts.admission import MAX_RECORD_BYTES
 from contracts.events import KAFKA_MAX_RECORD_BYTES
 from contracts.index_fields import DEFAULT_TEXT_LANGUAGE, TextLanguages, parse_text_languages
 from contracts.qualification import QualificationThresholds
-from contracts.vector_payload import DEFAULT_HNSW_EF, DEFAULT_SPREAD_EF_FACTOR
+from contracts.vector_payload import (
+    DEFAULT_HNSW_EF,
+    DEFAULT_SPREAD_ACORN_SELECTIVITY,
+    DEFAULT_SPREAD_EF_FACTOR,
+)
 
 __all__ = ["QuerySettings", "record_ceiling"]
 
@@ -126,6 +130,14 @@ class QuerySettings(BaseSettings):
         description="HNSW ef of a spread generation's search (more than one shard or copy: "
         "server mode) per point asked of each shard key; recorded in qualification receipts "
         "(docs/deploy.md)",
+    )
+    vector_spread_acorn_selectivity: float = Field(
+        default=DEFAULT_SPREAD_ACORN_SELECTIVITY,
+        ge=0.0,
+        le=1.0,
+        description="A spread generation's filtered HNSW searches use Qdrant's ACORN when "
+        "the filter keeps at most this share of a segment's points (0: never); recorded in "
+        "qualification receipts (docs/deploy.md)",
     )
     default_profile: str = Field(
         default="weighted@3", description="Fusion profile of requests that name none"
@@ -335,6 +347,13 @@ class QuerySettings(BaseSettings):
     )
     qualify_lexical_inclusion: float = Field(default=1.0, ge=0.0, le=1.0)
     qualify_order_agreement: float = Field(default=1.0, ge=0.0, le=1.0)
+    qualify_order_agreement_over: Literal["all", "complete"] = Field(
+        default="complete",
+        description="Queries order agreement is judged over: 'complete' (every source's "
+        "candidates held the reference's top D; the others are judged by vector inclusion "
+        "and top-k overlap, since one candidate HNSW misses reorders fusion however right it "
+        "is) or 'all' (docs/deploy.md)",
+    )
     qualify_vector_inclusion_mean: float = Field(default=0.99, ge=0.0, le=1.0)
     qualify_vector_inclusion_min: float = Field(default=0.95, ge=0.0, le=1.0)
     qualify_overlap_mean: float = Field(default=0.99, ge=0.0, le=1.0)
@@ -412,6 +431,12 @@ class QuerySettings(BaseSettings):
             raise ValueError(f"{value} is more than {what} takes in {mode} mode ({ceiling})")
         return value
 
+    @field_validator("vector_spread_acorn_selectivity")
+    @classmethod
+    def _acorn_in_thousandths(cls, value: float) -> float:
+        # The receipt records the share in thousandths: the search runs with exactly that.
+        return round(value, 3)
+
     @model_validator(mode="after")
     def _languages_are_known(self) -> QuerySettings:
         self.text_languages()  # raises ValueError at startup, not at a generation's creation
@@ -470,6 +495,7 @@ class QuerySettings(BaseSettings):
         return QualificationThresholds(
             lexical_inclusion=self.qualify_lexical_inclusion,
             order_agreement=self.qualify_order_agreement,
+            order_agreement_over=self.qualify_order_agreement_over,
             vector_inclusion_mean=self.qualify_vector_inclusion_mean,
             vector_inclusion_min=self.qualify_vector_inclusion_min,
             overlap_mean=self.qualify_overlap_mean,
@@ -481,6 +507,8 @@ class QuerySettings(BaseSettings):
         return {
             "vector_hnsw_ef": self.vector_hnsw_ef,
             "vector_spread_ef_factor": self.vector_spread_ef_factor,
+            # A receipt's settings are integers: the share in thousandths.
+            "vector_spread_acorn_permille": round(self.vector_spread_acorn_selectivity * 1000),
         }
 
     def text_languages(self) -> TextLanguages:

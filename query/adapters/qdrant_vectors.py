@@ -42,6 +42,7 @@ from contracts.shards import copy_key, report_shards
 from contracts.timing import engine_call, engine_reported
 from contracts.vector_payload import (
     DEFAULT_HNSW_EF,
+    DEFAULT_SPREAD_ACORN_SELECTIVITY,
     DEFAULT_SPREAD_EF_FACTOR,
     RETURNED_FIELDS,
     VECTOR_NAME,
@@ -120,6 +121,11 @@ class QdrantServerVectorSearch:
       per shard key (`contracts.vector_payload.hnsw_search_ef`; the ef is reported in
       `query_plan.shards.vector.hnsw_ef`); exact everywhere with `exact=True` (the
       global reference of a qualification receipt).
+    - A spread generation's filtered searches (any condition beyond the hidden-lane
+      exclusion) let Qdrant walk the graph with ACORN when its estimate of the share of
+      a segment's points the filter keeps is at most `spread_acorn_selectivity` (0: never;
+      reported as `query_plan.shards.vector.acorn_max_selectivity`). Qdrant's own planner
+      still searches small selections exactly through the payload index.
 
     Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
     dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds,
@@ -133,6 +139,7 @@ class QdrantServerVectorSearch:
         collection_prefix: str = "orrery",
         hnsw_ef: int = DEFAULT_HNSW_EF,
         spread_ef_factor: int = DEFAULT_SPREAD_EF_FACTOR,
+        spread_acorn_selectivity: float = DEFAULT_SPREAD_ACORN_SELECTIVITY,
         exact: bool = False,
     ) -> None:
         check_collection_prefix(collection_prefix)
@@ -144,6 +151,11 @@ class QdrantServerVectorSearch:
         self._prefix = collection_prefix
         self._hnsw_ef = hnsw_ef
         self._spread_ef_factor = spread_ef_factor
+        self._acorn = (
+            models.AcornSearchParams(enable=True, max_selectivity=spread_acorn_selectivity)
+            if spread_acorn_selectivity > 0
+            else None
+        )
         self._copy_verdicts: CopyVerdicts = lambda _generation_id: None
         self._lock = threading.Lock()
         self._layouts: dict[str, tuple[int, int]] = {}
@@ -307,6 +319,11 @@ class QdrantServerVectorSearch:
                         "cap": cap,
                         # What each shard key's HNSW search ran with (None: exact).
                         "hnsw_ef": None if self._exact else self.ef(cap + 1, spread=True),
+                        "acorn_max_selectivity": (
+                            None
+                            if self._exact or self._acorn is None
+                            else self._acorn.max_selectivity
+                        ),
                         "searched": chosen,
                         "bypassed": [{"copy": k, "reason": r} for k, r in sorted(bypassed.items())],
                     },
@@ -400,7 +417,12 @@ class QdrantServerVectorSearch:
             if self._exact and not self._local:
                 params = models.SearchParams(exact=True)
             elif not self._local:
-                params = models.SearchParams(hnsw_ef=self.ef(fetch, spread=spread))
+                params = models.SearchParams(
+                    hnsw_ef=self.ef(fetch, spread=spread),
+                    # Only with conditions to walk by: the hidden-lane exclusion alone
+                    # keeps nearly every point, and ACORN would never be chosen for it.
+                    acorn=self._acorn if spread and engine_filter and engine_filter.must else None,
+                )
             points = self._query(
                 collection, generation_id, vector, engine_filter, fetch, _RETURNED, params, keys
             )

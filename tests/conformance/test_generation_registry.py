@@ -794,25 +794,16 @@ def test_record_cache_answers_what_the_reader_answers_per_tenant(backend: Backen
 
 
 def _receipt(generation_id: str, digest: str, at: datetime, passed: bool) -> Any:
-    from contracts.qualification import QualificationReceipt, QualificationThresholds
+    from tests.receipts import receipt
 
-    return QualificationReceipt(
+    return receipt(
         generation_id=generation_id,
-        namespace="ns",
-        snapshot_kind="objects",
         descriptor_digest=digest,
         position=7,
-        shards=3,
-        replicas=1,
-        caps={"lexical": 100, "vector": 100, "top_k": 10},
         profiles={"rrf@2": "d"},
-        sample_digest="s",
-        sample_size=0,
-        slices=(),
-        thresholds=QualificationThresholds(),
         passed=passed,
         created_at=at,
-    ).with_id()
+    )
 
 
 def test_receipt_log_keeps_receipts_immutable_newest_first(registry: Registry) -> None:

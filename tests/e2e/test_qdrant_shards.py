@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,20 +28,19 @@ from contracts.index import Candidate, SearchFilter
 from contracts.qualification import QualificationReceipt, QualifyRequest
 from contracts.records import derive_document_id
 from contracts.shards import copy_key, shard_of
-from tests.conftest import require_server, run_tag
-from tests.e2e.conftest import Server, start_server
+from tests.conftest import require_server
+from tests.e2e.conftest import start_server
+from tests.e2e.qdrant_cluster import QdrantClusterDeployment, qdrant_cluster_deployment
 from tests.e2e.test_shards import (
-    ADMIN_KEY,
     KIND,
     MARKER,
     NS,
     PROFILES,
-    ClusterDeployment,
     corpus,
     in_process_qualifier,
     ok,
 )
-from tests.harness.servers import start_qdrant_cluster, stop_qdrant_cluster, stop_qdrant_peer
+from tests.harness.servers import stop_qdrant_peer
 
 pytestmark = [pytest.mark.servers, pytest.mark.slow]
 
@@ -52,18 +48,8 @@ SHARDS = 3
 
 
 @dataclass
-class Deployment(ClusterDeployment):
+class Deployment(QdrantClusterDeployment):
     """Over a 3-peer Qdrant cluster."""
-
-    env: dict[str, str]
-
-    def collection(self, generation_id: str) -> str:
-        return f"{self.prefix}-{generation_id}"
-
-    def qdrant(self, path: str) -> Any:
-        response = httpx.get(f"{self.cluster['url']}{path}", timeout=10)
-        response.raise_for_status()
-        return response.json()["result"]
 
     def copies(self) -> dict[str, dict[str, Any]]:
         """The live scope's per-copy eligibility, as readiness shows it."""
@@ -81,42 +67,15 @@ class Deployment(ClusterDeployment):
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    from tests.e2e.test_servers_http import server_env
-
-    for name in ("kafka", "opensearch", "redis"):
-        require_server(name)
-    cluster_dir = Path(tempfile.mkdtemp(prefix="orrery-qshards-", dir="/tmp"))
-    server: Server | None = None
-    deployed: Deployment | None = None
-    try:
-        cluster = start_qdrant_cluster(cluster_dir, 3, timeout_s=180)
-        tag = run_tag()
-        prefix = f"orrery-test-{tag}"
-        data_dir = tmp_path_factory.mktemp("qshards") / "data"
-        env = server_env(
-            tag,
-            database=False,
-            ORRERY_QDRANT_URL=cluster["url"],
-            ORRERY_ADMIN_KEY=ADMIN_KEY,
-            ORRERY_ELIGIBILITY_INTERVAL_SECONDS="2",
-            ORRERY_QUALIFY_PROFILES=",".join(PROFILES),
-            # Every answer compared here is searched, never replayed from the cache.
-            ORRERY_CACHE_RESPONSES="false",
-        )
-        server = start_server(data_dir, env=env)
-        assert server.post_records(corpus()).status_code == 200
-        server.wait_projected(timeout=180, documents={(NS, KIND): 160})
-        ready = server.client.get("/v1/readiness").json()
-        first = next(s["generation_id"] for s in ready["scopes"] if s["namespace"] == NS)
-        deployed = Deployment(server, cluster, cluster_dir, prefix, data_dir, first, env)
+    with qdrant_cluster_deployment(
+        Deployment,
+        tmp_path_factory,
+        corpus(),
+        name="qshards",
+        env={"ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2"},
+        project_timeout_s=180,
+    ) as deployed:
         yield deployed
-    finally:
-        # The test that restarts the server leaves its last process in the deployment.
-        last = deployed.server if deployed is not None else server
-        if last is not None and last.process.poll() is None:
-            last.stop()
-        stop_qdrant_cluster(cluster_dir)
-        shutil.rmtree(cluster_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from contracts.errors import ErrorCode, OrreryError
 from contracts.generations import IndexConfig, Topology
 from contracts.qualification import (
     ProfileFigures,
-    QualificationReceipt,
     QualificationThresholds,
     SliceFigures,
     SourceFigures,
@@ -24,6 +23,7 @@ from contracts.qualification import (
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
 from projector.generations import config_schema_digest
 from query.settings import QuerySettings
+from tests.receipts import receipt as make_receipt
 
 NOW = datetime(2026, 12, 2, tzinfo=UTC)
 
@@ -59,23 +59,7 @@ def _slice(
 
 
 def test_a_receipt_is_named_by_the_digest_of_its_canonical_json() -> None:
-    receipt = QualificationReceipt(
-        generation_id="g2",
-        namespace="ns",
-        snapshot_kind="objects",
-        descriptor_digest="d",
-        position=3,
-        shards=3,
-        replicas=1,
-        caps={"lexical": 100, "vector": 100, "top_k": 10},
-        profiles={"rrf@2": "x"},
-        sample_digest="s",
-        sample_size=5,
-        slices=(_slice(),),
-        thresholds=QualificationThresholds(),
-        passed=True,
-        created_at=NOW,
-    ).with_id()
+    receipt = make_receipt(sample_size=5, slices=(_slice(),))
     body = receipt.model_dump(mode="json")
     del body["receipt_id"]
     assert receipt.receipt_id == sha256_json(body)
@@ -103,6 +87,57 @@ def test_a_receipt_fails_exactly_when_a_figure_is_below_its_threshold(
     thresholds = QualificationThresholds(lexical_inclusion=threshold)
     failed = bool(receipt_failures((_slice(lexical=figure),), thresholds))
     assert failed == (figure < threshold)
+
+
+@given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.sampled_from(["all", "complete"]))
+def test_order_agreement_is_judged_over_the_queries_the_setting_names(
+    every: float, complete: float, over: str
+) -> None:
+    figures = _slice().model_copy(
+        update={
+            "profiles": {
+                "rrf@2": ProfileFigures(
+                    queries=5,
+                    overlap_mean=1.0,
+                    overlap_min=1.0,
+                    order_agreement_mean=every,
+                    order_agreement_min=min(every, complete),
+                    complete_queries=3,
+                    complete_order_agreement_min=complete,
+                )
+            }
+        }
+    )
+    thresholds = QualificationThresholds(order_agreement_over=over)
+    judged = complete if over == "complete" else min(every, complete)
+    assert bool(receipt_failures((figures,), thresholds)) == (judged < 1.0)
+
+
+def test_an_incomplete_query_counts_in_order_agreement_but_not_among_the_complete() -> None:
+    from query.qualify import _compare, _figures, _Tally
+
+    tally = _Tally(queries=2)
+    exact = [(f"d{i}", 1.0 - i / 10) for i in range(10)]
+    # HNSW missed a candidate: another document took rank 3, the rest moved down one.
+    shifted = [*exact[:3], ("x", 0.75), *exact[3:9]]
+    _compare("weighted@3", exact, exact, tally, complete=True)
+    _compare("weighted@3", shifted, exact, tally, complete=False)
+    figures = _figures("unfiltered", tally, {"lexical": 100, "vector": 100}, skipped="")
+    profile = figures.profiles["weighted@3"]
+    assert profile.order_agreement_min == 0.3 and profile.overlap_min == 0.9
+    assert profile.complete_queries == 1 and profile.complete_order_agreement_min == 1.0
+    assert receipt_failures((figures,), QualificationThresholds(order_agreement_over="complete"))
+    assert not any(
+        "order agreement" in failure
+        for failure in receipt_failures(
+            (figures,), QualificationThresholds(order_agreement_over="complete")
+        )
+    )
+    assert any(
+        "order agreement" in failure
+        for failure in receipt_failures((figures,), QualificationThresholds())
+    )
+    assert QuerySettings().qualification_thresholds().order_agreement_over == "complete"
 
 
 def test_topology_per_scope_and_its_digest() -> None:
@@ -189,29 +224,17 @@ def test_a_recording_source_asks_the_engine_once_per_distinct_search(
 
 def test_a_receipt_vouches_only_for_the_search_settings_it_was_made_with() -> None:
     made = {**QuerySettings().vector_search(), "vector_ef": 1010}
-    receipt = QualificationReceipt(
-        generation_id="g2",
-        namespace="ns",
-        snapshot_kind="objects",
-        descriptor_digest="d",
-        position=3,
-        shards=3,
-        replicas=0,
-        caps={"lexical": 100, "vector": 100, "top_k": 10},
-        profiles={"rrf@2": "x"},
-        search=made,
-        sample_digest="s",
-        sample_size=5,
-        slices=(_slice(),),
-        thresholds=QualificationThresholds(),
-        passed=True,
-        created_at=NOW,
-    ).with_id()
+    receipt = make_receipt(replicas=0, search=made, sample_size=5, slices=(_slice(),))
     now = QuerySettings().vector_search()
     assert receipt.vouches_for(now)
     assert receipt.vouches_for({})
     assert not receipt.vouches_for({**now, "vector_spread_ef_factor": 1})
     assert not receipt.vouches_for({**now, "vector_hnsw_ef": 256})
+    assert not receipt.vouches_for({**now, "vector_spread_acorn_permille": 0})
+    # The ACORN share is recorded in thousandths, and searched with exactly that.
+    acorn = QuerySettings(vector_spread_acorn_selectivity=0.3333)
+    assert acorn.vector_spread_acorn_selectivity == 0.333
+    assert acorn.vector_search()["vector_spread_acorn_permille"] == 333
     # Made before receipts recorded the search (or by a source that says nothing).
     assert not receipt.model_copy(update={"search": {}}).vouches_for(now)
     # The search is part of the receipt's identity.
