@@ -166,21 +166,21 @@ def worker(data_dir: Path, corpus: str) -> None:
         bodies = [topk_body(query, 10) for query in _queries(1_000)]
     with TestClient(stack.app) as client:
         if corpus == "scifact":
-            for body in bodies:  # Embeds each query once (the timed requests hit the cache).
-                warm = {k: body[k] for k in ("namespace", "scope_ref", "query_text")}
+            for request in bodies:  # Embeds each query once (timed requests hit the cache).
+                warm = {k: request[k] for k in ("namespace", "scope_ref", "query_text")}
                 client.post("/v1/external/retrieve", json={**warm, "limit": 1})
 
-        def one(body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        def one(request: dict[str, Any]) -> tuple[float, dict[str, Any]]:
             started = time.perf_counter()
-            response = client.post("/v1/external/retrieve/topk_records", json=body)
+            response = client.post("/v1/external/retrieve/topk_records", json=request)
             seconds = time.perf_counter() - started
             if response.status_code != 200:
                 raise RuntimeError(f"topk_records: {response.text[:300]}")
-            body: dict[str, Any] = response.json()
-            return seconds, body
+            answered: dict[str, Any] = response.json()
+            return seconds, answered
 
-        for body in bodies[-WARMUP:]:
-            one(body)
+        for request in bodies[-WARMUP:]:
+            one(request)
         print("ready", flush=True)
         for line in sys.stdin:
             seconds, body = one(bodies[int(line)])
