@@ -25,7 +25,7 @@ from projector.adapters.sqlite_ring_stats import SqliteRingStatistics
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
 from projector.adapters.subprocess_bulk_load import SubprocessBulkLoader
-from projector.adapters.tantivy_lexical import TantivyLexicalIndex
+from projector.adapters.tantivy_lexical import DEFAULT_FLAT_MAX_ROWS, TantivyLexicalIndex
 from projector.generations import (
     DeferredWrites,
     GenerationAdmin,
@@ -224,7 +224,11 @@ def embedded_projector(
     languages = text_languages or TextLanguages()
     state = SqliteProjectorState(db_path)
     log = SqliteOutboxLog(db_path, start_after=state.position(CONSUMER))
-    lexical = TantivyLexicalIndex(data_dir / "generations" / "lexical")
+    # Generations created here keep an in-memory copy the query side scores small ones
+    # from (`contracts.flat_lexical`).
+    lexical = TantivyLexicalIndex(
+        data_dir / "generations" / "lexical", flat_max_rows=DEFAULT_FLAT_MAX_ROWS
+    )
     vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
     writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
     lock = FileWriterLock(writer_lock_path(data_dir))

@@ -163,6 +163,7 @@ def embedded_query_ports(
     lexical_index_provider: Callable[[str], Any],
     vector_shard_provider: Callable[[str], Any],
     vector_flat_provider: Callable[[str], Any] | None = None,
+    lexical_flat_provider: Callable[[str], Any] | None = None,
     cache_responses: bool = True,
     scopes: ScopeRegistry | None = None,
     cursors: CursorCodec | None = None,
@@ -181,7 +182,9 @@ def embedded_query_ports(
     records = SqliteRecordReader(db_path, max_answer_bytes=max_answer_bytes)
     return QueryPorts(
         routing=routing,
-        lexical=TantivyLexicalSearch(lexical_index_provider),
+        # Small append-only generations are scored from the projector's in-memory
+        # copies (`contracts.flat_lexical`) when it offers them.
+        lexical=TantivyLexicalSearch(lexical_index_provider, flat_provider=lexical_flat_provider),
         # The re-score's vectors of lexical candidates, by revision: 256 MiB per tenant,
         # 4 tenants (`VectorMemo`; one tenant's fills never evict another's).
         # Generations the engine would brute-force are scanned from the projector's

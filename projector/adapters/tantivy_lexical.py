@@ -26,7 +26,8 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.index import IndexDocument
+from contracts.flat_lexical import FlatLexical, LexicalRow
+from contracts.index import Candidate, IndexDocument
 from contracts.index_fields import (
     BODY,
     DEFAULT_TEXT_ANALYZER,
@@ -36,6 +37,7 @@ from contracts.index_fields import (
     FACET_SEPARATOR,
     FACETS,
     GALAXY,
+    HIDDEN_FACET,
     ITEM_ID,
     NO_STEMMING,
     REVISION,
@@ -63,12 +65,21 @@ from contracts.pacing import Pace, no_pace
 from projector.model import IndexOperation, check_keywords, check_single_copy, newest_operations
 from projector.ports import IndexEvidence
 
-__all__ = ["DEFAULT_WRITER_HEAP_BYTES", "DEFAULT_WRITER_THREADS", "TantivyLexicalIndex"]
+__all__ = [
+    "DEFAULT_FLAT_MAX_ROWS",
+    "DEFAULT_WRITER_HEAP_BYTES",
+    "DEFAULT_WRITER_THREADS",
+    "TantivyLexicalIndex",
+]
 
 # Per writer; tantivy needs at least 15 MB per indexing thread.
 DEFAULT_WRITER_HEAP_BYTES = 64_000_000
 # One thread: the projector writes small batches; more threads only make more segments.
 DEFAULT_WRITER_THREADS = 1
+# The documents a generation may hold and keep its in-memory copy (`flat_for`): those a
+# query scores faster in numpy than through tantivy's two calls (SciFact's 5,183: 0.33 ms
+# against ~1.4). About 2 MB of postings per thousand SciFact-sized documents.
+DEFAULT_FLAT_MAX_ROWS = 10_000
 
 # A generation id becomes a directory name: no separators, no dot-dot.
 _GENERATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -144,6 +155,11 @@ class _Generation:
     retired: bool = False
     # Whether the schema has the `_HIT_KEYS` (version 5 and later).
     hit_keys: bool = True
+    # The in-memory copy the query side scores small generations from
+    # (`contracts.flat_lexical`): only for a generation this process created and has
+    # only added to; dropped for good at the first replacement or deletion, or past
+    # its size.
+    flat: FlatLexical | None = None
 
 
 class TantivyLexicalIndex:
@@ -172,10 +188,14 @@ class TantivyLexicalIndex:
         *,
         writer_heap_bytes: int = DEFAULT_WRITER_HEAP_BYTES,
         writer_threads: int = DEFAULT_WRITER_THREADS,
+        flat_max_rows: int = 0,
     ) -> None:
         self._root = root
         self._writer_heap_bytes = writer_heap_bytes
         self._writer_threads = writer_threads
+        # Generations created here keep an in-memory copy up to this many documents
+        # (`flat_for`; 0: none).
+        self._flat_max_rows = flat_max_rows
         self._schemas: dict[str, tantivy.Schema] = {}
         # Guards `_generations`; held only briefly, never while waiting on a commit
         # except by `drop` and `close`.
@@ -197,6 +217,15 @@ class TantivyLexicalIndex:
         if generation is None:
             raise KeyError(generation_id)
         return generation.index, generation.text_analyzer, generation.analyzer
+
+    def flat_for(self, generation_id: str) -> FlatLexical | None:
+        """The generation's in-memory copy, if it keeps one (`contracts.flat_lexical`);
+        `KeyError` if there is no such generation."""
+        with self._registry_lock:
+            generation = self._load(generation_id)
+        if generation is None:
+            raise KeyError(generation_id)
+        return generation.flat
 
     # -- LexicalIndex ----------------------------------------------------------------
 
@@ -220,8 +249,17 @@ class TantivyLexicalIndex:
                 index.register_tokenizer(text_analyzer, analyzer)
             except _DRIVER_ERRORS as exc:
                 raise _unavailable("cannot create index", generation_id, exc) from exc
+            fields = TEXT_FIELDS if has_combined_field(text_analyzer) else SOURCE_TEXT_FIELDS
             self._generations[generation_id] = _Generation(
-                index, text_analyzer, analyzer, hit_keys=_schema_has_hit_keys(path / _META_FILE)
+                index,
+                text_analyzer,
+                analyzer,
+                hit_keys=_schema_has_hit_keys(path / _META_FILE),
+                flat=(
+                    FlatLexical(fields, max_rows=self._flat_max_rows)
+                    if self._flat_max_rows > 0
+                    else None
+                ),
             )
 
     def apply(
@@ -354,6 +392,8 @@ class TantivyLexicalIndex:
         combined = has_combined_field(generation.text_analyzer)
         writer = self._writer(generation, generation_id)
         changed = False
+        flat = generation.flat
+        added: list[IndexDocument] = []
         try:
             held = _held_revisions(index, list(operations))
             for document_id, operation in operations.items():
@@ -361,6 +401,9 @@ class TantivyLexicalIndex:
                 if isinstance(operation, IndexDocument):
                     if present is not None and present >= operation.revision:
                         continue
+                    if present is not None:
+                        flat = None  # a replaced document still counts in tantivy's stats
+                    added.append(operation)
                     # Deleting first keeps the id unique even if `held` were stale.
                     writer.delete_documents_by_term(DOCUMENT_ID, document_id)
                     try:
@@ -374,11 +417,17 @@ class TantivyLexicalIndex:
                 else:
                     if present is None or present > operation:
                         continue
+                    flat = None  # so does a deleted one, until a merge drops it
                     writer.delete_documents_by_term(DOCUMENT_ID, document_id)
                 changed = True
             if changed:
                 writer.commit()
                 index.reload()
+                if flat is not None and not flat.add(
+                    _flat_row(document, generation.analyzer, flat.fields) for document in added
+                ):
+                    flat = None
+                generation.flat = flat
         except _DRIVER_ERRORS as exc:
             self._discard_writer(generation)
             raise _unavailable("apply failed", generation_id, exc) from exc
@@ -492,6 +541,36 @@ def _to_document(source: IndexDocument, combined: bool, hit_keys: bool) -> tanti
     if text:
         document.add_text(TEXT, _analyzed(text))
     return document
+
+
+def _flat_row(
+    source: IndexDocument, analyzer: tantivy.TextAnalyzer, fields: Sequence[str]
+) -> LexicalRow:
+    """`source` as `FlatLexical` keeps it: the tokens of each text field exactly as the
+    index analyzes the values `_to_document` writes (a multi-valued field's tokens in a
+    row: tantivy counts a field's length over all its values)."""
+    values = {
+        TITLE: [source.title] if source.title else [],
+        BODY: [source.body] if source.body else [],
+        TAGS: list(source.tags),
+        TEXT: [text] if (text := combined_text(source.title, source.body, source.tags)) else [],
+    }
+    return LexicalRow(
+        candidate=Candidate(
+            document_id=source.document_id,
+            revision=source.revision,
+            score=0.0,
+            updated_at=source.updated_at.astimezone(UTC),
+            status=source.status,
+        ),
+        galaxy=source.galaxy,
+        ring=source.ring,
+        hidden="lexical" in source.facets.get(HIDDEN_FACET, ()),
+        tokens={
+            name: [token for value in values[name] for token in analyzer.analyze(_analyzed(value))]
+            for name in fields
+        },
+    )
 
 
 def _held_revisions(index: tantivy.Index, document_ids: list[str]) -> dict[str, int]:

@@ -17,6 +17,7 @@ from typing import Any
 import tantivy
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.flat_lexical import FlatLexical
 from contracts.index import Candidate, SearchFilter, field_boosts, id_lookup_size, is_unicode
 from contracts.index_fields import (
     DOCUMENT_ID,
@@ -56,6 +57,8 @@ _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
 ENGINE_SEARCH = "tantivy_search"
 ENGINE_FAST_FIELDS = "tantivy_fast_fields"
 ENGINE_DOCS = "tantivy_doc_reads"
+# ... and the scoring of a generation's in-memory copy (`contracts.flat_lexical`).
+ENGINE_FLAT = "flat_lexical"
 
 _Hit = tuple[Any, tantivy.DocAddress]
 
@@ -82,9 +85,13 @@ class TantivyLexicalSearch:
     """
 
     def __init__(
-        self, index_provider: Callable[[str], tuple[tantivy.Index, str, tantivy.TextAnalyzer]]
+        self,
+        index_provider: Callable[[str], tuple[tantivy.Index, str, tantivy.TextAnalyzer]],
+        *,
+        flat_provider: Callable[[str], FlatLexical | None] | None = None,
     ) -> None:
         self._index_provider = index_provider
+        self._flat_provider = flat_provider
         self._statuses = _StatusNames()
 
     def search(
@@ -102,17 +109,25 @@ class TantivyLexicalSearch:
         index, analyzer_name, analyzer = self._index(generation_id)
         boosts = _boosts(field_boosts, combined_field=has_combined_field(analyzer_name))
         try:
+            terms: list[str] = []
+            if query_text.strip():
+                # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
+                text = query_text.encode("utf-8", "replace").decode("utf-8")
+                terms = list(dict.fromkeys(analyzer.analyze(text)))
+                if not terms or not boosts:
+                    return []
+                flat = self._flat(generation_id)
+                if flat is not None:
+                    with engine_call(ENGINE_FLAT):
+                        found = flat.search(terms, boosts, filter, limit)
+                    if found is not None:
+                        return found
             schema = index.schema
             restriction = _filter_query(schema, filter, analyzer)
             searcher = index.searcher()
             read = _HitReader(searcher, generation_id, self._statuses)
-            if not query_text.strip():
+            if not terms:
                 return _filter_matches(searcher, _visible(schema, restriction), limit, read)
-            # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
-            text = query_text.encode("utf-8", "replace").decode("utf-8")
-            terms = list(dict.fromkeys(analyzer.analyze(text)))
-            if not terms or not boosts:
-                return []
             clauses = [(tantivy.Occur.Must, _text_query(schema, terms, boosts)), _hidden(schema)]
             if restriction is not None:
                 clauses.append(
@@ -142,18 +157,25 @@ class TantivyLexicalSearch:
         index, analyzer_name, analyzer = self._index(generation_id)
         boosts = _boosts(field_boosts, combined_field=has_combined_field(analyzer_name))
         try:
+            terms: list[str] = []
+            if query_text.strip():
+                text = query_text.encode("utf-8", "replace").decode("utf-8")
+                terms = list(dict.fromkeys(analyzer.analyze(text)))
+                if not terms or not boosts:
+                    return {}
+                flat = self._flat(generation_id)
+                if flat is not None:
+                    with engine_call(ENGINE_FLAT):
+                        scored = flat.scores(terms, boosts, filter)
+                    if scored is not None:
+                        return scored
             schema = index.schema
-            restriction = _filter_query(schema, filter, analyzer)
-            restriction = _visible(schema, restriction)
+            restriction = _visible(schema, _filter_query(schema, filter, analyzer))
             searcher = index.searcher()
-            if not query_text.strip():
+            if not terms:
                 with engine_call(ENGINE_SEARCH):
                     hits = searcher.search(restriction, size, count=False).hits
                 return dict.fromkeys(_document_ids(searcher, hits), 0.0)
-            text = query_text.encode("utf-8", "replace").decode("utf-8")
-            terms = list(dict.fromkeys(analyzer.analyze(text)))
-            if not terms or not boosts:
-                return {}
             query = tantivy.Query.boolean_query(
                 [
                     (tantivy.Occur.Must, _text_query(schema, terms, boosts)),
@@ -172,6 +194,15 @@ class TantivyLexicalSearch:
             raise DependencyUnavailable(
                 "tantivy", f"score lookup failed: {exc}", {"generation_id": generation_id}
             ) from exc
+
+    def _flat(self, generation_id: str) -> FlatLexical | None:
+        """The generation's in-memory copy, if the provider offers one."""
+        if self._flat_provider is None:
+            return None
+        try:
+            return self._flat_provider(generation_id)
+        except KeyError:
+            return None  # `_index` reports the unknown generation
 
     def _index(self, generation_id: str) -> tuple[tantivy.Index, str, tantivy.TextAnalyzer]:
         try:

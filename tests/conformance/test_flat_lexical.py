@@ -1,0 +1,215 @@
+"""The in-memory copies the embedded query side scores small lexical generations from
+(`contracts.flat_lexical`) answer what tantivy itself answers, through any sequence of
+additions, and are dropped at the first replacement or deletion.
+
+A property drives random documents (title, body, tags from a small vocabulary, filter
+fields, documents hidden from the lexical lane), random queries under random field
+boosts and filters against one index, and compares the copy's answers with the
+engine's: the same documents, best first with ties by id, each score the engine's to
+float32 rounding, nothing left out that scores better than what was kept; lookups by id
+alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contracts.flat_lexical import FlatLexical, fieldnorm_id
+from contracts.index import Candidate, IndexDocument, SearchFilter
+from contracts.index_fields import HIDDEN_FACET
+from projector.adapters.tantivy_lexical import TantivyLexicalIndex
+from query.adapters.tantivy_lexical import TantivyLexicalSearch
+from tests.conformance.corpus import doc
+
+_T0 = datetime(2026, 1, 1, tzinfo=UTC)
+_WORDS = ("red", "reds", "thermos", "hall", "cupboard", "blue", "kettle", "the", "running")
+_GALAXIES = ("g1", "g2")
+_STATUSES = ("active", "draft")
+_RINGS = ("", "a", "b")
+# Relative: both sides compute in float32 and sum a document's terms in their own order.
+_REL = 1e-6
+
+texts = st.lists(st.sampled_from(_WORDS), max_size=12).map(" ".join)
+documents = st.builds(
+    lambda n, galaxy, status, ring, minutes, title, body, tags, hidden: doc(
+        f"d{n}",
+        galaxy=galaxy,
+        status=status,
+        ring=ring,
+        updated_at=_T0 + timedelta(minutes=minutes),
+        title=title,
+        body=body,
+        tags=tuple(tags),
+        facets={HIDDEN_FACET: ("lexical",)} if hidden else None,
+    ),
+    st.integers(0, 40),
+    st.sampled_from(_GALAXIES),
+    st.sampled_from(_STATUSES),
+    st.sampled_from(_RINGS),
+    st.integers(0, 60),
+    texts,
+    texts,
+    st.lists(texts, max_size=2),
+    st.sampled_from((False, False, False, True)),
+)
+batches = st.lists(
+    st.lists(documents, min_size=1, max_size=8, unique_by=lambda d: d.document_id),
+    min_size=1,
+    max_size=4,
+)
+filters = st.builds(
+    lambda galaxy, status, rings, after, ids: SearchFilter(
+        galaxy=galaxy,
+        status=status,
+        rings=rings,
+        updated_after=None if after is None else _T0 + timedelta(minutes=after),
+        document_ids=ids,
+    ),
+    st.none() | st.sampled_from((*_GALAXIES, "nowhere")),
+    st.none() | st.lists(st.sampled_from(_STATUSES), min_size=1, max_size=2).map(tuple),
+    st.none() | st.lists(st.sampled_from(("a", "b", "zz")), min_size=1, max_size=2).map(tuple),
+    st.none() | st.integers(0, 60),
+    st.none() | st.lists(st.integers(0, 42).map(lambda n: f"d{n}"), max_size=8).map(tuple),
+)
+boosts = st.sampled_from(
+    (
+        None,  # the default: title ×2, body, tags
+        {"title": 0.0, "body": 0.0, "tags": 0.0, "text": 1.0},  # weighted@3
+        {"title": 1.0},
+        {"title": 0.5, "body": 3.0, "text": 0.25},
+    )
+)
+
+
+@pytest.fixture
+def lexical(tmp_path: Path) -> Iterator[TantivyLexicalIndex]:
+    index = TantivyLexicalIndex(tmp_path / "lexical", flat_max_rows=1_000)
+    yield index
+    index.close()
+
+
+def _agree(got: list[Candidate], exact: list[Candidate], limit: int) -> None:
+    assert got == sorted(got, key=lambda c: (-c.score, c.document_id))
+    assert len(got) == min(limit, len(exact))
+    by_id = {c.document_id: c for c in exact}
+    for candidate in got:
+        reference = by_id[candidate.document_id]
+        assert candidate.score == pytest.approx(reference.score, rel=_REL)
+        assert candidate._replace(score=0.0) == reference._replace(score=0.0)
+    if got:
+        floor = got[-1].score
+        kept = {c.document_id for c in got}
+        assert all(c.score <= floor * (1 + _REL) for c in exact if c.document_id not in kept)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    added=batches,
+    asked=st.lists(st.tuples(texts, boosts, filters, st.integers(1, 12)), min_size=1, max_size=6),
+)
+def test_the_copy_answers_what_tantivy_answers(
+    lexical: TantivyLexicalIndex,
+    added: list[list[IndexDocument]],
+    asked: list[tuple[str, dict[str, float] | None, SearchFilter, int]],
+) -> None:
+    generation = f"flat-{abs(hash((str(added), str(asked)))):x}"[:40]
+    lexical.create(generation, text_analyzer="orrery_text_v2_english")
+    try:
+        seen: set[str] = set()
+        for batch in added:
+            fresh = [d for d in batch if d.document_id not in seen]
+            seen.update(d.document_id for d in fresh)
+            if fresh:
+                lexical.apply(generation, fresh, [])
+        assert lexical.flat_for(generation) is not None  # only additions so far
+        engine = TantivyLexicalSearch(lexical.searchable)
+        flat = TantivyLexicalSearch(lexical.searchable, flat_provider=lexical.flat_for)
+        for text, field_boosts, filter, limit in asked:
+            exact = engine.search(generation, text, filter, 1_000, field_boosts=field_boosts)
+            got = flat.search(generation, text, filter, limit, field_boosts=field_boosts)
+            _agree(got, exact, limit)
+            everything = flat.search(generation, text, filter, 1_000, field_boosts=field_boosts)
+            assert {c.document_id for c in everything} == {c.document_id for c in exact}
+            listed = filter.model_copy(
+                update={"document_ids": (*[c.document_id for c in exact][:5], "d41", "nope")}
+            )
+            looked_up = flat.scores(generation, text, listed, field_boosts=field_boosts)
+            reference = engine.scores(generation, text, listed, field_boosts=field_boosts)
+            assert looked_up.keys() == reference.keys()
+            assert all(looked_up[d] == pytest.approx(reference[d], rel=_REL) for d in looked_up)
+    finally:
+        lexical.drop(generation)
+
+
+def test_a_replacement_or_a_deletion_drops_the_copy_for_good(
+    lexical: TantivyLexicalIndex,
+) -> None:
+    lexical.create("g", text_analyzer="orrery_text_v2_english")
+    lexical.apply("g", [doc("d1", body="red thermos"), doc("d2", body="blue kettle")], [])
+    assert lexical.flat_for("g") is not None
+    lexical.apply("g", [doc("d3", body="red kettle")], [])
+    assert lexical.flat_for("g") is not None
+    lexical.apply("g", [doc("d1", 2, body="red red thermos")], [])  # a new revision
+    assert lexical.flat_for("g") is None
+    lexical.apply("g", [doc("d4", body="red")], [])
+    assert lexical.flat_for("g") is None  # for good, in this process
+    lexical.create("h", text_analyzer="orrery_text_v2_english")
+    lexical.apply("h", [doc("d1", body="red thermos")], [])
+    lexical.apply("h", [], [("d1", 1)])
+    assert lexical.flat_for("h") is None
+    # An engine still answers, through tantivy.
+    search = TantivyLexicalSearch(lexical.searchable, flat_provider=lexical.flat_for)
+    found = search.search("g", "red", SearchFilter(), 10)
+    assert {c.document_id for c in found} == {"d1", "d3", "d4"}
+    assert next(c.revision for c in found if c.document_id == "d1") == 2
+
+
+def test_a_generation_past_the_copys_size_is_searched_in_tantivy(tmp_path: Path) -> None:
+    index = TantivyLexicalIndex(tmp_path / "lexical", flat_max_rows=3)
+    try:
+        index.create("g", text_analyzer="orrery_text_v2_english")
+        index.apply("g", [doc(f"d{n}", body="red thermos") for n in range(3)], [])
+        assert index.flat_for("g") is not None
+        index.apply("g", [doc("d3", body="red")], [])
+        assert index.flat_for("g") is None
+        search = TantivyLexicalSearch(index.searchable, flat_provider=index.flat_for)
+        assert [c.document_id for c in search.search("g", "red", SearchFilter(), 1)] == ["d3"]
+    finally:
+        index.close()
+
+
+def test_a_reopened_generation_keeps_no_copy(tmp_path: Path) -> None:
+    index = TantivyLexicalIndex(tmp_path / "lexical", flat_max_rows=10)
+    index.create("g", text_analyzer="orrery_text_v2_english")
+    index.apply("g", [doc("d1", body="red thermos")], [])
+    index.close()
+    try:
+        # Its statistics may count documents an earlier process replaced: no copy.
+        assert index.flat_for("g") is None
+    finally:
+        index.close()
+
+
+def test_fieldnorm_ids_quantize_lengths_as_tantivy_does() -> None:
+    assert [fieldnorm_id(n) for n in (0, 1, 40, 41, 42, 43, 44, 1_000_000)] == [
+        0,
+        1,
+        40,
+        40,
+        41,
+        41,
+        42,
+        fieldnorm_id(1_000_000),
+    ]
+    assert fieldnorm_id(2_013_265_944) == 255
+    assert FlatLexical(("body",), max_rows=1).fields == ("body",)
