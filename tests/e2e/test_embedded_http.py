@@ -142,10 +142,12 @@ def test_response_shape_and_plan(loaded: Server) -> None:
     stages = ["scope_resolve", "candidate_fetch", "index_search", "rerank", "payload_materialize"]
     assert all(latency[s] >= 0 for s in stages)
     assert sum(latency[s] for s in stages) <= latency["total"] + 0.01
-    # Both engines were called; their time is part of the stages that called them. This
-    # generation is small: its vectors are scanned from the in-memory copy, not qdrant-edge.
+    # Both sources were searched; their time is part of the stages that called them. This
+    # generation is small and was only added to: its vectors and its text are scored from
+    # the in-memory copies, not by qdrant-edge and tantivy.
     engine = plan["engine_ms"]
-    assert {"tantivy_search", "tantivy_fast_fields", "flat_vectors"} <= set(engine)
+    assert {"flat_lexical", "flat_vectors"} <= set(engine)
+    assert "tantivy_search" not in engine
     assert "qdrant_edge_query" not in engine
     # Document ids are UUIDs: every hit is read from fast fields, none from its document.
     assert "tantivy_doc_reads" not in engine
