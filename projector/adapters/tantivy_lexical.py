@@ -80,6 +80,8 @@ DEFAULT_WRITER_THREADS = 1
 # query scores faster in numpy than through tantivy's two calls (SciFact's 5,183: 0.33 ms
 # against ~1.4). About 2 MB of postings per thousand SciFact-sized documents.
 DEFAULT_FLAT_MAX_ROWS = 10_000
+# ... and all copies of an index together (~200 MB of SciFact-sized documents).
+DEFAULT_FLAT_MAX_TOTAL_ROWS = 100_000
 
 # A generation id becomes a directory name: no separators, no dot-dot.
 _GENERATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -189,13 +191,17 @@ class TantivyLexicalIndex:
         writer_heap_bytes: int = DEFAULT_WRITER_HEAP_BYTES,
         writer_threads: int = DEFAULT_WRITER_THREADS,
         flat_max_rows: int = 0,
+        flat_max_total_rows: int = DEFAULT_FLAT_MAX_TOTAL_ROWS,
     ) -> None:
         self._root = root
         self._writer_heap_bytes = writer_heap_bytes
         self._writer_threads = writer_threads
         # Generations created here keep an in-memory copy up to this many documents
-        # (`flat_for`; 0: none).
+        # (`flat_for`; 0: none), all copies together up to `flat_max_total_rows`.
         self._flat_max_rows = flat_max_rows
+        self._flat_max_total_rows = flat_max_total_rows
+        self._flat_lock = threading.Lock()
+        self._flat_rows = 0
         self._schemas: dict[str, tantivy.Schema] = {}
         # Guards `_generations`; held only briefly, never while waiting on a commit
         # except by `drop` and `close`.
@@ -322,6 +328,7 @@ class TantivyLexicalIndex:
             if generation is not None:
                 with generation.write_lock:
                     self._close_writer(generation)
+                    self._forget_flat(generation)
             try:
                 _remove_tree(path)
             except OSError as exc:
@@ -335,6 +342,7 @@ class TantivyLexicalIndex:
             for generation in generations:
                 with generation.write_lock:
                     self._close_writer(generation)
+                    self._forget_flat(generation)
 
     # -- internals -------------------------------------------------------------------
 
@@ -392,7 +400,7 @@ class TantivyLexicalIndex:
         combined = has_combined_field(generation.text_analyzer)
         writer = self._writer(generation, generation_id)
         changed = False
-        flat = generation.flat
+        previous = flat = generation.flat
         added: list[IndexDocument] = []
         try:
             held = _held_revisions(index, list(operations))
@@ -423,14 +431,37 @@ class TantivyLexicalIndex:
             if changed:
                 writer.commit()
                 index.reload()
-                if flat is not None and not flat.add(
-                    _flat_row(document, generation.analyzer, flat.fields) for document in added
-                ):
+                if flat is not None and added and not self._flat_add(flat, generation, added):
                     flat = None
+                if previous is not None and flat is None:
+                    self._flat_release(len(previous))
                 generation.flat = flat
         except _DRIVER_ERRORS as exc:
             self._discard_writer(generation)
             raise _unavailable("apply failed", generation_id, exc) from exc
+
+    def _flat_add(
+        self, flat: FlatLexical, generation: _Generation, added: Sequence[IndexDocument]
+    ) -> bool:
+        """Add `added` to `flat` within the copies' shared bound; False: drop the copy."""
+        with self._flat_lock:
+            if self._flat_rows + len(added) > self._flat_max_total_rows:
+                return False
+            self._flat_rows += len(added)  # reserved
+        if flat.add(_flat_row(document, generation.analyzer, flat.fields) for document in added):
+            return True
+        self._flat_release(len(added))
+        return False
+
+    def _forget_flat(self, generation: _Generation) -> None:
+        """Give a closed or dropped generation's copy back to the shared bound."""
+        if generation.flat is not None:
+            self._flat_release(len(generation.flat))
+            generation.flat = None
+
+    def _flat_release(self, rows: int) -> None:
+        with self._flat_lock:
+            self._flat_rows -= rows
 
     def _writer(self, generation: _Generation, generation_id: str) -> tantivy.IndexWriter:
         """The generation's writer, opened on first use. Write lock held."""

@@ -213,3 +213,19 @@ def test_fieldnorm_ids_quantize_lengths_as_tantivy_does() -> None:
     ]
     assert fieldnorm_id(2_013_265_944) == 255
     assert FlatLexical(("body",), max_rows=1).fields == ("body",)
+
+
+def test_copies_share_one_bound_and_give_it_back_when_dropped(tmp_path: Path) -> None:
+    index = TantivyLexicalIndex(tmp_path / "lexical", flat_max_rows=10, flat_max_total_rows=3)
+    try:
+        for name in ("a", "b", "c"):
+            index.create(name, text_analyzer="orrery_text_v2_english")
+        index.apply("a", [doc("d1", body="red"), doc("d2", body="blue")], [])
+        index.apply("b", [doc("d1", body="red"), doc("d2", body="blue")], [])
+        assert index.flat_for("a") is not None
+        assert index.flat_for("b") is None  # the bound held only the first two
+        index.drop("a")
+        index.apply("c", [doc("d1", body="red"), doc("d2", body="blue")], [])
+        assert index.flat_for("c") is not None
+    finally:
+        index.close()
