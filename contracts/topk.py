@@ -230,8 +230,8 @@ class QueryPlan(BaseModel):
         "engine call (embedded: `tantivy_search`, `tantivy_doc_reads`, "
         "`qdrant_edge_query`, `flat_vectors` and `flat_lexical` for a generation scored "
         "from its in-memory copies; servers: `opensearch_search` and `qdrant_query`, the "
-        "calls' wall time in the worker, and `opensearch_took` and `qdrant_time`, the time the engines report for "
-        "them); the rest of `latency_ms.total` is Orrery's own work. "
+        "calls' wall time in the worker, and `opensearch_took` and `qdrant_time`, the time "
+        "the engines report for them); the rest of `latency_ms.total` is Orrery's own work. "
         "Empty for a response-cache hit.",
     )
     shards: dict[str, dict[str, Any]] = Field(
