@@ -47,6 +47,8 @@ _ONE = np.float32(1.0)
 _HALF = np.float32(0.5)
 _ABSENT = -1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Passes kept per copy (`FlatLexical._scored`): a few queries in flight at once.
+_SCORED = 8
 
 
 def _fieldnorm_table() -> list[int]:
@@ -123,6 +125,10 @@ class FlatLexical:
         self._version = 0
         self._arrays: dict[object, npt.NDArray[np.generic]] = {}
         self._arrays_version = -1
+        # The last queries' scores, by (terms, boosts): a weighted query's lookup (on the
+        # request's thread) follows its search (on the source pool's) with the same
+        # terms; both read one pass. Kept with the arrays: gone after a write.
+        self._scored: dict[object, npt.NDArray[np.float32]] = {}
 
     def __len__(self) -> int:
         return len(self._candidates)
@@ -234,6 +240,11 @@ class FlatLexical:
     def _scores(self, terms: Sequence[str], boosts: Mapping[str, float]) -> npt.NDArray[np.float32]:
         """Every row's BM25 for `terms` over the boosted fields (lock held), summed term
         by term, field by field, as the engine's query lists its clauses."""
+        key = (tuple(terms), tuple(boosts.items()))
+        self._fresh_arrays()  # passes of an older version are gone
+        scored = self._scored.get(key)
+        if scored is not None:
+            return scored
         total = len(self._candidates)
         scores = np.zeros(total, dtype=np.float32)
         n = np.float32(total)
@@ -252,6 +263,10 @@ class FlatLexical:
                     weight = weight * np.float32(boost)
                 norms = self._norms(name, field)[rows]
                 scores[rows] += weight * (frequencies / (frequencies + norms))
+        if len(self._scored) >= _SCORED:
+            del self._scored[next(iter(self._scored))]
+        self._scored[key] = scores
+        scores.flags.writeable = False  # shared by the readers of this pass
         return scores
 
     def _posting(
@@ -282,6 +297,7 @@ class FlatLexical:
     def _fresh_arrays(self) -> dict[object, npt.NDArray[np.generic]]:
         if self._arrays_version != self._version:
             self._arrays = {}
+            self._scored = {}
             self._arrays_version = self._version
         return self._arrays
 
