@@ -117,7 +117,7 @@ _SCROLL_PAGE = 5_000
 # A reference copy's bulks: the engine's cost is analysis (every text field of every
 # document, on one write thread per bulk), so two bulks in flight keep two write threads
 # busy; 1,000 documents apiece, so the pair stays small on a node with a small heap.
-# (100k documents on the harness node: 21.8-32.6 s with one bulk of 5,000 in flight,
+# (100k documents on the harness node: 18.7-32.6 s with one bulk of 5,000 in flight,
 # 11.8-18.9 s with two of 1,000.)
 _COPY_BULK_DOCUMENTS = 1_000
 _COPY_BULKS_IN_FLIGHT = 2
