@@ -92,3 +92,36 @@ def test_the_reference_copy_is_reused_until_its_source_takes_a_write(
     index.drop("g3")
     assert _uuid(index, "g3.qref") is None
     index.create("g3", shards=3)  # for the fixture's teardown
+
+
+def test_a_copy_in_many_pages_and_bulks_holds_every_document_and_ranks_as_one_shard(
+    engine: tuple[OpenSearchLexicalIndex, OpenSearchLexicalSearch],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import projector.adapters.opensearch_lexical as adapter
+
+    # Pages and bulks far smaller than the corpus: several scroll pages, each bulked
+    # in several parts with two in flight (a last part and a last page shorter).
+    monkeypatch.setattr(adapter, "_SCROLL_PAGE", 23)
+    monkeypatch.setattr(adapter, "_COPY_BULK_DOCUMENTS", 5)
+    index, search = engine
+    docs = [
+        doc(f"d{i}", 1 + i % 4, title=f"{WORDS[i % 8]} {WORDS[(i * 3) % 8]}", body=WORDS[i % 5])
+        for i in range(101)
+    ]
+    index.apply("g3", docs, [])
+    with index.reference_copy("g3") as reference_id:
+        assert sorted(index.stored_pairs(reference_id)) == sorted(index.stored_pairs("g3"))
+        name = index.index_name(reference_id)
+        settings = index._client.indices.get_settings(index=name)[name]["settings"]
+        assert settings["index"]["number_of_shards"] == "1"
+        # Global statistics over three shards (DFS) rank as the one-shard copy does.
+        copied, spread = _ranked(search, reference_id), _ranked(search, "g3")
+        assert [[d for d, _ in found] for found in copied] == [
+            [d for d, _ in found] for found in spread
+        ]
+        assert all(
+            s == pytest.approx(t, rel=1e-6)
+            for found, other in zip(copied, spread, strict=True)
+            for (_, s), (_, t) in zip(found, other, strict=True)
+        )
