@@ -30,6 +30,7 @@ import bisect
 import math
 import threading
 from array import array
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -161,13 +162,11 @@ class FlatLexical:
                     tokens = row.tokens.get(name, ())
                     field.lengths.append(fieldnorm_id(len(tokens)))
                     field.tokens += len(tokens)
-                    counts: dict[str, int] = {}
-                    for token in tokens:
-                        counts[token] = counts.get(token, 0) + 1
-                    for term, count in counts.items():
-                        posting = field.postings.get(term)
+                    postings = field.postings
+                    for term, count in Counter(tokens).items():
+                        posting = postings.get(term)
                         if posting is None:
-                            posting = field.postings[term] = (array("i"), array("i"))
+                            posting = postings[term] = (array("i"), array("i"))
                         posting[0].append(position)
                         posting[1].append(count)
         return True

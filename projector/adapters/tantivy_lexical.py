@@ -255,15 +255,16 @@ class TantivyLexicalIndex:
                 index.register_tokenizer(text_analyzer, analyzer)
             except _DRIVER_ERRORS as exc:
                 raise _unavailable("cannot create index", generation_id, exc) from exc
-            fields = TEXT_FIELDS if has_combined_field(text_analyzer) else SOURCE_TEXT_FIELDS
             self._generations[generation_id] = _Generation(
                 index,
                 text_analyzer,
                 analyzer,
                 hit_keys=_schema_has_hit_keys(path / _META_FILE),
+                # The combined field only, what the default profile (`weighted@3`) and
+                # `rrf@2` score; a query boosting another field asks tantivy.
                 flat=(
-                    FlatLexical(fields, max_rows=self._flat_max_rows)
-                    if self._flat_max_rows > 0
+                    FlatLexical((TEXT,), max_rows=self._flat_max_rows)
+                    if self._flat_max_rows > 0 and has_combined_field(text_analyzer)
                     else None
                 ),
             )
@@ -577,15 +578,18 @@ def _to_document(source: IndexDocument, combined: bool, hit_keys: bool) -> tanti
 def _flat_row(
     source: IndexDocument, analyzer: tantivy.TextAnalyzer, fields: Sequence[str]
 ) -> LexicalRow:
-    """`source` as `FlatLexical` keeps it: the tokens of each text field exactly as the
-    index analyzes the values `_to_document` writes (a multi-valued field's tokens in a
-    row: tantivy counts a field's length over all its values)."""
-    values = {
-        TITLE: [source.title] if source.title else [],
-        BODY: [source.body] if source.body else [],
-        TAGS: list(source.tags),
-        TEXT: [text] if (text := combined_text(source.title, source.body, source.tags)) else [],
-    }
+    """`source` as `FlatLexical` keeps it: the tokens of each text field it holds exactly
+    as the index analyzes the values `_to_document` writes (a multi-valued field's tokens
+    in a row: tantivy counts a field's length over all its values). The combined field's
+    tokens are its parts' in order: it joins them with a newline, a separator, and every
+    filter of the analyzer works token by token."""
+    tokens: dict[str, list[str]] = {}
+    if any(name in fields for name in (TITLE, BODY, TAGS, TEXT)):
+        title = analyzer.analyze(_analyzed(source.title)) if source.title else []
+        body = analyzer.analyze(_analyzed(source.body)) if source.body else []
+        tags = [token for tag in source.tags for token in analyzer.analyze(_analyzed(tag))]
+        parts = {TITLE: title, BODY: body, TAGS: tags, TEXT: [*title, *body, *tags]}
+        tokens = {name: parts[name] for name in fields}
     return LexicalRow(
         candidate=Candidate(
             document_id=source.document_id,
@@ -597,10 +601,7 @@ def _flat_row(
         galaxy=source.galaxy,
         ring=source.ring,
         hidden="lexical" in source.facets.get(HIDDEN_FACET, ()),
-        tokens={
-            name: [token for value in values[name] for token in analyzer.analyze(_analyzed(value))]
-            for name in fields
-        },
+        tokens=tokens,
     )
 
 
