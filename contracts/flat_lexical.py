@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 import numpy as np
 import numpy.typing as npt
 
+from contracts.flat_vectors import flat_answerable
 from contracts.index import Candidate, SearchFilter
 
 __all__ = ["FlatLexical", "LexicalRow", "fieldnorm_id"]
@@ -177,7 +178,7 @@ class FlatLexical:
         """The best `limit` documents matching a term under `filter`, best first, ties by
         `document_id` (across the `limit` boundary too); None if `filter` has a clause
         the copy has no column for, or a boosted field it does not hold."""
-        if not _answerable(filter) or any(name not in self._fields for name in boosts):
+        if not flat_answerable(filter) or any(name not in self._fields for name in boosts):
             return None
         if limit <= 0 or filter.matches_nothing():
             return []
@@ -212,7 +213,7 @@ class FlatLexical:
         match the rest of `filter` and a term; None as for `search`."""
         if filter.document_ids is None:
             return None
-        if not _answerable(filter) or any(name not in self._fields for name in boosts):
+        if not flat_answerable(filter) or any(name not in self._fields for name in boosts):
             return None
         if filter.matches_nothing():
             return {}
@@ -341,16 +342,6 @@ class FlatLexical:
         if value is None:
             return _ABSENT
         return self._codes.setdefault(value, len(self._codes))
-
-
-def _answerable(filter: SearchFilter) -> bool:
-    """Whether every clause of `filter` is a column of `FlatLexical`."""
-    return (
-        filter.visibility is None
-        and not filter.facets
-        and filter.ring_trees is None
-        and not filter.phrases
-    )
 
 
 def _micros(instant: datetime) -> int:

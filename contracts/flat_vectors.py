@@ -34,7 +34,7 @@ from contracts.index import Candidate, SearchFilter
 from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, RING, STATUS, hidden_term
 from contracts.vector_payload import candidate_of, utc_instant
 
-__all__ = ["FlatVectors", "flat_capacity"]
+__all__ = ["FlatVectors", "flat_answerable", "flat_capacity"]
 
 # Documents hidden from the vector lane are never a hit: such a point is not a row.
 _HIDDEN = hidden_term("vector")
@@ -129,7 +129,7 @@ class FlatVectors:
         """The best `limit` rows under `filter`, best first, ties by `document_id`
         (across the `limit` boundary too), scores clamped to [-1, 1]; None if `filter`
         has a clause this copy has no column for."""
-        if not _answerable(filter):
+        if not flat_answerable(filter):
             return None
         if limit <= 0 or filter.matches_nothing():
             return []
@@ -167,7 +167,7 @@ class FlatVectors:
     def scores(self, vector: Sequence[float], filter: SearchFilter) -> dict[str, float] | None:
         """`VectorSearch.scores` of the documents `filter.document_ids` lists that match
         the rest of `filter` (clamped cosines); None as for `search`."""
-        if not _answerable(filter) or filter.document_ids is None:
+        if not flat_answerable(filter) or filter.document_ids is None:
             return None
         if filter.matches_nothing():
             return {}
@@ -268,8 +268,9 @@ class FlatVectors:
         return self._codes.setdefault(str(value), len(self._codes))
 
 
-def _answerable(filter: SearchFilter) -> bool:
-    """Whether every clause of `filter` is a column of `FlatVectors`."""
+def flat_answerable(filter: SearchFilter) -> bool:
+    """Whether every clause of `filter` is a column the flat copies keep (galaxy, status,
+    rings, the `updated_*` bounds, ids): `FlatVectors` and `FlatLexical` alike."""
     return (
         filter.visibility is None
         and not filter.facets
