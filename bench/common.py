@@ -268,6 +268,18 @@ def serve(
             shutil.rmtree(root, ignore_errors=True)
 
 
+def stop_processes(processes: Sequence[subprocess.Popen[Any]], timeout_s: float = 60.0) -> None:
+    """Terminate every process still running, wait for each, kill what does not stop."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def ingest_env(batch_size: int) -> dict[str, str]:
     """`orrery serve` environment for a corpus POSTed `batch_size` records at a time."""
     return {

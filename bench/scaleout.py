@@ -56,6 +56,7 @@ from bench.common import (
     harness_servers_env,
     ingest_env,
     latency_summary,
+    stop_processes,
 )
 from bench.topk import QuerySpec, Vocabulary, bench_scopes, corpus_batches, make_queries, topk_body
 
@@ -197,14 +198,7 @@ def deployed(
             deployment = Deployment(root, env, ingest, served, started[1 : 1 + relays + projectors])
             yield deployment
         finally:
-            for process in started:
-                if process.poll() is None:
-                    process.terminate()
-            for process in started:
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+            stop_processes(started)
             drop_harness_resources(env)
             _drop_qdrant(env)
 

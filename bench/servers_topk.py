@@ -69,6 +69,7 @@ from bench.common import (
     ingest_env,
     latency_summary,
     machine_facts,
+    stop_processes,
     utc_now,
     write_json,
 )
@@ -137,14 +138,7 @@ def build(size: int, state: Path, *, batch_size: int, seed: int) -> dict[str, An
         facts["vectors_indexed"] = _wait_vectors_indexed(deployment)
         print(f"vectors: {facts['vectors_indexed']}", file=sys.stderr)
     finally:
-        for process in started:
-            if process.poll() is None:
-                process.terminate()
-        for process in started:
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(started)
     state.write_text(json.dumps(facts, indent=2))
     return facts
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -41,7 +42,8 @@ _HIDDEN = hidden_term("vector")
 # A code no interned string has: a missing field (no ring) matches no filter on it.
 _ABSENT = -1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# Per thread, the scores of the last full scan: `(copy, query, version, scores)`. A
+# Per thread, the scores of the last full scan: `(copy, query, version, scores)`, the copy
+# by weak reference (a pool thread must not keep a dropped generation's copy alive). A
 # weighted query's re-score looks up the scores of the lexical source's candidates for
 # the very query vector its vector search just scanned with, on the same thread: those
 # scores are in this array already (one per thread, whatever the number of copies).
@@ -143,7 +145,7 @@ class FlatVectors:
                 return []
             matrix = self._matrix[: self._high]
             scanned = np.einsum("ij,j->i", matrix, query)
-            _LAST_SCAN.scan = (self, query, self._version, scanned)
+            _LAST_SCAN.scan = (weakref.ref(self), query, self._version, scanned)
             scores = np.clip(scanned[rows], -1.0, 1.0)
             if rows.size > limit:
                 # Every row tied with the `limit`-th best, so ties are broken by id.
