@@ -85,8 +85,8 @@ class PostgresRecordStore:
             doc_ids = sorted({record.doc_id for record in records})
             cur.execute(
                 "SELECT document_id, revision, namespace, snapshot_kind FROM heads "
-                "WHERE document_id = ANY(%s)",
-                (doc_ids,),
+                "WHERE document_id = ANY(ARRAY(SELECT json_array_elements_text(%s::json)))",
+                (to_json(doc_ids).decode(),),
             )
             heads: dict[str, tuple[int, str, str]] = {
                 str(doc): (int(rev), str(ns), str(kind)) for doc, rev, ns, kind in cur.fetchall()
