@@ -311,18 +311,17 @@ class QdrantServerVectorIndex:
             if self._rest is not None:
                 body = [
                     operation
-                    for mine, gone, key in parts
-                    for operation in (*_upsert_json(mine, key), *_delete_json(gone, key))
+                    for upserted, deleted, key in parts
+                    for operation in (*_upsert_json(upserted, key), *_delete_json(deleted, key))
                 ]
                 if body:
                     with _translated(f"apply to {generation_id}", generation_id):
                         self._rest.batch_update(name, body)
                 return
-            operations: list[models.UpdateOperation] = [
-                operation
-                for mine, gone, key in parts
-                for operation in (*_upsert_operations(mine, key), *_delete_operations(gone, key))
-            ]
+            operations: list[models.UpdateOperation] = []
+            for upserted, deleted, key in parts:
+                operations += _upsert_operations(upserted, key)
+                operations += _delete_operations(deleted, key)
             if not operations:
                 return
             with _translated(f"apply to {generation_id}", generation_id):
