@@ -6,7 +6,7 @@ import contextlib
 import functools
 import importlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from contracts.admin import GenerationRow
 from contracts.embedding import Embedder
 from contracts.generations import GenerationDescriptor, IndexConfig, Topology
+from contracts.index import IndexDocument, to_index_document
 from contracts.index_fields import TextLanguages
 from contracts.names import live_alias_name
 from contracts.qualification import QualificationReceipt, QualifyRequest
@@ -179,6 +180,17 @@ class EmbeddedProjector:
     text_languages: TextLanguages
     # The vector index every write goes through: ring statistics are kept with it.
     writes: RingStatsVectorIndex
+    # The registry and canonical store (SQLite).
+    db_path: Path
+
+    def compact_lexical(self, generation_id: str) -> bool:
+        """Rewrite the generation's tantivy index as one segment (`TantivyLexicalIndex.
+        compact`), its text read back from the canonical store; whether it did."""
+        snapshot = SqliteCanonicalSnapshot(self.db_path)
+        try:
+            return self.lexical.compact(generation_id, lexical_documents(snapshot))
+        finally:
+            snapshot.close()
 
     def close(self) -> None:
         self.writes.close()
@@ -249,8 +261,31 @@ def embedded_projector(
         poison=PoisonGuard(),
     )
     return EmbeddedProjector(
-        state, log, lexical, vectors, embedder, step, lock, data_dir, deferred, languages, writes
+        state,
+        log,
+        lexical,
+        vectors,
+        embedder,
+        step,
+        lock,
+        data_dir,
+        deferred,
+        languages,
+        writes,
+        db_path,
     )
+
+
+def lexical_documents(
+    snapshot: CanonicalSnapshot,
+) -> Callable[[Sequence[tuple[str, int]]], list[IndexDocument]]:
+    """The lexical index documents of exactly the given `(document_id, revision)` pairs,
+    from the canonical store (no vectors: the lexical index has no use for them)."""
+
+    def documents(pairs: Sequence[tuple[str, int]]) -> list[IndexDocument]:
+        return [to_index_document(record, None) for record in snapshot.records(pairs)]
+
+    return documents
 
 
 @dataclass(frozen=True, slots=True)
