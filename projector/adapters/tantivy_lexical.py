@@ -16,6 +16,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -163,6 +164,10 @@ class _Generation:
     hit_keys: bool = True
     # Ids written while a compaction copies the index (`compact`), to replay in the copy.
     journal: set[str] | None = None
+    # Operations applied since the last compaction (None: unknown, opened from disk), and
+    # when the last write was (`time.monotonic`): what `compaction_due` weighs.
+    written_since: int | None = None
+    written_at: float = 0.0
 
 
 class TantivyLexicalIndex:
@@ -262,6 +267,9 @@ class TantivyLexicalIndex:
                         # (a replay copies whatever the index then holds for the id).
                         generation.journal.update(operations)
                     self._apply_locked(generation, generation_id, operations)
+                    generation.written_at = time.monotonic()
+                    if generation.written_since is not None:
+                        generation.written_since += len(operations)
                 return
 
     def evidence(self, generation_id: str) -> IndexEvidence:
@@ -306,6 +314,30 @@ class TantivyLexicalIndex:
             return int(index.searcher().num_segments)
         except _DRIVER_ERRORS as exc:
             raise _unavailable("cannot read index", generation_id, exc) from exc
+
+    def generation_ids(self) -> list[str]:
+        """The generations open in this process (opened on first use)."""
+        with self._registry_lock:
+            return list(self._generations)
+
+    def compaction_due(self, generation_id: str, *, quiet_s: float, growth: float) -> bool:
+        """Whether `compact` would pay now: the index has more than one segment (or
+        deleted documents), nothing was written for `quiet_s`, and the operations
+        applied since the last compaction in this process reach `growth` times its
+        document count (an index opened from disk counts as all written)."""
+        generation = self._require(generation_id)
+        if generation.journal is not None:
+            return False
+        if time.monotonic() - generation.written_at < quiet_s:
+            return False
+        try:
+            if _compact_already(self._path(generation_id) / _META_FILE):
+                return False
+            documents = int(generation.index.searcher().num_docs)
+        except (*_DRIVER_ERRORS, KeyError) as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
+        written = generation.written_since
+        return written is None or written >= max(1.0, growth * documents)
 
     def compact(
         self,
@@ -414,7 +446,12 @@ class TantivyLexicalIndex:
         index = tantivy.Index.open(str(path))
         index.register_tokenizer(generation.text_analyzer, generation.analyzer)
         self._generations[generation_id] = _Generation(
-            index, generation.text_analyzer, generation.analyzer, hit_keys=generation.hit_keys
+            index,
+            generation.text_analyzer,
+            generation.analyzer,
+            hit_keys=generation.hit_keys,
+            written_since=0,
+            written_at=generation.written_at,
         )
 
     def drop(self, generation_id: str) -> None:

@@ -295,3 +295,18 @@ def test_a_stop_after_the_renames_finds_the_new_index_whole(tmp_path: Path) -> N
     assert (reopened.evidence(GENERATION), _answers(reopened)) == new
     assert reopened.segment_count(GENERATION) == 1
     assert sorted(p.name for p in root.iterdir()) == [GENERATION]
+
+
+def test_compaction_is_due_when_quiet_and_grown(tmp_path: Path) -> None:
+    store = Store()
+    index = _built(tmp_path / "live", store)  # Created here: counts as all written.
+    assert not index.compaction_due(GENERATION, quiet_s=3_600.0, growth=0.25)
+    assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)
+    assert index.compact(GENERATION, store.documents)
+    assert not index.compaction_due(GENERATION, quiet_s=0.0, growth=0.0)  # One segment.
+    store.write(index, [_document("x1", 1, ["lamp"])])
+    assert _segments_of(index) == 2
+    assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.0)
+    assert not index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 1 of 31.
+    store.write(index, [_document(f"x{n}", 1, ["lamp"]) for n in range(2, 12)])
+    assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 11 of 41.
