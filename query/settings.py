@@ -220,15 +220,20 @@ class QuerySettings(BaseSettings):
         "its square; once it is quiet for an optimize interval the rest is built. "
         "0 = every 1,000 points",
     )
-    lexical_compact_growth: float | None = Field(
+    lexical_compaction: bool = Field(
+        default=True,
+        description="Embedded: rewrite a generation's tantivy index as one segment (fewer "
+        "segments, faster BM25, same answers) once it was quiet for an optimize interval "
+        "and grew by `lexical_compact_growth` since its last compaction; paced to half "
+        "the wall time",
+    )
+    lexical_compact_growth: float = Field(
         default=0.25,
         ge=0.0,
         le=10.0,
-        description="Embedded: a generation's tantivy index is rewritten as one segment "
-        "(fewer segments, faster BM25) once it was quiet for an optimize interval and the "
-        "documents written since its last compaction reach this fraction of it (an index "
-        "opened from disk counts as all written); paced to half the wall time. "
-        "None = never",
+        description="The documents written since a generation's last compaction, as a "
+        "fraction of it, that make it due again (an index opened from disk counts as "
+        "all written)",
     )
     cache_responses: bool = True
     response_ttl_seconds: float = Field(default=300.0, gt=0.0)
