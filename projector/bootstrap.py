@@ -181,6 +181,10 @@ def _embedded_topology(generation_id: str) -> Topology:
     )
 
 
+class _Stopped(Exception):
+    """The background compactor was stopped between two chunks of a compaction."""
+
+
 @dataclass(slots=True)
 class EmbeddedProjector:
     """The embedded projector's parts; `step` applies one batch of the log to every
@@ -241,11 +245,20 @@ class EmbeddedProjector:
                     return
                 if states.get(generation_id) not in _COMPACTABLE or generation_id in deferred:
                     continue
+                duty = DutyCycle(share)
+
+                def pace(duty: DutyCycle = duty) -> None:
+                    if self._stop.is_set():
+                        raise _Stopped  # `close` does not wait for a whole compaction.
+                    duty()
+
                 try:
                     if self.lexical.compaction_due(
                         generation_id, quiet_s=interval_s, growth=growth
                     ):
-                        self.compact_lexical(generation_id, pace=DutyCycle(share))
+                        self.compact_lexical(generation_id, pace=pace)
+                except _Stopped:
+                    return
                 except OrreryError as error:
                     if not self._stop.is_set():
                         _log.warning("compacting %s failed: %s", generation_id, error.message)

@@ -310,3 +310,26 @@ def test_compaction_is_due_when_quiet_and_grown(tmp_path: Path) -> None:
     assert not index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 1 of 31.
     store.write(index, [_document(f"x{n}", 1, ["lamp"]) for n in range(2, 12)])
     assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 11 of 41.
+
+
+def test_a_compaction_stopped_between_chunks_leaves_the_index_as_it_was(tmp_path: Path) -> None:
+    store = Store()
+    index = TantivyLexicalIndex(tmp_path / "live")
+    index.create(GENERATION)
+    for start in range(0, 1_200, 400):
+        store.write(index, [_document(f"n{n:04d}", 1, ["red"]) for n in range(start, start + 400)])
+    before = (index.evidence(GENERATION), _segments_of(index), _answers(index))
+
+    class Stop(Exception):
+        pass
+
+    def pace() -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        index.compact(GENERATION, store.documents, pace=pace)
+    assert (index.evidence(GENERATION), _segments_of(index), _answers(index)) == before
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == [GENERATION]
+    store.write(index, [_document("after", 1, ["lamp"])])
+    assert index.compact(GENERATION, store.documents)
+    assert _segments_of(index) == 1
