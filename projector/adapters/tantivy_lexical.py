@@ -98,6 +98,9 @@ _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
 # Fast fields of schema version 5; an index created before has none (and takes none).
 _HIT_KEYS = (DOCUMENT_KEY_HIGH, DOCUMENT_KEY_LOW, STATUS_KEY)
 _PAIRS_CHUNK = 1_000  # stored documents read between two `pace` calls
+# Rounds of replaying a compaction's journal outside the registry lock before the swap
+# replays what is left under it (writes keep coming: the swap must not wait forever).
+_REPLAY_ROUNDS = 3
 
 
 def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
@@ -359,7 +362,10 @@ class TantivyLexicalIndex:
         Guarantees:
         - The copy holds exactly the `(document_id, revision)` pairs the index holds at the
           swap: writes applied meanwhile are journaled (ids) and replayed into the copy
-          under the write lock, just before the swap; searches never wait.
+          under the write lock before its one big commit, which runs without a lock;
+          writes made during that commit are replayed after it (one small segment more),
+          the last ones under the registry lock with the swap (searches wait only for
+          that small replay, the renames and opening the new index).
         - Answers are the old index's, except that deleted documents no longer count in
           BM25's statistics (document count, document frequencies, average length): they
           are those of an index built afresh from the same documents. Exception: a
@@ -402,20 +408,29 @@ class TantivyLexicalIndex:
                     # Written since the copy began: copied by the replay (not twice).
                     skip = frozenset(generation.journal or ())
                 _add_documents(writer, generation, chunk, skip)
-            with self._registry_lock, generation.write_lock:
-                if generation.retired or self._generations.get(generation_id) is not generation:
-                    return False  # Dropped or closed meanwhile.
-                journaled = sorted(generation.journal or ())
-                if journaled:
-                    for document_id in journaled:
-                        writer.delete_documents_by_term(DOCUMENT_ID, document_id)
-                    held = _held_pairs(generation.index, journaled)
-                    _add_documents(writer, generation, _fetched(documents, held), frozenset())
-                writer.commit()
-                writer.wait_merging_threads()  # Consumes the writer (and its lock).
-                writer = None
-                swapping = True
-                self._swap(generation_id, generation, path, copy)
+            # The copy's one big commit runs without a lock (searches and writes go on);
+            # what was written until it starts is in it.
+            with generation.write_lock:
+                _replay(writer, generation, documents)
+            writer.commit()
+            rounds = 0
+            while True:
+                with self._registry_lock, generation.write_lock:
+                    if generation.retired or self._generations.get(generation_id) is not generation:
+                        return False  # Dropped or closed meanwhile.
+                    if not generation.journal or rounds >= _REPLAY_ROUNDS:
+                        # Searches wait for this (the registry lock): a small replay at most.
+                        if _replay(writer, generation, documents):
+                            writer.commit()
+                        writer.wait_merging_threads()  # Consumes the writer (and its lock).
+                        writer = None
+                        swapping = True
+                        self._swap(generation_id, generation, path, copy)
+                        break
+                rounds += 1
+                with generation.write_lock:  # Writes made during the commit: searches go on.
+                    if _replay(writer, generation, documents):
+                        writer.commit()
             _remove_tree(path.with_name(_RETIRED_PREFIX + generation_id))
             return True
         except _DRIVER_ERRORS as exc:
@@ -627,6 +642,22 @@ def _recover_compaction(path: Path) -> None:
         retired.rename(path)
     _remove_tree(retired)
     _remove_tree(copy)
+
+
+def _replay(
+    writer: tantivy.IndexWriter, generation: _Generation, documents: DocumentSource
+) -> bool:
+    """Bring the journaled ids of the copy to what the live index holds now (deleting
+    and adding again), and empty the journal; whether there were any. Write lock held."""
+    journaled = sorted(generation.journal or ())
+    if not journaled:
+        return False
+    generation.journal = set()
+    for document_id in journaled:
+        writer.delete_documents_by_term(DOCUMENT_ID, document_id)
+    held = _held_pairs(generation.index, journaled)
+    _add_documents(writer, generation, _fetched(documents, held), frozenset())
+    return True
 
 
 def _fetched(documents: DocumentSource, pairs: Sequence[tuple[str, int]]) -> list[IndexDocument]:
