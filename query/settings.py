@@ -224,16 +224,15 @@ class QuerySettings(BaseSettings):
         default=True,
         description="Embedded: rewrite a generation's tantivy index as one segment (fewer "
         "segments, faster BM25, same answers) once it was quiet for an optimize interval "
-        "and grew by `lexical_compact_growth` since its last compaction; paced to half "
-        "the wall time",
+        "and is due (`lexical_compact_growth`); paced to half the wall time",
     )
     lexical_compact_growth: float = Field(
         default=0.25,
         ge=0.0,
         le=10.0,
-        description="The documents written since a generation's last compaction, as a "
-        "fraction of it, that make it due again (an index opened from disk counts as "
-        "all written)",
+        description="Due once the documents outside a generation's largest tantivy "
+        "segment (in its other segments, or deleted) reach this fraction of that segment's: "
+        "a trickle of writes is not worth rewriting everything for, an ingest's tail is",
     )
     cache_responses: bool = True
     response_ttl_seconds: float = Field(default=300.0, gt=0.0)

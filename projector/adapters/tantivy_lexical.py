@@ -167,9 +167,7 @@ class _Generation:
     hit_keys: bool = True
     # Ids written while a compaction copies the index (`compact`), to replay in the copy.
     journal: set[str] | None = None
-    # Operations applied since the last compaction (None: unknown, opened from disk), and
-    # when the last write was (`time.monotonic`): what `compaction_due` weighs.
-    written_since: int | None = None
+    # When the last write was (`time.monotonic`): a compaction waits for quiet.
     written_at: float = 0.0
 
 
@@ -271,8 +269,6 @@ class TantivyLexicalIndex:
                         generation.journal.update(operations)
                     self._apply_locked(generation, generation_id, operations)
                     generation.written_at = time.monotonic()
-                    if generation.written_since is not None:
-                        generation.written_since += len(operations)
                 return
 
     def evidence(self, generation_id: str) -> IndexEvidence:
@@ -324,23 +320,25 @@ class TantivyLexicalIndex:
             return list(self._generations)
 
     def compaction_due(self, generation_id: str, *, quiet_s: float, growth: float) -> bool:
-        """Whether `compact` would pay now: the index has more than one segment (or
-        deleted documents), nothing was written for `quiet_s`, and the operations
-        applied since the last compaction in this process reach `growth` times its
-        document count (an index opened from disk counts as all written)."""
+        """Whether `compact` would pay now: nothing was written for `quiet_s`, and the
+        documents outside the index's largest segment (in the others, or deleted) reach
+        `growth` times that segment's (at least one). A trickle of writes after a
+        compaction leaves small segments that are not worth rewriting everything for; the
+        tail of an ingest that outgrew the last compaction is."""
         generation = self._require(generation_id)
         if generation.journal is not None:
             return False
         if time.monotonic() - generation.written_at < quiet_s:
             return False
         try:
-            if _compact_already(self._path(generation_id) / _META_FILE):
-                return False
-            documents = int(generation.index.searcher().num_docs)
-        except (*_DRIVER_ERRORS, KeyError) as exc:
+            sizes = _segment_sizes(self._path(generation_id) / _META_FILE)
+        except (OSError, ValueError, KeyError) as exc:
             raise _unavailable("cannot read index", generation_id, exc) from exc
-        written = generation.written_since
-        return written is None or written >= max(1.0, growth * documents)
+        if not sizes:
+            return False
+        largest = max(sizes, key=lambda size: size[0])
+        outside = sum(size[0] for size in sizes) - largest[0] + sum(d for _, d in sizes)
+        return outside >= max(1.0, growth * (largest[0] - largest[1]))
 
     def compact(
         self,
@@ -465,7 +463,6 @@ class TantivyLexicalIndex:
             generation.text_analyzer,
             generation.analyzer,
             hit_keys=generation.hit_keys,
-            written_since=0,
             written_at=generation.written_at,
         )
 
@@ -623,6 +620,15 @@ def _remove_tree(path: Path) -> None:
     still finish a write (a merge's files, `meta.json`) just after the writer closed."""
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)
+
+
+def _segment_sizes(meta_file: Path) -> list[tuple[int, int]]:
+    """`(max_doc, deleted documents)` of each segment the index's last commit names."""
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    return [
+        (int(segment["max_doc"]), int((segment.get("deletes") or {}).get("num_deleted_docs", 0)))
+        for segment in meta["segments"]
+    ]
 
 
 def _compact_already(meta_file: Path) -> bool:

@@ -297,19 +297,24 @@ def test_a_stop_after_the_renames_finds_the_new_index_whole(tmp_path: Path) -> N
     assert sorted(p.name for p in root.iterdir()) == [GENERATION]
 
 
-def test_compaction_is_due_when_quiet_and_grown(tmp_path: Path) -> None:
+def test_compaction_is_due_when_quiet_and_the_tail_is_large(tmp_path: Path) -> None:
     store = Store()
-    index = _built(tmp_path / "live", store)  # Created here: counts as all written.
-    assert not index.compaction_due(GENERATION, quiet_s=3_600.0, growth=0.25)
-    assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)
+    index = _built(tmp_path / "live", store)  # 6 segments of 5.
+    assert not index.compaction_due(GENERATION, quiet_s=3_600.0, growth=0.25)  # Not quiet.
+    assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 25 outside 5.
     assert index.compact(GENERATION, store.documents)
     assert not index.compaction_due(GENERATION, quiet_s=0.0, growth=0.0)  # One segment.
     store.write(index, [_document("x1", 1, ["lamp"])])
     assert _segments_of(index) == 2
     assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.0)
-    assert not index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 1 of 31.
-    store.write(index, [_document(f"x{n}", 1, ["lamp"]) for n in range(2, 12)])
-    assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 11 of 41.
+    assert not index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 1 beside 30.
+    store.write(index, [_document(f"x{n}", 1, ["lamp"]) for n in range(2, 10)])
+    assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)  # 9 beside 30.
+    # An update deletes the old revision in the big segment: deletes count as the tail.
+    assert index.compact(GENERATION, store.documents)
+    store.write(index, [_document(f"b0-{n}", 2, ["blue"]) for n in range(5)])
+    assert not index.compaction_due(GENERATION, quiet_s=0.0, growth=0.5)  # 5 + 5 beside 33.
+    assert index.compaction_due(GENERATION, quiet_s=0.0, growth=0.25)
 
 
 def test_a_compaction_stopped_between_chunks_leaves_the_index_as_it_was(tmp_path: Path) -> None:
