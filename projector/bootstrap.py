@@ -95,6 +95,8 @@ _log = logging.getLogger(__name__)
 # The share of the wall time a background compaction of a tantivy index takes at most
 # (it shares the interpreter with the queries: `contracts.pacing`).
 COMPACT_SHARE = 0.5
+# Documents written during a background compaction's copy past which it gives way.
+_GIVE_WAY = 1_000
 _COMPACTABLE = frozenset({GenerationState.SEALED, GenerationState.VERIFIED, GenerationState.LIVE})
 
 LEXICAL_ENGINE = "tantivy"
@@ -207,12 +209,16 @@ class EmbeddedProjector:
     _compactor: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def compact_lexical(self, generation_id: str, *, pace: Pace = no_pace) -> bool:
+    def compact_lexical(
+        self, generation_id: str, *, pace: Pace = no_pace, max_journal: int | None = None
+    ) -> bool:
         """Rewrite the generation's tantivy index as one segment (`TantivyLexicalIndex.
         compact`), its text read back from the canonical store; whether it did."""
         snapshot = SqliteCanonicalSnapshot(self.db_path)
         try:
-            return self.lexical.compact(generation_id, lexical_documents(snapshot), pace=pace)
+            return self.lexical.compact(
+                generation_id, lexical_documents(snapshot), pace=pace, max_journal=max_journal
+            )
         finally:
             snapshot.close()
 
@@ -256,7 +262,8 @@ class EmbeddedProjector:
                     if self.lexical.compaction_due(
                         generation_id, quiet_s=interval_s, growth=growth
                     ):
-                        self.compact_lexical(generation_id, pace=pace)
+                        # Writes flowing again: give way (due again once quiet).
+                        self.compact_lexical(generation_id, pace=pace, max_journal=_GIVE_WAY)
                 except _Stopped:
                     return
                 except OrreryError as error:

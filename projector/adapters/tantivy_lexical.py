@@ -347,6 +347,7 @@ class TantivyLexicalIndex:
         *,
         heap_bytes: int = DEFAULT_COMPACT_HEAP_BYTES,
         pace: Pace = no_pace,
+        max_journal: int | None = None,
     ) -> bool:
         """Rewrite the generation's index as one segment without deleted documents;
         whether it did (`False`: already one segment without deletes, or a compaction of
@@ -375,6 +376,9 @@ class TantivyLexicalIndex:
           the old directory aside, then the new one in. A process that stops between the
           two renames finds the old index again on the next open (the copy is removed);
           after them, the new one (the old is removed).
+        - With `max_journal`, a copy during which more documents than that were written
+          is abandoned (False, nothing swapped): writes are flowing again, and the
+          compaction would take CPU from them for a copy that is stale at once.
         - `documents` must return exactly the requested revisions (`INTERNAL` otherwise,
           nothing swapped); it is called without the write lock while copying and with
           it for the replay.
@@ -405,6 +409,8 @@ class TantivyLexicalIndex:
                 with generation.write_lock:
                     # Written since the copy began: copied by the replay (not twice).
                     skip = frozenset(generation.journal or ())
+                if max_journal is not None and len(skip) > max_journal:
+                    return False
                 _add_documents(writer, generation, chunk, skip)
             # The copy's one big commit runs without a lock (searches and writes go on);
             # what was written until it starts is in it.

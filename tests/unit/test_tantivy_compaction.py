@@ -382,3 +382,24 @@ def test_writes_throughout_a_compaction_are_all_kept(tmp_path: Path) -> None:
     fresh = _fresh(tmp_path / "fresh", index)
     fresh.apply(GENERATION, store.documents(sorted(expected.items())), [])
     assert index.evidence(GENERATION) == fresh.evidence(GENERATION)
+
+
+def test_a_compaction_gives_way_to_writes_past_max_journal(tmp_path: Path) -> None:
+    store = Store()
+    index = _built(tmp_path / "live", store)
+
+    def documents(pairs: Sequence[tuple[str, int]]) -> list[IndexDocument]:
+        writer = threading.Thread(
+            target=store.write,
+            args=(index, [_document("w1", 1, ["lamp"]), _document("w2", 1, ["lamp"])]),
+        )
+        writer.start()
+        writer.join()
+        return store.documents(pairs)
+
+    assert not index.compact(GENERATION, documents, max_journal=1)
+    assert {("w1", 1), ("w2", 1)} <= set(index.stored_pairs(GENERATION))
+    assert _segments_of(index) > 1
+    assert sorted(p.name for p in (tmp_path / "live").iterdir()) == [GENERATION]
+    assert index.compact(GENERATION, store.documents, max_journal=1)  # Quiet: done.
+    assert _segments_of(index) == 1
