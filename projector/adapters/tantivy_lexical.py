@@ -415,9 +415,11 @@ class TantivyLexicalIndex:
           live index) until the next compaction (the copy then has deletes, so the next
           call does not return early).
         - Crash safe: the new index is committed whole before the swap; the swap renames
-          the old directory aside, then the new one in. A process that stops between the
-          two renames finds the old index again on the next open (the copy is removed);
-          after them, the new one (the old is removed).
+          the old directory aside, then the new one in, and syncs their parent directory.
+          A process that stops between the two renames finds the old index again on the
+          next open (the copy is removed); after them, the new one (the old is removed).
+        - The in-memory copy (`flat_for`) is kept when the compacted index has no deleted
+          document (`_swap`), dropped for good otherwise.
         - With `max_journal`, a copy during which more documents than that were written
           is abandoned (False, nothing swapped): writes are flowing again, and the
           compaction would take CPU from them for a copy that is stale at once.
