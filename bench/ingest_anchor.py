@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,12 @@ def qdrant_bodies(batches: Iterator[bytes], batch_size: int) -> Iterator[bytes]:
 
 
 def qdrant_pid() -> int | None:
-    """The harness Qdrant's process id (`/tmp/orrery-servers/servers.json`), if alive."""
+    """The Qdrant server's process id: `ORRERY_QDRANT_PID` (a server started for the run,
+    e.g. a niced one for a 1M build), else the harness's (`/tmp/orrery-servers/
+    servers.json`), if alive."""
+    given = os.environ.get("ORRERY_QDRANT_PID")
+    if given:
+        return int(given) if Path(f"/proc/{int(given)}").exists() else None
     base = Path(os.environ.get("ORRERY_SERVERS_DIR", "/tmp/orrery-servers"))
     try:
         record = json.loads((base / "servers.json").read_text())["servers"]["qdrant"]
@@ -120,7 +125,7 @@ def _load() -> list[float]:
 
 
 def run_qdrant(
-    url: str, bodies: SpooledCorpus, size: int, green_timeout_s: float = GREEN_TIMEOUT_S
+    url: str, bodies: Iterable[bytes], size: int, green_timeout_s: float = GREEN_TIMEOUT_S
 ) -> dict[str, Any]:
     """A fresh collection, its keyword indexes, the points (`wait=true`), then green."""
     name = f"orrery-ingest-anchor-{uuid.uuid4().hex[:8]}"
@@ -244,15 +249,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     console.print(f"generating {args.size:,} records (two spooled copies: Orrery, Qdrant)")
     orrery_corpus = SpooledCorpus(corpus_batches(args.size, args.batch_size, args.seed, vocab))
     qdrant_corpus = SpooledCorpus(qdrant_bodies(iter(orrery_corpus), args.qdrant_batch))
+    if "orrery" not in args.sides:
+        orrery_corpus.close()  # the Qdrant bodies are spooled: the records are not needed
     rounds: list[dict[str, Any]] = []
     try:
         for round_ in range(args.rounds):
             order = ("qdrant", "orrery") if round_ % 2 == 0 else ("orrery", "qdrant")
-            figures: dict[str, Any] = {"order": list(order)}
-            for side in order:
+            figures: dict[str, Any] = {"order": [s for s in order if s in args.sides]}
+            for side in figures["order"]:
                 console.rule(f"round {round_ + 1}: {side}")
                 if side == "qdrant":
-                    figures[side] = run_qdrant(url, qdrant_corpus, args.size)
+                    figures[side] = run_qdrant(url, qdrant_corpus, args.size, args.green_timeout)
                 else:
                     figures[side] = run_orrery(orrery_corpus, args.size, args.batch_size, args.seed)
             figures["ratios"] = ratios(figures)
@@ -283,6 +290,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def ratios(figures: Mapping[str, Any]) -> dict[str, float | None]:
+    if "orrery" not in figures or "qdrant" not in figures:
+        return {}  # one side only (`--sides`): its figures stand beside another run's
     orrery, qdrant = figures["orrery"], figures["qdrant"]
     return {
         "searchable_vs_qdrant_acknowledged": round(
@@ -308,16 +317,19 @@ def print_table(report: Mapping[str, Any]) -> None:
     for column in ("round", "side", "searchable rec/s", "HNSW rec/s", "fresh p95 ms", "load"):
         table.add_column(column)
     for i, figures in enumerate(report["rounds"], 1):
-        orrery, qdrant = figures["orrery"], figures["qdrant"]
-        p95 = orrery["freshness_lag_ms"]["p95"]
-        table.add_row(
-            str(i),
-            "orrery embedded",
-            f"{orrery['searchable_records_per_s']:,.0f}",
-            f"{orrery['hnsw_built_records_per_s']:,.0f}",
-            "-" if p95 is None else f"{p95:,.0f}",
-            f"{orrery['load_before'][0]:.1f}",
-        )
+        orrery, qdrant = figures.get("orrery"), figures.get("qdrant")
+        if orrery is not None:
+            p95 = orrery["freshness_lag_ms"]["p95"]
+            table.add_row(
+                str(i),
+                "orrery embedded",
+                f"{orrery['searchable_records_per_s']:,.0f}",
+                f"{orrery['hnsw_built_records_per_s']:,.0f}",
+                "-" if p95 is None else f"{p95:,.0f}",
+                f"{orrery['load_before'][0]:.1f}",
+            )
+        if qdrant is None:
+            continue
         table.add_row(
             str(i),
             "qdrant server",
@@ -339,6 +351,8 @@ def plot(report: Mapping[str, Any], path: Path) -> None:
     import numpy as np
 
     rounds: Sequence[Mapping[str, Any]] = report["rounds"]
+    if any("orrery" not in r or "qdrant" not in r for r in rounds):
+        return  # one side only: nothing to draw side by side
     labels = ["searchable / acknowledged", "HNSW built / green"]
     orrery = [
         np.mean([r["orrery"]["searchable_records_per_s"] for r in rounds]),
@@ -373,9 +387,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=20_260_101)
     parser.add_argument("--timeout", type=int, default=7_200, help="global timeout in s")
     parser.add_argument(
+        "--sides",
+        default="qdrant,orrery",
+        help="comma-separated: qdrant, orrery (one alone, e.g. Qdrant's time to green for "
+        "the points of a `bench/topk.py --data-root` build; ORRERY_QDRANT_URL and "
+        "ORRERY_QDRANT_PID name a server started for it)",
+    )
+    parser.add_argument(
+        "--green-timeout", type=float, default=GREEN_TIMEOUT_S, help="max s to wait for green"
+    )
+    parser.add_argument(
         "--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "ingest_anchor.json"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.sides = [s.strip() for s in str(args.sides).split(",") if s.strip()]
+    if not args.sides or not set(args.sides) <= {"qdrant", "orrery"}:
+        parser.error("--sides takes qdrant and/or orrery")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

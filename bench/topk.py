@@ -47,6 +47,7 @@ import os
 import random
 import re
 import resource
+import shutil
 import sys
 import tempfile
 import threading
@@ -371,6 +372,21 @@ def server_vs_engines(
     }
 
 
+# How long a flat-out ingest keeps sending a POST the server refused with `503
+# ingest_backlog` (its projector too far behind; nothing written) before giving up.
+BACKLOG_MAX_WAIT_S = 3_600.0
+
+
+def _backlog(ex: Exchange) -> bool:
+    """Whether the POST was refused for the projector's backlog (and wrote nothing)."""
+    if ex.response.status_code != 503:
+        return False
+    try:
+        return bool(ex.response.json().get("error", {}).get("code") == "ingest_backlog")
+    except ValueError:
+        return False
+
+
 def _checked(ex: Exchange, what: str) -> dict[str, Any]:
     if ex.response.status_code != 200:
         raise RuntimeError(f"{what}: HTTP {ex.response.status_code}: {ex.response.text[:500]}")
@@ -594,7 +610,8 @@ def ingest(
     path = "/v1/records" if wait is None else f"/v1/records?wait={wait}"
     started = time.perf_counter()
     wall_start = time.time()
-    sent = posts = body_bytes = unsearchable = 0
+    sent = posts = body_bytes = unsearchable = backlog_retries = 0
+    backlog_wait_s = 0.0
     acks: list[tuple[float, int]] = []
     with _progress() as progress, PositionWatch(server) as watch:
         task = progress.add_task("ingest (POST)", total=size, note="")
@@ -602,6 +619,15 @@ def ingest(
             posts += 1
             body_bytes += len(body)
             ex = exchange(client, "POST", path, content=body)
+            while _backlog(ex) and time.perf_counter() - started < BACKLOG_MAX_WAIT_S:
+                # A well-behaved producer: nothing was written; send it again after
+                # the server's Retry-After (counted and reported, so a refused POST is
+                # not a silent pause in the rate).
+                backlog_retries += 1
+                pause = float(ex.response.headers.get("retry-after", "1"))
+                backlog_wait_s += pause
+                time.sleep(pause)
+                ex = exchange(client, "POST", path, content=body)
             written = _checked(ex, "POST /v1/records")
             acks.append((time.perf_counter(), int(written["high_water"])))
             unsearchable += written.get("searchable") is False
@@ -633,6 +659,8 @@ def ingest(
         "ready_seconds": round(ready_s, 3),
         "records_per_s": round(size / ready_s, 1),
         "post_records_per_s": round(size / posted_s, 1),
+        "backlog_retries": backlog_retries,
+        "backlog_wait_seconds": round(backlog_wait_s, 1),
         "freshness": freshness(acks, watch),
         "wait": wait,
         "answered_before_searchable": unsearchable if wait else None,
@@ -1051,6 +1079,11 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     built = _load_build(build_path, size, args.seed)
     batches: SpooledCorpus | None = None
     generate_s = 0.0
+    if built is None and root is not None and root.exists():
+        # An unfinished build (no build.json): its records would be sent again as
+        # conflicts and its figures mean nothing, so it starts over.
+        console.print(f"removing the unfinished build under {root}")
+        shutil.rmtree(root)
     if built is None:
         started = time.perf_counter()
         batches = SpooledCorpus(

@@ -36,6 +36,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import compress
+from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +46,9 @@ from contracts.flat_vectors import flat_answerable
 from contracts.index import Candidate, SearchFilter
 
 __all__ = ["FlatLexical", "LexicalRow", "fieldnorm_id"]
+
+_BY_ID = attrgetter("document_id")
+_BY_SCORE = attrgetter("score")
 
 _K1 = np.float32(1.2)
 _B = np.float32(0.75)
@@ -205,7 +210,10 @@ class FlatLexical:
                     [candidates[row] for row in rows.tolist()], values.tolist(), strict=True
                 )
             ]
-        picked.sort(key=lambda c: (-c.score, c.document_id))
+        # Best first, ties by id: two stable sorts on C-level keys (a tuple key per
+        # candidate cost twice as much).
+        picked.sort(key=_BY_ID)
+        picked.sort(key=_BY_SCORE, reverse=True)
         return picked[:limit]
 
     def scores(
@@ -220,22 +228,19 @@ class FlatLexical:
         if filter.matches_nothing():
             return {}
         with self._lock:
-            listed = [(d, self._rows.get(d)) for d in dict.fromkeys(filter.document_ids)]
-            found = [(d, row) for d, row in listed if row is not None]
-            if not found:
+            held = self._rows
+            ids = [d for d in filter.document_ids if d in held]
+            if not ids:
                 return {}
             mask = self._mask(filter, with_ids=False)
             if mask is None:
                 return {}
             scores = self._scores(terms, boosts)
-            rows = np.fromiter((row for _, row in found), dtype=np.intp, count=len(found))
+            rows = np.fromiter(map(held.__getitem__, ids), dtype=np.intp, count=len(ids))
             values = scores[rows]
-            keep = (mask[rows] & (values > 0.0)).tolist()
-            return {
-                d: score
-                for (d, _), kept, score in zip(found, keep, values.tolist(), strict=True)
-                if kept
-            }
+            keep = mask[rows] & (values > 0.0)
+            # A document listed twice is one key with its one score.
+            return dict(zip(compress(ids, keep.tolist()), values[keep].tolist(), strict=True))
 
     # -- scoring ------------------------------------------------------------------------
 

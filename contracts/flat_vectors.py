@@ -26,6 +26,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -175,17 +176,18 @@ class FlatVectors:
             return {}
         query = _unit(vector)
         with self._lock:
-            listed = [(d, self._rows.get(d)) for d in dict.fromkeys(filter.document_ids)]
-            found = [(d, row) for d, row in listed if row is not None]
-            if not found:
+            held = self._rows
+            ids = [d for d in filter.document_ids if d in held]
+            if not ids:
                 return {}
-            rows = np.fromiter((row for _, row in found), dtype=np.intp, count=len(found))
+            rows = np.fromiter(map(held.__getitem__, ids), dtype=np.intp, count=len(ids))
             mask = self._mask(filter, with_ids=False)
             if mask is None:
                 return {}
             keep = mask[rows]
-            rows = rows[keep]
-            ids = [d for (d, _), kept in zip(found, keep.tolist(), strict=True) if kept]
+            if not keep.all():
+                rows = rows[keep]
+                ids = list(compress(ids, keep.tolist()))
             scan = getattr(_LAST_SCAN, "scan", None)
             if (
                 scan is not None
@@ -195,10 +197,11 @@ class FlatVectors:
             ):
                 # This thread's last scan scored these rows for this query already (the
                 # same float32 per-row sums: a row scores alike in any set of rows).
-                values = scan[3][rows].tolist()
+                values = scan[3][rows]
             else:
-                values = np.einsum("ij,j->i", self._matrix[rows], query).tolist()
-        return {d: min(1.0, max(-1.0, v)) for d, v in zip(ids, values, strict=True)}
+                values = np.einsum("ij,j->i", self._matrix[rows], query)
+        # A document listed twice is one key with its one score.
+        return dict(zip(ids, np.clip(values, -1.0, 1.0).tolist(), strict=True))
 
     # -- rows ---------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from contracts.errors import DependencyUnavailable
@@ -43,7 +44,7 @@ with warnings.catch_warnings():
     from kafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
     from kafka.net.compat import KafkaNetClient
 
-__all__ = ["KafkaEventPublisher", "KafkaPublisherSettings"]
+__all__ = ["KafkaEventPublisher", "KafkaPublisherSettings", "murmur2_many"]
 
 
 log = logging.getLogger("orrery.relay")
@@ -185,15 +186,21 @@ class KafkaEventPublisher:
         s = self._settings
         try:
             producer = self._connected_producer()
-            self._ensure_topics({row.namespace for row in rows})
+            topics = {ns: topic_for(s.topic_prefix, ns) for ns in {row.namespace for row in rows}}
+            self._ensure_topics(set(topics))
+            keys = [row.document_id.encode() for row in rows]
+            # The partition kafka-python's default partitioner picks for each key, hashed
+            # for the whole batch at once (its murmur2 is pure Python, per key).
+            partitions = _partitions(producer, [topics[row.namespace] for row in rows], keys)
             futures = [
                 producer.send(
-                    topic_for(s.topic_prefix, row.namespace),
-                    key=row.document_id.encode(),
+                    topics[row.namespace],
+                    key=key,
                     value=row.event_json.encode(),
                     headers=_headers(row),
+                    partition=partition,
                 )
-                for row in rows
+                for row, key, partition in zip(rows, keys, partitions, strict=True)
             ]
             # Futures fail by themselves after the delivery timeout (= ack_timeout_ms),
             # so this flush normally returns with every future done.
@@ -226,6 +233,8 @@ class KafkaEventPublisher:
                 max_block_ms=s.ack_timeout_ms,
                 bootstrap_timeout_ms=s.bootstrap_timeout_ms,
                 allow_auto_create_topics=False,
+                # Nothing reads the producer's own metrics; each send recorded several.
+                metrics_enabled=False,
             )
         return self._producer
 
@@ -271,6 +280,67 @@ class KafkaEventPublisher:
                 admin.close()
         except Exception:
             log.warning("closing the Kafka admin client failed", exc_info=True)
+
+
+def _partitions(producer: Any, topics: Sequence[str], keys: Sequence[bytes]) -> list[int]:
+    """Each key's partition of its topic as kafka-python's `DefaultPartitioner` picks it
+    (`murmur2(key) & 0x7fffffff` modulo the topic's partition count, into its sorted
+    partition ids), so a document's events go where they always went."""
+    hashes = murmur2_many(keys)
+    ids: dict[str, list[int]] = {}
+    out: list[int] = []
+    for topic, hashed in zip(topics, hashes.tolist(), strict=True):
+        known = ids.get(topic)
+        if known is None:
+            known = ids[topic] = sorted(producer.partitions_for(topic))
+        out.append(known[(hashed & 0x7FFFFFFF) % len(known)])
+    return out
+
+
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+
+
+def murmur2_many(keys: Sequence[bytes]) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """Kafka's murmur2 (the Java client's `Utils.murmur2`, seed 0x9747b28c) of each key,
+    in numpy for all keys of one length at a time; equal to
+    `kafka.partitioner.default.murmur2` for every input."""
+    out = np.zeros(len(keys), dtype=np.uint64)
+    by_length: dict[int, list[int]] = {}
+    for index, key in enumerate(keys):
+        by_length.setdefault(len(key), []).append(index)
+    m = np.uint64(_M)
+    mask = np.uint64(_MASK)
+    for length, indexes in by_length.items():
+        data = np.frombuffer(b"".join(keys[i] for i in indexes), dtype=np.uint8)
+        data = data.reshape(len(indexes), length).astype(np.uint64)
+        h = np.full(len(indexes), (0x9747B28C ^ length) & _MASK, dtype=np.uint64)
+        # 32-bit products in 64-bit lanes: exact, then masked back to 32 bits.
+        for i in range(length // 4):
+            k = (
+                data[:, 4 * i]
+                | (data[:, 4 * i + 1] << np.uint64(8))
+                | (data[:, 4 * i + 2] << np.uint64(16))
+                | (data[:, 4 * i + 3] << np.uint64(24))
+            )
+            k = (k * m) & mask
+            k ^= k >> np.uint64(24)
+            k = (k * m) & mask
+            h = ((h * m) & mask) ^ k
+        tail = length & ~3
+        extra = length % 4
+        if extra >= 3:
+            h ^= data[:, tail + 2] << np.uint64(16)
+        if extra >= 2:
+            h ^= data[:, tail + 1] << np.uint64(8)
+        if extra >= 1:
+            h ^= data[:, tail]
+            h = (h * m) & mask
+        h ^= h >> np.uint64(13)
+        h = (h * m) & mask
+        h ^= h >> np.uint64(15)
+        out[indexes] = h
+    return out
 
 
 def _headers(row: OutboxRow) -> list[tuple[str, bytes]]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
+from pydantic_core import to_json
 
 from contracts.errors import ErrorCode, OrreryError
 from contracts.events import record_changed_json
@@ -30,6 +31,23 @@ __all__ = ["WRITER_LOCK_KEY", "PostgresRecordStore"]
 
 # Key of the writers' transaction-level advisory lock ("orrery-w" in ASCII).
 WRITER_LOCK_KEY = 0x6F72726572792D77
+
+_COPY_RECORDS = (
+    "COPY records (document_id, revision, namespace, snapshot_kind, item_id, galaxy, "
+    "deleted, payload_sha256, record_json, accepted_at) FROM STDIN"
+)
+_UPSERT_HEADS = (
+    "INSERT INTO heads (document_id, revision, namespace, snapshot_kind, deleted) "
+    "SELECT document_id, revision, namespace, snapshot_kind, deleted FROM "
+    "json_to_recordset(%s::json) AS h(document_id text, revision bigint, namespace text, "
+    "snapshot_kind text, deleted boolean) "
+    "ON CONFLICT (document_id) DO UPDATE SET revision = excluded.revision, "
+    "deleted = excluded.deleted"
+)
+_COPY_OUTBOX = (
+    "COPY outbox (position, document_id, revision, namespace, snapshot_kind, event_json, "
+    "created_at, trace_context) FROM STDIN"
+)
 
 
 class PostgresRecordStore:
@@ -67,8 +85,8 @@ class PostgresRecordStore:
             doc_ids = sorted({record.doc_id for record in records})
             cur.execute(
                 "SELECT document_id, revision, namespace, snapshot_kind FROM heads "
-                "WHERE document_id = ANY(%s)",
-                (doc_ids,),
+                "WHERE document_id = ANY(ARRAY(SELECT json_array_elements_text(%s::json)))",
+                (to_json(doc_ids).decode(),),
             )
             heads: dict[str, tuple[int, str, str]] = {
                 str(doc): (int(rev), str(ns), str(kind)) for doc, rev, ns, kind in cur.fetchall()
@@ -109,32 +127,33 @@ class PostgresRecordStore:
                 return outcomes
             # Serialized once: the records row and the outbox event carry the same JSON.
             bodies = [_stored(index, r, stored_json) for index, r in accepted]
-            cur.executemany(
-                "INSERT INTO records VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                [
-                    (
-                        r.doc_id,
-                        r.revision,
-                        r.namespace,
-                        r.snapshot_kind,
-                        r.item_id,
-                        r.galaxy,
-                        r.deleted,
-                        payload_sha256(r.payload),
-                        body,
-                        now,
+            # COPY, not a multi-row INSERT: rows go out in psycopg's C row writer, without a
+            # Python round of parameter adaptation per row (the same rows, the same
+            # constraints, in the same transaction).
+            with cur.copy(_COPY_RECORDS) as copy:
+                for (_, r), body in zip(accepted, bodies, strict=True):
+                    copy.write_row(
+                        (
+                            r.doc_id,
+                            r.revision,
+                            r.namespace,
+                            r.snapshot_kind,
+                            r.item_id,
+                            r.galaxy,
+                            r.deleted,
+                            payload_sha256(r.payload),
+                            body,
+                            now,
+                        )
                     )
-                    for (_, r), body in zip(accepted, bodies, strict=True)
-                ],
-            )
             newest: dict[str, Record] = {r.doc_id: r for _, r in accepted}
-            cur.executemany(
-                "INSERT INTO heads VALUES (%s,%s,%s,%s,%s) ON CONFLICT (document_id) DO UPDATE "
-                "SET revision = excluded.revision, deleted = excluded.deleted",
-                [
-                    (doc, r.revision, r.namespace, r.snapshot_kind, r.deleted)
-                    for doc, r in sorted(newest.items())
-                ],
+            # One statement whose rows come as one JSON parameter (serialized by
+            # pydantic-core; psycopg adapts arrays element by element in Python), each
+            # document once (ON CONFLICT may touch a row once per statement), in
+            # document order as before.
+            cur.execute(
+                _UPSERT_HEADS,
+                (to_json([_head_row(r) for _, r in sorted(newest.items())]).decode(),),
             )
             cur.execute(
                 "UPDATE outbox_counter SET position = position + %s RETURNING position",
@@ -144,24 +163,20 @@ class PostgresRecordStore:
             assert row is not None, "migration 0001 inserts the counter row"
             first = int(row[0]) - len(accepted) + 1
             trace_context = current_traceparent()
-            cur.executemany(
-                "INSERT INTO outbox (position, document_id, revision, namespace, "
-                "snapshot_kind, event_json, created_at, trace_context) "
-                "VALUES (%s,%s,%s,%s,%s,%s,%s,%s)",
-                [
-                    (
-                        first + offset,
-                        r.doc_id,
-                        r.revision,
-                        r.namespace,
-                        r.snapshot_kind,
-                        record_changed_json(body),
-                        now,
-                        trace_context,
+            with cur.copy(_COPY_OUTBOX) as copy:
+                for offset, ((_, r), body) in enumerate(zip(accepted, bodies, strict=True)):
+                    copy.write_row(
+                        (
+                            first + offset,
+                            r.doc_id,
+                            r.revision,
+                            r.namespace,
+                            r.snapshot_kind,
+                            record_changed_json(body),
+                            now,
+                            trace_context,
+                        )
                     )
-                    for offset, ((_, r), body) in enumerate(zip(accepted, bodies, strict=True))
-                ],
-            )
             for offset, (index, r) in enumerate(accepted):
                 outcomes.append(
                     Outcome(
@@ -216,6 +231,16 @@ class PostgresRecordStore:
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _head_row(record: Record) -> dict[str, Any]:
+    return {
+        "document_id": record.doc_id,
+        "revision": record.revision,
+        "namespace": record.namespace,
+        "snapshot_kind": record.snapshot_kind,
+        "deleted": record.deleted,
+    }
 
 
 def _stored(index: int, record: Record, stored_json: Sequence[str | None] | None) -> str:

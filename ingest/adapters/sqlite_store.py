@@ -28,7 +28,7 @@ from pathlib import Path
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import OUTBOX_EVENT_IS_RECORD, LogEntry, RecordChanged
-from contracts.records import Record, payload_sha256
+from contracts.records import RECORD_BODY, Record, payload_sha256, record_json_without_vector
 from contracts.request_context import current_traceparent
 from ingest.model import Decision, Outcome, decide_revision
 from ingest.ports import Head
@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS records (
     galaxy         TEXT    NOT NULL,
     deleted        INTEGER NOT NULL,
     payload_sha256 TEXT    NOT NULL,
+    record_body    TEXT,
     record_json    TEXT    NOT NULL,
     accepted_at    TEXT    NOT NULL,
     PRIMARY KEY (document_id, revision)
@@ -73,6 +74,15 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (position) WHERE published_at IS NULL;
 CREATE INDEX IF NOT EXISTS outbox_by_namespace ON outbox (namespace, position);
 """
+
+
+def add_body_column(conn: sqlite3.Connection) -> None:
+    """Give a records table made before it its `record_body` column (the record's JSON
+    without its vector, what queries read: `contracts.records.RECORD_BODY`). Rows written
+    before keep it NULL; readers cut those themselves."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
+    if RECORD_BODY not in columns:
+        conn.execute(f"ALTER TABLE records ADD COLUMN {RECORD_BODY} TEXT")
 
 
 def add_trace_column(conn: sqlite3.Connection) -> None:
@@ -123,6 +133,7 @@ class SqliteRecordStore:
             self._conn = connect(path)
             self._conn.executescript(SCHEMA)
             add_trace_column(self._conn)
+            add_body_column(self._conn)
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
 
@@ -184,7 +195,9 @@ class SqliteRecordStore:
             # One serialization per record, stored once: the outbox row refers to it.
             record_jsons = [_stored(index, record, stored_json) for index, record in accepted]
             conn.executemany(
-                "INSERT INTO records VALUES (?,?,?,?,?,?,?,?,?,?)",
+                "INSERT INTO records (document_id, revision, namespace, snapshot_kind, "
+                f"item_id, galaxy, deleted, payload_sha256, {RECORD_BODY}, record_json, "
+                "accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     (
                         r.doc_id,
@@ -195,6 +208,7 @@ class SqliteRecordStore:
                         r.galaxy,
                         int(r.deleted),
                         payload_sha256(r.payload),
+                        record_json_without_vector(record_json),
                         record_json,
                         now,
                     )

@@ -44,6 +44,7 @@ from typing import Any, Literal
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import OpenSearchException, TransportError
+from pydantic_core import to_json
 
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
@@ -676,8 +677,11 @@ class OpenSearchLexicalIndex:
                 }
                 lines.append({"delete": meta})
         params = {"refresh": refresh} if refresh is not None else {}
+        # NDJSON serialized here in one pass of pydantic-core (the client's serializer is
+        # `json.dumps` per line: ~6 % of a projector's CPU in the scale-out ingest).
+        body = b"\n".join([to_json(line) for line in lines]) + b"\n"
         response = self._client.bulk(
-            body=lines, params={**params, "filter_path": "errors,items.*.status,items.*.error"}
+            body=body, params={**params, "filter_path": "errors,items.*.status,items.*.error"}
         )
         if response.get("errors"):
             _raise_item_errors(response.get("items", []), operations, generation_id)

@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
+from pydantic_core import to_json
 
 from contracts.index import IndexDocument
 from projector.adapters.postgres_pool import driver_errors, open_pool
@@ -102,8 +103,10 @@ class PostgresRingStatistics:
     ) -> dict[str, RingMember]:
         cur.execute(
             "SELECT document_id, revision, deleted, galaxy, ring, vector FROM ring_members "
-            "WHERE generation_id = %s AND document_id = ANY(%s)",
-            (generation_id, list(document_ids)),
+            "WHERE generation_id = %s AND "
+            "document_id = ANY(ARRAY(SELECT json_array_elements_text(%s::json)))",
+            # One JSON parameter: psycopg adapts a list parameter item by item in Python.
+            (generation_id, to_json(list(document_ids)).decode()),
         )
         out: dict[str, RingMember] = {}
         for document_id, revision, deleted, galaxy, ring, blob in cur.fetchall():

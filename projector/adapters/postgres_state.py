@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg_pool import ConnectionPool
+from pydantic_core import to_json
 
 from contracts.admin import GenerationRow
 from contracts.digests import id_set_digest
@@ -56,15 +57,20 @@ _ROW_FROM = (
     "generations g LEFT JOIN live_pointers p ON p.generation_id = g.generation_id "
     "AND p.namespace = g.namespace AND p.snapshot_kind = g.snapshot_kind"
 )
-_UPSERT_DOCUMENT = (
-    "INSERT INTO generation_documents VALUES (%s,%s,%s,%s) "
+# A batch's documents travel as one JSON parameter each (serialized by pydantic-core):
+# psycopg adapts list parameters element by element in Python, and `executemany`
+# parameter by parameter; the statements and their effects are the same.
+_UPSERT_DOCUMENTS = (
+    "INSERT INTO generation_documents (generation_id, document_id, revision, deleted) "
+    "SELECT %s, d.document_id, d.revision, d.deleted FROM json_to_recordset(%s::json) "
+    "AS d(document_id text, revision bigint, deleted boolean) "
     "ON CONFLICT (generation_id, document_id) DO UPDATE SET "
     "revision = excluded.revision, deleted = excluded.deleted "
     "WHERE excluded.revision > generation_documents.revision"
 )
 _LIVE_AMONG = (
     "SELECT COUNT(*) FROM generation_documents WHERE generation_id = %s "
-    "AND document_id = ANY(%s) AND NOT deleted"
+    "AND document_id = ANY(ARRAY(SELECT json_array_elements_text(%s::json))) AND NOT deleted"
 )
 
 Cursor = psycopg.Cursor[Any]
@@ -810,11 +816,15 @@ def _record_documents(cur: Cursor, generation_id: str, docs: Mapping[str, tuple[
     here, so no other transaction changes these documents between the two counts.
     """
     ids = sorted(docs)
+    id_json = to_json(ids).decode()
+    rows = to_json(
+        [{"document_id": d, "revision": docs[d][0], "deleted": docs[d][1]} for d in ids]
+    ).decode()
     cur.execute("SELECT 1 FROM generations WHERE generation_id = %s FOR UPDATE", (generation_id,))
-    cur.execute(_LIVE_AMONG, (generation_id, ids))
+    cur.execute(_LIVE_AMONG, (generation_id, id_json))
     before = cur.fetchone()
-    cur.executemany(_UPSERT_DOCUMENT, [(generation_id, d, docs[d][0], docs[d][1]) for d in ids])
-    cur.execute(_LIVE_AMONG, (generation_id, ids))
+    cur.execute(_UPSERT_DOCUMENTS, (generation_id, rows))
+    cur.execute(_LIVE_AMONG, (generation_id, id_json))
     after = cur.fetchone()
     assert before is not None and after is not None
     return int(after[0]) - int(before[0])

@@ -45,6 +45,7 @@ record; the alias is a mirror for outside readers.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import threading
@@ -53,9 +54,12 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
+from urllib.parse import quote
 
 import grpc  # type: ignore[import-untyped]
 import httpx
+import urllib3
+from pydantic_core import to_json
 from qdrant_client import QdrantClient, models
 from qdrant_client.common.client_exceptions import QdrantException
 from qdrant_client.http.exceptions import ApiException, UnexpectedResponse
@@ -111,9 +115,20 @@ def _index_params(
     return models.DatetimeIndexParams(type=models.DatetimeIndexType.DATETIME, enable_hnsw=graph)
 
 
+class _RestError(Exception):
+    """A write of the REST path (`_RestWrites`) the server refused (`status_code`, its
+    body in the message) or could not be reached for (`status_code` None)."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
 # What qdrant-client raises: HTTP errors and responses (`ApiException`), transport errors
-# (httpx, grpc), and in local mode plain `ValueError` / `RuntimeError` / `KeyError`.
+# (httpx, grpc), and in local mode plain `ValueError` / `RuntimeError` / `KeyError`; and
+# `_RestError` from the REST write path.
 _DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    _RestError,
     ApiException,
     QdrantException,
     httpx.HTTPError,
@@ -165,6 +180,9 @@ class QdrantServerVectorIndex:
         check_collection_prefix(collection_prefix)
         self._client = _open_client(client, url=url, path=path)
         self._local = _is_local(self._client)
+        # Writes and their revision reads go over kept-alive urllib3 with the body built
+        # here when the client is a plain REST one (`_RestWrites.of`); else the client.
+        self._rest = None if self._local else _RestWrites.of(self._client)
         self._prefix = collection_prefix
         self._lock = threading.Lock()
         self._dimensions: dict[str, int] = {}
@@ -276,21 +294,34 @@ class QdrantServerVectorIndex:
                 deleted_in_call = delete_at.get(pid, document.revision - 1) >= document.revision
                 if not stale and not deleted_in_call:
                     writes[pid] = document
-            operations: list[models.UpdateOperation] = []
+            # (upserts, deletes, shard key) per target: the collection, or every copy.
+            parts: list[tuple[Mapping[uuid.UUID, IndexDocument], Mapping[uuid.UUID, int], Any]]
             if (shards, copies) == (1, 1):
-                operations += [*_upsert_operations(writes), *_delete_operations(delete_at)]
+                parts = [(writes, delete_at, None)]
             else:
                 # Every copy of a document's shard gets the same guarded operations: a
                 # re-applied batch (after a crash) converges on every copy alike.
                 routes = {pid: shard_of(d.document_id, shards) for pid, d in newest.items()}
                 routes.update({point_id(d): shard_of(d, shards) for d, _ in deletes})
+                parts = []
                 for shard in range(shards):
                     mine = {p: d for p, d in writes.items() if routes[p] == shard}
                     gone = {p: r for p, r in delete_at.items() if routes[p] == shard}
-                    for copy in range(copies):
-                        key = copy_key(shard, copy)
-                        operations += _upsert_operations(mine, key)
-                        operations += _delete_operations(gone, key)
+                    parts += [(mine, gone, copy_key(shard, copy)) for copy in range(copies)]
+            if self._rest is not None:
+                body = [
+                    operation
+                    for upserted, deleted, key in parts
+                    for operation in (*_upsert_json(upserted, key), *_delete_json(deleted, key))
+                ]
+                if body:
+                    with _translated(f"apply to {generation_id}", generation_id):
+                        self._rest.batch_update(name, body)
+                return
+            operations: list[models.UpdateOperation] = []
+            for upserted, deleted, key in parts:
+                operations += _upsert_operations(upserted, key)
+                operations += _delete_operations(deleted, key)
             if not operations:
                 return
             with _translated(f"apply to {generation_id}", generation_id):
@@ -396,6 +427,8 @@ class QdrantServerVectorIndex:
             if self._closed:
                 return
             self._closed = True
+        if self._rest is not None:
+            self._rest.close()
         try:
             self._client.close()
         except _DRIVER_ERRORS as error:
@@ -509,6 +542,13 @@ class QdrantServerVectorIndex:
         """The newest revision any copy holds of each point (`keys`: every copy)."""
         if not pids:
             return {}
+        if self._rest is not None:
+            points = self._rest.revisions(name, [str(pid) for pid in pids], keys)
+            found: dict[uuid.UUID, int] = {}
+            for point_key, revision in points:
+                pid = uuid.UUID(point_key)
+                found[pid] = max(revision, found.get(pid, revision))
+            return found
         records = self._client.retrieve(
             name,
             [str(pid) for pid in pids],
@@ -694,9 +734,170 @@ def _delete_operations(
     ]
 
 
+def _revision_at_most_json(revision: int) -> dict[str, Any]:
+    return {"key": REVISION, "range": {"lte": revision}}
+
+
+def _upsert_json(
+    writes: Mapping[uuid.UUID, IndexDocument], key: str | None = None
+) -> list[dict[str, Any]]:
+    """`_upsert_operations` as the JSON qdrant-client sends for them (the REST path)."""
+    by_revision: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for pid, document in writes.items():
+        assert document.vector is not None  # checked by check_vector
+        by_revision[document.revision].append(
+            {
+                "id": str(pid),
+                "vector": {VECTOR_NAME: document.vector},
+                "payload": payload_of(document),
+            }
+        )
+    operations: list[dict[str, Any]] = []
+    for revision, points in sorted(by_revision.items()):
+        upsert: dict[str, Any] = {
+            "points": points,
+            "update_filter": {"must": [_revision_at_most_json(revision)]},
+        }
+        if key is not None:
+            upsert["shard_key"] = key
+        operations.append({"upsert": upsert})
+    return operations
+
+
+def _delete_json(
+    delete_at: Mapping[uuid.UUID, int], key: str | None = None
+) -> list[dict[str, Any]]:
+    """`_delete_operations` as the JSON qdrant-client sends for them (the REST path)."""
+    by_revision: dict[int, list[str]] = defaultdict(list)
+    for pid, revision in delete_at.items():
+        by_revision[revision].append(str(pid))
+    operations: list[dict[str, Any]] = []
+    for revision, pids in sorted(by_revision.items()):
+        delete: dict[str, Any] = {
+            "filter": {"must": [{"has_id": pids}, _revision_at_most_json(revision)]}
+        }
+        if key is not None:
+            delete["shard_key"] = key
+        operations.append({"delete": delete})
+    return operations
+
+
+# qdrant-client's REST timeout when the client was given none (httpx's default, seconds).
+_DEFAULT_TIMEOUT_S = 5.0
+# Connections kept alive: one per writing thread (a projector applies a batch at a time;
+# a generation build writes beside it).
+_REST_CONNECTIONS = 8
+
+
+class _RestWrites:
+    """A server client's point writes (`POST .../points/batch?wait=true`) and revision
+    reads (`POST .../points`) over urllib3 with kept-alive connections, the body
+    serialized once by pydantic-core from plain dicts.
+
+    Why not through qdrant-client: it builds and validates a pydantic `PointStruct` per
+    point (its vector float by float), serializes those models again, and closes every
+    connection to a server on 127.0.0.1 after one request; measured in the scale-out
+    ingest (session 16), that was ~22 % of a projector's CPU. The request is the one
+    the client sends for the same operations (`tests/unit/test_qdrant_rest_writes.py`
+    compares them). Only for a client made with a `url` and nothing this path does not
+    reproduce (a token provider, gRPC, extra headers): otherwise `of` returns None and
+    the client is used. Every write is guarded by revision (see the module docstring),
+    so the one retry of a call on a dropped kept-alive connection is harmless.
+    """
+
+    def __init__(self, rest_uri: str, headers: Mapping[str, str], timeout_s: float) -> None:
+        self._pool = urllib3.connection_from_url(
+            rest_uri,
+            maxsize=_REST_CONNECTIONS,
+            timeout=urllib3.Timeout(total=timeout_s),
+            retries=urllib3.Retry(
+                total=1,
+                connect=1,
+                read=1,
+                status=0,
+                redirect=0,
+                other=0,
+                allowed_methods=None,
+                raise_on_status=False,
+            ),
+        )
+        self._prefix = (urllib3.util.parse_url(rest_uri).path or "").rstrip("/")
+        self._headers = {"content-type": "application/json", **headers}
+
+    @classmethod
+    def of(cls, client: QdrantClient) -> _RestWrites | None:
+        options = client.init_options
+        if (
+            not isinstance(options.get("url"), str)
+            or options.get("prefer_grpc")
+            or options.get("auth_token_provider") is not None
+            or options.get("metadata")
+            or options.get("headers")
+        ):
+            return None
+        rest_uri = getattr(getattr(client.http, "client", None), "host", None)
+        if not isinstance(rest_uri, str):
+            return None
+        headers = {} if options.get("api_key") is None else {"api-key": str(options["api_key"])}
+        timeout = options.get("timeout")
+        return cls(rest_uri, headers, float(timeout) if timeout else _DEFAULT_TIMEOUT_S)
+
+    def batch_update(self, collection: str, operations: list[dict[str, Any]]) -> None:
+        self._post(
+            f"/collections/{quote(collection, safe='')}/points/batch?wait=true",
+            {"operations": operations},
+        )
+
+    def revisions(
+        self, collection: str, ids: list[str], keys: list[str] | None
+    ) -> list[tuple[str, int]]:
+        """`(point id, revision)` of each point of `ids` that any copy (`keys`) holds."""
+        body: dict[str, Any] = {"ids": ids, "with_payload": [REVISION], "with_vector": False}
+        if keys is not None:
+            body["shard_key"] = keys
+        answer = self._post(f"/collections/{quote(collection, safe='')}/points", body)
+        try:
+            return [
+                (str(point["id"]), int((point.get("payload") or {})[REVISION]))
+                for point in answer["result"]
+            ]
+        except (KeyError, TypeError, ValueError) as error:
+            raise _RestError(f"unexpected answer: {error!r}") from error
+
+    def _post(self, path: str, body: Mapping[str, Any]) -> Any:
+        try:
+            response = self._pool.urlopen(
+                "POST",
+                f"{self._prefix}{path}",
+                body=to_json(body, fallback=_number),
+                headers=self._headers,
+            )
+        except urllib3.exceptions.HTTPError as error:
+            raise _RestError(f"qdrant unreachable: {error}") from error
+        text = response.data
+        if response.status != 200:
+            raise _RestError(
+                f"Unexpected Response: {response.status}: {text.decode('utf-8', 'replace')}",
+                response.status,
+            )
+        try:
+            return json.loads(text)
+        except ValueError as error:
+            raise _RestError(f"unexpected answer: {error}") from error
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _number(value: Any) -> float:
+    """A vector value of another numeric type than `float` (the client's model converted
+    it to one too); anything else is not JSON here."""
+    return float(value)
+
+
 def _is_not_found(error: BaseException) -> bool:
     """Whether a driver error says the collection (or alias target) does not exist."""
-    if isinstance(error, UnexpectedResponse):
+    if isinstance(error, UnexpectedResponse | _RestError):
         return error.status_code == 404
     if isinstance(error, grpc.RpcError):
         code = getattr(error, "code", None)

@@ -1,0 +1,123 @@
+"""Server-mode ingest CPU of two code trees, paired: `bench/scaleout.py`'s ingest
+deployment (every role its own process on the harness servers) run for tree A and tree
+B in turn, alternating which goes first per round.
+
+    .venv/bin/python bench/scaleout_ab.py --a /path/to/base --b . --size 20000 --rounds 2 \\
+        --out docs/bench/scaleout-ab-20k-session16.json
+
+Each run is one fresh PostgreSQL deployment with R relays and P projectors (default
+2/2, the `postgres:2:2` plan of `bench/servers.py --scaleout-plans`): the same corpus
+(`bench/topk.py`'s, precomputed vectors) POSTed in batches of 2,000, then polled until
+applied; the figures are `bench.scaleout.measure_ingest`'s, taken by each tree's own
+copy of it (CPU seconds per 1k records of every role, server and the load generator),
+with the load average before and after. The tree's roles run with that tree on
+`sys.path` first (`python -c` with the tree as working directory). Figures are
+reported, never asserted; the load of a shared machine hits both trees alike only on
+average, hence the alternation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from bench.common import git_facts, machine_facts, utc_now, write_json
+
+__all__ = ["main"]
+
+# Run in the tree under test: its own bench.scaleout deploys and measures.
+_CHILD = """
+import json, random, sys
+from pathlib import Path
+from bench.scaleout import deployed, measure_ingest
+from bench.topk import Vocabulary, corpus_batches
+size, relays, projectors = (int(a) for a in sys.argv[1:4])
+batches = list(corpus_batches(size, 2000, 42, Vocabulary.build(random.Random(42))))
+before = Path("/proc/loadavg").read_text().strip()
+with deployed("postgres", relays=relays, projectors=projectors, workers=1, batch_size=2000) as d:
+    figures = measure_ingest(d, batches, size)
+figures["loadavg_before"] = before
+figures["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
+print("FIGURES " + json.dumps(figures))
+"""
+
+ROLES = ("ingest-api", "relay", "project")
+
+
+def _run(tree: Path, size: int, relays: int, projectors: int) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(size), str(relays), str(projectors)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    for line in done.stdout.splitlines():
+        if line.startswith("FIGURES "):
+            figures: dict[str, Any] = json.loads(line.removeprefix("FIGURES "))
+            return figures
+    raise RuntimeError(f"run in {tree} failed:\n{done.stderr[-3000:]}")
+
+
+def orrery_cpu(figures: dict[str, Any]) -> dict[str, float]:
+    """Orrery's own roles' CPU s per 1k records: each role kind summed, and the total."""
+    per = figures["cpu_seconds_per_1k_records"]
+    out = {kind: round(sum(v for k, v in per.items() if k.startswith(kind)), 3) for kind in ROLES}
+    out["total"] = round(sum(out.values()), 3)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--a", type=Path, required=True, help="tree A (e.g. the base)")
+    parser.add_argument("--b", type=Path, required=True, help="tree B (e.g. this branch)")
+    parser.add_argument("--size", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--relays", type=int, default=2)
+    parser.add_argument("--projectors", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    trees = {"a": args.a.resolve(), "b": args.b.resolve()}
+    runs: list[dict[str, Any]] = []
+    for round_ in range(args.rounds):
+        for side in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
+            figures = _run(trees[side], args.size, args.relays, args.projectors)
+            runs.append({"tree": side, "round": round_, **figures, "orrery": orrery_cpu(figures)})
+            print(side, runs[-1]["orrery"], figures["loadavg_after"], file=sys.stderr)
+    summary = {
+        side: {
+            key: round(median(r["orrery"][key] for r in runs if r["tree"] == side), 3)
+            for key in (*ROLES, "total")
+        }
+        for side in trees
+    }
+    report = {
+        "benchmark": "scaleout_ab",
+        "date": utc_now(),
+        "git": git_facts(),
+        "machine": machine_facts(),
+        "config": {
+            "trees": {k: str(v) for k, v in trees.items()},
+            "size": args.size,
+            "rounds": args.rounds,
+            "relays": args.relays,
+            "projectors": args.projectors,
+            "command": " ".join(["bench/scaleout_ab.py", *(argv or sys.argv[1:])]),
+        },
+        "orrery_cpu_seconds_per_1k_records_median": summary,
+        "runs": runs,
+    }
+    print(json.dumps(summary, indent=1))
+    if args.out is not None:
+        write_json(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
