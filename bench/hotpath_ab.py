@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/hotpath_ab.py --a /work/main --b . [--size 20000]
         [--corpus topk|scifact] [--queries 200] [--rounds 3] [--data-dir DIR]
-        [--out FILE.json]
+        [--compact-b] [--out FILE.json]
 
 1. Builds (or reuses, `--data-dir`) an embedded data dir of `--size` records of
    `bench/topk.py`'s corpus with the B tree's code (so its indexes have B's schema),
@@ -13,7 +13,8 @@
    before the warm-up).
 2. Starts one worker process per tree (`PYTHONPATH=<tree>`), each on its own copy of
    that data dir, with the query clock fixed (freshness is the same for both) and the
-   response cache off; each warms up on 50 queries.
+   response cache off; each warms up on 50 queries. `--compact-b`: B's worker first
+   compacts each generation's tantivy index to one segment (`compact_lexical`).
 3. Sends the same `topk_records` requests (bench/topk.py's queries, every second one
    filtered) to A and B in turn, alternating who goes first, `--rounds` times over
    `--queries` queries, through each worker's FastAPI app in process (no sockets).
@@ -152,11 +153,14 @@ def build(data_dir: Path, size: int, corpus: str) -> None:
     stack.close()
 
 
-def worker(data_dir: Path, corpus: str) -> None:
+def worker(data_dir: Path, corpus: str, *, compact: bool = False) -> None:
     """Answer query indexes read from stdin, one JSON line each (see the module doc)."""
     from starlette.testclient import TestClient
 
     stack = _stack(data_dir, fixed_clock=True)
+    if compact:
+        for generation_id, _namespace, _kind, _state in stack.projector.state.generations():
+            stack.projector.compact_lexical(generation_id)
     bodies: list[dict[str, Any]]
     if corpus == "scifact":
         from bench.versus_qdrant import orrery_body
@@ -211,12 +215,15 @@ def worker(data_dir: Path, corpus: str) -> None:
 class Worker:
     """A worker process over its own copy of the data dir, with one tree's code."""
 
-    def __init__(self, tree: Path, data_dir: Path, copy: Path, corpus: str) -> None:
+    def __init__(
+        self, tree: Path, data_dir: Path, copy: Path, corpus: str, *, compact: bool = False
+    ) -> None:
         shutil.copytree(data_dir, copy)
         self.process = subprocess.Popen(
             [
                 *(sys.executable, str(Path(__file__).resolve()), "--worker", str(copy)),
                 *("--corpus", corpus),
+                *(("--compact-b",) if compact else ()),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -286,13 +293,20 @@ def _side(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def compare(
-    a: Path, b: Path, data_dir: Path, queries: int, rounds: int, corpus: str = "topk"
+    a: Path,
+    b: Path,
+    data_dir: Path,
+    queries: int,
+    rounds: int,
+    corpus: str = "topk",
+    *,
+    compact_b: bool = False,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="orrery-ab-"))
     try:
         workers = {
             "A": Worker(a, data_dir, work / "A", corpus),
-            "B": Worker(b, data_dir, work / "B", corpus),
+            "B": Worker(b, data_dir, work / "B", corpus, compact=compact_b),
         }
         load_before = Path("/proc/loadavg").read_text().strip()
         samples: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
@@ -349,6 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, help="reuse (or keep) this data dir")
+    parser.add_argument(
+        "--compact-b",
+        action="store_true",
+        help="B's worker compacts each generation's tantivy index to one segment first",
+    )
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
@@ -359,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         build(args.build, args.size, args.corpus)
         return 0
     if args.worker is not None:
-        worker(args.worker, args.corpus)
+        worker(args.worker, args.corpus, compact=args.compact_b)
         return 0
     if args.a is None or args.b is None:
         parser.error("--a and --b are required")
@@ -374,7 +393,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             env={**os.environ, "PYTHONPATH": str(args.b.resolve())},
         )
     queries = min(args.queries, 300) if args.corpus == "scifact" else args.queries
-    report = compare(args.a, args.b, data_dir, queries, args.rounds, args.corpus)
+    report = compare(
+        args.a, args.b, data_dir, queries, args.rounds, args.corpus, compact_b=args.compact_b
+    )
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:

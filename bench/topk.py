@@ -763,9 +763,47 @@ def optimizer_busy(server: ServeProcess) -> dict[str, Any] | None:
     vectors = server.data_dir / "generations" / "vectors"
     staging = sorted(p.name for p in vectors.glob(".*") if p.is_dir()) if vectors.exists() else []
     children = child_processes(server.pid)
+    lexical = server.data_dir / "generations" / "lexical"
+    if lexical.exists():  # A tantivy compaction under way (`.compact.<generation>`).
+        staging += sorted(p.name for p in lexical.glob(".compact.*") if p.is_dir())
     if not staging and not children:
         return None
     return {"staging_dirs": staging, "children": children}
+
+
+def wait_for_lexical_compaction(server: ServeProcess, timeout_s: float = 1_200.0) -> float:
+    """Wait until the embedded server's background compactor has brought every tantivy
+    generation to one segment (it starts once ingest was quiet for an optimize interval);
+    returns the seconds waited. Only for a server no one writes to meanwhile (later writes
+    add segments that are not due yet). Gives up quietly after `timeout_s` (a compaction
+    of 100k documents is ~40 s CPU, paced to half the wall time: minutes under load)."""
+    started = time.perf_counter()
+    while lexical_uncompacted(server.data_dir) and time.perf_counter() - started < timeout_s:
+        time.sleep(0.2)
+    return round(time.perf_counter() - started, 2)
+
+
+def lexical_uncompacted(data_dir: Path) -> list[str]:
+    """The tantivy generations of an embedded data dir with more than one segment (or
+    being compacted: a `.compact.<generation>` directory); none when
+    `ORRERY_LEXICAL_COMPACTION` is off in this environment (the server's)."""
+    if os.environ.get("ORRERY_LEXICAL_COMPACTION", "true").lower() in ("0", "false", "no"):
+        return []
+    lexical = data_dir / "generations" / "lexical"
+    if not lexical.exists():
+        return []
+    pending = []
+    for path in sorted(lexical.iterdir()):
+        if path.name.startswith(".compact."):
+            pending.append(path.name)
+            continue
+        try:
+            segments = json.loads((path / "meta.json").read_text(encoding="utf-8"))["segments"]
+        except (OSError, ValueError, KeyError):
+            continue  # Not an index (yet), or being swapped.
+        if len(segments) > 1:
+            pending.append(path.name)
+    return pending
 
 
 def wait_for_vector_index(

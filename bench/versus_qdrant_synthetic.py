@@ -85,6 +85,7 @@ from bench.topk import (
     corpus_batches,
     inspect_vector_shards,
     make_queries,
+    wait_for_lexical_compaction,
     wait_for_vector_index,
 )
 from bench.versus_qdrant import (
@@ -232,7 +233,8 @@ def load_orrery(
     server: Any, client: httpx.Client, bodies: Sequence[bytes], size: int
 ) -> dict[str, Any]:
     """POST the corpus unless the (kept) data dir holds it already; then wait for the
-    projector and for the HNSW build (`bench.topk.wait_for_vector_index`)."""
+    projector, for the HNSW build (`bench.topk.wait_for_vector_index`) and for tantivy's
+    compaction to one segment (`bench.topk.wait_for_lexical_compaction`)."""
 
     def documents(ready: Mapping[str, Any]) -> int:
         return sum(int(s["document_count"]) for s in ready["scopes"] if s["namespace"] == NAMESPACE)
@@ -267,6 +269,7 @@ def load_orrery(
         "ingested_now": posted,
         "ready_seconds": round(ready_s, 2),
         "vector_index_wait": {k: v for k, v in wait.items() if k != "rounds"},
+        "lexical_compaction_wait_seconds": wait_for_lexical_compaction(server),
     }
 
 

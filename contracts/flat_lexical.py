@@ -20,6 +20,8 @@ Exact only while tantivy's statistics are the live documents' own: tantivy count
 deleted or replaced document in N, n and the field lengths until a merge drops it, and
 when is not observable from here. So a copy takes additions only; the projector drops it
 for good at the first replacement or deletion, or past its size (`add` returns False),
+or when a compaction (`TantivyLexicalIndex.compact`) leaves a deleted document behind (a
+compaction without one keeps it: the same documents, the same statistics),
 and the query side then asks the engine, as it does for anything the copy cannot answer
 (filters on visibility, facets, ring trees or phrases; text without tokens; blank text).
 """

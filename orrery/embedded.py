@@ -512,6 +512,11 @@ class EmbeddedStack:
         self.projector.vectors.start_background_optimizer(
             self.settings.optimize_interval_seconds, growth=self.settings.optimize_growth
         )
+        if self.settings.lexical_compaction:
+            self.projector.start_lexical_compactor(
+                self.settings.optimize_interval_seconds,
+                growth=self.settings.lexical_compact_growth,
+            )
         self.gate.start()
 
     def close(self) -> None:

@@ -5,17 +5,27 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
 import sys
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contracts.admin import GenerationRow
 from contracts.embedding import Embedder
-from contracts.generations import GenerationDescriptor, IndexConfig, Topology
+from contracts.errors import OrreryError
+from contracts.generations import (
+    GenerationDescriptor,
+    GenerationState,
+    IndexConfig,
+    Topology,
+)
+from contracts.index import IndexDocument, to_index_document
 from contracts.index_fields import TextLanguages
 from contracts.names import live_alias_name
+from contracts.pacing import DutyCycle, Pace, no_pace
 from contracts.qualification import QualificationReceipt, QualifyRequest
 from contracts.vector_payload import GRAPH_FIELDS
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
@@ -46,6 +56,7 @@ if TYPE_CHECKING:
     from projector.ports import CanonicalSnapshot
 
 __all__ = [
+    "COMPACT_SHARE",
     "SERVER_INDEX_CONFIG",
     "EmbeddedProjector",
     "EmbedderFactory",
@@ -55,6 +66,7 @@ __all__ = [
     "default_embedder",
     "embedded_generation_admin",
     "embedded_projector",
+    "lexical_documents",
     "operator_lock",
     "postgres_migrations",
     "server_generation_admin",
@@ -77,6 +89,15 @@ SERVER_INDEX_CONFIG = IndexConfig(
     quantization="none",
     payload_index_policy=tuple(sorted(GRAPH_FIELDS)),
 )
+
+_log = logging.getLogger(__name__)
+
+# The share of the wall time a background compaction of a tantivy index takes at most
+# (it shares the interpreter with the queries: `contracts.pacing`).
+COMPACT_SHARE = 0.5
+# Documents written during a background compaction's copy past which it gives way.
+_GIVE_WAY = 1_000
+_COMPACTABLE = frozenset({GenerationState.SEALED, GenerationState.VERIFIED, GenerationState.LIVE})
 
 LEXICAL_ENGINE = "tantivy"
 VECTOR_ENGINE = "qdrant-edge"
@@ -162,6 +183,10 @@ def _embedded_topology(generation_id: str) -> Topology:
     )
 
 
+class _Stopped(Exception):
+    """The background compactor was stopped between two chunks of a compaction."""
+
+
 @dataclass(slots=True)
 class EmbeddedProjector:
     """The embedded projector's parts; `step` applies one batch of the log to every
@@ -179,8 +204,76 @@ class EmbeddedProjector:
     text_languages: TextLanguages
     # The vector index every write goes through: ring statistics are kept with it.
     writes: RingStatsVectorIndex
+    # The registry and canonical store (SQLite).
+    db_path: Path
+    _compactor: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def compact_lexical(
+        self, generation_id: str, *, pace: Pace = no_pace, max_journal: int | None = None
+    ) -> bool:
+        """Rewrite the generation's tantivy index as one segment (`TantivyLexicalIndex.
+        compact`), its text read back from the canonical store; whether it did."""
+        snapshot = SqliteCanonicalSnapshot(self.db_path)
+        try:
+            return self.lexical.compact(
+                generation_id, lexical_documents(snapshot), pace=pace, max_journal=max_journal
+            )
+        finally:
+            snapshot.close()
+
+    def start_lexical_compactor(
+        self, interval_s: float, *, growth: float, share: float = COMPACT_SHARE
+    ) -> None:
+        """Every `interval_s`, compact each open generation's tantivy index that is due
+        (`TantivyLexicalIndex.compaction_due`: several segments, quiet for `interval_s`,
+        `growth` written since), one at a time, paced to `share` of the wall time
+        (`DutyCycle`: the queries of this interpreter run in the gaps). A daemon thread;
+        `close()` stops it. Failures are logged and retried next round."""
+        if self._compactor is not None and self._compactor.is_alive():
+            return
+        self._stop.clear()
+        self._compactor = threading.Thread(
+            target=self._compact_loop,
+            args=(interval_s, growth, share),
+            name="tantivy-compactor",
+            daemon=True,
+        )
+        self._compactor.start()
+
+    def _compact_loop(self, interval_s: float, growth: float, share: float) -> None:
+        while not self._stop.wait(interval_s):
+            # Never one a build (here or in a bulk-load child) still writes whole.
+            states = {g: state for g, _namespace, _kind, state in self.state.generations()}
+            deferred = self.deferred.deferred()
+            for generation_id in self.lexical.generation_ids():
+                if self._stop.is_set():
+                    return
+                if states.get(generation_id) not in _COMPACTABLE or generation_id in deferred:
+                    continue
+                duty = DutyCycle(share)
+
+                def pace(duty: DutyCycle = duty) -> None:
+                    if self._stop.is_set():
+                        raise _Stopped  # `close` does not wait for a whole compaction.
+                    duty()
+
+                try:
+                    if self.lexical.compaction_due(
+                        generation_id, quiet_s=interval_s, growth=growth
+                    ):
+                        # Writes flowing again: give way (due again once quiet).
+                        self.compact_lexical(generation_id, pace=pace, max_journal=_GIVE_WAY)
+                except _Stopped:
+                    return
+                except OrreryError as error:
+                    if not self._stop.is_set():
+                        _log.warning("compacting %s failed: %s", generation_id, error.message)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._compactor is not None:
+            self._compactor.join()
         self.writes.close()
         self.vectors.close()
         self.lexical.close()
@@ -253,8 +346,31 @@ def embedded_projector(
         poison=PoisonGuard(),
     )
     return EmbeddedProjector(
-        state, log, lexical, vectors, embedder, step, lock, data_dir, deferred, languages, writes
+        state,
+        log,
+        lexical,
+        vectors,
+        embedder,
+        step,
+        lock,
+        data_dir,
+        deferred,
+        languages,
+        writes,
+        db_path,
     )
+
+
+def lexical_documents(
+    snapshot: CanonicalSnapshot,
+) -> Callable[[Sequence[tuple[str, int]]], list[IndexDocument]]:
+    """The lexical index documents of exactly the given `(document_id, revision)` pairs,
+    from the canonical store (no vectors: the lexical index has no use for them)."""
+
+    def documents(pairs: Sequence[tuple[str, int]]) -> list[IndexDocument]:
+        return [to_index_document(record, None) for record in snapshot.records(pairs)]
+
+    return documents
 
 
 @dataclass(frozen=True, slots=True)

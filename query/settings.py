@@ -220,6 +220,20 @@ class QuerySettings(BaseSettings):
         "its square; once it is quiet for an optimize interval the rest is built. "
         "0 = every 1,000 points",
     )
+    lexical_compaction: bool = Field(
+        default=True,
+        description="Embedded: rewrite a generation's tantivy index as one segment (fewer "
+        "segments, faster BM25, same answers) once it was quiet for an optimize interval "
+        "and is due (`lexical_compact_growth`); paced to half the wall time",
+    )
+    lexical_compact_growth: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=10.0,
+        description="Due once the documents outside a generation's largest tantivy "
+        "segment (in its other segments, or deleted) reach this fraction of that segment's: "
+        "a trickle of writes is not worth rewriting everything for, an ingest's tail is",
+    )
     cache_responses: bool = True
     response_ttl_seconds: float = Field(default=300.0, gt=0.0)
 

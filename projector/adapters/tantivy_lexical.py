@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
 import re
 import shutil
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -66,9 +68,11 @@ from projector.model import IndexOperation, check_keywords, check_single_copy, n
 from projector.ports import IndexEvidence
 
 __all__ = [
+    "DEFAULT_COMPACT_HEAP_BYTES",
     "DEFAULT_FLAT_MAX_ROWS",
     "DEFAULT_WRITER_HEAP_BYTES",
     "DEFAULT_WRITER_THREADS",
+    "DocumentSource",
     "TantivyLexicalIndex",
 ]
 
@@ -82,10 +86,21 @@ DEFAULT_WRITER_THREADS = 1
 DEFAULT_FLAT_MAX_ROWS = 10_000
 # ... and all copies of an index together (~200 MB of SciFact-sized documents).
 DEFAULT_FLAT_MAX_TOTAL_ROWS = 100_000
+# The compaction writer's budget: tantivy flushes a segment when its arena reaches it, so
+# one commit under it is one segment. The arena grows with the data, not to the budget
+# (SciFact's 5k documents, 100k synthetic ones: well under it); tantivy's ceiling is 4 GB.
+DEFAULT_COMPACT_HEAP_BYTES = 3_000_000_000
+
+# The documents of the given `(document_id, revision)` pairs, exactly those revisions.
+DocumentSource = Callable[[Sequence[tuple[str, int]]], Sequence[IndexDocument]]
 
 # A generation id becomes a directory name: no separators, no dot-dot.
 _GENERATION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _META_FILE = "meta.json"
+# Siblings of a generation's directory during a compaction (never generation ids: a
+# generation id starts alphanumeric): the new index being written, the old one swapped out.
+_COMPACT_PREFIX = ".compact."
+_RETIRED_PREFIX = ".retired."
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 # tantivy-py raises these for engine failures (I/O, lock, schema, consumed writer).
@@ -93,6 +108,9 @@ _DRIVER_ERRORS = (ValueError, OSError, RuntimeError)
 # Fast fields of schema version 5; an index created before has none (and takes none).
 _HIT_KEYS = (DOCUMENT_KEY_HIGH, DOCUMENT_KEY_LOW, STATUS_KEY)
 _PAIRS_CHUNK = 1_000  # stored documents read between two `pace` calls
+# Rounds of replaying a compaction's journal outside the registry lock before the swap
+# replays what is left under it (writes keep coming: the swap must not wait forever).
+_REPLAY_ROUNDS = 3
 
 
 def _text_analyzer(name: str) -> tantivy.TextAnalyzer:
@@ -162,6 +180,10 @@ class _Generation:
     # only added to; dropped for good at the first replacement or deletion, or past
     # its size.
     flat: FlatLexical | None = None
+    # Ids written while a compaction copies the index (`compact`), to replay in the copy.
+    journal: set[str] | None = None
+    # When the last write was (`time.monotonic`): a compaction waits for quiet.
+    written_at: float = 0.0
 
 
 class TantivyLexicalIndex:
@@ -283,7 +305,12 @@ class TantivyLexicalIndex:
                 if generation.retired:
                     continue  # Dropped (now unknown) or closed (reopened) meanwhile.
                 if operations:
+                    if generation.journal is not None:
+                        # Before the write: a write that fails half way is replayed too
+                        # (a replay copies whatever the index then holds for the id).
+                        generation.journal.update(operations)
                     self._apply_locked(generation, generation_id, operations)
+                    generation.written_at = time.monotonic()
                 return
 
     def evidence(self, generation_id: str) -> IndexEvidence:
@@ -321,6 +348,191 @@ class TantivyLexicalIndex:
         except _DRIVER_ERRORS as exc:
             raise _unavailable("cannot read index", generation_id, exc) from exc
 
+    def segment_count(self, generation_id: str) -> int:
+        """How many segments the generation's index searches now."""
+        index = self._require(generation_id).index
+        try:
+            return int(index.searcher().num_segments)
+        except _DRIVER_ERRORS as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
+
+    def generation_ids(self) -> list[str]:
+        """The generations open in this process (opened on first use)."""
+        with self._registry_lock:
+            return list(self._generations)
+
+    def compaction_due(self, generation_id: str, *, quiet_s: float, growth: float) -> bool:
+        """Whether `compact` would pay now: nothing was written for `quiet_s`, and the
+        documents outside the index's largest segment (in the others, or deleted) reach
+        `growth` times that segment's (at least one). A trickle of writes after a
+        compaction leaves small segments that are not worth rewriting everything for; the
+        tail of an ingest that outgrew the last compaction is."""
+        generation = self._require(generation_id)
+        if generation.journal is not None:
+            return False
+        if time.monotonic() - generation.written_at < quiet_s:
+            return False
+        try:
+            sizes = _segment_sizes(self._path(generation_id) / _META_FILE)
+        except (OSError, ValueError, KeyError) as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
+        if not sizes:
+            return False
+        largest = max(sizes, key=lambda size: size[0])
+        outside = sum(size[0] for size in sizes) - largest[0] + sum(d for _, d in sizes)
+        return outside >= max(1.0, growth * (largest[0] - largest[1]))
+
+    def compact(
+        self,
+        generation_id: str,
+        documents: DocumentSource,
+        *,
+        heap_bytes: int = DEFAULT_COMPACT_HEAP_BYTES,
+        pace: Pace = no_pace,
+        max_journal: int | None = None,
+    ) -> bool:
+        """Rewrite the generation's index as one segment without deleted documents;
+        whether it did (`False`: already one segment without deletes, or a compaction of
+        it is under way).
+
+        tantivy-py exposes no merge: this copies the live documents, which the index does
+        not store whole (text is indexed, not stored), from `documents` (the canonical
+        store's revisions the index holds) into a new index beside the generation's, with
+        one writer and one commit, then swaps the two directories.
+
+        Guarantees:
+        - The copy holds exactly the `(document_id, revision)` pairs the index holds at the
+          swap: writes applied meanwhile are journaled (ids) and replayed into the copy
+          under the write lock before its one big commit, which runs without a lock;
+          writes made during that commit are replayed after it (one small segment more),
+          the last ones under the registry lock with the swap (searches wait only for
+          that small replay, the renames and opening the new index).
+        - Answers are the old index's, except that deleted documents no longer count in
+          BM25's statistics (document count, document frequencies, average length): they
+          are those of an index built afresh from the same documents. Exception: a
+          document written meanwhile after its chunk was copied is deleted and added
+          again in the copy, which keeps it as a deleted document (statistics as in the
+          live index) until the next compaction (the copy then has deletes, so the next
+          call does not return early).
+        - Crash safe: the new index is committed whole before the swap; the swap renames
+          the old directory aside, then the new one in, and syncs their parent directory.
+          A process that stops between the two renames finds the old index again on the
+          next open (the copy is removed); after them, the new one (the old is removed).
+        - The in-memory copy (`flat_for`) is kept when the compacted index has no deleted
+          document (`_swap`), dropped for good otherwise.
+        - With `max_journal`, a copy during which more documents than that were written
+          is abandoned (False, nothing swapped): writes are flowing again, and the
+          compaction would take CPU from them for a copy that is stale at once.
+        - `documents` must return exactly the requested revisions (`INTERNAL` otherwise,
+          nothing swapped); it is called without the write lock while copying and with
+          it for the replay.
+        """
+        path = self._path(generation_id)
+        generation = self._require(generation_id)
+        with generation.write_lock:
+            if generation.retired or generation.journal is not None:
+                return False
+            if _compact_already(path / _META_FILE):
+                return False
+            generation.journal = set()
+            searcher = generation.index.searcher()
+        copy = path.with_name(_COMPACT_PREFIX + generation_id)
+        writer: tantivy.IndexWriter | None = None
+        swapping = False
+        try:
+            _remove_tree(copy)
+            copy.mkdir(parents=True)
+            fresh = tantivy.Index(generation.index.schema, str(copy))
+            fresh.register_tokenizer(generation.text_analyzer, generation.analyzer)
+            writer = fresh.writer(heap_size=heap_bytes, num_threads=1)
+            pairs = _stored_pairs(searcher, pace)
+            for start in range(0, len(pairs), _PAIRS_CHUNK):
+                if start:
+                    pace()
+                chunk = _fetched(documents, pairs[start : start + _PAIRS_CHUNK])
+                with generation.write_lock:
+                    # Written since the copy began: copied by the replay (not twice).
+                    skip = frozenset(generation.journal or ())
+                if max_journal is not None and len(skip) > max_journal:
+                    return False
+                _add_documents(writer, generation, chunk, skip)
+            # The copy's one big commit runs without a lock (searches and writes go on);
+            # what was written until it starts is in it.
+            with generation.write_lock:
+                _replay(writer, generation, documents)
+            writer.commit()
+            rounds = 0
+            while True:
+                with self._registry_lock, generation.write_lock:
+                    if generation.retired or self._generations.get(generation_id) is not generation:
+                        return False  # Dropped or closed meanwhile.
+                    if not generation.journal or rounds >= _REPLAY_ROUNDS:
+                        # Searches wait for this (the registry lock): a small replay at most.
+                        if _replay(writer, generation, documents):
+                            writer.commit()
+                        writer.wait_merging_threads()  # Consumes the writer (and its lock).
+                        writer = None
+                        swapping = True
+                        self._swap(generation_id, generation, path, copy)
+                        break
+                rounds += 1
+                with generation.write_lock:  # Writes made during the commit: searches go on.
+                    if _replay(writer, generation, documents):
+                        writer.commit()
+            _remove_tree(path.with_name(_RETIRED_PREFIX + generation_id))
+            return True
+        except _DRIVER_ERRORS as exc:
+            if generation.retired and not swapping:
+                return False  # Dropped (the copy with it) or closed meanwhile.
+            raise _unavailable("compaction failed", generation_id, exc) from exc
+        finally:
+            generation.journal = None
+            if writer is not None:
+                with contextlib.suppress(*_DRIVER_ERRORS):
+                    writer.rollback()
+                    writer.wait_merging_threads()
+            # Never the old index here: a swap that failed half way left it to recover.
+            with contextlib.suppress(OSError):
+                _remove_tree(copy)
+
+    def _swap(self, generation_id: str, generation: _Generation, path: Path, copy: Path) -> None:
+        """Put the committed copy in the generation's place. Registry and write locks held.
+
+        The generation is retired first, so that a failure half way leaves it to be
+        reopened (and recovered, `_recover_compaction`) on next use. Both renames are
+        made durable (the parent directory synced) before the new index is opened.
+
+        The in-memory copy (`flat_for`) moves to the new index when the copy has no
+        deleted documents: the live generation had only additions (else it has no copy),
+        so the copy's statistics are then exactly the documents' own, as before. A
+        compaction that left a deleted document (see `compact`) drops it for good."""
+        self._close_writer(generation)
+        del self._generations[generation_id]
+        flat, generation.flat = generation.flat, None
+        if flat is not None and _has_deletes(copy / _META_FILE):
+            self._flat_release(len(flat))
+            flat = None
+        retired = path.with_name(_RETIRED_PREFIX + generation_id)
+        try:
+            _remove_tree(retired)
+            path.rename(retired)
+            copy.rename(path)
+            _fsync_directory(path.parent)
+        except OSError:
+            if flat is not None:
+                self._flat_release(len(flat))
+            raise
+        index = tantivy.Index.open(str(path))
+        index.register_tokenizer(generation.text_analyzer, generation.analyzer)
+        self._generations[generation_id] = _Generation(
+            index,
+            generation.text_analyzer,
+            generation.analyzer,
+            hit_keys=generation.hit_keys,
+            written_at=generation.written_at,
+            flat=flat,
+        )
+
     def drop(self, generation_id: str) -> None:
         path = self._path(generation_id)
         # The registry stays locked so that no one reopens the directory while it goes.
@@ -331,6 +543,8 @@ class TantivyLexicalIndex:
                     self._close_writer(generation)
                     self._forget_flat(generation)
             try:
+                for prefix in (_COMPACT_PREFIX, _RETIRED_PREFIX):
+                    _remove_tree(path.with_name(prefix + generation_id))
                 _remove_tree(path)
             except OSError as exc:
                 raise _unavailable("cannot remove index", generation_id, exc) from exc
@@ -370,6 +584,10 @@ class TantivyLexicalIndex:
         if not _GENERATION_ID.fullmatch(generation_id):
             return None
         path = self._root / generation_id
+        try:
+            _recover_compaction(path)
+        except OSError as exc:
+            raise _unavailable("cannot recover index", generation_id, exc) from exc
         if not (path / _META_FILE).is_file():
             return None
         try:
@@ -505,6 +723,101 @@ def _remove_tree(path: Path) -> None:
     still finish a write (a merge's files, `meta.json`) just after the writer closed."""
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)
+
+
+def _segment_sizes(meta_file: Path) -> list[tuple[int, int]]:
+    """`(max_doc, deleted documents)` of each segment the index's last commit names."""
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    return [
+        (int(segment["max_doc"]), int((segment.get("deletes") or {}).get("num_deleted_docs", 0)))
+        for segment in meta["segments"]
+    ]
+
+
+def _has_deletes(meta_file: Path) -> bool:
+    """Whether any segment the index's last commit names has deleted documents."""
+    return any(deleted for _, deleted in _segment_sizes(meta_file))
+
+
+def _fsync_directory(path: Path) -> None:
+    """Make the renames inside `path` durable (POSIX: sync the directory itself)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _compact_already(meta_file: Path) -> bool:
+    """Whether the index is one segment (or none) without deleted documents."""
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    segments = meta["segments"]
+    return len(segments) == 0 or (len(segments) == 1 and not segments[0].get("deletes"))
+
+
+def _recover_compaction(path: Path) -> None:
+    """Finish or undo a compaction a stopped process left (see `compact`)."""
+    retired = path.with_name(_RETIRED_PREFIX + path.name)
+    copy = path.with_name(_COMPACT_PREFIX + path.name)
+    if not (path / _META_FILE).is_file() and (retired / _META_FILE).is_file():
+        # Stopped between the two renames: the old index is whole, the copy may not be.
+        _remove_tree(path)
+        retired.rename(path)
+        _fsync_directory(path.parent)
+    _remove_tree(retired)
+    _remove_tree(copy)
+
+
+def _replay(
+    writer: tantivy.IndexWriter, generation: _Generation, documents: DocumentSource
+) -> bool:
+    """Bring the journaled ids of the copy to what the live index holds now (deleting
+    and adding again), and empty the journal; whether there were any. Write lock held."""
+    journaled = sorted(generation.journal or ())
+    if not journaled:
+        return False
+    generation.journal = set()
+    for document_id in journaled:
+        writer.delete_documents_by_term(DOCUMENT_ID, document_id)
+    held = _held_pairs(generation.index, journaled)
+    _add_documents(writer, generation, _fetched(documents, held), frozenset())
+    return True
+
+
+def _fetched(documents: DocumentSource, pairs: Sequence[tuple[str, int]]) -> list[IndexDocument]:
+    """The documents of exactly `pairs`, from `documents`; `INTERNAL` if it returns others."""
+    if not pairs:
+        return []
+    got = list(documents(pairs))
+    if sorted((d.document_id, d.revision) for d in got) != sorted(pairs):
+        raise OrreryError(
+            ErrorCode.INTERNAL,
+            "the document source did not return exactly the requested revisions",
+            {"engine": "tantivy", "requested": len(pairs), "returned": len(got)},
+        )
+    return got
+
+
+def _add_documents(
+    writer: tantivy.IndexWriter,
+    generation: _Generation,
+    documents: Sequence[IndexDocument],
+    skip: frozenset[str],
+) -> None:
+    combined = has_combined_field(generation.text_analyzer)
+    for document in documents:
+        if document.document_id not in skip:
+            writer.add_document(_to_document(document, combined, generation.hit_keys))
+
+
+def _held_pairs(index: tantivy.Index, document_ids: list[str]) -> list[tuple[str, int]]:
+    """Every `(document_id, revision)` the index holds for `document_ids`."""
+    searcher = index.searcher()
+    query = tantivy.Query.term_set_query(index.schema, DOCUMENT_ID, document_ids)
+    return [
+        _stored_pair(searcher.doc(address))
+        for _score, address in _all_hits(searcher, query, len(document_ids))
+    ]
 
 
 def _checked_analyzer(text_analyzer: str, generation_id: str) -> tantivy.TextAnalyzer:

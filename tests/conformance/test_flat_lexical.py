@@ -12,7 +12,7 @@ alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -239,5 +239,77 @@ def test_copies_share_one_bound_and_give_it_back_when_dropped(tmp_path: Path) ->
         index.drop("a")
         index.apply("c", [doc("d1", body="red"), doc("d2", body="blue")], [])
         assert index.flat_for("c") is not None
+    finally:
+        index.close()
+
+
+def _compaction_source(
+    written: dict[tuple[str, int], IndexDocument],
+) -> Callable[[Sequence[tuple[str, int]]], list[IndexDocument]]:
+    """The canonical store's side of a compaction: exactly the revisions asked for."""
+    return lambda pairs: [written[pair] for pair in pairs]
+
+
+def test_a_compacted_generation_keeps_its_copy_and_its_answers(tmp_path: Path) -> None:
+    index = TantivyLexicalIndex(tmp_path / "lexical", flat_max_rows=100)
+    written: dict[tuple[str, int], IndexDocument] = {}
+    try:
+        index.create("g", text_analyzer="orrery_text_v2_english")
+        for batch in range(4):  # one segment per commit
+            docs = [
+                doc(f"d{batch}-{n}", body=" ".join(_WORDS[(batch + n) % 9 :][:4])) for n in range(6)
+            ]
+            written.update({(d.document_id, d.revision): d for d in docs})
+            index.apply("g", docs, [])
+        copy = index.flat_for("g")
+        assert copy is not None and index.segment_count("g") > 1
+        engine = TantivyLexicalSearch(index.searchable)
+        flat = TantivyLexicalSearch(index.searchable, flat_provider=index.flat_for)
+        boosts = {**_TEXT_ONLY, "text": 1.0}
+        texts = ("red thermos", "the running hall", "blue kettle reds", "cupboard")
+        before = [engine.search("g", t, SearchFilter(), 1_000, field_boosts=boosts) for t in texts]
+
+        assert index.compact("g", _compaction_source(written))
+
+        assert index.segment_count("g") == 1
+        assert index.flat_for("g") is copy  # the same documents, the same statistics
+        for text, exact in zip(texts, before, strict=True):
+            assert engine.search("g", text, SearchFilter(), 1_000, field_boosts=boosts) == exact
+            _agree(flat.search("g", text, SearchFilter(), 5, field_boosts=boosts), exact, 5)
+        index.apply("g", [doc("late", body="red red thermos")], [])  # still only additions
+        assert index.flat_for("g") is copy and len(copy) == 25
+    finally:
+        index.close()
+
+
+def test_a_compaction_that_keeps_a_deleted_document_drops_the_copy(tmp_path: Path) -> None:
+    index = TantivyLexicalIndex(
+        tmp_path / "lexical", flat_max_rows=2_000, flat_max_total_rows=1_200
+    )
+    written: dict[tuple[str, int], IndexDocument] = {}
+    try:
+        index.create("g", text_analyzer="orrery_text_v2_english")
+        for start in range(0, 1_200, 300):  # more than one copied chunk of 1,000
+            docs = [doc(f"n{n:04d}", body=_WORDS[n % 9]) for n in range(start, start + 300)]
+            written.update({(d.document_id, d.revision): d for d in docs})
+            index.apply("g", docs, [])
+        assert index.flat_for("g") is not None
+        first = written[("n0000", 1)]
+        calls = 0
+
+        def documents(pairs: Sequence[tuple[str, int]]) -> list[IndexDocument]:
+            nonlocal calls
+            calls += 1
+            if calls == 2:  # the first chunk is in the copy: the same revision again
+                index.apply("g", [first], [])  # changes nothing live, is journaled
+            return [written[pair] for pair in pairs]
+
+        assert index.compact("g", documents)
+        # The copy deleted and added that document again: its statistics count one more
+        # document than the live ones, which the in-memory copy would not.
+        assert index.flat_for("g") is None
+        index.create("h", text_analyzer="orrery_text_v2_english")
+        index.apply("h", [doc("d1", body="red")], [])
+        assert index.flat_for("h") is not None  # the dropped copy's rows were given back
     finally:
         index.close()
