@@ -6,7 +6,10 @@
 With `--data-root DIR`, each size's data dir is DIR/<N> and is kept with a `build.json`
 of its ingest and HNSW figures; a later run with the same DIR skips steps 1-2 (it waits
 only for a quiet optimizer) and reports those figures as the build's. So a 1M corpus can
-be built once, on a busy machine if need be, and its queries measured on a quiet one.
+be built once, on a busy machine if need be, and its queries measured on a quiet one. A run
+stopped after its ingest (an `ingest.json` beside the data dir, no `build.json`) is
+resumed by the next: it waits for the HNSW and measures; one stopped during its ingest
+starts over.
 
 For each corpus size N, against a fresh `orrery serve` on 127.0.0.1 (own temp data dir):
 
@@ -1079,12 +1082,15 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     built = _load_build(build_path, size, args.seed)
     batches: SpooledCorpus | None = None
     generate_s = 0.0
-    if built is None and root is not None and root.exists():
-        # An unfinished build (no build.json): its records would be sent again as
+    ingested = None if built is not None or root is None else _load_ingested(root, size, args.seed)
+    if built is None and ingested is None and root is not None and root.exists():
+        # An unfinished ingest (no ingest.json): its records would be sent again as
         # conflicts and its figures mean nothing, so it starts over.
         console.print(f"removing the unfinished build under {root}")
         shutil.rmtree(root)
-    if built is None:
+    if ingested is not None:
+        console.print(f"resuming the build under {root}: ingested, waiting for its HNSW")
+    elif built is None:
         started = time.perf_counter()
         batches = SpooledCorpus(
             corpus_batches(size, args.batch_size, args.seed, vocab, vectors=args.vectors)
@@ -1114,6 +1120,15 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
             finally:
                 batches.close()
             result["memory_kb_after_ingest"] = server.memory_kb()
+            if root is not None:
+                _save_ingested(root, size, args.seed, result)
+        elif ingested is not None:
+            # The ingest of an earlier run (stopped before its HNSW was built): its
+            # figures stand, the build time below counts from that run's first POST
+            # (so it includes the time between the runs: `resumed_at` says when).
+            for key in _INGEST_KEYS:
+                result[key] = ingested[key]
+            result["resumed_at"] = utc_now()
         else:
             assert built is not None
             result["built"] = {key: built[key] for key in ("built_at", "server_source_sha256")}
@@ -1129,7 +1144,7 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
             ready_wall=result["ingest"]["wall_ready"],
             max_wait_s=args.index_wait or index_wait_s(size),
         )
-        if batches is not None:
+        if batches is not None or ingested is not None:
             result["vector_index_wait"] = wait
             result["hnsw_build"] = hnsw_build(wait, OptimizerLog.parse(server.log_text()))
             if build_path is not None:
@@ -1183,6 +1198,28 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
 
 
 BUILD_FILE = "build.json"
+# Written once the ingest of a `--data-root` build is complete: a run stopped while the
+# HNSW was still building is resumed from it (`run_size`), not started over.
+INGEST_FILE = "ingest.json"
+_INGEST_KEYS = ("corpus_generate_seconds", "ingest", "memory_kb_after_ingest")
+
+
+def _save_ingested(root: Path, size: int, seed: int, result: Mapping[str, Any]) -> None:
+    record = {key: result[key] for key in _INGEST_KEYS}
+    record.update(size=size, seed=seed, ingested_at=utc_now())
+    (root / INGEST_FILE).write_text(json.dumps(record, indent=1))
+
+
+def _load_ingested(root: Path, size: int, seed: int) -> dict[str, Any] | None:
+    """The ingest record of `root`'s data dir when its ingest of `size` records of
+    `seed`'s corpus completed (and its build did not), else None."""
+    try:
+        record: dict[str, Any] = json.loads((root / INGEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if (record.get("size"), record.get("seed")) == (size, seed) else None
+
+
 # What a reused data dir carries over from the run that built it.
 _BUILD_KEYS = (
     "corpus_generate_seconds",
