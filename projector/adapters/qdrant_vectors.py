@@ -69,6 +69,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
 from contracts.index_fields import DOCUMENT_ID, REVISION
 from contracts.pacing import Pace, no_pace
+from contracts.qdrant_rest import RETRY_ONCE, RestTarget, rest_target
 from contracts.shards import copy_key, shard_of
 from contracts.vector_payload import (
     GRAPH_FIELDS,
@@ -783,7 +784,6 @@ def _delete_json(
 
 
 # qdrant-client's REST timeout when the client was given none (httpx's default, seconds).
-_DEFAULT_TIMEOUT_S = 5.0
 # Connections kept alive: one per writing thread (a projector applies a batch at a time;
 # a generation build writes beside it).
 _REST_CONNECTIONS = 8
@@ -810,37 +810,15 @@ class _RestWrites:
             rest_uri,
             maxsize=_REST_CONNECTIONS,
             timeout=urllib3.Timeout(total=timeout_s),
-            retries=urllib3.Retry(
-                total=1,
-                connect=1,
-                read=1,
-                status=0,
-                redirect=0,
-                other=0,
-                allowed_methods=None,
-                raise_on_status=False,
-            ),
+            retries=urllib3.Retry(**RETRY_ONCE),
         )
-        self._prefix = (urllib3.util.parse_url(rest_uri).path or "").rstrip("/")
+        self._prefix = RestTarget(rest_uri, headers, timeout_s).prefix
         self._headers = {"content-type": "application/json", **headers}
 
     @classmethod
     def of(cls, client: QdrantClient) -> _RestWrites | None:
-        options = client.init_options
-        if (
-            not isinstance(options.get("url"), str)
-            or options.get("prefer_grpc")
-            or options.get("auth_token_provider") is not None
-            or options.get("metadata")
-            or options.get("headers")
-        ):
-            return None
-        rest_uri = getattr(getattr(client.http, "client", None), "host", None)
-        if not isinstance(rest_uri, str):
-            return None
-        headers = {} if options.get("api_key") is None else {"api-key": str(options["api_key"])}
-        timeout = options.get("timeout")
-        return cls(rest_uri, headers, float(timeout) if timeout else _DEFAULT_TIMEOUT_S)
+        target = rest_target(client)
+        return None if target is None else cls(target.uri, target.headers, target.timeout_s)
 
     def batch_update(self, collection: str, operations: list[dict[str, Any]]) -> None:
         self._post(

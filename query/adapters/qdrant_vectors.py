@@ -38,6 +38,7 @@ from contracts.index_fields import (
     VISIBILITY,
     hidden_term,
 )
+from contracts.qdrant_rest import RETRY_ONCE, RestTarget, rest_target
 from contracts.shards import copy_key, report_shards
 from contracts.timing import engine_call, engine_reported
 from contracts.vector_payload import (
@@ -86,7 +87,6 @@ _DOWN_SECONDS = 10.0
 ENGINE_QUERY = "qdrant_query"
 ENGINE_TIME = "qdrant_time"
 # qdrant-client's REST timeout when the client was given none (seconds).
-_DEFAULT_TIMEOUT_S = 5.0
 # Connections the REST path keeps alive (opened only as concurrent calls need them): at
 # least every thread that can call at once (request threads and the source pool), so
 # none is opened and dropped per call under load.
@@ -481,40 +481,15 @@ class _RestQuery:
             rest_uri,
             maxsize=_REST_CONNECTIONS,
             timeout=urllib3.Timeout(total=timeout_s),
-            # A kept-alive connection the server closed meanwhile is retried once on a
-            # new one (a query changes nothing, so it is safe to repeat).
-            retries=urllib3.Retry(
-                total=1,
-                connect=1,
-                read=1,
-                status=0,
-                redirect=0,
-                other=0,
-                allowed_methods=None,
-                raise_on_status=False,
-            ),
+            retries=urllib3.Retry(**RETRY_ONCE),
         )
-        self._prefix = urllib3.util.parse_url(rest_uri).path or ""
-        self._prefix = self._prefix.rstrip("/")
+        self._prefix = RestTarget(rest_uri, headers, timeout_s).prefix
         self._headers = {"content-type": "application/json", **headers}
 
     @classmethod
     def of(cls, client: QdrantClient) -> _RestQuery | None:
-        options = client.init_options
-        if (
-            not isinstance(options.get("url"), str)
-            or options.get("prefer_grpc")
-            or options.get("auth_token_provider") is not None
-            or options.get("metadata")
-            or options.get("headers")
-        ):
-            return None
-        rest_uri = getattr(getattr(client.http, "client", None), "host", None)
-        if not isinstance(rest_uri, str):
-            return None
-        headers = {} if options.get("api_key") is None else {"api-key": str(options["api_key"])}
-        timeout = options.get("timeout")
-        return cls(rest_uri, headers, float(timeout) if timeout else _DEFAULT_TIMEOUT_S)
+        target = rest_target(client)
+        return None if target is None else cls(target.uri, target.headers, target.timeout_s)
 
     def query(
         self,
