@@ -6,11 +6,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from contracts.records import Record, payload_sha256
+
 __all__ = [
     "Decision",
     "FlowLimits",
     "Outcome",
     "decide_revision",
+    "stored_columns",
 ]
 
 
@@ -73,3 +76,19 @@ def strings_in(value: Any) -> list[str]:
     if isinstance(value, list):
         return [t for v in value for t in strings_in(v)]
     return []
+
+
+def stored_columns(record: Record) -> tuple[str, int, str, str, str, str, bool, str]:
+    """The columns a canonical store keeps of `record` before its JSON, in their order:
+    `document_id, revision, namespace, snapshot_kind, item_id, galaxy, deleted,
+    payload_sha256` (both stores: SQLite and PostgreSQL)."""
+    return (
+        record.doc_id,
+        record.revision,
+        record.namespace,
+        record.snapshot_kind,
+        record.item_id,
+        record.galaxy,
+        record.deleted,
+        payload_sha256(record.payload),
+    )

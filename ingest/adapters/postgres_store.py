@@ -21,10 +21,10 @@ from pydantic_core import to_json
 
 from contracts.errors import ErrorCode, OrreryError
 from contracts.events import record_changed_json
-from contracts.records import Record, payload_sha256
+from contracts.records import Record
 from contracts.request_context import current_traceparent
 from ingest.adapters.postgres_db import driver_errors, open_pool
-from ingest.model import Decision, Outcome, decide_revision
+from ingest.model import Decision, Outcome, decide_revision, stored_columns
 from ingest.ports import Head
 
 __all__ = ["WRITER_LOCK_KEY", "PostgresRecordStore"]
@@ -132,20 +132,7 @@ class PostgresRecordStore:
             # constraints, in the same transaction).
             with cur.copy(_COPY_RECORDS) as copy:
                 for (_, r), body in zip(accepted, bodies, strict=True):
-                    copy.write_row(
-                        (
-                            r.doc_id,
-                            r.revision,
-                            r.namespace,
-                            r.snapshot_kind,
-                            r.item_id,
-                            r.galaxy,
-                            r.deleted,
-                            payload_sha256(r.payload),
-                            body,
-                            now,
-                        )
-                    )
+                    copy.write_row((*stored_columns(r), body, now))
             newest: dict[str, Record] = {r.doc_id: r for _, r in accepted}
             # One statement whose rows come as one JSON parameter (serialized by
             # pydantic-core; psycopg adapts arrays element by element in Python), each

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import OUTBOX_EVENT_IS_RECORD, LogEntry, RecordChanged
-from contracts.records import RECORD_BODY, Record, payload_sha256, record_json_without_vector
+from contracts.records import RECORD_BODY, Record, record_json_without_vector
 from contracts.request_context import current_traceparent
-from ingest.model import Decision, Outcome, decide_revision
+from ingest.model import Decision, Outcome, decide_revision, stored_columns
 from ingest.ports import Head
 
 __all__ = ["HANDOVER_MAX_BYTES", "SCHEMA", "SqliteRecordStore", "connect"]
@@ -199,19 +199,7 @@ class SqliteRecordStore:
                 f"item_id, galaxy, deleted, payload_sha256, {RECORD_BODY}, record_json, "
                 "accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 [
-                    (
-                        r.doc_id,
-                        r.revision,
-                        r.namespace,
-                        r.snapshot_kind,
-                        r.item_id,
-                        r.galaxy,
-                        int(r.deleted),
-                        payload_sha256(r.payload),
-                        record_json_without_vector(record_json),
-                        record_json,
-                        now,
-                    )
+                    (*stored_columns(r), record_json_without_vector(record_json), record_json, now)
                     for (_, r), record_json in zip(accepted, record_jsons, strict=True)
                 ],
             )
