@@ -58,6 +58,10 @@ _ABSENT = -1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Passes kept per copy (`FlatLexical._scored`): a few queries in flight at once.
 _SCORED = 8
+# A term in at least this share of a copy's rows is added as a dense array (`_contribution`).
+_DENSE_SHARE = 0.125
+# What one copy keeps of its terms' BM25 arrays at most (then it starts again).
+_BM25_MAX_BYTES = 16 * 1024 * 1024
 
 
 def _fieldnorm_table() -> list[int]:
@@ -138,6 +142,11 @@ class FlatLexical:
         # request's thread) follows its search (on the source pool's) with the same
         # terms; both read one pass. Kept with the arrays: gone after a write.
         self._scored: dict[object, npt.NDArray[np.float32]] = {}
+        # Each queried term's BM25 per row (`_contribution`), by (field, term, boost).
+        self._bm25: dict[
+            tuple[str, str, float], tuple[npt.NDArray[np.intp] | None, npt.NDArray[np.float32]]
+        ] = {}
+        self._bm25_bytes = 0
 
     def __len__(self) -> int:
         return len(self._candidates)
@@ -252,29 +261,66 @@ class FlatLexical:
         scored = self._scored.get(key)
         if scored is not None:
             return scored
-        total = len(self._candidates)
-        scores = np.zeros(total, dtype=np.float32)
-        n = np.float32(total)
+        scores = np.zeros(len(self._candidates), dtype=np.float32)
         for term in terms:
             for name, boost in boosts.items():
                 field = self._fields[name]
                 posting = field.postings.get(term)
                 if posting is None:
                     continue
-                rows, frequencies = self._posting(name, term, posting)
-                df = np.float32(rows.size)
-                x = (n - df + _HALF) / (df + _HALF)
-                idf = np.float32(math.log(float(_ONE + x)))
-                weight = idf * (_ONE + _K1)
-                if boost != 1.0:
-                    weight = weight * np.float32(boost)
-                norms = self._norms(name, field)[rows]
-                scores[rows] += weight * (frequencies / (frequencies + norms))
+                rows, contribution = self._contribution(name, term, posting, field, boost)
+                if rows is None:
+                    scores += contribution  # dense: 0.0 where the term is absent
+                else:
+                    scores[rows] += contribution
         if len(self._scored) >= _SCORED:
             del self._scored[next(iter(self._scored))]
         self._scored[key] = scores
         scores.flags.writeable = False  # shared by the readers of this pass
         return scores
+
+    def _contribution(
+        self,
+        name: str,
+        term: str,
+        posting: tuple[array[int], array[int]],
+        field: _Field,
+        boost: float,
+    ) -> tuple[npt.NDArray[np.intp] | None, npt.NDArray[np.float32]]:
+        """The rows holding `term` in field `name` and the term's BM25 in each (boosted),
+        kept until the next write: queries share terms, so a long query's pass adds
+        kept arrays instead of computing each term's again (the same float32 values).
+        A term in at least `_DENSE_SHARE` of the rows comes as one value per row (rows
+        None, 0.0 where the term is absent): adding a whole array costs a fraction of a
+        scatter through its rows, and adding 0.0 changes no sum of positive float32s."""
+        self._fresh_arrays()
+        key = (name, term, boost)
+        kept = self._bm25.get(key)
+        if kept is not None:
+            return kept
+        rows, frequencies = self._posting(name, term, posting)
+        total = len(self._candidates)
+        n = np.float32(total)
+        df = np.float32(rows.size)
+        x = (n - df + _HALF) / (df + _HALF)
+        idf = np.float32(math.log(float(_ONE + x)))
+        weight = idf * (_ONE + _K1)
+        if boost != 1.0:
+            weight = weight * np.float32(boost)
+        norms = self._norms(name, field)[rows]
+        contribution: npt.NDArray[np.float32] = weight * (frequencies / (frequencies + norms))
+        if rows.size >= _DENSE_SHARE * total:
+            dense = np.zeros(total, dtype=np.float32)
+            dense[rows] = contribution
+            kept = (None, dense)
+        else:
+            kept = (rows, contribution)
+        size = contribution.nbytes + (0 if kept[0] is None else rows.nbytes)
+        if self._bm25_bytes + size > _BM25_MAX_BYTES:
+            self._bm25, self._bm25_bytes = {}, 0  # bounded: start again
+        self._bm25[key] = kept
+        self._bm25_bytes += size
+        return kept
 
     def _posting(
         self, name: str, term: str, posting: tuple[array[int], array[int]]
@@ -305,6 +351,7 @@ class FlatLexical:
         if self._arrays_version != self._version:
             self._arrays = {}
             self._scored = {}
+            self._bm25, self._bm25_bytes = {}, 0
             self._arrays_version = self._version
         return self._arrays
 

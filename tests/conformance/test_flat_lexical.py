@@ -313,3 +313,41 @@ def test_a_compaction_that_keeps_a_deleted_document_drops_the_copy(tmp_path: Pat
         assert index.flat_for("h") is not None  # the dropped copy's rows were given back
     finally:
         index.close()
+
+
+def test_kept_term_scores_are_bounded_and_change_no_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy keeps each queried term's BM25 array (dense for a term in many rows) up
+    to `_BM25_MAX_BYTES`, then starts again: the same answers from the kept arrays as
+    when first computed, and through a bound far smaller than the terms asked for."""
+    import contracts.flat_lexical as flat_module
+
+    words = [*_WORDS, *(f"w{i}" for i in range(40))]
+    docs = [
+        doc(f"d{i}", body=" ".join(words[j] for j in range(i % 7, len(words), 3)))
+        for i in range(60)
+    ]
+    queries = [[word, "the", "red"] for word in words]
+
+    def answers(copy: FlatLexical) -> list[list[tuple[str, float]]]:
+        found = [copy.search(q, {"text": 1.0}, SearchFilter(), 20) for q in queries]
+        return [[(c.document_id, c.score) for c in hits or ()] for hits in found]
+
+    unbounded = TantivyLexicalIndex(tmp_path / "a", flat_max_rows=1_000)
+    bounded = TantivyLexicalIndex(tmp_path / "b", flat_max_rows=1_000)
+    try:
+        for index in (unbounded, bounded):
+            index.create("g1", text_analyzer="orrery_text_v2_english")
+            index.apply("g1", docs, [])
+        wide, narrow = unbounded.flat_for("g1"), bounded.flat_for("g1")
+        assert wide is not None and narrow is not None
+        first = answers(wide)
+        assert any(first) and answers(wide) == first  # the second pass reads kept arrays
+        monkeypatch.setattr(flat_module, "_BM25_MAX_BYTES", 600)
+        assert answers(narrow) == first
+        assert 0 < narrow._bm25_bytes <= 600
+        assert wide._bm25_bytes > 600
+    finally:
+        unbounded.close()
+        bounded.close()
