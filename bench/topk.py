@@ -774,14 +774,34 @@ def optimizer_busy(server: ServeProcess) -> dict[str, Any] | None:
     return {"staging_dirs": staging, "children": children}
 
 
+# How long the tantivy generations must stay as they are, no compaction running, for
+# the compactor to count as done (it starts once ingest was quiet for an optimize
+# interval, and only where a compaction is due).
+COMPACTION_QUIET_S = 10.0
+
+
 def wait_for_lexical_compaction(server: ServeProcess, timeout_s: float = 1_200.0) -> float:
-    """Wait until the embedded server's background compactor has brought every tantivy
-    generation to one segment (it starts once ingest was quiet for an optimize interval);
-    returns the seconds waited. Only for a server no one writes to meanwhile (later writes
-    add segments that are not due yet). Gives up quietly after `timeout_s` (a compaction
-    of 100k documents is ~40 s CPU, paced to half the wall time: minutes under load)."""
+    """Wait until the embedded server's background compactor is done: every tantivy
+    generation at one segment, or no compaction running and the same generations left
+    with several segments for `COMPACTION_QUIET_S` (a small tail segment is not due: the
+    compactor leaves it);
+    returns the seconds waited. Only for a server no one writes to meanwhile. Gives up
+    quietly after `timeout_s` (a compaction of 100k documents is ~40 s CPU, paced to half
+    the wall time: minutes under load)."""
     started = time.perf_counter()
-    while lexical_uncompacted(server.data_dir) and time.perf_counter() - started < timeout_s:
+    last: list[str] | None = None
+    since = started
+    while time.perf_counter() - started < timeout_s:
+        pending = lexical_uncompacted(server.data_dir)
+        if not pending:
+            break
+        now = time.perf_counter()
+        if pending != last:
+            last, since = pending, now
+        elif not any(p.startswith(".compact.") for p in pending) and (
+            now - since >= COMPACTION_QUIET_S
+        ):
+            break
         time.sleep(0.2)
     return round(time.perf_counter() - started, 2)
 
