@@ -298,7 +298,7 @@ class FlatLexical:
         kept = self._bm25.get(key)
         if kept is not None:
             return kept
-        rows, frequencies = self._posting(name, term, posting)
+        rows, frequencies = self._posting(posting)
         total = len(self._candidates)
         n = np.float32(total)
         df = np.float32(rows.size)
@@ -322,19 +322,14 @@ class FlatLexical:
         self._bm25_bytes += size
         return kept
 
+    @staticmethod
     def _posting(
-        self, name: str, term: str, posting: tuple[array[int], array[int]]
+        posting: tuple[array[int], array[int]],
     ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float32]]:
-        arrays = self._fresh_arrays()
-        key = (name, term)
-        rows = arrays.get(key)
-        if rows is None:
-            # Copies (`astype`): no view keeps the growable buffers exported.
-            rows = arrays[key] = np.frombuffer(posting[0], dtype=np.int32).astype(np.intp)
-            arrays[(name, term, "tf")] = np.frombuffer(posting[1], dtype=np.int32).astype(
-                np.float32
-            )
-        return rows, arrays[(name, term, "tf")]  # type: ignore[return-value]
+        """A posting's rows and term frequencies as arrays: copies (`astype`), so no view
+        keeps the growable buffers exported. Kept by `_contribution` alone (bounded)."""
+        rows = np.frombuffer(posting[0], dtype=np.int32).astype(np.intp)
+        return rows, np.frombuffer(posting[1], dtype=np.int32).astype(np.float32)
 
     def _norms(self, name: str, field: _Field) -> npt.NDArray[np.float32]:
         """`k1 · (1 - b + b · fieldnorm / avg_fieldnorm)` of each row's length id."""
