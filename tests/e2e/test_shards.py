@@ -431,7 +431,7 @@ def _slices(dep: Deployment) -> list[dict[str, Any]]:
 def test_three_shards_answer_exactly_what_one_shard_does(
     deployment: Deployment, spread: str
 ) -> None:
-    """Same ids, order and scores (relative 1e-6) for every profile and slice, over the
+    """Same ids, order and scores (to the API's 6 decimals) for every profile and slice, over the
     titles of a sample of documents and the tied marker query."""
     rng = random.Random(5)
     texts = [r["text"]["title"] for r in rng.sample(corpus(), 7)] + [f"{MARKER} marker"]
@@ -453,8 +453,10 @@ def test_three_shards_answer_exactly_what_one_shard_does(
                     answers.append([(r["document_id"], r["score"]) for r in body["results"]])
                 one, three = answers
                 assert [d for d, _ in three] == [d for d, _ in one], (text, filters, profile)
+                # The API rounds scores to 6 decimals. OpenSearch sums a 3-shard BM25 in
+                # another order, a few ulps off, which may round to the neighbouring step.
                 for (_, a), (_, b) in zip(one, three, strict=True):
-                    assert b == pytest.approx(a, rel=1e-6, abs=1e-12)
+                    assert b == pytest.approx(a, rel=1e-6, abs=1.01e-6)
                 compared += len(one)
     assert compared > 300
 
