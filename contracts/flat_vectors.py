@@ -191,7 +191,7 @@ class FlatVectors:
             scan = getattr(_LAST_SCAN, "scan", None)
             if (
                 scan is not None
-                and scan[0] is self
+                and scan[0]() is self
                 and scan[1] is query
                 and scan[2] == self._version
             ):

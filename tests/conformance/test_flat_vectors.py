@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -249,3 +251,23 @@ def test_a_lookup_after_a_scan_scores_exactly_as_a_fresh_lookup(
     flat.put([(_row("d1"), replaced)])
     twin.put([(_row("d1"), replaced)])
     assert flat.scores(query, ids) == twin.scores(query, ids)
+
+
+def test_a_lookup_after_a_scan_of_the_same_query_scans_nothing() -> None:
+    """The re-score's lookup right after the search reads the search's scan (no second
+    matrix product); another query, or another copy, is scored afresh."""
+    flat, other = FlatVectors(4, capacity=8), FlatVectors(4, capacity=8)
+    rows = [[1.0, 0.5, 0.0, 0.0], [0.0, 1.0, 0.5, 0.0], [0.0, 0.0, 1.0, 0.5]]
+    for copy in (flat, other):
+        copy.put([(_row(f"d{n}"), row) for n, row in enumerate(rows)])
+    query = (0.5, 1.0, 0.0, 0.25)
+    ids = SearchFilter(document_ids=("d0", "d2"))
+    with mock.patch.object(np, "einsum", wraps=np.einsum) as einsum:
+        flat.search(query, SearchFilter(), 1)
+        assert einsum.call_count == 1
+        reused = flat.scores(query, ids)
+        assert einsum.call_count == 1
+        assert reused == other.scores(query, ids)  # another copy: scored afresh
+        assert einsum.call_count == 2
+        flat.scores((1.0, 0.0, 0.0, 0.0), ids)  # another query
+        assert einsum.call_count == 3
