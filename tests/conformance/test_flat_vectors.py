@@ -8,7 +8,7 @@ against one index and compares the copy's answers with the shard's exact ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from unittest import mock
@@ -235,7 +235,7 @@ def _row(document_id: str, status: str = "active") -> dict[str, object]:
     replaced=st.lists(st.floats(-1, 1, width=32), min_size=8, max_size=8),
 )
 def test_a_lookup_after_a_scan_scores_exactly_as_a_fresh_lookup(
-    rows: list[list[float]], query: list[float], replaced: list[float]
+    rows: list[list[float]], query: Sequence[float], replaced: list[float]
 ) -> None:
     """`scores` reuses the scan a `search` just made for the same query on the same thread
     (the re-score's lookup): bit for bit what scoring the rows alone gives, and never a
@@ -245,6 +245,7 @@ def test_a_lookup_after_a_scan_scores_exactly_as_a_fresh_lookup(
     twin = FlatVectors(8, capacity=4)  # the same rows, never scanned
     twin.put([(_row(f"d{n}", "active" if n % 3 else "draft"), row) for n, row in enumerate(rows)])
     ids = SearchFilter(status=("active",), document_ids=tuple(f"d{n}" for n in range(len(rows))))
+    query = tuple(query)  # the query-vector cache's form: one tuple, known by identity
     flat.search(query, SearchFilter(status=("active",)), 3)
     assert flat.scores(query, ids) == twin.scores(query, ids)
     # A write after the scan: the lookup scores the row as written now.
