@@ -32,8 +32,11 @@ from qdrant_edge import EdgeShard, Query, QueryRequest, ScrollRequest, SearchPar
 
 from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
+from contracts.events import decode_record_changed, record_changed_json
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
+from contracts.records import Record
+from contracts.stored_vectors import StoredVector
 from projector.adapters import qdrant_edge_vectors as edge_module
 from projector.adapters.qdrant_edge_vectors import (
     VECTOR_NAME,
@@ -1559,3 +1562,36 @@ def test_the_server_search_uses_the_spread_ef_for_a_generation_spread_by_automat
         for generation_id in (one, spread):
             index.drop(generation_id)
         client.close()
+
+
+def test_a_decoded_events_vector_stores_what_its_floats_store(engine: Harness) -> None:
+    """A vector decoded from an event is a `StoredVector` (its text and float32 array go
+    to the engines, `contracts.events.decode_record_changed`): every engine stores, and
+    scores, exactly what it stored from the plain floats."""
+    vectors = {
+        "s1": [0.1, 0.2, 0.30000000000000004, -0.4],
+        "s2": [1e-3, -0.75, 0.5, 0.125],
+        "s3": [123.456, 7.0, -8e-5, 1.0],
+    }
+    decoded: list[IndexDocument] = []
+    for name, vector in vectors.items():
+        plain = doc(name, vector=tuple(vector))
+        record = Record(
+            namespace="ns", snapshot_kind="objects", item_id=name, revision=1, vector=vector
+        )
+        stored = decode_record_changed(record_changed_json(record.model_dump_json())).record
+        assert isinstance(stored.vector, StoredVector)
+        decoded.append(plain.model_copy(update={"vector": stored.vector}))
+    query = unit(0.3, -0.2, 0.6, 0.1)
+    every = SearchFilter(document_ids=tuple(vectors))
+    # Each side a replacement of the points (qdrant-client's local mode scores a
+    # replaced point a few float64 ulps off its first write).
+    engine.apply([doc(name, vector=tuple(vector)) for name, vector in vectors.items()])
+    engine.apply([doc(name, 2, vector=tuple(vector)) for name, vector in vectors.items()])
+    before = engine.search.scores(engine.generation_id, query, every)
+    engine.apply([d.model_copy(update={"revision": 3}) for d in decoded])
+    after = engine.search.scores(engine.generation_id, query, every)
+    assert after == before
+    assert [c.document_id for c in engine.query(query)] == sorted(
+        before, key=lambda d: (-before[d], d)
+    )
