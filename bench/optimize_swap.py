@@ -106,15 +106,21 @@ class _OptimizeLines(logging.Handler):
         super().__init__()
         self.lines: list[str] = []
 
+        # (perf_counter at emit, message) of each phase's end (the adapter's debug lines).
+        self.phases: list[tuple[float, str]] = []
+
     def emit(self, record: logging.LogRecord) -> None:
-        if "optimiz" in record.getMessage():
-            self.lines.append(record.getMessage())
+        message = record.getMessage()
+        if message.startswith("optimize phase"):
+            self.phases.append((time.perf_counter(), message.removeprefix("optimize phase ")))
+        elif "optimiz" in message:
+            self.lines.append(message)
 
 
 def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
     lines = _OptimizeLines()
     logging.getLogger(module.__name__).addHandler(lines)
-    logging.getLogger(module.__name__).setLevel(logging.INFO)
+    logging.getLogger(module.__name__).setLevel(logging.DEBUG)
     corpus = _Corpus(dim, seed)
     with tempfile.TemporaryDirectory(prefix="optimize-swap-") as root:
         index = module.QdrantEdgeVectorIndex(Path(root) / "edge")
@@ -190,6 +196,7 @@ def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
             held = [b - a for a, b in during(applied)]
             lat = sorted(b - a for a, b in during(searched))
             exact = index.evidence("g").document_count == len(corpus.docs)
+            gaps = sorted(((b - a, a) for a, b in during(beats)), reverse=True)[:3]
             return {
                 "size": size,
                 "dim": dim,
@@ -206,6 +213,14 @@ def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
                 "heartbeat_max_gap_ms": round(
                     max((b - a for a, b in during(beats)), default=0.0) * 1000, 1
                 ),
+                # The longest heartbeat gaps, from their start (s after the optimize
+                # began), beside the end of each optimizer phase: which call stalled.
+                "longest_gaps": [
+                    {"at_s": round(a - began, 3), "ms": round(gap * 1000, 1)} for gap, a in gaps
+                ],
+                "phase_ends": [
+                    {"at_s": round(at - began, 3), "phase": phase} for at, phase in lines.phases
+                ],
                 "applies_during": len(held),
                 "apply_max_ms": round(max(held, default=0.0) * 1000, 1),
                 "documents": len(corpus.docs),

@@ -1,7 +1,9 @@
 """qdrant-edge (embedded Qdrant) as the projector's vector index: one shard per generation.
 
 Layout: `root / generation_id` is one `EdgeShard` directory holding one named dense vector
-("dense", cosine) and the payload the query side filters on. qdrant-edge allows one
+("dense", cosine) and the payload the query side filters on; once an optimize swapped
+in an optimized copy, the generation lives in `root / f"{generation_id}+{n}"`, the
+directory the pointer file `root / f"{generation_id}+live"` names. qdrant-edge allows one
 process per shard directory (a second `EdgeShard.load` fails on the WAL lock), so the
 query side searches through `QdrantEdgeVectorIndex.shard_for` of this same object.
 
@@ -37,24 +39,31 @@ runs it in this process; it copies, optimizes the copy in a child and swaps:
    copied file by file (holes kept) to `root/.<generation>.optimizing`. A copy of a
    flushed shard, WAL included, loads like the original (qdrant-edge's snapshot calls
    only consume snapshots a Qdrant server made; they cannot make one). From then on
-   every `apply`, once it has written (or failed to), also records the ids of the
-   points it touched (upserted or deleted, 16 bytes each) in an in-memory journal; the
-   live shard keeps serving searches and taking writes.
+   every `apply`, once it has written, also appends to an in-memory journal what it
+   did to the live shard: the engine operations themselves (`UpdateOperation`s, the
+   very objects the live shard took: upserts with their converted vectors and
+   payloads, deletes), up to `max_journal_bytes` (256 MiB) of them; past that, or for
+   an `apply` that failed half way, the ids of the points it touched (16 bytes each).
+   The live shard keeps serving searches and taking writes.
 2. Optimize. A child process (`python -c`, niced) loads the copy, optimizes, flushes and
    closes it. This process only waits for it, so its GIL stays free.
-3. Catch up. The optimized copy is loaded here and every journaled point is brought to
-   its current state in the live shard, the truth: read from it with vector and
-   payload and upserted into the copy, or deleted from the copy if the live shard no
-   longer holds it. So the catch-up is idempotent and blind to the order and kind of
-   the writes (revision rules included: the live shard already applied them). A few
-   rounds run without the write lock (a point written again after it was read is
-   journaled again, for a later round), then the rest under it. The copy must then
-   hold as many points as the live shard; it is closed (flushed). `apply` waits from
-   here to the end of the swap.
-4. Swap. The live shard is flushed, the gate of `shard_for` closes (new searches wait)
-   and the swap waits until no caller holds the live shard any more (below); the live
-   shard is closed, its directory renamed to `.<generation>.retired`, the copy renamed
-   into place and loaded, and the gate opens. The retired directory is deleted after.
+3. Catch up. The optimized copy is renamed to the directory it will be served from,
+   `root/<generation>+<n>`, and loaded here. Journal entries are applied to it in the
+   order the writes reached the live shard: operations replayed as they are (resolved
+   under the revision rules already, they do to the copy what they did to the live
+   shard, and nothing is read or converted again), ids copied from the live shard as
+   it holds them then (or deleted from the copy). Rounds run without the write lock,
+   each applying what the journal gained during the round before, until at most
+   `_CATCH_UP_SLACK` (256) points are left (`_CATCH_UP_ROUNDS` at most); the rest is
+   applied under the lock, and the copy must then hold as many points as the live
+   shard.
+4. Swap. Still under the write lock, the pointer file `root/<generation>+live` is
+   replaced (written, fsynced, renamed over: the one durable step; a restart opens
+   the directory it names) and the generation serves the copy from then on: two
+   assignments under the gate's lock, nothing loaded, flushed or closed meanwhile, so
+   no search waits for the swap. The old shard is closed (and its directory removed)
+   after the lock is released, once no caller holds it any more: at once, or by the
+   next optimize, `drop` or `close`.
 
 When to optimize. An optimize rebuilds the HNSW of the whole shard (qdrant-edge merges it
 into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, then
@@ -63,35 +72,40 @@ writes, until the unindexed points reach a fraction (`growth`, 0.25) of the inde
 ones (`optimize_threshold`): the builds of an ingest then add up to a multiple of its
 size, not its square. Once the generation is quiet the rest is built.
 
-Pauses that remain (10k 384-d points, 2 busy CPUs, searches and writes running; the
-whole optimize 7-10 s): qdrant-edge holds the GIL in `load`, `flush` and `close` too,
-so each of those stalls the whole process briefly - the longest, the swap's `load`,
-~0.1 s, for which searches wait at the gate (0.12-0.21 s); `apply` waits for the copy
-(~0.2 s) and for the end of the catch-up plus the swap (0.23-0.39 s).
+Pauses that remain: qdrant-edge holds the GIL in `load`, `flush` and `close` too, so
+each stalls the whole process. The optimize loads the copy once (`load` in its log
+line; 0.3-0.5 s at 30k 384-d points, about half of it reading the WAL, the rest the
+payload indexes and the vector pages) and closes the old shard once (`close_old`);
+`apply` waits for the copy (`copy`) and for the round under the write lock
+(`writes_blocked`: at most 256 points replayed, two `info` calls and the pointer
+file).
 
-A failure anywhere (copy, child exit status or signal, unexpected child output, replay,
-point count, swap) discards the copy and keeps the old shard (renamed back and reloaded
-if the swap had got that far), then `optimize` raises `DependencyUnavailable`. The old
-shard holds every write throughout, so the journal is simply dropped. However much is
-written meanwhile, an optimize is not thrown away for it: the journal costs 16 bytes
-per point written, and only past `max_journal_ids` (8M by default, 128 MiB: a memory
-bound no 1M-point ingest reaches) is the optimize abandoned. An `apply` that fails on
-the live shard abandons nothing either: its points are journaled all the same, so the
-catch-up copies whatever it left there. A crash mid-swap leaves either the old
-directory at `.retired` and none
-in place (put back when the generation is next opened) or the optimized copy in place,
-complete with the journal; leftovers are removed when the generation is next opened.
+A failure anywhere (copy, child exit status or signal, unexpected child output, load,
+replay, point count, pointer file) discards the copy and keeps the old shard, which
+holds every write throughout, so the journal is simply dropped; then `optimize`
+raises `DependencyUnavailable`. However much is written meanwhile, an optimize is not
+thrown away for it: past `max_journal_bytes` the journal keeps ids, and only past
+`max_journal_ids` of them (8M by default: a bound no 1M-point ingest reaches) is the
+optimize abandoned. An `apply` that fails on the live shard abandons nothing either: its
+points are journaled by id all the same, so the catch-up copies whatever it left there.
+A crash before the pointer file names the copy leaves the old shard live on disk; a
+crash after it leaves the copy live, complete with every write (its WAL); either way
+the directories the pointer file does not name (and the staging copy) are removed when
+the generation is next opened. (A generation still in the layout of the previous
+swap, which renamed directories, is put back from `.<generation>.retired` if a crash
+left it there.)
 
 Draining callers. A qdrant-edge shard can be closed under a caller, who then fails with
-"not initialized", and `shard_for` hands shards out. So before closing a shard (swap,
-`drop`, `close`) the gate is closed and the closer waits until nothing else references
-the shard object: its CPython reference count drops to the closer's own references. A
+"not initialized", and `shard_for` hands shards out. So before closing a shard (the old
+one after a swap, `drop`, `close`) the closer waits until nothing else references the
+shard object: its CPython reference count drops to the closer's own references. A
 caller that fetches the shard per request, as `query.adapters.qdrant_edge_vectors`
 does, lets go when its request ends. A reference held by garbage (the frames of a failed
 search, kept in a cycle by its stored exception) goes with one `gc.collect()` after
-`_DRAIN_COLLECT_AFTER_S`. A caller that keeps the shard longer than `_DRAIN_TIMEOUT_S`
-makes a swap give up (the old shard stays; a later optimize retries) and `drop` /
-`close` go ahead anyway.
+`_DRAIN_COLLECT_AFTER_S`. The old shard of a swap that a caller keeps longer than
+`_DRAIN_TIMEOUT_S` stays open for it, closed by the next optimize, `drop` or `close`;
+`drop` and `close` close the gate (new searches wait) and go ahead anyway after
+`_DRAIN_TIMEOUT_S`.
 
 One optimize per generation at a time; `drop` and `close` cancel a running one (its
 child is killed) and wait for it to clean up.
@@ -323,6 +337,7 @@ class _OptimizeReport:
         finally:
             elapsed = time.perf_counter() - started
             self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
+            _log.debug("optimize phase %s took %.3f s", phase, elapsed)
 
     def add(self, caught_up: tuple[int, int]) -> None:
         self.replayed += caught_up[0]
@@ -528,12 +543,13 @@ class QdrantEdgeVectorIndex:
     - Generations created by an earlier process are opened lazily on first use.
     - HNSW is built by `optimize` / `optimize_if_needed` / `start_background_optimizer`
       in a child process, on a copy swapped in when done (module docstring): the
-      generation keeps serving and taking writes, none is lost, searches pause only
-      for the swap itself. Until then (and for points written since) search is exact.
-      A failed optimize leaves the generation as it was, every write included.
-    - A swap closes a shard only once every caller of `shard_for` has let go of it (it
-      gives up otherwise); searches arriving meanwhile wait and get the new shard.
-      `drop` and `close` wait up to `_DRAIN_TIMEOUT_S` for callers to let go.
+      generation keeps serving and taking writes, none is lost, and no search waits
+      for the swap (writes wait for its last catch-up round, at most
+      `_CATCH_UP_SLACK` points). Until then (and for points written since) search is
+      exact. A failed optimize leaves the generation as it was, every write included.
+    - A shard swapped out is closed only once every caller of `shard_for` has let go
+      of it; searches from the swap on get the new shard. `drop` and `close` wait up
+      to `_DRAIN_TIMEOUT_S` for callers to let go.
 
     Thread-safe. Driver failures surface as `DependencyUnavailable`; an unknown
     generation is `NOT_FOUND` (`shard_for` raises `KeyError` instead).
@@ -733,10 +749,10 @@ class QdrantEdgeVectorIndex:
     def shard_for(self, generation_id: str) -> EdgeShard:
         """The open shard of `generation_id`, for the query side in this process.
 
-        Raises `KeyError` if the generation does not exist. Waits while a swap replaces
-        the shard (~0.1 s at 10k points). Callers must fetch the shard per request and
-        drop it when the request ends: the object changes when the generation is
-        swapped, and a swap waits (up to `_DRAIN_TIMEOUT_S`) for every holder to let go.
+        Raises `KeyError` if the generation does not exist; waits only while `drop` or
+        `close` closes it. Callers must fetch the shard per request and drop it when
+        the request ends: the object changes when the generation is swapped, and the
+        old one is closed once every holder has let go.
         """
         generation = self._get(generation_id)
         shard = None if generation is None else generation.reader_shard()
