@@ -21,7 +21,6 @@ second core). Equal to the engine's own cosine to float32 rounding (~1e-7).
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -191,7 +190,7 @@ class FlatVectors:
             scan = getattr(_LAST_SCAN, "scan", None)
             if (
                 scan is not None
-                and scan[0] is self
+                and scan[0]() is self
                 and scan[1] is query
                 and scan[2] == self._version
             ):
@@ -286,28 +285,32 @@ def flat_answerable(filter: SearchFilter) -> bool:
 
 def _unit(vector: Sequence[float]) -> npt.NDArray[np.float32]:
     """The query scaled to unit length (in float64, then float32), as the engine scales
-    a cosine query; read-only, shared by the calls for one query vector (`_unit_of`).
-    The last tuple asked for on this thread is known by identity (a query's search and
-    its re-score's lookup pass the same tuple): no hash of its values."""
+    a cosine query; read-only. Computed once per query tuple: the query-vector cache
+    hands every request for one text the same tuple, and a query's search and its
+    re-score's lookup pass it again, so the last tuples are known by identity (no hash
+    of 384 floats, which cost as much as scaling them)."""
     if not isinstance(vector, tuple):
-        return _unit_of(tuple(vector))
-    last = getattr(_LAST_UNIT, "last", None)
-    if last is not None and last[0] is vector:
-        unit: npt.NDArray[np.float32] = last[1]
-        return unit
-    unit = _unit_of(vector)
-    _LAST_UNIT.last = (vector, unit)
+        return _scaled(vector)
+    held = _UNITS.get(id(vector))
+    if held is not None and held[0] is vector:
+        return held[1]
+    unit = _scaled(vector)
+    with _UNITS_LOCK:
+        if len(_UNITS) >= _UNITS_HELD:
+            del _UNITS[next(iter(_UNITS))]
+        # The tuple is held with its unit: its id cannot be reused while it is here.
+        _UNITS[id(vector)] = (vector, unit)
     return unit
 
 
-_LAST_UNIT = threading.local()
+_UNITS: dict[int, tuple[tuple[float, ...], npt.NDArray[np.float32]]] = {}
+_UNITS_LOCK = threading.Lock()
+_UNITS_HELD = 64  # the most recent query tuples, oldest out first (~13 KiB each)
 
 
-@functools.lru_cache(maxsize=64)
-def _unit_of(vector: tuple[float, ...]) -> npt.NDArray[np.float32]:
-    # Once per query vector: a query's search and its re-score's lookup scale the same
-    # vector, and each numpy call here lets the GIL go (the lexical search's thread
-    # then runs until it lets it go in turn).
+def _scaled(vector: Sequence[float]) -> npt.NDArray[np.float32]:
+    # Each numpy call here lets the GIL go (the lexical search's thread then runs until
+    # it lets it go in turn).
     array = np.asarray(vector, dtype=np.float64)
     unit: npt.NDArray[np.float32] = (array / np.sqrt(np.dot(array, array))).astype(np.float32)
     unit.flags.writeable = False

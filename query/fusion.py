@@ -8,11 +8,13 @@ on `document_id` ascending.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
 from typing import NamedTuple
+
+import numpy as np
 
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index import Candidate
@@ -25,6 +27,7 @@ __all__ = [
     "freshness",
     "fuse",
     "fuse_rrf",
+    "fuse_top",
     "fuse_weighted_profile",
     "min_max",
     "normalize",
@@ -158,6 +161,88 @@ def _sorted(fused: list[FusedCandidate]) -> list[FusedCandidate]:
     return fused
 
 
+class _Weighted(NamedTuple):
+    """What a weighted fusion computes before its per-candidate loop."""
+
+    weights: tuple[float, float, float, float]
+    total: float
+    seen: dict[str, Candidate]
+    lex: dict[str, float]
+    vec: dict[str, float]
+    half_life: float
+
+
+def _weights(profile: WeightedProfile) -> tuple[tuple[float, float, float, float], float]:
+    """The profile's four weights and their sum; `INVALID_REQUEST` when every one is 0."""
+    weights = (
+        profile.lexical_weight,
+        profile.vector_weight,
+        profile.freshness_weight,
+        profile.metadata_weight,
+    )
+    total = math.fsum(weights)
+    if total <= 0.0:
+        raise OrreryError(ErrorCode.INVALID_REQUEST, "at least one ranking weight must be positive")
+    return weights, total
+
+
+def _weighted(
+    profile: WeightedProfile,
+    lexical: Sequence[Candidate],
+    vector: Sequence[Candidate],
+    half_life_days: float,
+    rescored: Rescored | None,
+) -> _Weighted:
+    weights, total = _weights(profile)
+    seen = _union(lexical, vector)
+    lex_raw = {c.document_id: c.score for c in lexical}
+    vec_raw = {c.document_id: c.score for c in vector}
+    if profile.missing == "rescore" and rescored is not None:
+        if lexical:
+            for doc_id in seen.keys() - lex_raw.keys():
+                lex_raw[doc_id] = rescored.lexical.get(doc_id, 0.0)
+        if vector:
+            for doc_id in seen.keys() - vec_raw.keys():
+                if doc_id in rescored.vector:
+                    vec_raw[doc_id] = rescored.vector[doc_id]
+    return _Weighted(
+        weights,
+        total,
+        seen,
+        normalize(lex_raw, profile.normalization),
+        normalize(vec_raw, profile.normalization),
+        profile.freshness_half_life_days or half_life_days,
+    )
+
+
+def _fused(
+    profile: WeightedProfile,
+    w: _Weighted,
+    candidates: Iterable[Candidate],
+    now: datetime,
+) -> list[FusedCandidate]:
+    """`candidates` fused exactly, in their order: `Σ weight·component / Σ weight`."""
+    lex, vec, total, half_life = w.lex, w.vec, w.total, w.half_life
+    # The same products summed by the same fsum as `Σ weight·component`, unrolled: this
+    # loop runs once per candidate of every query.
+    lw, vw, fw, mw = w.weights
+    boosts, other = profile.status_boosts, profile.other_status_boost
+    fsum = math.fsum
+    # `freshness` inlined, its arithmetic in the same order (so bit for bit the same).
+    exp, neg_ln2 = math.exp, -math.log(2.0)
+    fused: list[FusedCandidate] = []
+    for candidate in candidates:
+        doc_id = candidate.document_id
+        lx = lex.get(doc_id, 0.0)
+        vx = vec.get(doc_id, 0.0)
+        age_days = (now - candidate.updated_at).total_seconds() / 86_400.0
+        fresh = exp(neg_ln2 * (age_days if age_days > 0.0 else 0.0) / half_life)
+        meta = boosts.get(candidate.status, other)
+        score = fsum((lw * lx, vw * vx, fw * fresh, mw * meta)) / total
+        fused.append(_new(FusedCandidate, (doc_id, candidate.revision, score, lx, vx, fresh, meta)))
+    return fused
+
+
 def fuse_weighted_profile(
     profile: WeightedProfile,
     lexical: Sequence[Candidate],
@@ -176,46 +261,125 @@ def fuse_weighted_profile(
     A candidate with no score from a source gets 0.0 for it. `half_life_days` applies
     when the profile names none. Raises `INVALID_REQUEST` when every weight is zero.
     """
-    weights = (
-        profile.lexical_weight,
-        profile.vector_weight,
-        profile.freshness_weight,
-        profile.metadata_weight,
+    w = _weighted(profile, lexical, vector, half_life_days, rescored)
+    return _sorted(_fused(profile, w, w.seen.values(), now))
+
+
+# An upper bound, with a wide margin, on how far a fused score summed in plain float64
+# arithmetic (numpy's `exp`, no `fsum`) can lie from the exact one: every component and
+# weight share lies in [0, 1], so the difference is a few ulps of 1.0 (~1e-15).
+_APPROX_SLACK = 1e-9
+
+
+def _source_array(
+    ids: Sequence[str],
+    found: Mapping[str, float],
+    looked_up: Mapping[str, float] | None,
+    absent: float,
+) -> np.ndarray:
+    """Each id's raw score from `found`, else from `looked_up` (re-scored), else
+    `absent` (NaN: the candidate does not take part in the normalization)."""
+    if looked_up is None:
+        return np.fromiter((found.get(d, absent) for d in ids), np.float64, len(ids))
+    return np.fromiter(
+        (found[d] if d in found else looked_up.get(d, absent) for d in ids), np.float64, len(ids)
     )
-    total = math.fsum(weights)
-    if total <= 0.0:
-        raise OrreryError(ErrorCode.INVALID_REQUEST, "at least one ranking weight must be positive")
+
+
+def _min_max_array(raw: np.ndarray) -> np.ndarray:
+    """`min_max` over the present (non-NaN) values, 0.0 for the absent: the same float
+    arithmetic per value as `min_max`, so the same results bit for bit."""
+    present = ~np.isnan(raw)
+    if not present.any():
+        return np.zeros_like(raw)
+    values = raw[present]
+    low, high = float(values.min()), float(values.max())
+    out = np.zeros_like(raw)
+    out[present] = 1.0 if high - low <= _FLAT else (values - low) / (high - low)
+    return out
+
+
+def _top_weighted(
+    profile: WeightedProfile,
+    lexical: Sequence[Candidate],
+    vector: Sequence[Candidate],
+    *,
+    limit: int,
+    now: datetime,
+    half_life_days: float,
+    rescored: Rescored | None,
+) -> tuple[list[FusedCandidate], int]:
     seen = _union(lexical, vector)
-    lex_raw = {c.document_id: c.score for c in lexical}
-    vec_raw = {c.document_id: c.score for c in vector}
-    if profile.missing == "rescore" and rescored is not None:
-        if lexical:
-            for doc_id in seen.keys() - lex_raw.keys():
-                lex_raw[doc_id] = rescored.lexical.get(doc_id, 0.0)
-        if vector:
-            for doc_id in seen.keys() - vec_raw.keys():
-                if doc_id in rescored.vector:
-                    vec_raw[doc_id] = rescored.vector[doc_id]
-    lex = normalize(lex_raw, profile.normalization)
-    vec = normalize(vec_raw, profile.normalization)
+    count = len(seen)
+    if count <= 2 * limit + 8 or profile.normalization != "min_max":
+        w = _weighted(profile, lexical, vector, half_life_days, rescored)
+        return _sorted(_fused(profile, w, seen.values(), now))[:limit], count
+    weights, total = _weights(profile)
+    ids = list(seen)
+    candidates = list(seen.values())
+    nan = math.nan
+    lex_found = {c.document_id: c.score for c in lexical}
+    vec_found = {c.document_id: c.score for c in vector}
+    # As `_weighted`: re-scored, a source that returned candidates has a lexical score
+    # for every candidate (0.0: no term matched) and a vector score for those found.
+    rescore = rescored if profile.missing == "rescore" else None
+    lex_looked = None if rescore is None or not lexical else rescore.lexical
+    vec_looked = None if rescore is None or not vector else rescore.vector
+    lex_raw = _source_array(ids, lex_found, lex_looked, nan if lex_looked is None else 0.0)
+    vec_raw = _source_array(ids, vec_found, vec_looked, nan)
+    lex, vec = _min_max_array(lex_raw), _min_max_array(vec_raw)
+    stamps = [c.updated_at for c in candidates]
+    # Freshness once per distinct time (many records share one), then as an array.
+    ages = {stamp: (now - stamp).total_seconds() / 86_400.0 for stamp in set(stamps)}
+    age = np.maximum(np.fromiter((ages[stamp] for stamp in stamps), np.float64, count), 0.0)
     half_life = profile.freshness_half_life_days or half_life_days
-    # The same products summed by the same fsum as `Σ weight·component`, unrolled: this
-    # loop runs once per candidate of every query.
-    lw, vw, fw, mw = weights
     boosts, other = profile.status_boosts, profile.other_status_boost
-    fsum = math.fsum
-    # `freshness` inlined, its arithmetic in the same order (so bit for bit the same).
-    exp, neg_ln2 = math.exp, -math.log(2.0)
-    fused: list[FusedCandidate] = []
-    for doc_id, candidate in seen.items():
-        lx = lex.get(doc_id, 0.0)
-        vx = vec.get(doc_id, 0.0)
-        age_days = (now - candidate.updated_at).total_seconds() / 86_400.0
-        fresh = exp(neg_ln2 * (age_days if age_days > 0.0 else 0.0) / half_life)
-        meta = boosts.get(candidate.status, other)
-        score = fsum((lw * lx, vw * vx, fw * fresh, mw * meta)) / total
-        fused.append(_new(FusedCandidate, (doc_id, candidate.revision, score, lx, vx, fresh, meta)))
-    return _sorted(fused)
+    meta = np.fromiter((boosts.get(c.status, other) for c in candidates), np.float64, count)
+    lw, vw, fw, mw = weights
+    approx = lw * lex + vw * vec + fw * np.exp(-math.log(2.0) * age / half_life) + mw * meta
+    approx /= total
+    # Every candidate the exact order could put in the top `limit`: the true `limit`-th
+    # score is within the slack of the approximate one, and so is each true score.
+    kth = np.partition(approx, count - limit)[count - limit]
+    near = np.flatnonzero(approx >= kth - 2.0 * _APPROX_SLACK)
+    w = _Weighted(
+        weights,
+        total,
+        seen,
+        dict(zip([ids[i] for i in near.tolist()], lex[near].tolist(), strict=True)),
+        dict(zip([ids[i] for i in near.tolist()], vec[near].tolist(), strict=True)),
+        half_life,
+    )
+    return _sorted(_fused(profile, w, [candidates[i] for i in near.tolist()], now))[:limit], count
+
+
+def fuse_top(
+    profile: FusionProfile,
+    lexical: Sequence[Candidate],
+    vector: Sequence[Candidate],
+    *,
+    limit: int,
+    now: datetime,
+    half_life_days: float,
+    rescored: Rescored | None = None,
+) -> tuple[list[FusedCandidate], int]:
+    """`fuse(...)[:limit]` and `len(fuse(...))`, equal to them bit for bit, without
+    fusing every candidate exactly: a weighted profile scores all candidates at once in
+    float64 arrays, then fuses exactly only those within a bound (`_APPROX_SLACK`) of the
+    approximate `limit`-th score. For an answer that needs only its top `limit` (no
+    cursor, no phrase report over every candidate)."""
+    if isinstance(profile, RrfProfile) or limit <= 0:
+        fused = fuse(profile, lexical, vector, now=now, half_life_days=half_life_days)
+        return fused[: max(limit, 0)], len(fused)
+    return _top_weighted(
+        profile,
+        lexical,
+        vector,
+        limit=limit,
+        now=now,
+        half_life_days=half_life_days,
+        rescored=rescored,
+    )
 
 
 def fuse_rrf(

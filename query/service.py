@@ -38,7 +38,7 @@ from contracts.topk import (
     TopKResult,
 )
 from query.cursors import SORT, CursorCodec, CursorPosition, paginate
-from query.fusion import FusedCandidate, Rescored, fuse
+from query.fusion import FusedCandidate, Rescored, fuse, fuse_top
 from query.overlap import DeadlinePassed, Pending, SourcePool
 from query.phrases import ResolvedPhrasePlan, VocabularyRegistry
 from query.ports import (
@@ -587,7 +587,15 @@ def _rank(
         return ranked
     with engine_clock() as watch.engine_ms, shard_report() as watch.shards:
         sources = _search_sources(q, ports, watch)
-        _fuse_and_page(q, sources, ranked, ports=ports, limits=limits, report_plan=ask.report_plan)
+        _fuse_and_page(
+            q,
+            sources,
+            ranked,
+            ports=ports,
+            limits=limits,
+            limit=ask.limit,
+            report_plan=ask.report_plan,
+        )
     watch.lap("rerank")
     return ranked
 
@@ -918,6 +926,7 @@ def _fuse_and_page(
     *,
     ports: QueryPorts,
     limits: QueryLimits,
+    limit: int,
     report_plan: bool,
 ) -> None:
     """Stage 4: re-score (weighted profiles that look missing scores up), fuse, report
@@ -939,18 +948,32 @@ def _fuse_and_page(
             prefetched_vector=sources.vector_scores,
             tenant=q.route.namespace,
         )
-    fused = fuse(
-        profile,
-        sources.lexical,
-        sources.vector,
-        now=q.now if q.paging is None else q.paging.ranked_at,
-        half_life_days=limits.freshness_half_life_days,
-        rescored=rescored,
-    )
-    ranked.rescored_count = 0 if rescored is None else rescored.looked_up
-    ranked.watch.plan.update(candidate_count=len(fused), rescored_count=ranked.rescored_count)
     # The report costs a lexical lookup per phrase: only made when the plan is returned.
-    if report_plan:
+    report_phrases = report_plan and q.phrases.vocabulary is not None
+    if q.paging is None and not report_phrases:
+        # Only the top `limit` is read: fused exactly are only those that can be in it.
+        fused, count = fuse_top(
+            profile,
+            sources.lexical,
+            sources.vector,
+            limit=limit,
+            now=q.now,
+            half_life_days=limits.freshness_half_life_days,
+            rescored=rescored,
+        )
+    else:
+        fused = fuse(
+            profile,
+            sources.lexical,
+            sources.vector,
+            now=q.now if q.paging is None else q.paging.ranked_at,
+            half_life_days=limits.freshness_half_life_days,
+            rescored=rescored,
+        )
+        count = len(fused)
+    ranked.rescored_count = 0 if rescored is None else rescored.looked_up
+    ranked.watch.plan.update(candidate_count=count, rescored_count=ranked.rescored_count)
+    if report_phrases:
         ranked.phrase_plan = q.phrases.report(
             (c.document_id for c in fused), q.route.generation_id, ports.lexical
         )
@@ -958,7 +981,7 @@ def _fuse_and_page(
         _finish_page(q.paging, fused, q.route, q.now)
     ranked.fused = fused
     ranked.vector_scores = {c.document_id: c.score for c in sources.vector}
-    ranked.candidate_count = len(fused)
+    ranked.candidate_count = count
     ranked.indexes_used = sources.indexes_used
     ranked.source_counts = sources.counts
 
@@ -1043,7 +1066,7 @@ def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPl
         candidate_scope_mode="allowed_doc_ids" if mode == "allowed_doc_ids" else "scope_ref",
         candidate_count=ranked.candidate_count,
         indexes_used=ranked.indexes_used,
-        reranked_count=len(ranked.fused),
+        reranked_count=ranked.candidate_count,
         latency_ms=ranked.watch.latency(),
         engine_ms={k: round(v, 3) for k, v in sorted(ranked.watch.engine_ms.items())},
         shards=dict(sorted(ranked.watch.shards.items())),

@@ -8,10 +8,12 @@ against one index and compares the copy's answers with the shard's exact ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -233,7 +235,7 @@ def _row(document_id: str, status: str = "active") -> dict[str, object]:
     replaced=st.lists(st.floats(-1, 1, width=32), min_size=8, max_size=8),
 )
 def test_a_lookup_after_a_scan_scores_exactly_as_a_fresh_lookup(
-    rows: list[list[float]], query: list[float], replaced: list[float]
+    rows: list[list[float]], query: Sequence[float], replaced: list[float]
 ) -> None:
     """`scores` reuses the scan a `search` just made for the same query on the same thread
     (the re-score's lookup): bit for bit what scoring the rows alone gives, and never a
@@ -243,9 +245,30 @@ def test_a_lookup_after_a_scan_scores_exactly_as_a_fresh_lookup(
     twin = FlatVectors(8, capacity=4)  # the same rows, never scanned
     twin.put([(_row(f"d{n}", "active" if n % 3 else "draft"), row) for n, row in enumerate(rows)])
     ids = SearchFilter(status=("active",), document_ids=tuple(f"d{n}" for n in range(len(rows))))
+    query = tuple(query)  # the query-vector cache's form: one tuple, known by identity
     flat.search(query, SearchFilter(status=("active",)), 3)
     assert flat.scores(query, ids) == twin.scores(query, ids)
     # A write after the scan: the lookup scores the row as written now.
     flat.put([(_row("d1"), replaced)])
     twin.put([(_row("d1"), replaced)])
     assert flat.scores(query, ids) == twin.scores(query, ids)
+
+
+def test_a_lookup_after_a_scan_of_the_same_query_scans_nothing() -> None:
+    """The re-score's lookup right after the search reads the search's scan (no second
+    matrix product); another query, or another copy, is scored afresh."""
+    flat, other = FlatVectors(4, capacity=8), FlatVectors(4, capacity=8)
+    rows = [[1.0, 0.5, 0.0, 0.0], [0.0, 1.0, 0.5, 0.0], [0.0, 0.0, 1.0, 0.5]]
+    for copy in (flat, other):
+        copy.put([(_row(f"d{n}"), row) for n, row in enumerate(rows)])
+    query = (0.5, 1.0, 0.0, 0.25)
+    ids = SearchFilter(document_ids=("d0", "d2"))
+    with mock.patch.object(np, "einsum", wraps=np.einsum) as einsum:
+        flat.search(query, SearchFilter(), 1)
+        assert einsum.call_count == 1
+        reused = flat.scores(query, ids)
+        assert einsum.call_count == 1
+        assert reused == other.scores(query, ids)  # another copy: scored afresh
+        assert einsum.call_count == 2
+        flat.scores((1.0, 0.0, 0.0, 0.0), ids)  # another query
+        assert einsum.call_count == 3

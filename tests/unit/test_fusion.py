@@ -21,6 +21,7 @@ from query.fusion import (
     competition_ranks,
     fuse,
     fuse_rrf,
+    fuse_top,
     fuse_weighted_profile,
     min_max,
     normalize,
@@ -281,6 +282,74 @@ def test_every_profile_scores_in_unit_interval_best_first(
     assert {f.document_id for f in fused} == {d for d, _ in lexical_raw + vector_raw}
     assert all(-1e-9 <= f.score <= 1.0 + 1e-9 for f in fused)
     assert fused == sorted(fused, key=lambda f: (-f.score, f.document_id))
+
+
+# Few distinct values, so the top is full of exact ties (broken by id) and of scores
+# that differ in their last bits only; many candidates, past `fuse_top`'s exact path.
+tie_scores = st.sampled_from([0.0, 0.1, 0.1 + 1e-16, 0.3, 1 / 3, 0.5, 0.7, 1.0, 7.25, 12.0])
+many = st.lists(
+    st.tuples(
+        st.sampled_from([f"d{i:03d}" for i in range(120)]),
+        tie_scores,
+        st.sampled_from([0.0, 0.0, 1.5, 40.0, -2.0]),  # days old (future: counts as now)
+        st.sampled_from(["active", "archived", "draft"]),
+        st.integers(1, 3),
+    ),
+    max_size=110,
+    unique_by=lambda t: (t[0], t[4]),
+)
+
+
+@given(
+    many,
+    many,
+    st.sampled_from(sorted(BUILTIN)),
+    st.sampled_from(["min_max", "z_score"]),
+    st.sampled_from(["rescore", "zero"]),
+    st.integers(0, 40),
+    st.booleans(),
+)
+def test_fuse_top_is_the_top_of_fuse_bit_for_bit(
+    lexical_raw: list[tuple[str, float, float, str, int]],
+    vector_raw: list[tuple[str, float, float, str, int]],
+    profile_id: str,
+    normalization: str,
+    missing: str,
+    limit: int,
+    freshness: bool,
+) -> None:
+    def build(raw: list[tuple[str, float, float, str, int]]) -> list[Candidate]:
+        return ranked(
+            [
+                Candidate(
+                    document_id=d,
+                    revision=r,
+                    score=s,
+                    updated_at=NOW - timedelta(days=days),
+                    status=status,
+                )
+                for d, s, days, status, r in raw
+            ]
+        )
+
+    lexical, vector = build(lexical_raw), build(vector_raw)
+    profile = BUILTIN[profile_id]
+    if isinstance(profile, WeightedProfile):
+        update: dict[str, object] = {"normalization": normalization, "missing": missing}
+        if freshness:
+            update |= {"freshness_weight": 0.7, "metadata_weight": 0.3}
+        profile = profile.model_copy(update=update)
+    # Every other lexical candidate's vector score was found, none of its other ids.
+    rescored = Rescored(
+        lexical={d: s / 2 for d, s, *_ in vector_raw[::3]},
+        vector={d: 1.0 - s / 20 for d, s, *_ in lexical_raw[::2]},
+    )
+    whole = fuse(profile, lexical, vector, now=NOW, half_life_days=30, rescored=rescored)
+    top, count = fuse_top(
+        profile, lexical, vector, limit=limit, now=NOW, half_life_days=30, rescored=rescored
+    )
+    assert count == len(whole)
+    assert top == whole[:limit]
 
 
 # --------------------------------------------------------------------------- profiles
