@@ -286,7 +286,11 @@ class EmbeddedProjector:
                     return
                 except OrreryError as error:
                     if not self._stop.is_set():
-                        _log.warning("compacting %s failed: %s", generation_id, error.message)
+                        _log.warning(
+                            "compacting %s or building its lexical copy failed: %s",
+                            generation_id,
+                            error.message,
+                        )
 
     def close(self) -> None:
         self._stop.set()

@@ -193,6 +193,9 @@ class _Generation:
     # Commits made through this object: `build_flat` keeps its copy only if none came
     # while it read the documents.
     commits: int = 0
+    # `commits` when a `build_flat` that read the documents kept no copy: not tried again
+    # before the next commit (a failure that repeats would cost a full read every round).
+    flat_failed_at: int | None = None
     # When the last write was (`time.monotonic`): a compaction waits for quiet.
     written_at: float = 0.0
 
@@ -399,11 +402,14 @@ class TantivyLexicalIndex:
     def flat_due(self, generation_id: str, *, quiet_s: float) -> bool:
         """Whether `build_flat` would make the generation a copy now: it has none, nothing
         was written to it for `quiet_s`, and its index holds no deleted document and at
-        most `flat_open_max_rows` documents (within the copies' shared bound)."""
+        most `flat_open_max_rows` documents (within the copies' shared bound), and no
+        build that read its documents failed since its last commit."""
         if self._flat_open_max_rows <= 0:
             return False
         generation = self._require(generation_id)
         if generation.flat is not None or generation.journal is not None:
+            return False
+        if generation.flat_failed_at == generation.commits:
             return False
         if not has_combined_field(generation.text_analyzer):
             return False
@@ -486,6 +492,7 @@ class TantivyLexicalIndex:
             raise _unavailable("cannot read index", generation_id, exc) from exc
         finally:
             if not kept:
+                generation.flat_failed_at = commits
                 self._flat_release(count)
 
     def compact(

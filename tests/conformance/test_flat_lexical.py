@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.errors import OrreryError
 from contracts.flat_lexical import FlatLexical, fieldnorm_id
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
@@ -455,7 +456,7 @@ def test_a_built_copy_is_bounded_and_kept_only_without_a_commit_meanwhile(
     first.close()
     source = _compaction_source(written)
     index = TantivyLexicalIndex(
-        root, flat_max_rows=10, flat_max_total_rows=1_205, flat_open_max_rows=1_200
+        root, flat_max_rows=10, flat_max_total_rows=1_206, flat_open_max_rows=1_201
     )
     try:
         assert TantivyLexicalIndex(root).build_flat("a", source) is False  # 0: never
@@ -475,20 +476,29 @@ def test_a_built_copy_is_bounded_and_kept_only_without_a_commit_meanwhile(
         def documents(pairs: Sequence[tuple[str, int]]) -> list[IndexDocument]:
             nonlocal calls
             calls += 1
-            if calls == 1:  # a commit while the copy reads: it would miss this document
-                index.apply("a", [doc("late", body="red")], [])
-                written[("late", 1)] = doc("late", body="red")
+            if calls == 1:  # a commit while the copy reads: it would miss these documents
+                late = [doc("late", body="red"), doc("later", body="blue")]
+                index.apply("a", late, [])
+                written.update({(d.document_id, 1): d for d in late})
             return source(pairs)
 
         assert index.build_flat("a", documents) is False
         assert index.flat_for("a") is None
-        assert index.flat_due("a", quiet_s=0.0) is False  # 1,201 documents: past its size
+        assert index.flat_due("a", quiet_s=0.0) is False  # 1,202 documents: past its size
         assert index.build_flat("a", source) is False
         assert index.flat_due("b", quiet_s=0.0) is True
         assert index.flat_due("b", quiet_s=60.0) is True  # never written in this process
+        with pytest.raises(OrreryError):  # the store lacks the revisions: INTERNAL
+            index.build_flat("b", lambda pairs: [])
+        assert index.flat_due("b", quiet_s=0.0) is False  # not again before a commit
+        index.apply("b", [doc("n0000", body="red")], [])  # the same revision: no commit
+        assert index.flat_due("b", quiet_s=0.0) is False
+        index.apply("b", [doc("b-new", body="red")], [])
+        written[("b-new", 1)] = doc("b-new", body="red")
+        assert index.flat_due("b", quiet_s=0.0) is True
         assert index.build_flat("b", source) is True
         assert index.flat_for("b") is not None
-        # The shared bound: 1,200 of 1,205 rows taken, the small one does not fit.
+        # The shared bound: 1,201 of 1,206 rows taken, the small one does not fit.
         assert index.flat_due("small", quiet_s=0.0) is False
         assert index.build_flat("small", source) is False
         index.drop("b")
