@@ -389,10 +389,7 @@ class TantivyLexicalIndex:
             return False
         if time.monotonic() - generation.written_at < quiet_s:
             return False
-        try:
-            sizes = _segment_sizes(self._path(generation_id) / _META_FILE)
-        except (OSError, ValueError, KeyError) as exc:
-            raise _unavailable("cannot read index", generation_id, exc) from exc
+        sizes = self._segment_sizes(generation_id)
         if not sizes:
             return False
         largest = max(sizes, key=lambda size: size[0])
@@ -415,10 +412,7 @@ class TantivyLexicalIndex:
             return False
         if time.monotonic() - generation.written_at < quiet_s:
             return False
-        try:
-            sizes = _segment_sizes(self._path(generation_id) / _META_FILE)
-        except (OSError, ValueError, KeyError) as exc:
-            raise _unavailable("cannot read index", generation_id, exc) from exc
+        sizes = self._segment_sizes(generation_id)
         documents = sum(size[0] for size in sizes)
         with self._flat_lock:
             room = self._flat_max_total_rows - self._flat_rows
@@ -452,10 +446,7 @@ class TantivyLexicalIndex:
         with generation.write_lock:
             if generation.retired or generation.flat is not None or generation.journal is not None:
                 return False
-            try:
-                sizes = _segment_sizes(self._path(generation_id) / _META_FILE)
-            except (OSError, ValueError, KeyError) as exc:
-                raise _unavailable("cannot read index", generation_id, exc) from exc
+            sizes = self._segment_sizes(generation_id)
             count = sum(size[0] for size in sizes)
             if any(deleted for _, deleted in sizes) or not 0 < count <= self._flat_open_max_rows:
                 return False
@@ -682,6 +673,14 @@ class TantivyLexicalIndex:
                 {"generation_id": generation_id},
             )
         return self._root / generation_id
+
+    def _segment_sizes(self, generation_id: str) -> list[tuple[int, int]]:
+        """`_segment_sizes` of the generation's last commit; `DependencyUnavailable` if
+        its meta file cannot be read."""
+        try:
+            return _segment_sizes(self._path(generation_id) / _META_FILE)
+        except (OSError, ValueError, KeyError) as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
 
     def _index_schema(self, text_analyzer: str) -> tantivy.Schema:
         schema = self._schemas.get(text_analyzer)
