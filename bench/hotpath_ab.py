@@ -11,7 +11,7 @@
    language english, queried with its 300 test queries under the server's default
    profile, as `versus_qdrant.py` sends them (each worker embeds the query texts once
    before the warm-up). `--corpus synthetic`: the data dir a `bench/versus_qdrant_
-   synthetic.py --data-root R` run kept (`--data-dir R/<size>/data`, required: never
+   synthetic.py --data-root R` run kept (`--data-dir R/data`, required: never
    built here), queried with that bench's query texts, body and namespace language.
 2. Starts one worker process per tree (`PYTHONPATH=<tree>`), each on its own copy of
    that data dir, with the query clock fixed (freshness is the same for both) and the
@@ -201,20 +201,20 @@ def worker(data_dir: Path, corpus: str, *, compact: bool = False, flat: bool = F
                 warm = {k: request[k] for k in ("namespace", "scope_ref", "query_text")}
                 client.post("/v1/external/retrieve", json={**warm, "limit": 1})
 
-        def one(request: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-            started = time.perf_counter()
+        def one(request: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
+            started, cpu = time.perf_counter(), time.process_time()
             response = client.post("/v1/external/retrieve/topk_records", json=request)
-            seconds = time.perf_counter() - started
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
             if response.status_code != 200:
                 raise RuntimeError(f"topk_records: {response.text[:300]}")
             answered: dict[str, Any] = response.json()
-            return seconds, answered
+            return seconds, cpu, answered
 
         for request in bodies[-WARMUP:]:
             one(request)
         print("ready", flush=True)
         for line in sys.stdin:
-            seconds, body = one(bodies[int(line)])
+            seconds, cpu, body = one(bodies[int(line)])
             plan = body["query_plan"]
             answer = [
                 [
@@ -229,6 +229,9 @@ def worker(data_dir: Path, corpus: str, *, compact: bool = False, flat: bool = F
                 json.dumps(
                     {
                         "ms": seconds * 1000.0,
+                        # The worker process's CPU (every thread) for the request: less
+                        # sensitive to the machine's load than the wall clock.
+                        "cpu_ms": cpu * 1000.0,
                         "total": plan["latency_ms"]["total"],
                         "engine": plan.get("engine_ms") or {},
                         "results": answer,
@@ -307,6 +310,7 @@ def _largest_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
 
 def _side(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     client = [s["ms"] for s in samples]
+    cpu = [s["cpu_ms"] for s in samples]
     total = [s["total"] for s in samples]
     keys = sorted({k for s in samples for k in s["engine"]})
     raw = [
@@ -317,6 +321,11 @@ def _side(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "client_ms": {"p50": round(_pct(client, 50), 3), "p95": round(_pct(client, 95), 3)},
         "server_total_ms": {"p50": round(_pct(total, 50), 3), "p95": round(_pct(total, 95), 3)},
+        "process_cpu_ms": {
+            "p50": round(_pct(cpu, 50), 3),
+            "p95": round(_pct(cpu, 95), 3),
+            "mean": round(sum(cpu) / len(cpu), 3),
+        },
         "engine_ms_p50": {
             k: round(_pct([s["engine"].get(k, 0.0) for s in samples], 50), 3) for k in keys
         },
@@ -385,7 +394,7 @@ def compare(
         "sides": sides,
         "b_over_a": {
             f"{what}_{p}": round(sides["B"][what][p] / sides["A"][what][p], 3)
-            for what in ("client_ms", "server_total_ms")
+            for what in ("client_ms", "server_total_ms", "process_cpu_ms")
             for p in ("p50", "p95")
         },
     }

@@ -760,11 +760,14 @@ def optimizer_busy(server: ServeProcess) -> dict[str, Any] | None:
     """Evidence of an optimize running now, or None.
 
     The adapter may optimize in a child process of the server (on a copy of the shard
-    under `.<generation>.optimizing`) or in-process (then it holds the GIL and requests
-    stall, which the probes detect). Any child process of the server counts as busy.
+    under `.<generation>.optimizing`, then caught up in `<generation>+<n>` until the
+    pointer file names it, `swapping_dirs`) or in-process (then it holds the GIL and
+    requests stall, which the probes detect). Any child process of the server counts
+    as busy.
     """
     vectors = server.data_dir / "generations" / "vectors"
     staging = sorted(p.name for p in vectors.glob(".*") if p.is_dir()) if vectors.exists() else []
+    staging += swapping_dirs(vectors)
     children = child_processes(server.pid)
     lexical = server.data_dir / "generations" / "lexical"
     if lexical.exists():  # A tantivy compaction under way (`.compact.<generation>`).
@@ -772,6 +775,33 @@ def optimizer_busy(server: ServeProcess) -> dict[str, Any] | None:
     if not staging and not children:
         return None
     return {"staging_dirs": staging, "children": children}
+
+
+def swapping_dirs(vectors: Path) -> list[str]:
+    """Shard directories of qdrant-edge generations that are not the live one (the
+    pointer file `<generation>+live` names it, else `<generation>`): a copy being caught
+    up, or an old shard not closed yet."""
+    if not vectors.exists():
+        return []
+    pointers = {p.name.removesuffix("+live") for p in vectors.glob("*+live")}
+    out = []
+    for path in vectors.iterdir():
+        if not path.is_dir() or path.name.startswith("."):
+            continue
+        generation, mark, _ = path.name.rpartition("+")
+        if not mark:
+            generation = path.name
+        try:
+            live = (
+                (vectors / f"{generation}+live").read_text().strip()
+                if generation in pointers
+                else generation
+            )
+        except FileNotFoundError:  # dropped meanwhile
+            continue
+        if path.name != live:
+            out.append(path.name)
+    return sorted(out)
 
 
 # How long the tantivy generations must stay as they are, no compaction running, for

@@ -7,7 +7,7 @@ proven identical by one conformance suite.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
 from typing import NamedTuple
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index_fields import BODY, HIDDEN_FACET, SOURCE_TEXT_FIELDS, TAGS, TEXT, TITLE
 from contracts.records import AwareDatetime, Record
+from contracts.stored_vectors import StoredVector
 
 __all__ = [
     "DEFAULT_FIELD_BOOSTS",
@@ -84,7 +85,9 @@ class IndexDocument(BaseModel):
     title: str = ""
     body: str = ""
     tags: tuple[str, ...] = ()
-    vector: tuple[float, ...] | None = None
+    # A tuple, or a `contracts.stored_vectors.StoredVector` (a decoded event's: its
+    # float32 array and JSON text ride along to the engines).
+    vector: Sequence[float] | None = None
 
 
 def is_unicode(value: str) -> bool:
@@ -109,7 +112,7 @@ def _facets(record: Record) -> dict[str, tuple[str, ...]]:
     return facets
 
 
-def to_index_document(record: Record, vector: tuple[float, ...] | None) -> IndexDocument:
+def to_index_document(record: Record, vector: Sequence[float] | None) -> IndexDocument:
     """Project a (non-deleted) record revision into its index form.
 
     A lane the record's `index_lanes` leaves out is named in the facet `HIDDEN_FACET`,
@@ -131,7 +134,11 @@ def to_index_document(record: Record, vector: tuple[float, ...] | None) -> Index
         body=record.text.body,
         tags=tuple(record.text.tags),
         # `tuple` of a tuple is the tuple itself: free for the embedders' vectors.
-        vector=None if vector is None else tuple(vector),
+        vector=None
+        if vector is None
+        else vector
+        if isinstance(vector, StoredVector)
+        else tuple(vector),
     )
 
 

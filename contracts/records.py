@@ -36,6 +36,7 @@ __all__ = [
     "identity_violation",
     "payload_sha256",
     "record_json_without_vector",
+    "vector_text",
 ]
 
 # A fixed UUID namespace: document ids derived from it are stable across processes,
@@ -367,6 +368,24 @@ _AFTER_VECTOR = re.compile(
 )
 
 
+def _vector_cut(record_json: str) -> tuple[int, int, str] | None:
+    """Where `Record.model_dump_json`'s layout puts the record's own top-level vector:
+    `(start of ',"vector":', end of its value, the text after it up to the closing brace)`,
+    or None for another layout (see `record_json_without_vector`)."""
+    at = record_json.rfind(',"vector":')
+    if at > 0:
+        value = at + 10
+        end = 0
+        if record_json.startswith("null", value):
+            end = value + 4
+        elif record_json.startswith("[", value):
+            end = record_json.find("]", value) + 1
+        tail = _AFTER_VECTOR.fullmatch(record_json, end) if end > 0 else None
+        if tail is not None:
+            return at, end, tail.group(1)
+    return None
+
+
 def record_json_without_vector(record_json: str) -> str:
     """A record's JSON without its top-level `vector` (the same value as SQLite's
     `json_remove(record_json, '$.vector')`): what a query answers from a stored record,
@@ -379,18 +398,24 @@ def record_json_without_vector(record_json: str) -> str:
     when the list closed there: a `]` inside a string or a nested list, or a `vector` key
     nested in the payload, leaves more of the record to come. Any other layout is parsed
     and rendered again."""
-    at = record_json.rfind(',"vector":')
-    if at > 0:
-        value = at + 10
-        end = 0
-        if record_json.startswith("null", value):
-            end = value + 4
-        elif record_json.startswith("[", value):
-            end = record_json.find("]", value) + 1
-        tail = _AFTER_VECTOR.fullmatch(record_json, end) if end > 0 else None
-        if tail is not None:
-            return f"{record_json[:at]}{tail.group(1)}}}"
+    cut = _vector_cut(record_json)
+    if cut is not None:
+        at, _, tail = cut
+        return f"{record_json[:at]}{tail}}}"
     parsed = json.loads(record_json)
     if isinstance(parsed, dict):
         parsed.pop("vector", None)
     return json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
+
+
+def vector_text(record_json: str) -> str | None:
+    """The text of the record's own top-level vector when the record is in
+    `Record.model_dump_json`'s layout with a list as its vector (the cut of
+    `record_json_without_vector`), else None."""
+    cut = _vector_cut(record_json)
+    if cut is None:
+        return None
+    at, end, _ = cut
+    if record_json[end - 1] != "]":
+        return None
+    return record_json[at + 10 : end]

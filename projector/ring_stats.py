@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.index import IndexDocument
+from contracts.stored_vectors import StoredVector
 from projector.ports import IndexEvidence, RingStatistics, VectorIndex
 
 __all__ = [
@@ -237,7 +238,12 @@ def ring_moves(
                 continue
             if change.vector is None:
                 raise ValueError(f"document {document_id} has no vector")
-            stored = np.asarray(change.vector, dtype=np.float32)
+            vector = change.vector
+            stored = (
+                vector.float32
+                if isinstance(vector, StoredVector)
+                else np.asarray(vector, dtype=np.float32)
+            )
             vectors, signs = moves[(change.galaxy, change.ring)]
             vectors.append(stored)
             signs.append(1)

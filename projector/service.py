@@ -19,6 +19,7 @@ from contracts.generations import Topology
 from contracts.index import IndexDocument, to_index_document
 from contracts.index_fields import TextLanguages
 from contracts.records import Record
+from contracts.stored_vectors import StoredVector
 from projector.model import plan_batch
 from projector.ports import (
     DeadLetterBox,
@@ -123,7 +124,7 @@ def analyzed_schema_digest(base: str, text_analyzer: str) -> str:
 
 def embed_records(
     records: Sequence[Record], *, embedder: Embedder, cache: VectorCache
-) -> tuple[dict[str, tuple[float, ...]], int]:
+) -> tuple[dict[str, Sequence[float]], int]:
     """Vectors for records without their own, each distinct text embedded once ever.
 
     Returns `(vectors by document id, number of texts embedded now)`.
@@ -137,10 +138,13 @@ def embed_records(
         new = {key: vector for (key, _), vector in zip(missing, fresh, strict=True)}
         cache.store_vectors(new)
         cached.update(new)
-    vectors = {doc_id: cached[key] for doc_id, key in keys.items()}
+    vectors: dict[str, Sequence[float]] = {doc_id: cached[key] for doc_id, key in keys.items()}
     for record in records:
-        if record.vector is not None:
-            vectors[record.doc_id] = tuple(record.vector)
+        vector = record.vector
+        if vector is not None:
+            # A decoded event's `StoredVector` as it is: its float32 array and JSON text
+            # go to the engines without a float of it being formatted or packed again.
+            vectors[record.doc_id] = vector if isinstance(vector, StoredVector) else tuple(vector)
     return vectors, len(missing)
 
 

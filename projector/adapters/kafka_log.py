@@ -27,7 +27,7 @@ from contracts.events import (
     POSITION_HEADER,
     TRACE_HEADER,
     LogEntry,
-    RecordChanged,
+    decode_record_changed,
     topic_pattern,
 )
 from projector.ports import Undecodable
@@ -193,7 +193,7 @@ def _decode(record: Any) -> LogEntry | Undecodable:
         position = _position(record)
         return LogEntry(
             position=position,
-            event=RecordChanged.model_validate_json(record.value),
+            event=decode_record_changed(record.value),
             trace_context=_trace_context(record),
         )
     except (OrreryError, ValidationError, ValueError, TypeError) as exc:

@@ -1,7 +1,9 @@
 """qdrant-edge (embedded Qdrant) as the projector's vector index: one shard per generation.
 
 Layout: `root / generation_id` is one `EdgeShard` directory holding one named dense vector
-("dense", cosine) and the payload the query side filters on. qdrant-edge allows one
+("dense", cosine) and the payload the query side filters on; once an optimize swapped
+in an optimized copy, the generation lives in `root / f"{generation_id}+{n}"`, the
+directory the pointer file `root / f"{generation_id}+live"` names. qdrant-edge allows one
 process per shard directory (a second `EdgeShard.load` fails on the WAL lock), so the
 query side searches through `QdrantEdgeVectorIndex.shard_for` of this same object.
 
@@ -37,24 +39,31 @@ runs it in this process; it copies, optimizes the copy in a child and swaps:
    copied file by file (holes kept) to `root/.<generation>.optimizing`. A copy of a
    flushed shard, WAL included, loads like the original (qdrant-edge's snapshot calls
    only consume snapshots a Qdrant server made; they cannot make one). From then on
-   every `apply`, once it has written (or failed to), also records the ids of the
-   points it touched (upserted or deleted, 16 bytes each) in an in-memory journal; the
-   live shard keeps serving searches and taking writes.
+   every `apply`, once it has written, also appends to an in-memory journal what it
+   did to the live shard: the engine operations themselves (`UpdateOperation`s, the
+   very objects the live shard took: upserts with their converted vectors and
+   payloads, deletes), up to `max_journal_bytes` (256 MiB) of them; past that, or for
+   an `apply` that failed half way, the ids of the points it touched (16 bytes each).
+   The live shard keeps serving searches and taking writes.
 2. Optimize. A child process (`python -c`, niced) loads the copy, optimizes, flushes and
    closes it. This process only waits for it, so its GIL stays free.
-3. Catch up. The optimized copy is loaded here and every journaled point is brought to
-   its current state in the live shard, the truth: read from it with vector and
-   payload and upserted into the copy, or deleted from the copy if the live shard no
-   longer holds it. So the catch-up is idempotent and blind to the order and kind of
-   the writes (revision rules included: the live shard already applied them). A few
-   rounds run without the write lock (a point written again after it was read is
-   journaled again, for a later round), then the rest under it. The copy must then
-   hold as many points as the live shard; it is closed (flushed). `apply` waits from
-   here to the end of the swap.
-4. Swap. The live shard is flushed, the gate of `shard_for` closes (new searches wait)
-   and the swap waits until no caller holds the live shard any more (below); the live
-   shard is closed, its directory renamed to `.<generation>.retired`, the copy renamed
-   into place and loaded, and the gate opens. The retired directory is deleted after.
+3. Catch up. The optimized copy is renamed to the directory it will be served from,
+   `root/<generation>+<n>`, and loaded here. Journal entries are applied to it in the
+   order the writes reached the live shard: operations replayed as they are (resolved
+   under the revision rules already, they do to the copy what they did to the live
+   shard, and nothing is read or converted again), ids copied from the live shard as
+   it holds them then (or deleted from the copy). Rounds run without the write lock,
+   each applying what the journal gained during the round before, until at most
+   `_CATCH_UP_SLACK` (256) points are left (`_CATCH_UP_ROUNDS` at most); the rest is
+   applied under the lock, and the copy must then hold as many points as the live
+   shard.
+4. Swap. Still under the write lock, the pointer file `root/<generation>+live` is
+   replaced (written, fsynced, renamed over: the one durable step; a restart opens
+   the directory it names) and the generation serves the copy from then on: two
+   assignments under the gate's lock, nothing loaded, flushed or closed meanwhile, so
+   no search waits for the swap. The old shard is closed (and its directory removed)
+   after the lock is released, once no caller holds it any more: at once, or by the
+   next optimize, `drop` or `close`.
 
 When to optimize. An optimize rebuilds the HNSW of the whole shard (qdrant-edge merges it
 into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, then
@@ -63,35 +72,40 @@ writes, until the unindexed points reach a fraction (`growth`, 0.25) of the inde
 ones (`optimize_threshold`): the builds of an ingest then add up to a multiple of its
 size, not its square. Once the generation is quiet the rest is built.
 
-Pauses that remain (10k 384-d points, 2 busy CPUs, searches and writes running; the
-whole optimize 7-10 s): qdrant-edge holds the GIL in `load`, `flush` and `close` too,
-so each of those stalls the whole process briefly - the longest, the swap's `load`,
-~0.1 s, for which searches wait at the gate (0.12-0.21 s); `apply` waits for the copy
-(~0.2 s) and for the end of the catch-up plus the swap (0.23-0.39 s).
+Pauses that remain: qdrant-edge holds the GIL in `load`, `flush` and `close` too, so
+each stalls the whole process. The optimize loads the copy once (`load` in its log
+line; 0.3-0.5 s at 30k 384-d points, about half of it reading the WAL, the rest the
+payload indexes and the vector pages) and closes the old shard once (`close_old`);
+`apply` waits for the copy (`copy`) and for the round under the write lock
+(`writes_blocked`: at most 256 points replayed, two `info` calls and the pointer
+file).
 
-A failure anywhere (copy, child exit status or signal, unexpected child output, replay,
-point count, swap) discards the copy and keeps the old shard (renamed back and reloaded
-if the swap had got that far), then `optimize` raises `DependencyUnavailable`. The old
-shard holds every write throughout, so the journal is simply dropped. However much is
-written meanwhile, an optimize is not thrown away for it: the journal costs 16 bytes
-per point written, and only past `max_journal_ids` (8M by default, 128 MiB: a memory
-bound no 1M-point ingest reaches) is the optimize abandoned. An `apply` that fails on
-the live shard abandons nothing either: its points are journaled all the same, so the
-catch-up copies whatever it left there. A crash mid-swap leaves either the old
-directory at `.retired` and none
-in place (put back when the generation is next opened) or the optimized copy in place,
-complete with the journal; leftovers are removed when the generation is next opened.
+A failure anywhere (copy, child exit status or signal, unexpected child output, load,
+replay, point count, pointer file) discards the copy and keeps the old shard, which
+holds every write throughout, so the journal is simply dropped; then `optimize`
+raises `DependencyUnavailable`. However much is written meanwhile, an optimize is not
+thrown away for it: past `max_journal_bytes` the journal keeps ids, and only past
+`max_journal_ids` of them (8M by default: a bound no 1M-point ingest reaches) is the
+optimize abandoned. An `apply` that fails on the live shard abandons nothing either: its
+points are journaled by id all the same, so the catch-up copies whatever it left there.
+A crash before the pointer file names the copy leaves the old shard live on disk; a
+crash after it leaves the copy live, complete with every write (its WAL); either way
+the directories the pointer file does not name (and the staging copy) are removed when
+the generation is next opened. (A generation still in the layout of the previous
+swap, which renamed directories, is put back from `.<generation>.retired` if a crash
+left it there.)
 
 Draining callers. A qdrant-edge shard can be closed under a caller, who then fails with
-"not initialized", and `shard_for` hands shards out. So before closing a shard (swap,
-`drop`, `close`) the gate is closed and the closer waits until nothing else references
-the shard object: its CPython reference count drops to the closer's own references. A
+"not initialized", and `shard_for` hands shards out. So before closing a shard (the old
+one after a swap, `drop`, `close`) the closer waits until nothing else references the
+shard object: its CPython reference count drops to the closer's own references. A
 caller that fetches the shard per request, as `query.adapters.qdrant_edge_vectors`
 does, lets go when its request ends. A reference held by garbage (the frames of a failed
 search, kept in a cycle by its stored exception) goes with one `gc.collect()` after
-`_DRAIN_COLLECT_AFTER_S`. A caller that keeps the shard longer than `_DRAIN_TIMEOUT_S`
-makes a swap give up (the old shard stays; a later optimize retries) and `drop` /
-`close` go ahead anyway.
+`_DRAIN_COLLECT_AFTER_S`. The old shard of a swap that a caller keeps longer than
+`_DRAIN_TIMEOUT_S` stays open for it, closed by the next optimize, `drop` or `close`;
+`drop` and `close` close the gate (new searches wait) and go ahead anyway after
+`_DRAIN_TIMEOUT_S`.
 
 One optimize per generation at a time; `drop` and `close` cancel a running one (its
 child is killed) and wait for it to clean up.
@@ -102,6 +116,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import glob
 import json
 import logging
 import math
@@ -200,21 +215,35 @@ _DRAIN_TIMEOUT_S = 5.0
 # After this long a garbage collection runs once, in case the holder is cyclic garbage.
 _DRAIN_COLLECT_AFTER_S = 0.05
 _COPY_CHUNK = 1 << 20
-# Catch-up without the write lock chases new writes this many rounds at most, and stops
-# early once at most `_CATCH_UP_SLACK` point ids are left for the round under the lock.
-_CATCH_UP_ROUNDS = 3
-_CATCH_UP_SLACK = 32
+# The catch-up runs rounds without the write lock, each replaying what the journal
+# gained during the round before, until at most `_CATCH_UP_SLACK` points are left for
+# the round under the lock (or after `_CATCH_UP_ROUNDS` rounds: writes that outpace the
+# replay leave a longer tail, never an unbounded one, as a round replays faster than
+# writers write).
+_CATCH_UP_ROUNDS = 16
+_CATCH_UP_SLACK = 256
 # Points read from the live shard and written into the copy per engine call of the
-# catch-up (each call holds the GIL, as a scroll page does).
+# catch-up of journaled ids (each call holds the GIL, as a scroll page does).
 _CATCH_UP_PAGE = 250
-# Journal positions de-duplicated at a time by the catch-up (bounds its transient memory).
+# Journal ids de-duplicated at a time by the catch-up (bounds its transient memory).
 _CATCH_UP_WINDOW = 65_536
 # A journal entry: one point id (`uuid.UUID.bytes`).
 _ID_BYTES = 16
-# Point ids one optimize's journal holds at most (16 bytes each: 128 MiB). A memory
-# bound, not a work bound: a 1M-point ingest rewriting every point eight times over
-# during one optimize stays below it. Past it the optimize is abandoned (old shard kept).
+# Point ids one optimize's journal holds at most. A bound no 1M-point ingest reaches
+# (it would rewrite every point eight times over during one optimize); past it the
+# optimize is abandoned (old shard kept).
 _MAX_JOURNAL_IDS = 8_000_000
+# Bytes of engine operations one optimize's journal keeps for replay (`_Journal`);
+# writes past it are journaled as point ids only, 16 bytes each.
+_MAX_JOURNAL_BYTES = 256 << 20
+# What one journaled point of an operation costs beside its vector (payload, ids and
+# the engine's own structures, measured ~1.1-2 KB at 384-d in qdrant-edge-py 0.9).
+_POINT_OVERHEAD_BYTES = 2_048
+# The live directory of a generation is `root/<generation>` until its first optimize,
+# then `root/<generation>+<n>`, named by the pointer file `root/<generation>+live`.
+# '+' is never part of a generation id, so none of these names a generation.
+_VERSION_MARK = "+"
+_POINTER = "+live"
 # The background optimizer puts off a generation that keeps taking writes at most this
 # long (`QdrantEdgeVectorIndex._writes_flowing`).
 _MAX_DEFERRAL_S = 60.0
@@ -290,9 +319,14 @@ class _OptimizeReport:
     """Where one optimize spent its time, for the log."""
 
     seconds: dict[str, float] = field(default_factory=dict)
-    # Point ids the journal recorded, and distinct points copied from the live shard.
+    # Points the journal recorded; of those, replayed from recorded engine operations
+    # and copied from the live shard (journaled ids); rounds of the catch-up without the
+    # write lock, and the points left for the round under it.
     journaled: int = 0
-    caught_up: int = 0
+    replayed: int = 0
+    mirrored: int = 0
+    rounds: int = 0
+    tail: int = 0
     searches_paused: float = 0.0
 
     @contextlib.contextmanager
@@ -303,13 +337,19 @@ class _OptimizeReport:
         finally:
             elapsed = time.perf_counter() - started
             self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
+            _log.debug("optimize phase %s took %.3f s", phase, elapsed)
+
+    def add(self, caught_up: tuple[int, int]) -> None:
+        self.replayed += caught_up[0]
+        self.mirrored += caught_up[1]
 
     def __str__(self) -> str:
         phases = ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in self.seconds.items())
         return (
-            f"{phases}; {self.journaled} point writes journaled, "
-            f"{self.caught_up} points caught up from the live shard; "
-            f"searches paused {self.searches_paused * 1000:.1f} ms"
+            f"{phases}; {self.journaled} point writes journaled, {self.replayed} replayed "
+            f"and {self.mirrored} copied from the live shard in {self.rounds} rounds, "
+            f"{self.tail} left for the round under the write lock; "
+            f"searches paused {self.searches_paused * 1000:.3f} ms"
         )
 
 
@@ -317,55 +357,99 @@ class _Cancelled(Exception):
     """The generation was dropped or the index closed while an optimize ran."""
 
 
-class _Journal:
-    """The points `apply` touched in a live shard since it was copied for an optimize.
+# One journal entry: the engine operations one `apply` made on the live shard, in
+# order (replayed as they are), or the ids of the points it touched (copied from the
+# live shard as they are there at the catch-up).
+_Entry = tuple["UpdateOperation", ...] | bytes
 
-    Only their ids, 16 bytes each (`uuid.UUID.bytes`, one per point per `apply`, repeats
-    included), never their documents: the catch-up reads each touched point's current
-    state from the live shard. Appended under the generation's write lock; read by the
-    catch-up without it (only appended to; a broken journal rebinds `_ids` rather than
-    clearing it in place). `limit` bounds the memory (ids), not the work.
+
+class _Journal:
+    """What `apply` did to a live shard since it was copied for an optimize, in order.
+
+    An entry per `apply`: the `UpdateOperation`s it made, kept whole so the catch-up
+    replays them into the copy without reading or converting a point again, or, past
+    `max_bytes` of those (and for an `apply` that failed half way, whose effect is
+    unknown), the ids of the points it touched, 16 bytes each, which the catch-up copies
+    from the live shard as they are then. Appended under the generation's write lock,
+    in the order the writes reached the live shard; read by the catch-up without it
+    (only appended to; a broken journal rebinds `_entries` rather than clearing it).
+    `limit` bounds the point ids recorded, `max_bytes` the operations kept.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_bytes: int, point_bytes: int) -> None:
         self.limit = limit
-        self._ids = bytearray()
+        self.max_bytes = max_bytes
+        self._point_bytes = point_bytes
+        self._entries: list[_Entry] = []
+        # Points recorded up to each entry (prefix sums: `points_between`).
+        self._points: list[int] = [0]
+        self.bytes = 0
         # Why the journal cannot bring the copy up to date (the optimize is abandoned).
         self.broken: str | None = None
 
     def __len__(self) -> int:
-        return len(self._ids) // _ID_BYTES
+        return len(self._entries)
 
-    def record(self, pids: Iterable[uuid.UUID]) -> None:
-        if self.broken is not None:
+    @property
+    def points(self) -> int:
+        """Point ids recorded so far, repeats included."""
+        return self._points[-1]
+
+    def points_between(self, start: int, end: int) -> int:
+        return self._points[end] - self._points[start]
+
+    def record(
+        self,
+        operations: Sequence[tuple[UpdateOperation, int, int]],
+        pids: Sequence[uuid.UUID],
+        *,
+        failed: bool,
+    ) -> None:
+        """An `apply` that touched `pids` and made `operations` on the live shard (each
+        with its upserted and deleted point counts), all of them unless it `failed`."""
+        if self.broken is not None or (not failed and not operations):
             return
-        ids = b"".join(pid.bytes for pid in pids)
-        if (len(self._ids) + len(ids)) // _ID_BYTES > self.limit:
-            self.broken = f"more than {self.limit} point ids were written meanwhile"
-            self._ids = bytearray()
+        cost = sum(up * self._point_bytes + down * _ID_BYTES for _, up, down in operations)
+        entry: _Entry
+        if not failed and self.bytes + cost <= self.max_bytes:
+            entry = tuple(operation for operation, _, _ in operations)
+            points = sum(up + down for _, up, down in operations)
+            self.bytes += cost
         else:
-            self._ids += ids
+            entry = b"".join(pid.bytes for pid in pids)
+            points = len(pids)
+        if self.points + points > self.limit:
+            self.broken = f"more than {self.limit} point ids were written meanwhile"
+            self._entries = []  # the memory goes; `_points` (an int per entry) stays
+            return
+        # Counts first: a reader that sees the entry finds its count.
+        self._points.append(self.points + points)
+        self._entries.append(entry)
 
-    def touched(self, start: int, end: int) -> list[uuid.UUID]:
-        """The distinct ids recorded at positions `start` to `end`, first seen first."""
-        ids = bytes(self._ids[start * _ID_BYTES : end * _ID_BYTES])
-        return [
-            uuid.UUID(bytes=raw)
-            for raw in dict.fromkeys(
-                ids[at : at + _ID_BYTES] for at in range(0, len(ids), _ID_BYTES)
-            )
-        ]
+    def entries(self, start: int, end: int) -> list[_Entry]:
+        return self._entries[start:end]
+
+
+@dataclass
+class _Retired:
+    """A shard swapped out by an optimize, closed (and its directory removed) once no
+    caller of `shard_for` holds it any more."""
+
+    shard: EdgeShard
+    path: Path
 
 
 @dataclass
 class _Generation:
     """One open shard and what coordinates its users.
 
-    `shard` is replaced only under `write_lock` with the gate closed, so writers (under
-    `write_lock`) and readers (through `reader_shard`) always get the current, open one.
+    `shard` (open from `path`) is replaced only under `write_lock` and the gate's lock,
+    so writers (under `write_lock`) and readers (through `reader_shard`) always get the
+    current, open one.
     """
 
     shard: EdgeShard
+    path: Path
     dimension: int | None
     indexing_threshold_kb: int
     # `apply` reads present revisions and then writes: one writer at a time per shard.
@@ -380,6 +464,8 @@ class _Generation:
     closed: bool = False
     # Set while an optimize works on a copy: the writes the copy lacks.
     journal: _Journal | None = None
+    # Shards swapped out, still held by a caller (closed under `optimize_lock`).
+    retired: list[_Retired] = field(default_factory=list)
     # The exact in-memory copy searches scan instead of the shard (`flat_for`): kept
     # equal to the shard under `write_lock`; decided (built or refused) on first use.
     flat: FlatVectors | None = None
@@ -394,6 +480,16 @@ class _Generation:
                 self.gate.wait()
             return None if self.closed else self.shard
 
+    def swap_in(self, shard: EdgeShard, path: Path) -> float:
+        """Under `write_lock`: serve `shard` (open from `path`) from now on; the old one
+        joins `retired`. Returns the seconds readers could not get a shard: those of
+        two assignments under the gate's lock, nothing is closed or loaded meanwhile."""
+        started = time.perf_counter()
+        with self.gate:
+            self.retired.append(_Retired(self.shard, self.path))
+            self.shard, self.path = shard, path
+        return time.perf_counter() - started
+
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[bool]:
         """Close the gate and wait for callers to let go of `shard`.
@@ -403,31 +499,32 @@ class _Generation:
         with self.gate:
             self.gated = True
         try:
-            yield self._drained(time.monotonic() + _DRAIN_TIMEOUT_S)
+            yield _drained(self, time.monotonic() + _DRAIN_TIMEOUT_S)
         finally:
             with self.gate:
                 self.gated = False
                 self.gate.notify_all()
 
-    def _drained(self, deadline: float) -> bool:
-        """Whether every other reference to `shard` is gone before `deadline`."""
-        collect_at: float | None = time.monotonic() + _DRAIN_COLLECT_AFTER_S
-        delay = 0.0002
-        # Two references are ours: this attribute and getrefcount's argument. Any other is
-        # a caller still using the shard (readers hold it for the length of a request).
-        while sys.getrefcount(self.shard) > 2:
-            now = time.monotonic()
-            if now >= deadline:
-                return False
-            if collect_at is not None and now >= collect_at:
-                # Longer than a search: the reference may be garbage in a cycle, such as
-                # the frames of a failed search kept by its stored exception.
-                gc.collect()
-                collect_at = None
-                continue
-            time.sleep(delay)
-            delay = min(2 * delay, 0.005)
-        return True
+
+def _drained(holder: _Generation | _Retired, deadline: float) -> bool:
+    """Whether every other reference to `holder.shard` is gone before `deadline`."""
+    collect_at: float | None = time.monotonic() + _DRAIN_COLLECT_AFTER_S
+    delay = 0.0002
+    # Two references are ours: the attribute and getrefcount's argument. Any other is a
+    # caller still using the shard (readers hold it for the length of a request).
+    while sys.getrefcount(holder.shard) > 2:
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if collect_at is not None and now >= collect_at:
+            # Longer than a search: the reference may be garbage in a cycle, such as
+            # the frames of a failed search kept by its stored exception.
+            gc.collect()
+            collect_at = None
+            continue
+        time.sleep(delay)
+        delay = min(2 * delay, 0.005)
+    return True
 
 
 class QdrantEdgeVectorIndex:
@@ -446,12 +543,13 @@ class QdrantEdgeVectorIndex:
     - Generations created by an earlier process are opened lazily on first use.
     - HNSW is built by `optimize` / `optimize_if_needed` / `start_background_optimizer`
       in a child process, on a copy swapped in when done (module docstring): the
-      generation keeps serving and taking writes, none is lost, searches pause only
-      for the swap itself. Until then (and for points written since) search is exact.
-      A failed optimize leaves the generation as it was, every write included.
-    - A swap closes a shard only once every caller of `shard_for` has let go of it (it
-      gives up otherwise); searches arriving meanwhile wait and get the new shard.
-      `drop` and `close` wait up to `_DRAIN_TIMEOUT_S` for callers to let go.
+      generation keeps serving and taking writes, none is lost, and no search waits
+      for the swap (writes wait for its last catch-up round, at most
+      `_CATCH_UP_SLACK` points). Until then (and for points written since) search is
+      exact. A failed optimize leaves the generation as it was, every write included.
+    - A shard swapped out is closed only once every caller of `shard_for` has let go
+      of it; searches from the swap on get the new shard. `drop` and `close` wait up
+      to `_DRAIN_TIMEOUT_S` for callers to let go.
 
     Thread-safe. Driver failures surface as `DependencyUnavailable`; an unknown
     generation is `NOT_FOUND` (`shard_for` raises `KeyError` instead).
@@ -463,12 +561,15 @@ class QdrantEdgeVectorIndex:
         *,
         tuning: QdrantEdgeTuning | None = None,
         max_journal_ids: int = _MAX_JOURNAL_IDS,
+        max_journal_bytes: int = _MAX_JOURNAL_BYTES,
         flat_scan: bool = True,
         flat_max_bytes: int = DEFAULT_FLAT_MAX_BYTES,
         flat_max_points: int | None = None,
     ) -> None:
-        """`max_journal_ids`: point ids journaled during one optimize, at most (16 bytes
-        each; past it the optimize is abandoned, see `_MAX_JOURNAL_IDS`). `flat_scan`:
+        """`max_journal_ids`: point ids journaled during one optimize, at most (past it
+        the optimize is abandoned, see `_MAX_JOURNAL_IDS`). `max_journal_bytes`: engine
+        operations kept for replay during one optimize, at most (writes past it are
+        journaled by point id, 16 bytes each, and copied from the live shard). `flat_scan`:
         whether `flat_for` offers in-memory copies of small generations, together at most
         `flat_max_bytes` of vectors (each reserves its generation's capacity), a copy
         holding at most `flat_max_points` points (by default those under the indexing
@@ -479,6 +580,7 @@ class QdrantEdgeVectorIndex:
         self._flat_budget = _FlatBudget(flat_max_bytes)
         self._tuning = tuning or QdrantEdgeTuning()
         self._max_journal_ids = max_journal_ids
+        self._max_journal_bytes = max_journal_bytes
         self._lock = threading.RLock()
         self._generations: dict[str, _Generation] = {}
         # Unindexed count at which optimize last changed nothing: retried only above it.
@@ -515,6 +617,7 @@ class QdrantEdgeVectorIndex:
                     shard = EdgeShard.create(str(path), self._tuning.edge_config(dimension))
                 generation = _Generation(
                     shard=shard,
+                    path=path,
                     dimension=dimension,
                     indexing_threshold_kb=self._tuning.indexing_threshold_kb,
                 )
@@ -556,8 +659,11 @@ class QdrantEdgeVectorIndex:
         writes = (newest, delete_at)
         with generation.write_lock, _translated(f"apply to {generation_id}"):
             self._check_open(generation, generation_id)
+            operations: list[tuple[UpdateOperation, int, int]] = []
+            written = False
             try:
-                _write(generation.shard, writes)
+                _write(generation.shard, writes, operations)
+                written = True
                 if generation.flat is not None:
                     touched = {pid: document.document_id for pid, document in newest.items()}
                     touched.update((point_id(d), d) for d, _ in deletes)
@@ -567,11 +673,11 @@ class QdrantEdgeVectorIndex:
                 generation.flat, generation.flat_decided = None, False
                 raise
             finally:
-                # After the write, never before: the catch-up reads a journaled point
-                # from the live shard without the lock, so its state must be final by
-                # then. A write that fails half way is journaled (and caught up) too.
+                # After the write, never before: journaled ids are read from the live
+                # shard without the lock, so their state must be final by then. A write
+                # that fails half way is journaled too, by id (its effect is unknown).
                 if generation.journal is not None:
-                    generation.journal.record([*newest, *delete_at])
+                    generation.journal.record(operations, [*newest, *delete_at], failed=not written)
             self._written_at[generation_id] = time.monotonic()
 
     def evidence(self, generation_id: str) -> IndexEvidence:
@@ -643,10 +749,10 @@ class QdrantEdgeVectorIndex:
     def shard_for(self, generation_id: str) -> EdgeShard:
         """The open shard of `generation_id`, for the query side in this process.
 
-        Raises `KeyError` if the generation does not exist. Waits while a swap replaces
-        the shard (~0.1 s at 10k points). Callers must fetch the shard per request and
-        drop it when the request ends: the object changes when the generation is
-        swapped, and a swap waits (up to `_DRAIN_TIMEOUT_S`) for every holder to let go.
+        Raises `KeyError` if the generation does not exist; waits only while `drop` or
+        `close` closes it. Callers must fetch the shard per request and drop it when
+        the request ends: the object changes when the generation is swapped, and the
+        old one is closed once every holder has let go.
         """
         generation = self._get(generation_id)
         shard = None if generation is None else generation.reader_shard()
@@ -846,16 +952,19 @@ class QdrantEdgeVectorIndex:
         return True
 
     def _copy_optimize_swap(self, generation_id: str, generation: _Generation) -> bool:
-        live, staging, _ = self._paths(generation_id)
+        staging = self._staging(generation_id)
         report = _OptimizeReport()
         _remove_tree(staging)
+        self._close_retired(generation_id, generation, 0.0)
         try:
             with report.timing("copy"):
-                self._copy_live_shard(generation_id, generation, live, staging)
+                self._copy_live_shard(generation_id, generation, staging)
             with report.timing("child"):
                 changed = self._optimize_in_child(generation_id, generation, staging)
             if changed:
-                self._catch_up_and_swap(generation_id, generation, report)
+                self._catch_up_and_swap(generation_id, generation, staging, report)
+                with report.timing("close_old"):
+                    self._close_retired(generation_id, generation, _DRAIN_TIMEOUT_S)
                 _log.info("optimized qdrant-edge generation %s: %s", generation_id, report)
             return changed
         finally:
@@ -863,21 +972,22 @@ class QdrantEdgeVectorIndex:
                 generation.journal = None
             _remove_tree(staging)
 
-    def _copy_live_shard(
-        self, generation_id: str, generation: _Generation, live: Path, staging: Path
-    ) -> None:
+    def _copy_live_shard(self, generation_id: str, generation: _Generation, staging: Path) -> None:
         """Step 1: flush and copy the shard; journal every write from then on."""
         with generation.write_lock:
             self._check_not_cancelled(generation)
             with _translated(f"flush {generation_id}"):
                 generation.shard.flush()
             try:
-                shutil.copytree(live, staging, copy_function=_copy_file_keeping_holes)
+                shutil.copytree(generation.path, staging, copy_function=_copy_file_keeping_holes)
             except (OSError, shutil.Error) as error:
                 raise DependencyUnavailable(
                     DEPENDENCY, f"copy {generation_id} to optimize it: {error}"
                 ) from error
-            generation.journal = _Journal(self._max_journal_ids)
+            point_bytes = 4 * (generation.dimension or 0) + _POINT_OVERHEAD_BYTES
+            generation.journal = _Journal(
+                self._max_journal_ids, self._max_journal_bytes, point_bytes
+            )
 
     def _optimize_in_child(
         self, generation_id: str, generation: _Generation, staging: Path
@@ -920,124 +1030,118 @@ class QdrantEdgeVectorIndex:
         return outcome == "optimized"
 
     def _catch_up_and_swap(
-        self, generation_id: str, generation: _Generation, report: _OptimizeReport
+        self, generation_id: str, generation: _Generation, staging: Path, report: _OptimizeReport
     ) -> None:
-        """Steps 3 and 4: catch the optimized copy up with the live shard, then swap it in."""
-        live, staging, retired = self._paths(generation_id)
+        """Steps 3 and 4: load the optimized copy where it will live, catch it up with the
+        live shard, then swap it in."""
         journal = generation.journal
         assert journal is not None  # set by _copy_live_shard, cleared only after us
-        with report.timing("catch_up"):
-            staged = _load_shard(staging, f"load optimized {generation_id}")
-        staged_open = True
+        target = self._version_path(generation_id, _version_of(generation.path) + 1)
+        _remove_tree(target)
         try:
-            done = 0
-            with report.timing("catch_up"):
-                for _ in range(_CATCH_UP_ROUNDS):
+            staging.rename(target)
+        except OSError as error:
+            raise DependencyUnavailable(
+                DEPENDENCY, f"move optimized {generation_id} into place: {error}"
+            ) from error
+        swapped = False
+        try:
+            with report.timing("load"):
+                staged = _load_shard(target, f"load optimized {generation_id}")
+            try:
+                done = 0
+                with report.timing("catch_up"):
+                    while report.rounds < _CATCH_UP_ROUNDS:
+                        self._check_not_cancelled(generation)
+                        end = len(journal)
+                        report.add(
+                            _catch_up(generation.shard, staged, journal, done, end, generation_id)
+                        )
+                        report.rounds += 1
+                        done = end
+                        if journal.points_between(done, len(journal)) <= _CATCH_UP_SLACK:
+                            break
+                with generation.write_lock, report.timing("writes_blocked"):
                     self._check_not_cancelled(generation)
                     end = len(journal)
-                    report.caught_up += _catch_up(
-                        generation.shard, staged, journal, done, end, generation_id
+                    report.tail = journal.points_between(done, end)
+                    report.add(
+                        _catch_up(generation.shard, staged, journal, done, end, generation_id)
                     )
-                    done = end
-                    if len(journal) - done <= _CATCH_UP_SLACK:
-                        break
-            with generation.write_lock, report.timing("writes_blocked"):
-                self._check_not_cancelled(generation)
-                end = len(journal)
-                report.caught_up += _catch_up(
-                    generation.shard, staged, journal, done, end, generation_id
-                )
-                report.journaled = end
-                self._ensure_payload_indexes(staged)
-                with _translated(f"check optimized {generation_id}"):
-                    expected = generation.shard.info().points_count
-                    got = staged.info().points_count
+                    report.journaled = journal.points
+                    self._ensure_payload_indexes(staged)
+                    with _translated(f"check optimized {generation_id}"):
+                        expected = generation.shard.info().points_count
+                        got = staged.info().points_count
                     if got != expected:
                         raise DependencyUnavailable(
                             DEPENDENCY,
                             f"optimized copy of {generation_id} holds {got} points, "
                             f"the live shard {expected}",
                         )
-                    staged_open = False
-                    staged.close()  # flushes
-                report.searches_paused = self._swap(
-                    generation_id, generation, live, staging, retired
-                )
-                generation.journal = None
+                    # The crash point: from here on a restart opens the copy (its WAL
+                    # holds every write replayed into it), before it the old shard.
+                    self._point_to(generation_id, target)
+                    report.searches_paused = generation.swap_in(staged, target)
+                    swapped = True
+                    generation.journal = None
+            finally:
+                if not swapped:
+                    with contextlib.suppress(Exception):  # the driver raises bare Exception
+                        staged.close()
         finally:
-            if staged_open:
-                with contextlib.suppress(Exception):  # the driver raises bare Exception
-                    staged.close()
-        _remove_tree(retired)
+            if not swapped:
+                _remove_tree(target)
 
-    def _swap(
-        self,
-        generation_id: str,
-        generation: _Generation,
-        live: Path,
-        staging: Path,
-        retired: Path,
-    ) -> float:
-        """Put the closed, caught-up copy at `staging` in place; the seconds searches waited.
+    def _close_retired(self, generation_id: str, generation: _Generation, wait_s: float) -> None:
+        """Under `optimize_lock`: close the swapped-out shards no caller holds any more
+        (waiting up to `wait_s` for them to let go) and remove their directories.
 
-        Called under the write lock. Searches wait at the gate meanwhile. On failure the
-        old directory is put back and reopened (it holds every write), then raises.
+        One still held stays for the next call (the next optimize, `drop` or `close`).
         """
-        _remove_tree(retired)
-        with _translated(f"flush {generation_id} for the swap"):
-            generation.shard.flush()  # before the gate closes: `close` has little left to do
-        paused_from = time.perf_counter()
-        with generation.exclusive() as drained:
-            if not drained:
-                raise DependencyUnavailable(
-                    DEPENDENCY,
-                    f"swap of optimized {generation_id} given up: a caller held the shard "
-                    f"for more than {_DRAIN_TIMEOUT_S} s",
-                )
+        deadline = time.monotonic() + wait_s
+        kept: list[_Retired] = []
+        while generation.retired:
+            retired = generation.retired.pop()
+            if not _drained(retired, deadline):
+                kept.append(retired)
+                continue
             try:
-                generation.shard.close()
+                retired.shard.close()
             except Exception as error:  # the driver raises bare Exception
-                if _answers(generation.shard):
-                    raise DependencyUnavailable(
-                        DEPENDENCY, f"close {generation_id} for the swap: {error}"
-                    ) from error
-                self._restore(generation_id, generation, live, staging, retired)
-                raise DependencyUnavailable(
-                    DEPENDENCY, f"close {generation_id} for the swap: {error}"
-                ) from error
-            try:
-                live.rename(retired)
-                staging.rename(live)
-                generation.shard = _load_shard(live, f"load optimized {generation_id}")
-            except (OSError, OrreryError) as error:
-                self._restore(generation_id, generation, live, staging, retired)
-                raise DependencyUnavailable(
-                    DEPENDENCY, f"swap in optimized {generation_id}: {error}"
-                ) from error
-        return time.perf_counter() - paused_from
-
-    @staticmethod
-    def _restore(
-        generation_id: str, generation: _Generation, live: Path, staging: Path, retired: Path
-    ) -> None:
-        """Undo a failed swap: the old directory back in place, its shard reopened.
-
-        If even that fails the generation is marked closed; its next use reopens it from
-        disk (`_open`), which also finishes putting the directories back.
-        """
-        try:
-            if retired.exists():
-                if live.exists():
-                    live.rename(staging)
-                retired.rename(live)
-            generation.shard = _load_shard(live, f"reopen {generation_id}")
-        except (OSError, OrreryError) as error:
-            generation.closed = True
-            _log.error(
-                "reopening %s after a failed swap failed (retried on next use): %s",
-                generation_id,
-                error,
+                _log.warning("closing the old shard of %s: %s", generation_id, error)
+            _remove_tree(retired.path)
+        generation.retired.extend(kept)
+        if kept:
+            _log.warning(
+                "the old shard of %s is still held by a caller: closed later", generation_id
             )
+
+    def _point_to(self, generation_id: str, target: Path) -> None:
+        """Make `target` the generation's live directory on disk, atomically (the pointer
+        file is replaced by a rename; its directory entry is synced after)."""
+        pointer = self._pointer(generation_id)
+        scratch = pointer.with_name(pointer.name + ".tmp")
+        try:
+            with open(scratch, "w", encoding="utf-8") as out:
+                out.write(target.name)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(scratch, pointer)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                scratch.unlink()
+            raise DependencyUnavailable(
+                DEPENDENCY, f"point {generation_id} at its optimized copy: {error}"
+            ) from error
+        try:
+            directory = os.open(self._root, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as error:  # the rename is done; only its durability is unknown
+            _log.warning("syncing %s after pointing %s: %s", self._root, generation_id, error)
 
     @staticmethod
     def _check_not_cancelled(generation: _Generation) -> None:
@@ -1055,18 +1159,48 @@ class QdrantEdgeVectorIndex:
     # -- internals ------------------------------------------------------------------
 
     def _path(self, generation_id: str) -> Path:
+        """The generation's first live directory (until an optimize swaps in another)."""
         return self._root / generation_id
 
-    def _paths(self, generation_id: str) -> tuple[Path, Path, Path]:
-        """Live, staging (copy being optimized) and retired (old, during a swap) dirs.
+    def _staging(self, generation_id: str) -> Path:
+        """Where an optimize copies the live shard for its child (generation ids never
+        start with '.', so this never names a generation)."""
+        return self._root / f".{generation_id}.optimizing"
 
-        Generation ids never start with '.', so the last two never name a generation.
-        """
-        return (
-            self._root / generation_id,
-            self._root / f".{generation_id}.optimizing",
+    def _version_path(self, generation_id: str, version: int) -> Path:
+        return self._root / f"{generation_id}{_VERSION_MARK}{version}"
+
+    def _pointer(self, generation_id: str) -> Path:
+        return self._root / f"{generation_id}{_POINTER}"
+
+    def _live_path(self, generation_id: str) -> Path:
+        """The live directory on disk: the one the pointer file names, else the first."""
+        try:
+            named = self._pointer(generation_id).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            return self._path(generation_id)
+        except OSError as error:
+            raise DependencyUnavailable(
+                DEPENDENCY, f"read the live directory of {generation_id}: {error}"
+            ) from error
+        prefix = f"{generation_id}{_VERSION_MARK}"
+        if not (named.startswith(prefix) and named[len(prefix) :].isdigit()):
+            raise DependencyUnavailable(
+                DEPENDENCY, f"the pointer file of {generation_id} names {named!r}"
+            )
+        return self._root / named
+
+    def _paths(self, generation_id: str) -> list[Path]:
+        """Every file and directory of the generation: live, earlier and later versions,
+        pointer, staging and the `.retired` directory of an older layout's swap."""
+        versions = self._root.glob(f"{glob.escape(generation_id)}{_VERSION_MARK}*")
+        return [
+            self._path(generation_id),
+            *(p for p in versions if p.name != self._pointer(generation_id).name),
+            self._staging(generation_id),
             self._root / f".{generation_id}.retired",
-        )
+            self._pointer(generation_id),
+        ]
 
     def _get(self, generation_id: str) -> _Generation | None:
         generation = self._generations.get(generation_id)
@@ -1106,32 +1240,46 @@ class QdrantEdgeVectorIndex:
             # finished, start over from disk.
             with generation.optimize_lock:
                 del self._generations[generation_id]
-        self._recover(generation_id)
-        path = self._path(generation_id)
+        path = self._recover(generation_id)
         if not (path / _CONFIG_FILE).is_file():
             return None
         shard = _load_shard(path, f"load {generation_id}")
         config = _stored_config(path)
         generation = _Generation(
             shard=shard,
+            path=path,
             dimension=_stored_dimension(config, shard),
             indexing_threshold_kb=_stored_indexing_threshold(config, self._tuning),
         )
         self._generations[generation_id] = generation
         return generation
 
-    def _recover(self, generation_id: str) -> None:
-        """Clean up after an optimize interrupted by a crash (no optimize of it runs now).
+    def _recover(self, generation_id: str) -> Path:
+        """Clean up after an optimize interrupted by a crash (no optimize of it runs now);
+        returns the live directory.
 
-        Between the two renames of a swap only `.retired` holds the shard: put it back.
+        The pointer file decides: a copy it does not name was never swapped in, a
+        directory it no longer names was swapped out; both go. A pointer naming nothing
+        (its directory deleted by hand) goes too. In the older layout's swap (renames)
+        only `.retired` held the shard between the two renames: it is put back.
         """
-        live, staging, retired = self._paths(generation_id)
+        live = self._live_path(generation_id)
+        pointer = self._pointer(generation_id)
+        if live != self._path(generation_id) and not (live / _CONFIG_FILE).is_file():
+            _log.warning("%s names no shard: removed", pointer.name)
+            pointer.unlink()
+            live = self._path(generation_id)
+        retired = self._root / f".{generation_id}.retired"
         if (retired / _CONFIG_FILE).is_file() and not (live / _CONFIG_FILE).is_file():
             _remove_tree(live)
             retired.rename(live)
             _log.warning("put %s back from an interrupted optimize", generation_id)
-        _remove_tree(staging)
-        _remove_tree(retired)
+        for path in self._paths(generation_id):
+            if path not in (live, pointer):
+                _remove_tree(path)
+        with contextlib.suppress(FileNotFoundError):
+            pointer.with_name(pointer.name + ".tmp").unlink()
+        return live
 
     def _flat_capacity(self, generation: _Generation) -> int:
         if not self._flat_scan or generation.dimension is None:
@@ -1242,6 +1390,12 @@ class QdrantEdgeVectorIndex:
             if generation.closed:
                 return
             generation.closed = True
+            self._close_retired(generation_id, generation, _DRAIN_TIMEOUT_S)
+            for retired in generation.retired:  # held all the same: closed anyway
+                with contextlib.suppress(Exception):  # the driver raises bare Exception
+                    retired.shard.close()
+                _remove_tree(retired.path)
+            generation.retired.clear()
             try:
                 generation.shard.flush()
                 generation.shard.close()
@@ -1249,10 +1403,14 @@ class QdrantEdgeVectorIndex:
                 _log.warning("closing qdrant-edge generation %s: %s", generation_id, error)
 
 
-def _write(shard: EdgeShard, writes: _Writes) -> None:
+def _write(
+    shard: EdgeShard, writes: _Writes, operations: list[tuple[UpdateOperation, int, int]]
+) -> None:
     """Apply resolved upserts, then deletes, to `shard` under the revision rules.
 
-    The write path of `apply`; idempotent.
+    The write path of `apply`; idempotent. Each engine operation made is appended to
+    `operations` once it succeeded, with its upserted and deleted point counts: in that
+    order they make any shard that held what `shard` held the same as `shard` now.
     """
     newest, delete_at = writes
     present = _present_revisions(shard, [*newest, *delete_at])
@@ -1275,9 +1433,13 @@ def _write(shard: EdgeShard, writes: _Writes) -> None:
             Point(pid, _named_vector(document), payload_of(document))
             for pid, document in upserted.items()
         ]
-        shard.update(UpdateOperation.upsert_points(points))
+        operation = UpdateOperation.upsert_points(points)
+        shard.update(operation)
+        operations.append((operation, len(points), 0))
     if removals:
-        shard.update(UpdateOperation.delete_points(removals))
+        operation = UpdateOperation.delete_points(removals)
+        shard.update(operation)
+        operations.append((operation, 0, len(removals)))
 
 
 class _FlatBudget:
@@ -1336,30 +1498,51 @@ def _catch_up(
     start: int,
     end: int,
     generation_id: str,
-) -> int:
-    """Bring the points journaled at positions `start` to `end` in `staged` to their
-    state in `live`; returns how many distinct points that was.
+) -> tuple[int, int]:
+    """Bring `staged` up to date with the journal entries `start` to `end`; returns the
+    points replayed and the points copied from `live`.
 
-    The live shard is the truth: each point is copied as it is there now (vector and
-    payload) or deleted if it is not there, whatever the writes that touched it were
-    and in whatever order they came, so catching a point up twice is harmless. Without
-    the write lock a point may change again after it is read: that write journals it
-    again, at a position past `end`, for a later round.
+    Entries go in the order the writes reached the live shard. Recorded operations are
+    replayed as they are: resolved under the revision rules already, they do to the copy
+    what they did to the live shard. Journaled ids are copied as the live shard holds
+    them now (vector and payload), or deleted if it does not, whatever the writes that
+    touched them were; without the write lock such a point may change again after it is
+    read, and that write is journaled again, past `end`, for a later round. So every
+    entry's effect is final once the round under the lock has replayed the rest, and
+    catching a point up twice is harmless.
     """
+    replayed = mirrored = 0
+    pending: dict[bytes, None] = {}
+
+    def mirror_pending() -> int:
+        pids = [uuid.UUID(bytes=raw) for raw in pending]
+        pending.clear()
+        for at in range(0, len(pids), _CATCH_UP_PAGE):
+            _mirror(live, staged, pids[at : at + _CATCH_UP_PAGE])
+        return len(pids)
+
+    with _translated(f"catch up optimized {generation_id}"):
+        for position, entry in enumerate(journal.entries(start, end), start):
+            if isinstance(entry, bytes):
+                pending.update(
+                    dict.fromkeys(
+                        entry[at : at + _ID_BYTES] for at in range(0, len(entry), _ID_BYTES)
+                    )
+                )
+                if len(pending) >= _CATCH_UP_WINDOW:
+                    mirrored += mirror_pending()
+                continue
+            # In order: ids journaled before these operations first.
+            mirrored += mirror_pending()
+            for operation in entry:
+                staged.update(operation)
+            replayed += journal.points_between(position, position + 1)
+        mirrored += mirror_pending()
     if journal.broken is not None:
         raise DependencyUnavailable(
             DEPENDENCY, f"optimize of {generation_id} abandoned: {journal.broken}"
         )
-    caught_up = 0
-    # A window of the journal at a time: its distinct ids are Python objects (~100 bytes
-    # each); a point repeated across windows is simply caught up twice.
-    for window in range(start, end, _CATCH_UP_WINDOW):
-        pids = journal.touched(window, min(end, window + _CATCH_UP_WINDOW))
-        with _translated(f"catch up optimized {generation_id}"):
-            for at in range(0, len(pids), _CATCH_UP_PAGE):
-                _mirror(live, staged, pids[at : at + _CATCH_UP_PAGE])
-        caught_up += len(pids)
-    return caught_up
+    return replayed, mirrored
 
 
 def _mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:
@@ -1378,23 +1561,23 @@ def _mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None
         target.update(UpdateOperation.delete_points(absent))
 
 
+def _version_of(path: Path) -> int:
+    """The version a live directory holds: n for `<generation>+<n>`, 0 for the first."""
+    _, mark, version = path.name.rpartition(_VERSION_MARK)
+    return int(version) if mark and version.isdigit() else 0
+
+
 def _load_shard(path: Path, action: str) -> EdgeShard:
     with _translated(action):
         return EdgeShard.load(str(path))
 
 
-def _answers(shard: EdgeShard) -> bool:
-    """Whether `shard` is still open (after a failed close)."""
-    try:
-        shard.info()
-    except Exception:  # the driver raises bare Exception
-        return False
-    return True
-
-
 def _remove_tree(path: Path) -> None:
-    if path.exists():
+    """Remove a directory tree or a file, if present."""
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
 
 
 def _copy_file_keeping_holes(source: str, target: str) -> str:

@@ -13,6 +13,7 @@ expected document sets.
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import shutil
 import threading
@@ -28,12 +29,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from qdrant_client import QdrantClient
-from qdrant_edge import EdgeShard, Query, QueryRequest, ScrollRequest, SearchParams
+from qdrant_edge import (
+    EdgeShard,
+    Query,
+    QueryRequest,
+    ScrollRequest,
+    SearchParams,
+    UpdateOperation,
+)
 
 from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
+from contracts.events import decode_record_changed, record_changed_json
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
+from contracts.records import Record
+from contracts.stored_vectors import StoredVector
 from projector.adapters import qdrant_edge_vectors as edge_module
 from projector.adapters.qdrant_edge_vectors import (
     VECTOR_NAME,
@@ -960,6 +971,115 @@ def test_edge_optimize_keeps_serving_and_loses_no_write(
     assert _leftovers(tmp_path / "edge") == []
 
 
+def test_edge_swap_pauses_no_search_and_loses_no_acknowledged_write(
+    edge: QdrantEdgeVectorIndex,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Searches and writes run across a whole optimize. Bounded in operations, not in
+    wall time: no search ever waits at the gate (the swap exchanges the shard in two
+    assignments; nothing is loaded or closed under the gate or the write lock), every
+    search is served by the old shard until the swap and by the new one from then on
+    (never back), each finds every anchor document with its exact score, every write is
+    visible at its revision as soon as `apply` returns, and the round under the write
+    lock replays at most `_CATCH_UP_SLACK` points."""
+    child = HeldChild(monkeypatch, tmp_path)
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=23)
+    model.add(1_500)
+    anchors = [doc(f"anchor{i}", vector=unit(1, i, -i, 2)) for i in range(5)]
+    edge.apply("g", anchors, [])
+    generation = edge._generations["g"]
+    gate_waits: list[float] = []
+    condition_wait = generation.gate.wait
+
+    def counted_wait(timeout: float | None = None) -> bool:
+        gate_waits.append(time.monotonic())
+        return condition_wait(timeout)
+
+    monkeypatch.setattr(generation.gate, "wait", counted_wait)
+    served: list[int] = []  # which shard object answered each search, in order
+
+    def provider(generation_id: str) -> EdgeShard:
+        shard = edge.shard_for(generation_id)
+        served.append(id(shard))
+        return shard
+
+    search = QdrantEdgeVectorSearch(provider)
+    query = unit(1, 1, 0, 1)
+    wanted = SearchFilter(document_ids=tuple(a.document_id for a in anchors))
+    exact = {
+        a.document_id: sum(q * v for q, v in zip(query, a.vector or (), strict=True))
+        for a in anchors
+    }
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    unseen: list[str] = []
+
+    def keep_searching() -> None:
+        while not stop.is_set():
+            try:
+                found = search.scores("g", query, wanted)
+                if found.keys() != exact.keys() or any(
+                    abs(found[d] - exact[d]) > 1e-5 for d in exact
+                ):
+                    unseen.append(f"anchors scored {found}")
+                search.search("g", query, SearchFilter(), 10)
+            except BaseException as error:
+                errors.append(error)
+                return
+
+    def keep_writing() -> None:
+        while not stop.is_set():
+            try:
+                model.step()
+                latest = max(model.docs.values(), key=lambda d: d.document_id)
+                if edge.pairs_of("g", [latest.document_id]) != [
+                    (latest.document_id, latest.revision)
+                ]:
+                    unseen.append(f"write of {latest.document_id} not visible")
+            except BaseException as error:
+                errors.append(error)
+                return
+
+    old = id(edge.shard_for("g"))
+    caplog.set_level(logging.INFO, logger=edge_module.__name__)
+    optimizer = OptimizeThread(edge, "g")
+    workers = [threading.Thread(target=keep_searching), threading.Thread(target=keep_writing)]
+    for worker in workers:
+        worker.start()
+    optimizer.start()
+    try:
+        _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+        steps = model.steps
+        _wait_for(lambda: model.steps >= steps + 30)
+        child.release()
+        optimizer.join_or_fail()
+        steps, searched = model.steps, len(served)
+        _wait_for(lambda: model.steps >= steps + 10 and len(served) >= searched + 10)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert errors == []
+    assert unseen == []
+    assert (optimizer.error, optimizer.result) == (None, True)
+    assert gate_waits == []
+    new = id(edge.shard_for("g"))
+    assert new != old
+    switch = served.index(new)
+    assert set(served[:switch]) == {old} and set(served[switch:]) == {new}
+    assert served[:switch] and served[switch:]
+    assert edge.evidence("g") == IndexEvidence(
+        document_count=len(model.docs) + len(anchors),
+        id_set_digest=id_set_digest(pairs(*model.docs.values(), *anchors)),
+    )
+    (line,) = [r.getMessage() for r in caplog.records if "optimized qdrant-edge" in r.getMessage()]
+    tail = int(line.split(" left for the round under the write lock")[0].rsplit(" ", 1)[-1])
+    assert tail <= edge_module._CATCH_UP_SLACK, line
+
+
 _FAILING_CHILDREN = {
     "child-exits": "import sys\nsys.exit(3)\n",
     "child-killed": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
@@ -1014,7 +1134,7 @@ def test_edge_failed_copy_leaves_the_generation_serving(
     assert _leftovers(tmp_path / "edge") == []
 
 
-def test_edge_failed_reopen_in_the_swap_restores_the_old_shard(
+def test_edge_failed_load_of_the_optimized_copy_keeps_the_old_shard(
     edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     child = HeldChild(monkeypatch, tmp_path)
@@ -1022,7 +1142,7 @@ def test_edge_failed_reopen_in_the_swap_restores_the_old_shard(
     failed: list[str] = []
 
     def flaky_load(path: Path, action: str) -> EdgeShard:
-        if path.name == "g" and action.startswith("load optimized"):  # the swapped-in copy
+        if path.name == "g+1" and action.startswith("load optimized"):  # the copy
             failed.append(action)
             raise OrreryError(ErrorCode.DEPENDENCY_UNAVAILABLE, "injected: cannot load")
         return load_shard(path, action)
@@ -1044,6 +1164,41 @@ def test_edge_failed_reopen_in_the_swap_restores_the_old_shard(
     _assert_serves_exactly(edge, model)
     assert edge.unindexed_count("g") == edge.shard_for("g").info().points_count  # the old one
     assert _leftovers(tmp_path / "edge") == []
+    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g"]
+
+
+def test_edge_failed_switch_of_the_pointer_keeps_the_old_shard(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A failure at the swap's one durable step (the pointer file) leaves the old shard
+    serving, on disk as in memory, and the caught-up copy removed."""
+    child = HeldChild(monkeypatch, tmp_path)
+
+    def no_space(generation_id: str, target: Path) -> None:
+        raise OrreryError(ErrorCode.DEPENDENCY_UNAVAILABLE, "injected: no space")
+
+    monkeypatch.setattr(edge, "_point_to", no_space)
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=17)
+    model.add(300)
+    optimizer = OptimizeThread(edge, "g")
+    optimizer.start()
+    _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+    for _ in range(20):
+        model.step()
+    child.release()
+    optimizer.join_or_fail()
+    assert isinstance(optimizer.error, OrreryError)
+    assert "injected" in optimizer.error.message
+    _assert_serves_exactly(edge, model)
+    assert edge.unindexed_count("g") == edge.shard_for("g").info().points_count  # the old one
+    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g"]
+    edge.close()
+    reopened = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=_EDGE_TEST_TUNING)
+    try:
+        assert reopened.evidence("g") == model.evidence()
+    finally:
+        reopened.close()
 
 
 def test_edge_optimize_gives_up_past_its_journal_memory_bound(
@@ -1110,31 +1265,37 @@ _VOLUME_BATCHES = 12
 _VOLUME_WINDOW = 4_096
 
 
+@pytest.mark.parametrize("journal", ["operations", "ids"])
 def test_edge_optimize_is_never_abandoned_for_the_volume_written_meanwhile(
-    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, journal: str
 ) -> None:
     """12k documents written during one optimize, ids rewritten, deleted and brought back
     at an older revision: the swapped-in shard holds exactly what a never-optimized twin
     holds, point for point (ids, payloads with revisions, vectors).
 
-    (It wrote 60k once: the journal of whole documents gave up past 50k. The journal of
-    point ids has one volume bound, `max_journal_ids`, 8M by default, whose giving up
-    `test_edge_optimize_gives_up_past_its_journal_memory_bound` checks; what else grows
-    with the volume is the catch-up's walk over the journal, a window of positions at a
-    time. 60k writes stayed inside one window of 65,536; here the window is 4,096, so
-    the 13.6k journaled ids cross three window boundaries, ids rewritten at revisions 2-5
-    fall in two windows and are caught up twice, and every window is many catch-up
-    pages of 250.)"""
+    (It wrote 60k once: the journal of whole documents gave up past 50k.) `operations`:
+    the journal keeps the engine operations and the catch-up replays them, reading
+    nothing from the live shard. `ids`: with no bytes for operations, it keeps point
+    ids (the bound is `max_journal_ids`, 8M by default, whose giving up
+    `test_edge_optimize_gives_up_past_its_journal_memory_bound` checks) and the catch-up
+    copies them from the live shard, a window of 4,096 distinct ids at a time, so the
+    13.6k journaled ids cross window boundaries and ids rewritten at revisions 2-5 are
+    caught up more than once."""
     monkeypatch.setattr(edge_module, "_CATCH_UP_WINDOW", _VOLUME_WINDOW)
-    windows: list[int] = []
-    touched = edge_module._Journal.touched
+    mirrored: list[int] = []
+    mirror = edge_module._mirror
 
-    def counted(journal: Any, start: int, end: int) -> list[uuid.UUID]:
-        windows.append(start)
-        return touched(journal, start, end)
+    def counted(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:
+        mirrored.append(len(pids))
+        mirror(source, target, pids)
 
-    monkeypatch.setattr(edge_module._Journal, "touched", counted)
+    monkeypatch.setattr(edge_module, "_mirror", counted)
     child = HeldChild(monkeypatch, tmp_path)
+    edge = QdrantEdgeVectorIndex(
+        tmp_path / "edge",
+        tuning=_EDGE_TEST_TUNING,
+        max_journal_bytes=0 if journal == "ids" else edge_module._MAX_JOURNAL_BYTES,
+    )
     twin = QdrantEdgeVectorIndex(tmp_path / "twin", tuning=_EDGE_TEST_TUNING)
     try:
         twins = Twins(edge, twin)
@@ -1160,12 +1321,14 @@ def test_edge_optimize_is_never_abandoned_for_the_volume_written_meanwhile(
         written = _VOLUME_BATCHES * 1_000
         assert len(expected) == 300 + written - 1_000 - len(range(1, 300, 7)) + 1
         assert _points(edge) == expected
-        # The whole journal was walked window by window (one round caught everything up:
-        # the writes were all in before the child was released).
-        journaled = written + 4 * (len(range(0, 300, 3)) + len(range(1, 300, 7))) + 1 + 1_000
-        assert windows == list(range(0, journaled, _VOLUME_WINDOW)), windows
+        if journal == "ids":  # every distinct id at least once, a window at a time
+            assert sum(mirrored) >= written + 300 // 3 + len(range(1, 300, 7))
+            assert max(mirrored) <= edge_module._CATCH_UP_PAGE
+        else:
+            assert mirrored == []
         assert _leftovers(tmp_path / "edge") == []
     finally:
+        edge.close()
         twin.close()
 
 
@@ -1187,17 +1350,22 @@ _VECTORS = [unit(1, 0, 0, 0), unit(0, 1, 0, 0), unit(1, 1, 0, 1), unit(-1, 2, 3,
 @given(
     during_child=st.lists(st.lists(_WRITE, min_size=1, max_size=4), max_size=12),
     during_catch_up=st.lists(st.lists(_WRITE, min_size=1, max_size=4), max_size=6),
+    journal_bytes=st.sampled_from([0, 20_000, edge_module._MAX_JOURNAL_BYTES]),
 )
 def test_edge_any_writes_during_an_optimize_leave_the_live_shard_swapped_in(
     tmp_path_factory: pytest.TempPathFactory,
     during_child: list[list[tuple[bool, str, int, int]]],
     during_catch_up: list[list[tuple[bool, str, int, int]]],
+    journal_bytes: int,
 ) -> None:
     """Any upserts and deletes, while the child optimizes the copy and while the
     catch-up reads the live shard (after its read of a point, before the write into the
-    copy): the shard swapped in holds exactly what a never-optimized twin holds."""
+    copy), journaled as operations, as ids (`journal_bytes` 0) or first the one then
+    the other: the shard swapped in holds exactly what a never-optimized twin holds."""
     root = tmp_path_factory.mktemp("interleaved")
-    edge = QdrantEdgeVectorIndex(root / "edge", tuning=_EDGE_TEST_TUNING)
+    edge = QdrantEdgeVectorIndex(
+        root / "edge", tuning=_EDGE_TEST_TUNING, max_journal_bytes=journal_bytes
+    )
     twin = QdrantEdgeVectorIndex(root / "twin", tuning=_EDGE_TEST_TUNING)
     try:
         twins = Twins(edge, twin)
@@ -1229,9 +1397,19 @@ def test_edge_any_writes_during_an_optimize_leave_the_live_shard_swapped_in(
         def racing_mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:
             mirror(cast(EdgeShard, Racing(source)), target, pids)
 
+        catch_up = edge_module._catch_up
+
+        def racing_catch_up(live: EdgeShard, staged: EdgeShard, *args: Any) -> Any:
+            """A write before each round without the lock (replayed journals read no
+            point from the live shard, so `Racing` has nothing to race there)."""
+            if pending and not write_lock.locked():
+                write([pending.pop(0)])
+            return catch_up(live, staged, *args)
+
         with pytest.MonkeyPatch.context() as patch:
             child = HeldChild(patch, root)
             patch.setattr(edge_module, "_mirror", racing_mirror)
+            patch.setattr(edge_module, "_catch_up", racing_catch_up)
             patch.setattr(edge_module, "_CATCH_UP_WINDOW", 3)  # ids repeat across windows
             optimizer = OptimizeThread(edge, "g")
             optimizer.start()
@@ -1378,6 +1556,8 @@ def _fail_a_search_into_garbage(index: QdrantEdgeVectorIndex) -> None:
 def test_edge_swap_never_closes_a_shard_a_caller_holds(
     edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """The swap goes through; the old shard stays open for the caller holding it and is
+    closed (its directory removed) by the next optimize once the caller let go."""
     monkeypatch.setattr(edge_module, "_DRAIN_TIMEOUT_S", 0.5)
     child = HeldChild(monkeypatch, tmp_path)
     edge.create("g", DIM)
@@ -1389,15 +1569,18 @@ def test_edge_swap_never_closes_a_shard_a_caller_holds(
     held = edge.shard_for("g")  # a caller that keeps the shard across the swap
     child.release()
     optimizer.join_or_fail()
-    assert isinstance(optimizer.error, OrreryError)
-    assert "held the shard" in optimizer.error.message
+    assert (optimizer.error, optimizer.result) == (None, True)
     assert held.info().points_count == 300  # still open
-    assert edge.shard_for("g") is held
+    assert edge.shard_for("g") is not held
+    assert (tmp_path / "edge" / "g").exists()  # the old directory, kept while held
+    _assert_serves_exactly(edge, model)
     del held
-    _assert_serves_exactly(edge, model)
     _fail_a_search_into_garbage(edge)
-    assert edge.optimize("g")  # with the caller gone (or garbage) the swap goes through
+    model.add(200)
+    monkeypatch.setattr(edge_module, "_OPTIMIZE_SCRIPT", _OPTIMIZE_SCRIPT)
+    assert edge.optimize("g")  # closes the old shard first (the caller's garbage collected)
     _assert_serves_exactly(edge, model)
+    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g+2", "g+live"]
 
 
 def test_edge_recovers_from_a_crash_between_the_swap_renames(tmp_path: Path) -> None:
@@ -1413,6 +1596,72 @@ def test_edge_recovers_from_a_crash_between_the_swap_renames(tmp_path: Path) -> 
         assert second.evidence("g") == IndexEvidence(
             document_count=len(CORPUS), id_set_digest=id_set_digest(pairs(*CORPUS))
         )
+        assert sorted(p.name for p in root.iterdir()) == ["g"]
+    finally:
+        second.close()
+
+
+def _shard_copy(root: Path, source: str, target: str, *, delete: str | None = None) -> None:
+    """A copy of a closed shard directory, optionally without the point of `delete`."""
+    shutil.copytree(root / source, root / target)
+    if delete is not None:
+        shard = EdgeShard.load(str(root / target))
+        shard.update(UpdateOperation.delete_points([point_id(delete)]))
+        shard.close()
+
+
+def test_edge_recovers_a_copy_never_swapped_in(tmp_path: Path) -> None:
+    """A crash after the copy was loaded, before the pointer named it: the old shard."""
+    root = tmp_path / "edge"
+    first = QdrantEdgeVectorIndex(root)
+    first.create("g", DIM)
+    first.apply("g", list(CORPUS), [])
+    first.close()
+    _shard_copy(root, "g", "g+1", delete=CORPUS[0].document_id)
+    (root / "g+live.tmp").write_text("g+1")
+    second = QdrantEdgeVectorIndex(root)
+    try:
+        assert second.evidence("g").document_count == len(CORPUS)
+        assert sorted(p.name for p in root.iterdir()) == ["g"]
+    finally:
+        second.close()
+
+
+def test_edge_recovers_a_copy_swapped_in_before_the_old_shard_was_removed(
+    tmp_path: Path,
+) -> None:
+    """A crash after the pointer named the copy: the copy, and the old shard removed."""
+    root = tmp_path / "edge"
+    first = QdrantEdgeVectorIndex(root)
+    first.create("g", DIM)
+    first.apply("g", list(CORPUS), [])
+    first.close()
+    _shard_copy(root, "g", "g+1")
+    _shard_copy(root, "g", "g+2", delete=CORPUS[0].document_id)
+    (root / "g+live").write_text("g+2")
+    (root / ".g.optimizing").mkdir()
+    second = QdrantEdgeVectorIndex(root)
+    try:
+        assert second.evidence("g") == IndexEvidence(
+            document_count=len(CORPUS) - 1, id_set_digest=id_set_digest(pairs(*CORPUS[1:]))
+        )
+        assert sorted(p.name for p in root.iterdir()) == ["g+2", "g+live"]
+        second.drop("g")
+        assert list(root.iterdir()) == []
+    finally:
+        second.close()
+
+
+def test_edge_forgets_a_pointer_to_a_removed_directory(tmp_path: Path) -> None:
+    root = tmp_path / "edge"
+    first = QdrantEdgeVectorIndex(root)
+    first.create("g", DIM)
+    first.apply("g", list(CORPUS), [])
+    first.close()
+    (root / "g+live").write_text("g+3")  # its directory removed by hand
+    second = QdrantEdgeVectorIndex(root)
+    try:
+        assert second.evidence("g").document_count == len(CORPUS)
         assert sorted(p.name for p in root.iterdir()) == ["g"]
     finally:
         second.close()
@@ -1559,3 +1808,36 @@ def test_the_server_search_uses_the_spread_ef_for_a_generation_spread_by_automat
         for generation_id in (one, spread):
             index.drop(generation_id)
         client.close()
+
+
+def test_a_decoded_events_vector_stores_what_its_floats_store(engine: Harness) -> None:
+    """A vector decoded from an event is a `StoredVector` (its text and float32 array go
+    to the engines, `contracts.events.decode_record_changed`): every engine stores, and
+    scores, exactly what it stored from the plain floats."""
+    vectors = {
+        "s1": [0.1, 0.2, 0.30000000000000004, -0.4],
+        "s2": [1e-3, -0.75, 0.5, 0.125],
+        "s3": [123.456, 7.0, -8e-5, 1.0],
+    }
+    decoded: list[IndexDocument] = []
+    for name, vector in vectors.items():
+        plain = doc(name, vector=tuple(vector))
+        record = Record(
+            namespace="ns", snapshot_kind="objects", item_id=name, revision=1, vector=vector
+        )
+        stored = decode_record_changed(record_changed_json(record.model_dump_json())).record
+        assert isinstance(stored.vector, StoredVector)
+        decoded.append(plain.model_copy(update={"vector": stored.vector}))
+    query = unit(0.3, -0.2, 0.6, 0.1)
+    every = SearchFilter(document_ids=tuple(vectors))
+    # Each side a replacement of the points (qdrant-client's local mode scores a
+    # replaced point a few float64 ulps off its first write).
+    engine.apply([doc(name, vector=tuple(vector)) for name, vector in vectors.items()])
+    engine.apply([doc(name, 2, vector=tuple(vector)) for name, vector in vectors.items()])
+    before = engine.search.scores(engine.generation_id, query, every)
+    engine.apply([d.model_copy(update={"revision": 3}) for d in decoded])
+    after = engine.search.scores(engine.generation_id, query, every)
+    assert after == before
+    assert [c.document_id for c in engine.query(query)] == sorted(
+        before, key=lambda d: (-before[d], d)
+    )

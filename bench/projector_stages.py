@@ -1,0 +1,130 @@
+"""The server-mode projector's per-record CPU by stage, in process and without I/O: the
+Kafka value decoded, the admission check, the index documents, the Qdrant REST body,
+the ring statistics' moves — for `bench/topk.py`'s records (384-d vectors, ~1 KB
+payloads), as the projector runs them on a batch.
+
+    .venv/bin/python -m bench.projector_stages --records 2000 --rounds 7 \\
+        --out docs/bench/projector-stages-session17.json
+
+Run it with a tree as working directory to measure that tree (`python -m` puts it
+first on `sys.path`; a tree from before `decode_record_changed` and `_body_json`,
+session 17, takes their predecessors: copy this file there to compare). The CPU time
+(`time.process_time`) of each stage is divided by the records, the median of the rounds
+reported. Figures are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from pydantic import TypeAdapter
+from pydantic_core import to_json
+
+import contracts.events
+from bench.common import git_facts, machine_facts, utc_now, write_json
+from bench.topk import Vocabulary, corpus_batches
+from contracts.admission import record_problems
+from contracts.events import RecordChanged, record_changed_json
+from contracts.index import IndexDocument, to_index_document
+from contracts.records import Record
+from contracts.vector_payload import check_vector, point_id
+from projector.adapters import qdrant_vectors
+from projector.ring_stats import ring_moves
+from projector.service import embed_records
+
+__all__ = ["main"]
+
+DIMENSION = 384
+
+
+# This tree's, or (an older tree) what came before them.
+_decode: Callable[[bytes], RecordChanged] = getattr(
+    contracts.events, "decode_record_changed", RecordChanged.model_validate_json
+)
+_body_json: Callable[[dict[str, Any]], bytes] = getattr(
+    qdrant_vectors,
+    "_body_json",
+    lambda body: to_json(body, fallback=qdrant_vectors._number),
+)
+
+
+class _NoCache:
+    """A vector cache that holds nothing: every record here carries its vector."""
+
+    def cached_vectors(self, keys: set[str]) -> dict[str, tuple[float, ...]]:
+        return {}
+
+    def store_vectors(self, vectors: dict[str, tuple[float, ...]]) -> None:
+        return None
+
+
+def _stages(values: Sequence[bytes]) -> dict[str, float]:
+    """CPU seconds of each stage for one batch."""
+    spent: dict[str, float] = {}
+
+    def timed(name: str, work: Callable[[], Any]) -> Any:
+        started = time.process_time()
+        result = work()
+        spent[name] = time.process_time() - started
+        return result
+
+    events: list[RecordChanged] = timed("decode", lambda: [_decode(v) for v in values])
+    records = [e.record for e in events]
+    timed("admission", lambda: [record_problems(r, dimension=DIMENSION) for r in records])
+
+    def documents() -> list[IndexDocument]:
+        vectors, _ = embed_records(records, embedder=None, cache=_NoCache())  # type: ignore[arg-type]
+        docs = [to_index_document(r, vectors[r.doc_id]) for r in records]
+        for doc in docs:
+            check_vector(doc, DIMENSION)
+        return docs
+
+    docs: list[IndexDocument] = timed("index_documents", documents)
+    writes = {point_id(d.document_id): d for d in docs}
+    timed("qdrant_body", lambda: _body_json({"operations": qdrant_vectors._upsert_json(writes)}))
+    timed("ring_moves", lambda: ring_moves({d.document_id: (d.revision, d) for d in docs}, {}))
+    return spent
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=2_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    body = next(
+        iter(corpus_batches(args.records, args.records, 42, Vocabulary.build(random.Random(42))))
+    )
+    records = TypeAdapter(list[Record]).validate_json(body)
+    # The Kafka values the relay publishes: the outbox's `RecordChanged` JSON.
+    values = [record_changed_json(r.model_dump_json()).encode() for r in records]
+    rounds = [_stages(values) for _ in range(args.rounds)]
+    per_record_us = {
+        name: round(median(r[name] for r in rounds) / len(values) * 1e6, 1) for name in rounds[0]
+    }
+    per_record_us["total"] = round(sum(per_record_us.values()), 1)
+    print(per_record_us)
+    if args.out is not None:
+        write_json(
+            args.out,
+            {
+                "benchmark": "projector_stages",
+                "date": utc_now(),
+                "git": git_facts(),
+                "machine": machine_facts(),
+                "loadavg": Path("/proc/loadavg").read_text().strip(),
+                "config": {"records": len(values), "rounds": args.rounds},
+                "cpu_us_per_record_median": per_record_us,
+            },
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

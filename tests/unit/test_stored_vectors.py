@@ -1,0 +1,215 @@
+"""Decoded events keep their vector's text and float32 values (`contracts.events.
+decode_record_changed`, `contracts.stored_vectors`): the decoded event equals the whole
+validation's (the same float64 values, the same error for anything else); the Qdrant
+body built from it is byte for byte the old one; the ring statistics take the same
+float32 values; a vector whose text does not fit stays a plain list."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from pydantic_core import to_json
+
+from contracts.events import RecordChanged, decode_record_changed, record_changed_json
+from contracts.index import IndexDocument, to_index_document
+from contracts.records import Record
+from contracts.stored_vectors import StoredVector, stored_vector
+from contracts.vector_payload import point_id
+from projector.adapters.qdrant_vectors import _SPLICE, _body_json, _upsert_json
+from projector.dead_letters import rejected_value
+from projector.ports import RejectedRecord
+from projector.ring_stats import ring_moves
+
+# Keys and strings that look like the cut's landmarks: a payload may hold any of them.
+_TRICKY = st.sampled_from(
+    ["vector", ',"vector":[', "]", '],"deleted":false}', "index_lanes", '"', "\\", "{", "}"]
+)
+_TEXT = st.one_of(_TRICKY, st.text(max_size=12))
+_LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    _TEXT,
+)
+_JSON = st.recursive(
+    _LEAF,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_TEXT, inner, max_size=3)),
+    max_leaves=10,
+)
+# float64 values, not only float32 ones: what a client sends.
+_VECTORS = st.lists(
+    st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False), min_size=1, max_size=12
+)
+
+
+def _record(payload: dict[str, Any], vector: list[float] | None, **extra: Any) -> Record:
+    return Record.model_validate(
+        {
+            "namespace": "ns",
+            "snapshot_kind": "objects",
+            "item_id": "item-1",
+            "revision": 2,
+            "payload": payload,
+            "text": {"title": "t", "body": "b"},
+            "metadata": {"updated_at": "2026-01-01T00:00:00Z", "room": "hall"},
+            "vector": vector,
+            **extra,
+        }
+    )
+
+
+def _event(record: Record) -> bytes:
+    return record_changed_json(record.model_dump_json()).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    payload=st.dictionaries(_TEXT, _JSON, max_size=4),
+    vector=st.one_of(st.none(), _VECTORS),
+    lanes=st.sampled_from([None, [], ["lexical"], ["vector"], ["lexical", "vector"]]),
+    deleted=st.booleans(),
+)
+def test_the_decoded_event_is_the_whole_validations(
+    payload: dict[str, Any], vector: list[float] | None, lanes: list[str] | None, deleted: bool
+) -> None:
+    raw = _event(_record(payload, vector, index_lanes=lanes, deleted=deleted))
+    old = RecordChanged.model_validate_json(raw)
+    new = decode_record_changed(raw)
+    assert new == old
+    assert new.record.model_fields_set == old.record.model_fields_set
+    assert new.model_dump_json() == old.model_dump_json()  # what a dead letter keeps
+    if vector is None or deleted:
+        assert not isinstance(new.record.vector, StoredVector)
+        return
+    stored = new.record.vector
+    assert isinstance(stored, StoredVector)
+    assert list(stored) == old.record.vector  # the float64 values themselves
+    assert stored.json == to_json(old.record.vector)
+    assert stored.float32.dtype == np.float32
+    assert np.array_equal(stored.float32, np.asarray(old.record.vector, dtype=np.float32))
+    assert not stored.float32.flags.writeable
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"{}",
+        b'{"event_type":"record_changed","record":{}}',
+        b'{"event_type":"other","record":{"namespace":"ns"}}',
+        b'{"event_type":"record_changed","record":{"namespace":"ns","snapshot_kind":"k",'
+        b'"item_id":"i","revision":1,"vector":[1,"2"]}}',
+    ],
+)
+def test_what_is_no_event_is_the_same_error(raw: bytes) -> None:
+    with pytest.raises(ValidationError) as old:
+        RecordChanged.model_validate_json(raw)
+    with pytest.raises(ValidationError) as new:
+        decode_record_changed(raw)
+    assert new.value.errors() == old.value.errors()
+
+
+def test_another_layout_keeps_a_plain_list() -> None:
+    record = _record({}, [0.5, -0.25])
+    spaced = json.dumps(json.loads(record_changed_json(record.model_dump_json())))  # ", "
+    decoded = decode_record_changed(spaced)
+    assert decoded.record.vector == [0.5, -0.25]
+    assert not isinstance(decoded.record.vector, StoredVector)
+
+
+def test_stored_vector_takes_number_text_only() -> None:
+    assert stored_vector([1.0, 2.0], b"[1.0,2.0]") is not None
+    assert stored_vector([1.0, 2.5e-7], b"[1,-2.5E-07]") is not None
+    assert stored_vector([1.0, 2.0], b'[1.0,"2"]') is None
+    assert stored_vector([1.0, 2.0], b"[1.0, 2.0]") is None
+    assert stored_vector([1.0, 2.0], b"[1.0,{2.0]") is None
+    assert stored_vector([1.0, 2.0], b"1.0,2.0") is None
+
+
+def test_float32_rounds_as_numpy_and_overflows_to_infinity() -> None:
+    values = [0.1, -1e-50, 1 / 3, 16777217.0, 3.4028235677973366e38, -1e39]
+    stored = stored_vector(values, to_json(values))
+    assert stored is not None
+    with np.errstate(over="ignore"):
+        expected = np.asarray(values, dtype=np.float32)
+    assert stored.float32.tobytes() == expected.tobytes()
+    assert stored.float32[3] == 16777216.0 and np.isinf(stored.float32[4:]).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    vectors=st.lists(_VECTORS, min_size=1, max_size=6),
+    payload=st.dictionaries(_TEXT, _JSON, max_size=2),
+    key=st.sampled_from((None, "s0c0")),
+)
+def test_the_qdrant_body_of_stored_vectors_is_the_old_bytes(
+    vectors: list[list[float]], payload: dict[str, Any], key: str | None
+) -> None:
+    old: dict[uuid.UUID, IndexDocument] = {}
+    new: dict[uuid.UUID, IndexDocument] = {}
+    for i, vector in enumerate(vectors):
+        record = _record(payload, vector, item_id=f"item-{i}", revision=1 + i % 2)
+        decoded = decode_record_changed(_event(record)).record
+        assert isinstance(decoded.vector, StoredVector)
+        pid = point_id(record.doc_id)
+        old[pid] = to_index_document(record, tuple(vector))
+        new[pid] = to_index_document(decoded, decoded.vector)
+        assert new[pid].vector is decoded.vector
+    before = to_json({"operations": _upsert_json(old, key)})
+    assert _body_json({"operations": _upsert_json(new, key)}) == before
+
+
+def test_the_splice_token_elsewhere_falls_back_to_the_values() -> None:
+    metadata = {"updated_at": "2026-01-01T00:00:00Z", "room": _SPLICE}
+    record = _record({}, [0.5, -0.25], metadata=metadata)
+    decoded = decode_record_changed(_event(record)).record
+    writes = {point_id(record.doc_id): to_index_document(decoded, decoded.vector)}
+    raw = _body_json({"operations": _upsert_json(writes)})
+    point = json.loads(raw)["operations"][0]["upsert"]["points"][0]
+    assert point["vector"] == {"dense": [0.5, -0.25]}
+    assert _SPLICE in raw.decode()  # the facet, kept as it is
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    vectors=st.integers(1, 8).flatmap(
+        lambda n: st.lists(
+            st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=n, max_size=n),
+            min_size=1,
+            max_size=5,
+        )
+    )
+)
+def test_ring_moves_take_the_same_float32_values(vectors: list[list[float]]) -> None:
+    old: dict[str, tuple[int, IndexDocument | None]] = {}
+    new: dict[str, tuple[int, IndexDocument | None]] = {}
+    for i, vector in enumerate(vectors):
+        record = _record({}, vector, item_id=f"item-{i}", ring="docs")
+        decoded = decode_record_changed(_event(record)).record
+        old[record.doc_id] = (1, to_index_document(record, tuple(vector)))
+        new[record.doc_id] = (1, to_index_document(decoded, decoded.vector))
+    old_rows, old_deltas = ring_moves(old, {})
+    new_rows, new_deltas = ring_moves(new, {})
+    assert old_rows == new_rows
+    assert old_deltas.keys() == new_deltas.keys()
+    for key, delta in old_deltas.items():
+        assert delta.documents == new_deltas[key].documents
+        assert delta.vector_sum is not None and delta.unit_sum is not None
+        assert np.array_equal(delta.vector_sum, new_deltas[key].vector_sum)
+        assert np.array_equal(delta.unit_sum, new_deltas[key].unit_sum)
+
+
+def test_a_dead_letter_keeps_the_event_as_it_was() -> None:
+    record = _record({}, [0.1, 0.2, 0.30000000000000004])
+    raw = _event(record)
+    decoded = decode_record_changed(raw).record
+    assert isinstance(decoded.vector, StoredVector)
+    assert rejected_value(RejectedRecord(7, decoded, "vector_zero", "why")) == raw
