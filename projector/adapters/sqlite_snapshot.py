@@ -90,9 +90,14 @@ class SqliteCanonicalSnapshot:
             values = ",".join("(?,?)" for _ in chunk)
             params = [v for key in chunk for v in key]
             with self._read() as conn:
+                # The keys drive the join (CROSS JOIN keeps them the outer loop): one
+                # primary-key search each. `(document_id, revision) IN (VALUES ...)`
+                # scanned the whole table per chunk (SQLite 3.40: ~0.1 s a chunk at 100k
+                # records, 50 s to read them all).
                 rows = conn.execute(
-                    "SELECT document_id, revision, record_json FROM records WHERE "
-                    f"(document_id, revision) IN (VALUES {values})",
+                    "SELECT r.document_id, r.revision, r.record_json "
+                    f"FROM (VALUES {values}) AS k CROSS JOIN records AS r "
+                    "ON r.document_id = k.column1 AND r.revision = k.column2",
                     params,
                 ).fetchall()
             found = {(str(d), int(r)): str(body) for d, r, body in rows}

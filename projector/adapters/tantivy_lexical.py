@@ -70,6 +70,7 @@ from projector.ports import IndexEvidence
 __all__ = [
     "DEFAULT_COMPACT_HEAP_BYTES",
     "DEFAULT_FLAT_MAX_ROWS",
+    "DEFAULT_FLAT_OPEN_MAX_ROWS",
     "DEFAULT_WRITER_HEAP_BYTES",
     "DEFAULT_WRITER_THREADS",
     "DocumentSource",
@@ -84,7 +85,14 @@ DEFAULT_WRITER_THREADS = 1
 # query scores faster in numpy than through tantivy's two calls (SciFact's 5,183: 0.33 ms
 # against ~1.4). About 2 MB of postings per thousand SciFact-sized documents.
 DEFAULT_FLAT_MAX_ROWS = 10_000
-# ... and all copies of an index together (~200 MB of SciFact-sized documents).
+# The documents a generation may hold for `build_flat` to make it a copy from the
+# canonical store (one it did not create here, or whose copy was dropped): at 100k
+# synthetic documents the copy scores a query in numpy about as fast as tantivy's top-k
+# and makes its id lookups array reads (tantivy: ~1.3 ms for ~100 ids); building it
+# reads and analyzes every document once (seconds).
+DEFAULT_FLAT_OPEN_MAX_ROWS = 100_000
+# ... and all copies of an index together (~200 MB of SciFact-sized documents); a copy
+# never starts past it, so a larger generation (1M) never gets one.
 DEFAULT_FLAT_MAX_TOTAL_ROWS = 100_000
 # The compaction writer's budget: tantivy flushes a segment when its arena reaches it, so
 # one commit under it is one segment. The arena grows with the data, not to the budget
@@ -182,6 +190,12 @@ class _Generation:
     flat: FlatLexical | None = None
     # Ids written while a compaction copies the index (`compact`), to replay in the copy.
     journal: set[str] | None = None
+    # Commits made through this object: `build_flat` keeps its copy only if none came
+    # while it read the documents.
+    commits: int = 0
+    # `commits` when a `build_flat` that read the documents kept no copy: not tried again
+    # before the next commit (a failure that repeats would cost a full read every round).
+    flat_failed_at: int | None = None
     # When the last write was (`time.monotonic`): a compaction waits for quiet.
     written_at: float = 0.0
 
@@ -214,6 +228,7 @@ class TantivyLexicalIndex:
         writer_threads: int = DEFAULT_WRITER_THREADS,
         flat_max_rows: int = 0,
         flat_max_total_rows: int = DEFAULT_FLAT_MAX_TOTAL_ROWS,
+        flat_open_max_rows: int = 0,
     ) -> None:
         self._root = root
         self._writer_heap_bytes = writer_heap_bytes
@@ -222,6 +237,8 @@ class TantivyLexicalIndex:
         # (`flat_for`; 0: none), all copies together up to `flat_max_total_rows`.
         self._flat_max_rows = flat_max_rows
         self._flat_max_total_rows = flat_max_total_rows
+        # ... and `build_flat` makes one for a generation of up to this many (0: never).
+        self._flat_open_max_rows = flat_open_max_rows
         self._flat_lock = threading.Lock()
         self._flat_rows = 0
         self._schemas: dict[str, tantivy.Schema] = {}
@@ -372,15 +389,102 @@ class TantivyLexicalIndex:
             return False
         if time.monotonic() - generation.written_at < quiet_s:
             return False
-        try:
-            sizes = _segment_sizes(self._path(generation_id) / _META_FILE)
-        except (OSError, ValueError, KeyError) as exc:
-            raise _unavailable("cannot read index", generation_id, exc) from exc
+        sizes = self._segment_sizes(generation_id)
         if not sizes:
             return False
         largest = max(sizes, key=lambda size: size[0])
         outside = sum(size[0] for size in sizes) - largest[0] + sum(d for _, d in sizes)
         return outside >= max(1.0, growth * (largest[0] - largest[1]))
+
+    def flat_due(self, generation_id: str, *, quiet_s: float) -> bool:
+        """Whether `build_flat` would make the generation a copy now: it has none, nothing
+        was written to it for `quiet_s`, and its index holds no deleted document and at
+        most `flat_open_max_rows` documents (within the copies' shared bound), and no
+        build that read its documents failed since its last commit."""
+        if self._flat_open_max_rows <= 0:
+            return False
+        generation = self._require(generation_id)
+        if generation.flat is not None or generation.journal is not None:
+            return False
+        if generation.flat_failed_at == generation.commits:
+            return False
+        if not has_combined_field(generation.text_analyzer):
+            return False
+        if time.monotonic() - generation.written_at < quiet_s:
+            return False
+        sizes = self._segment_sizes(generation_id)
+        documents = sum(size[0] for size in sizes)
+        with self._flat_lock:
+            room = self._flat_max_total_rows - self._flat_rows
+        return 0 < documents <= min(self._flat_open_max_rows, room) and not any(
+            deleted for _, deleted in sizes
+        )
+
+    def build_flat(
+        self, generation_id: str, documents: DocumentSource, *, pace: Pace = no_pace
+    ) -> bool:
+        """Make the generation's in-memory copy (`flat_for`, `contracts.flat_lexical`)
+        from `documents` (the canonical store's revisions the index holds); whether it
+        did.
+
+        Guarantees:
+        - Only for an index without deleted documents (its BM25 statistics are then its
+          documents' own, what the copy computes) of at most `flat_open_max_rows`
+          documents, within the copies' shared bound (reserved before reading, given
+          back if no copy results); not while a compaction copies the index.
+        - The copy holds exactly the `(document_id, revision)` pairs of the index: it is
+          kept only if no commit came while the documents were read (else nothing is
+          kept: `False`, try again when quiet), and later writes treat it as they treat
+          the copy of a generation created here (additions kept, anything else drops it).
+        - Reads and analyzes without the write lock (`pace` between chunks of
+          `_PAIRS_CHUNK` documents); searches and writes go on meanwhile.
+        - `documents` must return exactly the requested revisions (`INTERNAL` otherwise).
+        """
+        generation = self._require(generation_id)
+        if self._flat_open_max_rows <= 0 or not has_combined_field(generation.text_analyzer):
+            return False
+        with generation.write_lock:
+            if generation.retired or generation.flat is not None or generation.journal is not None:
+                return False
+            sizes = self._segment_sizes(generation_id)
+            count = sum(size[0] for size in sizes)
+            if any(deleted for _, deleted in sizes) or not 0 < count <= self._flat_open_max_rows:
+                return False
+            commits = generation.commits
+            searcher = generation.index.searcher()
+        with self._flat_lock:
+            if self._flat_rows + count > self._flat_max_total_rows:
+                return False
+            self._flat_rows += count  # reserved
+        kept = False
+        try:
+            flat = FlatLexical((TEXT,), max_rows=self._flat_open_max_rows)
+            pairs = _stored_pairs(searcher, pace)
+            if len(pairs) != count:
+                return False  # a merge or commit the meta file did not show yet
+            for start in range(0, len(pairs), _PAIRS_CHUNK):
+                pace()
+                chunk = _fetched(documents, pairs[start : start + _PAIRS_CHUNK])
+                rows = (_flat_row(document, generation.analyzer, flat.fields) for document in chunk)
+                if not flat.add(rows):
+                    return False
+            with generation.write_lock:
+                if (
+                    generation.retired
+                    or generation.commits != commits
+                    or generation.flat is not None
+                    or generation.journal is not None
+                ):
+                    return False
+                generation.flat = flat
+                kept = True
+            return True
+        except _DRIVER_ERRORS as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
+        finally:
+            if not kept:
+                generation.flat_failed_at = commits
+                self._flat_release(count)
 
     def compact(
         self,
@@ -570,6 +674,14 @@ class TantivyLexicalIndex:
             )
         return self._root / generation_id
 
+    def _segment_sizes(self, generation_id: str) -> list[tuple[int, int]]:
+        """`_segment_sizes` of the generation's last commit; `DependencyUnavailable` if
+        its meta file cannot be read."""
+        try:
+            return _segment_sizes(self._path(generation_id) / _META_FILE)
+        except (OSError, ValueError, KeyError) as exc:
+            raise _unavailable("cannot read index", generation_id, exc) from exc
+
     def _index_schema(self, text_analyzer: str) -> tantivy.Schema:
         schema = self._schemas.get(text_analyzer)
         if schema is None:
@@ -648,6 +760,7 @@ class TantivyLexicalIndex:
                     writer.delete_documents_by_term(DOCUMENT_ID, document_id)
                 changed = True
             if changed:
+                generation.commits += 1  # before the commit: a failed one counts too
                 writer.commit()
                 index.reload()
                 if flat is not None and added and not self._flat_add(flat, generation, added):

@@ -12,6 +12,7 @@ alike.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.errors import OrreryError
 from contracts.flat_lexical import FlatLexical, fieldnorm_id
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
@@ -112,6 +114,29 @@ def _agree(got: list[Candidate], exact: list[Candidate], limit: int) -> None:
         assert all(c.score <= floor * (1 + _REL) for c in exact if c.document_id not in kept)
 
 
+def _same_answers(
+    engine: TantivyLexicalSearch,
+    flat: TantivyLexicalSearch,
+    generation: str,
+    text: str,
+    filter: SearchFilter,
+    limit: int,
+    field_boosts: dict[str, float] | None,
+) -> list[Candidate]:
+    """`flat`'s top `limit` and its lookups by id (of some of them, one document that
+    may not match, one unknown id) agree with `engine`'s; the engine's whole answer."""
+    exact = engine.search(generation, text, filter, 1_000, field_boosts=field_boosts)
+    _agree(flat.search(generation, text, filter, limit, field_boosts=field_boosts), exact, limit)
+    listed = filter.model_copy(
+        update={"document_ids": (*[c.document_id for c in exact][:5], "d41", "nope")}
+    )
+    looked_up = flat.scores(generation, text, listed, field_boosts=field_boosts)
+    reference = engine.scores(generation, text, listed, field_boosts=field_boosts)
+    assert looked_up.keys() == reference.keys()
+    assert all(looked_up[d] == pytest.approx(reference[d], rel=_REL) for d in looked_up)
+    return exact
+
+
 @settings(
     max_examples=30,
     deadline=None,
@@ -147,18 +172,9 @@ def test_the_copy_answers_what_tantivy_answers(
                 terms = list(dict.fromkeys(analyzer.analyze(text)))
                 boost = {"text": field_boosts["text"]}
                 assert copy.search(terms, boost, filter, limit) is not None
-            exact = engine.search(generation, text, filter, 1_000, field_boosts=field_boosts)
-            got = flat.search(generation, text, filter, limit, field_boosts=field_boosts)
-            _agree(got, exact, limit)
+            exact = _same_answers(engine, flat, generation, text, filter, limit, field_boosts)
             everything = flat.search(generation, text, filter, 1_000, field_boosts=field_boosts)
             assert {c.document_id for c in everything} == {c.document_id for c in exact}
-            listed = filter.model_copy(
-                update={"document_ids": (*[c.document_id for c in exact][:5], "d41", "nope")}
-            )
-            looked_up = flat.scores(generation, text, listed, field_boosts=field_boosts)
-            reference = engine.scores(generation, text, listed, field_boosts=field_boosts)
-            assert looked_up.keys() == reference.keys()
-            assert all(looked_up[d] == pytest.approx(reference[d], rel=_REL) for d in looked_up)
     finally:
         lexical.drop(generation)
 
@@ -351,3 +367,150 @@ def test_kept_term_scores_are_bounded_and_change_no_answer(
     finally:
         unbounded.close()
         bounded.close()
+
+
+# Writes to a generation before it is reopened: a batch of documents (a new revision of
+# one already written replaces it) or the deletion of some written ones.
+# At most 7 commits: from 8 segments on, tantivy's merges drop deleted documents.
+_writes = st.lists(
+    st.tuples(st.integers(0, 3).map(lambda n: f"d{n}"), st.booleans(), texts, texts),
+    min_size=2,
+    max_size=7,
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    writes=_writes,
+    compact=st.booleans(),
+    asked=st.lists(st.tuples(texts, filters, st.integers(1, 12)), min_size=1, max_size=5),
+)
+def test_a_copy_built_from_the_store_answers_what_tantivy_answers(
+    tmp_path_factory: pytest.TempPathFactory,
+    writes: list[tuple[str, bool, str, str]],
+    compact: bool,
+    asked: list[tuple[str, SearchFilter, int]],
+) -> None:
+    """`build_flat` on a generation opened from disk (replaced and deleted documents
+    included, compacted or not): a copy exactly when the index holds no deleted document,
+    and then the copy's answers are the engine's, lookups by id alike."""
+    root = tmp_path_factory.mktemp("built") / "lexical"
+    held: dict[str, IndexDocument] = {}
+    written: dict[tuple[str, int], IndexDocument] = {}
+    first = TantivyLexicalIndex(root)
+    first.create("g", text_analyzer="orrery_text_v2_english")
+    # One segment of several documents first: a later write leaves deleted ones in it
+    # (a segment whose every document is deleted is dropped at once).
+    opening = [doc(f"d{n}", title=writes[0][2], body=f"{writes[0][3]} red") for n in range(4)]
+    first.apply("g", opening, [])
+    for document in opening:
+        held[document.document_id] = written[(document.document_id, 1)] = document
+    for document_id, delete, title, body in writes:
+        if delete and document_id in held:
+            first.apply("g", [], [(document_id, held.pop(document_id).revision)])
+            continue
+        revision = held[document_id].revision + 1 if document_id in held else 1
+        fresh = doc(document_id, revision, title=title, body=body)
+        held[document_id] = written[(document_id, revision)] = fresh
+        first.apply("g", [fresh], [])
+    first.close()
+    index = TantivyLexicalIndex(root, flat_max_rows=100, flat_open_max_rows=100)
+    try:
+        source = _compaction_source(written)
+        if compact:
+            index.compact("g", source)
+        # tantivy's own merges may have dropped deleted documents too: read its meta.
+        meta = json.loads((root / "g" / "meta.json").read_text(encoding="utf-8"))
+        deletes = any(segment.get("deletes") for segment in meta["segments"])
+        assert index.flat_due("g", quiet_s=0.0) == (bool(held) and not deletes)
+        built = index.build_flat("g", source)
+        assert built == (bool(held) and not deletes)
+        if not built:
+            assert index.flat_for("g") is None
+            return
+        copy = index.flat_for("g")
+        assert copy is not None and len(copy) == len(held)
+        assert not index.flat_due("g", quiet_s=0.0)  # it has one
+        engine = TantivyLexicalSearch(index.searchable)
+        flat = TantivyLexicalSearch(index.searchable, flat_provider=index.flat_for)
+        boosts = {**_TEXT_ONLY, "text": 1.0}
+        analyzer = index.searchable("g")[2]
+        for text, filter, limit in asked:
+            terms = list(dict.fromkeys(analyzer.analyze(text)))
+            assert copy.search(terms, {"text": 1.0}, filter, limit) is not None
+            _same_answers(engine, flat, "g", text, filter, limit, boosts)
+    finally:
+        index.close()
+
+
+def test_a_built_copy_is_bounded_and_kept_only_without_a_commit_meanwhile(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "lexical"
+    docs = [doc(f"n{n:04d}", body=_WORDS[n % 9]) for n in range(1_200)]
+    written = {(d.document_id, d.revision): d for d in docs}
+    first = TantivyLexicalIndex(root)
+    for name in ("a", "b"):
+        first.create(name, text_analyzer="orrery_text_v2_english")
+        first.apply(name, docs, [])
+    first.create("small", text_analyzer="orrery_text_v2_english")
+    first.apply("small", docs[:10], [])
+    first.close()
+    source = _compaction_source(written)
+    index = TantivyLexicalIndex(
+        root, flat_max_rows=10, flat_max_total_rows=1_206, flat_open_max_rows=1_201
+    )
+    try:
+        assert TantivyLexicalIndex(root).build_flat("a", source) is False  # 0: never
+        # A deleted document still counts in tantivy's statistics: no copy until a
+        # compaction drops it.
+        index.apply("small", [], [("n0000", 1)])
+        assert index.flat_due("small", quiet_s=0.0) is False
+        assert index.build_flat("small", source) is False
+        assert index.compact("small", source)
+        assert index.build_flat("small", source) is True
+        index.drop("small")
+        index.create("small", text_analyzer="orrery_text_v2_english")
+        index.apply("small", docs[:10], [])
+        index.close()  # reopened from disk below, without a copy
+        calls = 0
+
+        def documents(pairs: Sequence[tuple[str, int]]) -> list[IndexDocument]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:  # a commit while the copy reads: it would miss these documents
+                late = [doc("late", body="red"), doc("later", body="blue")]
+                index.apply("a", late, [])
+                written.update({(d.document_id, 1): d for d in late})
+            return source(pairs)
+
+        assert index.build_flat("a", documents) is False
+        assert index.flat_for("a") is None
+        assert index.flat_due("a", quiet_s=0.0) is False  # 1,202 documents: past its size
+        assert index.build_flat("a", source) is False
+        assert index.flat_due("b", quiet_s=0.0) is True
+        assert index.flat_due("b", quiet_s=60.0) is True  # never written in this process
+        with pytest.raises(OrreryError):  # the store lacks the revisions: INTERNAL
+            index.build_flat("b", lambda pairs: [])
+        assert index.flat_due("b", quiet_s=0.0) is False  # not again before a commit
+        index.apply("b", [doc("n0000", body="red")], [])  # the same revision: no commit
+        assert index.flat_due("b", quiet_s=0.0) is False
+        index.apply("b", [doc("b-new", body="red")], [])
+        written[("b-new", 1)] = doc("b-new", body="red")
+        assert index.flat_due("b", quiet_s=0.0) is True
+        assert index.build_flat("b", source) is True
+        assert index.flat_for("b") is not None
+        # The shared bound: 1,201 of 1,206 rows taken, the small one does not fit.
+        assert index.flat_due("small", quiet_s=0.0) is False
+        assert index.build_flat("small", source) is False
+        index.drop("b")
+        assert index.build_flat("small", source) is True
+        # A write makes the generation not quiet for a while.
+        index.apply("small", [doc("x", body="blue")], [])
+        assert index.flat_for("small") is not None  # an addition, kept
+    finally:
+        index.close()

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from starlette.testclient import TestClient
 
 from orrery.embedded import EmbeddedStack
@@ -83,5 +84,60 @@ def test_the_background_compactor_leaves_one_segment_and_the_same_answers(
             response = client.post("/v1/records", json=[_record(99)])
             assert response.status_code == 200
             _wait(lambda: lexical.evidence(generation_id).document_count == 41)
+    finally:
+        stack.close()
+
+
+def test_a_reopened_generation_gets_its_in_memory_copy_and_the_same_answers(
+    tmp_path: Path,
+) -> None:
+    """A generation opened from disk has no in-memory lexical copy; the background
+    compactor builds one from the canonical store once it is quiet (one segment, no
+    deleted document), and the answers stay the engine's."""
+    settings = QuerySettings(
+        data_dir=tmp_path / "data", cache_responses=False, optimize_interval_seconds=0.5
+    )
+    query = {
+        "namespace": NS,
+        "scope_ref": "longterm:objects:current",
+        "query_text": "thermos garden keys",
+        "result_limit": 10,
+    }
+    first = EmbeddedStack.open(settings)
+    try:
+        first.loop.start()
+        with TestClient(first.app) as client:
+            for start in range(0, 30, 10):
+                response = client.post(
+                    "/v1/records", json=[_record(n) for n in range(start, start + 10)]
+                )
+                assert response.status_code == 200, response.text
+
+            def caught_up() -> bool:
+                scopes = client.get("/v1/readiness").json().get("scopes", [])
+                return sum(s["document_count"] for s in scopes) == 30 and not any(
+                    s["lag_events"] for s in scopes
+                )
+
+            _wait(caught_up)
+    finally:
+        first.close()
+    stack = EmbeddedStack.open(settings)
+    lexical = stack.projector.lexical
+    try:
+        with TestClient(stack.app) as client:
+            before = client.post("/v1/external/retrieve/topk_records", json=query)
+            assert before.status_code == 200, before.text
+            (generation_id,) = lexical.generation_ids()
+            assert lexical.flat_for(generation_id) is None
+            stack.start()
+            _wait(lambda: lexical.flat_for(generation_id) is not None)
+            assert lexical.segment_count(generation_id) == 1
+            after = client.post("/v1/external/retrieve/topk_records", json=query)
+            assert after.json()["query_plan"]["engine_ms"].get("flat_lexical") is not None
+            got = [(r["document_id"], r["score"]) for r in after.json()["results"]]
+            expected = [(r["document_id"], r["score"]) for r in before.json()["results"]]
+            assert expected and [d for d, _ in got] == [d for d, _ in expected]
+            assert [s for _, s in got] == pytest.approx([s for _, s in expected], rel=1e-6)
     finally:
         stack.close()
