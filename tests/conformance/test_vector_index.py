@@ -1583,12 +1583,17 @@ def test_edge_swap_never_closes_a_shard_a_caller_holds(
     assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g+2", "g+live"]
 
 
-def test_edge_recovers_from_a_crash_between_the_swap_renames(tmp_path: Path) -> None:
-    root = tmp_path / "edge"
+def _closed_generation(root: Path) -> None:
+    """Generation `g` holding `CORPUS`, written and closed: a crashed server's shard."""
     first = QdrantEdgeVectorIndex(root)
     first.create("g", DIM)
     first.apply("g", list(CORPUS), [])
     first.close()
+
+
+def test_edge_recovers_from_a_crash_between_the_swap_renames(tmp_path: Path) -> None:
+    root = tmp_path / "edge"
+    _closed_generation(root)
     (root / "g").rename(root / ".g.retired")  # the old shard moved away, the copy not yet in
     (root / ".g.optimizing").mkdir()
     second = QdrantEdgeVectorIndex(root)
@@ -1613,10 +1618,7 @@ def _shard_copy(root: Path, source: str, target: str, *, delete: str | None = No
 def test_edge_recovers_a_copy_never_swapped_in(tmp_path: Path) -> None:
     """A crash after the copy was loaded, before the pointer named it: the old shard."""
     root = tmp_path / "edge"
-    first = QdrantEdgeVectorIndex(root)
-    first.create("g", DIM)
-    first.apply("g", list(CORPUS), [])
-    first.close()
+    _closed_generation(root)
     _shard_copy(root, "g", "g+1", delete=CORPUS[0].document_id)
     (root / "g+live.tmp").write_text("g+1")
     second = QdrantEdgeVectorIndex(root)
@@ -1632,10 +1634,7 @@ def test_edge_recovers_a_copy_swapped_in_before_the_old_shard_was_removed(
 ) -> None:
     """A crash after the pointer named the copy: the copy, and the old shard removed."""
     root = tmp_path / "edge"
-    first = QdrantEdgeVectorIndex(root)
-    first.create("g", DIM)
-    first.apply("g", list(CORPUS), [])
-    first.close()
+    _closed_generation(root)
     _shard_copy(root, "g", "g+1")
     _shard_copy(root, "g", "g+2", delete=CORPUS[0].document_id)
     (root / "g+live").write_text("g+2")
@@ -1654,10 +1653,7 @@ def test_edge_recovers_a_copy_swapped_in_before_the_old_shard_was_removed(
 
 def test_edge_forgets_a_pointer_to_a_removed_directory(tmp_path: Path) -> None:
     root = tmp_path / "edge"
-    first = QdrantEdgeVectorIndex(root)
-    first.create("g", DIM)
-    first.apply("g", list(CORPUS), [])
-    first.close()
+    _closed_generation(root)
     (root / "g+live").write_text("g+3")  # its directory removed by hand
     second = QdrantEdgeVectorIndex(root)
     try:

@@ -16,24 +16,10 @@ from hypothesis import strategies as st
 from contracts.records import Record, record_json_without_vector
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from query.adapters.sqlite_routing import SqliteRecordReader
+from tests.json_strategies import TEXT as _TEXT
+from tests.json_strategies import tricky_json
 
-# Keys and strings that look like the cut's landmarks: a payload may hold any of them.
-_TRICKY = st.sampled_from(
-    ["vector", ',"vector":[', "]", '],"deleted":false}', "index_lanes", '"', "\\", "{", "}"]
-)
-_TEXT = st.one_of(_TRICKY, st.text(max_size=12))
-_LEAF = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**40), 2**40),
-    st.floats(allow_nan=False, allow_infinity=False),
-    _TEXT,
-)
-_JSON = st.recursive(
-    _LEAF,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_TEXT, inner, max_size=3)),
-    max_leaves=12,
-)
+_JSON = tricky_json(12)
 
 
 def _record(payload: dict[str, Any], vector: list[float] | None, **extra: Any) -> Record:

@@ -26,24 +26,10 @@ from projector.adapters.qdrant_vectors import _SPLICE, _body_json, _upsert_json
 from projector.dead_letters import rejected_value
 from projector.ports import RejectedRecord
 from projector.ring_stats import ring_moves
+from tests.json_strategies import TEXT as _TEXT
+from tests.json_strategies import tricky_json
 
-# Keys and strings that look like the cut's landmarks: a payload may hold any of them.
-_TRICKY = st.sampled_from(
-    ["vector", ',"vector":[', "]", '],"deleted":false}', "index_lanes", '"', "\\", "{", "}"]
-)
-_TEXT = st.one_of(_TRICKY, st.text(max_size=12))
-_LEAF = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**40), 2**40),
-    st.floats(allow_nan=False, allow_infinity=False),
-    _TEXT,
-)
-_JSON = st.recursive(
-    _LEAF,
-    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_TEXT, inner, max_size=3)),
-    max_leaves=10,
-)
+_JSON = tricky_json(10)
 # float64 values, not only float32 ones: what a client sends.
 _VECTORS = st.lists(
     st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False), min_size=1, max_size=12
