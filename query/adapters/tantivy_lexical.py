@@ -9,10 +9,12 @@ indexed text.
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import tantivy
 
@@ -62,6 +64,24 @@ ENGINE_FLAT = "flat_lexical"
 
 _Hit = tuple[Any, tantivy.DocAddress]
 
+# The pruned search (`_Pruning`) is tried when the query's terms hold at least this many
+# postings together (below it the whole query costs well under a millisecond anyway).
+DEFAULT_PRUNE_MIN_POSTINGS = 50_000
+# ... and restricted to documents holding at most these shares of the query's postings
+# (probe; second run): the restricted query seeks the text query's union per document,
+# which costs more than a pass over it once they hold 1/11 of its postings, 0.75x at
+# 1/16, under 0.5x below 1/32 (1M documents, 200 `bench/topk.py` queries; session 18).
+_PROBE_MAX_SHARE = 1 / 16
+_RUN_MAX_SHARE = 1 / 32
+# See `_Pruning.hits`: when a probe is worth trying.
+_PROBE_HOPE = 2.0
+# tantivy's BM25 (`src/query/bm25.rs`): a term scores at most idf * (1 + k1) * boost.
+_K1 = 1.2
+# Slack on a bound computed here in float64 against scores tantivy sums in float32 (a
+# few ulps, 2^-24 each, relative): far below this, far above nothing.
+_BOUND_SLACK = 1e-4
+_EXPLAINED_N = re.compile(r'"value":\s*([0-9.eE+-]+),\s*"description":\s*"N, total number of docs"')
+
 
 class TantivyLexicalSearch:
     """`LexicalSearch` over what `index_provider` returns per generation: the
@@ -89,9 +109,12 @@ class TantivyLexicalSearch:
         index_provider: Callable[[str], tuple[tantivy.Index, str, tantivy.TextAnalyzer]],
         *,
         flat_provider: Callable[[str], FlatLexical | None] | None = None,
+        prune_min_postings: int | None = DEFAULT_PRUNE_MIN_POSTINGS,
     ) -> None:
         self._index_provider = index_provider
         self._flat_provider = flat_provider
+        # None: never prune (every search runs the whole query; the A/B reference).
+        self._prune_min_postings = prune_min_postings
         self._statuses = _StatusNames()
 
     def search(
@@ -128,12 +151,20 @@ class TantivyLexicalSearch:
             read = _HitReader(searcher, generation_id, self._statuses)
             if not terms:
                 return _filter_matches(searcher, _visible(schema, restriction), limit, read)
-            clauses = [(tantivy.Occur.Must, _text_query(schema, terms, boosts)), _hidden(schema)]
+            text_query = _text_query(schema, terms, boosts)
+            filters = [_hidden(schema)]
             if restriction is not None:
-                clauses.append(
+                filters.append(
                     (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0))
                 )
-            return _best(searcher, tantivy.Query.boolean_query(clauses), limit, read)
+            hits: list[_Hit] | None = None
+            if self._prune_min_postings is not None:
+                pruning = _Pruning(searcher, schema, text_query, filters, limit)
+                hits = pruning.hits(terms, boosts, self._prune_min_postings)
+            if hits is None:
+                query = tantivy.Query.boolean_query([(tantivy.Occur.Must, text_query), *filters])
+                hits = _top_hits(searcher, query, limit)
+            return _best(hits, limit, read)
         except _DRIVER_ERRORS as exc:
             raise DependencyUnavailable(
                 "tantivy", f"search failed: {exc}", {"generation_id": generation_id}
@@ -357,10 +388,10 @@ def _filter_matches(
     return read([(0.0, address) for _value, address in hits])
 
 
-def _best(
-    searcher: tantivy.Searcher, query: tantivy.Query, limit: int, read: _HitReader
-) -> list[Candidate]:
-    """Top `limit` by score, then `document_id`, widening the fetch past boundary ties."""
+def _top_hits(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> list[_Hit]:
+    """The hits of `query` scoring at least its `limit`-th best score (all of them if it
+    matches fewer), best first: the fetch widens past the ties at the boundary, which
+    tantivy breaks by its internal order."""
     fetch = limit + 1
     while True:
         with engine_call(ENGINE_SEARCH):
@@ -371,9 +402,168 @@ def _best(
     if len(hits) > limit:
         boundary = hits[limit - 1][0]
         hits = [hit for hit in hits if hit[0] >= boundary]
+    return hits
+
+
+def _best(hits: list[_Hit], limit: int, read: _HitReader) -> list[Candidate]:
+    """Top `limit` of `_top_hits` by score, then `document_id`."""
     candidates = read(hits)
     candidates.sort(key=lambda candidate: (-candidate.score, candidate.document_id))
     return candidates[:limit]
+
+
+class _Clause(NamedTuple):
+    """One term query of the text query: a term in a field, its boost, and how many
+    documents of the searcher's snapshot hold it (deleted ones included, as tantivy
+    counts them for BM25)."""
+
+    field: str
+    term: str
+    boost: float
+    doc_freq: int
+
+    def bound(self, documents: float) -> float:
+        """The most this clause adds to a document's score when the snapshot counts
+        `documents` documents (tantivy: idf * (1 + k1) * boost, times tf / (tf + norm) < 1)."""
+        documents = max(documents, self.doc_freq)
+        idf = math.log1p((documents - self.doc_freq + 0.5) / (self.doc_freq + 0.5))
+        return self.boost * (1.0 + _K1) * idf
+
+
+class _Pruning:
+    """The whole query's top hits, found among fewer documents (MaxScore, per query).
+
+    tantivy-py collects through a `MultiCollector`, which scores every document a query
+    matches (tantivy's block-max WAND only runs under a bare `TopDocs` collector), so a
+    query holding a common term costs a pass over that term's postings. But a document
+    matching none of the rarer clauses scores at most the sum of the other clauses'
+    bounds (`_Clause.bound`); once the `limit`-th best score is known to exceed that sum,
+    the top hits, and every document tied with the `limit`-th, are among the documents
+    matching a rarer clause. So:
+
+    1. Probe: the whole query (same text query, same filters: same scores) restricted
+       to documents matching the rarest clause (more, while fewer than `limit` match).
+       Its `limit`-th score is a lower bound of the whole query's.
+    2. The clauses whose bounds, weakest first, stay below that score together are
+       optional; the rest are needed. If the probe held every needed clause, its hits
+       are the answer; else the query is run once more, restricted to the documents
+       matching a needed clause.
+
+    The bounds use the document count tantivy scored with (read from its explanation of
+    a hit: it counts deleted documents too) and each clause's document frequency in the
+    same snapshot, with `_BOUND_SLACK` for float32 rounding. Anything this cannot prove
+    returns None: the caller runs the whole query. Scores come from the same scorer over
+    the same text query, so they are the whole query's.
+    """
+
+    def __init__(
+        self,
+        searcher: tantivy.Searcher,
+        schema: tantivy.Schema,
+        text_query: tantivy.Query,
+        filters: Sequence[tuple[tantivy.Occur, tantivy.Query]],
+        limit: int,
+    ) -> None:
+        self._searcher = searcher
+        self._schema = schema
+        self._text_query = text_query
+        self._filters = filters
+        self._limit = limit
+
+    def hits(
+        self, terms: Sequence[str], boosts: Mapping[str, float], min_postings: int
+    ) -> list[_Hit] | None:
+        """`_top_hits` of the whole query, or None where pruning does not pay or cannot
+        be proven."""
+        searcher, limit = self._searcher, self._limit
+        with engine_call(ENGINE_SEARCH):
+            clauses = [
+                _Clause(field_name, term, boost, searcher.doc_freq(field_name, term))
+                for term in terms
+                for field_name, boost in boosts.items()
+            ]
+            planned_documents = searcher.num_docs
+        clauses = [clause for clause in clauses if clause.doc_freq > 0]
+        postings = sum(clause.doc_freq for clause in clauses)
+        if len(clauses) < 2 or postings < min_postings:
+            return None
+        # The probe: the rarest clauses (highest bounds) the share allows, at least one.
+        rarest = sorted(clauses, key=lambda clause: clause.bound(planned_documents), reverse=True)
+        probed: list[_Clause] = []
+        share = 0
+        for clause in rarest[:-1]:
+            share += clause.doc_freq
+            if share > _PROBE_MAX_SHARE * postings:
+                break
+            probed.append(clause)
+        if not probed:
+            return None  # about as costly as the whole query
+        # The probe's `limit`-th score came out between 1.2 and 1.9 times its strongest
+        # clause's idf (1M documents, session 18): past twice that, the clauses left out
+        # cannot all be optional, and the probe would be wasted.
+        left_out = sum(clause.bound(planned_documents) for clause in rarest[len(probed) :])
+        if left_out >= _PROBE_HOPE * probed[0].bound(planned_documents) / (1.0 + _K1):
+            return None
+        hits = self._restricted_hits(probed)
+        if len(hits) < limit:
+            return None
+        threshold = float(hits[limit - 1][0])
+        documents = self._scored_documents(hits[0][1])
+        if documents is None:
+            return None
+        optional_bound = 0.0
+        optional: set[_Clause] = set()
+        for clause in sorted(clauses, key=lambda clause: clause.bound(documents)):
+            bound = clause.bound(documents)
+            if (optional_bound + bound) * (1.0 + _BOUND_SLACK) >= threshold:
+                break
+            optional_bound += bound
+            optional.add(clause)
+        needed = [clause for clause in clauses if clause not in optional]
+        if not optional:
+            return None
+        if set(needed) <= set(probed):
+            return hits
+        if sum(clause.doc_freq for clause in needed) > _RUN_MAX_SHARE * postings:
+            return None
+        hits = self._restricted_hits(needed)
+        # More documents than the probe's: the `limit`-th score can only have grown.
+        if len(hits) < limit or hits[limit - 1][0] <= optional_bound * (1.0 + _BOUND_SLACK):
+            return None
+        return hits
+
+    def _restricted_hits(self, clauses: Sequence[_Clause]) -> list[_Hit]:
+        """`_top_hits` of the whole query over the documents matching one of `clauses`
+        (a zero constant score: the scores stay the whole query's)."""
+        schema = self._schema
+        matching = [
+            (
+                tantivy.Occur.Should,
+                tantivy.Query.term_query(schema, c.field, c.term, index_option="basic"),
+            )
+            for c in clauses
+        ]
+        restriction = (
+            matching[0][1] if len(matching) == 1 else tantivy.Query.boolean_query(matching)
+        )
+        query = tantivy.Query.boolean_query(
+            [
+                (tantivy.Occur.Must, self._text_query),
+                *self._filters,
+                (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0)),
+            ]
+        )
+        return _top_hits(self._searcher, query, self._limit)
+
+    def _scored_documents(self, address: tantivy.DocAddress) -> float | None:
+        """An upper bound of the document count tantivy's BM25 used in this snapshot,
+        from its explanation of a hit (a float32 there: rounded up here)."""
+        with engine_call(ENGINE_SEARCH):
+            explained = self._text_query.explain(self._searcher, address).to_json()
+        found = _EXPLAINED_N.search(explained)
+        if found is None:
+            return None
+        return float(found.group(1)) * (1.0 + 2.0**-23) + 1.0
 
 
 class _StatusNames:
