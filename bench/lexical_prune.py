@@ -1,6 +1,8 @@
-"""In-process A/B of the tantivy lexical search on a built generation: the whole query
-against the pruned one (`query.adapters.tantivy_lexical._Pruning`), same index, same
-queries, one thread.
+"""In-process A/B of the tantivy lexical search on a built generation: the query as it
+was before session 18 (every matching document scored: `WholeQuery`) against today's
+adapter (a pruned search, `query.adapters.tantivy_lexical._Pruning`, where it can prove
+its answer; else the whole query, as a bare union when nothing needs excluding), same
+index, same queries, one thread.
 
     .venv/bin/python bench/lexical_prune.py --root DIR --generation g1 [--queries 200]
         [--rounds 3] [--depth 100] [--out docs/bench/lexical_prune.json]
@@ -78,6 +80,44 @@ def _summary(seconds: Sequence[float]) -> dict[str, float]:
     }
 
 
+class WholeQuery:
+    """The search before session 18, rebuilt from the adapter's own parts: the text
+    query inside a boolean query with the hidden-document exclusion and the filters,
+    every matching document scored (`query.adapters.tantivy_lexical` as of 897fcbf)."""
+
+    def __init__(self, lexical: TantivyLexicalIndex) -> None:
+        self._lexical = lexical
+        self._statuses = query_tantivy._StatusNames()
+
+    def search(
+        self,
+        generation: str,
+        text: str,
+        filter: SearchFilter,
+        limit: int,
+        *,
+        field_boosts: dict[str, float] | None = None,
+    ) -> list[Candidate]:
+        index, analyzer_name, analyzer = self._lexical.searchable(generation)
+        schema = index.schema
+        boosts = query_tantivy._boosts(
+            field_boosts, combined_field=has_combined_field(analyzer_name)
+        )
+        terms = list(dict.fromkeys(analyzer.analyze(text)))
+        restriction = query_tantivy._filter_query(schema, filter, analyzer)
+        searcher = index.searcher()
+        read = query_tantivy._HitReader(searcher, generation, self._statuses)
+        clauses = [
+            (tantivy.Occur.Must, query_tantivy._text_query(schema, terms, boosts)),
+            query_tantivy._hidden(schema),
+        ]
+        if restriction is not None:
+            const = tantivy.Query.const_score_query(restriction, 0.0)
+            clauses.append((tantivy.Occur.Must, const))
+        query = tantivy.Query.boolean_query(clauses)
+        return query_tantivy._best(query_tantivy._top_hits(searcher, query, limit), limit, read)
+
+
 def _pruned_answers(
     lexical: TantivyLexicalIndex,
     generation: str,
@@ -110,16 +150,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     generation = args.generation
     profile = next(p for p in BUILTIN_PROFILES if p.id == DEFAULT_PROFILE_ID)
     boosts = profile.lexical_boosts()
-    whole = TantivyLexicalSearch(lexical.searchable, prune_min_postings=None)
-    pruned = TantivyLexicalSearch(lexical.searchable)
-    sides = {"whole": whole, "pruned": pruned}
+    sides: dict[str, WholeQuery | TantivyLexicalSearch] = {
+        "whole": WholeQuery(lexical),
+        "pruned": TantivyLexicalSearch(lexical.searchable),
+    }
     vocab = Vocabulary.build(random.Random(args.seed))
     query_rng = random.Random(args.seed + 1)
     warmup = make_queries(query_rng, vocab, WARMUP_QUERIES)
     queries = make_queries(query_rng, vocab, args.queries)
     documents = lexical.searchable(generation)[0].searcher().num_docs
 
-    def ask(side: TantivyLexicalSearch, query: QuerySpec) -> list[Candidate]:
+    def ask(side: WholeQuery | TantivyLexicalSearch, query: QuerySpec) -> list[Candidate]:
         filter = search_filter(query)
         return side.search(generation, query.text, filter, args.depth, field_boosts=boosts)
 

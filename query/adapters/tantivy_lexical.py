@@ -152,7 +152,11 @@ class TantivyLexicalSearch:
             if not terms:
                 return _filter_matches(searcher, _visible(schema, restriction), limit, read)
             text_query = _text_query(schema, terms, boosts)
-            filters = [_hidden(schema)]
+            filters: list[tuple[tantivy.Occur, tantivy.Query]] = []
+            with engine_call(ENGINE_SEARCH):
+                hiding = searcher.doc_freq(FACETS, hidden_term("lexical")) > 0
+            if hiding:
+                filters.append(_hidden(schema))
             if restriction is not None:
                 filters.append(
                     (tantivy.Occur.Must, tantivy.Query.const_score_query(restriction, 0.0))
@@ -162,7 +166,14 @@ class TantivyLexicalSearch:
                 pruning = _Pruning(searcher, schema, text_query, filters, limit)
                 hits = pruning.hits(terms, boosts, self._prune_min_postings)
             if hits is None:
-                query = tantivy.Query.boolean_query([(tantivy.Occur.Must, text_query), *filters])
+                # Without filters (no document hidden from this lane: the exclusion would
+                # match nothing) the bare union streams a quarter faster than inside a
+                # boolean query (1M documents), with the same scores.
+                query = (
+                    tantivy.Query.boolean_query([(tantivy.Occur.Must, text_query), *filters])
+                    if filters
+                    else text_query
+                )
                 hits = _top_hits(searcher, query, limit)
             return _best(hits, limit, read)
         except _DRIVER_ERRORS as exc:
