@@ -100,6 +100,9 @@ class TantivyLexicalSearch:
       with and without them. Filter values that are not valid Unicode match nothing.
     - Ties at the `limit` boundary are resolved by `document_id` exactly, not by the
       engine's internal order.
+    - A query holding common terms may be answered from fewer documents (`_Pruning`,
+      from `prune_min_postings` postings on; None: never) only where the BM25 bounds
+      prove the answer is the whole query's: the same documents, scores and order.
     - An unknown generation (the provider raises `KeyError`) raises
       `OrreryError(COVERAGE_UNAVAILABLE)`; engine failures raise `DependencyUnavailable`.
     """
