@@ -20,7 +20,9 @@ is timed by the calling thread's CPU time (tantivy searches on the calling threa
 the figure hardly moves when other processes compete for the CPUs) and by wall clock;
 the two answers are compared (ids, revisions, float32 scores, order). Separately, not
 timed, it counts the queries the pruned path answered itself (the rest ran the whole
-query). Writes JSON and prints a table; figures are reported, never asserted.
+query) and compares `--sweep` more queries (another seed) at limits 10, `--depth` and
+5 x `--depth` under three sets of field boosts. Writes JSON and prints a table; figures
+are reported, never asserted.
 """
 
 from __future__ import annotations
@@ -145,6 +147,46 @@ def _pruned_answers(
     return answered
 
 
+# The sweep's field boosts: `weighted@3`'s, the default (title x2, body, tags), and one
+# spread over three fields with boosts other than 1.
+SWEEP_BOOSTS: tuple[dict[str, float] | None, ...] = (
+    {"title": 0.0, "body": 0.0, "tags": 0.0, "text": 1.0},
+    None,
+    {"title": 0.5, "body": 3.0, "text": 0.25},
+)
+
+
+def sweep(
+    sides: dict[str, WholeQuery | TantivyLexicalSearch],
+    generation: str,
+    vocab: Vocabulary,
+    count: int,
+    seed: int,
+    depth: int,
+) -> dict[str, Any]:
+    """Untimed: `count` more queries of the same generator (another seed), each at a
+    limit of 10, `depth` or 5 x `depth` under one of `SWEEP_BOOSTS`; how many answers
+    are identical."""
+    queries = make_queries(random.Random(seed), vocab, count)
+    identical = 0
+    for i, query in enumerate(queries):
+        limit = (10, depth, 5 * depth)[i % 3]
+        boosts = SWEEP_BOOSTS[(i // 3) % 3]
+        filter = search_filter(query)
+        answers = [
+            side.search(generation, query.text, filter, limit, field_boosts=boosts)
+            for side in sides.values()
+        ]
+        identical += answers[0] == answers[1]
+    return {
+        "queries": count,
+        "seed": seed,
+        "limits": [10, depth, 5 * depth],
+        "field_boosts": list(SWEEP_BOOSTS),
+        "identical_answers": f"{identical}/{count}",
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     lexical = TantivyLexicalIndex(args.root)
     generation = args.generation
@@ -189,6 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 progress.advance(task)
     load_after = os.getloadavg()
     answered = _pruned_answers(lexical, generation, queries, boosts, args.depth)
+    swept = sweep(sides, generation, vocab, args.sweep, args.seed + 2, args.depth)
     lexical.close()
     result: dict[str, Any] = {
         "benchmark": "lexical_prune",
@@ -215,6 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg_1m": {"before": load_before[0], "after": load_after[0]},
         "identical_answers": f"{identical}/{compared}",
         "answered_pruned": f"{answered}/{len(queries)}",
+        "sweep": swept,
         "cpu_ms": {name: _summary(values) for name, values in cpu.items()},
         "wall_ms": {name: _summary(values) for name, values in wall.items()},
     }
@@ -242,7 +286,8 @@ def table(result: dict[str, Any]) -> None:
         )
     console.print(out)
     console.print(
-        f"identical answers {result['identical_answers']}, answered pruned "
+        f"identical answers {result['identical_answers']} (sweep "
+        f"{result['sweep']['identical_answers']}), answered pruned "
         f"{result['answered_pruned']}, load {result['loadavg_1m']}"
     )
 
@@ -255,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--depth", type=int, default=100)
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--sweep", type=int, default=600, help="untimed queries compared")
     parser.add_argument("--out", type=Path, default=Path("docs/bench/lexical_prune.json"))
     args = parser.parse_args(argv)
     result = run(args)
