@@ -126,6 +126,7 @@ def _pruned_answers(
     queries: Sequence[QuerySpec],
     boosts: dict[str, float] | None,
     depth: int,
+    min_postings: int,
 ) -> int:
     """How many of `queries` the pruned path answers itself."""
     index, analyzer_name, analyzer = lexical.searchable(generation)
@@ -142,7 +143,7 @@ def _pruned_answers(
             filters.append((tantivy.Occur.Must, const))
         text_query = query_tantivy._text_query(schema, terms, effective)
         pruning = query_tantivy._Pruning(searcher, schema, text_query, filters, depth)
-        found = pruning.hits(terms, effective, query_tantivy.DEFAULT_PRUNE_MIN_POSTINGS)
+        found = pruning.hits(terms, effective, min_postings)
         answered += found is not None
     return answered
 
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     boosts = profile.lexical_boosts()
     sides: dict[str, WholeQuery | TantivyLexicalSearch] = {
         "whole": WholeQuery(lexical),
-        "pruned": TantivyLexicalSearch(lexical.searchable),
+        "pruned": TantivyLexicalSearch(lexical.searchable, prune_min_postings=args.min_postings),
     }
     vocab = Vocabulary.build(random.Random(args.seed))
     query_rng = random.Random(args.seed + 1)
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 identical += answers["whole"] == answers["pruned"]
                 progress.advance(task)
     load_after = os.getloadavg()
-    answered = _pruned_answers(lexical, generation, queries, boosts, args.depth)
+    answered = _pruned_answers(lexical, generation, queries, boosts, args.depth, args.min_postings)
     swept = sweep(sides, generation, vocab, args.sweep, args.seed + 2, args.depth)
     lexical.close()
     result: dict[str, Any] = {
@@ -249,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "seed": args.seed,
             "profile": DEFAULT_PROFILE_ID,
             "field_boosts": boosts,
-            "prune_min_postings": query_tantivy.DEFAULT_PRUNE_MIN_POSTINGS,
+            "prune_min_postings": args.min_postings,
             "filtered_queries": "every second: status any-of + galaxy (bench/topk.py)",
             "timing": "per call: the calling thread's CPU time (tantivy searches on it) "
             "and wall clock; the two sides interleaved query by query, first side "
@@ -301,6 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=100)
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--sweep", type=int, default=600, help="untimed queries compared")
+    parser.add_argument(
+        "--min-postings", type=int, default=query_tantivy.DEFAULT_PRUNE_MIN_POSTINGS
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/bench/lexical_prune.json"))
     args = parser.parse_args(argv)
     result = run(args)

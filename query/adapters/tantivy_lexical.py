@@ -65,8 +65,10 @@ ENGINE_FLAT = "flat_lexical"
 _Hit = tuple[Any, tantivy.DocAddress]
 
 # The pruned search (`_Pruning`) is tried when the query's terms hold at least this many
-# postings together (below it the whole query costs well under a millisecond anyway).
-DEFAULT_PRUNE_MIN_POSTINGS = 50_000
+# postings together: below it the whole query costs a few milliseconds at most, and a
+# probe's fixed costs eat most of what it saves (100k documents, where a typical query
+# holds ~200k postings: p50 0.85x, p95 1.05x at 50,000; 1M: ~2M, see docs/bench).
+DEFAULT_PRUNE_MIN_POSTINGS = 200_000
 # ... and restricted to documents holding at most these shares of the query's postings
 # (probe; second run): the restricted query seeks the text query's union per document,
 # which costs more than a pass over it once they hold 1/11 of its postings, 0.75x at
