@@ -117,7 +117,16 @@ class WholeQuery:
             const = tantivy.Query.const_score_query(restriction, 0.0)
             clauses.append((tantivy.Occur.Must, const))
         query = tantivy.Query.boolean_query(clauses)
-        return query_tantivy._best(query_tantivy._top_hits(searcher, query, limit), limit, read)
+        fetch = limit + 1  # widened past the boundary's ties, one more pass each time
+        while True:
+            hits = searcher.search(query, fetch, count=False).hits
+            if len(hits) < fetch or hits[-1][0] < hits[limit - 1][0]:
+                break
+            fetch *= 2
+        if len(hits) > limit:
+            boundary = hits[limit - 1][0]
+            hits = [hit for hit in hits if hit[0] >= boundary]
+        return query_tantivy._best(hits, limit, read)
 
 
 def _pruned_answers(
