@@ -101,21 +101,28 @@ def _round(documents: list[IndexDocument], root: Path, spinner: _Spinner) -> dic
     figures: dict[str, Any] = {}
     n = len(documents)
 
-    def stage(name: str, work: Callable[[], Any]) -> Any:
+    def stage(name: str, work: Callable[[], Any], prepare: Callable[[], Any] | None = None) -> Any:
         # Alone first (wall and CPU as the projector sees them), then again beside the
-        # spinner for the share. The second run of a write repeats it (the same points
-        # upserted again, the same documents added again, a commit of those): like work.
-        wall0, thread0, process0 = time.perf_counter(), time.thread_time(), time.process_time()
+        # spinner for the share, each run after `prepare` (untimed, spinner paused): a
+        # flush or a commit then has a batch of fresh writes to make durable both times.
+        # A second upsert of the same points, or adding the same documents again, is
+        # like work.
         spinner.paused = True
+        if prepare is not None:
+            prepare()
+        wall0, thread0, process0 = time.perf_counter(), time.thread_time(), time.process_time()
         result = work()
         wall = time.perf_counter() - wall0
         thread_cpu, process_cpu = time.thread_time() - thread0, time.process_time() - process0
+        if prepare is not None:
+            prepare()
         spinner.paused = False
         alone = spinner.rate_alone(0.2)
         count0, shared0 = spinner.count, time.perf_counter()
         work()
         shared_wall = time.perf_counter() - shared0
         spun = spinner.count - count0
+        spinner.paused = True
         figures[name] = {
             "wall_us_per_record": wall / n * 1e6,
             "caller_cpu_us_per_record": thread_cpu / n * 1e6,
@@ -145,7 +152,7 @@ def _round(documents: list[IndexDocument], root: Path, spinner: _Spinner) -> dic
             "qdrant_retrieve_revisions",
             lambda: shard.retrieve(ids, with_payload=["revision"], with_vector=False),
         )
-        stage("qdrant_flush", shard.flush)
+        stage("qdrant_flush", shard.flush, prepare=lambda: shard.update(operation))
     finally:
         shard.close()
 
@@ -154,7 +161,11 @@ def _round(documents: list[IndexDocument], root: Path, spinner: _Spinner) -> dic
     index.register_tokenizer(
         DEFAULT_TEXT_ANALYZER, tantivy_lexical._text_analyzer(DEFAULT_TEXT_ANALYZER)
     )
-    writer = index.writer(heap_size=64_000_000, num_threads=1)
+    # The projector's writer (`TantivyLexicalIndex` defaults).
+    writer = index.writer(
+        heap_size=tantivy_lexical.DEFAULT_WRITER_HEAP_BYTES,
+        num_threads=tantivy_lexical.DEFAULT_WRITER_THREADS,
+    )
     docs = stage(
         "tantivy_documents",
         lambda: [tantivy_lexical._to_document(d, True, True) for d in documents],
@@ -165,8 +176,13 @@ def _round(documents: list[IndexDocument], root: Path, spinner: _Spinner) -> dic
             writer.add_document(document)
 
     stage("tantivy_add_document", add_all)
-    stage("tantivy_commit", writer.commit)
-    stage("tantivy_reload", index.reload)
+    stage("tantivy_commit", writer.commit, prepare=add_all)
+
+    def add_and_commit() -> None:
+        add_all()
+        writer.commit()
+
+    stage("tantivy_reload", index.reload, prepare=add_and_commit)
     writer.wait_merging_threads()
     return figures
 
