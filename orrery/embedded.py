@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -343,6 +344,7 @@ class EmbeddedStack:
     readiness: Callable[[], dict[str, Any]]
     observability: Observability = dataclasses.field(default_factory=Observability)
     close_observability: Callable[[], None] = lambda: None
+    _saved_switch_interval: float | None = dataclasses.field(default=None, init=False)
 
     @classmethod
     def open(
@@ -508,6 +510,13 @@ class EmbeddedStack:
         )
 
     def start(self) -> None:
+        wanted = self.settings.switch_interval_seconds
+        if wanted is not None:
+            # The projector's engine calls let the GIL go many times a batch (SQLite,
+            # tantivy, qdrant-edge's point conversion); with Python's 5 ms each hand-back
+            # waits up to 5 ms behind the POST handling (`bench/gil_release.py`).
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(wanted)
         self.loop.start()
         self.projector.vectors.start_background_optimizer(
             self.settings.optimize_interval_seconds, growth=self.settings.optimize_growth
@@ -527,3 +536,6 @@ class EmbeddedStack:
         self.store.close()
         self.close_observability()
         self.lock.release()
+        if self._saved_switch_interval is not None:
+            sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -584,9 +585,7 @@ def _write_generation(
     empty, and the generation's evidence check then finds it incomplete.
     """
     try:
-        lexical.apply(generation_id, docs, deletes)
-        crash_point("projector.lexical_applied")
-        vectors.apply(generation_id, docs, deletes)
+        _apply_side_by_side(generation_id, docs, deletes, lexical=lexical, vectors=vectors)
     except OrreryError as exc:
         if not _missing_index(exc, generation_id):
             raise
@@ -600,6 +599,44 @@ def _write_generation(
         vectors.create(generation_id, dimension)
         lexical.apply(generation_id, docs, deletes)
         vectors.apply(generation_id, docs, deletes)
+
+
+def _apply_side_by_side(
+    generation_id: str,
+    docs: Sequence[IndexDocument],
+    deletes: Sequence[tuple[str, int]],
+    *,
+    lexical: LexicalIndex,
+    vectors: VectorIndex,
+) -> None:
+    """`lexical.apply` on a thread of its own while `vectors.apply` runs on this one;
+    returns once both ended, raising the lexical side's error first.
+
+    Why: the two engines' writes are independent, and each spends much of its time where
+    the other can use the interpreter — tantivy indexes on its own threads and waits for
+    them at the commit, GIL released (~60 us a record, `bench/gil_release.py`), while
+    qdrant-edge's point conversion and update hold the GIL; in server mode both wait on
+    the network. Nothing is committed before both returned (the caller commits), and
+    every write is idempotent on `(document_id, revision)`, so a failure or crash of
+    either side — the other written, half written or not — is replayed as before.
+    """
+    failure: list[BaseException] = []
+
+    def write_lexical() -> None:
+        try:
+            lexical.apply(generation_id, docs, deletes)
+            crash_point("projector.lexical_applied")
+        except BaseException as exc:  # re-raised on the projector's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=write_lexical, name="orrery-lexical-write", daemon=True)
+    thread.start()
+    try:
+        vectors.apply(generation_id, docs, deletes)
+    finally:
+        thread.join()
+        if failure:
+            raise failure[0]
 
 
 def _missing_index(exc: OrreryError, generation_id: str) -> bool:

@@ -373,6 +373,13 @@ class QuerySettings(BaseSettings):
     qualify_vector_inclusion_mean: float = Field(default=0.99, ge=0.0, le=1.0)
     qualify_vector_inclusion_min: float = Field(default=0.95, ge=0.0, le=1.0)
     qualify_overlap_mean: float = Field(default=0.99, ge=0.0, le=1.0)
+    switch_interval_seconds: float | None = Field(
+        default=0.001,
+        gt=0.0,
+        description="Interpreter thread switch interval while the embedded server runs "
+        "(shorter: the projector, the POST handling and queries each wait less for the "
+        "interpreter after an engine call let it go; docs/deploy.md); unset = Python's 5 ms",
+    )
     gen_build_switch_interval_seconds: float | None = Field(
         default=0.001,
         gt=0.0,

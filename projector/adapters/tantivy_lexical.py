@@ -434,7 +434,8 @@ class TantivyLexicalIndex:
           back if no copy results); not while a compaction copies the index.
         - The copy holds exactly the `(document_id, revision)` pairs of the index: it is
           kept only if no commit came while the documents were read (else nothing is
-          kept: `False`, try again when quiet), and later writes treat it as they treat
+          kept: `False`, try again when quiet; reading stops at the next chunk after
+          such a commit), and later writes treat it as they treat
           the copy of a generation created here (additions kept, anything else drops it).
         - Reads and analyzes without the write lock (`pace` between chunks of
           `_PAIRS_CHUNK` documents); searches and writes go on meanwhile.
@@ -457,13 +458,22 @@ class TantivyLexicalIndex:
                 return False
             self._flat_rows += count  # reserved
         kept = False
+
+        def paced() -> None:
+            pace()
+            if generation.commits != commits:
+                # Writes flowing: what was read would be thrown away at the end, and at
+                # 100k a build is ~20 s of interpreter time (a fifth of it during a
+                # flat-out ingest): give way now, due again once quiet.
+                raise _Superseded
+
         try:
             flat = FlatLexical((TEXT,), max_rows=self._flat_open_max_rows)
-            pairs = _stored_pairs(searcher, pace)
+            pairs = _stored_pairs(searcher, paced)
             if len(pairs) != count:
                 return False  # a merge or commit the meta file did not show yet
             for start in range(0, len(pairs), _PAIRS_CHUNK):
-                pace()
+                paced()
                 chunk = _fetched(documents, pairs[start : start + _PAIRS_CHUNK])
                 rows = (_flat_row(document, generation.analyzer, flat.fields) for document in chunk)
                 if not flat.add(rows):
@@ -479,6 +489,8 @@ class TantivyLexicalIndex:
                 generation.flat = flat
                 kept = True
             return True
+        except _Superseded:
+            return False
         except _DRIVER_ERRORS as exc:
             raise _unavailable("cannot read index", generation_id, exc) from exc
         finally:
@@ -823,6 +835,10 @@ class TantivyLexicalIndex:
             # The writer's lock is released either way once it is dropped.
             with contextlib.suppress(*_DRIVER_ERRORS):
                 writer.wait_merging_threads()
+
+
+class _Superseded(Exception):
+    """A commit came while `build_flat` read: its copy could not be kept."""
 
 
 @retry(

@@ -61,7 +61,12 @@ STEPS: list[tuple[str, str, tuple[str, ...]]] = [
         "projector.lexical_created",
         (EMBEDDED, SERVERS),
     ),
-    ("projector: lexical written, vectors not", "projector.lexical_applied", (EMBEDDED, SERVERS)),
+    (
+        # The vector write runs beside the lexical one: none, part or all of it is done.
+        "projector: lexical written, vectors not (or in part)",
+        "projector.lexical_applied",
+        (EMBEDDED, SERVERS),
+    ),
     (
         "projector: engines written, registry not committed",
         "projector.engines_written",
