@@ -260,7 +260,18 @@ class KafkaEventLog:
         deadline = time.monotonic() + s.join_timeout_ms / 1000
         out: list[LogEntry | Undecodable] = []
         while len(out) < limit:
-            batch = consumer.poll(timeout_ms=s.poll_timeout_ms, max_records=limit - len(out))
+            timeout_ms = s.poll_timeout_ms
+            if consumer.group_metadata().state != MemberState.STABLE:
+                # kafka-python 3.0 applies a completed JoinGroup/SyncGroup only while a
+                # poll waits for it: one that completes between polls (during our batch,
+                # the pause below, or the metadata refresh a pattern subscription makes
+                # at the start of every poll) is dropped and joined again, with
+                # heartbeats off meanwhile. Short polls then rarely catch a leader's join
+                # (the stalled rebalances of sessions 16-17): while joining, one poll
+                # waits across the whole rebalance.
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                timeout_ms = max(s.poll_timeout_ms, min(s.session_timeout_ms, remaining_ms))
+            batch = consumer.poll(timeout_ms=timeout_ms, max_records=limit - len(out))
             out.extend(self._deliver(batch))
             if len(out) >= limit:
                 break

@@ -452,3 +452,22 @@ def test_two_members_split_the_log_and_a_crashed_members_events_go_to_the_other(
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_member_polling_briefly_still_completes_its_join(kafka_run: KafkaRun) -> None:
+    """The rebalance stall of sessions 16-17: kafka-python 3.0 applies a completed
+    JoinGroup/SyncGroup only while a poll waits for it, and a pattern subscription spends
+    the start of every poll refreshing metadata; with polls shorter than that refresh the
+    join never took (a 1 ms poll failed every time, as a 500 ms one sometimes did under
+    load). A member now waits across the rebalance while joining, whatever its poll
+    timeout; librdkafka joins in its own thread."""
+    expected = kafka_run.write([rec(f"doc-{i}", 1) for i in range(30)])
+    assert relay_outbox(source=kafka_run.source, publisher=kafka_run.publisher(), batch_size=50)
+    for attempt in range(2):  # the first member joins a new group, the second a used one
+        log = kafka_run.log(poll_timeout_ms=1, join_timeout_ms=12_000)
+        entries = read_all(log, expected=30, timeout=30)
+        assert {(e.event.document_id, e.event.revision) for e in entries} == expected
+        if attempt:
+            log.acknowledge(entries)
+        log.close()
+    assert kafka_run.log().lag() == 0
