@@ -91,6 +91,9 @@ class ConfluentEventLog:
         self._consumer: Any = None
         self._probe: Any = None
         self._ledger = DeliveryLedger()
+        # Partitions `reset` moved back (offset it sought, OFFSET_BEGINNING = -2) that
+        # delivered nothing since: the position is stale until a record arrives.
+        self._rewound: dict[Partition, int] = {}
         # Set by librdkafka's assign callback, cleared by revoke / lost (both are served
         # inside `poll` / `consume`, in the fetching thread).
         self._assigned = False
@@ -237,6 +240,7 @@ class ConfluentEventLog:
         self._assigned = True
         self._assigned_at = time.monotonic()
         self._assigned_topics = frozenset(tp.topic for tp in partitions)
+        self._rewound.clear()  # a new assignment starts at the committed offsets
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         self._assigned = False
@@ -246,7 +250,9 @@ class ConfluentEventLog:
         self._refresh_topics(consumer)
         started = time.monotonic()
         join_deadline = started + s.join_timeout_ms / 1000
-        catch_up_deadline = started + s.request_timeout_ms / 1000
+        # Records on their way to this member are waited for this long at most (after a
+        # seek, librdkafka first waits out the fetch in flight: fetch.wait.max.ms, 500).
+        catch_up_deadline = started + max(2 * s.poll_timeout_ms / 1000, 2.0)
         poll_s = s.poll_timeout_ms / 1000
         out: list[LogEntry | Undecodable] = []
         polled_unassigned = False
@@ -266,7 +272,7 @@ class ConfluentEventLog:
                     wait = min(poll_s, join_deadline - now)
                 elif not out and now < max(started, self._assigned_at) + poll_s:
                     wait = max(started, self._assigned_at) + poll_s - now
-                elif now < catch_up_deadline and self._waiting(consumer, exact=not out):
+                elif now < catch_up_deadline and self._waiting(consumer):
                     wait = 0.05  # records this member owns are still on their way
                 else:
                     break
@@ -309,6 +315,7 @@ class ConfluentEventLog:
                 log.info("Kafka consumer: %s", error.str())
                 continue
             topic, partition, offset = message.topic(), message.partition(), message.offset()
+            self._rewound.pop((topic, partition), None)
             epoch = message.leader_epoch()
             delivered.append(
                 Delivered(
@@ -322,27 +329,17 @@ class ConfluentEventLog:
             )
         return self._ledger.deliver(delivered)
 
-    def _waiting(self, consumer: Any, *, exact: bool) -> bool:
-        """Whether an owned partition holds records this member has not returned yet.
+    def _waiting(self, consumer: Any) -> bool:
+        """Whether an owned partition may hold records this member has not returned yet,
+        from local state only: no fetch response since the assignment, or the position
+        of the last record returned below the high watermark of the last response.
 
-        First by the high watermark of the last fetch response and the position of the
-        last record returned (no round trip); with `exact`, partitions that tells nothing
-        about (none returned since the assignment, or no fetch response yet) are asked:
-        their committed offset against their end offset."""
-        unknown: list[Any] = []
+        No round trip: a call that waits on the group coordinator (committed offsets)
+        would hold up a rebalance that waits for this thread to serve its callbacks."""
         for tp in consumer.position(_partitions(consumer)):
             high = consumer.get_watermark_offsets(tp, cached=True)[1]
-            if tp.offset >= 0 and high >= 0:
-                if tp.offset < high:
-                    return True
-            elif exact:
-                unknown.append(TopicPartition(tp.topic, tp.partition))
-        if not unknown:
-            return False
-        timeout = self._settings.request_timeout_ms / 1000
-        for tp in consumer.committed(unknown, timeout=timeout):
-            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
-            if (tp.offset if tp.offset >= 0 else low) < high:
+            rewound = self._rewound.get((tp.topic, tp.partition))
+            if high < 0 or 0 <= tp.offset < high or (rewound is not None and rewound < high):
                 return True
         return False
 
@@ -370,6 +367,7 @@ class ConfluentEventLog:
             offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
             try:
                 consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+                self._rewound[(tp.topic, tp.partition)] = offset
             except KafkaException as exc:
                 if exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
                     continue  # revoked meanwhile: its next owner starts at the committed offset
@@ -390,6 +388,7 @@ class ConfluentEventLog:
             self._consumer = None
         self._assigned = False
         self._assigned_topics = frozenset()
+        self._rewound.clear()
         self._ledger.clear()
         try:
             consumer.close()

@@ -379,6 +379,24 @@ def test_log_reports_kafka_unavailable_instead_of_hanging(kafka_run: KafkaRun) -
         down.close()
 
 
+def group_owners(bootstrap: str, group: str) -> list[set[int]]:
+    """The partitions each member of a Stable `group` owns, as the broker assigned them
+    (an empty list while the group rebalances)."""
+    from kafka import KafkaAdminClient  # after the adapters imported kafka quietly
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
+    try:
+        described = admin.describe_groups([group])[group]
+    finally:
+        admin.close()
+    if described["group_state"] != "Stable":
+        return []
+    return [
+        {p for topic in m["member_assignment"]["assigned_partitions"] for p in topic["partitions"]}
+        for m in described["members"]
+    ]
+
+
 class Member:
     """One projector-like member of a consumer group, fetching in a thread of its own (a
     member that stops polling holds a rebalance up): it acknowledges what it fetches
@@ -404,6 +422,9 @@ class Member:
             except DependencyUnavailable as exc:  # a rebalance's failed commit: go on
                 self.errors.append(exc)
                 time.sleep(0.1)
+            except BaseException as exc:  # kept for the test's assertion message
+                self.errors.append(exc)
+                raise
 
     def stop(self) -> None:
         """Stop fetching (a crash: nothing more is acknowledged) and leave the group."""
@@ -432,6 +453,17 @@ def test_two_members_split_the_log_and_a_crashed_members_events_go_to_the_other(
         wait_until(lambda: watcher.lag() == 0, 60, "the group to acknowledge everything")
         received = {(e.event.document_id, e.event.revision) for e in a.received + b.received}
         assert received == first
+        # The broker's view: one generation, each member owning its own partitions.
+        wait_until(
+            lambda: (
+                len(owners := group_owners(kafka_run.bootstrap, kafka_run.group())) == 2
+                and all(owners)
+            ),
+            60,
+            "both members to own partitions",
+        )
+        owners = group_owners(kafka_run.bootstrap, kafka_run.group())
+        assert sorted(p for parts in owners for p in parts) == [0, 1, 2]
         positions_before = {e.position for e in a.received + b.received}
 
         a.acknowledging.clear()  # a fetches and never acknowledges from here on
@@ -439,7 +471,9 @@ def test_two_members_split_the_log_and_a_crashed_members_events_go_to_the_other(
         second = kafka_run.write([rec(f"doc-{i}", 2) for i in range(30)])
         assert relay_outbox(source=kafka_run.source, publisher=publisher, batch_size=50) == 30
         wait_until(
-            lambda: {e.event.revision for e in a.received} >= {2}, 60, "a to fetch revision 2"
+            lambda: {e.event.revision for e in a.received} >= {2},
+            60,
+            f"a to fetch revision 2 (errors {a.errors}, {b.errors})",
         )
         a.stop()  # crashed with unacknowledged events
         wait_until(lambda: watcher.lag() == 0, 60, "b to take over and acknowledge")
