@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from ingest.adapters.kafka_wire import KafkaPublisherSettings
 from projector.adapters.kafka_wire import KafkaLogSettings
 
@@ -31,9 +29,3 @@ def make_log(client: str, settings: KafkaLogSettings) -> Any:
     from projector.adapters.kafka_log import KafkaEventLog
 
     return KafkaEventLog(settings)
-
-
-@pytest.fixture(params=KAFKA_CLIENTS)
-def kafka_client(request: pytest.FixtureRequest) -> str:
-    """Each Kafka client in turn."""
-    return str(request.param)
