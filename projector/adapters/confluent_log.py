@@ -42,6 +42,11 @@ __all__ = ["ConfluentEventLog", "KafkaLogSettings"]
 log = logging.getLogger("orrery.projector")
 
 
+# librdkafka's fetch.wait.max.ms (500 ms) plus a margin: how long a partition just sought
+# counts as waiting even when its (stale) watermark says it is at its end.
+_SEEK_SETTLE_S = 1.0
+
+
 class _Timeout(Exception):
     """A wait of this adapter ran out (reported as Kafka unavailable, retriable)."""
 
@@ -94,6 +99,7 @@ class ConfluentEventLog:
         # Partitions `reset` moved back (offset it sought, OFFSET_BEGINNING = -2) that
         # delivered nothing since: the position is stale until a record arrives.
         self._rewound: dict[Partition, int] = {}
+        self._rewound_until = 0.0
         # Set by librdkafka's assign callback, cleared by revoke / lost (both are served
         # inside `poll` / `consume`, in the fetching thread).
         self._assigned = False
@@ -250,9 +256,10 @@ class ConfluentEventLog:
         self._refresh_topics(consumer)
         started = time.monotonic()
         join_deadline = started + s.join_timeout_ms / 1000
-        # Records on their way to this member are waited for this long at most (after a
-        # seek, librdkafka first waits out the fetch in flight: fetch.wait.max.ms, 500).
-        catch_up_deadline = started + max(2 * s.poll_timeout_ms / 1000, 2.0)
+        # Records on their way to this member are waited for this long at most, from the
+        # fetch's start or the assignment (the first fetch response after it, or after a
+        # seek, which first waits out the fetch in flight: fetch.wait.max.ms, 500).
+        catch_up_s = max(2 * s.poll_timeout_ms / 1000, 5.0)
         poll_s = s.poll_timeout_ms / 1000
         out: list[LogEntry | Undecodable] = []
         polled_unassigned = False
@@ -272,10 +279,16 @@ class ConfluentEventLog:
                     wait = min(poll_s, join_deadline - now)
                 elif not out and now < max(started, self._assigned_at) + poll_s:
                     wait = max(started, self._assigned_at) + poll_s - now
-                elif now < catch_up_deadline and self._waiting(consumer):
+                elif now < max(started, self._assigned_at) + catch_up_s and self._waiting(consumer):
                     wait = 0.05  # records this member owns are still on their way
                 else:
-                    break
+                    # A fetch response updates the watermark as it queues its records:
+                    # take what arrived while the state above was read.
+                    messages = consumer.consume(limit - len(out), timeout=0)
+                    if not messages:
+                        break
+                    out.extend(self._deliver(messages))
+                    continue
                 message = consumer.poll(wait)
                 if message is None:
                     continue
@@ -339,7 +352,11 @@ class ConfluentEventLog:
         for tp in consumer.position(_partitions(consumer)):
             high = consumer.get_watermark_offsets(tp, cached=True)[1]
             rewound = self._rewound.get((tp.topic, tp.partition))
-            if high < 0 or 0 <= tp.offset < high or (rewound is not None and rewound < high):
+            if high < 0 or 0 <= tp.offset < high:
+                return True
+            # After a seek the cached watermark is stale until a fetch at the new offset
+            # answered (librdkafka first waits out the fetch in flight).
+            if rewound is not None and (rewound < high or time.monotonic() < self._rewound_until):
                 return True
         return False
 
@@ -368,6 +385,7 @@ class ConfluentEventLog:
             try:
                 consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
                 self._rewound[(tp.topic, tp.partition)] = offset
+                self._rewound_until = time.monotonic() + _SEEK_SETTLE_S
             except KafkaException as exc:
                 if exc.args[0].code() == KafkaError._UNKNOWN_PARTITION:
                     continue  # revoked meanwhile: its next owner starts at the committed offset
