@@ -159,8 +159,16 @@ def _database(enabled: bool) -> Iterator[str | None]:
 
 @contextlib.contextmanager
 def deployed(
-    backend: str, *, relays: int, projectors: int, workers: int, batch_size: int
+    backend: str,
+    *,
+    relays: int,
+    projectors: int,
+    workers: int,
+    batch_size: int,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Iterator[Deployment]:
+    """Every role its own process on the harness servers; `extra_env` (ORRERY_*
+    settings such as ORRERY_KAFKA_CLIENT) is given to every role."""
     from tests.harness.servers import server_urls
 
     root = Path(tempfile.mkdtemp(prefix="orrery-scaleout-"))
@@ -172,6 +180,7 @@ def deployed(
         "ORRERY_CACHE_RESPONSES": "false",
         "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "86400",
         "ORRERY_ADMIN_KEY": "bench-admin",
+        **(extra_env or {}),
     }
     with _database(backend == "postgres") as url:
         if url is not None:

@@ -1,9 +1,14 @@
-"""Server-mode ingest CPU of two code trees, paired: `bench/scaleout.py`'s ingest
-deployment (every role its own process on the harness servers) run for tree A and tree
-B in turn, alternating which goes first per round.
+"""Server-mode ingest CPU of two code trees (or of one tree in two configurations),
+paired: `bench/scaleout.py`'s ingest deployment (every role its own process on the
+harness servers) run for side A and side B in turn, alternating which goes first per
+round.
 
     .venv/bin/python bench/scaleout_ab.py --a /path/to/base --b . --size 20000 --rounds 2 \\
         --out docs/bench/scaleout-ab-20k-session16.json
+    .venv/bin/python bench/scaleout_ab.py --a . --b . --env-a ORRERY_KAFKA_CLIENT=kafka-python \\
+        --env-b ORRERY_KAFKA_CLIENT=confluent --size 20000 --rounds 4 --out ...
+
+`--env-a` / `--env-b` (KEY=VALUE, repeatable) are given to every role of that side.
 
 Each run is one fresh PostgreSQL deployment with R relays and P projectors (default
 2/2, the `postgres:2:2` plan of `bench/servers.py --scaleout-plans`): the same corpus
@@ -38,9 +43,12 @@ from pathlib import Path
 from bench.scaleout import deployed, measure_ingest
 from bench.topk import Vocabulary, corpus_batches
 size, relays, projectors = (int(a) for a in sys.argv[1:4])
+extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 batches = list(corpus_batches(size, 2000, 42, Vocabulary.build(random.Random(42))))
 before = Path("/proc/loadavg").read_text().strip()
-with deployed("postgres", relays=relays, projectors=projectors, workers=1, batch_size=2000) as d:
+with deployed(
+    "postgres", relays=relays, projectors=projectors, workers=1, batch_size=2000, **extra
+) as d:
     figures = measure_ingest(d, batches, size)
 figures["loadavg_before"] = before
 figures["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
@@ -50,9 +58,13 @@ print("FIGURES " + json.dumps(figures))
 ROLES = ("ingest-api", "relay", "project")
 
 
-def _run(tree: Path, size: int, relays: int, projectors: int) -> dict[str, Any]:
+def _run(
+    tree: Path, size: int, relays: int, projectors: int, env: dict[str, str]
+) -> dict[str, Any]:
+    # Only given when set: a base tree's `deployed` may not take `extra_env`.
+    extra = [json.dumps({"extra_env": env})] if env else []
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(size), str(relays), str(projectors)],
+        [sys.executable, "-c", _CHILD, str(size), str(relays), str(projectors), *extra],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -81,13 +93,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--projectors", type=int, default=2)
+    parser.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     trees = {"a": args.a.resolve(), "b": args.b.resolve()}
+    envs = {
+        side: dict(item.split("=", 1) for item in items)
+        for side, items in (("a", args.env_a), ("b", args.env_b))
+    }
     runs: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
         for side in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
-            figures = _run(trees[side], args.size, args.relays, args.projectors)
+            figures = _run(trees[side], args.size, args.relays, args.projectors, envs[side])
             runs.append({"tree": side, "round": round_, **figures, "orrery": orrery_cpu(figures)})
             print(side, runs[-1]["orrery"], figures["loadavg_after"], file=sys.stderr)
     summary = {
@@ -104,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine_facts(),
         "config": {
             "trees": {k: str(v) for k, v in trees.items()},
+            "env": envs,
             "size": args.size,
             "rounds": args.rounds,
             "relays": args.relays,

@@ -14,6 +14,7 @@ from ingest.model import FlowLimits
 from ingest.pacing import WriteFlow
 from ingest.ports import JobStore, RecordStore, StoreMaintenance
 from ingest.relay import relay_outbox
+from ingest.relay_ports import EventPublisher
 
 if TYPE_CHECKING:
     from contracts.migrations import Migration
@@ -136,11 +137,12 @@ def kafka_relay_step(
     topic_prefix: str,
     partitions: int,
     batch_size: int,
+    client: str = "confluent",
 ) -> tuple[Callable[[], int], Callable[[], None], Callable[[], int]]:
     """One relay step (outbox → Kafka), the function that closes its resources, and the
-    outbox depth (rows not published yet, for metrics)."""
-    # Imported here: the embedded deployment never loads the Kafka client.
-    from ingest.adapters.kafka_publisher import KafkaEventPublisher, KafkaPublisherSettings
+    outbox depth (rows not published yet, for metrics). `client` picks the Kafka client:
+    "confluent" (librdkafka) or "kafka-python"."""
+    from ingest.adapters.kafka_wire import KafkaPublisherSettings
     from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
     from ingest.relay_ports import OutboxRelaySource
 
@@ -152,13 +154,22 @@ def kafka_relay_step(
         source = PostgresOutboxReader(database_url)
     else:
         source = SqliteOutboxReader(canonical_db_path(data_dir))
-    publisher = KafkaEventPublisher(
-        KafkaPublisherSettings(
-            bootstrap_servers=bootstrap_servers,
-            topic_prefix=topic_prefix,
-            partitions=partitions,
-        )
+    settings = KafkaPublisherSettings(
+        bootstrap_servers=bootstrap_servers, topic_prefix=topic_prefix, partitions=partitions
     )
+    publisher: EventPublisher
+    # Imported here: the embedded deployment never loads a Kafka client, and each
+    # deployment only the one it uses.
+    if client == "confluent":
+        from ingest.adapters.confluent_publisher import ConfluentEventPublisher
+
+        publisher = ConfluentEventPublisher(settings)
+    elif client == "kafka-python":
+        from ingest.adapters.kafka_publisher import KafkaEventPublisher
+
+        publisher = KafkaEventPublisher(settings)
+    else:
+        raise ValueError(f"unknown Kafka client {client!r} (confluent or kafka-python)")
     step = functools.partial(
         relay_outbox, source=source, publisher=publisher, batch_size=batch_size, max_batches=20
     )

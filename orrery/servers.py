@@ -195,6 +195,7 @@ class ServerStack:
                 topic_prefix=settings.kafka_topic_prefix,
                 partitions=settings.kafka_partitions,
                 batch_size=settings.relay_batch_size,
+                client=settings.kafka_client,
             )
             if metrics is not None:
                 step = metrics.wrap_relay_step(step)
@@ -229,6 +230,7 @@ class ServerStack:
                 kafka_session_timeout_ms=settings.kafka_session_timeout_ms,
                 kafka_metadata_max_age_ms=settings.kafka_metadata_max_age_ms,
                 kafka_join_timeout_ms=settings.kafka_join_timeout_ms,
+                kafka_client=settings.kafka_client,
                 opensearch_url=settings.opensearch_url,
                 opensearch_index_prefix=settings.opensearch_index_prefix,
                 opensearch_refresh_interval=settings.opensearch_refresh_interval,

@@ -594,29 +594,40 @@ def server_projector(
     kafka_metadata_max_age_ms: int = 30_000,
     kafka_join_timeout_ms: int = 60_000,
     database_url: str | None = None,
+    kafka_client: str = "confluent",
 ) -> ServerProjector:
     """Kafka consumer group as the log; OpenSearch and Qdrant (a `QdrantClient`) as the
     indexes; the registry in PostgreSQL when `database_url` is given (migrated first by
     the composition root), else in the SQLite file `db_path`. `qdrant` is shared with the
     query side when both run in one process (qdrant-client's local mode allows one client
-    per path)."""
+    per path). `kafka_client` picks the Kafka client: "confluent" (librdkafka) or
+    "kafka-python"."""
     # Imported here: the embedded deployment never loads these drivers.
-    from projector.adapters.kafka_log import KafkaEventLog, KafkaLogSettings
+    from projector.adapters.kafka_wire import KafkaLogSettings
     from projector.adapters.opensearch_lexical import OpenSearchLexicalIndex
     from projector.adapters.qdrant_vectors import QdrantServerVectorIndex
 
     state, lock = _server_state(db_path, lock_path, database_url)
-    log = KafkaEventLog(
-        KafkaLogSettings(
-            bootstrap_servers=kafka_bootstrap,
-            group_id=kafka_group,
-            topic_prefix=kafka_topic_prefix,
-            session_timeout_ms=kafka_session_timeout_ms,
-            heartbeat_interval_ms=max(1_000, kafka_session_timeout_ms // 6),
-            metadata_max_age_ms=kafka_metadata_max_age_ms,
-            join_timeout_ms=kafka_join_timeout_ms,
-        )
+    log_settings = KafkaLogSettings(
+        bootstrap_servers=kafka_bootstrap,
+        group_id=kafka_group,
+        topic_prefix=kafka_topic_prefix,
+        session_timeout_ms=kafka_session_timeout_ms,
+        heartbeat_interval_ms=max(1_000, kafka_session_timeout_ms // 6),
+        metadata_max_age_ms=kafka_metadata_max_age_ms,
+        join_timeout_ms=kafka_join_timeout_ms,
     )
+    log: EventLog
+    if kafka_client == "confluent":
+        from projector.adapters.confluent_log import ConfluentEventLog
+
+        log = ConfluentEventLog(log_settings)
+    elif kafka_client == "kafka-python":
+        from projector.adapters.kafka_log import KafkaEventLog
+
+        log = KafkaEventLog(log_settings)
+    else:
+        raise ValueError(f"unknown Kafka client {kafka_client!r} (confluent or kafka-python)")
     # Each apply refreshes once at its end (not `wait_for` the next scheduled refresh):
     # a batch is searchable before its registry commit, without idling under the writer
     # lock, and a large batch makes one segment instead of one per refresh interval.

@@ -248,6 +248,12 @@ class QuerySettings(BaseSettings):
         "Unset = SQLite under data_dir",
     )
     kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_client: Literal["confluent", "kafka-python"] = Field(
+        default="confluent",
+        description="The Kafka client of the relay and the projector: confluent-kafka "
+        "(librdkafka, compiled) or kafka-python (pure Python). Same wire format and "
+        "consumer group protocol: the two can share topics and a group (docs/deploy.md)",
+    )
     kafka_topic_prefix: str = "orrery.records"
     kafka_partitions: int = Field(default=3, ge=1, le=1_000)
     kafka_group: str = "orrery-projector"

@@ -11,24 +11,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import socket
 import threading
 import time
 import warnings
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
-from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
-from contracts.events import (
+from contracts.errors import DependencyUnavailable, OrreryError
+from contracts.events import LogEntry
+from projector.adapters.kafka_wire import (
     POSITION_HEADER,
-    TRACE_HEADER,
-    LogEntry,
-    decode_record_changed,
-    topic_pattern,
+    Delivered,
+    DeliveryLedger,
+    KafkaLogSettings,
+    decode_message,
+    position_of,
+    unreachable,
 )
 from projector.ports import Undecodable
 
@@ -47,86 +45,19 @@ with warnings.catch_warnings():
 
 __all__ = ["POSITION_HEADER", "KafkaEventLog", "KafkaLogSettings"]
 
-# Written by ingest.adapters.kafka_publisher (the packages share no code).
-
 log = logging.getLogger("orrery.projector")
 # Pause between polls that return nothing while this member is not stable in its group.
 _REJOIN_PAUSE_S = 0.02
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaLogSettings:
-    """How a projector reads Kafka. Defaults are for production; tests shrink the timeouts.
-
-    - `session_timeout_ms` / `heartbeat_interval_ms`: a member that misses heartbeats
-      this long is dropped and its partitions move. Joining a group takes about half
-      the session timeout; the broker accepts 6,000 ms at least (tests use that, with
-      a 1,000 ms heartbeat).
-    - `max_poll_interval_ms`: the longest a projector may spend between fetches (one
-      batch: embedding and index writes) before it loses its partitions. It is also the
-      longest a rebalance waits for slow members.
-    - `metadata_max_age_ms`: a new namespace's topic is picked up within this time.
-    - `poll_timeout_ms`: how long an idle `fetch` waits for new events (long poll).
-    - `join_timeout_ms`: how long `fetch` waits to become a stable group member before
-      it reports Kafka unavailable and drops its consumer (the next `fetch` joins as a
-      new member: a join that never completes cannot wedge the projector).
-    - `topic_refresh_ms`: a matching topic that `lag` / `high_water` saw but this
-      member is not subscribed to yet makes `fetch` refresh the topic metadata at most
-      this often, so a new namespace is read within about one fetch, not after
-      `metadata_max_age_ms`.
-    - `check_crcs`: verify each record batch's CRC-32C. kafka-python computes it in
-      pure Python unless the `crc32c` package is installed (a dependency: in C the
-      check is cheap; in pure Python it was ~60% of a projector's CPU).
-    """
-
-    bootstrap_servers: str
-    group_id: str = "orrery-projector"
-    topic_prefix: str = "orrery.records"
-    session_timeout_ms: int = 45_000
-    heartbeat_interval_ms: int = 3_000
-    max_poll_interval_ms: int = 300_000
-    metadata_max_age_ms: int = 30_000
-    poll_timeout_ms: int = 500
-    join_timeout_ms: int = 60_000
-    topic_refresh_ms: int = 1_000
-    request_timeout_ms: int = 30_000
-    bootstrap_timeout_ms: int = 10_000
-    connect_timeout_s: float = 2.0
-    check_crcs: bool = True
-    client_id: str = "orrery-projector"
-
-    @property
-    def topic_pattern(self) -> str:
-        """The regular expression of the topics read: every namespace under the prefix."""
-        return topic_pattern(self.topic_prefix)
+def _decode(record: Any) -> LogEntry | Undecodable:
+    return decode_message(
+        record.topic, record.partition, record.offset, record.key, record.value, record.headers
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class _Delivered:
-    entry: LogEntry | Undecodable
-    partition: Any  # kafka.structs.TopicPartition
-    offset: int
-    leader_epoch: int
-
-
-def _unreachable(bootstrap_servers: str, timeout_s: float) -> str | None:
-    """Why no bootstrap server accepts a TCP connection, or None if one does.
-
-    kafka-python 3.0 leaks the socket of every refused connection and the IO thread of a
-    consumer whose bootstrap failed; a plain socket check first avoids both when the
-    broker is simply down.
-    """
-    reasons: list[str] = []
-    for server in (s.strip() for s in bootstrap_servers.split(",")):
-        host, sep, port = server.rpartition(":")
-        if not sep or not port.isdigit():
-            return None  # not host:port: let the client interpret it
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-                return None
-        except OSError as exc:
-            reasons.append(f"{server}: {exc.strerror or exc}")
-    return "; ".join(reasons) or "no bootstrap servers configured"
+def _position(record: Any) -> int:
+    return position_of(record.headers, record.topic, record.partition, record.offset)
 
 
 def _construct(factory: Callable[..., Any], **config: Any) -> Any:
@@ -147,72 +78,6 @@ def _construct(factory: Callable[..., Any], **config: Any) -> Any:
             except Exception:  # best effort: the original error is the one to report
                 log.debug("closing a half-built Kafka client failed", exc_info=True)
         raise
-
-
-def _undecodable(record: Any, problem: object) -> OrreryError:
-    return OrreryError(
-        ErrorCode.INTERNAL,
-        f"undecodable event at {record.topic}/{record.partition}@{record.offset}: {problem}",
-        {"topic": record.topic, "partition": record.partition, "offset": record.offset},
-    )
-
-
-def _raw(value: object) -> bytes:
-    if value is None:
-        return b""
-    return value if isinstance(value, bytes) else str(value).encode()
-
-
-def _position(record: Any) -> int:
-    raw = dict(record.headers or ()).get(POSITION_HEADER)
-    if raw is None:
-        raise _undecodable(record, f"no {POSITION_HEADER} header")
-    try:
-        position = int(raw.decode("ascii"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise _undecodable(record, f"bad {POSITION_HEADER} header {raw!r}") from exc
-    if position < 1:
-        raise _undecodable(record, f"bad {POSITION_HEADER} header {raw!r}")
-    return position
-
-
-def _trace_context(record: Any) -> str | None:
-    raw = dict(record.headers or ()).get(TRACE_HEADER)
-    if not raw:
-        return None
-    try:
-        return str(raw.decode("ascii"))[:128]
-    except UnicodeDecodeError:
-        return None  # a trace context is a hint: a bad one is dropped, the event kept
-
-
-def _decode(record: Any) -> LogEntry | Undecodable:
-    """The record's `LogEntry`, or an `Undecodable` holding its raw bytes and the reason
-    (without a position: the header of a message that failed to decode is not trusted)."""
-    try:
-        position = _position(record)
-        return LogEntry(
-            position=position,
-            event=decode_record_changed(record.value),
-            trace_context=_trace_context(record),
-        )
-    except (OrreryError, ValidationError, ValueError, TypeError) as exc:
-        reason = (
-            f"not a RecordChanged event: {exc.error_count()} error(s): "
-            + "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or '-'}: {e['msg']}" for e in exc.errors()[:3]
-            )
-            if isinstance(exc, ValidationError)
-            else str(exc)
-        )
-        return Undecodable(
-            where=f"kafka:{record.topic}/{record.partition}@{record.offset}",
-            position=None,
-            key=None if record.key is None else _raw(record.key),
-            value=_raw(record.value),
-            headers=tuple((str(k), _raw(v)) for k, v in (record.headers or ())),
-            reason=reason,
-        )
 
 
 class KafkaEventLog:
@@ -262,10 +127,7 @@ class KafkaEventLog:
         self._consumer: Any = None
         self._probe: Any = None
         self._admin: Any = None
-        self._pending: list[_Delivered] = []
-        # Per partition, the newest acknowledged delivery whose commit is still held back
-        # by an older pending one: acknowledgements may come out of offset order.
-        self._acked: dict[Any, _Delivered] = {}
+        self._ledger = DeliveryLedger()
         self._closed = False
         # Matching topics the probe clients saw (written under _probe_lock, read by the
         # fetching thread: a frozenset is replaced, never mutated).
@@ -299,16 +161,23 @@ class KafkaEventLog:
                 return
             consumer = self._consumer
             try:
-                offsets = self._commit_offsets(self._take(entries), consumer.assignment())
+                offsets = self._ledger.commit_offsets(
+                    self._ledger.take(entries), consumer.assignment()
+                )
                 if offsets:
-                    consumer.commit(offsets=offsets, timeout_ms=self._settings.request_timeout_ms)
+                    consumer.commit(
+                        offsets={
+                            TopicPartition(*partition): OffsetAndMetadata(offset, "", epoch)
+                            for partition, (offset, epoch) in offsets.items()
+                        },
+                        timeout_ms=self._settings.request_timeout_ms,
+                    )
             except KafkaError as exc:
                 raise self._unavailable("acknowledge", exc) from exc
 
     def reset(self) -> None:
         with self._lock:
-            self._pending.clear()
-            self._acked.clear()
+            self._ledger.clear()
             if self._consumer is None:
                 return
             try:
@@ -336,8 +205,7 @@ class KafkaEventLog:
         with self._lock:
             self._closed = True
             consumer, self._consumer = self._consumer, None
-            self._pending.clear()
-            self._acked.clear()
+            self._ledger.clear()
             if consumer is not None:
                 try:
                     consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
@@ -353,7 +221,7 @@ class KafkaEventLog:
             raise DependencyUnavailable("kafka", "the event log is closed")
         if self._consumer is None:
             s = self._settings
-            reason = _unreachable(s.bootstrap_servers, s.connect_timeout_s)
+            reason = unreachable(s.bootstrap_servers, s.connect_timeout_s)
             if reason is not None:
                 raise DependencyUnavailable(
                     "kafka",
@@ -392,7 +260,18 @@ class KafkaEventLog:
         deadline = time.monotonic() + s.join_timeout_ms / 1000
         out: list[LogEntry | Undecodable] = []
         while len(out) < limit:
-            batch = consumer.poll(timeout_ms=s.poll_timeout_ms, max_records=limit - len(out))
+            timeout_ms = s.poll_timeout_ms
+            if consumer.group_metadata().state != MemberState.STABLE:
+                # kafka-python 3.0 applies a completed JoinGroup/SyncGroup only while a
+                # poll waits for it: one that completes between polls (during our batch,
+                # the pause below, or the metadata refresh a pattern subscription makes
+                # at the start of every poll) is dropped and joined again, with
+                # heartbeats off meanwhile. Short polls then rarely catch a leader's join
+                # (the stalled rebalances of sessions 16-17): while joining, one poll
+                # waits across the whole rebalance.
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                timeout_ms = max(s.poll_timeout_ms, min(s.session_timeout_ms, remaining_ms))
+            batch = consumer.poll(timeout_ms=timeout_ms, max_records=limit - len(out))
             out.extend(self._deliver(batch))
             if len(out) >= limit:
                 break
@@ -436,8 +315,8 @@ class KafkaEventLog:
         consumer.topics()
 
     def _deliver(self, batch: Mapping[Any, Sequence[Any]]) -> list[LogEntry | Undecodable]:
-        delivered = [
-            _Delivered(
+        return self._ledger.deliver(
+            Delivered(
                 entry=_decode(record),
                 partition=TopicPartition(record.topic, record.partition),
                 offset=record.offset,
@@ -445,9 +324,7 @@ class KafkaEventLog:
             )
             for records in batch.values()
             for record in records
-        ]
-        self._pending.extend(delivered)
-        return [d.entry for d in delivered]
+        )
 
     def _waiting(self, consumer: Any) -> bool:
         """Whether an owned partition holds records this member has not returned yet."""
@@ -474,57 +351,8 @@ class KafkaEventLog:
 
     # -- acknowledge / reset --------------------------------------------------------------
 
-    def _take(self, entries: Sequence[LogEntry | Undecodable]) -> list[_Delivered]:
-        """Remove and return the pending deliveries of `entries`.
-
-        Matches the very objects `fetch` returned first; equal copies are matched by
-        position, oldest delivery first. Unknown entries (already acknowledged, or
-        dropped by a reset) match nothing.
-        """
-        wanted = {id(entry) for entry in entries}
-        taken: list[_Delivered] = []
-        kept: list[_Delivered] = []
-        for delivered in self._pending:
-            (taken if id(delivered.entry) in wanted else kept).append(delivered)
-        if len(taken) < len(entries):
-            found = {id(d.entry) for d in taken}
-            by_position = Counter(e.position for e in entries if id(e) not in found)
-            rest: list[_Delivered] = []
-            for delivered in kept:
-                if by_position[delivered.entry.position] > 0:
-                    by_position[delivered.entry.position] -= 1
-                    taken.append(delivered)
-                else:
-                    rest.append(delivered)
-            kept = rest
-        self._pending = kept
-        return taken
-
-    def _commit_offsets(self, acked: Sequence[_Delivered], assigned: Any) -> dict[Any, Any]:
-        """Per owned partition: the offset after the acknowledged events, held back to the
-        oldest event still pending there (a commit means "everything before is done").
-        An acknowledgement held back is remembered, so a later one of an older event
-        commits up to it."""
-        offsets: dict[Any, Any] = {}
-        for partition in {d.partition for d in acked}:
-            if partition not in assigned:
-                self._acked.pop(partition, None)
-                continue  # revoked: its new owner delivers these events again
-            candidates = [d for d in acked if d.partition == partition]
-            if partition in self._acked:
-                candidates.append(self._acked.pop(partition))
-            last = max(candidates, key=lambda d: d.offset)
-            next_offset = last.offset + 1
-            pending = [d.offset for d in self._pending if d.partition == partition]
-            if pending and min(pending) < next_offset:
-                next_offset = min(pending)
-                self._acked[partition] = last
-            offsets[partition] = OffsetAndMetadata(next_offset, "", last.leader_epoch)
-        return offsets
-
     def _rewind(self, consumer: Any) -> None:
-        self._pending.clear()
-        self._acked.clear()
+        self._ledger.clear()
         timeout_ms = self._settings.request_timeout_ms
         for partition in consumer.assignment():
             committed = consumer.committed(partition, timeout_ms=timeout_ms)
@@ -549,8 +377,7 @@ class KafkaEventLog:
         """Close `consumer` (it leaves the group) and forget it and its deliveries."""
         if self._consumer is consumer:
             self._consumer = None
-        self._pending.clear()
-        self._acked.clear()
+        self._ledger.clear()
         try:
             consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
         except Exception:
@@ -623,7 +450,7 @@ class KafkaEventLog:
         s = self._settings
         if self._admin is None or self._probe is None:
             self._close_probe()
-            reason = _unreachable(s.bootstrap_servers, s.connect_timeout_s)
+            reason = unreachable(s.bootstrap_servers, s.connect_timeout_s)
             if reason is not None:
                 raise DependencyUnavailable(
                     "kafka",

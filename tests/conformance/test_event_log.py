@@ -8,6 +8,7 @@ way to reopen the log as a restarted consumer would. To add one, put a factory i
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -19,15 +20,16 @@ import pytest
 
 from contracts.events import LogEntry
 from contracts.records import Record
-from ingest.adapters.kafka_publisher import KafkaEventPublisher, KafkaPublisherSettings
+from ingest.adapters.kafka_wire import KafkaPublisherSettings
 from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.relay import relay_outbox
-from projector.adapters.kafka_log import KafkaEventLog, KafkaLogSettings
+from projector.adapters.kafka_wire import KafkaLogSettings
 from projector.adapters.sqlite_outbox_log import SqliteOutboxLog
 from projector.ports import EventLog, Undecodable
 from tests.conformance.corpus import HOSTILE_NAMESPACES
 from tests.conftest import require_server
+from tests.kafka_clients import make_log, make_publisher
 
 
 @dataclass
@@ -98,13 +100,13 @@ def _sqlite_remembered(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
     return LogHarness(append, open_log, plain.append_garbage, [store.close, *plain.closers])
 
 
-def _kafka(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
+def _kafka(request: pytest.FixtureRequest, tmp: Path, client: str) -> LogHarness:
     """Records go SQLite store -> outbox -> relay -> Kafka (3 partitions per topic)."""
     store = SqliteRecordStore(tmp / "orrery.sqlite")
-    return _kafka_from(store, SqliteOutboxReader(tmp / "orrery.sqlite"))
+    return _kafka_from(store, SqliteOutboxReader(tmp / "orrery.sqlite"), client)
 
 
-def _kafka_postgres(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
+def _kafka_postgres(request: pytest.FixtureRequest, tmp: Path, client: str) -> LogHarness:
     """Records go PostgreSQL store -> outbox -> relay (SKIP LOCKED claims) -> Kafka: the
     positions a Kafka consumer sees are the PostgreSQL store's."""
     from ingest.adapters.postgres_db import migrate
@@ -113,13 +115,14 @@ def _kafka_postgres(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
 
     url: str = request.getfixturevalue("postgres_url")
     migrate(url)
-    return _kafka_from(PostgresRecordStore(url), PostgresOutboxReader(url))
+    return _kafka_from(PostgresRecordStore(url), PostgresOutboxReader(url), client)
 
 
-def _kafka_from(store: Any, source: Any) -> LogHarness:
+def _kafka_from(store: Any, source: Any, client: str) -> LogHarness:
     """Records go `store` -> its outbox -> `source` (relay) -> Kafka (3 partitions per topic).
 
-    Topics and the consumer group are unique to the test and dropped afterwards. The
+    `client` names the Kafka client of both the relay and the log. Topics and the
+    consumer group are unique to the test and dropped afterwards. The
     durable position of a Kafka consumer is its group's committed offsets, so `open_log`
     ignores `committed`; opening a log closes the previous one, as a restart would (two
     live members would split the partitions between them).
@@ -127,7 +130,8 @@ def _kafka_from(store: Any, source: Any) -> LogHarness:
     bootstrap = require_server("kafka")
     run = f"orrery-conf-{uuid.uuid4().hex[:12]}"
     prefix = f"{run}.records"
-    publisher = KafkaEventPublisher(
+    publisher = make_publisher(
+        client,
         KafkaPublisherSettings(
             bootstrap,
             topic_prefix=prefix,
@@ -138,9 +142,9 @@ def _kafka_from(store: Any, source: Any) -> LogHarness:
             bootstrap_timeout_ms=5_000,
             backoff_initial_s=0.05,
             backoff_max_s=0.5,
-        )
+        ),
     )
-    open_logs: list[KafkaEventLog] = []
+    open_logs: list[EventLog] = []
 
     def append(records: list[Record]) -> None:
         store.write(records)
@@ -149,7 +153,8 @@ def _kafka_from(store: Any, source: Any) -> LogHarness:
     def open_log(committed: int) -> EventLog:
         for previous in open_logs:
             previous.close()
-        log = KafkaEventLog(
+        log = make_log(
+            client,
             KafkaLogSettings(
                 bootstrap,
                 group_id=run,
@@ -162,7 +167,7 @@ def _kafka_from(store: Any, source: Any) -> LogHarness:
                 join_timeout_ms=15_000,
                 request_timeout_ms=5_000,
                 bootstrap_timeout_ms=5_000,
-            )
+            ),
         )
         open_logs.append(log)
         return log
@@ -200,12 +205,14 @@ def _drop_kafka_resources(bootstrap: str, prefix: str, group_id: str) -> None:
 FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], LogHarness]] = {
     "sqlite-outbox": _sqlite,
     "sqlite-outbox-remembered": _sqlite_remembered,
-    "kafka": _kafka,
-    "kafka-postgres": _kafka_postgres,
+    # Each Kafka client (relay and log), from SQLite's and from PostgreSQL's outbox.
+    "kafka": functools.partial(_kafka, client="kafka-python"),
+    "kafka-postgres": functools.partial(_kafka_postgres, client="kafka-python"),
+    "kafka-confluent": functools.partial(_kafka, client="confluent"),
+    "kafka-postgres-confluent": functools.partial(_kafka_postgres, client="confluent"),
 }
 FACTORY_MARKS: dict[str, Sequence[pytest.MarkDecorator]] = {
-    "kafka": (pytest.mark.servers,),
-    "kafka-postgres": (pytest.mark.servers,),
+    name: (pytest.mark.servers,) for name in FACTORIES if name.startswith("kafka")
 }
 
 

@@ -27,13 +27,14 @@ from query.entrypoints.http import readiness
 from tests.conftest import require_server
 from tests.e2e.test_kafka_relay_faults import NS, KafkaRun, rec
 from tests.fakes import FakeHashingEmbedder
+from tests.kafka_clients import KAFKA_CLIENTS
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 
 
-@pytest.fixture
-def kafka_run(tmp_path: Path) -> Iterator[KafkaRun]:
-    run = KafkaRun(require_server("kafka"), tmp_path)
+@pytest.fixture(params=KAFKA_CLIENTS)
+def kafka_run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KafkaRun]:
+    run = KafkaRun(require_server("kafka"), tmp_path, client=request.param)
     yield run
     run.close()
 

@@ -1,4 +1,5 @@
-"""Outbox relay → Kafka → `KafkaEventLog` under faults, against the harness broker.
+"""Outbox relay → Kafka → the projector's event log under faults, against the harness
+broker, for each Kafka client (`tests.kafka_clients`).
 
 "Kafka down" is a publisher pointed at a closed loopback port: the shared broker keeps
 running for the other tests. Every test uses its own topic prefix and consumer groups
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -22,15 +24,17 @@ import pytest
 from contracts.errors import DependencyUnavailable
 from contracts.events import POSITION_HEADER, LogEntry, topic_for
 from contracts.records import Record
-from ingest.adapters.kafka_publisher import KafkaEventPublisher, KafkaPublisherSettings
+from ingest.adapters.kafka_wire import KafkaPublisherSettings, murmur2_many
 from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.entrypoints.relay import RelayLoop
 from ingest.model import Decision
 from ingest.relay import relay_outbox
 from ingest.relay_ports import EventPublisher
-from projector.adapters.kafka_log import KafkaEventLog, KafkaLogSettings
+from projector.adapters.kafka_wire import KafkaLogSettings
+from projector.ports import EventLog
 from tests.conftest import require_server
+from tests.kafka_clients import KAFKA_CLIENTS, make_log, make_publisher
 
 pytestmark = [pytest.mark.servers, pytest.mark.timeout(120)]
 
@@ -69,6 +73,7 @@ class KafkaRun:
 
     bootstrap: str
     tmp: Path
+    client: str = "kafka-python"
     run: str = field(default_factory=lambda: f"orrery-e2e-{uuid.uuid4().hex[:12]}")
     closers: list[Callable[[], None]] = field(default_factory=list)
     groups: list[str] = field(default_factory=list)
@@ -87,7 +92,7 @@ class KafkaRun:
         assert all(o.decision is Decision.ACCEPTED for o in outcomes)
         return {(o.document_id, o.revision) for o in outcomes if o.document_id is not None}
 
-    def publisher(self, bootstrap: str | None = None, **overrides: Any) -> KafkaEventPublisher:
+    def publisher(self, bootstrap: str | None = None, **overrides: Any) -> EventPublisher:
         settings: dict[str, Any] = {
             "topic_prefix": self.prefix,
             "partitions": 3,
@@ -101,8 +106,8 @@ class KafkaRun:
             "backoff_max_s": 0.2,
         }
         settings.update(overrides)
-        publisher = KafkaEventPublisher(
-            KafkaPublisherSettings(bootstrap or self.bootstrap, **settings)
+        publisher: EventPublisher = make_publisher(
+            self.client, KafkaPublisherSettings(bootstrap or self.bootstrap, **settings)
         )
         self.closers.append(publisher.close)
         return publisher
@@ -113,7 +118,9 @@ class KafkaRun:
             self.groups.append(group_id)
         return group_id
 
-    def log(self, group: str = "projector", **overrides: Any) -> KafkaEventLog:
+    def log(
+        self, group: str = "projector", client: str | None = None, **overrides: Any
+    ) -> EventLog:
         settings: dict[str, Any] = {
             "session_timeout_ms": 6_000,
             "heartbeat_interval_ms": 1_000,
@@ -125,10 +132,11 @@ class KafkaRun:
             "bootstrap_timeout_ms": 5_000,
         }
         settings.update(overrides)
-        log = KafkaEventLog(
+        log: EventLog = make_log(
+            client or self.client,
             KafkaLogSettings(
                 self.bootstrap, group_id=self.group(group), topic_prefix=self.prefix, **settings
-            )
+            ),
         )
         self.closers.append(log.close)
         return log
@@ -149,14 +157,15 @@ class KafkaRun:
             admin.close()
 
 
-@pytest.fixture
-def kafka_run(tmp_path: Path) -> Iterator[KafkaRun]:
-    run = KafkaRun(require_server("kafka"), tmp_path)
+@pytest.fixture(params=KAFKA_CLIENTS)
+def kafka_run(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KafkaRun]:
+    """One run per Kafka client: its relay and its logs use that client."""
+    run = KafkaRun(require_server("kafka"), tmp_path, client=request.param)
     yield run
     run.close()
 
 
-def read_all(log: KafkaEventLog, expected: int, timeout: float = 30.0) -> list[LogEntry]:
+def read_all(log: EventLog, expected: int, timeout: float = 30.0) -> list[LogEntry]:
     """Fetch until `expected` entries arrived (bounded), then check nothing else waits."""
     entries: list[LogEntry] = []
     deadline = time.monotonic() + timeout
@@ -310,6 +319,11 @@ def test_relay_keeps_each_documents_order_across_three_partitions(kafka_run: Kaf
         for record in records:
             partition_of[record.key.decode()].add(partition)
     assert all(len(parts) == 1 for parts in partition_of.values())
+    # Kafka's default partition for a key, whichever client published: a switch of the
+    # client keeps every document on its partition.
+    keys = sorted(partition_of)
+    hashes = murmur2_many([k.encode() for k in keys]).tolist()
+    assert {k: {(h & 0x7FFFFFFF) % 3} for k, h in zip(keys, hashes, strict=True)} == partition_of
     assert len({p for parts in partition_of.values() for p in parts}) > 1
 
     # What a projector sees: every document's revisions in order, positions rising.
@@ -348,10 +362,11 @@ def _read_partitions(bootstrap: str, topic: str, expected: int) -> dict[int, lis
 
 
 def test_log_reports_kafka_unavailable_instead_of_hanging(kafka_run: KafkaRun) -> None:
-    down = KafkaEventLog(
+    down = make_log(
+        kafka_run.client,
         KafkaLogSettings(
             f"127.0.0.1:{closed_port()}", group_id=f"{kafka_run.run}-down", connect_timeout_s=1.0
-        )
+        ),
     )
     try:
         for call in (lambda: down.fetch(10), down.high_water):
@@ -362,3 +377,131 @@ def test_log_reports_kafka_unavailable_instead_of_hanging(kafka_run: KafkaRun) -
         down.acknowledge([])
     finally:
         down.close()
+
+
+def group_owners(bootstrap: str, group: str) -> list[set[int]]:
+    """The partitions each member of a Stable `group` owns, as the broker assigned them
+    (an empty list while the group rebalances)."""
+    from kafka import KafkaAdminClient  # after the adapters imported kafka quietly
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
+    try:
+        described = admin.describe_groups([group])[group]
+    finally:
+        admin.close()
+    if described["group_state"] != "Stable":
+        return []
+    return [
+        {p for topic in m["member_assignment"]["assigned_partitions"] for p in topic["partitions"]}
+        for m in described["members"]
+    ]
+
+
+class Member:
+    """One projector-like member of a consumer group, fetching in a thread of its own (a
+    member that stops polling holds a rebalance up): it acknowledges what it fetches
+    while `acknowledging` is set, and keeps every entry it was handed."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.received: list[LogEntry] = []
+        self.acknowledging = threading.Event()
+        self.acknowledging.set()
+        self._stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = self.log.fetch(10)
+                self.received.extend(e for e in batch if isinstance(e, LogEntry))
+                if batch and self.acknowledging.is_set():
+                    self.log.acknowledge(batch)
+            except DependencyUnavailable as exc:  # a rebalance's failed commit: go on
+                self.errors.append(exc)
+                time.sleep(0.1)
+            except BaseException as exc:  # kept for the test's assertion message
+                self.errors.append(exc)
+                raise
+
+    def stop(self) -> None:
+        """Stop fetching (a crash: nothing more is acknowledged) and leave the group."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive()
+        self.log.close()
+
+
+@pytest.mark.parametrize("other_client", KAFKA_CLIENTS)
+def test_two_members_split_the_log_and_a_crashed_members_events_go_to_the_other(
+    kafka_run: KafkaRun, other_client: str
+) -> None:
+    """Members of either client share one group (a rolling switch of the client): the
+    partitions are split, everything acknowledged is committed once, and what a member
+    fetched without acknowledging goes to the survivor after the rebalance."""
+    first = kafka_run.write([rec(f"doc-{i}", 1) for i in range(30)])
+    publisher = kafka_run.publisher()
+    assert relay_outbox(source=kafka_run.source, publisher=publisher, batch_size=50) == 30
+    watcher = kafka_run.log("projector")  # never fetches: reads the group's lag
+    a = Member(kafka_run.log("projector"))
+    b = Member(kafka_run.log("projector", client=other_client))
+    try:
+        wait_until(lambda: watcher.lag() == 0, 60, "the group to acknowledge everything")
+        received = {(e.event.document_id, e.event.revision) for e in a.received + b.received}
+        assert received == first
+        # The broker's view: one generation, each member owning its own partitions.
+        wait_until(
+            lambda: (
+                len(owners := group_owners(kafka_run.bootstrap, kafka_run.group())) == 2
+                and all(owners)
+            ),
+            60,
+            "both members to own partitions",
+        )
+        owners = group_owners(kafka_run.bootstrap, kafka_run.group())
+        assert sorted(p for parts in owners for p in parts) == [0, 1, 2]
+        positions_before = {e.position for e in a.received + b.received}
+
+        a.acknowledging.clear()  # a fetches and never acknowledges from here on
+        b_before = len(b.received)
+        second = kafka_run.write([rec(f"doc-{i}", 2) for i in range(30)])
+        assert relay_outbox(source=kafka_run.source, publisher=publisher, batch_size=50) == 30
+        wait_until(
+            lambda: {e.event.revision for e in a.received} >= {2},
+            60,
+            f"a to fetch revision 2 (errors {a.errors}, {b.errors})",
+        )
+        a.stop()  # crashed with unacknowledged events
+        wait_until(lambda: watcher.lag() == 0, 60, "b to take over and acknowledge")
+        taken = b.received[b_before:]
+        assert {(e.event.document_id, e.event.revision) for e in taken} == second
+        assert not {e.position for e in taken} & positions_before  # committed: not again
+        assert {e.position for e in a.received if e.event.revision == 2} <= {
+            e.position for e in taken
+        }
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_member_polling_briefly_still_completes_its_join(kafka_run: KafkaRun) -> None:
+    """The rebalance stall of sessions 16-17: kafka-python 3.0 applies a completed
+    JoinGroup/SyncGroup only while a poll waits for it, and a pattern subscription spends
+    the start of every poll refreshing metadata; with polls shorter than that refresh the
+    join never took (a 1 ms poll failed every time, as a 500 ms one sometimes did under
+    load). A member now waits across the rebalance while joining, whatever its poll
+    timeout; librdkafka joins in its own thread."""
+    expected = kafka_run.write([rec(f"doc-{i}", 1) for i in range(30)])
+    assert relay_outbox(source=kafka_run.source, publisher=kafka_run.publisher(), batch_size=50)
+    for attempt in range(2):  # the first member joins a new group, the second a used one
+        log = kafka_run.log(poll_timeout_ms=1, join_timeout_ms=12_000)
+        entries = read_all(log, expected=30, timeout=30)
+        assert {(e.event.document_id, e.event.revision) for e in entries} == expected
+        if attempt:
+            log.acknowledge(entries)
+        log.close()
+    assert kafka_run.log().lag() == 0

@@ -1,0 +1,286 @@
+"""What every Kafka event-log adapter shares, whichever client library it drives.
+
+The wire format (written by the relay's publishers: `ingest.adapters.kafka_publisher`
+and `ingest.adapters.confluent_publisher`): one topic per namespace named
+`topic_for(topic_prefix, namespace)`, key = document id, value = `RecordChanged` JSON,
+header `orrery-position` = the outbox position in ASCII digits, optional trace header.
+
+Here: the settings, the decoding of one message into a `LogEntry` or an `Undecodable`,
+the bootstrap reachability check, and the bookkeeping of what may be committed
+(`DeliveryLedger`). No Kafka client is imported, so an adapter loads only its own.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from collections.abc import Container, Iterable, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from contracts.errors import ErrorCode, OrreryError
+from contracts.events import (
+    POSITION_HEADER,
+    TRACE_HEADER,
+    LogEntry,
+    decode_record_changed,
+    topic_pattern,
+)
+from projector.ports import Undecodable
+
+__all__ = [
+    "POSITION_HEADER",
+    "Delivered",
+    "DeliveryLedger",
+    "KafkaLogSettings",
+    "Partition",
+    "decode_message",
+    "position_of",
+    "unreachable",
+]
+
+# (topic, partition): kafka-python's `TopicPartition` is a named tuple equal to it.
+Partition = tuple[str, int]
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaLogSettings:
+    """How a projector reads Kafka. Defaults are for production; tests shrink the timeouts.
+
+    - `session_timeout_ms` / `heartbeat_interval_ms`: a member that misses heartbeats
+      this long is dropped and its partitions move. Joining a group takes about half
+      the session timeout; the broker accepts 6,000 ms at least (tests use that, with
+      a 1,000 ms heartbeat).
+    - `max_poll_interval_ms`: the longest a projector may spend between fetches (one
+      batch: embedding and index writes) before it loses its partitions. It is also the
+      longest a rebalance waits for slow members.
+    - `metadata_max_age_ms`: a new namespace's topic is picked up within this time.
+    - `poll_timeout_ms`: how long an idle `fetch` waits for new events (long poll).
+    - `join_timeout_ms`: how long `fetch` waits to become a stable group member before
+      it reports Kafka unavailable and drops its consumer (the next `fetch` joins as a
+      new member: a join that never completes cannot wedge the projector).
+    - `topic_refresh_ms`: a matching topic that `lag` / `high_water` saw but this
+      member is not subscribed to yet makes `fetch` refresh the topic metadata at most
+      this often, so a new namespace is read within about one fetch, not after
+      `metadata_max_age_ms`.
+    - `check_crcs`: verify each record batch's CRC-32C. kafka-python computes it in
+      pure Python unless the `crc32c` package is installed (a dependency: in C the
+      check is cheap; in pure Python it was ~60% of a projector's CPU); librdkafka
+      computes it in C.
+    """
+
+    bootstrap_servers: str
+    group_id: str = "orrery-projector"
+    topic_prefix: str = "orrery.records"
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000
+    metadata_max_age_ms: int = 30_000
+    poll_timeout_ms: int = 500
+    join_timeout_ms: int = 60_000
+    topic_refresh_ms: int = 1_000
+    request_timeout_ms: int = 30_000
+    bootstrap_timeout_ms: int = 10_000
+    connect_timeout_s: float = 2.0
+    check_crcs: bool = True
+    client_id: str = "orrery-projector"
+
+    @property
+    def topic_pattern(self) -> str:
+        """The regular expression of the topics read: every namespace under the prefix."""
+        return topic_pattern(self.topic_prefix)
+
+
+def unreachable(bootstrap_servers: str, timeout_s: float) -> str | None:
+    """Why no bootstrap server accepts a TCP connection, or None if one does.
+
+    Both clients wait for a broker that is simply down (kafka-python also leaks the
+    socket of every refused connection); a plain socket check first answers at once.
+    """
+    reasons: list[str] = []
+    for server in (s.strip() for s in bootstrap_servers.split(",")):
+        host, sep, port = server.rpartition(":")
+        if not sep or not port.isdigit():
+            return None  # not host:port: let the client interpret it
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return None
+        except OSError as exc:
+            reasons.append(f"{server}: {exc.strerror or exc}")
+    return "; ".join(reasons) or "no bootstrap servers configured"
+
+
+def _raw(value: object) -> bytes:
+    if value is None:
+        return b""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _header(headers: Headers | None, name: str) -> bytes | None:
+    """The last value of header `name` (as `dict(headers)` reads it)."""
+    found: bytes | None = None
+    for key, value in headers or ():
+        if key == name:
+            found = value
+    return found
+
+
+def _undecodable_error(
+    where: str, problem: object, topic: str, partition: int, offset: int
+) -> OrreryError:
+    return OrreryError(
+        ErrorCode.INTERNAL,
+        f"undecodable event at {where}: {problem}",
+        {"topic": topic, "partition": partition, "offset": offset},
+    )
+
+
+def position_of(headers: Headers | None, topic: str, partition: int, offset: int) -> int:
+    """The `orrery-position` header's value; `OrreryError` when it is missing or bad."""
+    where = f"{topic}/{partition}@{offset}"
+    raw = _header(headers, POSITION_HEADER)
+    if raw is None:
+        raise _undecodable_error(where, f"no {POSITION_HEADER} header", topic, partition, offset)
+    try:
+        position = int(raw.decode("ascii"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _undecodable_error(
+            where, f"bad {POSITION_HEADER} header {raw!r}", topic, partition, offset
+        ) from exc
+    if position < 1:
+        raise _undecodable_error(
+            where, f"bad {POSITION_HEADER} header {raw!r}", topic, partition, offset
+        )
+    return position
+
+
+def _trace_context(headers: Headers | None) -> str | None:
+    raw = _header(headers, TRACE_HEADER)
+    if not raw:
+        return None
+    try:
+        return str(raw.decode("ascii"))[:128]
+    except UnicodeDecodeError:
+        return None  # a trace context is a hint: a bad one is dropped, the event kept
+
+
+def decode_message(
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers | None,
+) -> LogEntry | Undecodable:
+    """The message's `LogEntry`, or an `Undecodable` holding its raw bytes and the reason
+    (without a position: the header of a message that failed to decode is not trusted)."""
+    try:
+        return LogEntry(
+            position=position_of(headers, topic, partition, offset),
+            event=decode_record_changed(value if value is not None else b""),
+            trace_context=_trace_context(headers),
+        )
+    except (OrreryError, ValidationError, ValueError, TypeError) as exc:
+        reason = (
+            f"not a RecordChanged event: {exc.error_count()} error(s): "
+            + "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '-'}: {e['msg']}" for e in exc.errors()[:3]
+            )
+            if isinstance(exc, ValidationError)
+            else str(exc)
+        )
+        return Undecodable(
+            where=f"kafka:{topic}/{partition}@{offset}",
+            position=None,
+            key=None if key is None else _raw(key),
+            value=_raw(value),
+            headers=tuple((str(k), _raw(v)) for k, v in (headers or ())),
+            reason=reason,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One message `fetch` returned: its entry and where it sits on the log."""
+
+    entry: LogEntry | Undecodable
+    partition: Partition
+    offset: int
+    leader_epoch: int
+
+
+class DeliveryLedger:
+    """The deliveries of one consumer not acknowledged yet, and what may be committed.
+
+    Guarantees: per partition, `commit_offsets` never passes a delivery that is still
+    pending; an acknowledgement held back by an older pending delivery is remembered and
+    committed with it; partitions no longer assigned are never committed (their next
+    owner delivers those events again).
+    """
+
+    def __init__(self) -> None:
+        self._pending: list[Delivered] = []
+        # Per partition, the newest acknowledged delivery whose commit is still held back
+        # by an older pending one: acknowledgements may come out of offset order.
+        self._acked: dict[Partition, Delivered] = {}
+
+    def deliver(self, delivered: Iterable[Delivered]) -> list[LogEntry | Undecodable]:
+        """Record `delivered` as pending and return their entries, in order."""
+        batch = list(delivered)
+        self._pending.extend(batch)
+        return [d.entry for d in batch]
+
+    def clear(self) -> None:
+        self._pending.clear()
+        self._acked.clear()
+
+    def take(self, entries: Sequence[LogEntry | Undecodable]) -> list[Delivered]:
+        """Remove and return the pending deliveries of `entries`.
+
+        Matches the very objects `fetch` returned first; equal copies are matched by
+        position, oldest delivery first. Unknown entries (already acknowledged, or
+        dropped by a reset) match nothing.
+        """
+        wanted = {id(entry) for entry in entries}
+        taken: list[Delivered] = []
+        kept: list[Delivered] = []
+        for delivered in self._pending:
+            (taken if id(delivered.entry) in wanted else kept).append(delivered)
+        if len(taken) < len(entries):
+            found = {id(d.entry) for d in taken}
+            by_position = Counter(e.position for e in entries if id(e) not in found)
+            rest: list[Delivered] = []
+            for delivered in kept:
+                if by_position[delivered.entry.position] > 0:
+                    by_position[delivered.entry.position] -= 1
+                    taken.append(delivered)
+                else:
+                    rest.append(delivered)
+            kept = rest
+        self._pending = kept
+        return taken
+
+    def commit_offsets(
+        self, acked: Sequence[Delivered], assigned: Container[Partition]
+    ) -> dict[Partition, tuple[int, int]]:
+        """Per owned partition: (the offset after the acknowledged events, held back to
+        the oldest event still pending there; the leader epoch of the newest of them).
+        A commit means "everything before is done"."""
+        offsets: dict[Partition, tuple[int, int]] = {}
+        for partition in {d.partition for d in acked}:
+            if partition not in assigned:
+                self._acked.pop(partition, None)
+                continue  # revoked: its new owner delivers these events again
+            candidates = [d for d in acked if d.partition == partition]
+            if partition in self._acked:
+                candidates.append(self._acked.pop(partition))
+            last = max(candidates, key=lambda d: d.offset)
+            next_offset = last.offset + 1
+            pending = [d.offset for d in self._pending if d.partition == partition]
+            if pending and min(pending) < next_offset:
+                next_offset = min(pending)
+                self._acked[partition] = last
+            offsets[partition] = (next_offset, last.leader_epoch)
+        return offsets
