@@ -37,6 +37,7 @@ from qdrant_edge import (
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors
 from contracts.index import Candidate, SearchFilter, id_lookup_size
+from contracts.point_table import PointTable
 from contracts.index_fields import (
     DOCUMENT_ID,
     FACETS,
@@ -72,6 +73,7 @@ __all__ = [
     "DEFAULT_MEMO_TENANTS",
     "FLAT_ENGINE",
     "FlatProvider",
+    "PointsProvider",
     "QdrantEdgeVectorSearch",
     "ShardProvider",
     "VectorMemo",
@@ -88,6 +90,11 @@ _RETURNED = PayloadSelector.Include(list(RETURNED_FIELDS))
 
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
+
+PointsProvider = Callable[[str], PointTable | None]
+"""Returns the point table of a generation (its points' candidate fields by point id), or
+None; raises `KeyError` if there is no such generation
+(`QdrantEdgeVectorIndex.points_for`)."""
 
 FlatProvider = Callable[[str], FlatVectors | None]
 """Returns the in-memory copy of a generation to scan instead of its shard, or None;
@@ -206,6 +213,10 @@ class QdrantEdgeVectorSearch:
       brute-force anyway) is scanned in memory instead (`contracts.flat_vectors`: the
       same exact answer to float32 rounding, without the engine call), for every filter
       the copy has columns for; others go to the engine.
+    - With a `points_provider`, a generation that has a point table is asked for ids and
+      scores only, and the candidates' fields are read from the table
+      (`contracts.point_table`: the same fields the payload holds, at the moment of the
+      engine's answer; a write in between makes it ask again, with payloads).
 
     Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
     dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds ->
@@ -219,9 +230,11 @@ class QdrantEdgeVectorSearch:
         hnsw_ef: int = 128,
         memo: VectorMemo | None = None,
         flat_provider: FlatProvider | None = None,
+        points_provider: PointsProvider | None = None,
     ) -> None:
         self._shard_provider = shard_provider
         self._flat_provider = flat_provider
+        self._points_provider = points_provider
         self._hnsw_ef = hnsw_ef
         self._memo = memo
         self._memo_serves: dict[str, bool] = {}
@@ -244,6 +257,14 @@ class QdrantEdgeVectorSearch:
             if found is not None:
                 return found
         shard = self._shard(generation_id)
+        table = self._points(generation_id)
+        stamp = None if table is None else table.stamp()
+        if table is not None and stamp is not None:
+            points = self._top(shard, generation_id, query_vector, engine_filter, limit, False)
+            # `ScoredPoint.id` makes a new `uuid.UUID` on every read: read once.
+            found = table.candidates([p.id.int for p in points], [p.score for p in points], stamp)
+            if found is not None:
+                return best_first(found, limit)
         points = self._top(shard, generation_id, query_vector, engine_filter, limit)
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
 
@@ -431,6 +452,18 @@ class QdrantEdgeVectorSearch:
             raise _translate(error, generation_id) from error
         return flat if flat is not None and flat.dimension == len(vector) else None
 
+    def _points(self, generation_id: str) -> PointTable | None:
+        if self._points_provider is None:
+            return None
+        try:
+            return self._points_provider(generation_id)
+        except KeyError:
+            raise _unknown(generation_id) from None
+        except OrreryError:
+            raise
+        except Exception as error:  # the engine's read failed: bare Exception
+            raise _translate(error, generation_id) from error
+
     def _shard(self, generation_id: str) -> EdgeShard:
         try:
             return self._shard_provider(generation_id)
@@ -444,8 +477,10 @@ class QdrantEdgeVectorSearch:
         vector: list[float],
         engine_filter: Filter | None,
         limit: int,
+        with_payload: bool = True,
     ) -> list[ScoredPoint]:
-        """The best points, including every point tied with the `limit`-th one.
+        """The best points, including every point tied with the `limit`-th one; with
+        the candidate fields as payload, or (`with_payload` False) ids and scores only.
 
         The engine orders ties arbitrarily, so one extra point is fetched: if it ties
         with the last one kept, the tie group may continue and the fetch doubles.
@@ -456,7 +491,7 @@ class QdrantEdgeVectorSearch:
                 limit=fetch,
                 query=Query.Nearest(vector, using=VECTOR_NAME),
                 filter=engine_filter,
-                with_payload=_RETURNED,
+                with_payload=_RETURNED if with_payload else False,
                 with_vector=False,
                 params=SearchParams(hnsw_ef=max(self._hnsw_ef, fetch)),
             )
