@@ -37,7 +37,6 @@ from qdrant_edge import (
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors
 from contracts.index import Candidate, SearchFilter, id_lookup_size
-from contracts.point_table import PointTable
 from contracts.index_fields import (
     DOCUMENT_ID,
     FACETS,
@@ -51,6 +50,7 @@ from contracts.index_fields import (
     hidden_term,
     is_canonical_uuid,
 )
+from contracts.point_table import PointTable
 from contracts.timing import engine_call
 from contracts.vector_payload import (
     RETURNED_FIELDS,

@@ -25,7 +25,7 @@ from contracts.errors import OrreryError
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
 from contracts.point_table import PointTable
-from contracts.vector_payload import RETURNED_FIELDS, candidate_of, point_id
+from contracts.vector_payload import RETURNED_FIELDS, candidate_of
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from tests.conformance.corpus import doc
