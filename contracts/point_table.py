@@ -90,6 +90,14 @@ class PointTable:
     def get(self, pid: int) -> PointFields | None:
         return self._fields.get(pid)
 
+    def fields(self, ids: Sequence[int], stamp: int) -> list[PointFields] | None:
+        """The fields of points `ids`, in order; None as for `candidates`."""
+        get = self._fields.get
+        out = [get(pid) for pid in ids]
+        if self._version != stamp or None in out:
+            return None
+        return out  # type: ignore[return-value]  # no None in it
+
     def candidates(
         self, ids: Sequence[int], scores: Sequence[float], stamp: int
     ) -> list[Candidate] | None:

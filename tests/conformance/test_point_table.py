@@ -27,7 +27,7 @@ from contracts.index_fields import HIDDEN_FACET
 from contracts.point_table import PointTable
 from contracts.vector_payload import RETURNED_FIELDS, candidate_of
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
-from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
+from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch, VectorMemo
 from tests.conformance.corpus import doc
 
 DIM = 6
@@ -121,6 +121,22 @@ def _assert_searches_agree(index: QdrantEdgeVectorIndex, generation: str) -> Non
                 got = with_table.search(generation, vector, filter, limit)
                 assert got == with_payload.search(generation, vector, filter, limit)
                 assert all(isinstance(c, Candidate) for c in got)
+    # The re-score's lookups by revision: each side with a fresh memo, so the engine's
+    # exact lookup reads the revisions (from the table, or from payloads) and fills it.
+    present = {
+        c.document_id: c.revision
+        for c in with_payload.search(generation, [1.0, 0, 0, 0, 0, 0], SearchFilter(), 100)
+    }
+    # Some named at the revision held, some at another one (then the engine's score).
+    asked = {d: r + (n % 3 == 0) for n, (d, r) in enumerate(sorted(present.items()))}
+    ids = SearchFilter(document_ids=(*asked, "nowhere"))
+    looked_up = [
+        QdrantEdgeVectorSearch(index.shard_for, memo=VectorMemo(), points_provider=points).scores(
+            generation, [0.5, -1, 2, 0, 1, 0], ids, revisions=asked, tenant="t"
+        )
+        for points in (index.points_for, None)
+    ]
+    assert looked_up[0] == looked_up[1]
 
 
 @settings(
