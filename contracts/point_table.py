@@ -50,6 +50,7 @@ class PointTable:
 
     def __init__(self) -> None:
         self._fields: dict[int, PointFields] = {}
+        self._statuses: dict[str, str] = {}
         # Even: no write window open; odd: one is. Bumped on entering and on leaving it.
         self._version = 0
         self._writer = threading.Lock()
@@ -72,9 +73,12 @@ class PointTable:
         """Hold each `(point id, payload)` as its point's fields (`contracts.vector_payload`
         layout); call within `writing()`."""
         fields = self._fields
+        # One string object per distinct status (the engine hands a new one per point).
+        statuses = self._statuses
         for pid, payload in points:
             candidate = candidate_of(payload, 0.0)
-            fields[pid] = (candidate[0], candidate[1], candidate[3], candidate[4])
+            status = statuses.setdefault(candidate[4], candidate[4])
+            fields[pid] = (candidate[0], candidate[1], candidate[3], status)
 
     def remove(self, pids: Iterable[int]) -> None:
         """Forget the points (absent ones are ignored); call within `writing()`."""

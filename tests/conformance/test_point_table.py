@@ -123,9 +123,11 @@ def _assert_searches_agree(index: QdrantEdgeVectorIndex, generation: str) -> Non
                 assert all(isinstance(c, Candidate) for c in got)
     # The re-score's lookups by revision: each side with a fresh memo, so the engine's
     # exact lookup reads the revisions (from the table, or from payloads) and fills it.
+    # Every point, those hidden from the vector lane too (never scored: `_read` skips
+    # them, and so must a memo filled ahead).
     present = {
-        c.document_id: c.revision
-        for c in with_payload.search(generation, [1.0, 0, 0, 0, 0, 0], SearchFilter(), 100)
+        str(fields[0]): int(str(fields[1]))
+        for fields in _payload_fields(index, generation).values()
     }
     # Some named at the revision held, some at another one (then the engine's score).
     asked = {d: r + (n % 3 == 0) for n, (d, r) in enumerate(sorted(present.items()))}
@@ -137,6 +139,17 @@ def _assert_searches_agree(index: QdrantEdgeVectorIndex, generation: str) -> Non
         for points in (index.points_for, None)
     ]
     assert looked_up[0] == looked_up[1]
+    # The same from a memo filled ahead from the shard's stored vectors (`fill_memo`).
+    filled = QdrantEdgeVectorSearch(
+        index.shard_for, memo=VectorMemo(), points_provider=index.points_for
+    )
+    assert filled.fill_memo(generation, "t") == len(
+        with_payload.search(generation, [1.0, 0, 0, 0, 0, 0], SearchFilter(), 1000)
+    )  # every point but the hidden ones
+    assert (
+        filled.scores(generation, [0.5, -1, 2, 0, 1, 0], ids, revisions=asked, tenant="t")
+        == looked_up[1]
+    )
 
 
 @settings(
