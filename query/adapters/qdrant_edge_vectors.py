@@ -328,7 +328,11 @@ class QdrantEdgeVectorSearch:
         memo = self._memo
         if revisions is None or memo is None or not self._memoized(shard, generation_id, vector):
             return self._exact_scores(shard, generation_id, query_vector, must, listed)
-        if self._points_provider is not None and generation_id not in self._filling:
+        if (
+            self._points_provider is not None
+            and generation_id not in self._filling
+            and self._points(generation_id) is not None  # built (and kept) by now
+        ):
             self._start_fill(generation_id, tenant)
         held, vectors, missing = memo.get_many(
             tenant, generation_id, ((d, revisions.get(d, -1)) for d in listed)

@@ -271,6 +271,28 @@ def test_a_table_built_in_the_background_while_writes_flow_ends_equal_to_the_sha
     _assert_searches_agree(index, "g")
 
 
+def test_lookups_by_revision_fill_the_memo_ahead_once_the_table_is_built(
+    background_index: QdrantEdgeVectorIndex,
+) -> None:
+    """The first lookups find no table yet (its build runs in the background); once there
+    is one, a lookup starts the memo's fill (`fill_memo`), which brings every vector."""
+    index = background_index
+    index.create("g", DIM)
+    index.apply("g", [doc(f"d{n}", vector=(1.0, n % 7, 0, 0, 0, 1)) for n in range(300)], [])
+    memo = VectorMemo()
+    search = QdrantEdgeVectorSearch(index.shard_for, memo=memo, points_provider=index.points_for)
+    ids = SearchFilter(document_ids=("d1", "d2"))
+    revisions = {"d1": 1, "d2": 1}
+    expected = QdrantEdgeVectorSearch(index.shard_for).scores("g", [1.0, 0, 0, 0, 0, 1], ids)
+    deadline = time.monotonic() + 60
+    while len(memo) < 300:
+        assert time.monotonic() < deadline
+        found = search.scores("g", [1.0, 0, 0, 0, 0, 1], ids, revisions=revisions, tenant="t")
+        assert found.keys() == expected.keys()
+        assert all(abs(found[d] - expected[d]) <= 1e-6 for d in found)
+        time.sleep(0.01)
+
+
 def test_a_generation_past_the_bound_gets_no_table(root: Path) -> None:
     index = QdrantEdgeVectorIndex(root, flat_scan=False, point_table_max_points=2)
     try:
