@@ -413,7 +413,8 @@ def _top_rows(eligible: npt.NDArray[np.float32], limit: int) -> npt.NDArray[np.i
             above = np.flatnonzero(eligible >= bound)
             values = eligible[above]
             kth = np.partition(values, values.size - limit)[values.size - limit]
-            return above[values >= kth]
+            top: npt.NDArray[np.intp] = above[values >= kth]
+            return top
     kth = np.partition(eligible, total - limit)[total - limit]
     return np.flatnonzero(eligible >= kth if kth > 0.0 else eligible > 0.0)
 

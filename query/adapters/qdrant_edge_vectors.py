@@ -16,6 +16,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,7 @@ from contracts.vector_payload import (
 from query.tenant_lru import TenantLru
 
 if TYPE_CHECKING:
-    from qdrant_edge import ConditionType
+    from qdrant_edge import ConditionType, PointId
 
 __all__ = [
     "DEFAULT_MEMO_BYTES",
@@ -278,7 +279,7 @@ class QdrantEdgeVectorSearch:
         if table is not None and stamp is not None:
             points = self._top(shard, generation_id, query_vector, engine_filter, limit, False)
             # `ScoredPoint.id` makes a new `uuid.UUID` on every read: read once.
-            found = table.candidates([p.id.int for p in points], [p.score for p in points], stamp)
+            found = table.candidates([_key(p.id) for p in points], [p.score for p in points], stamp)
             if found is not None:
                 return best_first(found, limit)
         points = self._top(shard, generation_id, query_vector, engine_filter, limit)
@@ -392,7 +393,7 @@ class QdrantEdgeVectorSearch:
                 with_vectors=True,
                 with_revision=False,
             )
-            found = table.fields([p.id.int for p in points], stamp)
+            found = table.fields([_key(p.id) for p in points], stamp)
         if found is None:
             points = self._exact(
                 shard, generation_id, query_vector, engine_filter, len(listed), with_vectors=True
@@ -449,7 +450,7 @@ class QdrantEdgeVectorSearch:
             except Exception as error:  # the driver raises bare Exception
                 raise _translate(error, generation_id) from error
             del shard
-            fields = None if stamp is None else table.fields([r.id.int for r in records], stamp)
+            fields = None if stamp is None else table.fields([_key(r.id) for r in records], stamp)
             if fields is None:
                 retries += 1
                 if retries > _FILL_RETRIES:
@@ -677,6 +678,12 @@ def _point_key(document_id: str) -> str:
     if is_canonical_uuid(document_id):
         return document_id
     return str(point_id(document_id))
+
+
+def _key(pid: PointId) -> int:
+    """A point's key in a point table: `uuid.UUID.int` (every point this project writes
+    has a UUID id; any other id is no key, so the table's answer is None)."""
+    return pid.int if isinstance(pid, uuid.UUID) else -1
 
 
 def _same(given: Sequence[float], checked: list[float]) -> Sequence[float]:
