@@ -12,10 +12,7 @@ The payload it reads and filters on is written by
 from __future__ import annotations
 
 import functools
-import logging
 import math
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -35,7 +32,6 @@ from qdrant_edge import (
     QueryRequest,
     RangeDateTime,
     ScoredPoint,
-    ScrollRequest,
     SearchParams,
 )
 
@@ -85,8 +81,6 @@ __all__ = [
     "edge_filter",
 ]
 
-log = logging.getLogger(__name__)
-
 DEPENDENCY = "qdrant-edge"
 # The `QueryPlan.engine_ms` key of qdrant-edge's query calls.
 ENGINE = "qdrant_edge_query"
@@ -116,13 +110,6 @@ DEFAULT_MEMO_BYTES = 256 << 20
 # Tenants with vectors held at once; past that the least recently used one is dropped
 # whole, so the memo holds at most DEFAULT_MEMO_TENANTS × DEFAULT_MEMO_BYTES (1 GiB).
 DEFAULT_MEMO_TENANTS = 4
-
-# `fill_memo`: points a page (~4.5 ms of engine call holding the GIL at 384-d), the
-# pause between pages (queries run in it), and how many
-# times a page is read again because a write came in between before the fill gives up.
-_FILL_PAGE = 64
-_FILL_PAUSE_S = 0.005
-_FILL_RETRIES = 1_000
 
 # What a memo fill reads besides the vector: the revision it belongs to.
 _REVISION_ONLY = PayloadSelector.Include([REVISION])
@@ -252,9 +239,6 @@ class QdrantEdgeVectorSearch:
         self._hnsw_ef = hnsw_ef
         self._memo = memo
         self._memo_serves: dict[str, bool] = {}
-        # Generations whose memo fill (`fill_memo`) was started in this process.
-        self._filling: set[str] = set()
-        self._filling_lock = threading.Lock()
 
     def search(
         self,
@@ -329,12 +313,6 @@ class QdrantEdgeVectorSearch:
         memo = self._memo
         if revisions is None or memo is None or not self._memoized(shard, generation_id, vector):
             return self._exact_scores(shard, generation_id, query_vector, must, listed)
-        if (
-            self._points_provider is not None
-            and generation_id not in self._filling
-            and self._points(generation_id) is not None  # built (and kept) by now
-        ):
-            self._start_fill(generation_id, tenant)
         held, vectors, missing = memo.get_many(
             tenant, generation_id, ((d, revisions.get(d, -1)) for d in listed)
         )
@@ -414,74 +392,6 @@ class QdrantEdgeVectorSearch:
             else:
                 other[document_id] = cosine_score(point.score)
         return other
-
-    def fill_memo(self, generation_id: str, tenant: str) -> int:
-        """Put every stored vector of `generation_id` into the memo as `tenant`'s, at the
-        revision its point holds; returns how many. The vectors the engine's exact
-        lookups would bring along one query at a time (`_read`), read ahead in pages
-        (`_FILL_PAGE` points, the shard fetched per page) and paced (`_FILL_PAUSE_S`
-        between pages): a scroll without payloads and without the documents hidden from
-        the vector lane (never a memo entry, as `_read` never returns them), each point's
-        document and revision from the generation's point table, the page read again if
-        a write came in between (the table's stamp). Nothing without a point table, a
-        memo, or for a generation the memo does not serve (`_memoized`)."""
-        memo = self._memo
-        if memo is None:
-            return 0
-        put = 0
-        offset: Any = None
-        retries = 0
-        while True:
-            table = self._points(generation_id)
-            if table is None:
-                return put
-            stamp = table.stamp()
-            shard = self._shard(generation_id)
-            try:
-                records, after = shard.scroll(
-                    ScrollRequest(
-                        offset=offset,
-                        limit=_FILL_PAGE,
-                        filter=Filter(must_not=[_HIDDEN]),
-                        with_payload=False,
-                        with_vector=True,
-                    )
-                )
-            except Exception as error:  # the driver raises bare Exception
-                raise _translate(error, generation_id) from error
-            del shard
-            fields = None if stamp is None else table.fields([_key(r.id) for r in records], stamp)
-            if fields is None:
-                retries += 1
-                if retries > _FILL_RETRIES:
-                    return put
-                time.sleep(_FILL_PAUSE_S)
-                continue
-            for record, (document_id, revision, _, _) in zip(records, fields, strict=True):
-                named = record.vector
-                dense = named.get(VECTOR_NAME) if isinstance(named, dict) else None
-                if isinstance(dense, list):
-                    memo.put(tenant, generation_id, document_id, revision, _as_vector(dense))
-                    put += 1
-            if after is None:
-                return put
-            offset = after
-            time.sleep(_FILL_PAUSE_S)
-
-    def _start_fill(self, generation_id: str, tenant: str) -> None:
-        """`fill_memo` on a daemon thread, once per generation and process."""
-        with self._filling_lock:
-            if generation_id in self._filling:
-                return
-            self._filling.add(generation_id)
-
-        def fill() -> None:
-            try:
-                self.fill_memo(generation_id, tenant)
-            except Exception as error:  # a thread of its own: logged, lookups go on as before
-                log.warning("filling the vector memo of %s failed: %s", generation_id, error)
-
-        threading.Thread(target=fill, name=f"vector-memo-{generation_id}", daemon=True).start()
 
     def _memoized(self, shard: EdgeShard, generation_id: str, vector: Sequence[float]) -> bool:
         """Whether the memo serves `generation_id`: decided once per generation and

@@ -124,7 +124,7 @@ def _assert_searches_agree(index: QdrantEdgeVectorIndex, generation: str) -> Non
     # The re-score's lookups by revision: each side with a fresh memo, so the engine's
     # exact lookup reads the revisions (from the table, or from payloads) and fills it.
     # Every point, those hidden from the vector lane too (never scored: `_read` skips
-    # them, and so must a memo filled ahead).
+    # them).
     present = {
         str(fields[0]): int(str(fields[1]))
         for fields in _payload_fields(index, generation).values()
@@ -139,17 +139,6 @@ def _assert_searches_agree(index: QdrantEdgeVectorIndex, generation: str) -> Non
         for points in (index.points_for, None)
     ]
     assert looked_up[0] == looked_up[1]
-    # The same from a memo filled ahead from the shard's stored vectors (`fill_memo`).
-    filled = QdrantEdgeVectorSearch(
-        index.shard_for, memo=VectorMemo(), points_provider=index.points_for
-    )
-    assert filled.fill_memo(generation, "t") == len(
-        with_payload.search(generation, [1.0, 0, 0, 0, 0, 0], SearchFilter(), 1000)
-    )  # every point but the hidden ones
-    assert (
-        filled.scores(generation, [0.5, -1, 2, 0, 1, 0], ids, revisions=asked, tenant="t")
-        == looked_up[1]
-    )
 
 
 @settings(
@@ -269,28 +258,6 @@ def test_a_table_built_in_the_background_while_writes_flow_ends_equal_to_the_sha
         writer.join()
     _assert_table_is_the_payload(index, "g")
     _assert_searches_agree(index, "g")
-
-
-def test_lookups_by_revision_fill_the_memo_ahead_once_the_table_is_built(
-    background_index: QdrantEdgeVectorIndex,
-) -> None:
-    """The first lookups find no table yet (its build runs in the background); once there
-    is one, a lookup starts the memo's fill (`fill_memo`), which brings every vector."""
-    index = background_index
-    index.create("g", DIM)
-    index.apply("g", [doc(f"d{n}", vector=(1.0, n % 7, 0, 0, 0, 1)) for n in range(300)], [])
-    memo = VectorMemo()
-    search = QdrantEdgeVectorSearch(index.shard_for, memo=memo, points_provider=index.points_for)
-    ids = SearchFilter(document_ids=("d1", "d2"))
-    revisions = {"d1": 1, "d2": 1}
-    expected = QdrantEdgeVectorSearch(index.shard_for).scores("g", [1.0, 0, 0, 0, 0, 1], ids)
-    deadline = time.monotonic() + 60
-    while len(memo) < 300:
-        assert time.monotonic() < deadline
-        found = search.scores("g", [1.0, 0, 0, 0, 0, 1], ids, revisions=revisions, tenant="t")
-        assert found.keys() == expected.keys()
-        assert all(abs(found[d] - expected[d]) <= 1e-6 for d in found)
-        time.sleep(0.01)
 
 
 def test_a_generation_past_the_bound_gets_no_table(root: Path) -> None:
