@@ -18,7 +18,9 @@
    response cache off; each warms up on 50 queries. `--compact-b`: B's worker first
    compacts each generation's tantivy index to one segment (`compact_lexical`).
    `--flat`: each worker whose tree has `build_lexical_flat` (session 17) first builds
-   each generation's in-memory lexical copy with it, as its background compactor would.
+   each generation's in-memory lexical copy with it, as its background compactor would,
+   and, where its tree has `build_points` (session 18), each generation's point table,
+   as its first search would.
 3. Sends the same `topk_records` requests (bench/topk.py's queries, every second one
    filtered) to A and B in turn, alternating who goes first, `--rounds` times over
    `--queries` queries, through each worker's FastAPI app in process (no sockets).
@@ -186,6 +188,13 @@ def worker(data_dir: Path, corpus: str, *, compact: bool = False, flat: bool = F
         for generation_id, _namespace, _kind, _state in stack.projector.state.generations():
             built = build_flat(generation_id)
             print(f"in-memory lexical copy of {generation_id}: {built}", file=sys.stderr)
+    build_points = getattr(stack.projector.vectors, "build_points", None)
+    if flat and build_points is not None:
+        # As the first search would start it (`QdrantEdgeVectorIndex.points_for`), but
+        # done before the warm-up, so every timed query finds it.
+        for generation_id, _namespace, _kind, _state in stack.projector.state.generations():
+            built = build_points(generation_id)
+            print(f"point table of {generation_id}: {built}", file=sys.stderr)
     bodies: list[dict[str, Any]]
     if corpus == "scifact":
         from bench.versus_qdrant import orrery_body

@@ -454,6 +454,7 @@ class EmbeddedStack:
             lexical_index_provider=projector.lexical.searchable,
             vector_shard_provider=projector.vectors.shard_for,
             vector_flat_provider=projector.vectors.flat_for,
+            vector_points_provider=projector.vectors.points_for,
             lexical_flat_provider=projector.lexical.flat_for,
             cache_responses=settings.cache_responses,
             scopes=scope_registry(settings),

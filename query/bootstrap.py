@@ -163,6 +163,7 @@ def embedded_query_ports(
     lexical_index_provider: Callable[[str], Any],
     vector_shard_provider: Callable[[str], Any],
     vector_flat_provider: Callable[[str], Any] | None = None,
+    vector_points_provider: Callable[[str], Any] | None = None,
     lexical_flat_provider: Callable[[str], Any] | None = None,
     cache_responses: bool = True,
     scopes: ScopeRegistry | None = None,
@@ -194,6 +195,9 @@ def embedded_query_ports(
             hnsw_ef=vector_hnsw_ef,
             memo=VectorMemo(),
             flat_provider=vector_flat_provider,
+            # Searches read their candidates' fields from the projector's point tables
+            # (`contracts.point_table`) instead of the points' payloads when it has one.
+            points_provider=vector_points_provider,
         ),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder),

@@ -152,9 +152,11 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors, flat_capacity
 from contracts.index import IndexDocument
 from contracts.pacing import Pace, no_pace
+from contracts.point_table import PointTable
 from contracts.vector_payload import (
     GRAPH_FIELDS,
     PAYLOAD_INDEXES,
+    RETURNED_FIELDS,
     TENANT_FIELD,
     VECTOR_NAME,
     PayloadIndexKind,
@@ -193,6 +195,10 @@ _FLAT_COPY_PAGE = 1_000
 # What the flat copies of all generations may hold: each reserves its generation's
 # capacity (at most Qdrant's 10 MB indexing threshold of vectors), so 51 copies at most.
 DEFAULT_FLAT_MAX_BYTES = 512 << 20
+# The largest generation that gets a point table (`points_for`): ~250-350 bytes a point.
+DEFAULT_POINT_TABLE_MAX_POINTS = 2_000_000
+# How long after a failed (or refused) point table build `points_for` tries again.
+_POINTS_RETRY_S = 60.0
 # Points retrieved by id per call (`pairs_of`).
 _RETRIEVE_PAGE = 1_000
 # Run by `optimize` in a child process with the copy's path as argv[1]; its last line of
@@ -472,6 +478,13 @@ class _Generation:
     flat_decided: bool = False
     # Bytes of the flat budget this generation's copy holds (`_FlatBudget`).
     flat_reserved: int = 0
+    # The points' candidate fields searches read instead of payloads (`points_for`):
+    # kept equal to the shard under `write_lock` once built. While a build reads the
+    # shard, `points_dirty` collects the ids `apply` touches (read again at its end);
+    # None when no build runs. `points_retry_at`: when a failed build may run again.
+    points: PointTable | None = None
+    points_dirty: set[int] | None = None
+    points_retry_at: float = 0.0
 
     def reader_shard(self) -> EdgeShard | None:
         """The open shard (None once closed); waits while the gate is closed."""
@@ -565,6 +578,8 @@ class QdrantEdgeVectorIndex:
         flat_scan: bool = True,
         flat_max_bytes: int = DEFAULT_FLAT_MAX_BYTES,
         flat_max_points: int | None = None,
+        point_table_max_points: int = DEFAULT_POINT_TABLE_MAX_POINTS,
+        point_tables_inline: bool = False,
     ) -> None:
         """`max_journal_ids`: point ids journaled during one optimize, at most (past it
         the optimize is abandoned, see `_MAX_JOURNAL_IDS`). `max_journal_bytes`: engine
@@ -573,8 +588,12 @@ class QdrantEdgeVectorIndex:
         whether `flat_for` offers in-memory copies of small generations, together at most
         `flat_max_bytes` of vectors (each reserves its generation's capacity), a copy
         holding at most `flat_max_points` points (by default those under the indexing
-        threshold, `flat_capacity`)."""
+        threshold, `flat_capacity`). `point_table_max_points`: the largest generation
+        `points_for` builds a point table for (0: none), on a thread of its own unless
+        `point_tables_inline` (then on the caller's)."""
         self._root = Path(root)
+        self._point_table_max_points = point_table_max_points
+        self._point_tables_inline = point_tables_inline
         self._flat_scan = flat_scan
         self._flat_max_points = flat_max_points
         self._flat_budget = _FlatBudget(flat_max_bytes)
@@ -662,17 +681,20 @@ class QdrantEdgeVectorIndex:
             operations: list[tuple[UpdateOperation, int, int]] = []
             written = False
             try:
-                _write(generation.shard, writes, operations)
+                _write(generation.shard, writes, operations, generation.points)
                 written = True
                 if generation.flat is not None:
                     touched = {pid: document.document_id for pid, document in newest.items()}
                     touched.update((point_id(d), d) for d, _ in deletes)
                     self._sync_flat(generation, touched)
             except BaseException:
-                # What the shard holds now is unknown: the copy is rebuilt on next use.
+                # What the shard holds now is unknown: the copies are rebuilt on next use.
                 generation.flat, generation.flat_decided = None, False
+                generation.points = None
                 raise
             finally:
+                if generation.points_dirty is not None:
+                    generation.points_dirty.update(pid.int for pid in (*newest, *delete_at))
                 # After the write, never before: journaled ids are read from the live
                 # shard without the lock, so their state must be final by then. A write
                 # that fails half way is journaled too, by id (its effect is unknown).
@@ -785,6 +807,108 @@ class QdrantEdgeVectorIndex:
                 if generation.flat is None:
                     self._release_flat(generation)
             return generation.flat
+
+    def points_for(self, generation_id: str) -> PointTable | None:
+        """The candidate fields of `generation_id`'s points by point id
+        (`contracts.point_table`), or None while there is none: then a build is started
+        on a thread of its own (at most one per generation) unless tables are off, the
+        generation holds more than `point_table_max_points`, or a build failed less than
+        `_POINTS_RETRY_S` ago (with `point_tables_inline`, the build runs on the caller's
+        thread and its table is returned). A build reads the shard page by page (~1 s of CPU at 100k
+        points; nothing is locked meanwhile: the points `apply` touches are read again
+        at its end, under the write lock), then `apply` keeps the table equal to the
+        shard. Raises `KeyError` for an unknown generation, as `shard_for` does."""
+        generation = self._get(generation_id)
+        if generation is None:
+            raise KeyError(generation_id)
+        table = generation.points
+        if (
+            table is not None
+            or generation.points_dirty is not None
+            or self._point_table_max_points <= 0
+            or time.monotonic() < generation.points_retry_at
+        ):
+            return table
+        with generation.write_lock:
+            if generation.closed or generation.points is not None:
+                return generation.points
+            if generation.points_dirty is not None:
+                return None
+            with _translated(f"count {generation_id}"):
+                too_many = generation.shard.info().points_count > self._point_table_max_points
+            if too_many:
+                generation.points_retry_at = time.monotonic() + _POINTS_RETRY_S
+                return None
+            generation.points_dirty = set()
+        if self._point_tables_inline:
+            self._build_points(generation_id, generation)
+            return generation.points
+        threading.Thread(
+            target=self._build_points,
+            args=(generation_id, generation),
+            name=f"qdrant-edge-points-{generation_id}",
+            daemon=True,
+        ).start()
+        return None
+
+    def build_points(self, generation_id: str) -> bool:
+        """Build `generation_id`'s point table now, on this thread (`points_for` does it
+        on its own); whether the generation has one afterwards."""
+        generation = self._require(generation_id)
+        with generation.write_lock:
+            if generation.points is not None:
+                return True
+            if generation.points_dirty is not None or generation.closed:
+                return False
+            generation.points_dirty = set()
+        self._build_points(generation_id, generation)
+        return generation.points is not None
+
+    def _build_points(self, generation_id: str, generation: _Generation) -> None:
+        """Read every point's candidate fields into a new table, then, under the write
+        lock, read again those `apply` touched meanwhile and hand the table over."""
+        table = PointTable()
+        offset: PointId | None = None
+        try:
+            while True:
+                shard = None if generation.cancelled.is_set() else generation.reader_shard()
+                if shard is None:
+                    return
+                with _translated(f"read the points of {generation_id}"):
+                    records, offset = shard.scroll(
+                        ScrollRequest(
+                            offset=offset,
+                            limit=_SCROLL_PAGE,
+                            with_payload=list(RETURNED_FIELDS),
+                            with_vector=False,
+                        )
+                    )
+                del shard
+                with table.writing():
+                    table.put((_as_uuid(r.id).int, r.payload or {}) for r in records)
+                if offset is None:
+                    break
+            with generation.write_lock:
+                if generation.closed:
+                    return
+                dirty = list(generation.points_dirty or ())
+                with _translated(f"read the points of {generation_id}"), table.writing():
+                    table.remove(dirty)
+                    for start in range(0, len(dirty), _RETRIEVE_PAGE):
+                        ids: list[PointId] = [
+                            uuid.UUID(int=pid) for pid in dirty[start : start + _RETRIEVE_PAGE]
+                        ]
+                        records = generation.shard.retrieve(
+                            ids, with_payload=list(RETURNED_FIELDS), with_vector=False
+                        )
+                        table.put((_as_uuid(r.id).int, r.payload or {}) for r in records)
+                generation.points = table
+        except Exception as error:
+            generation.points_retry_at = time.monotonic() + _POINTS_RETRY_S
+            _log.warning("building the point table of %s failed: %s", generation_id, error)
+        finally:
+            with generation.write_lock:
+                generation.points_dirty = None
 
     def flat_usage(self) -> tuple[int, int]:
         """How many generations hold a flat copy now, and the bytes of the budget they
@@ -1386,6 +1510,7 @@ class QdrantEdgeVectorIndex:
             if not drained:
                 _log.warning("closing %s while a caller still holds its shard", generation_id)
             generation.flat, generation.flat_decided = None, True
+            generation.points = None
             self._release_flat(generation)
             if generation.closed:
                 return
@@ -1404,13 +1529,18 @@ class QdrantEdgeVectorIndex:
 
 
 def _write(
-    shard: EdgeShard, writes: _Writes, operations: list[tuple[UpdateOperation, int, int]]
+    shard: EdgeShard,
+    writes: _Writes,
+    operations: list[tuple[UpdateOperation, int, int]],
+    table: PointTable | None = None,
 ) -> None:
     """Apply resolved upserts, then deletes, to `shard` under the revision rules.
 
     The write path of `apply`; idempotent. Each engine operation made is appended to
     `operations` once it succeeded, with its upserted and deleted point counts: in that
     order they make any shard that held what `shard` held the same as `shard` now.
+    With `table`, the same effect goes into it in one write window around the shard's
+    updates (`PointTable.writing`; left open if an update fails).
     """
     newest, delete_at = writes
     present = _present_revisions(shard, [*newest, *delete_at])
@@ -1428,18 +1558,23 @@ def _write(
             upserted.pop(pid, None)
             if pid in present:
                 removals.append(pid)
-    if upserted:
-        points = [
-            Point(pid, _named_vector(document), payload_of(document))
-            for pid, document in upserted.items()
-        ]
-        operation = UpdateOperation.upsert_points(points)
-        shard.update(operation)
-        operations.append((operation, len(points), 0))
-    if removals:
-        operation = UpdateOperation.delete_points(removals)
-        shard.update(operation)
-        operations.append((operation, 0, len(removals)))
+    payloads = {pid: payload_of(document) for pid, document in upserted.items()}
+    with contextlib.nullcontext() if table is None else table.writing():
+        if upserted:
+            points = [
+                Point(pid, _named_vector(document), payloads[pid])
+                for pid, document in upserted.items()
+            ]
+            operation = UpdateOperation.upsert_points(points)
+            shard.update(operation)
+            operations.append((operation, len(points), 0))
+        if removals:
+            operation = UpdateOperation.delete_points(removals)
+            shard.update(operation)
+            operations.append((operation, 0, len(removals)))
+        if table is not None:
+            table.put((pid.int, payload) for pid, payload in payloads.items())
+            table.remove(_as_uuid(pid).int for pid in removals)
 
 
 class _FlatBudget:

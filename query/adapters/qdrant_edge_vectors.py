@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ from contracts.index_fields import (
     hidden_term,
     is_canonical_uuid,
 )
+from contracts.point_table import PointTable
 from contracts.timing import engine_call
 from contracts.vector_payload import (
     RETURNED_FIELDS,
@@ -65,13 +67,14 @@ from contracts.vector_payload import (
 from query.tenant_lru import TenantLru
 
 if TYPE_CHECKING:
-    from qdrant_edge import ConditionType
+    from qdrant_edge import ConditionType, PointId
 
 __all__ = [
     "DEFAULT_MEMO_BYTES",
     "DEFAULT_MEMO_TENANTS",
     "FLAT_ENGINE",
     "FlatProvider",
+    "PointsProvider",
     "QdrantEdgeVectorSearch",
     "ShardProvider",
     "VectorMemo",
@@ -88,6 +91,11 @@ _RETURNED = PayloadSelector.Include(list(RETURNED_FIELDS))
 
 ShardProvider = Callable[[str], EdgeShard]
 """Returns the open shard of a generation; raises `KeyError` if there is none."""
+
+PointsProvider = Callable[[str], PointTable | None]
+"""Returns the point table of a generation (its points' candidate fields by point id), or
+None; raises `KeyError` if there is no such generation
+(`QdrantEdgeVectorIndex.points_for`)."""
 
 FlatProvider = Callable[[str], FlatVectors | None]
 """Returns the in-memory copy of a generation to scan instead of its shard, or None;
@@ -206,6 +214,10 @@ class QdrantEdgeVectorSearch:
       brute-force anyway) is scanned in memory instead (`contracts.flat_vectors`: the
       same exact answer to float32 rounding, without the engine call), for every filter
       the copy has columns for; others go to the engine.
+    - With a `points_provider`, a generation that has a point table is asked for ids and
+      scores only, and the candidates' fields are read from the table
+      (`contracts.point_table`: the same fields the payload holds, at the moment of the
+      engine's answer; a write in between makes it ask again, with payloads).
 
     Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
     dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds ->
@@ -219,9 +231,11 @@ class QdrantEdgeVectorSearch:
         hnsw_ef: int = 128,
         memo: VectorMemo | None = None,
         flat_provider: FlatProvider | None = None,
+        points_provider: PointsProvider | None = None,
     ) -> None:
         self._shard_provider = shard_provider
         self._flat_provider = flat_provider
+        self._points_provider = points_provider
         self._hnsw_ef = hnsw_ef
         self._memo = memo
         self._memo_serves: dict[str, bool] = {}
@@ -244,6 +258,14 @@ class QdrantEdgeVectorSearch:
             if found is not None:
                 return found
         shard = self._shard(generation_id)
+        table = self._points(generation_id)
+        stamp = None if table is None else table.stamp()
+        if table is not None and stamp is not None:
+            points = self._top(shard, generation_id, query_vector, engine_filter, limit, False)
+            # `ScoredPoint.id` makes a new `uuid.UUID` on every read: read once.
+            found = table.candidates([_key(p.id) for p in points], [p.score for p in points], stamp)
+            if found is not None:
+                return best_first(found, limit)
         points = self._top(shard, generation_id, query_vector, engine_filter, limit)
         return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
 
@@ -331,20 +353,36 @@ class QdrantEdgeVectorSearch:
         assert self._memo is not None
         memo = self._memo
         documents = {_point_key(document_id): document_id for document_id in listed}
-        points = self._exact(
-            shard,
-            generation_id,
-            query_vector,
-            Filter(must=[*must, HasIdCondition(set(documents))], must_not=[_HIDDEN]),
-            len(listed),
-            with_vectors=True,
-        )
+        engine_filter = Filter(must=[*must, HasIdCondition(set(documents))], must_not=[_HIDDEN])
+        # The points' revisions from the generation's point table when it has one (a
+        # payload read of random points costs ~4x the lookup itself: payloads are on
+        # disk), from their payloads when it has none or a write came in between.
+        table = self._points(generation_id)
+        stamp = None if table is None else table.stamp()
+        found: list[Any] | None = None
+        points: list[ScoredPoint] = []
+        if table is not None and stamp is not None:
+            points = self._exact(
+                shard,
+                generation_id,
+                query_vector,
+                engine_filter,
+                len(listed),
+                with_vectors=True,
+                with_revision=False,
+            )
+            found = table.fields([_key(p.id) for p in points], stamp)
+        if found is None:
+            points = self._exact(
+                shard, generation_id, query_vector, engine_filter, len(listed), with_vectors=True
+            )
+            found = [(None, (p.payload or {}).get(REVISION)) for p in points]
         other: dict[str, float] = {}
-        for point in points:
+        for point, fields in zip(points, found, strict=True):
             document_id = documents[str(point.id)]
             named = point.vector
             dense = named.get(VECTOR_NAME) if isinstance(named, dict) else None
-            revision = (point.payload or {}).get(REVISION)
+            revision = fields[1]
             if isinstance(dense, list) and revision == revisions.get(document_id):
                 stored = _as_vector(dense)
                 held.append(document_id)
@@ -401,12 +439,15 @@ class QdrantEdgeVectorSearch:
         limit: int,
         *,
         with_vectors: bool = False,
+        with_revision: bool = True,
     ) -> list[ScoredPoint]:
+        """The engine's exact search; with the vectors (and, unless not
+        `with_revision`, each point's revision as payload) when `with_vectors`."""
         request = QueryRequest(
             limit=limit,
             query=Query.Nearest(vector, using=VECTOR_NAME),
             filter=engine_filter,
-            with_payload=_REVISION_ONLY if with_vectors else False,
+            with_payload=_REVISION_ONLY if with_vectors and with_revision else False,
             with_vector=with_vectors,
             params=SearchParams(exact=True),
         )
@@ -431,6 +472,18 @@ class QdrantEdgeVectorSearch:
             raise _translate(error, generation_id) from error
         return flat if flat is not None and flat.dimension == len(vector) else None
 
+    def _points(self, generation_id: str) -> PointTable | None:
+        if self._points_provider is None:
+            return None
+        try:
+            return self._points_provider(generation_id)
+        except KeyError:
+            raise _unknown(generation_id) from None
+        except OrreryError:
+            raise
+        except Exception as error:  # the engine's read failed: bare Exception
+            raise _translate(error, generation_id) from error
+
     def _shard(self, generation_id: str) -> EdgeShard:
         try:
             return self._shard_provider(generation_id)
@@ -444,8 +497,10 @@ class QdrantEdgeVectorSearch:
         vector: list[float],
         engine_filter: Filter | None,
         limit: int,
+        with_payload: bool = True,
     ) -> list[ScoredPoint]:
-        """The best points, including every point tied with the `limit`-th one.
+        """The best points, including every point tied with the `limit`-th one; with
+        the candidate fields as payload, or (`with_payload` False) ids and scores only.
 
         The engine orders ties arbitrarily, so one extra point is fetched: if it ties
         with the last one kept, the tie group may continue and the fetch doubles.
@@ -456,7 +511,7 @@ class QdrantEdgeVectorSearch:
                 limit=fetch,
                 query=Query.Nearest(vector, using=VECTOR_NAME),
                 filter=engine_filter,
-                with_payload=_RETURNED,
+                with_payload=_RETURNED if with_payload else False,
                 with_vector=False,
                 params=SearchParams(hnsw_ef=max(self._hnsw_ef, fetch)),
             )
@@ -533,6 +588,12 @@ def _point_key(document_id: str) -> str:
     if is_canonical_uuid(document_id):
         return document_id
     return str(point_id(document_id))
+
+
+def _key(pid: PointId) -> int:
+    """A point's key in a point table: `uuid.UUID.int` (every point this project writes
+    has a UUID id; any other id is no key, so the table's answer is None)."""
+    return pid.int if isinstance(pid, uuid.UUID) else -1
 
 
 def _same(given: Sequence[float], checked: list[float]) -> Sequence[float]:

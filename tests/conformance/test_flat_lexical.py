@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contracts.errors import OrreryError
-from contracts.flat_lexical import FlatLexical, fieldnorm_id
+from contracts.flat_lexical import FlatLexical, _top_rows, fieldnorm_id
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
@@ -515,3 +516,29 @@ def test_a_built_copy_is_bounded_and_kept_only_without_a_commit_meanwhile(
         assert index.flat_for("small") is not None  # an addition, kept
     finally:
         index.close()
+
+
+def _reference_top_rows(eligible: np.ndarray, limit: int) -> np.ndarray:
+    """`_top_rows` by one partition of every row (its definition)."""
+    total = eligible.size
+    kth = np.partition(eligible, total - limit)[total - limit] if total > limit else 0.0
+    return np.flatnonzero(eligible >= kth if kth > 0.0 else eligible > 0.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.integers(1, 5_000),
+    positive=st.sampled_from((0.0, 0.001, 0.01, 0.1, 0.5, 1.0)),
+    tied=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+    limit=st.integers(1, 60),
+)
+def test_the_top_rows_from_a_sampled_bound_are_those_of_one_partition_of_all_rows(
+    size: int, positive: float, tied: bool, seed: int, limit: int
+) -> None:
+    """The bound taken from every 16th row never loses a row at or above the `limit`-th
+    best score, ties and zero scores included (few matches, many, all tied)."""
+    rng = np.random.default_rng(seed)
+    values = rng.integers(1, 4, size) if tied else rng.random(size) * 20
+    eligible = np.where(rng.random(size) < positive, values, 0.0).astype(np.float32)
+    assert _top_rows(eligible, limit).tolist() == _reference_top_rows(eligible, limit).tolist()

@@ -104,6 +104,23 @@ def _qdrant_edge_flat(storage: Path) -> Engine:
     return Engine(index=index, search=search, optimize=optimize)
 
 
+def _qdrant_edge_points(storage: Path) -> Engine:
+    """qdrant-edge with the query side reading its candidates' fields from the point
+    tables (`contracts.point_table`) as the embedded deployment does, built on first use
+    on the caller's thread so every case goes through them (no flat copies)."""
+    index = QdrantEdgeVectorIndex(
+        storage, tuning=_EDGE_TEST_TUNING, flat_scan=False, point_tables_inline=True
+    )
+
+    def optimize(generation_id: str) -> None:
+        index.optimize(generation_id)
+
+    search = QdrantEdgeVectorSearch(
+        index.shard_for, memo=VectorMemo(), points_provider=index.points_for
+    )
+    return Engine(index=index, search=search, optimize=optimize)
+
+
 # The harness's Qdrant server is shared: this run's collections carry their own prefix.
 _QDRANT_TEST_PREFIX = f"orrery-test-{run_tag()}"
 
@@ -140,6 +157,7 @@ def _qdrant_local(storage: Path) -> Engine:
 ENGINES: dict[str, EngineFactory] = {
     "qdrant-edge": _qdrant_edge,
     "qdrant-edge-flat": _qdrant_edge_flat,
+    "qdrant-edge-points": _qdrant_edge_points,
     "qdrant-server": _qdrant_server,
     "qdrant-local": _qdrant_local,
 }
