@@ -10,8 +10,6 @@ can starve them (kafka-python drives its group coordination from `poll`).
 from __future__ import annotations
 
 import logging
-import re
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +26,7 @@ from contracts.errors import DependencyUnavailable, OrreryError
 from contracts.events import LogEntry
 from projector.adapters.kafka_wire import (
     Delivered,
-    DeliveryLedger,
+    GroupEventLog,
     KafkaLogSettings,
     Partition,
     decode_message,
@@ -55,7 +53,7 @@ def _partitions(consumer: Any) -> list[Any]:
     return list(consumer.assignment())
 
 
-class ConfluentEventLog:
+class ConfluentEventLog(GroupEventLog):
     """`EventLog` over the relay's topics, read by one member of a Kafka consumer group,
     with librdkafka's consumer.
 
@@ -88,14 +86,10 @@ class ConfluentEventLog:
     `high_water` and `lag` may run in another thread (they use their own client).
     """
 
+    driver_errors = (KafkaException, _Timeout)
+
     def __init__(self, settings: KafkaLogSettings) -> None:
-        self._settings = settings
-        self._pattern = re.compile(settings.topic_pattern)
-        self._lock = threading.Lock()
-        self._probe_lock = threading.Lock()
-        self._consumer: Any = None
-        self._probe: Any = None
-        self._ledger = DeliveryLedger()
+        super().__init__(settings)
         # Partitions `reset` moved back (offset it sought, OFFSET_BEGINNING = -2) that
         # delivered nothing since: the position is stale until a record arrives.
         self._rewound: dict[Partition, int] = {}
@@ -105,27 +99,8 @@ class ConfluentEventLog:
         self._assigned = False
         self._assigned_at = 0.0
         self._assigned_topics: frozenset[str] = frozenset()
-        self._closed = False
-        self._probed_topics: frozenset[str] = frozenset()
-        self._next_topic_refresh = 0.0
 
     # -- EventLog ------------------------------------------------------------------------
-
-    def fetch(self, limit: int) -> list[LogEntry | Undecodable]:
-        if limit < 1:
-            return []
-        with self._lock:
-            consumer = self._connected_consumer()
-            try:
-                return self._fetch(consumer, limit)
-            except (KafkaException, _Timeout, OrreryError) as exc:
-                # Consumed messages moved the position already: go back to the committed
-                # offsets so nothing consumed-but-not-returned is skipped.
-                if self._consumer is consumer:
-                    self._rewind_quietly(consumer)
-                if isinstance(exc, OrreryError):
-                    raise
-                raise self._unavailable("fetch", exc) from exc
 
     def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
         if not entries:
@@ -153,45 +128,6 @@ class ConfluentEventLog:
                     raise KafkaException(failed[0].error)
             except KafkaException as exc:
                 raise self._unavailable("acknowledge", exc) from exc
-
-    def reset(self) -> None:
-        with self._lock:
-            self._ledger.clear()
-            if self._consumer is None:
-                return
-            try:
-                self._rewind(self._consumer)
-            except KafkaException as exc:
-                raise self._unavailable("reset", exc) from exc
-
-    def high_water(self) -> int:
-        with self._probe_lock:
-            try:
-                return self._read_high_water()
-            except (KafkaException, _Timeout) as exc:
-                self._close_probe()
-                raise self._unavailable("high_water", exc) from exc
-
-    def lag(self) -> int:
-        with self._probe_lock:
-            try:
-                return self._read_lag()
-            except (KafkaException, _Timeout) as exc:
-                self._close_probe()
-                raise self._unavailable("lag", exc) from exc
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            consumer, self._consumer = self._consumer, None
-            self._ledger.clear()
-            if consumer is not None:
-                try:
-                    consumer.close()  # leaves the group; auto-commit is off
-                except Exception:
-                    log.warning("closing the Kafka consumer failed", exc_info=True)
-        with self._probe_lock:
-            self._close_probe()
 
     # -- fetch ---------------------------------------------------------------------------
 
@@ -391,27 +327,13 @@ class ConfluentEventLog:
                     continue  # revoked meanwhile: its next owner starts at the committed offset
                 raise
 
-    def _rewind_quietly(self, consumer: Any) -> None:
-        try:
-            self._rewind(consumer)
-        except Exception:
-            # Dropping the consumer is the last resort: a new one resumes at the
-            # committed offsets, which is exactly what the rewind wanted.
-            log.warning("rewinding the Kafka consumer failed; reconnecting", exc_info=True)
-            self._drop(consumer)
-
-    def _drop(self, consumer: Any) -> None:
-        """Close `consumer` (it leaves the group) and forget it and its deliveries."""
-        if self._consumer is consumer:
-            self._consumer = None
+    def _forget_membership(self) -> None:
         self._assigned = False
         self._assigned_topics = frozenset()
         self._rewound.clear()
-        self._ledger.clear()
-        try:
-            consumer.close()
-        except Exception:
-            log.debug("closing the Kafka consumer failed", exc_info=True)
+
+    def _close_consumer(self, consumer: Any) -> None:
+        consumer.close()  # auto-commit and the offset store are off
 
     # -- high_water / lag -----------------------------------------------------------------
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
-import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +20,7 @@ from contracts.events import LogEntry
 from projector.adapters.kafka_wire import (
     POSITION_HEADER,
     Delivered,
-    DeliveryLedger,
+    GroupEventLog,
     KafkaLogSettings,
     decode_message,
     position_of,
@@ -80,7 +78,7 @@ def _construct(factory: Callable[..., Any], **config: Any) -> Any:
         raise
 
 
-class KafkaEventLog:
+class KafkaEventLog(GroupEventLog):
     """`EventLog` over the relay's topics, read by one member of a Kafka consumer group.
 
     Guarantees:
@@ -119,39 +117,13 @@ class KafkaEventLog:
     `high_water` and `lag` may run in another thread (they use their own clients).
     """
 
+    driver_errors = (KafkaError,)
+
     def __init__(self, settings: KafkaLogSettings) -> None:
-        self._settings = settings
-        self._pattern = re.compile(settings.topic_pattern)
-        self._lock = threading.Lock()
-        self._probe_lock = threading.Lock()
-        self._consumer: Any = None
-        self._probe: Any = None
+        super().__init__(settings)
         self._admin: Any = None
-        self._ledger = DeliveryLedger()
-        self._closed = False
-        # Matching topics the probe clients saw (written under _probe_lock, read by the
-        # fetching thread: a frozenset is replaced, never mutated).
-        self._probed_topics: frozenset[str] = frozenset()
-        self._next_topic_refresh = 0.0
 
     # -- EventLog ------------------------------------------------------------------------
-
-    def fetch(self, limit: int) -> list[LogEntry | Undecodable]:
-        if limit < 1:
-            return []
-        with self._lock:
-            consumer = self._connected_consumer()
-            try:
-                return self._fetch(consumer, limit)
-            except (KafkaError, OrreryError) as exc:
-                # Polled records moved the position already: go back to the committed
-                # offsets so nothing polled-but-not-returned is skipped (a dropped
-                # consumer's successor starts there anyway).
-                if self._consumer is consumer:
-                    self._rewind_quietly(consumer)
-                if isinstance(exc, KafkaError):
-                    raise self._unavailable("fetch", exc) from exc
-                raise
 
     def acknowledge(self, entries: Sequence[LogEntry | Undecodable]) -> None:
         if not entries:
@@ -174,45 +146,6 @@ class KafkaEventLog:
                     )
             except KafkaError as exc:
                 raise self._unavailable("acknowledge", exc) from exc
-
-    def reset(self) -> None:
-        with self._lock:
-            self._ledger.clear()
-            if self._consumer is None:
-                return
-            try:
-                self._rewind(self._consumer)
-            except KafkaError as exc:
-                raise self._unavailable("reset", exc) from exc
-
-    def high_water(self) -> int:
-        with self._probe_lock:
-            try:
-                return self._read_high_water()
-            except KafkaError as exc:
-                self._close_probe()
-                raise self._unavailable("high_water", exc) from exc
-
-    def lag(self) -> int:
-        with self._probe_lock:
-            try:
-                return self._read_lag()
-            except KafkaError as exc:
-                self._close_probe()
-                raise self._unavailable("lag", exc) from exc
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            consumer, self._consumer = self._consumer, None
-            self._ledger.clear()
-            if consumer is not None:
-                try:
-                    consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
-                except Exception:
-                    log.warning("closing the Kafka consumer failed", exc_info=True)
-        with self._probe_lock:
-            self._close_probe()
 
     # -- fetch ---------------------------------------------------------------------------
 
@@ -364,24 +297,11 @@ class KafkaEventLog:
             except ValueError:
                 continue  # revoked meanwhile: its next owner starts at the committed offset
 
-    def _rewind_quietly(self, consumer: Any) -> None:
-        try:
-            self._rewind(consumer)
-        except Exception:
-            # Dropping the consumer is the last resort: a new one resumes at the
-            # committed offsets, which is exactly what the rewind wanted.
-            log.warning("rewinding the Kafka consumer failed; reconnecting", exc_info=True)
-            self._drop(consumer)
+    def _forget_membership(self) -> None:
+        """kafka-python keeps a member's state in the consumer alone."""
 
-    def _drop(self, consumer: Any) -> None:
-        """Close `consumer` (it leaves the group) and forget it and its deliveries."""
-        if self._consumer is consumer:
-            self._consumer = None
-        self._ledger.clear()
-        try:
-            consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
-        except Exception:
-            log.debug("closing the Kafka consumer failed", exc_info=True)
+    def _close_consumer(self, consumer: Any) -> None:
+        consumer.close(autocommit=False, timeout_ms=self._settings.request_timeout_ms)
 
     # -- high_water -----------------------------------------------------------------------
 
@@ -486,13 +406,13 @@ class KafkaEventLog:
         except Exception:
             log.debug("closing the Kafka admin client failed", exc_info=True)
 
-    def _unavailable(self, operation: str, exc: KafkaError) -> DependencyUnavailable:
+    def _unavailable(self, operation: str, exc: Exception) -> DependencyUnavailable:
         return DependencyUnavailable(
             "kafka",
             f"{operation} failed: {exc}",
             {
                 "bootstrap_servers": self._settings.bootstrap_servers,
                 "group_id": self._settings.group_id,
-                "retriable": bool(exc.retriable),
+                "retriable": bool(getattr(exc, "retriable", False)),
             },
         )

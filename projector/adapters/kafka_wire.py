@@ -12,14 +12,19 @@ the bootstrap reachability check, and the bookkeeping of what may be committed
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
+import threading
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
-from contracts.errors import ErrorCode, OrreryError
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import (
     POSITION_HEADER,
     TRACE_HEADER,
@@ -33,6 +38,7 @@ __all__ = [
     "POSITION_HEADER",
     "Delivered",
     "DeliveryLedger",
+    "GroupEventLog",
     "KafkaLogSettings",
     "Partition",
     "decode_message",
@@ -284,3 +290,141 @@ class DeliveryLedger:
                 self._acked[partition] = last
             offsets[partition] = (next_offset, last.leader_epoch)
         return offsets
+
+
+log = logging.getLogger("orrery.projector")
+
+
+class GroupEventLog(ABC):
+    """What the two Kafka event logs (`kafka_log.KafkaEventLog` on kafka-python,
+    `confluent_log.ConfluentEventLog` on librdkafka) share: their state, and the
+    `EventLog` calls whose steps do not depend on the client — a failed `fetch` rewinds
+    to the committed offsets, `reset` rewinds, the probes close their clients on an
+    error, `close` leaves the group and commits nothing. A subclass names its client's
+    errors (`driver_errors`) and supplies the steps that talk to it."""
+
+    # The client's exceptions that become `DependencyUnavailable("kafka", ...)`.
+    driver_errors: ClassVar[tuple[type[Exception], ...]]
+
+    def __init__(self, settings: KafkaLogSettings) -> None:
+        self._settings = settings
+        self._pattern = re.compile(settings.topic_pattern)
+        self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()
+        self._consumer: Any = None
+        self._probe: Any = None
+        self._ledger = DeliveryLedger()
+        self._closed = False
+        # Matching topics the probe clients saw (written under _probe_lock, read by the
+        # fetching thread: a frozenset is replaced, never mutated).
+        self._probed_topics: frozenset[str] = frozenset()
+        self._next_topic_refresh = 0.0
+
+    def fetch(self, limit: int) -> list[LogEntry | Undecodable]:
+        if limit < 1:
+            return []
+        caught: tuple[type[Exception], ...] = (*self.driver_errors, OrreryError)
+        with self._lock:
+            consumer = self._connected_consumer()
+            try:
+                return self._fetch(consumer, limit)
+            except caught as exc:
+                # Polled records moved the position already: go back to the committed
+                # offsets so nothing polled-but-not-returned is skipped (a dropped
+                # consumer's successor starts there anyway).
+                if self._consumer is consumer:
+                    self._rewind_quietly(consumer)
+                if isinstance(exc, OrreryError):
+                    raise
+                raise self._unavailable("fetch", exc) from exc
+
+    def reset(self) -> None:
+        with self._lock:
+            self._ledger.clear()
+            if self._consumer is None:
+                return
+            try:
+                self._rewind(self._consumer)
+            except self.driver_errors as exc:
+                raise self._unavailable("reset", exc) from exc
+
+    def high_water(self) -> int:
+        with self._probe_lock:
+            try:
+                return self._read_high_water()
+            except self.driver_errors as exc:
+                self._close_probe()
+                raise self._unavailable("high_water", exc) from exc
+
+    def lag(self) -> int:
+        with self._probe_lock:
+            try:
+                return self._read_lag()
+            except self.driver_errors as exc:
+                self._close_probe()
+                raise self._unavailable("lag", exc) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            consumer, self._consumer = self._consumer, None
+            self._ledger.clear()
+            if consumer is not None:
+                try:
+                    self._close_consumer(consumer)  # leaves the group; commits nothing
+                except Exception:
+                    log.warning("closing the Kafka consumer failed", exc_info=True)
+        with self._probe_lock:
+            self._close_probe()
+
+    def _rewind_quietly(self, consumer: Any) -> None:
+        try:
+            self._rewind(consumer)
+        except Exception:
+            # Dropping the consumer is the last resort: a new one resumes at the
+            # committed offsets, which is exactly what the rewind wanted.
+            log.warning("rewinding the Kafka consumer failed; reconnecting", exc_info=True)
+            self._drop(consumer)
+
+    def _drop(self, consumer: Any) -> None:
+        """Close `consumer` (it leaves the group) and forget it and its deliveries."""
+        if self._consumer is consumer:
+            self._consumer = None
+        self._forget_membership()
+        self._ledger.clear()
+        try:
+            self._close_consumer(consumer)
+        except Exception:
+            log.debug("closing the Kafka consumer failed", exc_info=True)
+
+    @abstractmethod
+    def _forget_membership(self) -> None:
+        """Forget what the subclass keeps about a dropped consumer's membership."""
+
+    @abstractmethod
+    def _connected_consumer(self) -> Any:
+        """The group member, joined on first use."""
+
+    @abstractmethod
+    def _fetch(self, consumer: Any, limit: int) -> list[LogEntry | Undecodable]:
+        """`fetch`'s work with the client (its errors are handled by `fetch`)."""
+
+    @abstractmethod
+    def _rewind(self, consumer: Any) -> None:
+        """Seek every owned partition to its committed offset; clear the ledger."""
+
+    @abstractmethod
+    def _read_high_water(self) -> int: ...
+
+    @abstractmethod
+    def _read_lag(self) -> int: ...
+
+    @abstractmethod
+    def _close_probe(self) -> None: ...
+
+    @abstractmethod
+    def _close_consumer(self, consumer: Any) -> None:
+        """Close the member without committing (it leaves the group)."""
+
+    @abstractmethod
+    def _unavailable(self, operation: str, exc: Exception) -> DependencyUnavailable: ...
