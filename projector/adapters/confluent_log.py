@@ -127,6 +127,9 @@ class ConfluentEventLog(GroupEventLog):
                 if failed:
                     raise KafkaException(failed[0].error)
             except KafkaException as exc:
+                # Nothing of these was committed and the ledger let them go: the next
+                # fetch goes back to the committed offsets, so they are delivered again.
+                self._rewind_due = True
                 raise self._unavailable("acknowledge", exc) from exc
 
     # -- fetch ---------------------------------------------------------------------------

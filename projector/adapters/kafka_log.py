@@ -145,6 +145,9 @@ class KafkaEventLog(GroupEventLog):
                         timeout_ms=self._settings.request_timeout_ms,
                     )
             except KafkaError as exc:
+                # Nothing of these was committed and the ledger let them go: the next
+                # fetch goes back to the committed offsets, so they are delivered again.
+                self._rewind_due = True
                 raise self._unavailable("acknowledge", exc) from exc
 
     # -- fetch ---------------------------------------------------------------------------

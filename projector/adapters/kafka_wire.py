@@ -315,6 +315,10 @@ class GroupEventLog(ABC):
         self._probe: Any = None
         self._ledger = DeliveryLedger()
         self._closed = False
+        # Set when a commit failed: its entries are delivered again from the committed
+        # offsets (with a client that retries its fetches inside, e.g. librdkafka during a
+        # broker outage, no failed fetch would rewind for it).
+        self._rewind_due = False
         # Matching topics the probe clients saw (written under _probe_lock, read by the
         # fetching thread: a frozenset is replaced, never mutated).
         self._probed_topics: frozenset[str] = frozenset()
@@ -326,6 +330,10 @@ class GroupEventLog(ABC):
         caught: tuple[type[Exception], ...] = (*self.driver_errors, OrreryError)
         with self._lock:
             consumer = self._connected_consumer()
+            if self._rewind_due:
+                self._rewind_due = False
+                self._rewind_quietly(consumer)  # or drops it: its successor starts there
+                consumer = self._connected_consumer()
             try:
                 return self._fetch(consumer, limit)
             except caught as exc:
@@ -390,6 +398,7 @@ class GroupEventLog(ABC):
         """Close `consumer` (it leaves the group) and forget it and its deliveries."""
         if self._consumer is consumer:
             self._consumer = None
+        self._rewind_due = False  # a new member starts at the committed offsets
         self._forget_membership()
         self._ledger.clear()
         try:
