@@ -17,13 +17,13 @@ No Kafka client is imported here, so a publisher loads only its own.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from contracts.bootstrap_probe import unreachable
 from contracts.events import POSITION_HEADER, TRACE_HEADER
 from ingest.relay_ports import OutboxRow
 
@@ -59,27 +59,6 @@ class KafkaPublisherSettings:
     backoff_initial_s: float = 0.2
     backoff_max_s: float = 5.0
     client_id: str = "orrery-relay"
-
-
-def unreachable(bootstrap_servers: str, timeout_s: float) -> str | None:
-    """Why no bootstrap server accepts a TCP connection, or None if one does.
-
-    kafka-python 3.0 leaks the socket of every refused connection and the IO thread of a
-    client whose bootstrap failed, and librdkafka waits out its message timeout for a
-    broker that is down; checking with a plain socket first keeps a relay that retries
-    against a down broker from leaking, and answers at once.
-    """
-    reasons: list[str] = []
-    for server in (s.strip() for s in bootstrap_servers.split(",")):
-        host, sep, port = server.rpartition(":")
-        if not sep or not port.isdigit():
-            return None  # not host:port: let the client interpret it
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-                return None
-        except OSError as exc:
-            reasons.append(f"{server}: {exc.strerror or exc}")
-    return "; ".join(reasons) or "no bootstrap servers configured"
 
 
 _M = 0x5BD1E995

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import re
-import socket
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -24,6 +23,7 @@ from typing import Any, ClassVar
 
 from pydantic import ValidationError
 
+from contracts.bootstrap_probe import unreachable
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import (
     POSITION_HEADER,
@@ -97,25 +97,6 @@ class KafkaLogSettings:
     def topic_pattern(self) -> str:
         """The regular expression of the topics read: every namespace under the prefix."""
         return topic_pattern(self.topic_prefix)
-
-
-def unreachable(bootstrap_servers: str, timeout_s: float) -> str | None:
-    """Why no bootstrap server accepts a TCP connection, or None if one does.
-
-    Both clients wait for a broker that is simply down (kafka-python also leaks the
-    socket of every refused connection); a plain socket check first answers at once.
-    """
-    reasons: list[str] = []
-    for server in (s.strip() for s in bootstrap_servers.split(",")):
-        host, sep, port = server.rpartition(":")
-        if not sep or not port.isdigit():
-            return None  # not host:port: let the client interpret it
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-                return None
-        except OSError as exc:
-            reasons.append(f"{server}: {exc.strerror or exc}")
-    return "; ".join(reasons) or "no bootstrap servers configured"
 
 
 def _raw(value: object) -> bytes:
