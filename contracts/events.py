@@ -104,6 +104,11 @@ class LogEntry(BaseModel):
     event: RecordChanged
     # The W3C `traceparent` of the request that wrote the event (None: not traced).
     trace_context: str | None = None
+    # Where a partitioned log (Kafka) holds the event: its partition of the namespace's
+    # topic and its offset there (None: a log of one order, the embedded outbox). Offsets
+    # strictly increase within a partition, whichever relay published the event.
+    partition: int | None = Field(default=None, ge=0)
+    offset: int | None = Field(default=None, ge=0)
 
 
 # The Kafka wire format of the event log (server mode): one topic per namespace, the

@@ -18,9 +18,10 @@ def relay_outbox(
     """Publish unpublished outbox rows in position order; return how many were published.
 
     Each batch is read, published, and marked only after the publisher returned (the
-    log acknowledged every row). When publishing fails the error propagates and the
-    batch stays unmarked, so the next call publishes it again: nothing is lost, and a
-    row may reach the log more than once. Stops when a batch comes back short (the
+    log acknowledged every row), with where the log holds each row (its placement).
+    When publishing fails the error propagates and the batch stays unmarked, so the
+    next call publishes it again: nothing is lost, and a row may reach the log more
+    than once. Stops when a batch comes back short (the
     outbox is drained) or after `max_batches` batches.
     """
     if batch_size < 1:
@@ -31,9 +32,9 @@ def relay_outbox(
         rows = source.unpublished(batch_size)
         if not rows:
             break
-        publisher.publish(rows)
+        placements = publisher.publish(rows)
         crash_point("relay.published")
-        source.mark_published([row.position for row in rows])
+        source.mark_published([row.position for row in rows], placements)
         published += len(rows)
         batches += 1
         if len(rows) < batch_size:

@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
-__all__ = ["EventPublisher", "OutboxRelaySource", "OutboxRow"]
+__all__ = ["EventPublisher", "OutboxRelaySource", "OutboxRow", "Placement"]
+
+# Where a partitioned log (Kafka) put one row: (partition of its topic, offset there).
+Placement = tuple[int, int]
 
 
 class OutboxRow(NamedTuple):
@@ -41,8 +44,13 @@ class OutboxRelaySource(Protocol):
     def unpublished(self, limit: int) -> list[OutboxRow]:
         """At most `limit` unmarked rows in position order (empty when all are marked)."""
 
-    def mark_published(self, positions: Sequence[int]) -> None:
-        """Mark rows as acknowledged by the log; unknown or marked positions are ignored."""
+    def mark_published(
+        self, positions: Sequence[int], placements: Sequence[Placement] = ()
+    ) -> None:
+        """Mark rows as acknowledged by the log; unknown or marked positions are ignored.
+        `placements` (empty, or one per position, in the same order) records where the
+        log holds each row, with the mark: readiness counts a namespace's unapplied
+        events per partition by them."""
 
     def pending(self) -> int:
         """How many rows are not marked yet (the outbox depth), as of one snapshot."""
@@ -62,9 +70,13 @@ class EventPublisher(Protocol):
     - Rows of one document keep their relative order on the log (they share a key and
       therefore a partition).
     - Every delivered event carries its outbox position.
+    - On a partitioned log `publish` returns each row's `Placement` (partition, offset)
+      as the broker acknowledged it, one per row in order; a log without partitions
+      returns an empty list.
     """
 
-    def publish(self, rows: Sequence[OutboxRow]) -> None:
-        """Deliver `rows` (in position order) and wait for the transport's acknowledgement."""
+    def publish(self, rows: Sequence[OutboxRow]) -> list[Placement]:
+        """Deliver `rows` (in position order) and wait for the transport's acknowledgement;
+        where each row landed (see above)."""
 
     def close(self) -> None: ...

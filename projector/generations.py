@@ -319,6 +319,7 @@ class _DeferringState:
         *,
         held: Collection[str] = (),
         namespaces: Mapping[str, int] | None = None,
+        partitions: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
         # A deferred generation missed this batch: its position must not claim it.
         self._inner.commit(
@@ -327,6 +328,7 @@ class _DeferringState:
             changes,
             held=frozenset(held) | self._deferred.deferred(),
             namespaces=namespaces,
+            partitions=partitions,
         )
 
     def write_targets(self, namespace: str, snapshot_kind: str) -> list[str]:

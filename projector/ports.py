@@ -286,6 +286,10 @@ class ProjectionState(Protocol):
     `namespaces` (namespace -> the newest position of its events in the batch) is stored
     in the same transaction where the deployment paces writers by it (PostgreSQL: the
     per-namespace backlog of server-mode ingest); positions per namespace only grow.
+    `partitions` ((namespace, partition) -> the newest offset of its events in the batch,
+    from a partitioned log) is stored in the same transaction; offsets per partition only
+    grow. Readiness and pacing count a namespace's unapplied events exactly with them
+    (its newest position alone may run ahead of an event on another partition).
     """
 
     def position(self, consumer: str) -> int: ...
@@ -300,6 +304,7 @@ class ProjectionState(Protocol):
         *,
         held: Collection[str] = (),
         namespaces: Mapping[str, int] | None = None,
+        partitions: Mapping[tuple[str, int], int] | None = None,
     ) -> None: ...
 
     def write_targets(self, namespace: str, snapshot_kind: str) -> list[str]: ...

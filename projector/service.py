@@ -241,7 +241,11 @@ def project_batch(
                 report.trace_contexts = _trace_contexts(entries)
             crash_point("projector.engines_written")
             state.commit(
-                consumer, report.position, changes, namespaces=_newest_by_namespace(entries)
+                consumer,
+                report.position,
+                changes,
+                namespaces=_newest_by_namespace(entries),
+                partitions=_newest_by_partition(entries),
             )
             crash_point("projector.committed")
     except BaseException:
@@ -261,6 +265,19 @@ def _newest_by_namespace(entries: Sequence[LogEntry]) -> dict[str, int]:
         namespace = entry.event.record.namespace
         if entry.position > out.get(namespace, -1):
             out[namespace] = entry.position
+    return out
+
+
+def _newest_by_partition(entries: Sequence[LogEntry]) -> dict[tuple[str, int], int]:
+    """Each (namespace, partition)'s newest offset in the batch, for entries of a
+    partitioned log (dead-lettered records count, as in `_newest_by_namespace`)."""
+    out: dict[tuple[str, int], int] = {}
+    for entry in entries:
+        if entry.partition is None or entry.offset is None:
+            continue
+        key = (entry.event.record.namespace, entry.partition)
+        if entry.offset > out.get(key, -1):
+            out[key] = entry.offset
     return out
 
 

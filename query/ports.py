@@ -202,7 +202,8 @@ class ProjectorLogStatus(BaseModel):
 @dataclass(frozen=True, slots=True)
 class NamespaceLog:
     """One namespace's events on the log: its newest position (0: none), how many are
-    after a given position and when the oldest of those was written; `applied`: the
+    pending after a given position (see `Routing.namespace_log`) and when the oldest of
+    those was written; `applied`: the
     newest position of its events the projector applied (0: none yet; stored with each
     batch, `projector_namespace_positions`), `dead_letters`: its records parked."""
 
@@ -242,8 +243,13 @@ class Routing(Protocol):
         """The newest lag measurement of any projector consumer (None: none recorded)."""
 
     def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
-        """One namespace's own view of the log: its newest position, and its events after
-        `after` (how many, when the oldest was written)."""
+        """One namespace's own view of the log: its newest position, and its pending
+        events (how many, when the oldest was written): those after `after`, and on a
+        partitioned log also those at or before it the projector has not applied yet
+        (not published, or on a partition whose applied offset is below theirs).
+        Guarantee: with `after` at or past the projector's newest applied position of
+        the namespace, `pending` is 0 only when every event of the namespace written so
+        far is applied (published before placements were recorded: up to `after`)."""
 
 
 class RouteAdmission(Protocol):

@@ -4,14 +4,15 @@ The same wire format as `ingest.adapters.kafka_publisher` (`ingest.adapters.kafk
 describes it): a projector reads what either publisher wrote, and both put a document's
 events on the same partition. Here the per-event work (partitioning, batching,
 compression of nothing, CRC, acknowledgements) runs in librdkafka's threads, in C: the
-Python side is one `produce` call per row, and only failed deliveries call back.
+Python side is one `produce` call per row and one delivery report per row (where the
+row landed: its partition and offset, recorded with the outbox mark).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -22,7 +23,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 from contracts.errors import DependencyUnavailable
 from contracts.events import topic_for
 from ingest.adapters.kafka_wire import KafkaPublisherSettings, headers_of, unreachable
-from ingest.relay_ports import OutboxRow
+from ingest.relay_ports import OutboxRow, Placement
 
 __all__ = ["ConfluentEventPublisher", "KafkaPublisherSettings"]
 
@@ -68,6 +69,8 @@ class ConfluentEventPublisher:
       partition across its own retries.
     - Topics are created with `partitions` partitions before the first send to them
       (an existing topic is fine); the producer never auto-creates topics.
+    - `publish` returns each row's (partition, offset) from its delivery report (one
+      Python call per row: the placement readiness counts by, see `relay_ports`).
     - No network I/O before the first `publish`: a relay can start while Kafka is down.
 
     Not thread-safe: one relay thread publishes.
@@ -81,9 +84,9 @@ class ConfluentEventPublisher:
         self._errors: list[tuple[KafkaError, Any]] = []
         self._lock = threading.Lock()
 
-    def publish(self, rows: Sequence[OutboxRow]) -> None:
+    def publish(self, rows: Sequence[OutboxRow]) -> list[Placement]:
         if not rows:
-            return
+            return []
         s = self._settings
         retrying = Retrying(
             stop=stop_after_attempt(max(1, s.attempts)),
@@ -91,11 +94,12 @@ class ConfluentEventPublisher:
             retry=retry_if_exception(_retriable),
             reraise=True,
         )
+        placements: list[Placement] = []
         try:
             with self._lock:
                 for attempt in retrying:
                     with attempt:
-                        self._publish_once(rows)
+                        placements = self._publish_once(rows)
         except _PublishFailed as exc:
             raise DependencyUnavailable(
                 "kafka",
@@ -107,12 +111,13 @@ class ConfluentEventPublisher:
                     "retriable": exc.retriable,
                 },
             ) from exc
+        return placements
 
     def close(self) -> None:
         with self._lock:
             self._discard_clients()
 
-    def _publish_once(self, rows: Sequence[OutboxRow]) -> None:
+    def _publish_once(self, rows: Sequence[OutboxRow]) -> list[Placement]:
         s = self._settings
         try:
             producer = self._connected_producer()
@@ -120,12 +125,14 @@ class ConfluentEventPublisher:
             self._ensure_topics(set(topics.values()))
             self._errors.clear()
             produce = producer.produce
-            for row in rows:
+            placed: list[Placement | None] = [None] * len(rows)
+            for index, row in enumerate(rows):
                 topic, key = topics[row.namespace], row.document_id.encode()
                 value, headers = row.event_json.encode(), headers_of(row)
+                on_delivery = self._placement_callback(placed, index)
                 while True:
                     try:
-                        produce(topic, value, key, headers=headers)
+                        produce(topic, value, key, headers=headers, on_delivery=on_delivery)
                         break
                     except BufferError:
                         # The local queue is full: serve delivery reports until it drains.
@@ -138,6 +145,10 @@ class ConfluentEventPublisher:
                 raise _failed(error, f"delivery to {message.topic()} failed")
             if left:
                 raise _PublishFailed(f"no acknowledgement for {left} events", retriable=True)
+            placements = [p for p in placed if p is not None]
+            if len(placements) < len(rows):
+                raise _PublishFailed("a delivery report is missing", retriable=True)
+            return placements
         except KafkaException as exc:
             self._discard_clients()
             raise _failed(exc.args[0], "publish failed") from exc
@@ -145,11 +156,19 @@ class ConfluentEventPublisher:
             self._discard_clients()
             raise
 
-    def _delivered(self, error: KafkaError | None, message: Any) -> None:
-        # Called from `poll` / `flush` in this thread; only failures report
-        # (`delivery.report.only.error`): a success needs no Python call per row.
-        if error is not None:
-            self._errors.append((error, message))
+    def _placement_callback(
+        self, placed: list[Placement | None], index: int
+    ) -> Callable[[KafkaError | None, Any], None]:
+        """The delivery report of row `index`: its (partition, offset), or its error."""
+
+        def delivered(error: KafkaError | None, message: Any) -> None:
+            # Called from `poll` / `flush` in this thread, once per message.
+            if error is not None:
+                self._errors.append((error, message))
+            else:
+                placed[index] = (int(message.partition()), int(message.offset()))
+
+        return delivered
 
     def _connected_producer(self) -> Any:
         if self._producer is None:
@@ -171,8 +190,6 @@ class ConfluentEventPublisher:
                     # Kafka's default partitioner for a key (what kafka-python's does).
                     "partitioner": "murmur2_random",
                     "allow.auto.create.topics": False,
-                    "delivery.report.only.error": True,
-                    "on_delivery": self._delivered,
                     "logger": log,
                 }
             )

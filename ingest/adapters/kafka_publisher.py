@@ -33,7 +33,7 @@ from ingest.adapters.kafka_wire import (
     murmur2_many,
     unreachable,
 )
-from ingest.relay_ports import OutboxRow
+from ingest.relay_ports import OutboxRow, Placement
 
 with warnings.catch_warnings():
     # kafka-python 3.0 loads its protocol schemas with importlib.resources.read_text and
@@ -91,6 +91,7 @@ class KafkaEventPublisher:
       idempotent producer keeps order within a partition across its own retries.
     - Topics are created with `partitions` partitions before the first send to them
       (an existing topic is fine); the producer never auto-creates topics.
+    - `publish` returns each row's (partition, offset) from its acknowledgement.
     - No network I/O before the first `publish`: a relay can start while Kafka is down.
 
     Not thread-safe: one relay thread publishes.
@@ -103,9 +104,9 @@ class KafkaEventPublisher:
         self._topics: set[str] = set()
         self._lock = threading.Lock()
 
-    def publish(self, rows: Sequence[OutboxRow]) -> None:
+    def publish(self, rows: Sequence[OutboxRow]) -> list[Placement]:
         if not rows:
-            return
+            return []
         s = self._settings
         retrying = Retrying(
             stop=stop_after_attempt(max(1, s.attempts)),
@@ -113,11 +114,12 @@ class KafkaEventPublisher:
             retry=retry_if_exception(_retriable),
             reraise=True,
         )
+        placements: list[Placement] = []
         try:
             with self._lock:
                 for attempt in retrying:
                     with attempt:
-                        self._publish_once(rows)
+                        placements = self._publish_once(rows)
         except KafkaError as exc:
             raise DependencyUnavailable(
                 "kafka",
@@ -129,12 +131,13 @@ class KafkaEventPublisher:
                     "retriable": bool(exc.retriable),
                 },
             ) from exc
+        return placements
 
     def close(self) -> None:
         with self._lock:
             self._discard_clients()
 
-    def _publish_once(self, rows: Sequence[OutboxRow]) -> None:
+    def _publish_once(self, rows: Sequence[OutboxRow]) -> list[Placement]:
         s = self._settings
         try:
             producer = self._connected_producer()
@@ -157,11 +160,14 @@ class KafkaEventPublisher:
             # Futures fail by themselves after the delivery timeout (= ack_timeout_ms),
             # so this flush normally returns with every future done.
             producer.flush(timeout=s.ack_timeout_ms / 1000 + 5.0)
+            placements: list[Placement] = []
             for row, future in zip(rows, futures, strict=True):
                 if not future.is_done:
                     raise KafkaConnectionError(f"no acknowledgement for position {row.position}")
                 if future.exception is not None:
                     raise future.exception
+                placements.append((int(future.value.partition), int(future.value.offset)))
+            return placements
         except KafkaError:
             self._discard_clients()
             raise

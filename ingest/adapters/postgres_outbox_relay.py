@@ -19,7 +19,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from ingest.adapters.postgres_db import driver_errors, open_pool
-from ingest.relay_ports import OutboxRow
+from ingest.relay_ports import OutboxRow, Placement
 
 __all__ = ["PostgresOutboxReader"]
 
@@ -83,10 +83,12 @@ class PostgresOutboxReader:
             for pos, doc, ns, body, trace in rows
         ]
 
-    def mark_published(self, positions: Sequence[int]) -> None:
+    def mark_published(
+        self, positions: Sequence[int], placements: Sequence[Placement] = ()
+    ) -> None:
         if not positions:
             return
-        unique = sorted(set(positions))
+        unique = _placed(positions, placements)
         with self._lock, driver_errors("mark outbox rows"):
             try:
                 if self._claim is None:
@@ -106,11 +108,14 @@ class PostgresOutboxReader:
         return 0 if row is None else int(row[0])
 
     @staticmethod
-    def _mark(conn: psycopg.Connection[Any], positions: list[int]) -> None:
+    def _mark(
+        conn: psycopg.Connection[Any], rows: list[tuple[int, int | None, int | None]]
+    ) -> None:
         conn.execute(
-            "UPDATE outbox SET published_at = now() "
-            "WHERE published_at IS NULL AND position = ANY(%s)",
-            (positions,),
+            "UPDATE outbox o SET published_at = now(), kafka_partition = m.part, "
+            "kafka_offset = m.off FROM unnest(%s::bigint[], %s::integer[], %s::bigint[]) "
+            "AS m(pos, part, off) WHERE o.published_at IS NULL AND o.position = m.pos",
+            ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]),
         )
 
     def close(self) -> None:
@@ -118,3 +123,17 @@ class PostgresOutboxReader:
             with contextlib.suppress(psycopg.Error):  # Closing drops the claim anyway.
                 self._release(commit=False)
             self._pool.close()
+
+
+def _placed(
+    positions: Sequence[int], placements: Sequence[Placement]
+) -> list[tuple[int, int | None, int | None]]:
+    """(position, partition, offset) per distinct position, in position order (a position
+    given twice keeps its last placement: the newest copy on the log)."""
+    if placements and len(placements) != len(positions):
+        raise ValueError(f"{len(placements)} placements for {len(positions)} positions")
+    out: dict[int, tuple[int, int | None, int | None]] = {}
+    for index, position in enumerate(positions):
+        part, off = placements[index] if placements else (None, None)
+        out[int(position)] = (int(position), part, off)
+    return [out[p] for p in sorted(out)]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from contracts.errors import DependencyUnavailable
 from contracts.events import outbox_event_json
-from ingest.adapters.sqlite_store import SCHEMA, connect
-from ingest.relay_ports import OutboxRow
+from ingest.adapters.sqlite_store import SCHEMA, add_placement_columns, add_trace_column, connect
+from ingest.relay_ports import OutboxRow, Placement
 
 __all__ = ["SqliteOutboxReader"]
 
@@ -28,9 +28,10 @@ class SqliteOutboxReader:
 
     Guarantees: `unpublished` reads through the partial index `outbox_unpublished`, so
     its cost does not grow with the number of rows already published; `mark_published`
-    sets `published_at` in one transaction (all given positions or none) and never
-    overwrites an earlier mark. Safe to use next to a `SqliteRecordStore` on the same
-    file, in this or another process (WAL: the reader never blocks the writer).
+    sets `published_at` (and the log's placement of each row, when given) in one
+    transaction (all given positions or none) and never overwrites an earlier mark.
+    Safe to use next to a `SqliteRecordStore` on the same file, in this or another
+    process (WAL: the reader never blocks the writer).
     """
 
     def __init__(self, path: Path, *, clock: Callable[[], datetime] = _utc_now) -> None:
@@ -39,6 +40,8 @@ class SqliteOutboxReader:
         try:
             self._conn = connect(path)
             self._conn.executescript(SCHEMA)
+            add_trace_column(self._conn)
+            add_placement_columns(self._conn)
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
 
@@ -60,23 +63,38 @@ class SqliteOutboxReader:
             for pos, doc, ns, event, record, trace in rows
         ]
 
-    def mark_published(self, positions: Sequence[int]) -> None:
+    def mark_published(
+        self, positions: Sequence[int], placements: Sequence[Placement] = ()
+    ) -> None:
         if not positions:
             return
+        if placements and len(placements) != len(positions):
+            raise ValueError(f"{len(placements)} placements for {len(positions)} positions")
         stamp = self._clock().astimezone(UTC).isoformat()
-        unique = sorted(set(positions))
+        # A position given twice keeps its last placement (the newest copy on the log).
+        placed = {
+            int(p): (placements[i] if placements else (None, None)) for i, p in enumerate(positions)
+        }
+        unique = sorted(placed)
         try:
             with self._lock:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    for start in range(0, len(unique), _MARK_CHUNK):
-                        chunk = unique[start : start + _MARK_CHUNK]
-                        marks = ",".join("?" * len(chunk))
-                        self._conn.execute(
-                            f"UPDATE outbox SET published_at = ? "
-                            f"WHERE published_at IS NULL AND position IN ({marks})",
-                            (stamp, *chunk),
+                    if placements:
+                        self._conn.executemany(
+                            "UPDATE outbox SET published_at = ?, kafka_partition = ?, "
+                            "kafka_offset = ? WHERE published_at IS NULL AND position = ?",
+                            [(stamp, *placed[p], p) for p in unique],
                         )
+                    else:
+                        for start in range(0, len(unique), _MARK_CHUNK):
+                            chunk = unique[start : start + _MARK_CHUNK]
+                            marks = ",".join("?" * len(chunk))
+                            self._conn.execute(
+                                f"UPDATE outbox SET published_at = ? "
+                                f"WHERE published_at IS NULL AND position IN ({marks})",
+                                (stamp, *chunk),
+                            )
                 except BaseException:
                     self._conn.execute("ROLLBACK")
                     raise

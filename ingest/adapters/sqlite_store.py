@@ -92,6 +92,25 @@ def add_trace_column(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE outbox ADD COLUMN trace_context TEXT")
 
 
+def add_placement_columns(conn: sqlite3.Connection) -> None:
+    """Give an outbox made before the relay recorded where Kafka holds each row its
+    `kafka_partition` / `kafka_offset` columns and their indexes (PostgreSQL: ingest's
+    migration 0006). Rows marked before keep them NULL."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(outbox)")}
+    if "kafka_partition" not in columns:
+        conn.execute("ALTER TABLE outbox ADD COLUMN kafka_partition INTEGER")
+    if "kafka_offset" not in columns:
+        conn.execute("ALTER TABLE outbox ADD COLUMN kafka_offset INTEGER")
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS outbox_by_placement ON outbox "
+        "(namespace, kafka_partition, kafka_offset) WHERE kafka_partition IS NOT NULL"
+    )
+    conn.execute(
+        "CREATE INDEX IF NOT EXISTS outbox_unpublished_by_namespace ON outbox "
+        "(namespace, position) WHERE published_at IS NULL"
+    )
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """Open the canonical database in WAL mode (readers never block the writer)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,6 +153,7 @@ class SqliteRecordStore:
             self._conn.executescript(SCHEMA)
             add_trace_column(self._conn)
             add_body_column(self._conn)
+            add_placement_columns(self._conn)
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
 

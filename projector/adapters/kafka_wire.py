@@ -168,6 +168,8 @@ def decode_message(
             position=position_of(headers, topic, partition, offset),
             event=decode_record_changed(value if value is not None else b""),
             trace_context=_trace_context(headers),
+            partition=partition,
+            offset=offset,
         )
     except (OrreryError, ValidationError, ValueError, TypeError) as exc:
         reason = (

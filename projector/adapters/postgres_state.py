@@ -153,11 +153,14 @@ class PostgresProjectorState:
         *,
         held: Collection[str] = (),
         namespaces: Mapping[str, int] | None = None,
+        partitions: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
         """Store the new position and each generation's new document revisions; every
         writable generation but those `held` is applied up to `position`; each of
         `namespaces` is applied up to its position (`projector_namespace_positions`,
-        read by server-mode ingest to pace that namespace's writers)."""
+        read by server-mode ingest to pace that namespace's writers); each of `partitions`
+        ((namespace, partition) -> offset) is applied up to its offset
+        (`projector_partition_offsets`: what readiness and pacing count exactly by)."""
         now = datetime.now(UTC)
         with self._transaction("commit projector batch") as cur:
             if self._fence is not None:
@@ -177,6 +180,14 @@ class PostgresProjectorState:
                     "projector_namespace_positions.position, excluded.position), "
                     "updated_at = excluded.updated_at",
                     [(ns, int(pos), now) for ns, pos in sorted(namespaces.items())],
+                )
+            if partitions:
+                cur.executemany(
+                    "INSERT INTO projector_partition_offsets VALUES (%s,%s,%s,%s) "
+                    "ON CONFLICT (namespace, kafka_partition) DO UPDATE SET kafka_offset = "
+                    "GREATEST(projector_partition_offsets.kafka_offset, excluded.kafka_offset), "
+                    "updated_at = excluded.updated_at",
+                    [(ns, int(p), int(o), now) for (ns, p), o in sorted(partitions.items())],
                 )
             cur.execute(
                 "INSERT INTO projector_positions VALUES (%s,%s,%s) ON CONFLICT (consumer) "

@@ -105,6 +105,15 @@ CREATE TABLE IF NOT EXISTS projector_namespace_positions (
     position   INTEGER NOT NULL,
     updated_at TEXT NOT NULL
 );
+-- The newest Kafka offset applied per (namespace, partition): see the PostgreSQL
+-- migration 0006 of the projector.
+CREATE TABLE IF NOT EXISTS projector_partition_offsets (
+    namespace       TEXT NOT NULL,
+    kafka_partition INTEGER NOT NULL,
+    kafka_offset    INTEGER NOT NULL,
+    updated_at      TEXT NOT NULL,
+    PRIMARY KEY (namespace, kafka_partition)
+);
 CREATE TABLE IF NOT EXISTS dead_letters (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
     consumer     TEXT NOT NULL,
@@ -242,12 +251,15 @@ class SqliteProjectorState:
         *,
         held: Collection[str] = (),
         namespaces: Mapping[str, int] | None = None,
+        partitions: Mapping[tuple[str, int], int] | None = None,
     ) -> None:
         """Store the new position and each generation's new document revisions; every
         writable generation but those `held` is applied up to `position`. `namespaces`
         (namespace -> its newest position in the batch) is kept for keyed readiness
         (`projector_namespace_positions`); writers are paced on it only on PostgreSQL
-        (the embedded deployment measures each backlog in memory: `contracts.progress`)."""
+        (the embedded deployment measures each backlog in memory: `contracts.progress`).
+        `partitions` ((namespace, partition) -> newest offset, from a Kafka log) is kept
+        the same way (`projector_partition_offsets`), for readiness's exact count."""
         held = sorted(held)
         now = datetime.now(UTC).isoformat()
         with self._transaction() as conn:
@@ -272,6 +284,13 @@ class SqliteProjectorState:
                     "ON CONFLICT(namespace) DO UPDATE SET position = MAX(position, "
                     "excluded.position), updated_at = excluded.updated_at",
                     [(ns, int(pos), now) for ns, pos in sorted(namespaces.items())],
+                )
+            if partitions:
+                conn.executemany(
+                    "INSERT INTO projector_partition_offsets VALUES (?,?,?,?) "
+                    "ON CONFLICT(namespace, kafka_partition) DO UPDATE SET kafka_offset = "
+                    "MAX(kafka_offset, excluded.kafka_offset), updated_at = excluded.updated_at",
+                    [(ns, int(p), int(o), now) for (ns, p), o in sorted(partitions.items())],
                 )
             conn.execute(
                 "INSERT INTO projector_positions VALUES (?,?,?) ON CONFLICT(consumer) "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -21,7 +21,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from contracts.errors import DependencyUnavailable
-from query.adapters.sqlite_routing import DEFAULT_MAX_ANSWER_BYTES
+from query.adapters.sqlite_routing import DEFAULT_MAX_ANSWER_BYTES, NAMESPACE_LOG_SQL
 from query.ports import (
     HeadFacts,
     NamespaceLog,
@@ -35,6 +35,7 @@ from query.ports import (
 __all__ = ["PostgresReads", "PostgresRecordReader", "PostgresRouting", "open_reads"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAMESPACE_LOG = NAMESPACE_LOG_SQL.format(ns="%(ns)s", after="%(after)s::bigint")
 _DEPENDENCY = "postgres"
 
 
@@ -70,7 +71,9 @@ class PostgresReads:
         except psycopg.Error as exc:
             raise DependencyUnavailable(_DEPENDENCY, f"{what}: {exc}".strip()) from exc
 
-    def query(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+    def query(
+        self, sql: str, params: Sequence[object] | Mapping[str, object] = ()
+    ) -> list[tuple[Any, ...]]:
         """One statement (autocommit: a consistent read of its own)."""
         with self._errors("read"), self._pool.connection() as conn:
             return list(conn.execute(sql, params).fetchall())
@@ -181,16 +184,8 @@ class PostgresRouting:
         return int(rows[0][0]) if rows else 0
 
     def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
-        rows = self._reads.query(
-            "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = %s), "
-            "(SELECT COUNT(*) FROM outbox WHERE namespace = %s AND position > %s), "
-            "(SELECT created_at FROM outbox WHERE namespace = %s AND position > %s "
-            "ORDER BY position LIMIT 1), "
-            "(SELECT COALESCE(MAX(position), 0) FROM projector_namespace_positions "
-            "WHERE namespace = %s), "
-            "(SELECT COUNT(*) FROM dead_letters WHERE namespace = %s)",
-            (namespace, namespace, after, namespace, after, namespace, namespace),
-        )
+        """One statement (`sqlite_routing.NAMESPACE_LOG_SQL`): exact on a partitioned log."""
+        rows = self._reads.query(_NAMESPACE_LOG, {"ns": namespace, "after": after})
         if not rows:
             return NamespaceLog(0, 0, None)
         high, pending, oldest, applied, dead = rows[0]

@@ -36,6 +36,7 @@ from query.ports import (
 
 __all__ = [
     "DEFAULT_MAX_ANSWER_BYTES",
+    "NAMESPACE_LOG_SQL",
     "SqliteRecordReader",
     "SqliteRouting",
     "dead_letters",
@@ -47,6 +48,63 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # The most record JSON one read loads by default (`ORRERY_MAX_ANSWER_BYTES`).
 DEFAULT_MAX_ANSWER_BYTES = 32 * 1024 * 1024
+
+# One namespace's view of the log (`Routing.namespace_log`), for SQLite and PostgreSQL
+# (`{ns}` / `{after}`: the driver's named parameters). Its pending events: those after
+# `after`, and, on a partitioned log (Kafka: the relay recorded a row's partition and
+# offset, or the projector applied an offset of the namespace), those at or before
+# `after` that are not applied yet — not published yet, or published to a partition
+# whose applied offset (`projector_partition_offsets`) is below the row's. A namespace's
+# partitions are applied side by side, so the newest position applied (what `after`
+# usually is) may run ahead of an event another partition still holds; offsets strictly
+# increase within a partition whichever relay published, so an offset is an exact test.
+# Every part reads an index range of pending rows only (`outbox_by_namespace`,
+# `outbox_unpublished_by_namespace`, `outbox_by_placement`, one probe per partition),
+# so a poll costs what the namespace's backlog holds, not its history. Rows published
+# before the relay recorded placements count as applied up to `after` (as before).
+NAMESPACE_LOG_SQL = """
+WITH RECURSIVE
+applied_offsets AS (
+    SELECT kafka_partition AS part, kafka_offset AS off
+    FROM projector_partition_offsets WHERE namespace = {ns}
+),
+top_partition AS (
+    SELECT MAX(kafka_partition) AS part FROM outbox
+    WHERE namespace = {ns} AND kafka_partition IS NOT NULL
+),
+partitioned AS (
+    SELECT (EXISTS (SELECT 1 FROM applied_offsets)
+            OR (SELECT part FROM top_partition) IS NOT NULL) AS yes
+),
+parts(part) AS (
+    SELECT 0 WHERE (SELECT part FROM top_partition) IS NOT NULL
+    UNION ALL
+    SELECT part + 1 FROM parts WHERE part < (SELECT part FROM top_partition)
+),
+floors AS (
+    SELECT part, COALESCE((SELECT off FROM applied_offsets a WHERE a.part = parts.part), -1)
+        AS off
+    FROM parts
+),
+held AS (
+    SELECT created_at FROM outbox WHERE namespace = {ns} AND position > {after}
+    UNION ALL
+    SELECT created_at FROM outbox
+    WHERE namespace = {ns} AND published_at IS NULL AND position <= {after}
+      AND (SELECT yes FROM partitioned)
+    UNION ALL
+    SELECT o.created_at FROM floors f JOIN outbox o
+      ON o.namespace = {ns} AND o.kafka_partition = f.part AND o.kafka_offset > f.off
+    WHERE o.kafka_partition IS NOT NULL AND o.position <= {after}
+)
+SELECT
+    (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = {ns}),
+    (SELECT COUNT(*) FROM held),
+    (SELECT MIN(created_at) FROM held),
+    (SELECT COALESCE(MAX(position), 0) FROM projector_namespace_positions
+     WHERE namespace = {ns}),
+    (SELECT COUNT(*) FROM dead_letters WHERE namespace = {ns})
+"""
 
 
 class _Reader:
@@ -187,16 +245,23 @@ class SqliteRouting(_Reader):
         return int(str(rows[0][0])) if rows else 0
 
     def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
-        rows = self._query(
-            "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = ?), "
-            "(SELECT COUNT(*) FROM outbox WHERE namespace = ? AND position > ?), "
-            "(SELECT created_at FROM outbox WHERE namespace = ? AND position > ? "
-            "ORDER BY position LIMIT 1), "
-            "(SELECT COALESCE(MAX(position), 0) FROM projector_namespace_positions "
-            "WHERE namespace = ?), "
-            "(SELECT COUNT(*) FROM dead_letters WHERE namespace = ?)",
-            (namespace, namespace, after, namespace, after, namespace, namespace),
-        )
+        """See `NAMESPACE_LOG_SQL` (an outbox made before placements were recorded, which
+        only the writer's connection adds, is read as a log of one order)."""
+        try:
+            rows = list(
+                self._conn()
+                .execute(
+                    NAMESPACE_LOG_SQL.format(ns=":ns", after=":after"),
+                    {"ns": namespace, "after": after},
+                )
+                .fetchall()
+            )
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return NamespaceLog(0, 0, None)
+            if "no such column" not in str(exc):
+                raise DependencyUnavailable("sqlite", str(exc)) from exc
+            rows = self._one_order_log(namespace, after)
         if not rows:
             return NamespaceLog(0, 0, None)
         high, pending, oldest, applied, dead = rows[0]
@@ -206,6 +271,18 @@ class SqliteRouting(_Reader):
             None if oldest is None else datetime.fromisoformat(str(oldest)),
             int(str(applied)),
             int(str(dead)),
+        )
+
+    def _one_order_log(self, namespace: str, after: int) -> list[tuple[object, ...]]:
+        return self._query(
+            "SELECT (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = ?), "
+            "(SELECT COUNT(*) FROM outbox WHERE namespace = ? AND position > ?), "
+            "(SELECT created_at FROM outbox WHERE namespace = ? AND position > ? "
+            "ORDER BY position LIMIT 1), "
+            "(SELECT COALESCE(MAX(position), 0) FROM projector_namespace_positions "
+            "WHERE namespace = ?), "
+            "(SELECT COUNT(*) FROM dead_letters WHERE namespace = ?)",
+            (namespace, namespace, after, namespace, after, namespace, namespace),
         )
 
     def log_status(self) -> ProjectorLogStatus | None:

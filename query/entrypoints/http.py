@@ -393,7 +393,9 @@ def readiness_for(
         else:
             # The namespace's own view (never its consumer, position or the global lag):
             # its events after the newest of the projector's applied position for it
-            # (stored with each batch) and the position a measured lag of 0 vouches for.
+            # (stored with each batch) and the position a measured lag of 0 vouches for,
+            # and on Kafka those before it still unapplied on another partition (counted
+            # by partition and offset: `Routing.namespace_log`).
             position = int(measured["position"])
             vouched = position if measured["lag_events"] == 0 else 0
             after = max(own.applied, vouched)
@@ -406,7 +408,8 @@ def readiness_for(
     out["scopes"] = scopes
     # Ready on the namespace's own measurement: another tenant's backlog or dead letters
     # never make this one unready. On Kafka the applied position is the newest of the
-    # namespace's events applied over its topic's partitions.
+    # namespace's events applied over its topic's partitions, so an event still held by
+    # another partition is counted by its offset, never assumed applied.
     out["ready"] = _is_ready(scopes, keyed) and not _failing(body)
     return out
 

@@ -13,19 +13,22 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
 from contracts.generations import EvidenceCheck, GenerationState, Topology
 from contracts.records import Record
 from contracts.vector_payload import check_generation_id
+from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
@@ -61,6 +64,7 @@ class Backend:
     routing: Callable[[], Any]
     records: Callable[[], Any]
     writer_lock: Callable[[], Any]
+    relay_source: Callable[[], Any]
     backdate_heartbeat: Callable[[Registry, str, datetime], None]
     closers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -90,12 +94,14 @@ def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> Backend:
         routing=lambda: SqliteRouting(db),
         records=lambda: SqliteRecordReader(db),
         writer_lock=lambda: FileWriterLock(tmp / "w.lock"),
+        relay_source=lambda: SqliteOutboxReader(db),
         backdate_heartbeat=backdate,
     )
 
 
 def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Backend:
     from ingest.adapters.postgres_db import migrate
+    from ingest.adapters.postgres_outbox_relay import PostgresOutboxReader
     from ingest.adapters.postgres_store import PostgresRecordStore
     from projector.adapters.postgres_lock import PostgresWriterLock
     from projector.adapters.postgres_migrations import COMPONENT, migrations
@@ -123,6 +129,7 @@ def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Backend:
         routing=lambda: PostgresRouting(reads()),
         records=lambda: PostgresRecordReader(reads()),
         writer_lock=lambda: PostgresWriterLock(url),
+        relay_source=lambda: PostgresOutboxReader(url),
         backdate_heartbeat=backdate,
     )
     return backend
@@ -874,3 +881,174 @@ def test_dead_letter_box_parks_a_record_revision_once_whoever_refuses_it(
         (second.doc_id, 1),
         (first.doc_id, 2),
     ]
+
+
+# --- A namespace's own log on a partitioned log (Kafka): readiness counts by offset ---
+
+
+def _write(store: Any, namespace: str, items: Sequence[str]) -> list[int]:
+    """Write one record per item in `namespace`; their outbox positions, in order."""
+    records = [
+        Record(namespace=namespace, snapshot_kind="objects", item_id=i, revision=1) for i in items
+    ]
+    return [int(o.position) for o in store.write(records) if o.position is not None]
+
+
+def test_a_later_event_applied_on_another_partition_leaves_the_earlier_one_pending(
+    backend: Backend,
+) -> None:
+    """The CI flake of `test_ring_statistics_follow_writes_and_new_generations`: an update
+    (position p, partition 0) and a tombstone (p + 1, partition 1) of one POST; the
+    projector applied partition 1 first. The namespace's newest applied position is p + 1,
+    yet p is not applied: its log must say 1 pending, and a key's readiness not ready."""
+    from contracts.auth import ApiKeyGrant
+    from query.entrypoints.http import readiness, readiness_for
+
+    store, state = backend.open(backend.store), backend.open(backend.state)
+    routing, source = backend.open(backend.routing), backend.open(backend.relay_source)
+    ns, other = "split", "busy"
+    update, tombstone = _write(store, ns, ["m1", "m2"])
+    backlog = _write(store, other, ["o1", "o2", "o3"])  # another tenant's, never applied
+    rows = source.unpublished(10)
+    assert [r.position for r in rows] == [update, tombstone, *backlog]
+    source.mark_published([update, tombstone, *backlog], [(0, 0), (1, 0), (0, 0), (0, 1), (1, 0)])
+    # Partition 1 of the namespace's topic applied (the tombstone), partition 0 not yet.
+    state.commit("projector", tombstone, {}, namespaces={ns: tombstone}, partitions={(ns, 1): 0})
+    state.record_lag("projector", position=tombstone, lag_events=1 + len(backlog))
+    own = routing.namespace_log(ns, 2**62)
+    assert (own.high_water, own.applied) == (tombstone, tombstone)
+    log = routing.namespace_log(ns, own.applied)
+    assert log.pending == 1 and log.oldest_pending_at is not None
+    body = readiness_for(readiness(routing, None), ApiKeyGrant(namespace=ns), routing.namespace_log)
+    assert body["projector_log"]["lag_events"] == 1 and body["ready"] is False
+    # Partition 0 applied too: nothing of the namespace waits, whatever the other's backlog.
+    state.commit("projector", tombstone, {}, namespaces={ns: update}, partitions={(ns, 0): 0})
+    assert routing.namespace_log(ns, own.applied).pending == 0
+    body = readiness_for(readiness(routing, None), ApiKeyGrant(namespace=ns), routing.namespace_log)
+    assert body["projector_log"]["lag_events"] == 0 and body["ready"] is True
+    theirs = readiness_for(
+        readiness(routing, None), ApiKeyGrant(namespace=other), routing.namespace_log
+    )
+    assert theirs["projector_log"]["lag_events"] == len(backlog) and theirs["ready"] is False
+
+
+def test_an_event_not_yet_published_below_the_applied_position_is_pending(
+    backend: Backend,
+) -> None:
+    """With several relays a later row can be published (and applied) before an earlier
+    one is: the unpublished row stays pending until its partition's offset passes it."""
+    store, state = backend.open(backend.store), backend.open(backend.state)
+    routing, source = backend.open(backend.routing), backend.open(backend.relay_source)
+    ns = "relays"
+    first, second = _write(store, ns, ["a", "b"])
+    source.unpublished(10)
+    source.mark_published([second], [(2, 0)])
+    state.commit("projector", second, {}, namespaces={ns: second}, partitions={(ns, 2): 0})
+    assert routing.namespace_log(ns, second).pending == 1
+    source.mark_published([first], [(2, 1)])  # behind the second on the same partition
+    assert routing.namespace_log(ns, second).pending == 1
+    state.commit("projector", second, {}, namespaces={ns: first}, partitions={(ns, 2): 1})
+    assert routing.namespace_log(ns, second).pending == 0
+    # A position lower than the newest applied never hides what is after it.
+    assert routing.namespace_log(ns, first).pending == 1
+
+
+def test_a_log_of_one_order_counts_what_is_after_the_applied_position(
+    backend: Backend,
+) -> None:
+    """The embedded outbox log (no relay, no placements): rows are never marked, and the
+    namespace's newest applied position is exact, as before."""
+    store, state = backend.open(backend.store), backend.open(backend.state)
+    routing = backend.open(backend.routing)
+    positions = _write(store, "one", ["a", "b", "c"])
+    state.commit("projector", positions[1], {}, namespaces={"one": positions[1]})
+    assert routing.namespace_log("one", positions[1]).pending == 1
+    state.commit("projector", positions[2], {}, namespaces={"one": positions[2]})
+    assert routing.namespace_log("one", positions[2]).pending == 0
+
+
+@st.composite
+def _partitioned_runs(draw: st.DrawFn) -> tuple[list[int], list[int], list[tuple[str, int]]]:
+    """Events of one namespace: each one's partition, the order the relays publish them
+    in (any order: several relays), and a sequence of steps (publish the next one, or
+    apply the next published event of one partition)."""
+    count = draw(st.integers(1, 8))
+    partitions = draw(st.lists(st.integers(0, 2), min_size=count, max_size=count))
+    order = draw(st.permutations(range(count)))
+    steps = draw(
+        st.lists(
+            st.one_of(st.just(("publish", 0)), st.tuples(st.just("apply"), st.integers(0, 2))),
+            max_size=30,
+        )
+    )
+    return partitions, list(order), steps
+
+
+_RUNS = iter(range(10**6))
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(run=_partitioned_runs())
+def test_pending_is_zero_only_when_every_event_is_applied(
+    backend: Backend, run: tuple[list[int], list[int], list[tuple[str, int]]]
+) -> None:
+    """Whatever order the relays publish in and the partitions are applied in, the
+    namespace's pending count (after its newest applied position, as readiness asks) is
+    exactly its events not applied yet."""
+    partitions, order, steps = run
+    store = backend.open(backend.store)
+    state, routing = backend.open(backend.state), backend.open(backend.routing)
+    source = backend.open(backend.relay_source)
+    ns = f"prop-{next(_RUNS)}"
+    positions = _write(store, ns, [f"d{i}" for i in range(len(partitions))])
+    source.unpublished(100)
+    logs: dict[int, list[int]] = {p: [] for p in range(3)}  # per partition: event indexes
+    applied_upto = dict.fromkeys(range(3), 0)  # per partition: how many applied
+    published = 0
+    newest = 0
+
+    def publish() -> None:
+        nonlocal published
+        index = order[published]
+        published += 1
+        part = partitions[index]
+        logs[part].append(index)
+        source.mark_published([positions[index]], [(part, len(logs[part]) - 1)])
+
+    def apply(partition: int) -> None:
+        nonlocal newest
+        index = logs[partition][applied_upto[partition]]
+        applied_upto[partition] += 1
+        newest = max(newest, positions[index])
+        state.commit(
+            "projector",
+            newest,
+            {},
+            namespaces={ns: positions[index]},
+            partitions={(ns, partition): applied_upto[partition] - 1},
+        )
+
+    def check() -> None:
+        applied = sum(applied_upto.values())
+        log = routing.namespace_log(ns, routing.namespace_log(ns, 2**62).applied)
+        assert log.pending == len(positions) - applied
+        assert (log.oldest_pending_at is None) == (applied == len(positions))
+
+    for step, partition in steps:
+        if step == "publish" and published < len(order):
+            publish()
+        elif step == "apply" and applied_upto[partition] < len(logs[partition]):
+            apply(partition)
+        check()
+    while published < len(order):
+        publish()
+        check()
+    for partition in range(3):
+        while applied_upto[partition] < len(logs[partition]):
+            apply(partition)
+            check()
+    assert routing.namespace_log(ns, newest).pending == 0

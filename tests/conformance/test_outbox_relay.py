@@ -102,9 +102,10 @@ class RecordingPublisher:
         self.positions: list[int] = []
         self._lock = threading.Lock()
 
-    def publish(self, rows: list[OutboxRow]) -> None:
+    def publish(self, rows: list[OutboxRow]) -> list[tuple[int, int]]:
         with self._lock:
             self.positions.extend(row.position for row in rows)
+        return []  # a log without partitions
 
     def close(self) -> None:
         pass
