@@ -5,9 +5,15 @@ The projector stores, with each batch, the newest position it applied per namesp
 (`projector_namespace_positions`, the projector's migration 0005) and, after each batch,
 its log lag (`projector_log_status`: a lag of 0 at position P means every event up to P
 is applied). A namespace's backlog is the count of its outbox rows above the larger of
-the two. On Kafka a namespace's partitions are applied side by side, so its newest
-applied position may run ahead of an event still queued in another partition: the count
-can be lower than the true backlog by what the partitions hold apart, never higher.
+the two, plus, on Kafka, its rows at or below it that are not applied yet: a namespace's
+partitions are applied side by side, so its newest applied position may run ahead of an
+event still queued in another partition. Those are counted exactly by where the relay
+published each row (`outbox.kafka_partition` / `kafka_offset`, ingest's migration 0006)
+against the newest offset the projector applied per partition
+(`projector_partition_offsets`, the projector's migration 0006), or not published yet.
+The same count as a tenant's readiness (`query.adapters.sqlite_routing.NAMESPACE_LOG_SQL`;
+the packages share the schema, not code), each part an index range of pending rows.
+Rows published before placements were recorded count as applied up to the bound.
 """
 
 from __future__ import annotations
@@ -20,13 +26,60 @@ __all__ = ["PostgresBacklog"]
 
 _FLOOR = "(SELECT COALESCE(MAX(position), 0) FROM projector_log_status WHERE lag_events = 0)"
 
+_NAMESPACE_BACKLOG = f"""
+WITH RECURSIVE
+bound AS (
+    SELECT GREATEST(COALESCE((SELECT position FROM projector_namespace_positions
+                              WHERE namespace = %(ns)s), 0), {_FLOOR}) AS position
+),
+applied_offsets AS (
+    SELECT kafka_partition AS part, kafka_offset AS off
+    FROM projector_partition_offsets WHERE namespace = %(ns)s
+),
+top_partition AS (
+    SELECT MAX(kafka_partition) AS part FROM outbox
+    WHERE namespace = %(ns)s AND kafka_partition IS NOT NULL
+),
+partitioned AS (
+    SELECT (EXISTS (SELECT 1 FROM applied_offsets)
+            OR (SELECT part FROM top_partition) IS NOT NULL) AS yes
+),
+parts(part) AS (
+    SELECT 0 WHERE (SELECT part FROM top_partition) IS NOT NULL
+    UNION ALL
+    SELECT part + 1 FROM parts WHERE part < (SELECT part FROM top_partition)
+),
+floors AS (
+    SELECT part, COALESCE((SELECT off FROM applied_offsets a WHERE a.part = parts.part), -1)
+        AS off
+    FROM parts
+)
+SELECT COUNT(*) FROM (
+    SELECT 1 FROM outbox
+    WHERE namespace = %(ns)s AND position > (SELECT position FROM bound)
+    UNION ALL
+    SELECT 1 FROM outbox
+    WHERE namespace = %(ns)s AND published_at IS NULL
+      AND position <= (SELECT position FROM bound) AND (SELECT yes FROM partitioned)
+    UNION ALL
+    SELECT 1 FROM floors f CROSS JOIN LATERAL (
+        SELECT 1 FROM outbox
+        WHERE namespace = %(ns)s AND kafka_partition = f.part AND kafka_offset > f.off
+          AND kafka_partition IS NOT NULL AND position <= (SELECT position FROM bound)
+        OFFSET 0
+    ) o
+    LIMIT %(limit)s
+) AS pending
+"""
+
 
 class PostgresBacklog:
     """`ProjectionProgress` over the canonical store's outbox and the projector's
     positions in one PostgreSQL database.
 
-    Guarantees: `lag(namespace)` counts only that namespace's outbox rows (index
-    `outbox_by_namespace`), at most `count_limit` of them (a bound's check needs no
+    Guarantees: `lag(namespace)` counts only that namespace's outbox rows not applied
+    yet (exactly, see the module docstring; index ranges of pending rows only), at most
+    `count_limit` of them (a bound's check needs no
     more: reading stops there); `applied` is the newest position up to which every event
     is applied (0 before the projector measured a lag of 0). Driver errors are
     `DependencyUnavailable`."""
@@ -51,11 +104,7 @@ class PostgresBacklog:
                 ).fetchone()
             else:
                 row = conn.execute(
-                    "SELECT COUNT(*) FROM (SELECT 1 FROM outbox WHERE namespace = %s AND "
-                    "position > GREATEST(COALESCE((SELECT position FROM "
-                    "projector_namespace_positions WHERE namespace = %s), 0), "
-                    f"{_FLOOR}) LIMIT %s) AS pending",
-                    (namespace, namespace, self._count_limit),
+                    _NAMESPACE_BACKLOG, {"ns": namespace, "limit": self._count_limit}
                 ).fetchone()
         return 0 if row is None else int(row[0])
 

@@ -21,7 +21,11 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from contracts.errors import DependencyUnavailable
-from query.adapters.sqlite_routing import DEFAULT_MAX_ANSWER_BYTES, NAMESPACE_LOG_SQL
+from query.adapters.sqlite_routing import (
+    DEFAULT_MAX_ANSWER_BYTES,
+    NAMESPACE_LOG_SQL,
+    PLACED_POSTGRES,
+)
 from query.ports import (
     HeadFacts,
     NamespaceLog,
@@ -35,7 +39,11 @@ from query.ports import (
 __all__ = ["PostgresReads", "PostgresRecordReader", "PostgresRouting", "open_reads"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_NAMESPACE_LOG = NAMESPACE_LOG_SQL.format(ns="%(ns)s", after="%(after)s::bigint")
+_NAMESPACE_LOG = NAMESPACE_LOG_SQL.format(
+    placed=PLACED_POSTGRES.format(ns="%(ns)s", after="%(after)s::bigint"),
+    ns="%(ns)s",
+    after="%(after)s::bigint",
+)
 _DEPENDENCY = "postgres"
 
 

@@ -37,6 +37,8 @@ from query.ports import (
 __all__ = [
     "DEFAULT_MAX_ANSWER_BYTES",
     "NAMESPACE_LOG_SQL",
+    "PLACED_POSTGRES",
+    "PLACED_SQLITE",
     "SqliteRecordReader",
     "SqliteRouting",
     "dead_letters",
@@ -50,7 +52,9 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 # One namespace's view of the log (`Routing.namespace_log`), for SQLite and PostgreSQL
-# (`{ns}` / `{after}`: the driver's named parameters). Its pending events: those after
+# (`{ns}` / `{after}`: the driver's named parameters; `{placed}`: the rows above each
+# partition's applied offset, as a nested loop over `floors` that reads one index range
+# per partition: `PLACED_SQLITE`, `PLACED_POSTGRES`). Its pending events: those after
 # `after`, and, on a partitioned log (Kafka: the relay recorded a row's partition and
 # offset, or the projector applied an offset of the namespace), those at or before
 # `after` that are not applied yet — not published yet, or published to a partition
@@ -93,9 +97,7 @@ held AS (
     WHERE namespace = {ns} AND published_at IS NULL AND position <= {after}
       AND (SELECT yes FROM partitioned)
     UNION ALL
-    SELECT o.created_at FROM floors f JOIN outbox o
-      ON o.namespace = {ns} AND o.kafka_partition = f.part AND o.kafka_offset > f.off
-    WHERE o.kafka_partition IS NOT NULL AND o.position <= {after}
+    {placed}
 )
 SELECT
     (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = {ns}),
@@ -105,6 +107,26 @@ SELECT
      WHERE namespace = {ns}),
     (SELECT COUNT(*) FROM dead_letters WHERE namespace = {ns})
 """
+# SQLite's planner loops over `floors` and probes `outbox_by_placement` for each.
+PLACED_SQLITE = """
+    SELECT o.created_at FROM floors f JOIN outbox o
+      ON o.namespace = {ns} AND o.kafka_partition = f.part AND o.kafka_offset > f.off
+    WHERE o.kafka_partition IS NOT NULL AND o.position <= {after}
+"""
+# PostgreSQL hash-joins the plain join (reading every placed row of the namespace): a
+# lateral subquery (`OFFSET 0`: never pulled up into a join) reads one index range per
+# partition.
+PLACED_POSTGRES = """
+    SELECT o.created_at FROM floors f CROSS JOIN LATERAL (
+        SELECT created_at FROM outbox
+        WHERE namespace = {ns} AND kafka_partition = f.part AND kafka_offset > f.off
+          AND kafka_partition IS NOT NULL AND position <= {after}
+        OFFSET 0
+    ) o
+"""
+_NAMESPACE_LOG = NAMESPACE_LOG_SQL.format(
+    placed=PLACED_SQLITE.format(ns=":ns", after=":after"), ns=":ns", after=":after"
+)
 
 
 class _Reader:
@@ -251,7 +273,7 @@ class SqliteRouting(_Reader):
             rows = list(
                 self._conn()
                 .execute(
-                    NAMESPACE_LOG_SQL.format(ns=":ns", after=":after"),
+                    _NAMESPACE_LOG,
                     {"ns": namespace, "after": after},
                 )
                 .fetchall()

@@ -40,6 +40,9 @@ class LogHarness:
     # producer would (namespace "ns"; after at least one `append`).
     append_garbage: Callable[[bytes], None]
     closers: list[Callable[[], None]] = field(default_factory=list)
+    # Where the relay recorded each outbox row on a partitioned log: position ->
+    # (partition, offset) (None: no relay, the outbox is the log).
+    placements: Callable[[], dict[int, tuple[int, int]]] | None = None
 
     def log(self, committed: int = 0) -> EventLog:
         """A consumer whose durable position is `committed` (what a restart resumes at)."""
@@ -103,7 +106,9 @@ def _sqlite_remembered(request: pytest.FixtureRequest, tmp: Path) -> LogHarness:
 def _kafka(request: pytest.FixtureRequest, tmp: Path, client: str) -> LogHarness:
     """Records go SQLite store -> outbox -> relay -> Kafka (3 partitions per topic)."""
     store = SqliteRecordStore(tmp / "orrery.sqlite")
-    return _kafka_from(store, SqliteOutboxReader(tmp / "orrery.sqlite"), client)
+    return _kafka_from(
+        store, SqliteOutboxReader(tmp / "orrery.sqlite"), client, store_path=tmp / "orrery.sqlite"
+    )
 
 
 def _kafka_postgres(request: pytest.FixtureRequest, tmp: Path, client: str) -> LogHarness:
@@ -115,10 +120,12 @@ def _kafka_postgres(request: pytest.FixtureRequest, tmp: Path, client: str) -> L
 
     url: str = request.getfixturevalue("postgres_url")
     migrate(url)
-    return _kafka_from(PostgresRecordStore(url), PostgresOutboxReader(url), client)
+    return _kafka_from(PostgresRecordStore(url), PostgresOutboxReader(url), client, store_url=url)
 
 
-def _kafka_from(store: Any, source: Any, client: str) -> LogHarness:
+def _kafka_from(
+    store: Any, source: Any, client: str, *, store_path: Path | None = None, store_url: str = ""
+) -> LogHarness:
     """Records go `store` -> its outbox -> `source` (relay) -> Kafka (3 partitions per topic).
 
     `client` names the Kafka client of both the relay and the log. Topics and the
@@ -149,6 +156,18 @@ def _kafka_from(store: Any, source: Any, client: str) -> LogHarness:
     def append(records: list[Record]) -> None:
         store.write(records)
         relay_outbox(source=source, publisher=publisher, batch_size=100)
+
+    def placements() -> dict[int, tuple[int, int]]:
+        sql = "SELECT position, kafka_partition, kafka_offset FROM outbox"
+        if isinstance(store, SqliteRecordStore):
+            with contextlib.closing(sqlite3.connect(store_path)) as conn:
+                rows = conn.execute(sql).fetchall()
+        else:
+            import psycopg
+
+            with psycopg.connect(store_url) as conn:
+                rows = conn.execute(sql).fetchall()
+        return {int(p): (int(part), int(off)) for p, part, off in rows if part is not None}
 
     def open_log(committed: int) -> EventLog:
         for previous in open_logs:
@@ -185,7 +204,11 @@ def _kafka_from(store: Any, source: Any, client: str) -> LogHarness:
         _drop_kafka_resources(bootstrap, prefix, run)
 
     return LogHarness(
-        append, open_log, append_garbage, [drop, publisher.close, source.close, store.close]
+        append,
+        open_log,
+        append_garbage,
+        [drop, publisher.close, source.close, store.close],
+        placements,
     )
 
 
@@ -441,3 +464,23 @@ def test_remembered_events_are_served_as_handed_over_and_equal_the_rows(tmp_path
     finally:
         for closable in (remembering, reading, store, other):
             closable.close()
+
+
+def test_entries_carry_where_the_relay_recorded_their_rows(harness: LogHarness) -> None:
+    """On a partitioned log each entry names its partition and offset, exactly what the
+    relay recorded on its outbox row from the broker's acknowledgement (readiness counts
+    a namespace's unapplied events by them); the outbox log has neither."""
+    harness.append([rec(f"d{i}", 1) for i in range(12)])
+    harness.append([rec("d0", 2), rec("d1", 2)])
+    entries = fetch_all(harness.log(), 14)
+    seen = {e.position: (e.partition, e.offset) for e in entries}
+    if harness.placements is None:
+        assert set(seen.values()) == {(None, None)}
+        return
+    assert seen == harness.placements()
+    # Offsets strictly increase within a partition, in the order of each document's events.
+    partitions = {p for p, _ in seen.values()}
+    assert len(partitions) > 1
+    for partition in partitions:
+        offsets = sorted(o for p, o in seen.values() if p == partition)
+        assert len(set(offsets)) == len(offsets)
