@@ -484,4 +484,3 @@ def test_entries_carry_where_the_relay_recorded_their_rows(harness: LogHarness) 
     for partition in partitions:
         offsets = sorted(o for p, o in seen.values() if p == partition)
         assert len(set(offsets)) == len(offsets)
-
