@@ -267,21 +267,16 @@ class SqliteRouting(_Reader):
         return int(str(rows[0][0])) if rows else 0
 
     def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
-        """See `NAMESPACE_LOG_SQL` (an outbox made before placements were recorded, which
-        only the writer's connection adds, is read as a log of one order)."""
+        """See `NAMESPACE_LOG_SQL`. A database the writers have not opened since
+        placements were recorded (no `kafka_partition` column, no
+        `projector_partition_offsets` table: the writers add them) is read as a log of
+        one order, as before."""
         try:
             rows = list(
-                self._conn()
-                .execute(
-                    _NAMESPACE_LOG,
-                    {"ns": namespace, "after": after},
-                )
-                .fetchall()
+                self._conn().execute(_NAMESPACE_LOG, {"ns": namespace, "after": after}).fetchall()
             )
         except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return NamespaceLog(0, 0, None)
-            if "no such column" not in str(exc):
+            if "no such table" not in str(exc) and "no such column" not in str(exc):
                 raise DependencyUnavailable("sqlite", str(exc)) from exc
             rows = self._one_order_log(namespace, after)
         if not rows:
