@@ -36,6 +36,7 @@ __all__ = [
     "identity_violation",
     "payload_sha256",
     "record_json_without_vector",
+    "vector_json",
     "vector_text",
 ]
 
@@ -406,6 +407,27 @@ def record_json_without_vector(record_json: str) -> str:
     if isinstance(parsed, dict):
         parsed.pop("vector", None)
     return json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
+
+
+# `_AFTER_VECTOR` for UTF-8 bytes (`vector_json`).
+_AFTER_VECTOR_BYTES = re.compile(_AFTER_VECTOR.pattern.encode("ascii"))
+
+
+def vector_json(text: bytes, start: int, stop: int) -> bytes | None:
+    """`vector_text(text[start:stop].decode())` as UTF-8 bytes, read in place: the
+    record's JSON is `text[start:stop]` (e.g. inside an event's), and nothing of it is
+    decoded or copied but the vector's text. The same cut: structure is ASCII, and no
+    byte of a multi-byte UTF-8 character is."""
+    at = text.rfind(b',"vector":', start, stop)
+    if at <= start:
+        return None
+    value = at + 10
+    if not text.startswith(b"[", value, stop):
+        return None
+    close = text.find(b"]", value, stop)
+    if close < 0 or _AFTER_VECTOR_BYTES.fullmatch(text, close + 1, stop) is None:
+        return None
+    return text[value : close + 1]
 
 
 def vector_text(record_json: str) -> str | None:

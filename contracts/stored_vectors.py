@@ -6,13 +6,14 @@ float32 for the ring statistics, ~9 us)."""
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["StoredVector", "stored_vector"]
+__all__ = ["StoredVector", "float32_bytes", "stored_vector"]
 
 # The characters of a JSON list of numbers inside its brackets. A vector's text goes
 # into another JSON body (Qdrant's) as it is: with only these, it cannot change that
@@ -49,10 +50,29 @@ def stored_vector(values: Sequence[float], json_text: bytes) -> StoredVector | N
     ):
         return None
     vector = StoredVector(values)
-    # C's conversion, as numpy's cast rounds (to nearest; past float32's range an
-    # infinity, as the engines make it: the door refuses such vectors, and the
-    # projector's admission check sees the values), without numpy's overflow warning
-    # context, which cost as much as the conversion. From bytes: read-only.
-    vector.float32 = np.frombuffer(array("f", values).tobytes(), dtype=np.float32)
+    vector.float32 = np.frombuffer(float32_bytes(vector), dtype=np.float32)
     vector.json = json_text
     return vector
+
+
+# One packer per vector length (at most `Record.vector`'s 4,096 lengths).
+_PACKERS: dict[int, struct.Struct] = {}
+
+
+def float32_bytes(values: Sequence[float]) -> bytes:
+    """`values` as native float32 bytes, each rounded by C's conversion, as numpy's cast
+    rounds (to nearest; past float32's range an infinity, as the engines make it: the
+    door refuses such vectors, and the projector's admission check sees the values),
+    without numpy's overflow warning context, which cost as much as the conversion.
+
+    `struct` packs a list of floats in half the time `array("f", ...)` takes (~4 against
+    ~9 us for 384), with the same cast in its native mode; should a Python refuse there a
+    finite value that becomes an infinity (its standard modes do: OverflowError),
+    `array` converts them."""
+    packer = _PACKERS.get(len(values))
+    if packer is None:
+        packer = _PACKERS.setdefault(len(values), struct.Struct(f"{len(values)}f"))
+    try:
+        return packer.pack(*values)
+    except OverflowError:
+        return array("f", values).tobytes()

@@ -195,7 +195,13 @@ def utc_timestamp(value: datetime) -> str:
 
     A naive datetime is rejected with `INVALID_REQUEST`.
     """
-    return utc_instant(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    instant = utc_instant(value)
+    if instant.year >= 1000:
+        # `isoformat` of a UTC instant is this text with "+00:00" for "Z", in half of
+        # `strftime`'s time (one per point written); `%Y` of a year before 1000 is not
+        # padded on every platform, so those keep `strftime`.
+        return instant.isoformat(timespec="microseconds")[:-6] + "Z"
+    return instant.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def facet_terms(name: str, values: Iterable[str]) -> list[str]:

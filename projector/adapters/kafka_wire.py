@@ -164,7 +164,9 @@ def decode_message(
     """The message's `LogEntry`, or an `Undecodable` holding its raw bytes and the reason
     (without a position: the header of a message that failed to decode is not trusted)."""
     try:
-        return LogEntry(
+        # Built from checked parts (a position >= 1, a validated event, a trace context
+        # of at most 128 characters or None): `LogEntry(...)` would check them again.
+        return LogEntry.model_construct(
             position=position_of(headers, topic, partition, offset),
             event=decode_record_changed(value if value is not None else b""),
             trace_context=_trace_context(headers),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from array import array
 from typing import Any
 
 import numpy as np
@@ -19,8 +20,8 @@ from pydantic_core import to_json
 
 from contracts.events import RecordChanged, decode_record_changed, record_changed_json
 from contracts.index import IndexDocument, to_index_document
-from contracts.records import Record
-from contracts.stored_vectors import StoredVector, stored_vector
+from contracts.records import Record, vector_json, vector_text
+from contracts.stored_vectors import StoredVector, float32_bytes, stored_vector
 from contracts.vector_payload import point_id
 from projector.adapters.qdrant_vectors import _SPLICE, _body_json, _upsert_json
 from projector.dead_letters import rejected_value
@@ -70,6 +71,12 @@ def test_the_decoded_event_is_the_whole_validations(
     old = RecordChanged.model_validate_json(raw)
     new = decode_record_changed(raw)
     assert new == old
+    # The text of a SQLite outbox row is cut as text, a Kafka value as bytes: the same.
+    as_text = decode_record_changed(raw.decode())
+    assert as_text == new and type(as_text.record.vector) is type(new.record.vector)
+    if isinstance(new.record.vector, StoredVector):
+        assert isinstance(as_text.record.vector, StoredVector)
+        assert as_text.record.vector.json == new.record.vector.json
     assert new.record.model_fields_set == old.record.model_fields_set
     assert new.model_dump_json() == old.model_dump_json()  # what a dead letter keeps
     if vector is None or deleted:
@@ -199,3 +206,48 @@ def test_a_dead_letter_keeps_the_event_as_it_was() -> None:
     decoded = decode_record_changed(raw).record
     assert isinstance(decoded.vector, StoredVector)
     assert rejected_value(RejectedRecord(7, decoded, "vector_zero", "why")) == raw
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    record_json=st.one_of(
+        st.builds(
+            lambda p, v, lanes, d: _record(p, v, index_lanes=lanes, deleted=d).model_dump_json(),
+            st.dictionaries(_TEXT, _JSON, max_size=3),
+            st.one_of(st.none(), _VECTORS),
+            st.sampled_from([None, [], ["vector"]]),
+            st.booleans(),
+        ),
+        # Not a record's layout, but around its landmarks (a vector key nested in the
+        # payload, a bracket inside a string, a tail that is not the end).
+        st.lists(st.one_of(_TEXT, st.sampled_from(['"', "[1,2]", "}", ",", "é"])), max_size=8)
+        .map("".join)
+        .map(lambda middle: '{"a":' + middle + "}"),
+    ),
+    before=st.sampled_from(["", '{"event_type":"record_changed","record":', "ü"]),
+    after=st.sampled_from(["", "}", "]}"]),
+)
+def test_vector_json_cuts_in_place_what_vector_text_cuts(
+    record_json: str, before: str, after: str
+) -> None:
+    text = vector_text(record_json)
+    raw = (before + record_json + after).encode("utf-8", "surrogatepass")
+    start = len(before.encode())
+    cut = vector_json(raw, start, len(raw) - len(after.encode()))
+    expected = None if text is None else text.encode("utf-8", "surrogatepass")
+    assert cut == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.floats(),  # NaN, infinities, and values past float32's range
+            st.floats(-4e38, 4e38),
+            st.sampled_from([3.4028235677973366e38, -3.4028235677973366e38, 1e-46, -0.0]),
+        ),
+        max_size=20,
+    )
+)
+def test_float32_bytes_is_cs_conversion(values: list[float]) -> None:
+    assert float32_bytes(values) == array("f", values).tobytes()
