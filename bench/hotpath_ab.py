@@ -242,6 +242,7 @@ def worker(data_dir: Path, corpus: str, *, compact: bool = False, flat: bool = F
                         # sensitive to the machine's load than the wall clock.
                         "cpu_ms": cpu * 1000.0,
                         "total": plan["latency_ms"]["total"],
+                        "stages": plan["latency_ms"],
                         "engine": plan.get("engine_ms") or {},
                         "results": answer,
                     }
@@ -334,6 +335,13 @@ def _side(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "p50": round(_pct(cpu, 50), 3),
             "p95": round(_pct(cpu, 95), 3),
             "mean": round(sum(cpu) / len(cpu), 3),
+        },
+        "stage_ms": {
+            stage: {
+                p: round(_pct([s.get("stages", {}).get(stage, 0.0) for s in samples], q), 3)
+                for p, q in (("p50", 50), ("p95", 95))
+            }
+            for stage in sorted({k for s in samples for k in s.get("stages", {})})
         },
         "engine_ms_p50": {
             k: round(_pct([s["engine"].get(k, 0.0) for s in samples], 50), 3) for k in keys

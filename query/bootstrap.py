@@ -204,14 +204,34 @@ def embedded_query_ports(
         responses=MemoryCache() if cache_responses else None,
         scopes=ScopeResolver(routing, scopes, holds=records.holds),
         cursors=cursors,
-        # The lexical search beside the vector one (`QueryPorts.vector_overlap`), the
-        # score lookups one after the other: on two cores every other arrangement gained
-        # nothing (docs/ARCHITECTURE.md; tantivy's search lets the GIL go, qdrant-edge's
-        # keeps it while its own threads compute).
-        overlap=None,
+        # A generation both engines answer (no in-memory copy: a large one) runs its
+        # sources and score lookups side by side (`QueryPorts.overlap`): its tantivy
+        # calls let the GIL go and last long enough to pay for the handoff. Others run
+        # only the lexical search beside the vector one (`QueryPorts.vector_overlap`),
+        # the lookups one after the other: on two cores, with in-memory copies, every
+        # other arrangement gained nothing (docs/ARCHITECTURE.md).
+        overlap=shared_source_pool(),
+        overlap_for=_engines_answer(lexical_flat_provider, vector_flat_provider),
         vector_overlap=shared_source_pool(),
         record_cache=_record_cache(record_cache_bytes, max_answer_bytes),
     )
+
+
+def _engines_answer(
+    *flat_providers: Callable[[str], Any] | None,
+) -> Callable[[str], bool]:
+    """Whether none of `flat_providers` offers an in-memory copy of a generation. A
+    provider that fails (an unknown generation, a copy that could not be made) gives
+    False: the search then asks the same provider and reports the failure itself."""
+    providers = [provider for provider in flat_providers if provider is not None]
+
+    def engines_answer(generation_id: str) -> bool:
+        try:
+            return all(provider(generation_id) is None for provider in providers)
+        except Exception:  # reported by the search, through its adapter
+            return False
+
+    return engines_answer
 
 
 def server_query_ports(

@@ -195,14 +195,24 @@ class QueryPorts:
     # Runs a request's two sources (and its two score lookups) side by side; None: one
     # after the other on the request's thread. Rankings are the same either way.
     overlap: SourcePool | None = None
+    # With `overlap`: whether a generation's queries use it (None: every generation's).
+    # Those it refuses run as if `overlap` were None (`vector_overlap` then applies).
+    overlap_for: Callable[[str], bool] | None = None
     # Runs the lexical search beside the vector one only (no score lookups beside it),
-    # when `overlap` is None: embedded (`_search_lexical_beside`).
+    # when `overlap` is None or refused: embedded (`_search_lexical_beside`).
     vector_overlap: SourcePool | None = None
     # Told about every answer (metrics, spans); None: nobody listens.
     observer: QueryObserver | None = None
     # Keeps the records answers were made of, per tenant (`query.record_cache`); None:
     # every answer reads them from `records`.
     record_cache: RecordCache | None = None
+
+    def overlap_of(self, generation_id: str) -> SourcePool | None:
+        """`overlap`, if `generation_id`'s queries use it."""
+        pool = self.overlap
+        if pool is None or self.overlap_for is None or self.overlap_for(generation_id):
+            return pool
+        return None
 
     def fetch_records(
         self, namespace: str, keys: Sequence[tuple[str, int]]
@@ -751,8 +761,9 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
 
     lexical: Pending[list[Candidate]] | None = None
     after = _VectorScoresAfter(q, ports, search_lexical)
-    if use_lexical and use_vector and ports.overlap is not None:
-        lexical = ports.overlap.start(after.search if _rescores(q) else search_lexical)
+    overlap = ports.overlap_of(generation_id) if use_lexical and use_vector else None
+    if overlap is not None:
+        lexical = overlap.start(after.search if _rescores(q) else search_lexical)
     elif use_lexical and use_vector and ports.vector_overlap is not None:
         return _search_lexical_beside(q, ports, watch, search_lexical, ports.vector_overlap)
     given = q.query_vector
@@ -1041,8 +1052,10 @@ def _rescore(
             vector_scores = {d: known[d] for d in only_lexical if d in known}
             lookup_vectors = None
     pending: Pending[dict[str, float]] | None = None
-    if lookup_vectors is not None and ports.overlap is not None and prefetched is None:
-        pending = ports.overlap.start(lookup_vectors)
+    if lookup_vectors is not None and prefetched is None:
+        overlap = ports.overlap_of(generation_id)
+        if overlap is not None:
+            pending = overlap.start(lookup_vectors)
     lexical_scores: dict[str, float] = {}
     if lexical_ids and only_vector:
         if prefetched is not None:

@@ -352,8 +352,11 @@ class QdrantEdgeVectorSearch:
         the score of a point at another revision is the engine's, returned."""
         assert self._memo is not None
         memo = self._memo
-        documents = {_point_key(document_id): document_id for document_id in listed}
-        engine_filter = Filter(must=[*must, HasIdCondition(set(documents))], must_not=[_HIDDEN])
+        documents = {_point_number(document_id): document_id for document_id in listed}
+        engine_filter = Filter(
+            must=[*must, HasIdCondition({_point_key(document_id) for document_id in listed})],
+            must_not=[_HIDDEN],
+        )
         # The points' revisions from the generation's point table when it has one (a
         # payload read of random points costs ~4x the lookup itself: payloads are on
         # disk), from their payloads when it has none or a write came in between.
@@ -361,6 +364,8 @@ class QdrantEdgeVectorSearch:
         stamp = None if table is None else table.stamp()
         found: list[Any] | None = None
         points: list[ScoredPoint] = []
+        # `ScoredPoint.id` makes a new `uuid.UUID` on every read: read once per point.
+        keys: list[int] = []
         if table is not None and stamp is not None:
             points = self._exact(
                 shard,
@@ -371,15 +376,17 @@ class QdrantEdgeVectorSearch:
                 with_vectors=True,
                 with_revision=False,
             )
-            found = table.fields([_key(p.id) for p in points], stamp)
+            keys = [_key(p.id) for p in points]
+            found = table.fields(keys, stamp)
         if found is None:
             points = self._exact(
                 shard, generation_id, query_vector, engine_filter, len(listed), with_vectors=True
             )
+            keys = [_key(p.id) for p in points]
             found = [(None, (p.payload or {}).get(REVISION)) for p in points]
         other: dict[str, float] = {}
-        for point, fields in zip(points, found, strict=True):
-            document_id = documents[str(point.id)]
+        for point, key, fields in zip(points, keys, found, strict=True):
+            document_id = documents[key]
             named = point.vector
             dense = named.get(VECTOR_NAME) if isinstance(named, dict) else None
             revision = fields[1]
@@ -418,17 +425,21 @@ class QdrantEdgeVectorSearch:
     ) -> dict[str, float]:
         """The engine's exact lookup of `listed` under `must` (the filter's clauses
         without its ids)."""
-        # Point id (as a string) -> document id: a document id that is a canonical UUID
-        # is its own point id (`point_id`), so no UUID object is built for it.
-        documents = {_point_key(document_id): document_id for document_id in listed}
+        # Point id (as `uuid.UUID.int`) -> document id: a document id that is a canonical
+        # UUID is its own point id (`point_id`), so no UUID object is built for it, and
+        # each returned point's id is read as a number (its string cost ~1.4 µs more).
+        documents = {_point_number(document_id): document_id for document_id in listed}
         points = self._exact(
             shard,
             generation_id,
             query_vector,
-            Filter(must=[*must, HasIdCondition(set(documents))], must_not=[_HIDDEN]),
+            Filter(
+                must=[*must, HasIdCondition({_point_key(document_id) for document_id in listed})],
+                must_not=[_HIDDEN],
+            ),
             len(listed),
         )
-        return {documents[str(point.id)]: cosine_score(point.score) for point in points}
+        return {documents[_key(point.id)]: cosine_score(point.score) for point in points}
 
     def _exact(
         self,
@@ -588,6 +599,12 @@ def _point_key(document_id: str) -> str:
     if is_canonical_uuid(document_id):
         return document_id
     return str(point_id(document_id))
+
+
+@functools.lru_cache(maxsize=65_536)
+def _point_number(document_id: str) -> int:
+    """`point_id(document_id).int`, as `_point_key` spells it (see there)."""
+    return int(_point_key(document_id).replace("-", ""), 16)
 
 
 def _key(pid: PointId) -> int:

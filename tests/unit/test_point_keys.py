@@ -1,4 +1,5 @@
-"""The qdrant-edge adapter's memoized point key is exactly `str(point_id(document_id))`."""
+"""The qdrant-edge adapter's memoized point keys are exactly `str(point_id(document_id))`
+and `point_id(document_id).int`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contracts.vector_payload import POINT_ID_NAMESPACE, point_id
-from query.adapters.qdrant_edge_vectors import _point_key
+from query.adapters.qdrant_edge_vectors import _key, _point_key, _point_number
 
 _IDS = st.one_of(
     st.text(min_size=1, max_size=64),
@@ -21,6 +22,12 @@ _IDS = st.one_of(
 @given(_IDS)
 def test_the_key_is_the_point_id_as_a_string(document_id: str) -> None:
     assert _point_key(document_id) == str(point_id(document_id))
+
+
+@given(_IDS)
+def test_the_number_is_the_point_id_as_the_engine_returns_it(document_id: str) -> None:
+    # The engine hands a point's id back as a `uuid.UUID`; `_key` reads its number.
+    assert _point_number(document_id) == _key(point_id(document_id)) == point_id(document_id).int
 
 
 @given(st.lists(_IDS, min_size=1, max_size=20))

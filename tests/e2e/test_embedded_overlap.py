@@ -1,0 +1,138 @@
+"""The embedded one-shot gives the same answers however its engine calls are arranged:
+sources and score lookups side by side (`QueryPorts.overlap`, what a generation without
+in-memory copies gets), only the lexical search beside the vector one
+(`QueryPorts.vector_overlap`), or everything one after the other."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+import orrery.embedded as embedded
+from bench.topk import Vocabulary, corpus_batches, make_queries, topk_body
+from orrery.embedded import EmbeddedStack
+from query.settings import QuerySettings
+
+NOW = datetime(2026, 1, 15, tzinfo=UTC)
+SEED = 20_260_101
+SIZE = 600
+QUERIES = 24
+
+
+class _SlowLexical:
+    """The lexical port, its searches held back a moment: every vector search then ends
+    first, so both lookups run beside the lexical search (what a large generation's
+    slower tantivy search gives), deterministically."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.05)
+        return self._inner.search(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+_Arrange = Callable[[Any], Any]
+ARRANGEMENTS: dict[str, _Arrange] = {
+    "side-by-side": lambda ports: dataclasses.replace(ports, overlap_for=lambda _g: True),
+    "side-by-side, lookups beside the lexical search": lambda ports: dataclasses.replace(
+        ports, overlap_for=lambda _g: True, lexical=_SlowLexical(ports.lexical)
+    ),
+    "lexical-beside": lambda ports: dataclasses.replace(ports, overlap_for=lambda _g: False),
+    "sequential": lambda ports: dataclasses.replace(ports, overlap=None, vector_overlap=None),
+}
+
+
+def _settings(data_dir: Path) -> QuerySettings:
+    return QuerySettings(data_dir=data_dir, cache_responses=False, max_batch=2_000)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data_dir = tmp_path_factory.mktemp("overlap") / "data"
+    stack = EmbeddedStack.open(_settings(data_dir))
+    stack.loop.start()
+    try:
+        with TestClient(stack.app) as client:
+            vocab = Vocabulary.build(random.Random(SEED))
+            for body in corpus_batches(SIZE, 300, SEED, vocab):
+                response = client.post(
+                    "/v1/records", content=body, headers={"content-type": "application/json"}
+                )
+                assert response.status_code == 200, response.text
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                scopes = client.get("/v1/readiness").json().get("scopes", [])
+                count = sum(s["document_count"] for s in scopes)
+                if scopes and count == SIZE and sum(s["lag_events"] for s in scopes) == 0:
+                    break
+                time.sleep(0.1)
+            else:
+                pytest.fail("the corpus was not projected in time")
+    finally:
+        stack.close()
+    return data_dir
+
+
+def _answers(
+    data_dir: Path, arrange: _Arrange, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, Any]]:
+    ports_of = embedded.embedded_query_ports
+    with monkeypatch.context() as patch:
+        # A fixed clock: freshness is the same in every arrangement.
+        patch.setattr(
+            embedded,
+            "embedded_query_ports",
+            lambda *a, **k: dataclasses.replace(arrange(ports_of(*a, **k)), clock=lambda: NOW),
+        )
+        stack = EmbeddedStack.open(_settings(data_dir))
+    try:
+        with TestClient(stack.app) as client:
+            rng = random.Random(SEED + 1)
+            queries = make_queries(rng, Vocabulary.build(random.Random(SEED)), QUERIES)
+            for query in queries:  # Embeds each query text once: later asks find it known.
+                client.post("/v1/external/retrieve/topk_records", json=topk_body(query, 1))
+            for query in queries:
+                response = client.post(
+                    "/v1/external/retrieve/topk_records", json=topk_body(query, 10)
+                )
+                assert response.status_code == 200, response.text
+                answer = response.json()
+                yield {
+                    "results": [
+                        [r["document_id"], r["score"], r["score_breakdown"]]
+                        for r in answer["results"]
+                    ],
+                    "rescored": answer["query_plan"]["rescored_count"],
+                }
+    finally:
+        stack.close()
+
+
+def test_every_arrangement_answers_alike(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answers: dict[str, list[dict[str, Any]]] = {}
+    for name, arrange in ARRANGEMENTS.items():
+        copy = tmp_path / name.replace(" ", "-").replace(",", "")
+        shutil.copytree(built, copy)
+        answers[name] = list(_answers(copy, arrange, monkeypatch))
+    reference = answers.pop("sequential")
+    # The re-score looked missing scores up: the lookups' arrangement was exercised.
+    assert sum(a["rescored"] for a in reference) > 0
+    assert all(a["results"] for a in reference)
+    for name, given in answers.items():
+        assert json.dumps(given) == json.dumps(reference), name
