@@ -142,7 +142,7 @@ def _union(lexical: Sequence[Candidate], vector: Sequence[Candidate]) -> dict[st
     lexical before vector, among equal revisions)."""
     # A source lists each document once: its candidates go in as they are (a C loop),
     # then the other source's one by one.
-    seen: dict[str, Candidate] = dict(zip(map(_BY_ID, lexical), lexical))
+    seen: dict[str, Candidate] = dict(zip(map(_BY_ID, lexical), lexical, strict=True))
     if len(seen) != len(lexical):
         seen, rest = {}, (*lexical, *vector)
     else:
@@ -334,8 +334,8 @@ def _top_weighted(
     ids = list(seen)
     candidates = list(seen.values())
     nan = math.nan
-    lex_found = dict(zip(map(_BY_ID, lexical), map(_BY_SCORE, lexical)))
-    vec_found = dict(zip(map(_BY_ID, vector), map(_BY_SCORE, vector)))
+    lex_found = dict(zip(map(_BY_ID, lexical), map(_BY_SCORE, lexical), strict=True))
+    vec_found = dict(zip(map(_BY_ID, vector), map(_BY_SCORE, vector), strict=True))
     # As `_weighted`: re-scored, a source that returned candidates has a lexical score
     # for every candidate (0.0: no term matched) and a vector score for those found.
     rescore = rescored if profile.missing == "rescore" else None

@@ -22,7 +22,6 @@ from contracts.request_context import current as current_request
 from contracts.request_context import note_namespace
 from contracts.shards import shard_report
 from contracts.timing import engine_clock
-from contracts.trusted import trusted_constructor
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
     CandidateOut,
@@ -38,6 +37,7 @@ from contracts.topk import (
     TopKResponse,
     TopKResult,
 )
+from contracts.trusted import trusted_constructor
 from query.cursors import SORT, CursorCodec, CursorPosition, paginate
 from query.fusion import FusedCandidate, Rescored, fuse, fuse_top
 from query.overlap import DeadlinePassed, Pending, SourcePool
