@@ -143,10 +143,9 @@ def _union(lexical: Sequence[Candidate], vector: Sequence[Candidate]) -> dict[st
     # A source lists each document once: its candidates go in as they are (a C loop),
     # then the other source's one by one.
     seen: dict[str, Candidate] = dict(zip(map(_BY_ID, lexical), lexical, strict=True))
+    rest: Sequence[Candidate] = vector
     if len(seen) != len(lexical):
         seen, rest = {}, (*lexical, *vector)
-    else:
-        rest = vector
     for candidate in rest:
         held = seen.get(candidate.document_id)
         if held is None or candidate.revision > held.revision:
