@@ -245,9 +245,25 @@ def diff_pairs(
     `expected_digest` (the `id_set_digest` of `expected`, when the caller has it) is
     reused when the sets are equal instead of hashing the same set again.
     """
-    seen: dict[str, int] = {}
+    listed = observed if isinstance(observed, list) else list(observed)
+    seen: dict[str, int] = dict(listed)
+    if len(seen) == len(listed) and seen == expected:
+        # The common case, every periodic eligibility check of a healthy generation: no
+        # duplicate and the same pairs, compared in C (no per-pair loop, no sorting).
+        return PairDiff(
+            count=len(seen),
+            digest=expected_digest or id_set_digest(seen.items()),
+            missing=(),
+            unexpected=(),
+            stale=(),
+            missing_count=0,
+            unexpected_count=0,
+            stale_count=0,
+            duplicates=0,
+        )
+    seen = {}
     duplicates = 0
-    for document_id, revision in observed:
+    for document_id, revision in listed:
         held = seen.get(document_id)
         if held is not None:
             duplicates += 1

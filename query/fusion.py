@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from itertools import repeat
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -137,9 +138,15 @@ class Rescored:
 
 
 def _union(lexical: Sequence[Candidate], vector: Sequence[Candidate]) -> dict[str, Candidate]:
-    """Each document once, at the highest revision either source saw."""
-    seen: dict[str, Candidate] = {}
-    for candidate in (*lexical, *vector):
+    """Each document once, at the highest revision either source saw (the first listed,
+    lexical before vector, among equal revisions)."""
+    # A source lists each document once: its candidates go in as they are (a C loop),
+    # then the other source's one by one.
+    seen: dict[str, Candidate] = dict(zip(map(_BY_ID, lexical), lexical, strict=True))
+    rest: Sequence[Candidate] = vector
+    if len(seen) != len(lexical):
+        seen, rest = {}, (*lexical, *vector)
+    for candidate in rest:
         held = seen.get(candidate.document_id)
         if held is None or candidate.revision > held.revision:
             seen[candidate.document_id] = candidate
@@ -151,6 +158,9 @@ def _union(lexical: Sequence[Candidate], vector: Sequence[Candidate]) -> dict[st
 _new = tuple.__new__
 _BY_ID = attrgetter("document_id")
 _BY_SCORE = attrgetter("score")
+_BY_UPDATED = attrgetter("updated_at")
+_BY_STATUS = attrgetter("status")
+_TOTAL_SECONDS = timedelta.total_seconds
 
 
 def _sorted(fused: list[FusedCandidate]) -> list[FusedCandidate]:
@@ -279,16 +289,21 @@ def _source_array(
 ) -> np.ndarray:
     """Each id's raw score from `found`, else from `looked_up` (re-scored), else
     `absent` (NaN: the candidate does not take part in the normalization)."""
-    if looked_up is None:
-        return np.fromiter((found.get(d, absent) for d in ids), np.float64, len(ids))
-    return np.fromiter(
-        (found[d] if d in found else looked_up.get(d, absent) for d in ids), np.float64, len(ids)
-    )
+    # `dict.get` mapped over the ids (a C loop, no generator frame per id); the found
+    # scores override the looked-up ones in the merged dict, as `found` comes first.
+    scores = found if looked_up is None else {**looked_up, **found}
+    return np.fromiter(map(scores.get, ids, repeat(absent, len(ids))), np.float64, len(ids))
 
 
 def _min_max_array(raw: np.ndarray) -> np.ndarray:
     """`min_max` over the present (non-NaN) values, 0.0 for the absent: the same float
     arithmetic per value as `min_max`, so the same results bit for bit."""
+    if not np.isnan(raw).any():
+        # Every candidate present: the same arithmetic on the whole array.
+        low, high = float(raw.min()), float(raw.max())
+        if high - low <= _FLAT:
+            return np.ones_like(raw)
+        return (raw - low) / (high - low)
     present = ~np.isnan(raw)
     if not present.any():
         return np.zeros_like(raw)
@@ -318,8 +333,8 @@ def _top_weighted(
     ids = list(seen)
     candidates = list(seen.values())
     nan = math.nan
-    lex_found = {c.document_id: c.score for c in lexical}
-    vec_found = {c.document_id: c.score for c in vector}
+    lex_found = dict(zip(map(_BY_ID, lexical), map(_BY_SCORE, lexical), strict=True))
+    vec_found = dict(zip(map(_BY_ID, vector), map(_BY_SCORE, vector), strict=True))
     # As `_weighted`: re-scored, a source that returned candidates has a lexical score
     # for every candidate (0.0: no term matched) and a vector score for those found.
     rescore = rescored if profile.missing == "rescore" else None
@@ -328,13 +343,15 @@ def _top_weighted(
     lex_raw = _source_array(ids, lex_found, lex_looked, nan if lex_looked is None else 0.0)
     vec_raw = _source_array(ids, vec_found, vec_looked, nan)
     lex, vec = _min_max_array(lex_raw), _min_max_array(vec_raw)
-    stamps = [c.updated_at for c in candidates]
-    # Freshness once per distinct time (many records share one), then as an array.
-    ages = {stamp: (now - stamp).total_seconds() / 86_400.0 for stamp in set(stamps)}
-    age = np.maximum(np.fromiter((ages[stamp] for stamp in stamps), np.float64, count), 0.0)
+    # Each age as `freshness` computes it, `(now - stamp).total_seconds()` in days: C
+    # loops over the candidates (`map`), no generator frame per candidate.
+    seconds = map(_TOTAL_SECONDS, map(now.__sub__, map(_BY_UPDATED, candidates)))
+    age = np.maximum(np.fromiter(seconds, np.float64, count) / 86_400.0, 0.0)
     half_life = profile.freshness_half_life_days or half_life_days
     boosts, other = profile.status_boosts, profile.other_status_boost
-    meta = np.fromiter((boosts.get(c.status, other) for c in candidates), np.float64, count)
+    meta = np.fromiter(
+        map(boosts.get, map(_BY_STATUS, candidates), repeat(other, count)), np.float64, count
+    )
     lw, vw, fw, mw = weights
     approx = lw * lex + vw * vec + fw * np.exp(-math.log(2.0) * age / half_life) + mw * meta
     approx /= total

@@ -37,6 +37,7 @@ from contracts.topk import (
     TopKResponse,
     TopKResult,
 )
+from contracts.trusted import trusted_constructor
 from query.cursors import SORT, CursorCodec, CursorPosition, paginate
 from query.fusion import FusedCandidate, Rescored, fuse, fuse_top
 from query.overlap import DeadlinePassed, Pending, SourcePool
@@ -1276,14 +1277,14 @@ def _materialize(
     """The results with what the request includes, read from the canonical store at
     exactly the revisions ranked (one read for the page).
 
-    Built without re-validation (`model_construct`): every value is typed already, and
-    payloads and metadata are the stored record's own, validated when it was written —
-    walking each payload again cost more than parsing it."""
+    Built without re-validation (`model_construct`, `contracts.trusted`): every value is
+    typed already, and payloads and metadata are the stored record's own, validated when
+    it was written — walking each payload again cost more than parsing it."""
     stored = ports.fetch_records(ranked.route.namespace, [(c.document_id, c.revision) for c in top])
     include = request.include
     with_payload, with_metadata = include.payload, include.metadata
     with_content, with_breakdown = include.content, include.score_breakdown
-    construct = TopKResult.model_construct
+    construct = _RESULT
     results: list[TopKResult] = []
     for rank, candidate in enumerate(top, start=ranked.first_rank()):
         row = stored.get((candidate.document_id, candidate.revision))
@@ -1415,8 +1416,14 @@ def retrieve(
     )
 
 
+# `model_construct` without its per-call walk over the fields (`contracts.trusted`): two
+# models per result of every answer.
+_RESULT = trusted_constructor(TopKResult)
+_BREAKDOWN = trusted_constructor(ScoreBreakdown)
+
+
 def _breakdown(candidate: FusedCandidate) -> ScoreBreakdown:
-    return ScoreBreakdown.model_construct(
+    return _BREAKDOWN(
         lexical=round(candidate.lexical, 6),
         vector=round(candidate.vector, 6),
         freshness=round(candidate.freshness, 6),

@@ -18,6 +18,7 @@ from contracts.topk import Ranking, TopKRequest
 from query.bootstrap import profile_registry, query_limits
 from query.fusion import (
     Rescored,
+    _union,
     competition_ranks,
     fuse,
     fuse_rrf,
@@ -350,6 +351,26 @@ def test_fuse_top_is_the_top_of_fuse_bit_for_bit(
     )
     assert count == len(whole)
     assert top == whole[:limit]
+
+
+@given(many, many)
+def test_the_union_keeps_each_document_once_at_its_highest_revision(
+    lexical_raw: list[tuple[str, float, float, str, int]],
+    vector_raw: list[tuple[str, float, float, str, int]],
+) -> None:
+    def build(raw: list[tuple[str, float, float, str, int]]) -> list[Candidate]:
+        return [Candidate(d, r, s, NOW - timedelta(days=days), st) for d, s, days, st, r in raw]
+
+    lexical, vector = build(lexical_raw), build(vector_raw)
+    # The rule spelled out: first seen (lexical, then vector, each in its order) unless a
+    # later one has a higher revision; documents in the order first seen.
+    expected: dict[str, Candidate] = {}
+    for candidate in [*lexical, *vector]:
+        held = expected.get(candidate.document_id)
+        if held is None or candidate.revision > held.revision:
+            expected[candidate.document_id] = candidate
+    union = _union(lexical, vector)
+    assert list(union.items()) == list(expected.items())
 
 
 # --------------------------------------------------------------------------- profiles

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contracts.digests import id_set_digest
 from contracts.errors import ErrorCode, OrreryError
@@ -165,6 +167,43 @@ def test_diff_pairs_matches_and_digests_the_observed_set() -> None:
     assert diff.matches and diff.count == 100
     assert diff.digest == id_set_digest(expected.items())
     assert mismatch_reason([engine_evidence("x", diff)]) == ""
+
+
+_ids = st.sampled_from([f"d{i}" for i in range(12)])
+
+
+@given(
+    st.dictionaries(_ids, st.integers(1, 3), max_size=12),
+    st.lists(st.tuples(_ids, st.integers(1, 3)), max_size=16),
+    st.booleans(),
+    st.booleans(),
+)
+def test_diff_pairs_is_the_pairwise_comparison(
+    expected: dict[str, int], observed: list[tuple[str, int]], same: bool, with_digest: bool
+) -> None:
+    if same:  # the common case: exactly the expected pairs, in any order
+        observed = sorted(expected.items(), reverse=True)
+    digest = id_set_digest(expected.items())
+    diff = diff_pairs(expected, iter(observed), expected_digest=digest if with_digest else None)
+    seen: dict[str, int] = {}
+    for document_id, revision in observed:
+        seen[document_id] = max(revision, seen.get(document_id, revision))
+    missing = sorted(set(expected) - set(seen))
+    unexpected = sorted(set(seen) - set(expected))
+    stale = sorted(d for d in seen.keys() & expected.keys() if seen[d] != expected[d])
+    assert (diff.missing_count, diff.unexpected_count, diff.stale_count) == (
+        len(missing),
+        len(unexpected),
+        len(stale),
+    )
+    assert (list(diff.missing), list(diff.unexpected), list(diff.stale)) == (
+        missing,
+        unexpected,
+        stale,
+    )
+    assert diff.duplicates == len(observed) - len(seen) and diff.count == len(observed)
+    assert diff.digest == id_set_digest(seen.items())
+    assert diff.matches == (seen == expected and len(seen) == len(observed))
 
 
 def test_diff_samples_are_bounded_and_sorted() -> None:
