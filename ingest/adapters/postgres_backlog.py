@@ -11,8 +11,8 @@ event still queued in another partition. Those are counted exactly by where the 
 published each row (`outbox.kafka_partition` / `kafka_offset`, ingest's migration 0006)
 against the newest offset the projector applied per partition
 (`projector_partition_offsets`, the projector's migration 0006), or not published yet.
-The same count as a tenant's readiness (`query.adapters.sqlite_routing.NAMESPACE_LOG_SQL`;
-the packages share the schema, not code), each part an index range of pending rows.
+The same count as a tenant's readiness (`contracts.namespace_backlog`, shared with
+`query.adapters.sqlite_routing`), each part an index range of pending rows.
 Rows published before placements were recorded count as applied up to the bound.
 """
 
@@ -20,54 +20,22 @@ from __future__ import annotations
 
 from psycopg_pool import ConnectionPool
 
+from contracts.namespace_backlog import PARTITION_FLOORS, pending_rows
 from ingest.adapters.postgres_db import driver_errors, open_pool
 
 __all__ = ["PostgresBacklog"]
 
 _FLOOR = "(SELECT COALESCE(MAX(position), 0) FROM projector_log_status WHERE lag_events = 0)"
 
+_BOUND = "(SELECT position FROM bound)"
 _NAMESPACE_BACKLOG = f"""
 WITH RECURSIVE
 bound AS (
     SELECT GREATEST(COALESCE((SELECT position FROM projector_namespace_positions
                               WHERE namespace = %(ns)s), 0), {_FLOOR}) AS position
 ),
-applied_offsets AS (
-    SELECT kafka_partition AS part, kafka_offset AS off
-    FROM projector_partition_offsets WHERE namespace = %(ns)s
-),
-top_partition AS (
-    SELECT MAX(kafka_partition) AS part FROM outbox
-    WHERE namespace = %(ns)s AND kafka_partition IS NOT NULL
-),
-partitioned AS (
-    SELECT (EXISTS (SELECT 1 FROM applied_offsets)
-            OR (SELECT part FROM top_partition) IS NOT NULL) AS yes
-),
-parts(part) AS (
-    SELECT 0 WHERE (SELECT part FROM top_partition) IS NOT NULL
-    UNION ALL
-    SELECT part + 1 FROM parts WHERE part < (SELECT part FROM top_partition)
-),
-floors AS (
-    SELECT part, COALESCE((SELECT off FROM applied_offsets a WHERE a.part = parts.part), -1)
-        AS off
-    FROM parts
-)
-SELECT COUNT(*) FROM (
-    SELECT 1 FROM outbox
-    WHERE namespace = %(ns)s AND position > (SELECT position FROM bound)
-    UNION ALL
-    SELECT 1 FROM outbox
-    WHERE namespace = %(ns)s AND published_at IS NULL
-      AND position <= (SELECT position FROM bound) AND (SELECT yes FROM partitioned)
-    UNION ALL
-    SELECT 1 FROM floors f CROSS JOIN LATERAL (
-        SELECT 1 FROM outbox
-        WHERE namespace = %(ns)s AND kafka_partition = f.part AND kafka_offset > f.off
-          AND kafka_partition IS NOT NULL AND position <= (SELECT position FROM bound)
-        OFFSET 0
-    ) o
+{PARTITION_FLOORS.format(ns="%(ns)s")}
+SELECT COUNT(*) FROM ({pending_rows(postgres=True, ns="%(ns)s", after=_BOUND, column="1")}
     LIMIT %(limit)s
 ) AS pending
 """

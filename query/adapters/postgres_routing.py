@@ -23,8 +23,7 @@ from psycopg_pool import ConnectionPool
 from contracts.errors import DependencyUnavailable
 from query.adapters.sqlite_routing import (
     DEFAULT_MAX_ANSWER_BYTES,
-    NAMESPACE_LOG_SQL,
-    PLACED_POSTGRES,
+    namespace_log_sql,
 )
 from query.ports import (
     HeadFacts,
@@ -39,11 +38,7 @@ from query.ports import (
 __all__ = ["PostgresReads", "PostgresRecordReader", "PostgresRouting", "open_reads"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_NAMESPACE_LOG = NAMESPACE_LOG_SQL.format(
-    placed=PLACED_POSTGRES.format(ns="%(ns)s", after="%(after)s::bigint"),
-    ns="%(ns)s",
-    after="%(after)s::bigint",
-)
+_NAMESPACE_LOG = namespace_log_sql(postgres=True, ns="%(ns)s", after="%(after)s::bigint")
 _DEPENDENCY = "postgres"
 
 
@@ -192,7 +187,7 @@ class PostgresRouting:
         return int(rows[0][0]) if rows else 0
 
     def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
-        """One statement (`sqlite_routing.NAMESPACE_LOG_SQL`): exact on a partitioned log."""
+        """One statement (`sqlite_routing.namespace_log_sql`): exact on a partitioned log."""
         rows = self._reads.query(_NAMESPACE_LOG, {"ns": namespace, "after": after})
         if not rows:
             return NamespaceLog(0, 0, None)

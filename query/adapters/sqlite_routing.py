@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import DependencyUnavailable
+from contracts.namespace_backlog import PARTITION_FLOORS, pending_rows
 from contracts.records import RECORD_BODY, record_json_without_vector
 from query.ports import (
     HeadFacts,
@@ -36,13 +37,11 @@ from query.ports import (
 
 __all__ = [
     "DEFAULT_MAX_ANSWER_BYTES",
-    "NAMESPACE_LOG_SQL",
-    "PLACED_POSTGRES",
-    "PLACED_SQLITE",
     "SqliteRecordReader",
     "SqliteRouting",
     "dead_letters",
     "generation_document_ids",
+    "namespace_log_sql",
 ]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -51,53 +50,18 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The most record JSON one read loads by default (`ORRERY_MAX_ANSWER_BYTES`).
 DEFAULT_MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
-# One namespace's view of the log (`Routing.namespace_log`), for SQLite and PostgreSQL
-# (`{ns}` / `{after}`: the driver's named parameters; `{placed}`: the rows above each
-# partition's applied offset, as a nested loop over `floors` that reads one index range
-# per partition: `PLACED_SQLITE`, `PLACED_POSTGRES`). Its pending events: those after
-# `after`, and, on a partitioned log (Kafka: the relay recorded a row's partition and
-# offset, or the projector applied an offset of the namespace), those at or before
-# `after` that are not applied yet — not published yet, or published to a partition
-# whose applied offset (`projector_partition_offsets`) is below the row's. A namespace's
-# partitions are applied side by side, so the newest position applied (what `after`
-# usually is) may run ahead of an event another partition still holds; offsets strictly
-# increase within a partition whichever relay published, so an offset is an exact test.
-# Every part reads an index range of pending rows only (`outbox_by_namespace`,
-# `outbox_unpublished_by_namespace`, `outbox_by_placement`, one probe per partition),
-# so a poll costs what the namespace's backlog holds, not its history. Rows published
-# before the relay recorded placements count as applied up to `after` (as before).
-NAMESPACE_LOG_SQL = """
+
+def namespace_log_sql(*, postgres: bool, ns: str, after: str) -> str:
+    """One namespace's view of the log (`Routing.namespace_log`) as one statement, for
+    SQLite and PostgreSQL (`ns` / `after`: the driver's parameters): its high water, its
+    pending events (`contracts.namespace_backlog`: exact on a partitioned log) and the
+    oldest one's time, its newest applied position and its dead letters."""
+    floors = PARTITION_FLOORS.format(ns=ns)
+    held = pending_rows(postgres=postgres, ns=ns, after=after, column="created_at")
+    return f"""
 WITH RECURSIVE
-applied_offsets AS (
-    SELECT kafka_partition AS part, kafka_offset AS off
-    FROM projector_partition_offsets WHERE namespace = {ns}
-),
-top_partition AS (
-    SELECT MAX(kafka_partition) AS part FROM outbox
-    WHERE namespace = {ns} AND kafka_partition IS NOT NULL
-),
-partitioned AS (
-    SELECT (EXISTS (SELECT 1 FROM applied_offsets)
-            OR (SELECT part FROM top_partition) IS NOT NULL) AS yes
-),
-parts(part) AS (
-    SELECT 0 WHERE (SELECT part FROM top_partition) IS NOT NULL
-    UNION ALL
-    SELECT part + 1 FROM parts WHERE part < (SELECT part FROM top_partition)
-),
-floors AS (
-    SELECT part, COALESCE((SELECT off FROM applied_offsets a WHERE a.part = parts.part), -1)
-        AS off
-    FROM parts
-),
-held AS (
-    SELECT created_at FROM outbox WHERE namespace = {ns} AND position > {after}
-    UNION ALL
-    SELECT created_at FROM outbox
-    WHERE namespace = {ns} AND published_at IS NULL AND position <= {after}
-      AND (SELECT yes FROM partitioned)
-    UNION ALL
-    {placed}
+{floors},
+held AS ({held}
 )
 SELECT
     (SELECT COALESCE(MAX(position), 0) FROM outbox WHERE namespace = {ns}),
@@ -107,26 +71,9 @@ SELECT
      WHERE namespace = {ns}),
     (SELECT COUNT(*) FROM dead_letters WHERE namespace = {ns})
 """
-# SQLite's planner loops over `floors` and probes `outbox_by_placement` for each.
-PLACED_SQLITE = """
-    SELECT o.created_at FROM floors f JOIN outbox o
-      ON o.namespace = {ns} AND o.kafka_partition = f.part AND o.kafka_offset > f.off
-    WHERE o.kafka_partition IS NOT NULL AND o.position <= {after}
-"""
-# PostgreSQL hash-joins the plain join (reading every placed row of the namespace): a
-# lateral subquery (`OFFSET 0`: never pulled up into a join) reads one index range per
-# partition.
-PLACED_POSTGRES = """
-    SELECT o.created_at FROM floors f CROSS JOIN LATERAL (
-        SELECT created_at FROM outbox
-        WHERE namespace = {ns} AND kafka_partition = f.part AND kafka_offset > f.off
-          AND kafka_partition IS NOT NULL AND position <= {after}
-        OFFSET 0
-    ) o
-"""
-_NAMESPACE_LOG = NAMESPACE_LOG_SQL.format(
-    placed=PLACED_SQLITE.format(ns=":ns", after=":after"), ns=":ns", after=":after"
-)
+
+
+_NAMESPACE_LOG = namespace_log_sql(postgres=False, ns=":ns", after=":after")
 
 
 class _Reader:
@@ -267,7 +214,7 @@ class SqliteRouting(_Reader):
         return int(str(rows[0][0])) if rows else 0
 
     def namespace_log(self, namespace: str, after: int) -> NamespaceLog:
-        """See `NAMESPACE_LOG_SQL`. A database the writers have not opened since
+        """See `namespace_log_sql`. A database the writers have not opened since
         placements were recorded (no `kafka_partition` column, no
         `projector_partition_offsets` table: the writers add them) is read as a log of
         one order, as before."""
