@@ -16,7 +16,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -84,6 +84,8 @@ __all__ = [
 DEPENDENCY = "qdrant-edge"
 # The `QueryPlan.engine_ms` key of qdrant-edge's query calls.
 ENGINE = "qdrant_edge_query"
+
+_T = TypeVar("_T")
 
 # `PayloadSelector.Include` is cheaper than the same list of keys as `with_payload`:
 # 0.56 -> 0.47 ms for a top-101 request at 10k (the engine call, payloads converted).
@@ -473,27 +475,13 @@ class QdrantEdgeVectorSearch:
         dimension (a query of another dimension goes to the engine, which refuses it)."""
         if self._flat_provider is None:
             return None
-        try:
-            flat = self._flat_provider(generation_id)
-        except KeyError:
-            raise _unknown(generation_id) from None
-        except OrreryError:
-            raise
-        except Exception as error:  # the engine's copy failed: bare Exception
-            raise _translate(error, generation_id) from error
+        flat = _provided(self._flat_provider, generation_id)
         return flat if flat is not None and flat.dimension == len(vector) else None
 
     def _points(self, generation_id: str) -> PointTable | None:
         if self._points_provider is None:
             return None
-        try:
-            return self._points_provider(generation_id)
-        except KeyError:
-            raise _unknown(generation_id) from None
-        except OrreryError:
-            raise
-        except Exception as error:  # the engine's read failed: bare Exception
-            raise _translate(error, generation_id) from error
+        return _provided(self._points_provider, generation_id)
 
     def _shard(self, generation_id: str) -> EdgeShard:
         try:
@@ -621,6 +609,20 @@ def _same(given: Sequence[float], checked: list[float]) -> Sequence[float]:
 
 def _bound(value: datetime | None) -> str | None:
     return None if value is None else utc_timestamp(value)
+
+
+def _provided(provider: Callable[[str], _T], generation_id: str) -> _T:
+    """What a per-generation provider (the in-memory copy, the point table) gives for
+    `generation_id`: an unknown generation is `_unknown`, an engine failure (bare
+    `Exception` from the binding) is translated, Orrery's own errors pass through."""
+    try:
+        return provider(generation_id)
+    except KeyError:
+        raise _unknown(generation_id) from None
+    except OrreryError:
+        raise
+    except Exception as error:  # the engine's read failed: bare Exception
+        raise _translate(error, generation_id) from error
 
 
 def _unknown(generation_id: str) -> OrreryError:
