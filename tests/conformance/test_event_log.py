@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from contracts.errors import DependencyUnavailable
 from contracts.events import LogEntry
 from contracts.records import Record
 from ingest.adapters.kafka_wire import KafkaPublisherSettings
@@ -484,3 +485,75 @@ def test_entries_carry_where_the_relay_recorded_their_rows(harness: LogHarness) 
     for partition in partitions:
         offsets = sorted(o for p, o in seen.values() if p == partition)
         assert len(set(offsets)) == len(offsets)
+
+
+def _commits_fail_once(monkeypatch: pytest.MonkeyPatch, client: str) -> Callable[[], None]:
+    """Arm a one-time commit failure in the Kafka client the log constructs.
+
+    The broker, the group and every fetch are real; only the next offset commit fails,
+    with the exception the client raises when its coordinator is away or the group moved
+    on. No broker-side fault fails commits alone on a shared broker (the offsets topic
+    also carries the group's joins), and a stopped broker also fails fetches, which
+    rewind by themselves.
+    """
+    armed = [False]
+    if client == "confluent":
+        import confluent_kafka
+
+        from projector.adapters import confluent_log
+
+        class FailingConfluent(confluent_kafka.Consumer):
+            def commit(self, *args: Any, **kwargs: Any) -> Any:
+                if armed[0]:
+                    armed[0] = False
+                    error = confluent_kafka.KafkaError(confluent_kafka.KafkaError._TIMED_OUT)
+                    raise confluent_kafka.KafkaException(error)
+                return super().commit(*args, **kwargs)
+
+        monkeypatch.setattr(confluent_log, "Consumer", FailingConfluent)
+    else:
+        from kafka.errors import CommitFailedError
+
+        from projector.adapters import kafka_log
+
+        class FailingKafkaPython(kafka_log.KafkaConsumer):
+            def commit(self, *args: Any, **kwargs: Any) -> Any:
+                if armed[0]:
+                    armed[0] = False
+                    raise CommitFailedError("injected: the coordinator did not answer")
+                return super().commit(*args, **kwargs)
+
+        monkeypatch.setattr(kafka_log, "KafkaConsumer", FailingKafkaPython)
+
+    def arm() -> None:
+        armed[0] = True
+
+    return arm
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_failed_commit_delivers_its_entries_again_from_the_same_member(
+    client: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit that fails while the member stays in the group and its fetches keep
+    working (a coordinator fault): the entries left the member's ledger and its fetch
+    position is past them, so only a rewind to the committed offsets delivers them
+    again. Without it they would wait for the next rebalance, possibly forever."""
+    arm = _commits_fail_once(monkeypatch, client)
+    harness = _kafka(None, tmp_path, client)  # type: ignore[arg-type]  # its request is unused
+    try:
+        harness.append([rec(f"d{i}", 1) for i in range(6)])
+        log = harness.log()
+        first = fetch_all(log, 6)
+        arm()
+        with pytest.raises(DependencyUnavailable):
+            log.acknowledge(first)
+        again = fetch_all(log, 6)  # the same member: no rejoin brings them back
+        assert sorted(e.position for e in again) == sorted(e.position for e in first)
+        log.acknowledge(again)
+        harness.append([rec("after", 1)])
+        restarted = harness.log()
+        assert [e.event.record.item_id for e in fetch_all(restarted, 1)] == ["after"]
+    finally:
+        harness.close()
