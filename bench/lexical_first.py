@@ -1,6 +1,6 @@
 """In-process A/B of the side-by-side sources of a large embedded generation: the vector
 search called right away (`QueryPorts.lexical_first` off) or once the pool's lexical
-search has let the GIL go (on), same engines, same data, same queries.
+search has let the GIL go (on), or the roles swapped; same engines, data and queries.
 
     .venv/bin/python bench/lexical_first.py --lexical-root DIR --shard DIR
         [--generation g1] [--queries 200] [--rounds 2] [--out docs/bench/lexical_first.json]
@@ -15,13 +15,16 @@ galaxy), the lexical side under the default profile's field boosts at depth 100,
 vector side with seeded random unit vectors (the HNSW's cost, not its answers, matters
 here) at depth 100.
 
-Per query and round both arrangements run in turn (who goes first alternates): the
-lexical search started on a one-thread pool (`query.overlap.SourcePool`) as the service
-starts it (`query.service._start_lexical_first`, or `SourcePool.start`), the vector
-search on this thread, then the lexical result. Timed by wall clock: the whole, when
-tantivy's search was entered (the first `contracts.timing.gil_let_go`) and when the
-vector search began, both after the start, and the vector search itself. Both answers
-are compared. Figures are reported, never asserted; the gain needs a free core.
+Per query and round the arrangements run in turn (who goes first rotates): the lexical
+search started on a one-thread pool (`query.overlap.SourcePool`) as the service starts
+it (`query.service._start_lexical_first`, or `SourcePool.start`), the vector search on
+this thread, then the lexical result; and, not in the service, the roles swapped
+(`vector_on_pool`: the vector search on the pool, the lexical one on this thread, which
+needs no hand-off wait: the pool thread gets the GIL when tantivy lets it go). Timed
+by wall clock: the whole, when tantivy's search was entered (the first
+`contracts.timing.gil_let_go`) and when the vector search began, both after the start,
+and the vector search itself. The answers are compared. Figures are reported, never
+asserted; the gain needs a free core.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ SEED = 20_260_101
 DEPTH = 100
 VECTOR_DIMENSION = 384
 console = Console(stderr=True)
-SIDES = ("vector_first", "lexical_first")
+SIDES = ("vector_first", "lexical_first", "vector_on_pool")
 _HOOKED = "gil_let_go"
 
 
@@ -120,15 +123,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         entered.at = None
         started = time.perf_counter()
-        pending: Pending[list[Candidate]] = (
-            _start_lexical_first(pool, search_lexical)
-            if side == "lexical_first"
-            else pool.start(search_lexical)
-        )
-        vector_started = time.perf_counter()
-        found_vectors = vectors.search(generation, vector, filter, DEPTH)
-        vector_ended = time.perf_counter()
-        found_lexical = pending.result(time.perf_counter() + 60.0)
+        if side == "vector_on_pool":
+            times: list[float] = []
+
+            def search_vectors() -> list[Candidate]:
+                times.append(time.perf_counter())
+                found = vectors.search(generation, vector, filter, DEPTH)
+                times.append(time.perf_counter())
+                return found
+
+            on_pool = pool.start(search_vectors)
+            found_lexical = search_lexical()
+            found_vectors = on_pool.result(time.perf_counter() + 60.0)
+            vector_started, vector_ended = times
+        else:
+            pending: Pending[list[Candidate]] = (
+                _start_lexical_first(pool, search_lexical)
+                if side == "lexical_first"
+                else pool.start(search_lexical)
+            )
+            vector_started = time.perf_counter()
+            found_vectors = vectors.search(generation, vector, filter, DEPTH)
+            vector_ended = time.perf_counter()
+            found_lexical = pending.result(time.perf_counter() + 60.0)
         ended = time.perf_counter()
         return {
             "total_ms": (ended - started) * 1000.0,
@@ -153,7 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         load_before = os.getloadavg()
         for round_ in range(args.rounds):
             for i, query in enumerate(queries):
-                order = SIDES if (i + round_) % 2 == 0 else SIDES[::-1]
+                turn = (i + round_) % len(SIDES)
+                order = SIDES[turn:] + SIDES[:turn]
                 answers = {}
                 for side in order:
                     got = ask(side, query, query_vectors[len(warmup) + i])
@@ -161,7 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for key, value in got.items():
                         samples[side][key].append(value)
                 compared += 1
-                identical += answers[SIDES[0]] == answers[SIDES[1]]
+                identical += all(answers[side] == answers[SIDES[0]] for side in SIDES)
         load_after = os.getloadavg()
     finally:
         setattr(query_tantivy, _HOOKED, entered.inner)
