@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["engine_call", "engine_clock", "engine_reported"]
+__all__ = ["engine_call", "engine_clock", "engine_reported", "gil_let_go", "gil_let_go_watch"]
 
 _TOTALS: ContextVar[dict[str, float] | None] = ContextVar("orrery_engine_ms", default=None)
+# Set by `gil_let_go` (see `gil_let_go_watch`).
+_LET_GO: ContextVar[threading.Event | None] = ContextVar("orrery_gil_let_go", default=None)
 # A request's calls may run on two threads at once (`query.overlap`), adding to one dict.
 _ADD = threading.Lock()
 
@@ -60,3 +62,25 @@ def engine_reported(engine: str, milliseconds: float) -> None:
         return
     with _ADD:
         totals[engine] = totals.get(engine, 0.0) + milliseconds
+
+
+@contextmanager
+def gil_let_go_watch() -> Iterator[threading.Event]:
+    """An event that `gil_let_go` sets when called in this context or in a copy of it
+    made inside the block (a call started on `query.overlap`'s pool copies it): the
+    caller can wait until another thread's engine call no longer needs the GIL."""
+    event = threading.Event()
+    token = _LET_GO.set(event)
+    try:
+        yield event
+    finally:
+        _LET_GO.reset(token)
+
+
+def gil_let_go() -> None:
+    """Called by an adapter right before an engine call that waits in native code with
+    the GIL released (tantivy's search): sets the event of `gil_let_go_watch`, if the
+    current context has one (else one context-variable read)."""
+    event = _LET_GO.get()
+    if event is not None:
+        event.set()

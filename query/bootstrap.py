@@ -212,6 +212,8 @@ def embedded_query_ports(
         # other arrangement gained nothing (docs/ARCHITECTURE.md).
         overlap=shared_source_pool(),
         overlap_for=_engines_answer(lexical_flat_provider, vector_flat_provider),
+        # qdrant-edge keeps the GIL through its search: tantivy's is let in first.
+        lexical_first=True,
         vector_overlap=shared_source_pool(),
         record_cache=_record_cache(record_cache_bytes, max_answer_bytes),
     )

@@ -48,6 +48,11 @@ class Pending(Generic[T]):
         """Whether the call is running on the pool right now (started, not finished)."""
         return self._future is not None and self._future.running()
 
+    def queued(self) -> bool:
+        """Whether the call waits for a pool thread (not started yet)."""
+        future = self._future
+        return future is not None and not future.running() and not future.done()
+
     def result(self, deadline: float) -> T:
         """The call's result; `deadline` is a `time.perf_counter()` instant."""
         future = self._future

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic_core import from_json
 
@@ -21,7 +21,7 @@ from contracts.profiles import FusionProfile, RrfProfile, WeightedProfile
 from contracts.request_context import current as current_request
 from contracts.request_context import note_namespace
 from contracts.shards import shard_report
-from contracts.timing import engine_clock
+from contracts.timing import engine_clock, gil_let_go_watch
 from contracts.topk import (
     MAX_ALLOWED_DOC_IDS,
     CandidateOut,
@@ -199,6 +199,11 @@ class QueryPorts:
     # With `overlap`: whether a generation's queries use it (None: every generation's).
     # Those it refuses run as if `overlap` were None (`vector_overlap` then applies).
     overlap_for: Callable[[str], bool] | None = None
+    # With `overlap`: the request's thread calls the vector engine only once the pool's
+    # lexical search has let the GIL go (`contracts.timing.gil_let_go`; it waits at most
+    # `_LET_GO_WAIT_S`). Embedded: qdrant-edge keeps the GIL through its search, so a
+    # lexical search still in Python when it starts waits for all of it.
+    lexical_first: bool = False
     # Runs the lexical search beside the vector one only (no score lookups beside it),
     # when `overlap` is None or refused: embedded (`_search_lexical_beside`).
     vector_overlap: SourcePool | None = None
@@ -764,7 +769,11 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
     after = _VectorScoresAfter(q, ports, search_lexical)
     overlap = ports.overlap_of(generation_id) if use_lexical and use_vector else None
     if overlap is not None:
-        lexical = overlap.start(after.search if _rescores(q) else search_lexical)
+        call = after.search if _rescores(q) else search_lexical
+        if ports.lexical_first:
+            lexical = _start_lexical_first(overlap, call)
+        else:
+            lexical = overlap.start(call)
     elif use_lexical and use_vector and ports.vector_overlap is not None:
         return _search_lexical_beside(q, ports, watch, search_lexical, ports.vector_overlap)
     given = q.query_vector
@@ -814,6 +823,34 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
     watch.plan.update(indexes_used=sources.indexes_used, source_counts=sources.counts)
     watch.lap("index_search")
     return sources
+
+
+T = TypeVar("T")
+
+# The longest `_start_lexical_first` waits for the lexical search to let the GIL go (its
+# Python part before tantivy's search: analysis, queries, document frequencies, ~0.1-0.5 ms).
+_LET_GO_WAIT_S = 0.003
+
+
+def _start_lexical_first(
+    pool: SourcePool, call: Callable[[], T], *, wait_s: float = _LET_GO_WAIT_S
+) -> Pending[T]:
+    """`pool.start(call)`, returning once `call` has entered an engine call that lets the
+    GIL go (`contracts.timing.gil_let_go`), or ended, or `wait_s` passed
+    (`QueryPorts.lexical_first`). The same call with the same result: only when the
+    request's thread goes on changes."""
+
+    def run() -> T:
+        try:
+            return call()
+        finally:
+            let_go.set()
+
+    with gil_let_go_watch() as let_go:
+        pending = pool.start(run)
+    if pending.running() or pending.queued():
+        let_go.wait(wait_s)
+    return pending
 
 
 def _search_lexical_beside(

@@ -42,7 +42,7 @@ from contracts.index_fields import (
     hidden_term,
     status_key,
 )
-from contracts.timing import engine_call
+from contracts.timing import engine_call, gil_let_go
 
 __all__ = ["TantivyLexicalSearch"]
 
@@ -397,6 +397,7 @@ def _filter_matches(
     read: _HitReader,
 ) -> list[Candidate]:
     query = tantivy.Query.all_query() if restriction is None else restriction
+    gil_let_go()
     with engine_call(ENGINE_SEARCH):
         hits = searcher.search(
             query, limit, count=False, order_by_field=DOCUMENT_ID, order=tantivy.Order.Asc
@@ -413,6 +414,7 @@ def _top_hits(searcher: tantivy.Searcher, query: tantivy.Query, limit: int) -> l
     # 83 of `bench/topk.py`'s 200 queries tied at the boundary and ran twice; at
     # `2 * limit + 1`, none.
     fetch = 2 * limit + 1
+    gil_let_go()  # the search below lets it go: a request's thread may go on (query.service)
     while True:
         with engine_call(ENGINE_SEARCH):
             hits: list[_Hit] = searcher.search(query, fetch, count=False).hits

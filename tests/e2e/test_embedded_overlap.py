@@ -1,6 +1,7 @@
 """The embedded one-shot gives the same answers however its engine calls are arranged:
 sources and score lookups side by side (`QueryPorts.overlap`, what a generation without
-in-memory copies gets), only the lexical search beside the vector one
+in-memory copies gets; the vector search after tantivy's has begun or right away,
+`QueryPorts.lexical_first`), only the lexical search beside the vector one
 (`QueryPorts.vector_overlap`), or everything one after the other."""
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class _SlowLexical:
 _Arrange = Callable[[Any], Any]
 ARRANGEMENTS: dict[str, _Arrange] = {
     "side-by-side": lambda ports: dataclasses.replace(ports, overlap_for=lambda _g: True),
+    "side-by-side, vector first": lambda ports: dataclasses.replace(
+        ports, overlap_for=lambda _g: True, lexical_first=False
+    ),
     "side-by-side, lookups beside the lexical search": lambda ports: dataclasses.replace(
         ports, overlap_for=lambda _g: True, lexical=_SlowLexical(ports.lexical)
     ),

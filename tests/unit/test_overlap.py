@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from contracts.errors import ErrorCode, OrreryError
-from contracts.timing import engine_call, engine_clock
+from contracts.timing import engine_call, engine_clock, gil_let_go, gil_let_go_watch
 from query.overlap import DeadlinePassed, Pending, SourcePool
-from query.service import _Stopwatch
+from query.service import _start_lexical_first, _Stopwatch
 
 WAIT_S = 30.0  # never reached when the code is right: only bounds a broken run
 
@@ -140,3 +140,54 @@ def test_running_is_true_only_while_the_pool_runs_the_call(pool: SourcePool) -> 
     release.set()
     assert pending.result(_far()) == 1 and not pending.running()
     assert queued.result(_far()) == 2
+
+
+def test_the_lexical_first_start_returns_once_the_call_lets_the_gil_go(pool: SourcePool) -> None:
+    steps: list[str] = []
+    release = threading.Event()
+
+    def call() -> int:
+        steps.append("prepared")
+        gil_let_go()
+        steps.append("let go")
+        assert release.wait(WAIT_S)
+        return 7
+
+    pending = _start_lexical_first(pool, call, wait_s=WAIT_S)
+    # The caller went on only after the call had let the GIL go, and before it ended.
+    assert steps[0] == "prepared" and pending.running()
+    release.set()
+    assert pending.result(_far()) == 7
+
+
+def test_the_lexical_first_start_returns_when_the_call_ends_without_letting_go(
+    pool: SourcePool,
+) -> None:
+    pending = _start_lexical_first(pool, lambda: 3, wait_s=WAIT_S)
+    assert pending.result(_far()) == 3
+
+
+def test_the_lexical_first_start_waits_no_longer_than_told(pool: SourcePool) -> None:
+    release = threading.Event()
+    pending = _start_lexical_first(pool, lambda: release.wait(WAIT_S), wait_s=0.01)
+    assert pending.running()  # never let go, still running: the caller went on anyway
+    release.set()
+    assert pending.result(_far()) is True
+
+
+def test_the_lexical_first_start_of_a_busy_pool_hands_the_call_back(pool: SourcePool) -> None:
+    blocker, release = _start_blocked(pool)
+    pending = _start_lexical_first(pool, threading.get_ident, wait_s=0.01)
+    assert pending.result(_far()) == threading.get_ident()
+    release.set()
+    assert blocker.result(_far()) == 1
+
+
+def test_gil_let_go_outside_a_watch_does_nothing_and_inside_sets_its_event() -> None:
+    gil_let_go()
+    with gil_let_go_watch() as let_go:
+        assert not let_go.is_set()
+        gil_let_go()
+        assert let_go.is_set()
+    with gil_let_go_watch() as fresh:
+        assert not fresh.is_set()
