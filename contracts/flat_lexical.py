@@ -206,7 +206,9 @@ class FlatLexical:
             if mask is None:
                 return []
             # Rows the filter drops count as 0.0, as rows no term matches do.
-            eligible = scores if mask.all() else np.where(mask, scores, np.float32(0.0))
+            eligible = (
+                scores if self._all_visible(mask) else np.where(mask, scores, np.float32(0.0))
+            )
             # At least the `limit` best matching rows (and their ties): those at or above
             # the `limit`-th score of all rows when that is a match, else every match.
             rows = _top_rows(eligible, limit)
@@ -263,7 +265,7 @@ class FlatLexical:
         scored = self._scored.get(key)
         if scored is not None:
             return scored
-        scores = np.zeros(len(self._candidates), dtype=np.float32)
+        scores: npt.NDArray[np.float32] | None = None
         for term in terms:
             for name, boost in boosts.items():
                 field = self._fields[name]
@@ -271,10 +273,19 @@ class FlatLexical:
                 if posting is None:
                     continue
                 rows, contribution = self._contribution(name, term, posting, field, boost)
+                if scores is None:
+                    if rows is None:
+                        # 0.0 + x is x for every contribution (none is -0.0): a copy is
+                        # the same sum without a pass over a new zeroed array.
+                        scores = contribution.copy()
+                        continue
+                    scores = np.zeros(len(self._candidates), dtype=np.float32)
                 if rows is None:
                     scores += contribution  # dense: 0.0 where the term is absent
                 else:
                     scores[rows] += contribution
+        if scores is None:
+            scores = np.zeros(len(self._candidates), dtype=np.float32)
         if len(self._scored) >= _SCORED:
             del self._scored[next(iter(self._scored))]
         self._scored[key] = scores
@@ -362,8 +373,20 @@ class FlatLexical:
     # -- filters ------------------------------------------------------------------------
 
     def _mask(self, filter: SearchFilter, *, with_ids: bool) -> npt.NDArray[np.bool_] | None:
-        """The visible rows `filter` keeps; None if none can (a value no row holds)."""
-        mask = ~self._column("hidden", self._hidden, np.bool_)
+        """The visible rows `filter` keeps; None if none can (a value no row holds).
+        Read-only: without a clause it is the copy's one visible-rows array (kept until
+        the next write), not a new one."""
+        visible = self._visible()
+        if (
+            filter.galaxy is None
+            and filter.status is None
+            and filter.rings is None
+            and filter.updated_after is None
+            and filter.updated_before is None
+            and (not with_ids or filter.document_ids is None)
+        ):
+            return visible
+        mask = visible.copy()
         if filter.galaxy is not None:
             code = self._codes.get(filter.galaxy)
             if code is None:
@@ -388,6 +411,23 @@ class FlatLexical:
             listed[[self._rows[d] for d in filter.document_ids if d in self._rows]] = True
             mask &= listed
         return mask
+
+    def _visible(self) -> npt.NDArray[np.bool_]:
+        """The rows not hidden from this lane (read-only, kept until the next write)."""
+        arrays = self._fresh_arrays()
+        visible = arrays.get("visible")
+        if visible is None:
+            visible = arrays["visible"] = ~self._column("hidden", self._hidden, np.bool_)
+            visible.flags.writeable = False
+            # Whether every row is visible: a query then reads its scores as they are.
+            arrays["all_visible"] = np.asarray(bool(visible.all()))
+        return visible  # type: ignore[return-value]
+
+    def _all_visible(self, mask: npt.NDArray[np.bool_]) -> bool:
+        """`mask.all()`, known without a pass when `mask` is the visible-rows array."""
+        if mask is self._arrays.get("visible"):
+            return bool(self._arrays["all_visible"])
+        return bool(mask.all())
 
     def _code(self, value: str | None) -> int:
         if value is None:

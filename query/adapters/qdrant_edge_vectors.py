@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -196,9 +197,23 @@ def _as_vector(values: Sequence[Any]) -> bytes:
 
 
 def _unit(vector: Sequence[float]) -> npt.NDArray[np.float64]:
-    """`vector` scaled to unit length (float64), as the engine prepares a cosine query."""
+    """`vector` scaled to unit length (float64), as the engine prepares a cosine query.
+
+    The last vector scaled on this thread is remembered by identity (the checked list
+    `check_query_vector` hands out again for the same query; never changed), so a
+    query's lookups scale it once."""
+    last: tuple[Sequence[float], npt.NDArray[np.float64]] | None = getattr(_UNIT, "last", None)
+    if last is not None and last[0] is vector:
+        return last[1]
     array = np.asarray(vector, dtype=np.float64)
-    return array / math.sqrt(float(np.dot(array, array)))
+    unit = array / math.sqrt(float(np.dot(array, array)))
+    unit.flags.writeable = False
+    _UNIT.last = (vector, unit)
+    return unit
+
+
+# Per thread: `(vector, its unit float64 array)` of the last `_unit` call.
+_UNIT = threading.local()
 
 
 class QdrantEdgeVectorSearch:
@@ -332,8 +347,10 @@ class QdrantEdgeVectorSearch:
             # Each row summed on its own (pairwise, in float64): a document's score never
             # depends on which others are scored with it, so pages of one query agree.
             rows = matrix.reshape(len(vectors), query.shape[0]).astype(np.float64)
-            cosines = (rows * query).sum(axis=1).tolist()
-            out.update((d, min(1.0, max(-1.0, c))) for d, c in zip(held, cosines, strict=True))
+            np.multiply(rows, query, out=rows)  # the same products, without a second array
+            # Clamped as `cosine_score` clamps (the sums are finite: no NaN to differ on).
+            cosines = np.clip(rows.sum(axis=1), -1.0, 1.0).tolist()
+            out.update(zip(held, cosines, strict=True))
         return out
 
     def _read(
