@@ -50,7 +50,9 @@ def stored_vector(values: Sequence[float], json_text: bytes) -> StoredVector | N
     ):
         return None
     vector = StoredVector(values)
-    vector.float32 = np.frombuffer(float32_bytes(vector), dtype=np.float32)
+    # Packed from `values` (pydantic's list): a call unpacks an exact list faster than a
+    # subclass of it (~5 against ~8 us for 384).
+    vector.float32 = np.frombuffer(float32_bytes(values), dtype=np.float32)
     vector.json = json_text
     return vector
 
