@@ -5,9 +5,9 @@ rows with `SELECT … FOR UPDATE SKIP LOCKED`; `mark_published` marks them and c
 Other relays skip claimed rows; when a relay dies its connection drops, PostgreSQL
 releases the claim and another relay takes the rows. A row is claimable only when no
 older row of its document is still unpublished, so a document's events reach the log
-in position order even with several relays. A row whose `event_json` is empty
-(`OUTBOX_EVENT_IS_RECORD`) carries the `RecordChanged` of its record row, read in the
-same statement.
+in position order even with several relays. A row whose `own_event_json` is empty
+(`OUTBOX_EVENT_IS_RECORD`, migration 0007) carries the `RecordChanged` of its record row,
+read in the same statement.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from ingest.relay_ports import OutboxRow, Placement
 __all__ = ["PostgresOutboxReader"]
 
 _CLAIM = """
-SELECT o.position, o.document_id, o.namespace, o.event_json,
-       CASE WHEN o.event_json = '' THEN r.record_json END, o.trace_context
+SELECT o.position, o.document_id, o.namespace, o.own_event_json,
+       CASE WHEN o.own_event_json = '' THEN r.record_json END, o.trace_context
 FROM outbox AS o
 LEFT JOIN records AS r ON r.document_id = o.document_id AND r.revision = o.revision
 WHERE o.published_at IS NULL

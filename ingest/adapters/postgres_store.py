@@ -1,10 +1,10 @@
 """PostgreSQL canonical store (server mode): revisions, heads and the outbox in one database.
 
-An outbox row's `event_json` is empty (`OUTBOX_EVENT_IS_RECORD`): its event is the
-`RecordChanged` of the record row with the same `document_id` and `revision`, written in
-the same transaction and never changed, so the store keeps a record's JSON once, as the
-SQLite store does; the relay reads it from that row. Rows written before (a full event
-JSON) are relayed as written.
+An outbox row's `own_event_json` is empty (`OUTBOX_EVENT_IS_RECORD`, migration 0007):
+its event is the `RecordChanged` of the record row with the same `document_id` and
+`revision`, written in the same transaction and never changed, so the store keeps a
+record's JSON once, as the SQLite store does; the relay reads it from that row. Rows
+written before (a whole event's JSON) are relayed as written.
 
 Positions are gap-free and in commit order. A sequence gives neither: a rolled-back
 `nextval` leaves a hole, and a later number can commit first. Instead a batch takes the
@@ -51,7 +51,7 @@ _UPSERT_HEADS = (
     "deleted = excluded.deleted"
 )
 _COPY_OUTBOX = (
-    "COPY outbox (position, document_id, revision, namespace, snapshot_kind, event_json, "
+    "COPY outbox (position, document_id, revision, namespace, snapshot_kind, own_event_json, "
     "created_at, trace_context) FROM STDIN"
 )
 

@@ -74,7 +74,7 @@ def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Backend:
 
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
-                "UPDATE outbox SET event_json = %s WHERE position = %s", (event_json, position)
+                "UPDATE outbox SET own_event_json = %s WHERE position = %s", (event_json, position)
             )
 
     return Backend(
