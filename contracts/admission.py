@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index_fields import FACET_SEPARATOR
 from contracts.records import Record
+from contracts.stored_vectors import StoredVector
 
 __all__ = [
     "FLOAT32_EPSILON",
@@ -105,7 +106,8 @@ def vector_problem(vector: Sequence[float], dimension: int | None) -> Problem | 
     try:
         # The length of the float64 values first (no copy): far from every bound, the
         # float32 values (within 1e-7 of them) are far from it too.
-        length = math.hypot(*vector)
+        # A decoded event's vector was measured when it was decoded (the same hypot).
+        length = vector.length if type(vector) is StoredVector else math.hypot(*vector)
         if not 2 * FLOAT32_EPSILON <= length <= _FLOAT32_MAX_LENGTH / 2:
             # Rounded to float32 in C exactly as numpy and the engines round (a value
             # past float32's range becomes an infinity), then measured again.

@@ -89,14 +89,15 @@ def decode_record_changed(raw: str | bytes) -> RecordChanged:
     return event
 
 
-# The `event_json` of a SQLite outbox row whose event is the `RecordChanged` of its record
-# row (`records` with the same `document_id` and `revision`, written in the same
-# transaction, never changed): the canonical store keeps a record's JSON once.
+# The `event_json` of an outbox row (SQLite or PostgreSQL) whose event is the
+# `RecordChanged` of its record row (`records` with the same `document_id` and `revision`,
+# written in the same transaction, never changed): the canonical store keeps a record's
+# JSON once.
 OUTBOX_EVENT_IS_RECORD = ""
 
 
 def outbox_event_json(event_json: str | bytes, record_json: str | None) -> str | bytes:
-    """The event of a SQLite outbox row, from its `event_json` and its record row's
+    """The event of an outbox row, from its `event_json` and its record row's
     `record_json` (None when there is none: the event is then empty, undecodable)."""
     if event_json != OUTBOX_EVENT_IS_RECORD:
         return event_json

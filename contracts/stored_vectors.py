@@ -6,6 +6,7 @@ float32 for the ring statistics, ~9 us)."""
 
 from __future__ import annotations
 
+import math
 import struct
 from array import array
 from collections.abc import Sequence
@@ -28,12 +29,16 @@ class StoredVector(list[float]):
     canonical store wrote them).
 
     Every engine stores float32: a Qdrant server given `json`, and the ring statistics
-    given `float32`, store what they stored from the list before."""
+    given `float32`, store what they stored from the list before. `length` is
+    `math.hypot(*values)`, the Euclidean length `contracts.admission.vector_problem`
+    measures: the projector checks a vector twice (its admission, then the vector
+    engine's adapter), and measures it once."""
 
-    __slots__ = ("float32", "json")
+    __slots__ = ("float32", "json", "length")
 
     float32: npt.NDArray[np.float32]
     json: bytes
+    length: float
 
 
 def stored_vector(values: Sequence[float], json_text: bytes) -> StoredVector | None:
@@ -50,8 +55,11 @@ def stored_vector(values: Sequence[float], json_text: bytes) -> StoredVector | N
     ):
         return None
     vector = StoredVector(values)
-    vector.float32 = np.frombuffer(float32_bytes(vector), dtype=np.float32)
+    # Packed from `values` (pydantic's list): a call unpacks an exact list faster than a
+    # subclass of it (~5 against ~8 us for 384).
+    vector.float32 = np.frombuffer(float32_bytes(values), dtype=np.float32)
     vector.json = json_text
+    vector.length = math.hypot(*values)
     return vector
 
 

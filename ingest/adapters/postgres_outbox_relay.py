@@ -5,7 +5,9 @@ rows with `SELECT … FOR UPDATE SKIP LOCKED`; `mark_published` marks them and c
 Other relays skip claimed rows; when a relay dies its connection drops, PostgreSQL
 releases the claim and another relay takes the rows. A row is claimable only when no
 older row of its document is still unpublished, so a document's events reach the log
-in position order even with several relays.
+in position order even with several relays. A row whose `own_event_json` is empty
+(`OUTBOX_EVENT_IS_RECORD`, migration 0007) carries the `RecordChanged` of its record row,
+read in the same statement.
 """
 
 from __future__ import annotations
@@ -18,14 +20,17 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from contracts.events import outbox_event_json
 from ingest.adapters.postgres_db import driver_errors, open_pool
 from ingest.relay_ports import OutboxRow, Placement
 
 __all__ = ["PostgresOutboxReader"]
 
 _CLAIM = """
-SELECT o.position, o.document_id, o.namespace, o.event_json, o.trace_context
+SELECT o.position, o.document_id, o.namespace, o.own_event_json,
+       CASE WHEN o.own_event_json = '' THEN r.record_json END, o.trace_context
 FROM outbox AS o
+LEFT JOIN records AS r ON r.document_id = o.document_id AND r.revision = o.revision
 WHERE o.published_at IS NULL
   AND NOT EXISTS (
       SELECT 1 FROM outbox AS older
@@ -79,8 +84,8 @@ class PostgresOutboxReader:
             if not rows:
                 self._release(commit=False)
         return [
-            OutboxRow(int(pos), str(doc), str(ns), str(body), trace)
-            for pos, doc, ns, body, trace in rows
+            OutboxRow(int(pos), str(doc), str(ns), str(outbox_event_json(event, record)), trace)
+            for pos, doc, ns, event, record, trace in rows
         ]
 
     def mark_published(

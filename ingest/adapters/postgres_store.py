@@ -1,5 +1,11 @@
 """PostgreSQL canonical store (server mode): revisions, heads and the outbox in one database.
 
+An outbox row's `own_event_json` is empty (`OUTBOX_EVENT_IS_RECORD`, migration 0007):
+its event is the `RecordChanged` of the record row with the same `document_id` and
+`revision`, written in the same transaction and never changed, so the store keeps a
+record's JSON once, as the SQLite store does; the relay reads it from that row. Rows
+written before (a whole event's JSON) are relayed as written.
+
 Positions are gap-free and in commit order. A sequence gives neither: a rolled-back
 `nextval` leaves a hole, and a later number can commit first. Instead a batch takes the
 writers' transaction-level advisory lock, and its last statement before COMMIT advances
@@ -20,7 +26,7 @@ from psycopg_pool import ConnectionPool
 from pydantic_core import to_json
 
 from contracts.errors import ErrorCode, OrreryError
-from contracts.events import record_changed_json
+from contracts.events import OUTBOX_EVENT_IS_RECORD
 from contracts.records import Record
 from contracts.request_context import current_traceparent
 from ingest.adapters.postgres_db import driver_errors, open_pool
@@ -45,7 +51,7 @@ _UPSERT_HEADS = (
     "deleted = excluded.deleted"
 )
 _COPY_OUTBOX = (
-    "COPY outbox (position, document_id, revision, namespace, snapshot_kind, event_json, "
+    "COPY outbox (position, document_id, revision, namespace, snapshot_kind, own_event_json, "
     "created_at, trace_context) FROM STDIN"
 )
 
@@ -125,7 +131,7 @@ class PostgresRecordStore:
                 accepted.append((index, record))
             if not accepted:
                 return outcomes
-            # Serialized once: the records row and the outbox event carry the same JSON.
+            # Serialized once: the outbox row points at the records row (its event).
             bodies = [_stored(index, r, stored_json) for index, r in accepted]
             # COPY, not a multi-row INSERT: rows go out in psycopg's C row writer, without a
             # Python round of parameter adaptation per row (the same rows, the same
@@ -151,7 +157,7 @@ class PostgresRecordStore:
             first = int(row[0]) - len(accepted) + 1
             trace_context = current_traceparent()
             with cur.copy(_COPY_OUTBOX) as copy:
-                for offset, ((_, r), body) in enumerate(zip(accepted, bodies, strict=True)):
+                for offset, (_, r) in enumerate(accepted):
                     copy.write_row(
                         (
                             first + offset,
@@ -159,7 +165,7 @@ class PostgresRecordStore:
                             r.revision,
                             r.namespace,
                             r.snapshot_kind,
-                            record_changed_json(body),
+                            OUTBOX_EVENT_IS_RECORD,
                             now,
                             trace_context,
                         )

@@ -8,6 +8,7 @@ relay per database (it has no claims); tests of several relays are for backends 
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from contracts.events import RecordChanged
 from contracts.records import Record
 from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
 from ingest.adapters.sqlite_store import SqliteRecordStore
@@ -28,6 +30,9 @@ from ingest.relay_ports import OutboxRelaySource, OutboxRow
 class Backend:
     open_store: Callable[[], RecordStore]
     open_source: Callable[[], OutboxRelaySource]
+    # Sets an outbox row's `event_json` in the database itself: a row written before the
+    # outbox pointed at its record row held the whole event.
+    set_event_json: Callable[[int, str], None]
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def store(self) -> RecordStore:
@@ -43,7 +48,17 @@ class Backend:
 
 def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> Backend:
     path = tmp / "orrery.sqlite"
-    return Backend(lambda: SqliteRecordStore(path), lambda: SqliteOutboxReader(path))
+
+    def set_event_json(position: int, event_json: str) -> None:
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "UPDATE outbox SET event_json = ? WHERE position = ?", (event_json, position)
+            )
+        conn.close()
+
+    return Backend(
+        lambda: SqliteRecordStore(path), lambda: SqliteOutboxReader(path), set_event_json
+    )
 
 
 def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Backend:
@@ -53,7 +68,20 @@ def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Backend:
 
     url: str = request.getfixturevalue("postgres_url")
     migrate(url)
-    return Backend(lambda: PostgresRecordStore(url, pool_size=8), lambda: PostgresOutboxReader(url))
+
+    def set_event_json(position: int, event_json: str) -> None:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE outbox SET own_event_json = %s WHERE position = %s", (event_json, position)
+            )
+
+    return Backend(
+        lambda: PostgresRecordStore(url, pool_size=8),
+        lambda: PostgresOutboxReader(url),
+        set_event_json,
+    )
 
 
 FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Backend]] = {
@@ -146,6 +174,45 @@ def test_unpublished_in_order_until_marked(backend: Backend) -> None:
     source.mark_published([1, 2, 3])
     source.mark_published([1, 2, 3, 99])  # idempotent; unknown positions are ignored
     assert [r.position for r in source.unpublished(10)] == [4, 5]
+
+
+def test_each_row_carries_its_records_event_byte_for_byte(backend: Backend) -> None:
+    store, source = backend.store(), backend.source()
+    records = [
+        rec("a"),
+        rec("b"),
+        rec("d", revision=3),
+        rec("c").model_copy(update={"deleted": True}),
+    ]
+    for record in records:
+        store.write([record])
+    rows = source.unpublished(10)
+    assert [r.event_json for r in rows] == [
+        RecordChanged(record=r).model_dump_json() for r in records
+    ]
+
+
+def test_a_row_holding_its_whole_event_is_relayed_as_written(backend: Backend) -> None:
+    # Rows written before the outbox pointed at its record row (an outbox upgraded
+    # with rows in it) keep their event: relayed byte for byte, beside the new rows.
+    store, source = backend.store(), backend.source()
+    new = rec("new")
+    store.write([rec("old"), new])
+    legacy = RecordChanged(
+        record=Record(
+            namespace="ns",
+            snapshot_kind="objects",
+            item_id="old",
+            revision=1,
+            payload={"written": "in full"},
+        )
+    ).model_dump_json()
+    backend.set_event_json(1, legacy)
+    rows = source.unpublished(10)
+    assert [r.event_json for r in rows] == [
+        legacy,
+        RecordChanged(record=new).model_dump_json(),
+    ]
 
 
 def test_unmarked_rows_come_back_after_a_restart(backend: Backend) -> None:

@@ -154,6 +154,57 @@ def test_record_json_is_lz4_compressed(postgres_url: str) -> None:
         rows = conn.execute(
             "SELECT attrelid::regclass::text, attname, attcompression FROM pg_attribute "
             "WHERE (attrelid, attname) IN (('records'::regclass, 'record_json'), "
-            "('outbox'::regclass, 'event_json')) ORDER BY 1"
+            "('outbox'::regclass, 'own_event_json')) ORDER BY 1"
         ).fetchall()
-    assert rows == [("outbox", "event_json", "l"), ("records", "record_json", "l")]
+    # 0007 renamed the outbox's column; its compression stays.
+    assert rows == [("outbox", "own_event_json", "l"), ("records", "record_json", "l")]
+
+
+def test_the_outbox_pointer_migration_keeps_the_rows_it_finds(postgres_url: str) -> None:
+    """Migration 0007 on an outbox with rows in it: a row written before holds its whole
+    event and is relayed as written, beside a row written after (which points at its
+    record row); a relay or ingest API from before the migration fails closed (its
+    column is gone) instead of publishing an empty event."""
+    from contracts.events import RecordChanged
+    from contracts.records import Record
+    from ingest.adapters.postgres_outbox_relay import PostgresOutboxReader
+    from ingest.adapters.postgres_store import PostgresRecordStore
+    from ingest.model import stored_columns
+
+    files = load_migrations()
+    assert files[6].name == "outbox_event_is_record"
+    migrate(postgres_url, files[:6])
+    old = Record(namespace="ns", snapshot_kind="objects", item_id="old", revision=1)
+    body = old.model_dump_json()
+    event = RecordChanged(record=old).model_dump_json()
+    with psycopg.connect(postgres_url) as conn:  # what the store wrote before 0007
+        conn.execute(
+            "INSERT INTO records VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s, now())",
+            (*stored_columns(old), body),
+        )
+        conn.execute(
+            "INSERT INTO outbox (position, document_id, revision, namespace, snapshot_kind, "
+            "event_json, created_at) VALUES (1, %s, 1, 'ns', 'objects', %s, now())",
+            (old.doc_id, event),
+        )
+        conn.execute("UPDATE outbox_counter SET position = 1")
+    assert migrate(postgres_url).applied == (7,)
+    store, reader = PostgresRecordStore(postgres_url), PostgresOutboxReader(postgres_url)
+    try:
+        new = Record(namespace="ns", snapshot_kind="objects", item_id="new", revision=1)
+        assert [o.position for o in store.write([new])] == [2]
+        rows = reader.unpublished(10)
+        assert [(r.position, r.event_json) for r in rows] == [
+            (1, event),
+            (2, RecordChanged(record=new).model_dump_json()),
+        ]
+        reader.mark_published([1, 2])
+    finally:
+        store.close()
+        reader.close()
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute(
+            "SELECT position, own_event_json FROM outbox ORDER BY position"
+        ).fetchall() == [(1, event), (2, "")]
+        with pytest.raises(psycopg.errors.UndefinedColumn):
+            conn.execute("SELECT event_json FROM outbox")

@@ -251,3 +251,23 @@ def test_vector_json_cuts_in_place_what_vector_text_cuts(
 )
 def test_float32_bytes_is_cs_conversion(values: list[float]) -> None:
     assert float32_bytes(values) == array("f", values).tobytes()
+
+
+# Every length class `vector_problem` tells apart: zero and subnormal vectors, float32's
+# edge (|x| near 3.4e38), past it, and past float64's sum of squares.
+_EDGE_FLOATS = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.0, -0.0, 1e-45, 1e-38, 1e-20, 3.4e38, 3.5e38, 1e154, 1e200]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_EDGE_FLOATS, min_size=1, max_size=16), st.sampled_from([None, 1, 4, 16]))
+def test_a_stored_vector_is_refused_as_its_list_is(values: list[float], dimension: Any) -> None:
+    """`vector_problem` of a decoded event's vector (measured once, when it was decoded)
+    is what it says of the same values as a plain list."""
+    from contracts.admission import vector_problem
+
+    stored = stored_vector(values, json.dumps(values, separators=(",", ":")).encode())
+    assert stored is not None and type(stored) is StoredVector
+    assert vector_problem(stored, dimension) == vector_problem(list(values), dimension)
