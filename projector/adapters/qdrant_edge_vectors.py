@@ -71,8 +71,7 @@ indexes, WAL: all shared mappings) and reads them in on load, so loading the cop
 the old shard held both in this process's RSS until the old one closed (at 1M points
 10 GB at the peak of a 6.7 GB server). Closing the old shard first would stop searches
 and writes for the load and the whole catch-up (minutes at 1M), and the catch-up reads
-the old shard. So before the load the old shard's mapped pages are reclaimed instead, and again
-after the load and at the start of each catch-up round, as searches bring pages back
+the old shard. So before the load the old shard's mapped pages are reclaimed instead
 (`madvise(MADV_PAGEOUT)` on every mapping of a file under its directory, Linux 5.4+):
 the old shard stays open and keeps answering every search and taking every write,
 exactly as before, each page it touches read back from its file (dirty pages are not
@@ -355,10 +354,9 @@ class _OptimizeReport:
     rounds: int = 0
     tail: int = 0
     searches_paused: float = 0.0
-    # The old shard's pages reclaimed (`page_out`): times, mappings advised the last
-    # time, KiB of file-backed RSS fewer right after each time, summed; None where
-    # unsupported.
-    paged_out: tuple[int, int, int] | None = (0, 0, 0)
+    # The old shard's pages reclaimed before the load: mappings advised, and KiB of
+    # file-backed RSS this process held fewer right after (None where unsupported).
+    paged_out: tuple[int, int] | None = None
 
     @contextlib.contextmanager
     def timing(self, phase: str) -> Iterator[None]:
@@ -369,18 +367,6 @@ class _OptimizeReport:
             elapsed = time.perf_counter() - started
             self.seconds[phase] = self.seconds.get(phase, 0.0) + elapsed
             _log.debug("optimize phase %s took %.3f s", phase, elapsed)
-
-    def page_out(self, old: Path) -> None:
-        """Reclaim the old shard's resident pages (`_page_out`), timed and counted."""
-        if self.paged_out is None:
-            return
-        with self.timing("page_out_old"):
-            outcome = _page_out(old)
-        if outcome is None:
-            self.paged_out = None
-        else:
-            times, _, kb = self.paged_out
-            self.paged_out = (times + 1, outcome[0], kb + outcome[1])
 
     def add(self, caught_up: tuple[int, int]) -> None:
         self.replayed += caught_up[0]
@@ -396,9 +382,8 @@ class _OptimizeReport:
             + (
                 "old shard's pages not reclaimed (unsupported here)"
                 if self.paged_out is None
-                else f"old shard's pages reclaimed {self.paged_out[0]} times (before the load, "
-                f"after it and each catch-up round): {self.paged_out[2] / 1024:.1f} MiB of RSS, "
-                f"{self.paged_out[1]} mappings"
+                else f"old shard's pages reclaimed before the load: {self.paged_out[1] / 1024:.1f} "
+                f"MiB of RSS, {self.paged_out[0]} mappings"
             )
         )
 
@@ -1214,7 +1199,8 @@ class QdrantEdgeVectorIndex:
             ) from error
         swapped = False
         try:
-            report.page_out(generation.path)
+            with report.timing("page_out_old"):
+                report.paged_out = _page_out(generation.path)
             with report.timing("load"):
                 staged = _load_shard(target, f"load optimized {generation_id}")
             try:
@@ -1222,8 +1208,6 @@ class QdrantEdgeVectorIndex:
                 with report.timing("catch_up"):
                     while report.rounds < _CATCH_UP_ROUNDS:
                         self._check_not_cancelled(generation)
-                        # What searches and the load brought back meanwhile goes again.
-                        report.page_out(generation.path)
                         end = len(journal)
                         report.add(
                             _catch_up(generation.shard, staged, journal, done, end, generation_id)
