@@ -13,6 +13,13 @@ completed searches and between two heartbeats (a stall of the whole interpreter:
 qdrant-edge call holds the GIL), the slowest `apply`, and whether the generation holds
 exactly what was written afterwards (every write acknowledged during the optimize).
 
+Memory: the process's peak RSS during the optimize (`VmHWM`, reset through
+`/proc/self/clear_refs` just before it; anonymous and file-backed pages sampled every
+20 ms, `rss_samples`, with the phase ends beside them), its RSS before, and the optimizer
+child's peak (`ru_maxrss` of the waited-for children). `--preoptimize` optimizes once
+before the measured run and writes `--extra` more points, so the measured swap replaces
+an HNSW-indexed shard, as the later swaps of a large ingest do.
+
 `--module` runs the same load against another revision of the adapter (a file from
 `git show <rev>:projector/adapters/qdrant_edge_vectors.py`) for a paired A/B run. Wall
 times depend on the machine's load: record `cat /proc/loadavg` beside them.
@@ -27,6 +34,7 @@ import json
 import logging
 import os
 import random
+import resource
 import sys
 import tempfile
 import threading
@@ -117,7 +125,38 @@ class _OptimizeLines(logging.Handler):
             self.lines.append(message)
 
 
-def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
+def _memory_kb() -> dict[str, int]:
+    """VmRSS, VmHWM, RssAnon and RssFile of this process, in KiB."""
+    out: dict[str, int] = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+def _reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); whether it worked."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _children_peak_kb() -> int:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+
+
+def run(
+    size: int,
+    dim: int,
+    module: ModuleType,
+    seed: int,
+    *,
+    preoptimize: bool = False,
+    extra: int = 0,
+) -> dict[str, Any]:
     lines = _OptimizeLines()
     logging.getLogger(module.__name__).addHandler(lines)
     logging.getLogger(module.__name__).setLevel(logging.DEBUG)
@@ -131,6 +170,18 @@ def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
                 docs = corpus.new(min(1_000, size - start))
                 index.apply("g", docs, [])
                 corpus.keep(docs)
+            pre: dict[str, Any] = {}
+            if preoptimize:
+                pre_started = time.perf_counter()
+                pre["changed"] = index.optimize("g")
+                pre["seconds"] = round(time.perf_counter() - pre_started, 1)
+                pre["child_peak_rss_kb"] = _children_peak_kb()
+                for start in range(0, extra, 1_000):
+                    docs = corpus.new(min(1_000, extra - start))
+                    index.apply("g", docs, [])
+                    corpus.keep(docs)
+                lines.lines.clear()
+                lines.phases.clear()
             load_s = time.perf_counter() - started
             search = QdrantEdgeVectorSearch(index.shard_for)
             queries = [corpus.vector() for _ in range(50)]
@@ -165,6 +216,13 @@ def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
                     applied.append((at, time.perf_counter()))
                     time.sleep(0.02)
 
+            rss_samples: list[tuple[float, dict[str, int]]] = []
+
+            def sample_memory() -> None:
+                while not stop.is_set():
+                    rss_samples.append((time.perf_counter(), _memory_kb()))
+                    time.sleep(0.02)
+
             def heartbeat() -> None:
                 last = time.perf_counter()
                 while not stop.is_set():
@@ -174,16 +232,21 @@ def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
                     last = now
 
             workers = [
-                threading.Thread(target=f) for f in (keep_searching, keep_writing, heartbeat)
+                threading.Thread(target=f)
+                for f in (keep_searching, keep_writing, heartbeat, sample_memory)
             ]
             for worker in workers:
                 worker.start()
             time.sleep(1.0)
+            memory_before = _memory_kb()
+            peak_reset = _reset_peak()
+            children_before = _children_peak_kb()
             began = time.perf_counter()
             try:
                 changed = index.optimize("g")
             finally:
                 ended = time.perf_counter()
+                memory_after = _memory_kb()
                 time.sleep(0.5)
                 stop.set()
                 for worker in workers:
@@ -197,6 +260,12 @@ def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
             lat = sorted(b - a for a, b in during(searched))
             exact = index.evidence("g").document_count == len(corpus.docs)
             gaps = sorted(((b - a, a) for a, b in during(beats)), reverse=True)[:3]
+            # Searches from the child's end to the optimize's end: the old shard serves
+            # them while the copy loads and catches up, then the copy does.
+            child_end = next(
+                (at for at, phase in lines.phases if phase.startswith("child ")), ended
+            )
+            swap_lat = sorted(b - a for a, b in searched if child_end <= a and b <= ended)
             return {
                 "size": size,
                 "dim": dim,
@@ -207,6 +276,14 @@ def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
                 "searches_during": len(lat),
                 "search_p50_ms": round(lat[len(lat) // 2] * 1000, 2) if lat else None,
                 "search_max_ms": round(lat[-1] * 1000, 1) if lat else None,
+                "searches_after_child": {
+                    "n": len(swap_lat),
+                    "p50_ms": round(swap_lat[len(swap_lat) // 2] * 1000, 2) if swap_lat else None,
+                    "p95_ms": (
+                        round(swap_lat[int(len(swap_lat) * 0.95)] * 1000, 2) if swap_lat else None
+                    ),
+                    "max_ms": round(swap_lat[-1] * 1000, 1) if swap_lat else None,
+                },
                 "search_stall_max_ms": round(
                     max((b - a for a, b in itertools.pairwise(done)), default=0.0) * 1000, 1
                 ),
@@ -226,6 +303,22 @@ def run(size: int, dim: int, module: ModuleType, seed: int) -> dict[str, Any]:
                 "documents": len(corpus.docs),
                 "evidence_matches": exact,
                 "errors": errors[:5],
+                "preoptimize": pre or None,
+                "memory_kb_before": memory_before,
+                "memory_kb_after": memory_after,
+                "peak_rss_kb_during": memory_after["VmHWM"] if peak_reset else None,
+                "peak_rss_over_before_kb": (
+                    memory_after["VmHWM"] - memory_before["VmRSS"] if peak_reset else None
+                ),
+                # ru_maxrss is the largest child so far: a figure of this optimize's child
+                # only if it outgrew every earlier one (`preoptimize`'s is reported there).
+                "optimizer_child_peak_rss_kb": _children_peak_kb(),
+                "children_peak_rss_kb_before": children_before,
+                "rss_samples": [
+                    {"at_s": round(at - began, 2), **kb}
+                    for at, kb in rss_samples[::5]
+                    if began - 0.5 <= at <= ended + 0.5
+                ],
             }
         finally:
             index.close()
@@ -238,9 +331,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--module", default=None)
     parser.add_argument("--label", default="this tree")
     parser.add_argument("--seed", type=int, default=17)
+    parser.add_argument("--preoptimize", action="store_true")
+    parser.add_argument("--extra", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    figures = run(args.size, args.dim, _adapter(args.module), args.seed)
+    figures = run(
+        args.size,
+        args.dim,
+        _adapter(args.module),
+        args.seed,
+        preoptimize=args.preoptimize,
+        extra=args.extra,
+    )
     figures["label"] = args.label
     figures["loadavg"] = Path("/proc/loadavg").read_text().strip()
     figures["nice"] = os.nice(0)

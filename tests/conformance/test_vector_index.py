@@ -16,6 +16,7 @@ import itertools
 import logging
 import random
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -1096,6 +1097,91 @@ def test_edge_swap_pauses_no_search_and_loses_no_acknowledged_write(
     (line,) = [r.getMessage() for r in caplog.records if "optimized qdrant-edge" in r.getMessage()]
     tail = int(line.split(" left for the round under the write lock")[0].rsplit(" ", 1)[-1])
     assert tail <= edge_module._CATCH_UP_SLACK, line
+    if sys.platform == "linux":  # the old shard's pages went back before the copy loaded
+        mappings = int(line.split(" mappings")[0].rsplit(" ", 1)[-1])
+        assert "old shard's pages reclaimed before the load" in line and mappings > 0, line
+
+
+def test_edge_reclaiming_a_live_shards_pages_changes_no_answer(
+    edge: QdrantEdgeVectorIndex, tmp_path: Path
+) -> None:
+    """What the swap does to the old shard before loading the copy (`_page_out`), done
+    over and over to the live shard while searches and writes run: every search finds
+    the anchors with their exact scores and the model's exact top 10, every write is
+    there (visible at its revision when `apply` returns, and all of them at the end),
+    and on Linux the shard's files were mapped and their pages reclaimed."""
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=29)
+    model.add(3_000)
+    anchors = [doc(f"anchor{i}", vector=unit(1, i, -i, 2)) for i in range(5)]
+    edge.apply("g", anchors, [])
+    edge.optimize("g")  # an HNSW segment too: its links and vectors are mapped files
+    search = QdrantEdgeVectorSearch(edge.shard_for)
+    query = unit(1, 1, 0, 1)
+    wanted = SearchFilter(document_ids=tuple(a.document_id for a in anchors))
+    exact = {
+        a.document_id: sum(q * v for q, v in zip(query, a.vector or (), strict=True))
+        for a in anchors
+    }
+    live = tmp_path / "edge" / edge._generations["g"].path.name
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    wrong: list[str] = []
+    searched = [0]
+
+    def keep_searching() -> None:
+        while not stop.is_set():
+            try:
+                found = search.scores("g", query, wanted)
+                if found.keys() != exact.keys() or any(
+                    abs(found[d] - exact[d]) > 1e-5 for d in exact
+                ):
+                    wrong.append(f"anchors scored {found}")
+                searched[0] += 1
+            except BaseException as error:
+                errors.append(error)
+                return
+
+    def keep_writing() -> None:
+        while not stop.is_set():
+            try:
+                model.step()
+                latest = max(model.docs.values(), key=lambda d: d.document_id)
+                if edge.pairs_of("g", [latest.document_id]) != [
+                    (latest.document_id, latest.revision)
+                ]:
+                    wrong.append(f"write of {latest.document_id} not visible")
+            except BaseException as error:
+                errors.append(error)
+                return
+
+    workers = [threading.Thread(target=keep_searching), threading.Thread(target=keep_writing)]
+    for worker in workers:
+        worker.start()
+    outcomes = []
+    try:
+        for _ in range(30):
+            steps, done = model.steps, searched[0]
+            outcomes.append(edge_module._page_out(live))
+            _wait_for(
+                lambda steps=steps, done=done: (
+                    bool(errors or wrong) or (model.steps >= steps + 3 and searched[0] >= done + 3)
+                )
+            )
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join()
+    assert errors == []
+    assert wrong == []
+    assert edge.evidence("g") == IndexEvidence(
+        document_count=len(model.docs) + len(anchors),
+        id_set_digest=id_set_digest(pairs(*model.docs.values(), *anchors)),
+    )
+    top = [c.document_id for c in search.search("g", query, SearchFilter(), 10)]
+    assert len(set(top) & set(_exact_ids(edge, query, 10))) >= 8
+    if sys.platform == "linux":
+        assert all(outcome is not None and outcome[0] > 0 for outcome in outcomes), outcomes
 
 
 _FAILING_CHILDREN = {
