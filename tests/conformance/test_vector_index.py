@@ -990,6 +990,77 @@ def test_edge_optimize_keeps_serving_and_loses_no_write(
     assert _leftovers(tmp_path / "edge") == []
 
 
+class AnchorTraffic:
+    """Searches and writes on their own threads until `stop`: each search scores the
+    anchors (`wanted`) and must find exactly their `exact` scores (then, with
+    `top_too`, also asks for a top 10); each write is a model step whose newest document
+    must be visible at its revision as soon as `apply` returns. What went wrong is
+    collected in `errors` (raised) and `wrong` (answers), searches counted in
+    `searched`."""
+
+    def __init__(
+        self,
+        edge: QdrantEdgeVectorIndex,
+        search: QdrantEdgeVectorSearch,
+        model: Model,
+        query: tuple[float, ...],
+        anchors: list[IndexDocument],
+        *,
+        top_too: bool = False,
+    ) -> None:
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self.wrong: list[str] = []
+        self.searched = [0]
+        wanted = SearchFilter(document_ids=tuple(a.document_id for a in anchors))
+        exact = {
+            a.document_id: sum(q * v for q, v in zip(query, a.vector or (), strict=True))
+            for a in anchors
+        }
+
+        def keep_searching() -> None:
+            while not self.stop.is_set():
+                try:
+                    found = search.scores("g", query, wanted)
+                    if found.keys() != exact.keys() or any(
+                        abs(found[d] - exact[d]) > 1e-5 for d in exact
+                    ):
+                        self.wrong.append(f"anchors scored {found}")
+                    if top_too:
+                        search.search("g", query, SearchFilter(), 10)
+                    self.searched[0] += 1
+                except BaseException as error:
+                    self.errors.append(error)
+                    return
+
+        def keep_writing() -> None:
+            while not self.stop.is_set():
+                try:
+                    model.step()
+                    latest = max(model.docs.values(), key=lambda d: d.document_id)
+                    if edge.pairs_of("g", [latest.document_id]) != [
+                        (latest.document_id, latest.revision)
+                    ]:
+                        self.wrong.append(f"write of {latest.document_id} not visible")
+                except BaseException as error:
+                    self.errors.append(error)
+                    return
+
+        self.workers = [
+            threading.Thread(target=keep_searching),
+            threading.Thread(target=keep_writing),
+        ]
+
+    def start(self) -> None:
+        for worker in self.workers:
+            worker.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for worker in self.workers:
+            worker.join()
+
+
 def test_edge_swap_pauses_no_search_and_loses_no_acknowledged_write(
     edge: QdrantEdgeVectorIndex,
     monkeypatch: pytest.MonkeyPatch,
@@ -1027,47 +1098,11 @@ def test_edge_swap_pauses_no_search_and_loses_no_acknowledged_write(
 
     search = QdrantEdgeVectorSearch(provider)
     query = unit(1, 1, 0, 1)
-    wanted = SearchFilter(document_ids=tuple(a.document_id for a in anchors))
-    exact = {
-        a.document_id: sum(q * v for q, v in zip(query, a.vector or (), strict=True))
-        for a in anchors
-    }
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    unseen: list[str] = []
-
-    def keep_searching() -> None:
-        while not stop.is_set():
-            try:
-                found = search.scores("g", query, wanted)
-                if found.keys() != exact.keys() or any(
-                    abs(found[d] - exact[d]) > 1e-5 for d in exact
-                ):
-                    unseen.append(f"anchors scored {found}")
-                search.search("g", query, SearchFilter(), 10)
-            except BaseException as error:
-                errors.append(error)
-                return
-
-    def keep_writing() -> None:
-        while not stop.is_set():
-            try:
-                model.step()
-                latest = max(model.docs.values(), key=lambda d: d.document_id)
-                if edge.pairs_of("g", [latest.document_id]) != [
-                    (latest.document_id, latest.revision)
-                ]:
-                    unseen.append(f"write of {latest.document_id} not visible")
-            except BaseException as error:
-                errors.append(error)
-                return
-
+    traffic = AnchorTraffic(edge, search, model, query, anchors, top_too=True)
     old = id(edge.shard_for("g"))
     caplog.set_level(logging.INFO, logger=edge_module.__name__)
     optimizer = OptimizeThread(edge, "g")
-    workers = [threading.Thread(target=keep_searching), threading.Thread(target=keep_writing)]
-    for worker in workers:
-        worker.start()
+    traffic.start()
     optimizer.start()
     try:
         _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
@@ -1078,11 +1113,9 @@ def test_edge_swap_pauses_no_search_and_loses_no_acknowledged_write(
         steps, searched = model.steps, len(served)
         _wait_for(lambda: model.steps >= steps + 10 and len(served) >= searched + 10)
     finally:
-        stop.set()
-        for worker in workers:
-            worker.join()
-    assert errors == []
-    assert unseen == []
+        traffic.finish()
+    assert traffic.errors == []
+    assert traffic.wrong == []
     assert (optimizer.error, optimizer.result) == (None, True)
     assert gate_waits == []
     new = id(edge.shard_for("g"))
@@ -1118,46 +1151,10 @@ def test_edge_reclaiming_a_live_shards_pages_changes_no_answer(
     edge.optimize("g")  # an HNSW segment too: its links and vectors are mapped files
     search = QdrantEdgeVectorSearch(edge.shard_for)
     query = unit(1, 1, 0, 1)
-    wanted = SearchFilter(document_ids=tuple(a.document_id for a in anchors))
-    exact = {
-        a.document_id: sum(q * v for q, v in zip(query, a.vector or (), strict=True))
-        for a in anchors
-    }
     live = tmp_path / "edge" / edge._generations["g"].path.name
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    wrong: list[str] = []
-    searched = [0]
-
-    def keep_searching() -> None:
-        while not stop.is_set():
-            try:
-                found = search.scores("g", query, wanted)
-                if found.keys() != exact.keys() or any(
-                    abs(found[d] - exact[d]) > 1e-5 for d in exact
-                ):
-                    wrong.append(f"anchors scored {found}")
-                searched[0] += 1
-            except BaseException as error:
-                errors.append(error)
-                return
-
-    def keep_writing() -> None:
-        while not stop.is_set():
-            try:
-                model.step()
-                latest = max(model.docs.values(), key=lambda d: d.document_id)
-                if edge.pairs_of("g", [latest.document_id]) != [
-                    (latest.document_id, latest.revision)
-                ]:
-                    wrong.append(f"write of {latest.document_id} not visible")
-            except BaseException as error:
-                errors.append(error)
-                return
-
-    workers = [threading.Thread(target=keep_searching), threading.Thread(target=keep_writing)]
-    for worker in workers:
-        worker.start()
+    traffic = AnchorTraffic(edge, search, model, query, anchors)
+    errors, wrong, searched = traffic.errors, traffic.wrong, traffic.searched
+    traffic.start()
     outcomes = []
     try:
         for _ in range(30):
@@ -1169,9 +1166,7 @@ def test_edge_reclaiming_a_live_shards_pages_changes_no_answer(
                 )
             )
     finally:
-        stop.set()
-        for worker in workers:
-            worker.join()
+        traffic.finish()
     assert errors == []
     assert wrong == []
     assert edge.evidence("g") == IndexEvidence(
