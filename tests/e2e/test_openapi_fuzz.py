@@ -372,15 +372,17 @@ def _orrery_error(response: Any) -> str | None:
 
 def _own_deadline(case: Any, response: Any) -> bool:
     """A `504 deadline_exceeded` of the deadline the request itself chose
-    (`timeout_seconds`, down to microseconds): the answer asked for, not a server fault."""
+    (`timeout_seconds`, or the KoutenDB envelope's `timeoutSeconds`, down to
+    microseconds): the answer asked for, not a server fault."""
     if response.status_code != 504 or not isinstance(case.body, dict):
         return False
-    if "timeout_seconds" not in case.body:
+    chosen = [case.body[k] for k in ("timeout_seconds", "timeoutSeconds") if k in case.body]
+    if len(chosen) != 1:
         return False
     error = response.json().get("error", {})
     return bool(
         error.get("code") == "deadline_exceeded"
-        and error.get("details", {}).get("timeout_seconds") == case.body["timeout_seconds"]
+        and error.get("details", {}).get("timeout_seconds") == chosen[0]
     )
 
 
