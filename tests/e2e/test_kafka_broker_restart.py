@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -78,6 +78,13 @@ class Broker:
         wait_until(lambda: kafka_probe(self.port), 120, "the broker to answer again")
 
 
+def _or_error(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except Exception as exc:  # a diagnostic: the failure message carries it
+        return repr(exc)
+
+
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     base = tmp_path_factory.mktemp("kafka-restart")
@@ -135,6 +142,7 @@ def test_nothing_acknowledged_is_lost_across_a_broker_restart(
         max_backoff_seconds=0.5,
     )
     acknowledged: list[LogEntry] = []
+    crashed: list[Exception] = []
     stop = threading.Event()
 
     def project() -> None:  # fetch, "apply", acknowledge; errors are retried
@@ -145,6 +153,9 @@ def test_nothing_acknowledged_is_lost_across_a_broker_restart(
                 acknowledged.extend(e for e in batch if isinstance(e, LogEntry))
             except DependencyUnavailable:  # the broker is down: try again
                 time.sleep(0.2)
+            except Exception as exc:  # a defect: the failure message reports it
+                crashed.append(exc)
+                raise
 
     projector = threading.Thread(target=project, daemon=True)
     written = set()
@@ -168,7 +179,15 @@ def test_nothing_acknowledged_is_lost_across_a_broker_restart(
         broker.start()
         wait_until(lambda: not source.unpublished(1), 120, "the relay to publish after it")
         seen = lambda: {(e.event.document_id, e.event.revision) for e in acknowledged}  # noqa: E731
-        wait_until(lambda: seen() >= written, 120, "the projector to acknowledge everything")
+        try:
+            wait_until(lambda: seen() >= written, 120, "the projector to acknowledge everything")
+        except AssertionError as exc:
+            missing = sorted(written - seen())
+            raise AssertionError(
+                f"{exc}: {len(missing)} never acknowledged, e.g. {missing[:5]}; "
+                f"last acknowledged {[(e.partition, e.position) for e in acknowledged[-5:]]}; "
+                f"group lag {_or_error(log.lag)}; projector crashed: {crashed!r}"
+            ) from exc
     finally:
         stop.set()
         relay.stop(timeout=30)
