@@ -979,14 +979,25 @@ def test_edge_optimize_keeps_serving_and_loses_no_write(
     assert (optimizer.error, optimizer.result) == (None, True)
     assert edge.shard_for("g").info().indexed_vectors_count > 0
     assert edge.evidence("g") == model.evidence()
-    # HNSW is approximate: the optimized index must find (nearly) what exact search
-    # finds, with the model's own scores, but not necessarily in the same order.
-    hnsw = [c.document_id for c in search.search("g", query, SearchFilter(), 10)]
-    exact = _exact_ids(edge, query, 10)
-    assert len(set(hnsw) & set(exact)) >= 8
-    assert [model.score(query, i) for i in exact] == pytest.approx(
-        model.top_scores(query, 10), abs=1e-5
-    )
+    # HNSW is approximate, and the writes during the build leave deleted points in its
+    # graph (800-1,800 steps, by timing): recall@10 over these 20 queries measured 0.72-1.0
+    # in loaded runs (a single query once found 8 of 10, this test's old floor). So: every
+    # hit is a live document at its current vector's score (no stale or deleted point),
+    # exact search agrees with the model, and recall stays far above a broken graph's.
+    rng = random.Random(5)
+    found = 0
+    for probe in [query, *(unit(*(rng.gauss(0, 1) for _ in range(DIM))) for _ in range(19))]:
+        hits = search.search("g", probe, SearchFilter(), 10)
+        assert all(h.document_id in model.docs for h in hits)
+        assert [h.score for h in hits] == pytest.approx(
+            [model.score(probe, h.document_id) for h in hits], abs=1e-5
+        )
+        exact = _exact_ids(edge, probe, 10)
+        found += len({h.document_id for h in hits} & set(exact))
+        assert [model.score(probe, i) for i in exact] == pytest.approx(
+            model.top_scores(probe, 10), abs=1e-5
+        )
+    assert found >= 120, f"HNSW recall@10 {found / 200:.2f} over 20 queries"
     assert _leftovers(tmp_path / "edge") == []
 
 
