@@ -58,7 +58,9 @@ def _start(
     copy = work / name
     shutil.copytree(data_dir, copy)
     env = {**extra, "PYTHONPATH": str(tree.resolve())}
-    return start_serve(copy, work / f"{name}.log", env)
+    # `python -m` imports its working directory's code before PYTHONPATH's: run in `tree`
+    # (before session 21 both servers ran the bench's own tree, whatever `--a` said).
+    return start_serve(copy, work / f"{name}.log", env, tree=tree.resolve())
 
 
 def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
