@@ -69,13 +69,13 @@ def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError(
             f"topk_records: HTTP {ex.response.status_code}: {ex.response.text[:300]}"
         )
-    body: dict[str, Any] = ex.json()
-    plan = body["query_plan"]
+    answer: dict[str, Any] = ex.json()
+    plan = answer["query_plan"]
     return {
         "ms": ex.seconds * 1000.0,
         "total": plan["latency_ms"]["total"],
         "cache": plan["cache"],
-        "answer": [[r["document_id"], r["metadata"]["payload_sha256"]] for r in body["results"]],
+        "answer": [[r["document_id"], r["metadata"]["payload_sha256"]] for r in answer["results"]],
     }
 
 

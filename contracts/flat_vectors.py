@@ -292,8 +292,9 @@ def any_of(column: npt.NDArray[Any], codes: Sequence[int]) -> npt.NDArray[np.boo
     filter names, one equality pass per code. `isin` sets up a sort or a lookup table
     first, ~90 µs for one code over 5k rows against ~2 µs for `column == code`."""
     if not codes or len(codes) > _EQUALITY_CODES:
-        return np.isin(column, codes)
-    mask = column == codes[0]
+        found: npt.NDArray[np.bool_] = np.isin(column, codes)
+        return found
+    mask: npt.NDArray[np.bool_] = column == codes[0]
     for code in codes[1:]:
         mask |= column == code
     return mask
