@@ -42,7 +42,7 @@ from operator import attrgetter
 import numpy as np
 import numpy.typing as npt
 
-from contracts.flat_vectors import flat_answerable
+from contracts.flat_vectors import any_of, flat_answerable
 from contracts.index import Candidate, SearchFilter
 
 __all__ = ["FlatLexical", "LexicalRow", "fieldnorm_id"]
@@ -400,7 +400,7 @@ class FlatLexical:
                 codes = [self._codes[v] for v in values if v in self._codes]
                 if not codes:
                     return None
-                mask &= np.isin(self._column(name, column, np.int32), codes)
+                mask &= any_of(self._column(name, column, np.int32), codes)
         updated = self._column("updated", self._updated, np.int64)
         if filter.updated_after is not None:
             mask &= updated >= _micros(filter.updated_after)

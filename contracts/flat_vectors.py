@@ -35,7 +35,7 @@ from contracts.index import Candidate, SearchFilter
 from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, RING, STATUS, hidden_term
 from contracts.vector_payload import candidate_of, utc_instant
 
-__all__ = ["FlatVectors", "flat_answerable", "flat_capacity"]
+__all__ = ["FlatVectors", "any_of", "flat_answerable", "flat_capacity"]
 
 # Documents hidden from the vector lane are never a hit: such a point is not a row.
 _HIDDEN = hidden_term("vector")
@@ -219,7 +219,7 @@ class FlatVectors:
                 codes = [self._codes[v] for v in values if v in self._codes]
                 if not codes:
                     return None
-                mask &= np.isin(column[:high], codes)
+                mask &= any_of(column[:high], codes)
         if filter.updated_after is not None:
             mask &= self._updated[:high] >= _micros(utc_instant(filter.updated_after))
         if filter.updated_before is not None:
@@ -281,6 +281,23 @@ def flat_answerable(filter: SearchFilter) -> bool:
         and filter.ring_trees is None
         and not filter.phrases
     )
+
+
+# Up to this many codes, `any_of` compares once per code; past it, `numpy.isin`.
+_EQUALITY_CODES = 8
+
+
+def any_of(column: npt.NDArray[Any], codes: Sequence[int]) -> npt.NDArray[np.bool_]:
+    """`numpy.isin(column, codes)`, the same mask: for the few codes a status or ring
+    filter names, one equality pass per code. `isin` sets up a sort or a lookup table
+    first, ~90 µs for one code over 5k rows against ~2 µs for `column == code`."""
+    if not codes or len(codes) > _EQUALITY_CODES:
+        found: npt.NDArray[np.bool_] = np.isin(column, codes)
+        return found
+    mask: npt.NDArray[np.bool_] = column == codes[0]
+    for code in codes[1:]:
+        mask |= column == code
+    return mask
 
 
 def _unit(vector: Sequence[float]) -> npt.NDArray[np.float32]:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.telemetry import TelemetryConfig
@@ -124,7 +124,18 @@ def build_app(
         app.include_router(router)
     app.include_router(create_docs_router())
     lean.update(lean_endpoints(routers, LEAN_ROUTES))
+    # The liveness probe (and the benches' HTTP floor) through the lane too: the same
+    # bytes the route above sends, without FastAPI's routing (~0.23 ms in process).
+    lean[("GET", "/healthz")] = _healthz
     return app
+
+
+_HEALTHY = b'{"status":"ok"}'
+
+
+async def _healthz(_: Request) -> Response:
+    """`GET /healthz` in the lean lane: what FastAPI sends for `get_healthz`'s dict."""
+    return Response(_HEALTHY, media_type="application/json")
 
 
 class ApiKeyHeader:

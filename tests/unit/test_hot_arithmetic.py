@@ -1,7 +1,8 @@
-"""Two re-arranged hot-path computations give the very floats the plain ones gave:
-the flat BM25 pass started from its first dense term instead of zeros
-(`FlatLexical._scores`), and the memo's cosines multiplied in place and clamped by numpy
-(`QdrantEdgeVectorSearch.scores`)."""
+"""Re-arranged hot-path computations give what the plain ones gave: the flat BM25 pass
+started from its first dense term instead of zeros (`FlatLexical._scores`), the memo's
+cosines multiplied in place and clamped by numpy (`QdrantEdgeVectorSearch.scores`), and
+the flat copies' any-of filter masks by equality passes (`contracts.flat_vectors.any_of`)
+instead of `numpy.isin`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.flat_lexical import FlatLexical, LexicalRow
+from contracts.flat_vectors import any_of
 from contracts.index import Candidate, SearchFilter
 from query.adapters.qdrant_edge_vectors import _unit
 
@@ -88,3 +90,15 @@ def test_the_memo_cosines_are_the_plain_ones(count: int, dimension: int, seed: i
     plain = [min(1.0, max(-1.0, c)) for c in (rows * query).sum(axis=1).tolist()]
     np.multiply(rows, query, out=rows)
     assert np.clip(rows.sum(axis=1), -1.0, 1.0).tolist() == plain
+
+
+@given(
+    st.lists(st.integers(-1, 12), max_size=200),
+    st.lists(st.integers(-1, 12), max_size=12),
+    st.sampled_from([np.int32, np.int64]),
+)
+def test_the_any_of_mask_is_isin(column: list[int], codes: list[int], dtype: type) -> None:
+    values = np.asarray(column, dtype=dtype)
+    got = any_of(values, codes)
+    assert got.dtype == np.bool_
+    assert np.array_equal(got, np.isin(values, codes))

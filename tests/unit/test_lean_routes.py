@@ -121,3 +121,20 @@ def test_a_middleware_added_later_sees_lane_requests() -> None:
     assert TestClient(app).post(TOPK_PATH, json={}).status_code == 200
     assert seen == [TOPK_PATH]
     assert any(m.cls is LeanRoutes for m in app.user_middleware)
+
+
+def test_healthz_leaves_the_lane_as_its_route_sends_it() -> None:
+    app = build_app("test", [_router()])
+    client = TestClient(app)
+    lane = client.get("/healthz")
+    # The built middleware stack's lane, without its `/healthz`: FastAPI's own answer.
+    node: object = app.middleware_stack
+    while not isinstance(node, LeanRoutes):
+        node = node.app  # type: ignore[attr-defined]
+    assert ("GET", "/healthz") in node.endpoints
+    del node.endpoints[("GET", "/healthz")]  # type: ignore[attr-defined]
+    route = client.get("/healthz")
+    assert lane.status_code == route.status_code == 200
+    assert lane.content == route.content == b'{"status":"ok"}'
+    assert list(lane.headers.items()) == list(route.headers.items())
+    assert client.post("/healthz").status_code == 405
