@@ -38,6 +38,14 @@ class IngestSettings(BaseSettings):
         "searchable before it answers with searchable=false",
     )
 
+    workers: int = Field(
+        default=1,
+        ge=0,
+        le=16,
+        description="Embedded: processes that parse, validate and write the batches of "
+        "POST /v1/records beside the serving interpreter (0: in the serving process)",
+    )
+
     def limits(self) -> FlowLimits:
         return FlowLimits(
             max_lag_events=self.max_lag_events,
