@@ -201,9 +201,11 @@ def run_orrery(corpus: SpooledCorpus, size: int, batch_size: int, seed: int) -> 
     try:
         load_before = _load()
         cpu_before = server.cpu_seconds()
+        workers_before = server.worker_cpu_seconds()
         with server.client(timeout_s=300.0) as client:
             result = ingest(server, client, corpus, size)
             cpu_ready = server.cpu_seconds()
+            workers_ready = server.worker_cpu_seconds()
             load_ready = _load()
             wait = wait_for_vector_index(
                 server,
@@ -235,6 +237,10 @@ def run_orrery(corpus: SpooledCorpus, size: int, batch_size: int, seed: int) -> 
         "optimizes_ended_s_after_first_post": wait["optimizes_ended_s_after_first_post"],
         "optimizes_failed": len(wait["optimizes_failed"]),
         "server_cpu_us_per_record_to_searchable": round((cpu_ready - cpu_before) / size * 1e6, 1),
+        # The write workers' processes (ORRERY_INGEST_WORKERS), beside the server's own.
+        "write_workers_cpu_us_per_record_to_searchable": round(
+            (workers_ready - workers_before) / size * 1e6, 1
+        ),
         "server_cpu_s_per_1k_to_built": round((cpu_end - cpu_before) / size * 1000, 3),
         "log_problems": problems,
         "load_before": load_before,
