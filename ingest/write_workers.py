@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.events import LogEntry
 from contracts.faults import CRASH_EXIT_CODE
 
 __all__ = ["DEPENDENCY", "ParsedBatch", "WriteWorkers", "Written"]
@@ -49,11 +50,14 @@ class ParsedBatch:
 @dataclass(frozen=True, slots=True)
 class Written:
     """A written batch: the answer's status and body (the body a `str` of JSON, or the
-    error document of a 409), and its `(namespace, position)` events in position order."""
+    error document of a 409), its `(namespace, position)` events in position order and
+    its committed outbox events as the store hands them over in process."""
 
     status: int
     body: str | dict[str, Any]
     events: list[tuple[str, int]]
+    # What the store hands over after a commit (`SqliteRecordStore(on_committed=...)`).
+    entries: list[LogEntry]
 
 
 class _Worker:
@@ -224,8 +228,8 @@ class WriteWorkers:
 
     async def write(self, batch: ParsedBatch, *, traceparent: str | None) -> Written:
         answer = await self._exchange(batch.worker, ("write", batch.token, traceparent))
-        _, status, body, events = answer
-        return Written(int(status), body, [(str(ns), int(pos)) for ns, pos in events])
+        _, status, body, events, entries = answer
+        return Written(int(status), body, [(str(ns), int(pos)) for ns, pos in events], entries)
 
     async def drop(self, batch: ParsedBatch) -> None:
         await self._exchange(batch.worker, ("drop", batch.token))

@@ -152,13 +152,14 @@ def ingest_routers(
     backlog: WriteFlow | None = None,
     workers: WriteWorkers | None = None,
     on_events: Callable[[list[tuple[str, int]]], None] | None = None,
+    on_committed: Callable[[list[LogEntry]], None] | None = None,
 ) -> list[APIRouter]:
     """The write side of a process: Orrery's `/v1/records` (paced by `flow` when the
     projector runs in this process, with `?wait=searchable`; by `backlog` in server mode
     on PostgreSQL), the ChonkyDB dialect, and KoutenDB's import and dump (scope refs
     resolved like the query side resolves them). With `workers`, `/v1/records` parses,
     validates and writes in those processes and reports each batch's events to
-    `on_events`."""
+    `on_events` and its committed outbox events to `on_committed`."""
     # One pacer for every write route: a namespace's writers queue behind each other
     # whichever route they use, never behind another namespace's.
     pacer = WritePacer(flow or backlog)
@@ -174,6 +175,7 @@ def ingest_routers(
             pacer=pacer,
             workers=workers,
             on_events=on_events,
+            on_committed=on_committed,
         ),
         create_ingest_chonkydb_router(
             store=store,
@@ -479,7 +481,8 @@ class EmbeddedStack:
         observe_flat_copies(metrics, projector.vectors.flat_usage)
         # The serving interpreter keeps the projector and the queries; a POST's parse,
         # validation and store write (~40 % of an ingest's GIL-held time) run beside it.
-        # The price: the projector reads those batches back from the outbox.
+        # Their committed events come back pickled and are handed to the projector's log
+        # as the store hands over its own (unpickling costs less than decoding the rows).
         write_workers = (
             WriteWorkers(
                 db_path,
@@ -501,6 +504,7 @@ class EmbeddedStack:
             flow=WriteFlow(progress, ingest.limits()),
             workers=write_workers,
             on_events=progress.wrote_events,
+            on_committed=committed,
         )
         app = build_app(
             "Orrery",

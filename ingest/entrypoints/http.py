@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.errors import ErrorCode, OrreryError
+from contracts.events import LogEntry
 from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.openapi import operation
 from contracts.request_context import current_traceparent
@@ -36,14 +37,16 @@ def create_router(
     pacer: WritePacer | None = None,
     workers: WriteWorkers | None = None,
     on_events: Callable[[list[tuple[str, int]]], None] | None = None,
+    on_committed: Callable[[list[LogEntry]], None] | None = None,
 ) -> APIRouter:
     """`POST /v1/records`. With a `flow` (the embedded deployment), writers are paced
     per namespace by `pacer` (`ingest.pacing`: shared with the other write routes of the
     process; default: one of its own), and `?wait=searchable` is available; without
     one, `?wait=searchable` is `422 invalid_request`. With `workers`, a batch is parsed,
     validated and written in a worker process (`ingest.write_workers`: the same answers)
-    and `on_events` gets each written batch's `(namespace, position)` events (what
-    `store` reports itself when it writes in this process)."""
+    and `on_events` gets each written batch's `(namespace, position)` events, then
+    `on_committed` its outbox events (what `store` reports itself when it writes in
+    this process)."""
     router = APIRouter()
     pacer = pacer or WritePacer(flow)
 
@@ -143,6 +146,8 @@ def create_router(
                 # check sees this batch (as when the store reports it in process).
                 if written.events and on_events is not None:
                     on_events(written.events)
+                if written.entries and on_committed is not None:
+                    on_committed(written.entries)
         finally:
             if written is None:
                 # Refused (backlog) or cancelled: the worker lets the batch go.

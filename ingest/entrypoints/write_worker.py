@@ -14,8 +14,11 @@ one answer per command, commands handled one at a time):
 
 - `("parse", token, body, allowed_namespace, allowed_galaxy)` -> `("ok", namespaces)`:
   the batch is admitted and held under `token` until `write` or `drop`;
-- `("write", token, traceparent)` -> `("ok", status, body_json, written)`: the held
-  batch written in one transaction; `written` its `(namespace, position)` events;
+- `("write", token, traceparent)` -> `("ok", status, body_json, written, entries)`: the
+  held batch written in one transaction; `written` its `(namespace, position)` events,
+  `entries` the outbox events the store hands over after a commit (`LogEntry`s, records
+  up to `HANDOVER_MAX_BYTES` as stored: the server's projector takes them instead of
+  reading and decoding the rows again — unpickling costs it less);
 - `("drop", token)` -> `("ok",)`.
 
 A refused command answers `("error", code, message, details)` (an `OrreryError`: the
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import ErrorCode, OrreryError
+from contracts.events import LogEntry
 from contracts.request_context import RequestContext, close_request, open_request
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.service import Admitted, parse_body, write_records
@@ -51,7 +55,8 @@ def serve(
     max_record_bytes: int,
 ) -> None:
     """Answer commands until `commands` closes (see the module docstring)."""
-    store = SqliteRecordStore(db_path)
+    handed: list[LogEntry] = []
+    store = SqliteRecordStore(db_path, on_committed=handed.extend)
     held: dict[int, Admitted] = {}
     try:
         while True:
@@ -59,10 +64,12 @@ def serve(
                 command = commands.recv()
             except (EOFError, OSError):
                 return
+            handed.clear()
             try:
                 answer = _answer(
                     command,
                     held,
+                    handed,
                     store=store,
                     max_batch=max_batch,
                     vector_dimension=vector_dimension,
@@ -84,6 +91,7 @@ def serve(
 def _answer(
     command: tuple[Any, ...],
     held: dict[int, Admitted],
+    handed: list[LogEntry],
     *,
     store: SqliteRecordStore,
     max_batch: int,
@@ -127,8 +135,8 @@ def _answer(
                     "details": result.model_dump(mode="json", exclude={"searchable"}),
                 },
             }
-            return ("ok", 409, body, written)
-        return ("ok", 200, result.model_dump_json(exclude={"searchable"}), written)
+            return ("ok", 409, body, written, list(handed))
+        return ("ok", 200, result.model_dump_json(exclude={"searchable"}), written, list(handed))
     if op == "drop":
         held.pop(command[1], None)
         return ("ok",)

@@ -1,13 +1,16 @@
 """`ingest.write_workers`: a batch parsed and written in a worker process answers exactly
-as `parse_body` + `write_records` in process (the same error, or the same response and
-the same outbox events), and a worker that died answers 503 once and is started again."""
+as `parse_body` + `write_records` in process (the same error, or the same response, the
+same outbox events and the same events handed over, each exactly what its row decodes
+to), and a worker that died answers 503 once and is started again."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.errors import ErrorCode, OrreryError
+from contracts.events import LogEntry, RecordChanged
+from contracts.records import Record
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.service import parse_body, write_records
 from ingest.write_workers import WriteWorkers
@@ -38,14 +43,34 @@ class Pair:
         )
         self.workers.start()
         self.positions: list[tuple[str, int]] = []
-        self.store = SqliteRecordStore(root / "local.sqlite", on_positions=self.positions.extend)
+        self.handed: list[LogEntry] = []
+        self.store = SqliteRecordStore(
+            root / "local.sqlite",
+            on_positions=self.positions.extend,
+            on_committed=self.handed.extend,
+        )
+        self.worker_db = root / "workers.sqlite"
+
+    def check_handed(self, entries: list[LogEntry]) -> None:
+        """Each handed-over event is exactly the event its outbox row decodes to (what
+        the projector's log expects of `remember`)."""
+        with contextlib.closing(sqlite3.connect(self.worker_db)) as conn:
+            for entry in entries:
+                (stored,) = conn.execute(
+                    "SELECT r.record_json FROM outbox o JOIN records r ON r.document_id = "
+                    "o.document_id AND r.revision = o.revision WHERE o.position = ?",
+                    (entry.position,),
+                ).fetchone()
+                assert entry.event == RecordChanged(record=Record.model_validate_json(stored))
 
     def through_workers(self, raw: bytes, namespace: str | None) -> Any:
         async def post() -> Any:
             batch = await self.workers.parse(raw, allowed_namespace=namespace, allowed_galaxy=None)
             written = await self.workers.write(batch, traceparent=None)
             body = written.body if isinstance(written.body, dict) else json.loads(written.body)
-            return ("ok", batch.namespaces, written.status, body, written.events)
+            self.check_handed(written.entries)
+            handed = [(e.position, e.event.record.doc_id) for e in written.entries]
+            return ("ok", batch.namespaces, written.status, body, written.events, handed)
 
         try:
             return self.loop.run_until_complete(post())
@@ -58,6 +83,7 @@ class Pair:
         except OrreryError as error:
             return ("error", error.code, error.message, error.details)
         self.positions.clear()
+        self.handed.clear()
         result = write_records(batch.records, store=self.store, stored_json=batch.stored_json)
         if result.accepted == 0:
             status = 409
@@ -72,7 +98,8 @@ class Pair:
         else:
             status, body = 200, json.loads(result.model_dump_json(exclude={"searchable"}))
         namespaces = sorted({r.namespace for r in batch.records})
-        return ("ok", namespaces, status, body, list(self.positions))
+        handed = [(e.position, e.event.record.doc_id) for e in self.handed]
+        return ("ok", namespaces, status, body, list(self.positions), handed)
 
     def close(self) -> None:
         self.workers.close()
