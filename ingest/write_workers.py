@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -28,12 +29,12 @@ from typing import Any
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import LogEntry
 from contracts.faults import CRASH_EXIT_CODE
+from ingest.entrypoints.write_worker import DEPENDENCY
 
 __all__ = ["DEPENDENCY", "ParsedBatch", "WriteWorkers", "Written"]
 
 log = logging.getLogger("orrery.ingest")
 
-DEPENDENCY = "ingest write worker"
 _MODULE = "ingest.entrypoints.write_worker"
 _STOP_TIMEOUT_S = 5.0
 
@@ -228,7 +229,11 @@ class WriteWorkers:
 
     async def write(self, batch: ParsedBatch, *, traceparent: str | None) -> Written:
         answer = await self._exchange(batch.worker, ("write", batch.token, traceparent))
-        _, status, body, events, entries = answer
+        _, status, body, events, chunks = answer
+        entries: list[LogEntry] = []
+        for chunk in chunks:
+            # Our own child's pickles (the pipe is this process's); one chunk at a time.
+            entries.extend(await asyncio.to_thread(pickle.loads, chunk))
         return Written(int(status), body, [(str(ns), int(pos)) for ns, pos in events], entries)
 
     async def drop(self, batch: ParsedBatch) -> None:

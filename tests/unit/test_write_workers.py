@@ -158,7 +158,7 @@ def test_a_dropped_batch_is_never_written(lone: Pair) -> None:
         await pair.workers.drop(batch)
         with pytest.raises(OrreryError) as refused:
             await pair.workers.write(batch, traceparent=None)
-        assert refused.value.code is ErrorCode.INTERNAL
+        assert refused.value.code is ErrorCode.DEPENDENCY_UNAVAILABLE
 
     pair.loop.run_until_complete(parse_and_drop())
     # Written now for the first time: revision 1 is accepted.
@@ -166,14 +166,21 @@ def test_a_dropped_batch_is_never_written(lone: Pair) -> None:
     assert done[2] == 200 and done[3]["accepted"] == 1
 
 
-def test_a_worker_that_died_answers_503_once_and_starts_again(lone: Pair) -> None:
+def test_a_batch_whose_worker_died_answers_503_and_the_next_is_written(lone: Pair) -> None:
     pair = lone
-    (pid,) = pair.workers.pids()
-    os.kill(pid, signal.SIGKILL)
     raw = body_of({**ORDINARY, "item_id": "after-kill"})
-    refused = pair.through_workers(raw, None)
-    assert refused[0] == "error" and refused[1] is ErrorCode.DEPENDENCY_UNAVAILABLE
-    assert refused[3]["dependency"] == "ingest write worker"
+
+    async def parse_kill_write() -> None:
+        batch = await pair.workers.parse(raw, allowed_namespace=None, allowed_galaxy=None)
+        (pid,) = pair.workers.pids()
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(OrreryError) as refused:
+            await pair.workers.write(batch, traceparent=None)
+        assert refused.value.code is ErrorCode.DEPENDENCY_UNAVAILABLE
+        assert refused.value.details["dependency"] == "ingest write worker"
+        assert pair.workers.pids() != [pid]
+
+    pair.loop.run_until_complete(parse_kill_write())
+    # Nothing of it was written: sent again, revision 1 is accepted.
     done = pair.through_workers(raw, None)
     assert done[2] == 200 and done[3]["accepted"] == 1
-    assert pair.workers.pids() != [pid]
