@@ -36,6 +36,7 @@ import numpy as np
 __all__ = [
     "LOOPBACK",
     "REPO_ROOT",
+    "WRITE_WORKER_MODULE",
     "BenchTimeout",
     "Exchange",
     "ServeProcess",
@@ -60,6 +61,8 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The embedded server's write worker processes (`ORRERY_INGEST_WORKERS`), by command line.
+WRITE_WORKER_MODULE = "ingest.entrypoints.write_worker"
 LOOPBACK = "127.0.0.1"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Unavailable)\b")
 _SOURCE_PACKAGES = ("contracts", "ingest", "orrery", "projector", "query")
@@ -128,6 +131,20 @@ class ServeProcess:
         """User + system CPU time the server process (all its threads) used so far."""
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def worker_cpu_seconds(self, module: str = WRITE_WORKER_MODULE) -> float:
+        """User + system CPU time of the server's live child processes running `module`
+        (the embedded write workers, `ORRERY_INGEST_WORKERS`), summed; 0.0 without."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for child in child_processes(self.pid):
+            if module not in child["command"]:
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = Path(f"/proc/{child['pid']}/stat").read_text()
+                fields = stat.rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+        return total
 
     def thread_cpu_seconds(self) -> dict[int, float]:
         """User + system CPU time of each live thread of the server (native id -> s)."""

@@ -55,9 +55,11 @@ def one_run(tree: Path, mode: str, corpus: SpooledCorpus, size: int, batch: int)
         names = server.thread_names()
         threads_before = server.thread_cpu_seconds()
         cpu_before = server.cpu_seconds()
+        workers_before = server.worker_cpu_seconds()
         with server.client(timeout_s=120.0) as client:
             result = ingest(server, client, corpus, size, None if mode == "commit" else mode)
         cpu = server.cpu_seconds() - cpu_before
+        workers = server.worker_cpu_seconds() - workers_before
         threads_after = server.thread_cpu_seconds()
         names.update(server.thread_names())
     finally:
@@ -73,6 +75,8 @@ def one_run(tree: Path, mode: str, corpus: SpooledCorpus, size: int, batch: int)
         "freshness_lag_ms": {k: lag.get(k) for k in ("p50", "p95", "max")},
         "answered_before_searchable": result.get("answered_before_searchable"),
         "server_cpu_us_per_record": round(cpu / size * 1e6, 1),
+        # The write workers' processes (ORRERY_INGEST_WORKERS), not counted above.
+        "write_workers_cpu_us_per_record": round(workers / size * 1e6, 1),
         # Per Python thread name: `orrery-projector` is the projector, `AnyIO worker
         # thread` the POST handling off the event loop (parse, admission, store write),
         # `MainThread` the event loop (HTTP, readiness polls); `?` native threads
@@ -107,6 +111,7 @@ def print_table(runs: list[dict[str, Any]]) -> None:
         "CPU us/rec",
         "projector",
         "POST",
+        "workers",
         "load",
     ):
         table.add_column(column)
@@ -122,6 +127,7 @@ def print_table(runs: list[dict[str, Any]]) -> None:
             f"{run['server_cpu_us_per_record']:,.0f}",
             _thread_cell(run, "orrery-projector"),
             _thread_cell(run, "AnyIO worker thread"),
+            f"{run.get('write_workers_cpu_us_per_record', 0.0):,.0f}",
             f"{run['load_before'][0]:.1f}",
         )
     console.print(table)

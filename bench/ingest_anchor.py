@@ -192,18 +192,31 @@ def run_qdrant(
     }
 
 
-def run_orrery(corpus: SpooledCorpus, size: int, batch_size: int, seed: int) -> dict[str, Any]:
-    """A fresh `orrery serve`: POST flat out until zero lag, then wait for HNSW."""
+def run_orrery(
+    corpus: SpooledCorpus,
+    size: int,
+    batch_size: int,
+    seed: int,
+    extra_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A fresh `orrery serve` (`extra_env` over the bench's own settings): POST flat out
+    until zero lag, then wait for HNSW."""
     root = Path(tempfile.mkdtemp(prefix="orrery-ingest-anchor-"))
-    env = {**ingest_env(batch_size), "ORRERY_OPTIMIZE_INTERVAL_SECONDS": f"{OPTIMIZE_INTERVAL_S:g}"}
+    env = {
+        **ingest_env(batch_size),
+        "ORRERY_OPTIMIZE_INTERVAL_SECONDS": f"{OPTIMIZE_INTERVAL_S:g}",
+        **(extra_env or {}),
+    }
     probes = make_queries(random.Random(seed + 1), Vocabulary.build(random.Random(seed)), 20)
     server = start_serve(root / "data", root / "serve.log", env)
     try:
         load_before = _load()
         cpu_before = server.cpu_seconds()
+        workers_before = server.worker_cpu_seconds()
         with server.client(timeout_s=300.0) as client:
             result = ingest(server, client, corpus, size)
             cpu_ready = server.cpu_seconds()
+            workers_ready = server.worker_cpu_seconds()
             load_ready = _load()
             wait = wait_for_vector_index(
                 server,
@@ -235,6 +248,10 @@ def run_orrery(corpus: SpooledCorpus, size: int, batch_size: int, seed: int) -> 
         "optimizes_ended_s_after_first_post": wait["optimizes_ended_s_after_first_post"],
         "optimizes_failed": len(wait["optimizes_failed"]),
         "server_cpu_us_per_record_to_searchable": round((cpu_ready - cpu_before) / size * 1e6, 1),
+        # The write workers' processes (ORRERY_INGEST_WORKERS), beside the server's own.
+        "write_workers_cpu_us_per_record_to_searchable": round(
+            (workers_ready - workers_before) / size * 1e6, 1
+        ),
         "server_cpu_s_per_1k_to_built": round((cpu_end - cpu_before) / size * 1000, 3),
         "log_problems": problems,
         "load_before": load_before,
@@ -261,7 +278,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if side == "qdrant":
                     figures[side] = run_qdrant(url, qdrant_corpus, args.size, args.green_timeout)
                 else:
-                    figures[side] = run_orrery(orrery_corpus, args.size, args.batch_size, args.seed)
+                    figures[side] = run_orrery(
+                        orrery_corpus, args.size, args.batch_size, args.seed, args.env
+                    )
             figures["ratios"] = ratios(figures)
             rounds.append(figures)
     finally:
@@ -277,7 +296,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "vector_dimension": DIMENSION,
             "qdrant_url": url,
             "qdrant_keyword_indexes": list(KEYWORD_INDEXES),
-            "orrery_env": {"ORRERY_OPTIMIZE_INTERVAL_SECONDS": OPTIMIZE_INTERVAL_S},
+            "orrery_env": {"ORRERY_OPTIMIZE_INTERVAL_SECONDS": OPTIMIZE_INTERVAL_S, **args.env},
             "note": "shared 2-core machine: other sessions' load is recorded, not controlled",
         },
         "targets": {
@@ -399,7 +418,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "ingest_anchor.json"
     )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="ORRERY_NAME=VALUE",
+        help="a setting of the Orrery server (repeatable), e.g. ORRERY_INGEST_WORKERS=0",
+    )
     args = parser.parse_args(argv)
+    pairs = [str(item).partition("=") for item in args.env]
+    if any(not key.startswith("ORRERY_") or not sep for key, sep, _ in pairs):
+        parser.error("--env takes ORRERY_NAME=VALUE")
+    args.env = {key: value for key, _, value in pairs}
     args.sides = [s.strip() for s in str(args.sides).split(",") if s.strip()]
     if not args.sides or not set(args.sides) <= {"qdrant", "orrery"}:
         parser.error("--sides takes qdrant and/or orrery")

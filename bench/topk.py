@@ -73,6 +73,7 @@ if __package__ in (None, ""):  # run as `python bench/topk.py`: put the repo roo
 
 from bench.common import (
     REPO_ROOT,
+    WRITE_WORKER_MODULE,
     BenchTimeout,
     Exchange,
     ServeProcess,
@@ -763,12 +764,12 @@ def optimizer_busy(server: ServeProcess) -> dict[str, Any] | None:
     under `.<generation>.optimizing`, then caught up in `<generation>+<n>` until the
     pointer file names it, `swapping_dirs`) or in-process (then it holds the GIL and
     requests stall, which the probes detect). Any child process of the server counts
-    as busy.
+    as busy, except the write workers (`ORRERY_INGEST_WORKERS`: alive all along).
     """
     vectors = server.data_dir / "generations" / "vectors"
     staging = sorted(p.name for p in vectors.glob(".*") if p.is_dir()) if vectors.exists() else []
     staging += swapping_dirs(vectors)
-    children = child_processes(server.pid)
+    children = [c for c in child_processes(server.pid) if WRITE_WORKER_MODULE not in c["command"]]
     lexical = server.data_dir / "generations" / "lexical"
     if lexical.exists():  # A tantivy compaction under way (`.compact.<generation>`).
         staging += sorted(p.name for p in lexical.glob(".compact.*") if p.is_dir())

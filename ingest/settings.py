@@ -38,6 +38,15 @@ class IngestSettings(BaseSettings):
         "searchable before it answers with searchable=false",
     )
 
+    workers: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Embedded: processes that parse, validate and write the batches of "
+        "POST /v1/records beside the serving interpreter (0, the default: in the serving "
+        "process; opt-in until a quiet machine shows the rate it buys)",
+    )
+
     def limits(self) -> FlowLimits:
         return FlowLimits(
             max_lag_events=self.max_lag_events,

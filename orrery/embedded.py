@@ -33,6 +33,7 @@ from ingest.entrypoints.koutendb_http import create_router as create_ingest_kout
 from ingest.pacing import WritePacer
 from ingest.ports import JobStore, RecordStore
 from ingest.settings import IngestSettings
+from ingest.write_workers import WriteWorkers
 from orrery.http import build_app
 from orrery.telemetry import (
     CountingEmbedder,
@@ -149,11 +150,16 @@ def ingest_routers(
     jobs: JobStore,
     flow: WriteFlow | None = None,
     backlog: WriteFlow | None = None,
+    workers: WriteWorkers | None = None,
+    on_events: Callable[[list[tuple[str, int]]], None] | None = None,
+    on_committed: Callable[[list[LogEntry]], None] | None = None,
 ) -> list[APIRouter]:
     """The write side of a process: Orrery's `/v1/records` (paced by `flow` when the
     projector runs in this process, with `?wait=searchable`; by `backlog` in server mode
     on PostgreSQL), the ChonkyDB dialect, and KoutenDB's import and dump (scope refs
-    resolved like the query side resolves them)."""
+    resolved like the query side resolves them). With `workers`, `/v1/records` parses,
+    validates and writes in those processes and reports each batch's events to
+    `on_events` and its committed outbox events to `on_committed`."""
     # One pacer for every write route: a namespace's writers queue behind each other
     # whichever route they use, never behind another namespace's.
     pacer = WritePacer(flow or backlog)
@@ -167,6 +173,9 @@ def ingest_routers(
             on_commit=on_commit,
             flow=flow,
             pacer=pacer,
+            workers=workers,
+            on_events=on_events,
+            on_committed=on_committed,
         ),
         create_ingest_chonkydb_router(
             store=store,
@@ -344,6 +353,8 @@ class EmbeddedStack:
     readiness: Callable[[], dict[str, Any]]
     observability: Observability = dataclasses.field(default_factory=Observability)
     close_observability: Callable[[], None] = lambda: None
+    # `POST /v1/records`' parse, validation and store write (ORRERY_INGEST_WORKERS).
+    write_workers: WriteWorkers | None = None
     _saved_switch_interval: float | None = dataclasses.field(default=None, init=False)
 
     @classmethod
@@ -468,6 +479,21 @@ class EmbeddedStack:
         gate, readers = query_routers(settings, ports, grants, admin=admin, status=status)
         observe_state(metrics, routing=ports.routing, status=status, gate=gate, admin=admin)
         observe_flat_copies(metrics, projector.vectors.flat_usage)
+        # The serving interpreter keeps the projector and the queries; a POST's parse,
+        # validation and store write (~40 % of an ingest's GIL-held time) run beside it.
+        # Their committed events come back pickled and are handed to the projector's log
+        # as the store hands over its own (unpickling costs less than decoding the rows).
+        write_workers = (
+            WriteWorkers(
+                db_path,
+                count=ingest.workers,
+                max_batch=settings.max_batch,
+                vector_dimension=embedder.dimension,
+                max_record_bytes=settings.max_record_bytes,
+            )
+            if ingest.workers
+            else None
+        )
         writers = ingest_routers(
             settings,
             store,
@@ -476,6 +502,9 @@ class EmbeddedStack:
             on_commit=loop.wake,
             jobs=job_store(data_dir, None),
             flow=WriteFlow(progress, ingest.limits()),
+            workers=write_workers,
+            on_events=progress.wrote_events,
+            on_committed=committed,
         )
         app = build_app(
             "Orrery",
@@ -508,6 +537,7 @@ class EmbeddedStack:
             ready,
             observability,
             close_observability,
+            write_workers,
         )
 
     def start(self) -> None:
@@ -518,6 +548,8 @@ class EmbeddedStack:
             # waits up to 5 ms behind the POST handling (`bench/gil_release.py`).
             self._saved_switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(wanted)
+        if self.write_workers is not None:
+            self.write_workers.start()
         self.loop.start()
         self.projector.vectors.start_background_optimizer(
             self.settings.optimize_interval_seconds, growth=self.settings.optimize_growth
@@ -531,6 +563,8 @@ class EmbeddedStack:
 
     def close(self) -> None:
         self.gate.close()
+        if self.write_workers is not None:
+            self.write_workers.close()
         self.admin.close()
         self.loop.stop()
         self.projector.close()

@@ -13,11 +13,14 @@ from fastapi.responses import JSONResponse, Response
 
 from contracts.auth import Access, ApiKeyGrant, authenticate, declare
 from contracts.errors import ErrorCode, OrreryError
+from contracts.events import LogEntry
 from contracts.ingest_api import WriteRequest, WriteResponse
 from contracts.openapi import operation
+from contracts.request_context import current_traceparent
 from ingest.pacing import WAIT_POLL_SECONDS, WriteFlow, WritePacer
 from ingest.ports import RecordStore
 from ingest.service import Admitted, parse_body, write_records
+from ingest.write_workers import WriteWorkers
 
 __all__ = ["WAIT_POLL_SECONDS", "WriteFlow", "create_router"]
 
@@ -32,11 +35,18 @@ def create_router(
     on_commit: Callable[[], None] | None = None,
     flow: WriteFlow | None = None,
     pacer: WritePacer | None = None,
+    workers: WriteWorkers | None = None,
+    on_events: Callable[[list[tuple[str, int]]], None] | None = None,
+    on_committed: Callable[[list[LogEntry]], None] | None = None,
 ) -> APIRouter:
     """`POST /v1/records`. With a `flow` (the embedded deployment), writers are paced
     per namespace by `pacer` (`ingest.pacing`: shared with the other write routes of the
     process; default: one of its own), and `?wait=searchable` is available; without
-    one, `?wait=searchable` is `422 invalid_request`."""
+    one, `?wait=searchable` is `422 invalid_request`. With `workers`, a batch is parsed,
+    validated and written in a worker process (`ingest.write_workers`: the same answers)
+    and `on_events` gets each written batch's `(namespace, position)` events, then
+    `on_committed` its outbox events (what `store` reports itself when it writes in
+    this process)."""
     router = APIRouter()
     pacer = pacer or WritePacer(flow)
 
@@ -73,6 +83,8 @@ def create_router(
                 "run the projector): poll GET /v1/readiness instead",
             )
         raw = await request.body()
+        if workers is not None:
+            return await _post_through(workers, raw, grant, wait)
 
         def parse() -> Admitted:
             return parse_body(
@@ -117,6 +129,39 @@ def create_router(
             status_code=200,
             media_type="application/json",
         )
+
+    async def _post_through(
+        workers: WriteWorkers, raw: bytes, grant: ApiKeyGrant | None, wait: str | None
+    ) -> Response:
+        batch = await workers.parse(
+            raw,
+            allowed_namespace=None if grant is None else grant.namespace,
+            allowed_galaxy=None if grant is None else grant.galaxy,
+        )
+        written = None
+        try:
+            async with pacer.admitted(batch.namespaces):
+                written = await workers.write(batch, traceparent=current_traceparent())
+                # Counted before the namespace is let go: the next writer's backlog
+                # check sees this batch (as when the store reports it in process).
+                if written.events and on_events is not None:
+                    on_events(written.events)
+                if written.entries and on_committed is not None:
+                    on_committed(written.entries)
+        finally:
+            if written is None:
+                # Refused (backlog) or cancelled: the worker lets the batch go.
+                workers.let_go(batch)
+        if written.events and on_commit is not None:
+            on_commit()
+        if isinstance(written.body, dict):
+            return JSONResponse(written.body, status_code=written.status)
+        body = written.body
+        if wait == "searchable" and flow is not None:
+            result = WriteResponse.model_validate_json(body)
+            result.searchable = await _until_searchable(flow, result)
+            body = result.model_dump_json()
+        return Response(body, status_code=written.status, media_type="application/json")
 
     return router
 
