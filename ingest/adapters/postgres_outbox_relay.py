@@ -78,7 +78,8 @@ class PostgresOutboxReader:
             try:
                 self._release(commit=False)
                 self._claim = self._pool.getconn()
-                rows = self._claim.execute(_CLAIM, (limit,)).fetchall()
+                # Binary results: the vector's bytes come as they are, not as hex text.
+                rows = self._claim.execute(_CLAIM, (limit,), binary=True).fetchall()
             except psycopg.Error:
                 self._release(commit=False)
                 raise

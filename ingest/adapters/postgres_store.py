@@ -42,7 +42,22 @@ WRITER_LOCK_KEY = 0x6F72726572792D77
 
 _COPY_RECORDS = (
     "COPY records (document_id, revision, namespace, snapshot_kind, item_id, galaxy, "
-    "deleted, payload_sha256, record_json, accepted_at, vector_f32) FROM STDIN"
+    "deleted, payload_sha256, record_json, accepted_at, vector_f32) FROM STDIN (FORMAT BINARY)"
+)
+# The types of `_COPY_RECORDS`'s columns, in order (binary COPY: each value goes as its
+# bytes, without text COPY's escaping of the record's JSON and the vector's hex).
+_RECORD_TYPES = (
+    "text",
+    "int8",
+    "text",
+    "text",
+    "text",
+    "text",
+    "bool",
+    "text",
+    "text",
+    "timestamptz",
+    "bytea",
 )
 _UPSERT_HEADS = (
     "INSERT INTO heads (document_id, revision, namespace, snapshot_kind, deleted) "
@@ -139,6 +154,7 @@ class PostgresRecordStore:
             # Python round of parameter adaptation per row (the same rows, the same
             # constraints, in the same transaction).
             with cur.copy(_COPY_RECORDS) as copy:
+                copy.set_types(_RECORD_TYPES)
                 for (_, r), body in zip(accepted, bodies, strict=True):
                     copy.write_row((*stored_columns(r), body, now, vector_wire(r)))
             newest: dict[str, Record] = {r.doc_id: r for _, r in accepted}
