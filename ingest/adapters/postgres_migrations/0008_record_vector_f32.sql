@@ -7,7 +7,6 @@
 -- without a default is a catalog change: instant with rows in the table; roles from
 -- before it keep working (they neither write nor read it).
 -- EXTERNAL: never compressed (float32 values do not compress; lz4 would try on every
--- row), moved out of line only when the row is still over the TOAST threshold after
--- `record_json` was (a 384-d record's row stays inline).
+-- row); moved out of line only when the row is still over the TOAST threshold.
 ALTER TABLE records ADD COLUMN vector_f32 bytea;
 ALTER TABLE records ALTER COLUMN vector_f32 SET STORAGE EXTERNAL;
