@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index_fields import FACET_SEPARATOR
 from contracts.records import Record
-from contracts.stored_vectors import StoredVector
+from contracts.stored_vectors import PackedVector, StoredVector
 
 __all__ = [
     "FLOAT32_EPSILON",
@@ -104,14 +104,21 @@ def vector_problem(vector: Sequence[float], dimension: int | None) -> Problem | 
             ErrorCode.EMBEDDER_MISMATCH.value,
         )
     try:
-        # The length of the float64 values first (no copy): far from every bound, the
-        # float32 values (within 1e-7 of them) are far from it too.
-        # A decoded event's vector was measured when it was decoded (the same hypot).
-        length = vector.length if type(vector) is StoredVector else math.hypot(*vector)
-        if not 2 * FLOAT32_EPSILON <= length <= _FLOAT32_MAX_LENGTH / 2:
-            # Rounded to float32 in C exactly as numpy and the engines round (a value
-            # past float32's range becomes an infinity), then measured again.
-            length = math.hypot(*array("f", vector))
+        if type(vector) is PackedVector:
+            # Its float32 values, measured by numpy in float64 (no Python float built);
+            # near a bound, by `math.hypot` as below (the same length as the decimals').
+            length = vector.length
+            if not 4 * FLOAT32_EPSILON <= length <= _FLOAT32_MAX_LENGTH / 4:
+                length = math.hypot(*vector.float32.tolist())
+        else:
+            # The length of the float64 values first (no copy): far from every bound,
+            # the float32 values (within 1e-7 of them) are far from it too.
+            # A decoded event's vector was measured when it was decoded (the same hypot).
+            length = vector.length if type(vector) is StoredVector else math.hypot(*vector)
+            if not 2 * FLOAT32_EPSILON <= length <= _FLOAT32_MAX_LENGTH / 2:
+                # Rounded to float32 in C exactly as numpy and the engines round (a value
+                # past float32's range becomes an infinity), then measured again.
+                length = math.hypot(*array("f", vector))
     except (TypeError, OverflowError):
         return Problem(("vector",), "vector must be a list of numbers", "vector_not_finite")
     if not math.isfinite(length):

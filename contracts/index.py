@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from contracts.errors import ErrorCode, OrreryError
 from contracts.index_fields import BODY, HIDDEN_FACET, SOURCE_TEXT_FIELDS, TAGS, TEXT, TITLE
 from contracts.records import AwareDatetime, Record
-from contracts.stored_vectors import StoredVector
+from contracts.stored_vectors import is_encoded
 
 __all__ = [
     "DEFAULT_FIELD_BOOSTS",
@@ -85,8 +85,8 @@ class IndexDocument(BaseModel):
     title: str = ""
     body: str = ""
     tags: tuple[str, ...] = ()
-    # A tuple, or a `contracts.stored_vectors.StoredVector` (a decoded event's: its
-    # float32 array and JSON text ride along to the engines).
+    # A tuple, or a `contracts.stored_vectors.StoredVector` or `PackedVector` (a decoded
+    # event's: its float32 array and JSON text ride along to the engines).
     vector: Sequence[float] | None = None
 
 
@@ -134,11 +134,7 @@ def to_index_document(record: Record, vector: Sequence[float] | None) -> IndexDo
         body=record.text.body,
         tags=tuple(record.text.tags),
         # `tuple` of a tuple is the tuple itself: free for the embedders' vectors.
-        vector=None
-        if vector is None
-        else vector
-        if isinstance(vector, StoredVector)
-        else tuple(vector),
+        vector=None if vector is None else vector if is_encoded(vector) else tuple(vector),
     )
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "payload_sha256",
     "record_json_without_vector",
     "vector_json",
+    "vector_span",
     "vector_text",
 ]
 
@@ -413,11 +414,9 @@ def record_json_without_vector(record_json: str) -> str:
 _AFTER_VECTOR_BYTES = re.compile(_AFTER_VECTOR.pattern.encode("ascii"))
 
 
-def vector_json(text: bytes, start: int, stop: int) -> bytes | None:
-    """`vector_text(text[start:stop].decode())` as UTF-8 bytes, read in place: the
-    record's JSON is `text[start:stop]` (e.g. inside an event's), and nothing of it is
-    decoded or copied but the vector's text. The same cut: structure is ASCII, and no
-    byte of a multi-byte UTF-8 character is."""
+def vector_span(text: bytes, start: int, stop: int) -> tuple[int, int, int] | None:
+    """Where `vector_json` cuts: `(start of ',"vector":', start of its list, end of the
+    list)` in `text`, or None where `vector_json` is None."""
     at = text.rfind(b',"vector":', start, stop)
     if at <= start:
         return None
@@ -427,7 +426,16 @@ def vector_json(text: bytes, start: int, stop: int) -> bytes | None:
     close = text.find(b"]", value, stop)
     if close < 0 or _AFTER_VECTOR_BYTES.fullmatch(text, close + 1, stop) is None:
         return None
-    return text[value : close + 1]
+    return at, value, close + 1
+
+
+def vector_json(text: bytes, start: int, stop: int) -> bytes | None:
+    """`vector_text(text[start:stop].decode())` as UTF-8 bytes, read in place: the
+    record's JSON is `text[start:stop]` (e.g. inside an event's), and nothing of it is
+    decoded or copied but the vector's text. The same cut: structure is ASCII, and no
+    byte of a multi-byte UTF-8 character is."""
+    span = vector_span(text, start, stop)
+    return None if span is None else text[span[1] : span[2]]
 
 
 def vector_text(record_json: str) -> str | None:

@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import math
 import struct
+import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeGuard, overload
 
 import numpy as np
 import numpy.typing as npt
+from pydantic import TypeAdapter
 
-__all__ = ["StoredVector", "float32_bytes", "stored_vector"]
+__all__ = [
+    "PackedVector",
+    "StoredVector",
+    "float32_bytes",
+    "float32_wire",
+    "is_encoded",
+    "packed_vector",
+    "stored_vector",
+]
 
 # The characters of a JSON list of numbers inside its brackets. A vector's text goes
 # into another JSON body (Qdrant's) as it is: with only these, it cannot change that
@@ -84,3 +95,120 @@ def float32_bytes(values: Sequence[float]) -> bytes:
         return packer.pack(*values)
     except OverflowError:
         return array("f", values).tobytes()
+
+
+# A vector on the wire and in the canonical stores' `vector_f32` columns: its float32
+# values, little-endian, in order (`float32_wire`).
+_WIRE_FLOAT32 = np.dtype("<f4")
+# `Record.vector`'s bounds on the number of values.
+_MAX_VALUES = 4_096
+
+
+def float32_wire(values: Sequence[float]) -> bytes:
+    """`values` as little-endian float32 bytes (`float32_bytes`'s rounding): what the
+    canonical stores keep beside a record's JSON (`vector_f32`) and the relay ships in the
+    `contracts.events.VECTOR_HEADER` header, so that the projector reads the vector
+    without parsing its decimals again (issue 24)."""
+    packed = float32_bytes(values)
+    if sys.byteorder == "little":
+        return packed
+    return np.frombuffer(packed, dtype=np.float32).astype(_WIRE_FLOAT32).tobytes()
+
+
+_VALUES: TypeAdapter[list[float]] = TypeAdapter(list[float])
+
+
+class PackedVector(Sequence[float]):
+    """A decoded event's vector read from its float32 bytes (`float32_wire`), not from its
+    decimals: `float32` (read-only, native order), `json` (the vector's JSON text as the
+    canonical store wrote it: what Qdrant is sent) and `length` (the Euclidean length of
+    the float32 values, in float64, by numpy: `contracts.admission.vector_problem`
+    measures again with `math.hypot` near its bounds). No Python float is built unless
+    the values are read: then they are parsed once from `json` (the same float64 values
+    as `Record.vector` of the same event, `list[float]`'s validation of that text).
+
+    Not a `list`: pydantic does not serialize it as `Record.vector`; a caller that dumps
+    a decoded record converts it first (`list(vector)`, e.g. the dead letters)."""
+
+    __slots__ = ("_values", "float32", "json", "length")
+
+    def __init__(self, float32: npt.NDArray[np.float32], json_text: bytes) -> None:
+        self.float32 = float32
+        self.json = json_text
+        wide = float32.astype(np.float64)
+        self.length = math.sqrt(wide.dot(wide))
+        self._values: list[float] | None = None
+
+    def values(self) -> list[float]:
+        """The float64 values, parsed from `json` on first use."""
+        if self._values is None:
+            self._values = _VALUES.validate_json(self.json, strict=True)
+        return self._values
+
+    def __len__(self) -> int:
+        return int(self.float32.size)
+
+    @overload
+    def __getitem__(self, index: int) -> float: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[float]: ...
+
+    def __getitem__(self, index: int | slice) -> float | list[float]:
+        return self.values()[index]
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self.values())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PackedVector):
+            return self.values() == other.values()
+        if isinstance(other, list | tuple):
+            return self.values() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PackedVector({len(self)} values)"
+
+
+# The characters of a number in a JSON list, without the comma between them.
+_DIGITS = b"0123456789.eE+-"
+# `count - 1` commas, per count: what is left of a list of `count` numbers without
+# their characters.
+_COMMAS = [b"," * max(count - 1, 0) for count in range(_MAX_VALUES + 1)]
+
+
+def packed_vector(wire: bytes, json_text: bytes) -> PackedVector | None:
+    """The vector of `json_text` (its JSON list, cut from an event) read from `wire`, its
+    float32 bytes (`float32_wire`), or None when the two cannot be the same vector's:
+    `wire` is not a whole number of 1 to 4,096 float32 values, or `json_text` is not a
+    bracketed list of as many values made of number characters (one pass over it: what
+    is left without its digits must be the commas between them). Then the caller parses
+    `json_text` as before. Within that check the bytes are trusted to be the float32 of
+    those decimals, and the decimals to be JSON numbers: Orrery's relay ships the
+    canonical store's column, which its ingest wrote from the values it wrote as
+    `json_text`; the check keeps the text from changing the structure of a body it
+    goes into and the two from disagreeing on the dimension."""
+    count, rest = divmod(len(wire), 4)
+    if (
+        rest
+        or not 1 <= count <= _MAX_VALUES
+        or json_text[:1] != b"["
+        or json_text[-1:] != b"]"
+        or len(json_text) < 2 * count + 1
+        or json_text[1:-1].translate(None, _DIGITS) != _COMMAS[count]
+    ):
+        return None
+    values = np.frombuffer(wire, dtype=_WIRE_FLOAT32)
+    if sys.byteorder != "little":
+        values = values.astype(np.float32)
+        values.flags.writeable = False
+    return PackedVector(values, json_text)
+
+
+def is_encoded(vector: Any) -> TypeGuard[StoredVector | PackedVector]:
+    """Whether `vector` carries its float32 array and JSON text (`StoredVector`,
+    `PackedVector`): the engines take those as they are."""
+    return isinstance(vector, StoredVector | PackedVector)

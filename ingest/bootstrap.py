@@ -47,14 +47,19 @@ def embedded_store(
     *,
     on_committed: Callable[[list[LogEntry]], None] | None = None,
     on_positions: Callable[[list[tuple[str, int]]], None] | None = None,
+    keep_vectors: bool = False,
 ) -> RecordStore:
     """The canonical store of the embedded deployment: SQLite with its outbox;
     `on_committed` gets each committed batch's outbox events (the log of a projector in
-    the same process, which then need not read and decode them again)."""
+    the same process, which then need not read and decode them again). `keep_vectors`:
+    keep each vector's float32 bytes beside the record (`vector_f32`) for a relay to
+    ship (server mode on the SQLite file; the embedded projector reads no Kafka
+    message, so it has no use for them)."""
     return SqliteRecordStore(
         canonical_db_path(data_dir),
         on_committed=on_committed,
         on_positions=on_positions,
+        keep_vectors=keep_vectors,
     )
 
 
@@ -91,7 +96,7 @@ def server_store(data_dir: Path, database_url: str | None) -> RecordStore:
     """The canonical store of server mode: PostgreSQL (migrated first) when a URL is
     given, else the single-host SQLite file."""
     if not database_url:
-        return embedded_store(data_dir)
+        return embedded_store(data_dir, keep_vectors=True)
     from ingest.adapters.postgres_store import PostgresRecordStore
 
     migrate_database(database_url)

@@ -7,6 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from contracts.records import Record, payload_sha256
+from contracts.stored_vectors import float32_wire
 
 __all__ = [
     "Decision",
@@ -14,6 +15,7 @@ __all__ = [
     "Outcome",
     "decide_revision",
     "stored_columns",
+    "vector_wire",
 ]
 
 
@@ -76,6 +78,18 @@ def strings_in(value: Any) -> list[str]:
     if isinstance(value, list):
         return [t for v in value for t in strings_in(v)]
     return []
+
+
+def vector_wire(record: Record) -> bytes | None:
+    """What a canonical store keeps of `record`'s vector beside its JSON (`vector_f32`):
+    its float32 bytes (`contracts.stored_vectors.float32_wire`), packed from the values
+    the door validated; None for a tombstone or a record without a vector. The relay
+    ships them (`contracts.events.VECTOR_HEADER`): the projector reads the vector from
+    them and never parses its decimals (issue 24)."""
+    vector = record.vector
+    if vector is None or record.deleted:
+        return None
+    return float32_wire(vector)
 
 
 def stored_columns(record: Record) -> tuple[str, int, str, str, str, str, bool, str]:

@@ -28,6 +28,10 @@ class OutboxRow(NamedTuple):
     event_json: str
     # The W3C `traceparent` of the write (None: it was not traced).
     trace_context: str | None = None
+    # The record's vector as float32 bytes, as the canonical store kept them beside its
+    # JSON (`contracts.stored_vectors.float32_wire`; None: no vector, or written before
+    # the store kept them): published beside the event (`contracts.events.VECTOR_HEADER`).
+    vector_f32: bytes | None = None
 
 
 class OutboxRelaySource(Protocol):

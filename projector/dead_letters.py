@@ -9,14 +9,19 @@ from datetime import datetime
 from typing import Any
 
 from contracts.events import RecordChanged
+from contracts.stored_vectors import PackedVector
 from projector.ports import DeadLetter, RejectedRecord, Undecodable
 
 __all__ = ["dead_letter_of", "rejected_value"]
 
 
 def rejected_value(rejected: RejectedRecord) -> bytes:
-    """The `RecordChanged` JSON of a rejected record: what the log carried."""
-    return RecordChanged(record=rejected.record).model_dump_json().encode()
+    """The `RecordChanged` JSON of a rejected record: what the log carried (a
+    `PackedVector` as its values, parsed from its text: pydantic dumps a list)."""
+    record = rejected.record
+    if isinstance(record.vector, PackedVector):
+        record = record.model_copy(update={"vector": record.vector.values()})
+    return RecordChanged(record=record).model_dump_json().encode()
 
 
 def dead_letter_of(row: tuple[Any, ...], parked_at: datetime) -> DeadLetter:

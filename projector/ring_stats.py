@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contracts.index import IndexDocument
-from contracts.stored_vectors import StoredVector
+from contracts.stored_vectors import is_encoded
 from projector.ports import IndexEvidence, RingStatistics, VectorIndex
 
 __all__ = [
@@ -239,11 +239,7 @@ def ring_moves(
             if change.vector is None:
                 raise ValueError(f"document {document_id} has no vector")
             vector = change.vector
-            stored = (
-                vector.float32
-                if isinstance(vector, StoredVector)
-                else np.asarray(vector, dtype=np.float32)
-            )
+            stored = vector.float32 if is_encoded(vector) else np.asarray(vector, dtype=np.float32)
             vectors, signs = moves[(change.galaxy, change.ring)]
             vectors.append(stored)
             signs.append(1)

@@ -20,7 +20,7 @@ from contracts.generations import Topology
 from contracts.index import IndexDocument, to_index_document
 from contracts.index_fields import TextLanguages
 from contracts.records import Record
-from contracts.stored_vectors import StoredVector
+from contracts.stored_vectors import is_encoded
 from projector.model import plan_batch
 from projector.ports import (
     DeadLetterBox,
@@ -143,9 +143,10 @@ def embed_records(
     for record in records:
         vector = record.vector
         if vector is not None:
-            # A decoded event's `StoredVector` as it is: its float32 array and JSON text
-            # go to the engines without a float of it being formatted or packed again.
-            vectors[record.doc_id] = vector if isinstance(vector, StoredVector) else tuple(vector)
+            # A decoded event's `StoredVector` or `PackedVector` as it is: its float32
+            # array and JSON text go to the engines without a float of it being
+            # formatted or packed again.
+            vectors[record.doc_id] = vector if is_encoded(vector) else tuple(vector)
     return vectors, len(missing)
 
 

@@ -10,7 +10,10 @@ The wire format (read by the projector's Kafka event logs):
 - value: the outbox row's `event_json` byte for byte, i.e. a `RecordChanged` JSON
   document, so outside readers see the contract event and nothing else;
 - header `orrery-position`: the outbox position as ASCII decimal digits (and the
-  write's trace context when it was traced).
+  write's trace context when it was traced);
+- header `orrery-vector-f32` (`contracts.events.VECTOR_HEADER`), when the canonical
+  store kept them: the record's vector as little-endian float32 bytes, which the
+  projector reads instead of parsing the vector's decimals in the value.
 
 No Kafka client is imported here, so a publisher loads only its own.
 """
@@ -24,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from contracts.bootstrap_probe import unreachable
-from contracts.events import POSITION_HEADER, TRACE_HEADER
+from contracts.events import POSITION_HEADER, TRACE_HEADER, VECTOR_HEADER
 from ingest.relay_ports import OutboxRow
 
 __all__ = ["KafkaPublisherSettings", "headers_of", "murmur2_many", "unreachable"]
@@ -108,8 +111,11 @@ def murmur2_many(keys: Sequence[bytes]) -> np.ndarray[Any, np.dtype[np.uint64]]:
 
 
 def headers_of(row: OutboxRow) -> list[tuple[str, bytes]]:
-    """The outbox position, and the write's trace context when it was traced."""
+    """The outbox position, the write's trace context when it was traced, and the
+    vector's float32 bytes when the canonical store kept them."""
     headers = [(POSITION_HEADER, str(row.position).encode("ascii"))]
     if row.trace_context:
         headers.append((TRACE_HEADER, row.trace_context.encode("ascii")))
+    if row.vector_f32:
+        headers.append((VECTOR_HEADER, row.vector_f32))
     return headers

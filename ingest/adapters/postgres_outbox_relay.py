@@ -7,7 +7,8 @@ releases the claim and another relay takes the rows. A row is claimable only whe
 older row of its document is still unpublished, so a document's events reach the log
 in position order even with several relays. A row whose `own_event_json` is empty
 (`OUTBOX_EVENT_IS_RECORD`, migration 0007) carries the `RecordChanged` of its record row,
-read in the same statement.
+read in the same statement, with the record's float32 vector (`vector_f32`, migration
+0008; NULL for rows written before: published without it).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["PostgresOutboxReader"]
 
 _CLAIM = """
 SELECT o.position, o.document_id, o.namespace, o.own_event_json,
-       CASE WHEN o.own_event_json = '' THEN r.record_json END, o.trace_context
+       CASE WHEN o.own_event_json = '' THEN r.record_json END, o.trace_context, r.vector_f32
 FROM outbox AS o
 LEFT JOIN records AS r ON r.document_id = o.document_id AND r.revision = o.revision
 WHERE o.published_at IS NULL
@@ -77,15 +78,23 @@ class PostgresOutboxReader:
             try:
                 self._release(commit=False)
                 self._claim = self._pool.getconn()
-                rows = self._claim.execute(_CLAIM, (limit,)).fetchall()
+                # Binary results: the vector's bytes come as they are, not as hex text.
+                rows = self._claim.execute(_CLAIM, (limit,), binary=True).fetchall()
             except psycopg.Error:
                 self._release(commit=False)
                 raise
             if not rows:
                 self._release(commit=False)
         return [
-            OutboxRow(int(pos), str(doc), str(ns), str(outbox_event_json(event, record)), trace)
-            for pos, doc, ns, event, record, trace in rows
+            OutboxRow(
+                int(pos),
+                str(doc),
+                str(ns),
+                str(outbox_event_json(event, record)),
+                trace,
+                None if vector is None else bytes(vector),
+            )
+            for pos, doc, ns, event, record, trace, vector in rows
         ]
 
     def mark_published(

@@ -4,7 +4,9 @@ An outbox row's `own_event_json` is empty (`OUTBOX_EVENT_IS_RECORD`, migration 0
 its event is the `RecordChanged` of the record row with the same `document_id` and
 `revision`, written in the same transaction and never changed, so the store keeps a
 record's JSON once, as the SQLite store does; the relay reads it from that row. Rows
-written before (a whole event's JSON) are relayed as written.
+written before (a whole event's JSON) are relayed as written. A record row keeps its
+vector's float32 bytes beside its JSON (`vector_f32`, migration 0008; `vector_wire`), which
+the relay ships so that the projector never parses the vector's decimals again.
 
 Positions are gap-free and in commit order. A sequence gives neither: a rolled-back
 `nextval` leaves a hole, and a later number can commit first. Instead a batch takes the
@@ -30,7 +32,7 @@ from contracts.events import OUTBOX_EVENT_IS_RECORD
 from contracts.records import Record
 from contracts.request_context import current_traceparent
 from ingest.adapters.postgres_db import driver_errors, open_pool
-from ingest.model import Decision, Outcome, decide_revision, stored_columns
+from ingest.model import Decision, Outcome, decide_revision, stored_columns, vector_wire
 from ingest.ports import Head
 
 __all__ = ["WRITER_LOCK_KEY", "PostgresRecordStore"]
@@ -40,7 +42,22 @@ WRITER_LOCK_KEY = 0x6F72726572792D77
 
 _COPY_RECORDS = (
     "COPY records (document_id, revision, namespace, snapshot_kind, item_id, galaxy, "
-    "deleted, payload_sha256, record_json, accepted_at) FROM STDIN"
+    "deleted, payload_sha256, record_json, accepted_at, vector_f32) FROM STDIN (FORMAT BINARY)"
+)
+# The types of `_COPY_RECORDS`'s columns, in order (binary COPY: each value goes as its
+# bytes, without text COPY's escaping of the record's JSON and the vector's hex).
+_RECORD_TYPES = (
+    "text",
+    "int8",
+    "text",
+    "text",
+    "text",
+    "text",
+    "bool",
+    "text",
+    "text",
+    "timestamptz",
+    "bytea",
 )
 _UPSERT_HEADS = (
     "INSERT INTO heads (document_id, revision, namespace, snapshot_kind, deleted) "
@@ -137,8 +154,9 @@ class PostgresRecordStore:
             # Python round of parameter adaptation per row (the same rows, the same
             # constraints, in the same transaction).
             with cur.copy(_COPY_RECORDS) as copy:
+                copy.set_types(_RECORD_TYPES)
                 for (_, r), body in zip(accepted, bodies, strict=True):
-                    copy.write_row((*stored_columns(r), body, now))
+                    copy.write_row((*stored_columns(r), body, now, vector_wire(r)))
             newest: dict[str, Record] = {r.doc_id: r for _, r in accepted}
             # One statement whose rows come as one JSON parameter (serialized by
             # pydantic-core; psycopg adapts arrays element by element in Python), each

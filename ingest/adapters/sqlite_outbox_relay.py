@@ -10,7 +10,13 @@ from pathlib import Path
 
 from contracts.errors import DependencyUnavailable
 from contracts.events import outbox_event_json
-from ingest.adapters.sqlite_store import SCHEMA, add_placement_columns, add_trace_column, connect
+from ingest.adapters.sqlite_store import (
+    SCHEMA,
+    add_placement_columns,
+    add_trace_column,
+    add_vector_column,
+    connect,
+)
 from ingest.relay_ports import OutboxRow, Placement
 
 __all__ = ["SqliteOutboxReader"]
@@ -41,6 +47,7 @@ class SqliteOutboxReader:
             self._conn = connect(path)
             self._conn.executescript(SCHEMA)
             add_trace_column(self._conn)
+            add_vector_column(self._conn)
             add_placement_columns(self._conn)
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
@@ -50,7 +57,7 @@ class SqliteOutboxReader:
             with self._lock:
                 rows = self._conn.execute(
                     "SELECT o.position, o.document_id, o.namespace, o.event_json, r.record_json, "
-                    "o.trace_context "
+                    "o.trace_context, r.vector_f32 "
                     "FROM outbox o LEFT JOIN records r ON r.document_id = o.document_id "
                     "AND r.revision = o.revision "
                     "WHERE o.published_at IS NULL ORDER BY o.position LIMIT ?",
@@ -59,8 +66,15 @@ class SqliteOutboxReader:
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return [
-            OutboxRow(int(pos), str(doc), str(ns), str(outbox_event_json(event, record)), trace)
-            for pos, doc, ns, event, record, trace in rows
+            OutboxRow(
+                int(pos),
+                str(doc),
+                str(ns),
+                str(outbox_event_json(event, record)),
+                trace,
+                None if vector is None else bytes(vector),
+            )
+            for pos, doc, ns, event, record, trace, vector in rows
         ]
 
     def mark_published(

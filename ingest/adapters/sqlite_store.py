@@ -30,7 +30,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import OUTBOX_EVENT_IS_RECORD, LogEntry, RecordChanged
 from contracts.records import RECORD_BODY, Record, record_json_without_vector
 from contracts.request_context import current_traceparent
-from ingest.model import Decision, Outcome, decide_revision, stored_columns
+from ingest.model import Decision, Outcome, decide_revision, stored_columns, vector_wire
 from ingest.ports import Head
 
 __all__ = ["HANDOVER_MAX_BYTES", "SCHEMA", "SqliteRecordStore", "connect"]
@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS records (
     record_body    TEXT,
     record_json    TEXT    NOT NULL,
     accepted_at    TEXT    NOT NULL,
+    vector_f32     BLOB,
     PRIMARY KEY (document_id, revision)
 );
 CREATE TABLE IF NOT EXISTS heads (
@@ -83,6 +84,15 @@ def add_body_column(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
     if RECORD_BODY not in columns:
         conn.execute(f"ALTER TABLE records ADD COLUMN {RECORD_BODY} TEXT")
+
+
+def add_vector_column(conn: sqlite3.Connection) -> None:
+    """Give a records table made before it its `vector_f32` column (the record's vector
+    as float32 bytes, `ingest.model.vector_wire`; PostgreSQL: ingest's migration 0008).
+    Rows written before keep it NULL: their events are published without the bytes."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
+    if "vector_f32" not in columns:
+        conn.execute("ALTER TABLE records ADD COLUMN vector_f32 BLOB")
 
 
 def add_trace_column(conn: sqlite3.Connection) -> None:
@@ -143,8 +153,10 @@ class SqliteRecordStore:
         *,
         on_committed: Callable[[list[LogEntry]], None] | None = None,
         on_positions: Callable[[list[tuple[str, int]]], None] | None = None,
+        keep_vectors: bool = False,
     ) -> None:
         self._path = path
+        self._keep_vectors = keep_vectors
         self._on_positions = on_positions
         self._on_committed = on_committed
         self._lock = threading.Lock()
@@ -153,6 +165,7 @@ class SqliteRecordStore:
             self._conn.executescript(SCHEMA)
             add_trace_column(self._conn)
             add_body_column(self._conn)
+            add_vector_column(self._conn)
             add_placement_columns(self._conn)
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", f"cannot open {path}: {exc}") from exc
@@ -217,9 +230,15 @@ class SqliteRecordStore:
             conn.executemany(
                 "INSERT INTO records (document_id, revision, namespace, snapshot_kind, "
                 f"item_id, galaxy, deleted, payload_sha256, {RECORD_BODY}, record_json, "
-                "accepted_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "accepted_at, vector_f32) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
-                    (*stored_columns(r), record_json_without_vector(record_json), record_json, now)
+                    (
+                        *stored_columns(r),
+                        record_json_without_vector(record_json),
+                        record_json,
+                        now,
+                        vector_wire(r) if self._keep_vectors else None,
+                    )
                     for (_, r), record_json in zip(accepted, record_jsons, strict=True)
                 ],
             )

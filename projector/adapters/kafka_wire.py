@@ -3,7 +3,9 @@
 The wire format (written by the relay's publishers: `ingest.adapters.kafka_publisher`
 and `ingest.adapters.confluent_publisher`): one topic per namespace named
 `topic_for(topic_prefix, namespace)`, key = document id, value = `RecordChanged` JSON,
-header `orrery-position` = the outbox position in ASCII digits, optional trace header.
+header `orrery-position` = the outbox position in ASCII digits, optional trace header,
+optional `orrery-vector-f32` = the record's vector as float32 bytes (read instead of the
+vector's decimals; messages without it, e.g. written before it, decode as before).
 
 Here: the settings, the decoding of one message into a `LogEntry` or an `Undecodable`,
 the bootstrap reachability check, and the bookkeeping of what may be committed
@@ -28,6 +30,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import (
     POSITION_HEADER,
     TRACE_HEADER,
+    VECTOR_HEADER,
     LogEntry,
     decode_record_changed,
     topic_pattern,
@@ -168,7 +171,9 @@ def decode_message(
         # of at most 128 characters or None): `LogEntry(...)` would check them again.
         return LogEntry.model_construct(
             position=position_of(headers, topic, partition, offset),
-            event=decode_record_changed(value if value is not None else b""),
+            event=decode_record_changed(
+                value if value is not None else b"", _header(headers, VECTOR_HEADER)
+            ),
             trace_context=_trace_context(headers),
             partition=partition,
             offset=offset,

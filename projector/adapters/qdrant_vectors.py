@@ -71,7 +71,7 @@ from contracts.index_fields import DOCUMENT_ID, REVISION
 from contracts.pacing import Pace, no_pace
 from contracts.qdrant_rest import RETRY_ONCE, RestTarget, rest_target
 from contracts.shards import copy_key, shard_of
-from contracts.stored_vectors import StoredVector
+from contracts.stored_vectors import is_encoded
 from contracts.vector_payload import (
     GRAPH_FIELDS,
     PAYLOAD_INDEXES,
@@ -752,7 +752,7 @@ def _upsert_json(
                 "id": str(pid),
                 "vector": {
                     VECTOR_NAME: _VectorText(document.vector.json)
-                    if isinstance(document.vector, StoredVector)
+                    if is_encoded(document.vector)
                     else document.vector
                 },
                 "payload": payload_of(document),

@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
-from contracts.events import RecordChanged
+from contracts.events import RecordChanged, decode_record_changed
 from contracts.records import Record
+from contracts.stored_vectors import PackedVector, float32_wire
 from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
 from ingest.adapters.sqlite_store import SqliteRecordStore
+from ingest.model import stored_columns
 from ingest.ports import RecordStore
 from ingest.relay import relay_outbox
 from ingest.relay_ports import OutboxRelaySource, OutboxRow
@@ -56,8 +58,11 @@ def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> Backend:
             )
         conn.close()
 
+    # Server mode's SQLite store keeps the vectors' float32 bytes for the relay.
     return Backend(
-        lambda: SqliteRecordStore(path), lambda: SqliteOutboxReader(path), set_event_json
+        lambda: SqliteRecordStore(path, keep_vectors=True),
+        lambda: SqliteOutboxReader(path),
+        set_event_json,
     )
 
 
@@ -192,6 +197,31 @@ def test_each_row_carries_its_records_event_byte_for_byte(backend: Backend) -> N
     ]
 
 
+def test_each_row_carries_its_records_vector_as_float32_bytes(backend: Backend) -> None:
+    """The bytes the projector reads instead of the vector's decimals: those of the very
+    record of the row's event; none for a record without a vector or a tombstone."""
+    store, source = backend.store(), backend.source()
+    records = [
+        rec("a").model_copy(update={"vector": [0.5, -0.25, 1e-3]}),
+        rec("b"),
+        rec("d", revision=2).model_copy(update={"vector": [0.1, 0.2, 0.3]}),
+        rec("c").model_copy(update={"vector": [1.0, 2.0, 3.0], "deleted": True}),
+    ]
+    store.write(records[:2])
+    store.write(records[2:])
+    rows = source.unpublished(10)
+    assert [r.vector_f32 for r in rows] == [
+        float32_wire([0.5, -0.25, 1e-3]),
+        None,
+        float32_wire([0.1, 0.2, 0.3]),
+        None,
+    ]
+    for row, record in zip(rows, records, strict=True):
+        entry = decode_record_changed(row.event_json.encode(), row.vector_f32)
+        assert entry == RecordChanged(record=record)
+        assert isinstance(entry.record.vector, PackedVector) == (row.vector_f32 is not None)
+
+
 def test_a_row_holding_its_whole_event_is_relayed_as_written(backend: Backend) -> None:
     # Rows written before the outbox pointed at its record row (an outbox upgraded
     # with rows in it) keep their event: relayed byte for byte, beside the new rows.
@@ -306,3 +336,55 @@ def test_a_documents_later_revision_waits_for_its_earlier_one(claiming: Backend)
     second.mark_published([2, 4])
     first.mark_published([1])
     assert [r.position for r in second.unpublished(10)] == [3]
+
+
+def test_a_sqlite_store_from_before_the_vector_bytes_keeps_its_rows(tmp_path: Path) -> None:
+    """A SQLite file written before records kept their float32 bytes: opened, it gains the
+    column; its rows are relayed without bytes (decoded from their decimals, the same
+    event), a record written after carries them."""
+    from ingest.adapters.sqlite_store import SCHEMA
+
+    path = tmp_path / "orrery.sqlite"
+    old = rec("old").model_copy(update={"vector": [0.5, -0.25]})
+    before = SCHEMA.replace("    vector_f32     BLOB,\n", "")
+    assert before != SCHEMA
+    conn = sqlite3.connect(path)
+    conn.executescript(before)
+    conn.execute(
+        "INSERT INTO records (document_id, revision, namespace, snapshot_kind, item_id, "
+        "galaxy, deleted, payload_sha256, record_json, accepted_at) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?)",
+        (*stored_columns(old), old.model_dump_json(), "2026-01-01T00:00:00+00:00"),
+    )
+    conn.execute(
+        "INSERT INTO outbox (document_id, revision, namespace, snapshot_kind, event_json, "
+        "created_at) VALUES (?, 1, 'ns', 'objects', '', '2026-01-01T00:00:00+00:00')",
+        (old.doc_id,),
+    )
+    conn.commit()
+    conn.close()
+    store = SqliteRecordStore(path, keep_vectors=True)
+    source = SqliteOutboxReader(path)
+    try:
+        new = rec("new").model_copy(update={"vector": [1.0, 2.0]})
+        store.write([new])
+        rows = source.unpublished(10)
+        assert [r.vector_f32 for r in rows] == [None, float32_wire([1.0, 2.0])]
+        decoded = [decode_record_changed(r.event_json.encode(), r.vector_f32) for r in rows]
+        assert decoded == [RecordChanged(record=old), RecordChanged(record=new)]
+    finally:
+        store.close()
+        source.close()
+
+
+def test_the_embedded_store_keeps_no_vector_bytes(tmp_path: Path) -> None:
+    """Without a relay (the embedded deployment) nothing reads them: not written."""
+    path = tmp_path / "orrery.sqlite"
+    store = SqliteRecordStore(path)
+    source = SqliteOutboxReader(path)
+    try:
+        store.write([rec("a").model_copy(update={"vector": [1.0, 2.0]})])
+        assert [r.vector_f32 for r in source.unpublished(10)] == [None]
+    finally:
+        store.close()
+        source.close()

@@ -188,7 +188,8 @@ def test_the_outbox_pointer_migration_keeps_the_rows_it_finds(postgres_url: str)
             (old.doc_id, event),
         )
         conn.execute("UPDATE outbox_counter SET position = 1")
-    assert migrate(postgres_url).applied == (7,)
+    assert migrate(postgres_url, files[:7]).applied == (7,)
+    assert migrate(postgres_url).applied == tuple(m.version for m in files[7:])
     store, reader = PostgresRecordStore(postgres_url), PostgresOutboxReader(postgres_url)
     try:
         new = Record(namespace="ns", snapshot_kind="objects", item_id="new", revision=1)
@@ -208,3 +209,58 @@ def test_the_outbox_pointer_migration_keeps_the_rows_it_finds(postgres_url: str)
         ).fetchall() == [(1, event), (2, "")]
         with pytest.raises(psycopg.errors.UndefinedColumn):
             conn.execute("SELECT event_json FROM outbox")
+
+
+def test_the_vector_bytes_migration_keeps_the_rows_it_finds(postgres_url: str) -> None:
+    """Migration 0008 on a store with rows in it: a record written before has no float32
+    bytes and its event is relayed without them (the projector decodes its decimals, the
+    same event); a record written after carries them; the column is never compressed."""
+    from contracts.events import RecordChanged, decode_record_changed
+    from contracts.records import Record
+    from contracts.stored_vectors import PackedVector, StoredVector, float32_wire
+    from ingest.adapters.postgres_outbox_relay import PostgresOutboxReader
+    from ingest.adapters.postgres_store import PostgresRecordStore
+    from ingest.model import stored_columns
+
+    files = load_migrations()
+    assert files[7].name == "record_vector_f32"
+    migrate(postgres_url, files[:7])
+    old = Record(
+        namespace="ns", snapshot_kind="objects", item_id="old", revision=1, vector=[0.5, -0.25]
+    )
+    with psycopg.connect(postgres_url) as conn:  # what the store wrote before 0008
+        conn.execute(
+            "INSERT INTO records VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s, now())",
+            (*stored_columns(old), old.model_dump_json()),
+        )
+        conn.execute(
+            "INSERT INTO outbox (position, document_id, revision, namespace, snapshot_kind, "
+            "own_event_json, created_at) VALUES (1, %s, 1, 'ns', 'objects', '', now())",
+            (old.doc_id,),
+        )
+        conn.execute("UPDATE outbox_counter SET position = 1")
+    assert migrate(postgres_url).applied == (8,)
+    store, reader = PostgresRecordStore(postgres_url), PostgresOutboxReader(postgres_url)
+    try:
+        new = Record(
+            namespace="ns", snapshot_kind="objects", item_id="new", revision=1, vector=[1.0, 2.0]
+        )
+        assert [o.position for o in store.write([new])] == [2]
+        rows = reader.unpublished(10)
+        assert [(r.position, r.vector_f32) for r in rows] == [
+            (1, None),
+            (2, float32_wire([1.0, 2.0])),
+        ]
+        decoded = [decode_record_changed(r.event_json.encode(), r.vector_f32) for r in rows]
+        assert decoded == [RecordChanged(record=old), RecordChanged(record=new)]
+        assert isinstance(decoded[0].record.vector, StoredVector)
+        assert isinstance(decoded[1].record.vector, PackedVector)
+        reader.mark_published([1, 2])
+    finally:
+        store.close()
+        reader.close()
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute(
+            "SELECT attstorage FROM pg_attribute WHERE attrelid = 'records'::regclass "
+            "AND attname = 'vector_f32'"
+        ).fetchone() == ("e",)
