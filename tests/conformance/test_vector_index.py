@@ -1677,6 +1677,24 @@ def test_edge_background_optimizer_pauses_between_builds_while_writes_flow(
     assert edge._generations["g"].path != first
 
 
+def test_edge_quiet_waits_twice_the_gap_between_writes(edge: QdrantEdgeVectorIndex) -> None:
+    # Batches 0.3 s apart are one stream of writes, whatever the optimize interval.
+    edge.create("g", DIM)
+    assert edge._quiet("g", 0.05, time.monotonic())  # never written
+    edge.apply("g", [doc("x0", vector=unit(1, 0, 0, 1))], [])
+    first = time.monotonic()
+    assert edge._quiet("g", 0.05, first + 0.1)  # one write: the interval alone
+    time.sleep(0.3)
+    edge.apply("g", [doc("x1", vector=unit(1, 1, 0, 1))], [])
+    written = time.monotonic()
+    gap = written - first
+    assert not edge._quiet("g", 0.05, written + 0.1)  # 0.1 s < 2 x the 0.3 s gap
+    assert not edge._quiet("g", 0.05, written + 1.9 * gap)
+    assert edge._quiet("g", 0.05, written + 2.1 * gap)
+    edge.drop("g")
+    assert edge._quiet("g", 0.05, time.monotonic())  # forgotten with the generation
+
+
 def test_edge_background_optimizer_refuses_a_share_out_of_range(
     edge: QdrantEdgeVectorIndex,
 ) -> None:
