@@ -4,12 +4,14 @@
         [--module path/to/qdrant_edge_vectors.py] [--label base] [--out run.json]
 
 Writes `--size` random 384-d points (payload as `bench/optimize_swap.py`) into one
-generation of `QdrantEdgeVectorIndex` as fast as one writer thread can, in batches of
+generation of `QdrantEdgeVectorIndex` as fast as one writer thread can (or at `--rate`
+records a second, as an HTTP ingest's projector batches arrive), in batches of
 `--batch`, while the adapter's background optimizer runs (`--interval` 1 s, `--growth`,
 `--share`, as `orrery serve` runs it). A prober searches every 0.2 s (latency) and, every
 2 s, compares the top 10 with the exact top 10 over what was written (numpy), holding the
 writer off meanwhile so both see the same points (recall@10 during the ingest). After the
-last write it waits until no point lacks HNSW and no build runs.
+last write it waits until no build runs or is due (fewer unindexed points than the
+indexing threshold stay unindexed, searched exactly).
 
 Reported: the ingest's seconds, the seconds from the last write to fully indexed (the
 tail) and from the first write (the build time), each build's log line (its phases and
@@ -148,6 +150,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         prober.start()
         started = time.perf_counter()
         for start in range(0, args.size, args.batch):
+            if args.rate:  # a batch every batch / rate s, as the projector's arrive
+                time.sleep(max(0.0, started + start / args.rate - time.perf_counter()))
             docs = _docs(vectors[start : start + args.batch], start, rng)
             with gate:
                 index.apply("g", docs, [])
@@ -156,12 +160,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stop.set()
         prober.join()
         builds_during_ingest = len(lines.lines)
+        # Done once no build runs or is due (qdrant-edge leaves fewer unindexed vectors
+        # than its indexing threshold unindexed, searched exactly) for 3 rounds.
         deadline = ingested + args.wait
+        idle_since: float | None = None
         while time.perf_counter() < deadline:
-            if index.unindexed_count("g") == 0 and not _building(index):
+            if _building(index) or index.optimize_needed("g", growth=0.0):
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.perf_counter()
+            elif time.perf_counter() - idle_since >= 3 * args.interval:
                 break
-            time.sleep(0.5)
-        done = time.perf_counter()
+            time.sleep(0.2)
+        done = idle_since if idle_since is not None else time.perf_counter()
         unindexed = index.unindexed_count("g")
         self_usage = resource.getrusage(resource.RUSAGE_SELF)
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -172,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "size": args.size,
         "config": {
             "batch": args.batch,
+            "rate": args.rate,
             "interval_s": args.interval,
             "growth": args.growth,
             "share": kwargs.get("share"),
@@ -222,6 +234,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=384)
     parser.add_argument("--batch", type=int, default=2_000)
+    parser.add_argument("--rate", type=float, default=0.0, help="records/s at most (0: flat out)")
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--growth", type=float, default=0.25)
     parser.add_argument("--share", type=float, default=0.5)
