@@ -552,7 +552,9 @@ class EmbeddedStack:
             self.write_workers.start()
         self.loop.start()
         self.projector.vectors.start_background_optimizer(
-            self.settings.optimize_interval_seconds, growth=self.settings.optimize_growth
+            self.settings.optimize_interval_seconds,
+            growth=self.settings.optimize_growth,
+            share=self.settings.optimize_share,
         )
         if self.settings.lexical_compaction:
             self.projector.start_lexical_compactor(

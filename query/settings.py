@@ -220,6 +220,16 @@ class QuerySettings(BaseSettings):
         "its square; once it is quiet for an optimize interval the rest is built. "
         "0 = every 1,000 points",
     )
+    optimize_share: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="While a generation takes writes, the share of the wall time its "
+        "HNSW builds take at most: after a build of t seconds the next waits t * (1 - "
+        "share) / share, so at scale (a build outlasting the growth threshold) the builds "
+        "get fewer and larger instead of running back to back; searches stay exact "
+        "meanwhile. Once the generation is quiet the rest is built at once. 1 = no pause",
+    )
     lexical_compaction: bool = Field(
         default=True,
         description="Embedded: rewrite a generation's tantivy index as one segment (fewer "

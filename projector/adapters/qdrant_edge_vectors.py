@@ -86,7 +86,14 @@ into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, th
 +10k 28 s, then +20k 60 s), so the background optimizer waits, while a generation takes
 writes, until the unindexed points reach a fraction (`growth`, 0.25) of the indexed
 ones (`optimize_threshold`): the builds of an ingest then add up to a multiple of its
-size, not its square. Once the generation is quiet the rest is built.
+size, not its square. Past some size a build outlasts the time the ingest takes to pass
+that threshold again (at 1M on 2 cores, 874k points took 2,531 s while 594k more came),
+and the builds would run back to back: every point written during one is written twice
+(the catch-up) and the child takes a CPU from the writers all along. So after a build
+of t seconds, while writes keep flowing, the generation waits `optimize_pause` (t · (1 -
+share) / share, `share` 0.5) before the next: building takes at most that share of the
+ingest's wall time and the points a build covers grow with the shard. Once the
+generation is quiet the rest is built, with no pause.
 
 Pauses that remain: qdrant-edge holds the GIL in `load`, `flush` and `close` too, so
 each stalls the whole process. The optimize loads the copy once (`load` in its log
@@ -191,9 +198,11 @@ if TYPE_CHECKING:
     from qdrant_edge import NamedVector, PayloadSchemaParams, PointId, Record
 
 __all__ = [
+    "OPTIMIZE_SHARE",
     "VECTOR_NAME",
     "QdrantEdgeTuning",
     "QdrantEdgeVectorIndex",
+    "optimize_pause",
     "optimize_threshold",
     "payload_of",
     "point_id",
@@ -277,6 +286,9 @@ _MAX_DEFERRAL_S = 60.0
 # writes at least this fraction of its indexed points (`optimize_threshold`).
 MIN_UNINDEXED = 1_000
 OPTIMIZE_GROWTH = 0.25
+# The share of the wall time the background optimizer spends building a generation that
+# keeps taking writes (`optimize_pause`).
+OPTIMIZE_SHARE = 0.5
 
 
 def optimize_threshold(indexed: int, *, min_unindexed: int, growth: float) -> int:
@@ -290,6 +302,26 @@ def optimize_threshold(indexed: int, *, min_unindexed: int, growth: float) -> in
     to at most N · (1 + growth) / growth points (5 N at 0.25).
     """
     return max(1, min_unindexed, math.ceil(growth * indexed))
+
+
+def optimize_pause(build_seconds: float, *, share: float) -> float:
+    """Seconds the background optimizer waits, after a build of `build_seconds` that
+    ended while writes flowed, before it builds that generation again while they still
+    flow: `build_seconds * (1 - share) / share`, so building takes at most `share` of
+    the wall time of an ingest (1.0: no pause).
+
+    Past some size a build runs longer than the ingest takes to pass the growth
+    threshold again (at 1M on 2 cores a build of 874k points ran 2,531 s while 594k more
+    arrived), so the threshold alone no longer spaces the builds: they run back to back,
+    every point written during one is written twice (the catch-up) and the child takes a
+    CPU from the writers all along. Pausing in proportion to the last build makes each
+    build cover about `1 / share` times the points the last one lasted for: the points
+    per build grow with the shard (fewer, larger builds), whatever the machine's speed.
+    Searches stay exact meanwhile (unindexed points are searched by brute force).
+    """
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], not {share}")
+    return max(0.0, build_seconds) * (1.0 - share) / share
 
 
 def _index_params(field: str, kind: PayloadIndexKind) -> PayloadSchemaParams:
@@ -637,6 +669,11 @@ class QdrantEdgeVectorIndex:
         # optimizer has put it off because writes kept coming (monotonic seconds).
         self._written_at: dict[str, float] = {}
         self._deferred_since: dict[str, float] = {}
+        # Per generation: the time between its last two writes (`_quiet`).
+        self._write_gap: dict[str, float] = {}
+        # Per generation: until when the background optimizer pauses its builds while
+        # writes flow (`optimize_pause`, monotonic seconds).
+        self._paused_until: dict[str, float] = {}
         self._closed = False
         self._stop = threading.Event()
         self._optimizer: threading.Thread | None = None
@@ -729,7 +766,11 @@ class QdrantEdgeVectorIndex:
                 # that fails half way is journaled too, by id (its effect is unknown).
                 if generation.journal is not None:
                     generation.journal.record(operations, [*newest, *delete_at], failed=not written)
-            self._written_at[generation_id] = time.monotonic()
+            now = time.monotonic()
+            last = self._written_at.get(generation_id)
+            if last is not None:
+                self._write_gap[generation_id] = now - last
+            self._written_at[generation_id] = now
 
     def evidence(self, generation_id: str) -> IndexEvidence:
         """Count and `id_set_digest` of the `(document_id, revision)` pairs the shard holds."""
@@ -772,6 +813,8 @@ class QdrantEdgeVectorIndex:
             self._idle_at.pop(generation_id, None)
             self._written_at.pop(generation_id, None)
             self._deferred_since.pop(generation_id, None)
+            self._paused_until.pop(generation_id, None)
+            self._write_gap.pop(generation_id, None)
             generation = self._generations.pop(generation_id, None)
             if generation is not None:
                 self._close_generation(generation_id, generation)
@@ -1032,14 +1075,18 @@ class QdrantEdgeVectorIndex:
         *,
         min_unindexed: int = MIN_UNINDEXED,
         growth: float = OPTIMIZE_GROWTH,
+        share: float = OPTIMIZE_SHARE,
     ) -> None:
         """Every `interval_s`, `optimize_if_needed` each open generation, one at a time,
         except one written within the last `interval_s` (up to `_MAX_DEFERRAL_S`: an
         optimize during a stream of writes redoes them, see `_writes_flowing`).
 
         While a generation takes writes its threshold grows with it (`growth`, see
-        `optimize_threshold`); once it was quiet for `interval_s` the rest is built as
-        soon as `min_unindexed` points lack HNSW.
+        `optimize_threshold`) and, after a build, it is not built again for
+        `optimize_pause` of that build's seconds (`share`: building takes at most that
+        share of the wall time of an ingest); once it was quiet (`_quiet`: for `interval_s`,
+        or twice the time between its last two writes if longer) the
+        rest is built as soon as `min_unindexed` points lack HNSW, with no pause.
 
         A daemon thread; `close()` stops it (cancelling a running optimize). A second
         call while it runs does nothing. Failures are logged and retried next round.
@@ -1047,12 +1094,13 @@ class QdrantEdgeVectorIndex:
         with self._lock:
             if self._closed:
                 raise OrreryError(ErrorCode.INTERNAL, "vector index is closed")
+            optimize_pause(0.0, share=share)  # a share out of range fails here, not later
             if self._optimizer is not None and self._optimizer.is_alive():
                 return
             self._stop.clear()
             self._optimizer = threading.Thread(
                 target=self._optimize_loop,
-                args=(interval_s, min_unindexed, growth),
+                args=(interval_s, min_unindexed, growth, share),
                 name="qdrant-edge-optimizer",
                 daemon=True,
             )
@@ -1060,7 +1108,9 @@ class QdrantEdgeVectorIndex:
 
     # -- optimize: copy, child, catch up, swap -------------------------------------
 
-    def _optimize_loop(self, interval_s: float, min_unindexed: int, growth: float) -> None:
+    def _optimize_loop(
+        self, interval_s: float, min_unindexed: int, growth: float, share: float
+    ) -> None:
         while not self._stop.wait(interval_s):
             with self._lock:
                 generation_ids = list(self._generations)
@@ -1069,22 +1119,48 @@ class QdrantEdgeVectorIndex:
                     return
                 if self._writes_flowing(generation_id, interval_s):
                     continue
-                written = self._written_at.get(generation_id)
-                quiet = written is None or time.monotonic() - written >= interval_s
+                now = time.monotonic()
+                quiet = self._quiet(generation_id, interval_s, now)
+                if not quiet and now < self._paused_until.get(generation_id, 0.0):
+                    continue
                 try:
-                    self.optimize_if_needed(
+                    if not self.optimize_needed(
                         generation_id,
                         min_unindexed=min_unindexed,
                         growth=0.0 if quiet else growth,
-                    )
+                    ):
+                        continue
+                    started = time.monotonic()
+                    try:
+                        self.optimize(generation_id)
+                    finally:
+                        ended = time.monotonic()
+                        self._paused_until[generation_id] = ended + optimize_pause(
+                            ended - started, share=share
+                        )
                 except OrreryError as error:
                     if error.code is not ErrorCode.NOT_FOUND and not self._stop.is_set():
                         _log.warning("optimizing %s failed: %s", generation_id, error.message)
 
+    def _quiet(self, generation_id: str, interval_s: float, now: float) -> bool:
+        """Whether the generation has taken no write for `interval_s`, or for twice the
+        time between its last two writes if that is longer (at most `_MAX_DEFERRAL_S`).
+
+        An ingest writes a generation in batches (the projector's: 2,000 records every
+        ~4.7 s at 428 rec/s), so a gap of one optimize interval (1 s in `bench/topk.py`)
+        between two batches is no end of the writes: taken as one, the rest was built
+        at once, with no growth threshold and no pause, and at 1M the builds ran back
+        to back (session 19: 7 of them, two of 890 s and 2,531 s during the ingest).
+        """
+        written = self._written_at.get(generation_id)
+        if written is None:
+            return True
+        gap = min(2.0 * self._write_gap.get(generation_id, 0.0), _MAX_DEFERRAL_S)
+        return now - written >= max(interval_s, gap)
+
     def _writes_flowing(self, generation_id: str, interval_s: float) -> bool:
-        """Whether the background optimizer should put the generation off: it was
-        written within the last `interval_s` and has not been put off for
-        `_MAX_DEFERRAL_S` yet.
+        """Whether the background optimizer should put the generation off: it is not
+        `_quiet` and has not been put off for `_MAX_DEFERRAL_S` yet.
 
         An optimize started while writes stream in is mostly wasted: every point written
         meanwhile is written twice (live shard, then read back from it into the copy,
@@ -1094,8 +1170,7 @@ class QdrantEdgeVectorIndex:
         unindexed points reach the growing threshold.
         """
         now = time.monotonic()
-        written = self._written_at.get(generation_id)
-        if written is None or now - written >= interval_s:
+        if self._quiet(generation_id, interval_s, now):
             self._deferred_since.pop(generation_id, None)
             return False
         since = self._deferred_since.setdefault(generation_id, now)

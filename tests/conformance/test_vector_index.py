@@ -51,6 +51,7 @@ from projector.adapters.qdrant_edge_vectors import (
     VECTOR_NAME,
     QdrantEdgeTuning,
     QdrantEdgeVectorIndex,
+    optimize_pause,
     optimize_threshold,
     point_id,
 )
@@ -1580,6 +1581,136 @@ def test_optimize_threshold_at_100k_in_batches_of_2k() -> None:
     growing = _rebuilt_points(batches, min_unindexed=1_000, growth=0.25)
     assert flat == sum(range(2_000, 100_001, 2_000))  # 2.55M: every batch rebuilds all
     assert growing <= 500_000
+
+
+def test_optimize_pause_keeps_builds_to_their_share() -> None:
+    assert optimize_pause(120.0, share=1.0) == 0.0
+    assert optimize_pause(120.0, share=0.5) == 120.0
+    assert optimize_pause(120.0, share=0.25) == 360.0
+    assert optimize_pause(-1.0, share=0.5) == 0.0  # a clock step back pauses nothing
+    for share in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            optimize_pause(1.0, share=share)
+
+
+def _paced_ingest(
+    size: int, rate: float, per_point_s: float, *, growth: float, share: float
+) -> list[tuple[float, float, int]]:
+    """(start, end, points) of each build of an ingest of `size` points at `rate` a
+    second, checked every second as the background optimizer does while writes flow: a
+    build takes `per_point_s` per point of the shard (a rebuild of the whole shard)."""
+    builds: list[tuple[float, float, int]] = []
+    now = indexed = 0.0
+    paused_until = 0.0
+    ingest_s = size / rate
+    while now < ingest_s:
+        points = min(size, int(now * rate))
+        if now >= paused_until and points - indexed >= optimize_threshold(
+            int(indexed), min_unindexed=1_000, growth=growth
+        ):
+            took = points * per_point_s
+            builds.append((now, now + took, points))
+            indexed = points
+            now += took
+            paused_until = now + optimize_pause(took, share=share)
+        else:
+            now += 1.0
+    return builds
+
+
+@given(
+    size=st.integers(10_000, 2_000_000),
+    rate=st.floats(100.0, 5_000.0),
+    per_point_s=st.floats(1e-4, 1e-2),
+    growth=st.floats(0.05, 2.0),
+    share=st.floats(0.1, 1.0),
+)
+def test_optimize_pause_bounds_the_time_spent_building_during_an_ingest(
+    size: int, rate: float, per_point_s: float, growth: float, share: float
+) -> None:
+    builds = _paced_ingest(size, rate, per_point_s, growth=growth, share=share)
+    # Each build but the last is followed by its pause: building takes at most `share`
+    # of the time up to the last build's start.
+    if len(builds) > 1:
+        last_start = builds[-1][0]
+        building = sum(end - start for start, end, _ in builds[:-1])
+        assert building <= share * last_start + 1e-6 * last_start
+    # ... and never more builds than without the pause.
+    unpaced = _paced_ingest(size, rate, per_point_s, growth=growth, share=1.0)
+    assert len(builds) <= len(unpaced) + 1
+
+
+def test_optimize_pause_at_1m_when_builds_outlast_the_threshold() -> None:
+    # Session 19's 1M ingest: 428 rec/s, a build ~2.9 ms a point of the shard (874k
+    # points in 2,531 s): the threshold alone runs builds back to back.
+    back_to_back = _paced_ingest(1_000_000, 428.0, 2.9e-3, growth=0.25, share=1.0)
+    paced = _paced_ingest(1_000_000, 428.0, 2.9e-3, growth=0.25, share=0.5)
+    assert all(b[0] == a[1] for a, b in itertools.pairwise(back_to_back[2:]))
+    assert len(paced) < len(back_to_back)
+    assert sum(p for *_, p in paced) < sum(p for *_, p in back_to_back)
+
+
+def test_edge_background_optimizer_pauses_between_builds_while_writes_flow(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # share 0.001: after a build of t s no other while writes flow for 999 t s; once
+    # they stop, the rest is built at once.
+    monkeypatch.setattr(edge_module, "_MAX_DEFERRAL_S", 0.0)  # only the pause holds it
+    edge.create("g", DIM)
+    edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
+    # Writes 10 ms apart never leave the generation quiet for a 0.2 s interval.
+    edge.start_background_optimizer(0.2, min_unindexed=10, growth=0.0, share=0.001)
+    _wait_for(lambda: edge.unindexed_count("g") == 0)
+    _wait_for(lambda: "g" in edge._paused_until)
+    first = edge._generations["g"].path
+    stop = threading.Event()
+
+    def write() -> None:
+        for i in itertools.count():
+            if stop.wait(0.01):
+                return
+            edge.apply("g", [doc(f"y{i}", vector=unit(1, i, 1, 0))], [])
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        _wait_for(lambda: edge.unindexed_count("g") >= 100)  # past min_unindexed 10x
+        started = time.monotonic()
+        while time.monotonic() - started < 2.0:  # 10 rounds of the loop: none builds
+            assert not edge._generations["g"].optimize_lock.locked()
+            time.sleep(0.005)
+        assert edge._generations["g"].path == first
+        assert edge.unindexed_count("g") > 0
+    finally:
+        stop.set()
+        writer.join()
+    _wait_for(lambda: edge.unindexed_count("g") == 0)  # quiet: built with no pause
+    assert edge._generations["g"].path != first
+
+
+def test_edge_quiet_waits_twice_the_gap_between_writes(edge: QdrantEdgeVectorIndex) -> None:
+    # Batches 0.3 s apart are one stream of writes, whatever the optimize interval.
+    edge.create("g", DIM)
+    assert edge._quiet("g", 0.05, time.monotonic())  # never written
+    edge.apply("g", [doc("x0", vector=unit(1, 0, 0, 1))], [])
+    first = time.monotonic()
+    assert edge._quiet("g", 0.05, first + 0.1)  # one write: the interval alone
+    time.sleep(0.3)
+    edge.apply("g", [doc("x1", vector=unit(1, 1, 0, 1))], [])
+    written = time.monotonic()
+    gap = written - first
+    assert not edge._quiet("g", 0.05, written + 0.1)  # 0.1 s < 2 x the 0.3 s gap
+    assert not edge._quiet("g", 0.05, written + 1.9 * gap)
+    assert edge._quiet("g", 0.05, written + 2.1 * gap)
+    edge.drop("g")
+    assert edge._quiet("g", 0.05, time.monotonic())  # forgotten with the generation
+
+
+def test_edge_background_optimizer_refuses_a_share_out_of_range(
+    edge: QdrantEdgeVectorIndex,
+) -> None:
+    with pytest.raises(ValueError, match="share"):
+        edge.start_background_optimizer(1.0, share=0.0)
 
 
 def test_edge_optimize_needed_grows_with_the_indexed_points(edge: QdrantEdgeVectorIndex) -> None:
