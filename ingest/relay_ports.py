@@ -6,8 +6,10 @@ copies outbox rows to the event log (Kafka) and marks them once the log has them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+from contracts.events import outbox_event_json
 
 __all__ = ["EventPublisher", "OutboxRelaySource", "OutboxRow", "Placement"]
 
@@ -32,6 +34,23 @@ class OutboxRow(NamedTuple):
     # JSON (`contracts.stored_vectors.float32_wire`; None: no vector, or written before
     # the store kept them): published beside the event (`contracts.events.VECTOR_HEADER`).
     vector_f32: bytes | None = None
+
+
+def claimed_rows(rows: Iterable[Sequence[Any]]) -> list[OutboxRow]:
+    """`OutboxRow`s from a relay's claim, one per row of (position, document id,
+    namespace, event JSON, record JSON, traceparent, float32 bytes): the event is the
+    row's own, or its record row's (`contracts.events.outbox_event_json`)."""
+    return [
+        OutboxRow(
+            int(pos),
+            str(doc),
+            str(ns),
+            str(outbox_event_json(event, record)),
+            trace,
+            None if vector is None else bytes(vector),
+        )
+        for pos, doc, ns, event, record, trace, vector in rows
+    ]
 
 
 class OutboxRelaySource(Protocol):

@@ -288,3 +288,16 @@ def write_records(
         high_water=max((o.position for o in outcomes if o.position is not None), default=0),
         items=items,
     )
+
+
+def all_stale_body(result: WriteResponse) -> dict[str, Any]:
+    """The `409 revision_conflict` answer of a write that accepted no record: every
+    revision was stale (the response's items in `details`)."""
+    return {
+        "success": False,
+        "error": {
+            "code": ErrorCode.REVISION_CONFLICT.value,
+            "message": "no record was accepted: every revision is stale",
+            "details": result.model_dump(mode="json", exclude={"searchable"}),
+        },
+    }

@@ -21,9 +21,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from contracts.events import outbox_event_json
 from ingest.adapters.postgres_db import driver_errors, open_pool
-from ingest.relay_ports import OutboxRow, Placement
+from ingest.relay_ports import OutboxRow, Placement, claimed_rows
 
 __all__ = ["PostgresOutboxReader"]
 
@@ -85,17 +84,7 @@ class PostgresOutboxReader:
                 raise
             if not rows:
                 self._release(commit=False)
-        return [
-            OutboxRow(
-                int(pos),
-                str(doc),
-                str(ns),
-                str(outbox_event_json(event, record)),
-                trace,
-                None if vector is None else bytes(vector),
-            )
-            for pos, doc, ns, event, record, trace, vector in rows
-        ]
+        return claimed_rows(rows)
 
     def mark_published(
         self, positions: Sequence[int], placements: Sequence[Placement] = ()

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts.errors import DependencyUnavailable
-from contracts.events import outbox_event_json
 from ingest.adapters.sqlite_store import (
     SCHEMA,
     add_placement_columns,
@@ -17,7 +16,7 @@ from ingest.adapters.sqlite_store import (
     add_vector_column,
     connect,
 )
-from ingest.relay_ports import OutboxRow, Placement
+from ingest.relay_ports import OutboxRow, Placement, claimed_rows
 
 __all__ = ["SqliteOutboxReader"]
 
@@ -65,17 +64,7 @@ class SqliteOutboxReader:
                 ).fetchall()
         except sqlite3.Error as exc:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
-        return [
-            OutboxRow(
-                int(pos),
-                str(doc),
-                str(ns),
-                str(outbox_event_json(event, record)),
-                trace,
-                None if vector is None else bytes(vector),
-            )
-            for pos, doc, ns, event, record, trace, vector in rows
-        ]
+        return claimed_rows(rows)
 
     def mark_published(
         self, positions: Sequence[int], placements: Sequence[Placement] = ()

@@ -19,7 +19,7 @@ from contracts.openapi import operation
 from contracts.request_context import current_traceparent
 from ingest.pacing import WAIT_POLL_SECONDS, WriteFlow, WritePacer
 from ingest.ports import RecordStore
-from ingest.service import Admitted, parse_body, write_records
+from ingest.service import Admitted, all_stale_body, parse_body, write_records
 from ingest.write_workers import WriteWorkers
 
 __all__ = ["WAIT_POLL_SECONDS", "WriteFlow", "create_router"]
@@ -113,14 +113,7 @@ def create_router(
         if wait == "searchable" and flow is not None:
             result.searchable = await _until_searchable(flow, result)
         if result.accepted == 0:
-            body = {
-                "success": False,
-                "error": {
-                    "code": ErrorCode.REVISION_CONFLICT.value,
-                    "message": "no record was accepted: every revision is stale",
-                    "details": result.model_dump(mode="json", exclude={"searchable"}),
-                },
-            }
+            body = all_stale_body(result)
             return JSONResponse(body, status_code=409)
         # Serialized by pydantic in one call: a batch's response holds an item per record.
         return Response(

@@ -38,11 +38,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
+from contracts.errors import DependencyUnavailable, OrreryError
 from contracts.events import LogEntry
 from contracts.request_context import RequestContext, close_request, open_request
 from ingest.adapters.sqlite_store import SqliteRecordStore
-from ingest.service import Admitted, parse_body, write_records
+from ingest.service import Admitted, all_stale_body, parse_body, write_records
 
 __all__ = ["DEPENDENCY", "main", "serve"]
 
@@ -138,14 +138,7 @@ def _answer(
         ]
         written.sort(key=lambda event: event[1])
         if result.accepted == 0:
-            body = {
-                "success": False,
-                "error": {
-                    "code": ErrorCode.REVISION_CONFLICT.value,
-                    "message": "no record was accepted: every revision is stale",
-                    "details": result.model_dump(mode="json", exclude={"searchable"}),
-                },
-            }
+            body = all_stale_body(result)
             return ("ok", 409, body, written, _pickled(handed))
         return (
             "ok",

@@ -26,10 +26,8 @@ from contracts.events import (
     VECTOR_HEADER,
     RecordChanged,
     decode_record_changed,
-    record_changed_json,
 )
 from contracts.index import IndexDocument, to_index_document
-from contracts.records import Record
 from contracts.stored_vectors import (
     PackedVector,
     StoredVector,
@@ -48,6 +46,8 @@ from projector.ports import RejectedRecord
 from projector.ring_stats import ring_moves
 from tests.json_strategies import TEXT as _TEXT
 from tests.json_strategies import tricky_json
+from tests.unit.vector_records import changed_event as _event
+from tests.unit.vector_records import vector_record as _record
 
 _JSON = tricky_json(10)
 # Every length class `vector_problem` tells apart: zero and subnormal vectors, float32's
@@ -61,26 +61,6 @@ _EDGE_FLOATS = st.one_of(
     ),
 )
 _VECTORS = st.lists(_EDGE_FLOATS, min_size=1, max_size=12)
-
-
-def _record(payload: dict[str, Any], vector: list[float] | None, **extra: Any) -> Record:
-    return Record.model_validate(
-        {
-            "namespace": "ns",
-            "snapshot_kind": "objects",
-            "item_id": "item-1",
-            "revision": 2,
-            "payload": payload,
-            "text": {"title": "t", "body": "b"},
-            "metadata": {"updated_at": "2026-01-01T00:00:00Z", "room": "hall"},
-            "vector": vector,
-            **extra,
-        }
-    )
-
-
-def _event(record: Record) -> bytes:
-    return record_changed_json(record.model_dump_json()).encode()
 
 
 @settings(max_examples=300, deadline=None)

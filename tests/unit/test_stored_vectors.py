@@ -20,7 +20,7 @@ from pydantic_core import to_json
 
 from contracts.events import RecordChanged, decode_record_changed, record_changed_json
 from contracts.index import IndexDocument, to_index_document
-from contracts.records import Record, vector_json, vector_text
+from contracts.records import vector_json, vector_text
 from contracts.stored_vectors import StoredVector, float32_bytes, stored_vector
 from contracts.vector_payload import point_id
 from projector.adapters.qdrant_vectors import _SPLICE, _body_json, _upsert_json
@@ -29,32 +29,14 @@ from projector.ports import RejectedRecord
 from projector.ring_stats import ring_moves
 from tests.json_strategies import TEXT as _TEXT
 from tests.json_strategies import tricky_json
+from tests.unit.vector_records import changed_event as _event
+from tests.unit.vector_records import vector_record as _record
 
 _JSON = tricky_json(10)
 # float64 values, not only float32 ones: what a client sends.
 _VECTORS = st.lists(
     st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False), min_size=1, max_size=12
 )
-
-
-def _record(payload: dict[str, Any], vector: list[float] | None, **extra: Any) -> Record:
-    return Record.model_validate(
-        {
-            "namespace": "ns",
-            "snapshot_kind": "objects",
-            "item_id": "item-1",
-            "revision": 2,
-            "payload": payload,
-            "text": {"title": "t", "body": "b"},
-            "metadata": {"updated_at": "2026-01-01T00:00:00Z", "room": "hall"},
-            "vector": vector,
-            **extra,
-        }
-    )
-
-
-def _event(record: Record) -> bytes:
-    return record_changed_json(record.model_dump_json()).encode()
 
 
 @settings(max_examples=300, deadline=None)
