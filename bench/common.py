@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any
 
 import httpx
@@ -660,3 +661,19 @@ def latency_bars(
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def edge_adapter(path: str | None) -> ModuleType:
+    """The embedded projector's qdrant-edge adapter module: this tree's, or the file at
+    `path` (another tree's `projector/adapters/qdrant_edge_vectors.py`, for an A/B of
+    two versions in one process)."""
+    if path is None:
+        from projector.adapters import qdrant_edge_vectors
+
+        return qdrant_edge_vectors
+    spec = importlib.util.spec_from_file_location("edge_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["edge_under_test"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -26,7 +26,6 @@ so they share the machine's load.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import json
 import logging
@@ -38,7 +37,6 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 if __package__ in (None, ""):  # run as `python bench/optimize_schedule.py`
@@ -46,25 +44,13 @@ if __package__ in (None, ""):  # run as `python bench/optimize_schedule.py`
 
 import numpy as np
 
+from bench.common import edge_adapter
 from contracts.index import IndexDocument, SearchFilter
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 
 _UPDATED = datetime(2026, 3, 19, 12, 0, tzinfo=UTC)
 _PROBE_S = 0.2
 _RECALL_EVERY_S = 2.0
-
-
-def _adapter(path: str | None) -> ModuleType:
-    if path is None:
-        from projector.adapters import qdrant_edge_vectors
-
-        return qdrant_edge_vectors
-    spec = importlib.util.spec_from_file_location("edge_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["edge_under_test"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Lines(logging.Handler):
@@ -102,7 +88,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    module = _adapter(args.module)
+    module = edge_adapter(args.module)
     lines = _Lines()
     logging.getLogger(module.__name__).addHandler(lines)
     logging.getLogger(module.__name__).setLevel(logging.INFO)

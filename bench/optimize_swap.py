@@ -28,7 +28,6 @@ times depend on the machine's load: record `cat /proc/loadavg` beside them.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import logging
@@ -47,23 +46,11 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/optimize_swap.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import edge_adapter
 from contracts.index import IndexDocument, SearchFilter
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 
 _UPDATED = datetime(2026, 3, 19, 12, 0, tzinfo=UTC)
-
-
-def _adapter(path: str | None) -> ModuleType:
-    if path is None:
-        from projector.adapters import qdrant_edge_vectors
-
-        return qdrant_edge_vectors
-    spec = importlib.util.spec_from_file_location("edge_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["edge_under_test"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class _Corpus:
@@ -338,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     figures = run(
         args.size,
         args.dim,
-        _adapter(args.module),
+        edge_adapter(args.module),
         args.seed,
         preoptimize=args.preoptimize,
         extra=args.extra,
