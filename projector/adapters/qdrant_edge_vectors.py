@@ -93,7 +93,10 @@ and the builds would run back to back: every point written during one is written
 of t seconds, while writes keep flowing, the generation waits `optimize_pause` (t · (1 -
 share) / share, `share` 0.5) before the next: building takes at most that share of the
 ingest's wall time and the points a build covers grow with the shard. Once the
-generation is quiet the rest is built, with no pause.
+generation is quiet the rest is built, with no pause. A point written again or deleted
+after a build leaves its old vector in the HNSW segment (a tombstone the engine still
+counts as indexed) and the new one in the plain segment: those count as unindexed, and
+tombstones past the engine's vacuum rule (`vacuum_due`) are reason enough to build.
 
 Pauses that remain: qdrant-edge holds the GIL in `load`, `flush` and `close` too, so
 each stalls the whole process. The optimize loads the copy once (`load` in its log
@@ -286,6 +289,10 @@ _MAX_DEFERRAL_S = 60.0
 # writes at least this fraction of its indexed points (`optimize_threshold`).
 MIN_UNINDEXED = 1_000
 OPTIMIZE_GROWTH = 0.25
+# qdrant-edge's vacuum defaults (`EdgeOptimizersConfig` left unset): an HNSW segment is
+# rebuilt once more than this share of its vectors, and at least this many, are deleted.
+VACUUM_DELETED_THRESHOLD = 0.2
+VACUUM_MIN_VECTORS = 1_000
 # The share of the wall time the background optimizer spends building a generation that
 # keeps taking writes (`optimize_pause`).
 OPTIMIZE_SHARE = 0.5
@@ -302,6 +309,16 @@ def optimize_threshold(indexed: int, *, min_unindexed: int, growth: float) -> in
     to at most N · (1 + growth) / growth points (5 N at 0.25).
     """
     return max(1, min_unindexed, math.ceil(growth * indexed))
+
+
+def vacuum_due(tombstones: int, segment_vectors: int, rule: tuple[float, int]) -> bool:
+    """Whether an HNSW segment of `segment_vectors` holding `tombstones` deleted or
+    superseded vectors is rebuilt by qdrant-edge's vacuum optimizer: `rule` is its
+    `(deleted_threshold, vacuum_min_vector_number)`, Qdrant's defaults (0.2, 1000).
+    Tombstones still cost every search through the graph (visited, then skipped), and
+    the points written again sit in the plain segment, brute-forced."""
+    threshold, minimum = rule
+    return tombstones >= minimum and tombstones > threshold * segment_vectors
 
 
 def optimize_pause(build_seconds: float, *, share: float) -> float:
@@ -346,6 +363,9 @@ class QdrantEdgeTuning:
     `indexing_threshold_kb`: segments with fewer KB of vectors stay unindexed (exact).
     `full_scan_threshold_kb`: an HNSW segment this small is still searched by brute force.
     `max_search_threads`: size of the shard's search pool; `None` derives it from the CPUs.
+    `vacuum_deleted_threshold`, `vacuum_min_vectors`: an HNSW segment is rebuilt once
+    more than that share of its vectors, and at least that many, are tombstones (`None`:
+    the engine's defaults, `VACUUM_DELETED_THRESHOLD` and `VACUUM_MIN_VECTORS`).
     """
 
     hnsw_m: int = 16
@@ -353,6 +373,16 @@ class QdrantEdgeTuning:
     full_scan_threshold_kb: int = 10_000
     indexing_threshold_kb: int = 10_000
     max_search_threads: int | None = None
+    vacuum_deleted_threshold: float | None = None
+    vacuum_min_vectors: int | None = None
+
+    def vacuum_rule(self) -> tuple[float, int]:
+        return (
+            VACUUM_DELETED_THRESHOLD
+            if self.vacuum_deleted_threshold is None
+            else self.vacuum_deleted_threshold,
+            VACUUM_MIN_VECTORS if self.vacuum_min_vectors is None else self.vacuum_min_vectors,
+        )
 
     def edge_config(self, dimension: int) -> EdgeConfig:
         return EdgeConfig(
@@ -362,7 +392,11 @@ class QdrantEdgeTuning:
                 ef_construct=self.hnsw_ef_construct,
                 full_scan_threshold=self.full_scan_threshold_kb,
             ),
-            optimizers=EdgeOptimizersConfig(indexing_threshold=self.indexing_threshold_kb),
+            optimizers=EdgeOptimizersConfig(
+                indexing_threshold=self.indexing_threshold_kb,
+                deleted_threshold=self.vacuum_deleted_threshold,
+                vacuum_min_vector_number=self.vacuum_min_vectors,
+            ),
             max_search_threads=self.max_search_threads,
         )
 
@@ -519,6 +553,8 @@ class _Generation:
     path: Path
     dimension: int | None
     indexing_threshold_kb: int
+    # qdrant-edge's vacuum rule for this shard (`vacuum_due`).
+    vacuum: tuple[float, int] = (VACUUM_DELETED_THRESHOLD, VACUUM_MIN_VECTORS)
     # `apply` reads present revisions and then writes: one writer at a time per shard.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One optimize at a time per shard; `drop` and `close` wait for a running one.
@@ -546,6 +582,24 @@ class _Generation:
     points: PointTable | None = None
     points_dirty: set[int] | None = None
     points_retry_at: float = 0.0
+    # Points the shard held when written again (`rewritten`) or deleted (`deleted`)
+    # since the copy of its last build: qdrant-edge leaves their old vectors in the HNSW
+    # segment as tombstones (still counted in `indexed_vectors_count`) and moves a
+    # rewritten point to the plain segment, searched by brute force. Under `write_lock`.
+    # While a build runs, those taken before its copy wait in `tombstones_copied` (put
+    # back if the build does not swap in).
+    rewritten: set[int] = field(default_factory=set)
+    deleted: set[int] = field(default_factory=set)
+    tombstones_copied: tuple[set[int], set[int]] | None = None
+
+    def tombstones(self) -> tuple[int, int]:
+        """Rewritten and deleted points since the last build's copy, including those
+        taken before a build still running."""
+        rewritten, deleted = self.rewritten, self.deleted
+        if self.tombstones_copied is not None:
+            rewritten = rewritten | self.tombstones_copied[0]
+            deleted = deleted | self.tombstones_copied[1]
+        return len(rewritten - deleted), len(deleted)
 
     def reader_shard(self) -> EdgeShard | None:
         """The open shard (None once closed); waits while the gate is closed."""
@@ -705,6 +759,7 @@ class QdrantEdgeVectorIndex:
                     path=path,
                     dimension=dimension,
                     indexing_threshold_kb=self._tuning.indexing_threshold_kb,
+                    vacuum=self._tuning.vacuum_rule(),
                 )
                 self._generations[generation_id] = generation
             elif generation.dimension is None:
@@ -747,8 +802,10 @@ class QdrantEdgeVectorIndex:
             operations: list[tuple[UpdateOperation, int, int]] = []
             written = False
             try:
-                _write(generation.shard, writes, operations, generation.points)
+                rewritten, deleted = _write(generation.shard, writes, operations, generation.points)
                 written = True
+                generation.rewritten.update(rewritten)
+                generation.deleted.update(deleted)
                 if generation.flat is not None:
                     touched = {pid: document.document_id for pid, document in newest.items()}
                     touched.update((point_id(d), d) for d, _ in deletes)
@@ -1003,19 +1060,19 @@ class QdrantEdgeVectorIndex:
         """Whether `optimize` would build HNSW for enough points to be worth it.
 
         True when `optimize_threshold` points lack HNSW (`min_unindexed`, or `growth`
-        times the indexed points if more), they hold more vectors than the shard's
-        indexing threshold (below it qdrant-edge leaves them unindexed anyway), and the
-        last optimize that changed nothing saw fewer.
+        times the indexed points if more) and they hold more vectors than the shard's
+        indexing threshold (below it qdrant-edge leaves them unindexed anyway), or when
+        the HNSW segment's tombstones (points written again or deleted since the build)
+        reach the engine's own vacuum rule (`vacuum_due`) — in both cases unless the last
+        optimize that changed nothing saw as many.
         """
         generation = self._require(generation_id)
-        indexed, unindexed = self._index_counts(generation_id)
+        indexed, unindexed, stale = self._index_state(generation_id)
         vector_kb = unindexed * (generation.dimension or 1) * 4 / 1024
         threshold = optimize_threshold(indexed, min_unindexed=min_unindexed, growth=growth)
-        return (
-            unindexed >= threshold
-            and vector_kb >= generation.indexing_threshold_kb
-            and unindexed > self._idle_at.get(generation_id, -1)
-        )
+        grown = unindexed >= threshold and vector_kb >= generation.indexing_threshold_kb
+        vacuum = vacuum_due(stale, indexed + stale, generation.vacuum)
+        return (grown or vacuum) and unindexed + stale > self._idle_at.get(generation_id, -1)
 
     def optimize(self, generation_id: str) -> bool:
         """Merge segments and build HNSW (copy, child process, swap); whether they changed.
@@ -1039,7 +1096,8 @@ class QdrantEdgeVectorIndex:
         if changed:
             self._idle_at.pop(generation_id, None)
         else:
-            self._idle_at[generation_id] = self.unindexed_count(generation_id)
+            _, unindexed, stale = self._index_state(generation_id)
+            self._idle_at[generation_id] = unindexed + stale
         return changed
 
     def optimize_in_place(self, generation_id: str) -> bool:
@@ -1184,6 +1242,7 @@ class QdrantEdgeVectorIndex:
         report = _OptimizeReport()
         _remove_tree(staging)
         self._close_retired(generation_id, generation, 0.0)
+        swapped = False
         try:
             with report.timing("copy"):
                 self._copy_live_shard(generation_id, generation, staging)
@@ -1191,6 +1250,7 @@ class QdrantEdgeVectorIndex:
                 changed = self._optimize_in_child(generation_id, generation, staging)
             if changed:
                 self._catch_up_and_swap(generation_id, generation, staging, report)
+                swapped = True
                 with report.timing("close_old"):
                     self._close_retired(generation_id, generation, _DRAIN_TIMEOUT_S)
                 _log.info("optimized qdrant-edge generation %s: %s", generation_id, report)
@@ -1198,6 +1258,10 @@ class QdrantEdgeVectorIndex:
         finally:
             with generation.write_lock:
                 generation.journal = None
+                copied, generation.tombstones_copied = generation.tombstones_copied, None
+                if copied is not None and not swapped:
+                    generation.rewritten |= copied[0]
+                    generation.deleted |= copied[1]
             _remove_tree(staging)
 
     def _copy_live_shard(self, generation_id: str, generation: _Generation, staging: Path) -> None:
@@ -1216,6 +1280,9 @@ class QdrantEdgeVectorIndex:
             generation.journal = _Journal(
                 self._max_journal_ids, self._max_journal_bytes, point_bytes
             )
+            # The build rebuilds from the copy: its tombstones go, the later ones stay.
+            generation.tombstones_copied = (generation.rewritten, generation.deleted)
+            generation.rewritten, generation.deleted = set(), set()
 
     def _optimize_in_child(
         self, generation_id: str, generation: _Generation, staging: Path
@@ -1480,6 +1547,7 @@ class QdrantEdgeVectorIndex:
             path=path,
             dimension=_stored_dimension(config, shard),
             indexing_threshold_kb=_stored_indexing_threshold(config, self._tuning),
+            vacuum=_stored_vacuum_rule(config),
         )
         self._generations[generation_id] = generation
         return generation
@@ -1578,11 +1646,30 @@ class QdrantEdgeVectorIndex:
 
     def _index_counts(self, generation_id: str) -> tuple[int, int]:
         """Points of the generation covered by an HNSW graph, and points not."""
+        indexed, unindexed, _ = self._index_state(generation_id)
+        return indexed, unindexed
+
+    def _index_state(self, generation_id: str) -> tuple[int, int, int]:
+        """Live points covered by an HNSW graph, live points not, and tombstones.
+
+        qdrant-edge's `indexed_vectors_count` keeps counting the old vectors of points
+        written again or deleted since the build (tombstones in the HNSW segment), so
+        those are taken off: a rewritten point is searched by brute force in the plain
+        segment until the next build, like a new one. An upper bound where a point was
+        added and then rewritten since the last build; after a restart the tombstones of
+        before it are unknown (the next build, which rebuilds the whole shard, drops
+        them anyway).
+        """
+        generation = self._require(generation_id)
         shard = self._reader(generation_id)
         with _translated(f"info of {generation_id}"):
             info = shard.info()
-        indexed = min(info.indexed_vectors_count, info.points_count)
-        return indexed, info.points_count - indexed
+        with generation.write_lock:
+            rewritten, deleted = generation.tombstones()
+        # Only an indexed point leaves a tombstone in the HNSW segment.
+        stale = min(info.indexed_vectors_count, rewritten + deleted)
+        indexed = min(info.indexed_vectors_count - stale, info.points_count)
+        return indexed, info.points_count - indexed, stale
 
     def _scroll_pairs(
         self, generation: _Generation, generation_id: str, pace: Pace = no_pace
@@ -1639,8 +1726,9 @@ def _write(
     writes: _Writes,
     operations: list[tuple[UpdateOperation, int, int]],
     table: PointTable | None = None,
-) -> None:
-    """Apply resolved upserts, then deletes, to `shard` under the revision rules.
+) -> tuple[list[int], list[int]]:
+    """Apply resolved upserts, then deletes, to `shard` under the revision rules; the
+    points it held before that were written again, and those deleted (as `int` ids).
 
     The write path of `apply`; idempotent. Each engine operation made is appended to
     `operations` once it succeeded, with its upserted and deleted point counts: in that
@@ -1681,6 +1769,8 @@ def _write(
         if table is not None:
             table.put((pid.int, payload) for pid, payload in payloads.items())
             table.remove(_as_uuid(pid).int for pid in removals)
+    rewritten = [pid.int for pid in upserted if pid in present]
+    return rewritten, [_as_uuid(pid).int for pid in removals]
 
 
 class _FlatBudget:
@@ -1953,6 +2043,18 @@ def _stored_indexing_threshold(config: dict[str, Any], tuning: QdrantEdgeTuning)
         return int(config["optimizers"]["indexing_threshold"])
     except (KeyError, TypeError, ValueError):
         return tuning.indexing_threshold_kb
+
+
+def _stored_vacuum_rule(config: dict[str, Any]) -> tuple[float, int]:
+    """The shard's `(deleted_threshold, vacuum_min_vector_number)`; the engine's
+    defaults where the config leaves them unset."""
+    optimizers = config.get("optimizers") or {}
+    threshold = optimizers.get("deleted_threshold")
+    minimum = optimizers.get("vacuum_min_vector_number")
+    return (
+        VACUUM_DELETED_THRESHOLD if threshold is None else float(threshold),
+        VACUUM_MIN_VECTORS if minimum is None else int(minimum),
+    )
 
 
 def _stored_dimension(config: dict[str, Any], shard: EdgeShard) -> int | None:

@@ -12,6 +12,7 @@ expected document sets.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import random
@@ -696,6 +697,45 @@ def test_edge_optimize_builds_hnsw(edge: QdrantEdgeVectorIndex) -> None:
     assert edge.optimize_if_needed("g", min_unindexed=100)
     assert edge.unindexed_count("g") == 0
     assert not edge.optimize_if_needed("g", min_unindexed=0)
+
+
+def test_edge_rewritten_and_deleted_points_bring_the_optimizer_back(tmp_path: Path) -> None:
+    """qdrant-edge keeps counting a rewritten or deleted point's old vector as indexed
+    (a tombstone in the HNSW segment) while the new one is brute-forced in the plain
+    segment: without taking those off, churn never triggered a build (session 22)."""
+    tuning = dataclasses.replace(_EDGE_TEST_TUNING, vacuum_min_vectors=10)
+    edge = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=tuning)
+    try:
+        edge.create("g", DIM)
+        edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
+        assert edge.optimize("g")
+        assert edge.unindexed_count("g") == 0
+        info = edge.shard_for("g").info()
+        assert info.indexed_vectors_count == info.points_count == 300
+
+        edge.apply("g", [doc(f"x{i}", 2, vector=unit(0, 1, i, 1)) for i in range(40)], [])
+        edge.apply("g", [doc("x0", 3, vector=unit(0, 1, 0, 2))], [])  # again: counted once
+        edge.apply("g", [doc("y1", vector=unit(1, 1, 1, 1))], [])  # a new point
+        assert edge.shard_for("g").info().indexed_vectors_count == 300  # the engine's count
+        assert edge.unindexed_count("g") == 40 + 1
+        # 41 4-d vectors are under the 1 KB indexing threshold, 40 tombstones of 300
+        # under the vacuum's 20 %.
+        assert not edge.optimize_needed("g", min_unindexed=1)
+        edge.apply("g", [], [(f"x{i}", 5) for i in range(200, 221)])
+        assert edge.unindexed_count("g") == 41  # deleted: gone, not unindexed
+        assert edge.optimize_needed("g", min_unindexed=1)  # 61 tombstones > 0.2 * 300
+        edge.apply("g", [doc(f"x{i}", 2, vector=unit(0, 1, i, 1)) for i in range(50, 80)], [])
+        assert edge.unindexed_count("g") == 71  # 1,136 bytes of vectors
+
+        assert edge.optimize("g")
+        assert edge.unindexed_count("g") == 0
+        assert not edge.optimize_needed("g", min_unindexed=1)
+        assert edge.shard_for("g").info().points_count == 280
+        search = QdrantEdgeVectorSearch(edge.shard_for)
+        hits = search.search("g", unit(0, 1, 0, 2), SearchFilter(), 1)
+        assert [(h.document_id, h.revision) for h in hits] == [("x0", 3)]
+    finally:
+        edge.close()
 
 
 def test_edge_small_segments_need_no_optimize(tmp_path: Path) -> None:
