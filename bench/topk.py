@@ -209,16 +209,43 @@ def _record(
 class SpooledCorpus:
     """The corpus's batches, generated once into a temp file and read back one at a
     time: the bench holds one batch in memory, not the corpus (5 GB of JSON at 1M), and
-    the ingest timing holds no generation work."""
+    the ingest timing holds no generation work.
 
-    def __init__(self, batches: Iterator[bytes]) -> None:
-        # Closed by `close` (the run's `finally`); deleted by the OS once closed.
-        self._file = tempfile.TemporaryFile(prefix="orrery-bench-corpus-")  # noqa: SIM115
+    `cached(path, batches)`: the same, kept at `path` (its batch sizes beside it, written
+    last) and read from there by any later run instead of generating it again (the 1M
+    corpus took 1,109 s to generate on a quiet machine, session 19)."""
+
+    def __init__(self, batches: Iterator[bytes], path: Path | None = None) -> None:
+        # Closed by `close` (the run's `finally`); a temp file is deleted once closed.
+        if path is None:
+            self._file = tempfile.TemporaryFile(prefix="orrery-bench-corpus-")  # noqa: SIM115
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("w+b")
         self.sizes: list[int] = []
         for body in batches:
             self._file.write(body)
             self.sizes.append(len(body))
         self._file.flush()
+        if path is not None:
+            _sizes_path(path).write_text(json.dumps(self.sizes))
+
+    @classmethod
+    def cached(
+        cls, path: Path, batches: Callable[[], Iterator[bytes]]
+    ) -> tuple[SpooledCorpus, bool]:
+        """The corpus kept at `path` if complete, else generated into it; and whether
+        it was reused."""
+        sizes_path = _sizes_path(path)
+        if path.is_file() and sizes_path.is_file():
+            sizes = json.loads(sizes_path.read_text())
+            if path.stat().st_size == sum(sizes):
+                corpus = cls.__new__(cls)
+                corpus._file = path.open("r+b")
+                corpus.sizes = sizes
+                return corpus, True
+        sizes_path.unlink(missing_ok=True)
+        return cls(batches(), path), False
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -230,6 +257,10 @@ class SpooledCorpus:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _sizes_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sizes.json")
 
 
 def corpus_batches(
@@ -1143,11 +1174,18 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
         console.print(f"resuming the build under {root}: ingested, waiting for its HNSW")
     elif built is None:
         started = time.perf_counter()
-        batches = SpooledCorpus(
-            corpus_batches(size, args.batch_size, args.seed, vocab, vectors=args.vectors)
-        )
+
+        def generate() -> Iterator[bytes]:
+            return corpus_batches(size, args.batch_size, args.seed, vocab, vectors=args.vectors)
+
+        if args.corpus_cache is None:
+            batches, reused = SpooledCorpus(generate()), False
+        else:
+            name = f"corpus-{size}-b{args.batch_size}-s{args.seed}-{args.vectors}.json"
+            batches, reused = SpooledCorpus.cached(args.corpus_cache / name, generate)
         generate_s = time.perf_counter() - started
-        console.print(f"generated {size:,} records in {generate_s:.1f} s ({len(batches)} batches)")
+        done = "reused the kept" if reused else "generated"
+        console.print(f"{done} {size:,} records in {generate_s:.1f} s ({len(batches)} batches)")
     else:
         console.print(f"reusing the data dir built at {built['built_at']} under {root}")
     query_rng = random.Random(args.seed + 1)
@@ -1432,6 +1470,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-data", action="store_true", help="keep each temp data dir")
     parser.add_argument(
         "--no-split", action="store_true", help="skip (c), the split path (slow at 1M)"
+    )
+    parser.add_argument(
+        "--corpus-cache",
+        type=Path,
+        default=None,
+        help="keep each size's generated corpus (its POST bodies) under DIR and reuse it "
+        "in later runs with the same size, batch size, seed and vectors",
     )
     parser.add_argument(
         "--data-root",
