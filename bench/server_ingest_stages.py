@@ -8,7 +8,8 @@
 code of the tree it runs in (its working directory first on `sys.path`): the ingest
 API's `parse_body` and `write_records` into a fresh PostgreSQL database (migrated, then
 dropped), then the relay's claim (`PostgresOutboxReader.unpublished`, 1,000 rows at a
-time) with each row's value and headers as a publisher builds them, the projector's
+time) with each row's value and headers as a publisher builds them, and its mark
+(`mark_published`, without placements: no Kafka), the projector's
 `decode_message` of each, and its PostgreSQL bookkeeping of a batch (512 events, as
 the projector's batch): the registry's `revisions` of the batch's documents
 (`revisions`) and the ring statistics of its index documents
@@ -69,7 +70,9 @@ def main() -> None:
         migrate(url, migrations(), component=COMPONENT)
         store, reader = PostgresRecordStore(url), PostgresOutboxReader(url)
         state, ring_stats = PostgresProjectorState(url), PostgresRingStatistics(url)
-        cpu = dict.fromkeys(("parse", "write", "claim", "decode", "revisions", "ring_stats"), 0.0)
+        cpu = dict.fromkeys(
+            ("parse", "write", "claim", "mark", "decode", "revisions", "ring_stats"), 0.0
+        )
         entries: list[LogEntry] = []
         for body in bodies:
             t0 = time.process_time()
@@ -102,6 +105,7 @@ def main() -> None:
                 if isinstance(entry, LogEntry):
                     entries.append(entry)
             cpu["claim"] += t1 - t0
+            cpu["mark"] += t2 - t1
             cpu["decode"] += time.process_time() - t2
             decoded += len(rows)
         for start in range(0, len(entries), 512):
