@@ -18,6 +18,7 @@ import re
 from itertools import accumulate
 from typing import Annotated, Any, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, BeforeValidator, ValidationError
 from pydantic_core import from_json
 
@@ -105,8 +106,18 @@ def _skeleton(raw: bytes) -> bytes:
     return _STRING.sub(b'""', raw)
 
 
+# `_STEP` as a numpy lookup table, for bodies of many brackets (a batch of records).
+_STEPS = np.array(_STEP, dtype=np.int8)
+_NUMPY_BRACKETS = 256
+
+
 def _depth(skeleton: bytes) -> int:
     brackets = skeleton.translate(None, _NOT_BRACKET)
+    if len(brackets) > _NUMPY_BRACKETS:
+        # The same running sum, in numpy: ~1 against ~0.1 us a record of a 2,000-record
+        # body (16 brackets each); below the threshold the calls cost more than the sum.
+        steps = _STEPS[np.frombuffer(brackets, dtype=np.uint8)].astype(np.int64)
+        return int(np.cumsum(steps).max())
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
@@ -169,10 +180,11 @@ def typed_parse_pairs(raw: bytes, *, max_depth: int = MAX_DEPTH) -> int | None:
     pairs its parsed value holds (`json_key_count`, `model_fields_set`) with this count,
     and reads the body with `loads_strict` when they differ. No I/O.
     """
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    if not raw.isascii():  # ASCII is UTF-8: the check at a third of the decode's cost
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     skeleton = _skeleton(raw)
     if _depth(skeleton) > max_depth:
         return None

@@ -3,6 +3,7 @@ every ordinary body unchanged; and every error code has exactly one status."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from typing import Any
@@ -192,3 +193,14 @@ def test_json_key_count_counts_every_key_or_fewer_for_vector_shaped_lists(value:
         assert counted <= keys
     else:
         assert counted == keys
+
+
+@given(st.binary(max_size=600), st.lists(st.sampled_from(b"[]{}"), min_size=150, max_size=600))
+def test_the_depth_of_many_brackets_is_the_running_sum(noise: bytes, brackets: list[int]) -> None:
+    """`_depth` (numpy past a few hundred brackets) is the maximum of the running sum of
+    +1 per opening and -1 per closing bracket, as counted one by one."""
+    from contracts.wire import _depth
+
+    skeleton = bytes(brackets) + noise
+    steps = [1 if b in b"[{" else -1 for b in skeleton if b in b"[]{}"]
+    assert _depth(skeleton) == max(itertools.accumulate(steps), default=0)
