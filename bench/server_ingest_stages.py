@@ -8,9 +8,14 @@
 code of the tree it runs in (its working directory first on `sys.path`): the ingest
 API's `parse_body` and `write_records` into a fresh PostgreSQL database (migrated, then
 dropped), then the relay's claim (`PostgresOutboxReader.unpublished`, 1,000 rows at a
-time) with each row's value and headers as a publisher builds them, and the projector's
-`decode_message` of each. Kafka, the engines and the HTTP stack are left out: the
-stages Orrery's own code spends CPU on between the request body and a decoded event.
+time) with each row's value and headers as a publisher builds them, and its mark
+(`mark_published`, without placements: no Kafka), the projector's
+`decode_message` of each, and its PostgreSQL bookkeeping of a batch (512 events, as
+the projector's batch): the registry's `revisions` of the batch's documents
+(`revisions`) and the ring statistics of its index documents
+(`PostgresRingStatistics.apply`, `ring_stats`). Kafka, the engines and the HTTP stack
+are left out: the stages Orrery's own code spends CPU on between the request body and
+a decoded event, and the projector's own tables.
 Run it from two trees in turn (alternating, load recorded) for a paired comparison;
 figures are reported, never asserted.
 """
@@ -41,12 +46,17 @@ def main() -> None:
 
     from bench.common import utc_now
     from bench.topk import Vocabulary, corpus_batches
+    from contracts.events import LogEntry
+    from contracts.index import to_index_document
     from ingest.adapters.kafka_wire import headers_of
     from ingest.adapters.postgres_db import migrate
     from ingest.adapters.postgres_outbox_relay import PostgresOutboxReader
     from ingest.adapters.postgres_store import PostgresRecordStore
     from ingest.service import parse_body, write_records
     from projector.adapters.kafka_wire import decode_message
+    from projector.adapters.postgres_migrations import COMPONENT, migrations
+    from projector.adapters.postgres_ring_stats import PostgresRingStatistics
+    from projector.adapters.postgres_state import PostgresProjectorState
 
     server = os.environ["ORRERY_DATABASE_URL"]
     bodies = list(corpus_batches(args.size, 2000, args.seed, Vocabulary.build(random.Random(7))))
@@ -57,8 +67,13 @@ def main() -> None:
     load_before = os.getloadavg()
     try:
         migrate(url)
+        migrate(url, migrations(), component=COMPONENT)
         store, reader = PostgresRecordStore(url), PostgresOutboxReader(url)
-        cpu = dict.fromkeys(("parse", "write", "claim", "decode"), 0.0)
+        state, ring_stats = PostgresProjectorState(url), PostgresRingStatistics(url)
+        cpu = dict.fromkeys(
+            ("parse", "write", "claim", "mark", "decode", "revisions", "ring_stats"), 0.0
+        )
+        entries: list[LogEntry] = []
         for body in bodies:
             t0 = time.process_time()
             admitted = parse_body(
@@ -87,11 +102,26 @@ def main() -> None:
                 entry = decode_message("bench", 0, offset, None, value, headers)
                 event = getattr(entry, "event", None)
                 vector_type = "undecodable" if event is None else type(event.record.vector).__name__
+                if isinstance(entry, LogEntry):
+                    entries.append(entry)
             cpu["claim"] += t1 - t0
+            cpu["mark"] += t2 - t1
             cpu["decode"] += time.process_time() - t2
             decoded += len(rows)
+        for start in range(0, len(entries), 512):
+            records = [e.event.record for e in entries[start : start + 512]]
+            t0 = time.process_time()
+            state.revisions("bench", sorted({r.doc_id for r in records}))
+            t1 = time.process_time()
+            ring_stats.apply(
+                "bench", [to_index_document(r, r.vector) for r in records if not r.deleted], []
+            )
+            cpu["revisions"] += t1 - t0
+            cpu["ring_stats"] += time.process_time() - t1
         store.close()
         reader.close()
+        state.close()
+        ring_stats.close()
     finally:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())

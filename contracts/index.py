@@ -18,6 +18,7 @@ from contracts.errors import ErrorCode, OrreryError
 from contracts.index_fields import BODY, HIDDEN_FACET, SOURCE_TEXT_FIELDS, TAGS, TEXT, TITLE
 from contracts.records import AwareDatetime, Record
 from contracts.stored_vectors import is_encoded
+from contracts.trusted import trusted_constructor
 
 __all__ = [
     "DEFAULT_FIELD_BOOSTS",
@@ -100,6 +101,7 @@ def is_unicode(value: str) -> bool:
     return True
 
 
+_INDEX_DOCUMENT = trusted_constructor(IndexDocument)
 _LANES = ("lexical", "vector")
 
 
@@ -119,8 +121,9 @@ def to_index_document(record: Record, vector: Sequence[float] | None) -> IndexDo
     which every search of that lane excludes. Built without validation: every value
     comes from a validated `Record` (its `updated_at` is already aware UTC) and has the
     field's type, and validating the vector again cost more than the rest of the
-    projection (the projector builds one per record)."""
-    return IndexDocument.model_construct(
+    projection (the projector builds one per record). `contracts.trusted`: pydantic's
+    `model_construct` walked the 13 fields per call (~10 us a record)."""
+    return _INDEX_DOCUMENT(
         document_id=record.doc_id,
         revision=record.revision,
         item_id=record.item_id,

@@ -18,6 +18,7 @@ import re
 from itertools import accumulate
 from typing import Annotated, Any, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, BeforeValidator, ValidationError
 from pydantic_core import from_json
 
@@ -105,8 +106,18 @@ def _skeleton(raw: bytes) -> bytes:
     return _STRING.sub(b'""', raw)
 
 
+# `_STEP` as a numpy lookup table, for bodies of many brackets (a batch of records).
+_STEPS = np.array(_STEP, dtype=np.int8)
+_NUMPY_BRACKETS = 256
+
+
 def _depth(skeleton: bytes) -> int:
     brackets = skeleton.translate(None, _NOT_BRACKET)
+    if len(brackets) > _NUMPY_BRACKETS:
+        # The same running sum, in numpy: ~1 against ~0.1 us a record of a 2,000-record
+        # body (16 brackets each); below the threshold the calls cost more than the sum.
+        steps = _STEPS[np.frombuffer(brackets, dtype=np.uint8)].astype(np.int64)
+        return int(np.cumsum(steps).max())
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
@@ -169,10 +180,11 @@ def typed_parse_pairs(raw: bytes, *, max_depth: int = MAX_DEPTH) -> int | None:
     pairs its parsed value holds (`json_key_count`, `model_fields_set`) with this count,
     and reads the body with `loads_strict` when they differ. No I/O.
     """
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    if not raw.isascii():  # ASCII is UTF-8: the check at a third of the decode's cost
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     skeleton = _skeleton(raw)
     if _depth(skeleton) > max_depth:
         return None
@@ -218,20 +230,23 @@ def json_key_count(value: Any) -> int:
     when each is looked at."""
     count = 0
     stack = [value]
+    push = stack.append
     while stack:
         item = stack.pop()
         if type(item) is dict:
             count += len(item)
-            values = list(item.values())
+            # An object's values one by one: objects are small (a payload's ~10 keys),
+            # where building a set of their types cost twice as much.
+            for v in item.values():
+                if type(v) is dict or type(v) is list:
+                    push(v)
         elif type(item) is list:
             if not item or (type(item[0]) in _NUMBERS and type(item[-1]) in _NUMBERS):
                 continue
-            values = item
-        else:
-            continue
-        types = set(map(type, values))
-        if dict in types or list in types:
-            stack.extend([v for v in values if type(v) is dict or type(v) is list])
+            # A list's types at C speed first: lists can be long (tags, strings).
+            types = set(map(type, item))
+            if dict in types or list in types:
+                stack.extend([v for v in item if type(v) is dict or type(v) is list])
     return count
 
 

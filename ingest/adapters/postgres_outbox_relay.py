@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
+from pydantic_core import to_json
 
 from ingest.adapters.postgres_db import driver_errors, open_pool
 from ingest.relay_ports import OutboxRow, Placement, claimed_rows
@@ -114,11 +115,18 @@ class PostgresOutboxReader:
     def _mark(
         conn: psycopg.Connection[Any], rows: list[tuple[int, int | None, int | None]]
     ) -> None:
+        # The rows as one JSON parameter (serialized by pydantic-core): psycopg adapted
+        # three arrays element by element in Python (~3 against ~1 CPU us a row).
         conn.execute(
             "UPDATE outbox o SET published_at = now(), kafka_partition = m.part, "
-            "kafka_offset = m.off FROM unnest(%s::bigint[], %s::integer[], %s::bigint[]) "
-            "AS m(pos, part, off) WHERE o.published_at IS NULL AND o.position = m.pos",
-            ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]),
+            "kafka_offset = m.off FROM json_to_recordset(%s::json) "
+            "AS m(pos bigint, part integer, off bigint) "
+            "WHERE o.published_at IS NULL AND o.position = m.pos",
+            (
+                to_json(
+                    [{"pos": pos, "part": part, "off": off} for pos, part, off in rows]
+                ).decode(),
+            ),
         )
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from contracts.events import (
     decode_record_changed,
     topic_pattern,
 )
+from contracts.trusted import trusted_constructor
 from projector.ports import Undecodable
 
 __all__ = [
@@ -146,6 +147,10 @@ def position_of(headers: Headers | None, topic: str, partition: int, offset: int
     return position
 
 
+# `LogEntry.model_construct` without its walk over the fields (`contracts.trusted`).
+_LOG_ENTRY = trusted_constructor(LogEntry)
+
+
 def _trace_context(headers: Headers | None) -> str | None:
     raw = _header(headers, TRACE_HEADER)
     if not raw:
@@ -169,7 +174,7 @@ def decode_message(
     try:
         # Built from checked parts (a position >= 1, a validated event, a trace context
         # of at most 128 characters or None): `LogEntry(...)` would check them again.
-        return LogEntry.model_construct(
+        return _LOG_ENTRY(
             position=position_of(headers, topic, partition, offset),
             event=decode_record_changed(
                 value if value is not None else b"", _header(headers, VECTOR_HEADER)

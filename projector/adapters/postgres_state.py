@@ -139,9 +139,10 @@ class PostgresProjectorState:
             return {}
         rows = self._rows(
             "read revisions",
-            "SELECT document_id, revision FROM generation_documents "
-            "WHERE generation_id = %s AND document_id = ANY(%s)",
-            (generation_id, list(document_ids)),
+            "SELECT document_id, revision FROM generation_documents WHERE generation_id = %s "
+            "AND document_id = ANY(ARRAY(SELECT json_array_elements_text(%s::json)))",
+            # One JSON parameter (see `_UPSERT_DOCUMENTS`): ~1 against ~3 us a document.
+            (generation_id, to_json(list(document_ids)).decode()),
         )
         return {str(d): int(r) for d, r in rows}
 

@@ -274,3 +274,21 @@ def test_a_vector_non_finite_in_float32_never_makes_the_sums_non_finite(pair: Pa
     pair.writer.apply(GEN, [fixed], [])
     assert _finite(pair)
     assert_matches(pair, {"b": b, "a": fixed})
+
+
+def test_a_failed_apply_writes_nothing_and_the_next_one_applies(pair: Pair) -> None:
+    """An `apply` that raises inside its transaction leaves no trace, and the same writer
+    (its connection: in PostgreSQL the first transaction also creates the session's
+    temporary table of member rows, which a rollback takes with it) applies the next
+    batch whole."""
+    a = d("a", 1, "ai", (1.0, 0.0, 0.0, 0.0))
+    for _ in range(2):  # twice: the rolled-back state must not stick to the writer
+        with pytest.raises(ValueError, match="no vector"):
+            pair.writer.apply(
+                GEN, [a, d("v", 1, "ai", (0.0,)).model_copy(update={"vector": None})], []
+            )
+        assert read(pair, "g") == {}
+    b = d("b", 1, "db", (0.0, 2.0, 0.0, 0.0))
+    pair.writer.apply(GEN, [a, b], [])
+    pair.writer.apply(GEN, [d("a", 2, "db", (0.0, 0.0, 3.0, 0.0))], [])
+    assert_matches(pair, {"a": d("a", 2, "db", (0.0, 0.0, 3.0, 0.0)), "b": b})

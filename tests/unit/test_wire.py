@@ -3,6 +3,7 @@ every ordinary body unchanged; and every error code has exactly one status."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from typing import Any
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.errors import HTTP_STATUS, ErrorCode, OrreryError
-from contracts.wire import MAX_DEPTH, MAX_INT_DIGITS, loads_strict
+from contracts.wire import MAX_DEPTH, MAX_INT_DIGITS, json_key_count, loads_strict
 
 
 def nested(depth: int) -> bytes:
@@ -154,3 +155,52 @@ def test_the_fast_skeleton_is_the_regex_skeleton(value: Any, ensure_ascii: bool)
     raw = json.dumps(value, ensure_ascii=ensure_ascii).encode()
     for body in (raw, raw + b' "open', b'["a", "b"] "' + raw):
         assert _skeleton(body) == _STRING.sub(b'""', body)
+
+
+def _keys_of_every_object(value: Any) -> int:
+    if isinstance(value, dict):
+        return len(value) + sum(_keys_of_every_object(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_keys_of_every_object(v) for v in value)
+    return 0
+
+
+def _has_vector_shaped_list_of_containers(value: Any) -> bool:
+    """A list whose first and last items are numbers but that holds a container: the one
+    case where `json_key_count` may count short (it takes such a list for a vector)."""
+    if isinstance(value, dict):
+        return any(_has_vector_shaped_list_of_containers(v) for v in value.values())
+    if isinstance(value, list):
+        numbers = (int, float)
+        if (
+            value
+            and type(value[0]) in numbers
+            and type(value[-1]) in numbers
+            and any(isinstance(v, dict | list) for v in value)
+        ):
+            return True
+        return any(_has_vector_shaped_list_of_containers(v) for v in value)
+    return False
+
+
+@given(json_values)
+def test_json_key_count_counts_every_key_or_fewer_for_vector_shaped_lists(value: Any) -> None:
+    """The keys of every object of a parsed value, exactly, except inside a list whose
+    first and last items are numbers (taken for a vector): then never more."""
+    counted = json_key_count(value)
+    keys = _keys_of_every_object(value)
+    if _has_vector_shaped_list_of_containers(value):
+        assert counted <= keys
+    else:
+        assert counted == keys
+
+
+@given(st.binary(max_size=600), st.lists(st.sampled_from(b"[]{}"), min_size=150, max_size=600))
+def test_the_depth_of_many_brackets_is_the_running_sum(noise: bytes, brackets: list[int]) -> None:
+    """`_depth` (numpy past a few hundred brackets) is the maximum of the running sum of
+    +1 per opening and -1 per closing bracket, as counted one by one."""
+    from contracts.wire import _depth
+
+    skeleton = bytes(brackets) + noise
+    steps = [1 if b in b"[{" else -1 for b in skeleton if b in b"[]{}"]
+    assert _depth(skeleton) == max(itertools.accumulate(steps), default=0)
