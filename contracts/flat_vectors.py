@@ -39,7 +39,14 @@ from contracts.index import Candidate, SearchFilter
 from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, RING, STATUS, hidden_term
 from contracts.vector_payload import candidate_of, utc_instant
 
-__all__ = ["FlatVectors", "any_of", "flat_answerable", "flat_capacity"]
+__all__ = [
+    "FlatVectors",
+    "any_of",
+    "candidate_fields",
+    "candidates_at",
+    "flat_answerable",
+    "flat_capacity",
+]
 
 # Documents hidden from the vector lane are never a hit: such a point is not a row.
 _HIDDEN = hidden_term("vector")
@@ -84,11 +91,9 @@ class FlatVectors:
         self._free: list[int] = []
         self._high = 0
         self._codes: dict[str, int] = {}
-        # Each row's candidate fields but the score (`Candidate` order, score left out),
-        # as object columns: a scan's candidates are built from them by C loops alone.
-        self._fields: tuple[npt.NDArray[np.object_], ...] = tuple(
-            np.empty(0, dtype=object) for _ in _FIELDS
-        )
+        # Each row's candidate fields but the score (`candidate_fields`): a scan's
+        # candidates are built from them by C loops alone (`candidates_at`).
+        self._fields: npt.NDArray[np.object_] = np.empty((len(_FIELDS), 0), dtype=object)
         self._matrix: npt.NDArray[np.float32] = np.zeros((0, dimension), dtype=np.float32)
         self._galaxy: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
         self._status: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
@@ -124,8 +129,8 @@ class FlatVectors:
                 stored = self._matrix[row]
                 stored[:] = np.asarray(vector, dtype=np.float32)
                 self._bound_norm(stored)
-                for column, index in zip(self._fields, _FIELDS, strict=True):
-                    column[row] = candidate[index]
+                for line, index in zip(self._fields, _FIELDS, strict=True):
+                    line[row] = candidate[index]
                 self._galaxy[row] = self._code(payload.get(GALAXY))
                 self._status[row] = self._code(payload.get(STATUS))
                 self._ring[row] = self._code(payload.get(RING) or None)
@@ -165,16 +170,7 @@ class FlatVectors:
                 rows, scores = rows[keep], scores[keep]
             order = np.argsort(-scores, kind="stable")
             rows, scores = rows[order], scores[order]
-            document_id, revision, updated_at, status = (c[rows].tolist() for c in self._fields)
-            # `tuple.__new__` over zipped columns: no Python frame per candidate (the named
-            # tuple's generated `__new__` costs twice as much, a comprehension ~2x this).
-            picked: list[Candidate] = list(
-                map(
-                    tuple.__new__,
-                    repeat(Candidate),
-                    zip(document_id, revision, scores.tolist(), updated_at, status, strict=True),
-                )
-            )
+            picked = candidates_at(self._fields, rows, scores)
         if rows.size > 1 and bool((scores[1:] == scores[:-1]).any()):
             picked.sort(key=lambda c: (-c.score, c.document_id))
         return picked[:limit]
@@ -279,8 +275,7 @@ class FlatVectors:
         row = self._rows.pop(document_id, None)
         if row is not None:
             self._live[row] = False
-            for column in self._fields:
-                column[row] = None
+            self._fields[:, row] = None
             self._free.append(row)
 
     def _slot(self) -> int:
@@ -309,16 +304,39 @@ class FlatVectors:
             live[:high] = self._live[:high]
         self._matrix, self._galaxy, self._status = matrix, galaxy, status
         self._ring, self._updated, self._live = ring, updated, live
-        fields = tuple(np.empty(capacity, dtype=object) for _ in _FIELDS)
-        if high:
-            for column, held in zip(fields, self._fields, strict=True):
-                column[:high] = held[:high]
+        fields = np.empty((len(_FIELDS), capacity), dtype=object)
+        fields[:, :high] = self._fields[:, :high]
         self._fields = fields
 
     def _code(self, value: object) -> int:
         if value is None:
             return _ABSENT
         return self._codes.setdefault(str(value), len(self._codes))
+
+
+def candidates_at(
+    fields: npt.NDArray[np.object_], rows: npt.NDArray[np.intp], scores: npt.NDArray[Any]
+) -> list[Candidate]:
+    """The candidates of `rows` with `scores`, from a copy's candidate fields (a column
+    per row, a line per `Candidate` field but the score, in `_FIELDS` order; see
+    `candidate_fields`): `tuple.__new__` mapped over the zipped lines, no Python frame
+    per candidate (a comprehension over the rows' candidates cost twice this)."""
+    document_id, revision, updated_at, status = fields[:, rows].tolist()
+    return list(
+        map(
+            tuple.__new__,
+            repeat(Candidate),
+            zip(document_id, revision, scores.tolist(), updated_at, status, strict=True),
+        )
+    )
+
+
+def candidate_fields(candidates: Sequence[Candidate]) -> npt.NDArray[np.object_]:
+    """`candidates`' fields but the score, a column per candidate (`candidates_at`)."""
+    fields = np.empty((len(_FIELDS), len(candidates)), dtype=object)
+    for line, index in zip(fields, _FIELDS, strict=True):
+        line[:] = [candidate[index] for candidate in candidates]
+    return fields
 
 
 def flat_answerable(filter: SearchFilter) -> bool:
