@@ -42,7 +42,7 @@ from operator import attrgetter
 import numpy as np
 import numpy.typing as npt
 
-from contracts.flat_vectors import any_of, flat_answerable
+from contracts.flat_vectors import any_of, candidate_fields, candidates_at, flat_answerable
 from contracts.index import Candidate, SearchFilter
 
 __all__ = ["FlatLexical", "LexicalRow", "fieldnorm_id"]
@@ -214,15 +214,7 @@ class FlatLexical:
             rows = _top_rows(eligible, limit)
             if rows.size == 0:
                 return []
-            values = eligible[rows]
-            candidates = self._candidates
-            new = tuple.__new__
-            picked = [
-                new(Candidate, (c[0], c[1], score, c[3], c[4]))
-                for c, score in zip(
-                    [candidates[row] for row in rows.tolist()], values.tolist(), strict=True
-                )
-            ]
+            picked = candidates_at(self._candidate_fields(), rows, eligible[rows])
         # Best first, ties by id: two stable sorts on C-level keys (a tuple key per
         # candidate cost twice as much).
         picked.sort(key=_BY_ID)
@@ -362,6 +354,14 @@ class FlatLexical:
             self._bm25, self._bm25_bytes = {}, 0
             self._arrays_version = self._version
         return self._arrays
+
+    def _candidate_fields(self) -> npt.NDArray[np.object_]:
+        """The rows' candidate fields (`candidate_fields`), kept until the next write."""
+        arrays = self._fresh_arrays()
+        fields = arrays.get("candidates")
+        if fields is None:
+            fields = arrays["candidates"] = candidate_fields(self._candidates)
+        return fields  # type: ignore[return-value]
 
     def _column(self, name: str, values: list[int] | list[bool], dtype: type) -> npt.NDArray:  # type: ignore[type-arg]
         arrays = self._fresh_arrays()

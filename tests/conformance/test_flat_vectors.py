@@ -237,9 +237,9 @@ def _row(document_id: str, status: str = "active") -> dict[str, object]:
 def test_a_lookup_after_a_scan_scores_exactly_as_a_fresh_lookup(
     rows: list[list[float]], query: Sequence[float], replaced: list[float]
 ) -> None:
-    """`scores` reuses the scan a `search` just made for the same query on the same thread
-    (the re-score's lookup): bit for bit what scoring the rows alone gives, and never a
-    scan from before a write."""
+    """`scores` after a `search` for the same query on the same thread (the re-score's
+    lookup): bit for bit what scoring the rows alone gives, and never a score from before
+    a write."""
     flat = FlatVectors(8, capacity=4)
     flat.put([(_row(f"d{n}", "active" if n % 3 else "draft"), row) for n, row in enumerate(rows)])
     twin = FlatVectors(8, capacity=4)  # the same rows, never scanned
@@ -254,21 +254,79 @@ def test_a_lookup_after_a_scan_scores_exactly_as_a_fresh_lookup(
     assert flat.scores(query, ids) == twin.scores(query, ids)
 
 
-def test_a_lookup_after_a_scan_of_the_same_query_scans_nothing() -> None:
-    """The re-score's lookup right after the search reads the search's scan (no second
-    matrix product); another query, or another copy, is scored afresh."""
-    flat, other = FlatVectors(4, capacity=8), FlatVectors(4, capacity=8)
-    rows = [[1.0, 0.5, 0.0, 0.0], [0.0, 1.0, 0.5, 0.0], [0.0, 0.0, 1.0, 0.5]]
-    for copy in (flat, other):
-        copy.put([(_row(f"d{n}"), row) for n, row in enumerate(rows)])
-    query = (0.5, 1.0, 0.0, 0.25)
-    ids = SearchFilter(document_ids=("d0", "d2"))
-    with mock.patch.object(np, "einsum", wraps=np.einsum) as einsum:
-        flat.search(query, SearchFilter(), 1)
-        assert einsum.call_count == 1
-        reused = flat.scores(query, ids)
-        assert einsum.call_count == 1
-        assert reused == other.scores(query, ids)  # another copy: scored afresh
-        assert einsum.call_count == 2
-        flat.scores((1.0, 0.0, 0.0, 0.0), ids)  # another query
-        assert einsum.call_count == 3
+def _exact_scan(
+    flat: FlatVectors, vector: Sequence[float], ids: Sequence[str], limit: int
+) -> list[tuple[str, float]]:
+    """The answer of scoring every listed row exactly (`scores`: the `einsum` of each row
+    alone), best first, ties by id: what `search` returned before its shortlist."""
+    scored = flat.scores(vector, SearchFilter(document_ids=tuple(ids))) or {}
+    return sorted(scored.items(), key=lambda item: (-item[1], item[0]))[:limit]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dimension=st.sampled_from((3, 16, 384)),
+    count=st.integers(1, 400),
+    limit=st.integers(1, 40),
+    duplicates=st.integers(0, 30),
+    scale=st.sampled_from((1.0, 1.0, 1e-3, 1e3)),
+    drafts=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_shortlisted_search_answers_what_the_exact_scan_answers(
+    dimension: int,
+    count: int,
+    limit: int,
+    duplicates: int,
+    scale: float,
+    drafts: bool,
+    seed: int,
+) -> None:
+    """`search` scores exactly only the rows an approximate pass cannot rule out
+    (`FlatVectors._shortlist`): the same documents, order and scores, bit for bit, as
+    scoring every row exactly, with exact ties (duplicated rows, ties across the `limit`
+    boundary), rows of any norm, near-identical rows and filters that keep a few rows."""
+    rng = np.random.default_rng(seed)
+    matrix = rng.standard_normal((count, dimension)).astype(np.float32)
+    near = rng.integers(0, count, size=min(count, 20))
+    # Rows within float32 rounding of each other: their two scores differ by an ulp or so.
+    matrix[near] = matrix[near[0]] + rng.standard_normal((near.size, dimension)).astype(
+        np.float32
+    ) * np.float32(1e-6)
+    matrix *= np.float32(scale)
+    rows = [matrix[n].tolist() for n in range(count)]
+    rows += [rows[int(n)] for n in rng.integers(0, count, size=duplicates)]  # exact ties
+    flat = FlatVectors(dimension, capacity=8)
+    flat.put(
+        [
+            (_row(f"d{n:04d}", "draft" if drafts and n % 5 else "active"), row)
+            for n, row in enumerate(rows)
+        ]
+    )
+    kept = [f"d{n:04d}" for n in range(len(rows)) if not (drafts and n % 5)]
+    for vector in (tuple(rng.standard_normal(dimension).tolist()), tuple(rows[0])):
+        if not any(vector):
+            continue
+        got = flat.search(vector, SearchFilter(status=("active",)), limit)
+        assert got is not None
+        assert [(c.document_id, c.score) for c in got] == _exact_scan(flat, vector, kept, limit)
+
+
+def test_a_shortlist_scores_only_the_rows_that_can_be_kept() -> None:
+    """Over many rows, the exact `einsum` runs on the shortlist alone (not every row)."""
+    rng = np.random.default_rng(7)
+    flat = FlatVectors(32, capacity=8)
+    matrix = rng.standard_normal((2_000, 32))
+    matrix = (matrix / np.linalg.norm(matrix, axis=1, keepdims=True)).astype(np.float32)
+    flat.put([(_row(f"d{n}"), row.tolist()) for n, row in enumerate(matrix)])
+    shapes: list[tuple[int, ...]] = []
+    real = np.einsum
+
+    def einsum(subscripts: str, *operands: np.ndarray) -> np.ndarray:
+        shapes.append(operands[0].shape)
+        return real(subscripts, *operands)
+
+    with mock.patch.object(np, "einsum", einsum):
+        found = flat.search(tuple(matrix[3].tolist()), SearchFilter(), 10)
+    assert found is not None and found[0].document_id == "d3" and len(found) == 10
+    assert len(shapes) == 1 and 10 <= shapes[0][0] < 40
