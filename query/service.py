@@ -207,6 +207,10 @@ class QueryPorts:
     # Runs the lexical search beside the vector one only (no score lookups beside it),
     # when `overlap` is None or refused: embedded (`_search_lexical_beside`).
     vector_overlap: SourcePool | None = None
+    # With `vector_overlap`: whether a generation's queries use it (None: every
+    # generation's). Those it refuses run their sources one after the other, the vector
+    # search first.
+    vector_overlap_for: Callable[[str], bool] | None = None
     # Told about every answer (metrics, spans); None: nobody listens.
     observer: QueryObserver | None = None
     # Keeps the records answers were made of, per tenant (`query.record_cache`); None:
@@ -217,6 +221,13 @@ class QueryPorts:
         """`overlap`, if `generation_id`'s queries use it."""
         pool = self.overlap
         if pool is None or self.overlap_for is None or self.overlap_for(generation_id):
+            return pool
+        return None
+
+    def vector_overlap_of(self, generation_id: str) -> SourcePool | None:
+        """`vector_overlap`, if `generation_id`'s queries use it."""
+        pool, used = self.vector_overlap, self.vector_overlap_for
+        if pool is None or used is None or used(generation_id):
             return pool
         return None
 
@@ -746,11 +757,15 @@ def _cache_extra(q: _Resolved) -> dict[str, Any]:
 
 
 def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sources:
-    """Stages 2 and 3: embed the query (lap `candidate_fetch`), then search the lexical
-    and the vector index, both restricted before scoring (lap `index_search`).
+    """Stages 2 and 3: embed the query (lap `candidate_fetch`), then search the vector
+    and the lexical index, both restricted before scoring (lap `index_search`).
 
     With `ports.overlap` the lexical search starts first, beside the embedding and the
-    vector search (its time then shows in whichever lap it ends in)."""
+    vector search (its time then shows in whichever lap it ends in). One after the
+    other, the vector search goes first: a vector engine that keeps the GIL
+    (qdrant-edge) is then not slowed by a lexical pass beside it, and the re-score
+    reads the lexical pass's scores right after it (docs/bench/README.md, session
+    22)."""
     profile = q.profile
     use_vector = (bool(q.text) or q.query_vector is not None) and profile.vector_weight > 0.0
     generation_id = q.route.generation_id
@@ -774,8 +789,10 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
             lexical = _start_lexical_first(overlap, call)
         else:
             lexical = overlap.start(call)
-    elif use_lexical and use_vector and ports.vector_overlap is not None:
-        return _search_lexical_beside(q, ports, watch, search_lexical, ports.vector_overlap)
+    elif use_lexical and use_vector:
+        beside = ports.vector_overlap_of(generation_id)
+        if beside is not None:
+            return _search_lexical_beside(q, ports, watch, search_lexical, beside)
     given = q.query_vector
     sources = _Sources(
         query_vector=(
@@ -791,8 +808,6 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
     )
     after.vector = sources.query_vector
     watch.lap("candidate_fetch")
-    if use_lexical and lexical is None:
-        sources.lexical = search_lexical()
     # A failure of both sources reports the lexical one, whichever order they ran in.
     vector_error: Exception | None = None
     if sources.query_vector is not None:
@@ -802,11 +817,13 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
                 generation_id, sources.query_vector, vector_filter, q.depths["vector"]
             )
         except Exception as exc:
-            if lexical is None:
+            if not use_lexical:
                 raise
             vector_error = exc
         if lexical is not None and vector_error is None and _rescores(q) and lexical.running():
             sources.lexical_scores = _prefetch_lexical_scores(q, sources.vector, ports)
+    if use_lexical and lexical is None:
+        sources.lexical = search_lexical()
     if lexical is not None:
         sources.lexical = watch.wait(lexical, "index_search")
         sources.vector_scores = after.scores

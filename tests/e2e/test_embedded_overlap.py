@@ -2,7 +2,9 @@
 sources and score lookups side by side (`QueryPorts.overlap`, what a generation without
 in-memory copies gets; the vector search after tantivy's has begun or right away,
 `QueryPorts.lexical_first`), only the lexical search beside the vector one
-(`QueryPorts.vector_overlap`), or everything one after the other."""
+(`QueryPorts.vector_overlap`), or everything one after the other, the vector search
+first (what a generation gets whose vectors qdrant-edge searches beside an in-memory
+lexical copy: `QueryPorts.vector_overlap_for` refuses it)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from starlette.testclient import TestClient
 
 import orrery.embedded as embedded
 from bench.topk import Vocabulary, corpus_batches, make_queries, topk_body
+from contracts.errors import DependencyUnavailable
 from orrery.embedded import EmbeddedStack
 from query.settings import QuerySettings
 
@@ -28,6 +31,23 @@ NOW = datetime(2026, 1, 15, tzinfo=UTC)
 SEED = 20_260_101
 SIZE = 600
 QUERIES = 24
+
+
+class _Broken:
+    """A port whose searches and lookups fail as an unreachable engine's do."""
+
+    def __init__(self, inner: Any, engine: str) -> None:
+        self._inner = inner
+        self._engine = engine
+
+    def search(self, *args: Any, **kwargs: Any) -> Any:
+        raise DependencyUnavailable(self._engine, "down")
+
+    def scores(self, *args: Any, **kwargs: Any) -> Any:
+        raise DependencyUnavailable(self._engine, "down")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class _SlowLexical:
@@ -55,7 +75,12 @@ ARRANGEMENTS: dict[str, _Arrange] = {
     "side-by-side, lookups beside the lexical search": lambda ports: dataclasses.replace(
         ports, overlap_for=lambda _g: True, lexical=_SlowLexical(ports.lexical)
     ),
-    "lexical-beside": lambda ports: dataclasses.replace(ports, overlap_for=lambda _g: False),
+    "lexical-beside": lambda ports: dataclasses.replace(
+        ports, overlap_for=lambda _g: False, vector_overlap_for=lambda _g: True
+    ),
+    "one after the other, refused beside": lambda ports: dataclasses.replace(
+        ports, overlap_for=lambda _g: False, vector_overlap_for=lambda _g: False
+    ),
     "sequential": lambda ports: dataclasses.replace(ports, overlap=None, vector_overlap=None),
 }
 
@@ -91,9 +116,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return data_dir
 
 
-def _answers(
-    data_dir: Path, arrange: _Arrange, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[dict[str, Any]]:
+def _stack(data_dir: Path, arrange: _Arrange, monkeypatch: pytest.MonkeyPatch) -> EmbeddedStack:
     ports_of = embedded.embedded_query_ports
     with monkeypatch.context() as patch:
         # A fixed clock: freshness is the same in every arrangement.
@@ -102,7 +125,13 @@ def _answers(
             "embedded_query_ports",
             lambda *a, **k: dataclasses.replace(arrange(ports_of(*a, **k)), clock=lambda: NOW),
         )
-        stack = EmbeddedStack.open(_settings(data_dir))
+        return EmbeddedStack.open(_settings(data_dir))
+
+
+def _answers(
+    data_dir: Path, arrange: _Arrange, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, Any]]:
+    stack = _stack(data_dir, arrange, monkeypatch)
     try:
         with TestClient(stack.app) as client:
             rng = random.Random(SEED + 1)
@@ -140,3 +169,55 @@ def test_every_arrangement_answers_alike(
     assert all(a["results"] for a in reference)
     for name, given in answers.items():
         assert json.dumps(given) == json.dumps(reference), name
+
+
+def test_the_default_arrangement_runs_one_after_the_other_without_a_vector_copy(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded ports run the lexical search beside the vector one only for a
+    generation with an in-memory vector copy; refused, the answers are the same."""
+    copy = tmp_path / "decided"
+    shutil.copytree(built, copy)
+    made: list[Any] = []
+    stack = _stack(copy, lambda ports: made.append(ports) or ports, monkeypatch)
+    try:
+        (ports,) = made
+        (generation_id, *_), *_ = stack.projector.state.generations()
+        flat = stack.projector.vectors.flat_for(generation_id)
+        assert (ports.vector_overlap_of(generation_id) is not None) == (flat is not None)
+        assert ports.vector_overlap_of("no-such-generation") is None
+    finally:
+        stack.close()
+
+
+@pytest.mark.parametrize(
+    ("broken", "reported"),
+    [(("vectors",), "qdrant-edge"), (("lexical",), "tantivy"), (("vectors", "lexical"), "tantivy")],
+)
+def test_one_after_the_other_a_failure_of_both_reports_the_lexical_one(
+    built: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    broken: tuple[str, ...],
+    reported: str,
+) -> None:
+    def arrange(ports: Any) -> Any:
+        ports = dataclasses.replace(ports, overlap_for=lambda _g: False, vector_overlap_for=None)
+        ports = dataclasses.replace(ports, vector_overlap=None)
+        engines = {"vectors": "qdrant-edge", "lexical": "tantivy"}
+        return dataclasses.replace(
+            ports, **{port: _Broken(getattr(ports, port), engines[port]) for port in broken}
+        )
+
+    copy = tmp_path / "broken"
+    shutil.copytree(built, copy)
+    stack = _stack(copy, arrange, monkeypatch)
+    try:
+        with TestClient(stack.app) as client:
+            rng = random.Random(SEED + 1)
+            (query,) = make_queries(rng, Vocabulary.build(random.Random(SEED)), 1)
+            response = client.post("/v1/external/retrieve/topk_records", json=topk_body(query, 10))
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["details"]["dependency"] == reported
+    finally:
+        stack.close()
