@@ -5,7 +5,12 @@ machine, unlike the rates), also per thread: the projector's and the POST handli
 (`/proc` per thread, named by `py-spy dump`).
 
     python bench/ingest_ab.py --baseline /path/to/other/tree [--size 20000] [--rounds 2]
-        [--modes commit,searchable]
+        [--modes commit,searchable] [--env ORRERY_X=1] [--baseline-env ORRERY_X=2]
+        [--py-spy DIR]
+
+`--env`/`--baseline-env` set a server setting of one side (with `--baseline .` an A/B
+of settings on one tree); `--py-spy DIR` samples each server's GIL-held stacks during
+its ingest.
 
 Each run starts `orrery serve` with `PYTHONPATH=<tree>` and the working directory in
 that tree (`python -m` imports the tree's code), POSTs the corpus of `bench/topk.py`
