@@ -5,7 +5,12 @@ machine, unlike the rates), also per thread: the projector's and the POST handli
 (`/proc` per thread, named by `py-spy dump`).
 
     python bench/ingest_ab.py --baseline /path/to/other/tree [--size 20000] [--rounds 2]
-        [--modes commit,searchable]
+        [--modes commit,searchable] [--env ORRERY_X=1] [--baseline-env ORRERY_X=2]
+        [--py-spy DIR]
+
+`--env`/`--baseline-env` set a server setting of one side (with `--baseline .` an A/B
+of settings on one tree); `--py-spy DIR` samples each server's GIL-held stacks during
+its ingest.
 
 Each run starts `orrery serve` with `PYTHONPATH=<tree>` and the working directory in
 that tree (`python -m` imports the tree's code), POSTs the corpus of `bench/topk.py`
@@ -21,8 +26,11 @@ import argparse
 import os
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,28 +54,47 @@ from bench.topk import SpooledCorpus, Vocabulary, corpus_batches, ingest
 console = Console(stderr=True)
 
 
-def one_run(tree: Path, mode: str, corpus: SpooledCorpus, size: int, batch: int) -> dict[str, Any]:
+def one_run(
+    tree: Path,
+    mode: str,
+    corpus: SpooledCorpus,
+    size: int,
+    batch: int,
+    settings: Mapping[str, str],
+    py_spy: Path | None = None,
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="orrery-ingest-ab-"))
-    env = {**ingest_env(batch), "PYTHONPATH": str(tree)}
+    env = {**ingest_env(batch), **settings, "PYTHONPATH": str(tree)}
     load_before = os.getloadavg()
     server = start_serve(root / "data", root / "serve.log", env, tree=tree)
+    spy: subprocess.Popen[bytes] | None = None
     try:
         names = server.thread_names()
         threads_before = server.thread_cpu_seconds()
         cpu_before = server.cpu_seconds()
         workers_before = server.worker_cpu_seconds()
+        if py_spy is not None:
+            spy = _start_py_spy(server.pid, py_spy)
         with server.client(timeout_s=120.0) as client:
             result = ingest(server, client, corpus, size, None if mode == "commit" else mode)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its samples on SIGINT
+            spy.wait(timeout=120)
         cpu = server.cpu_seconds() - cpu_before
         workers = server.worker_cpu_seconds() - workers_before
         threads_after = server.thread_cpu_seconds()
         names.update(server.thread_names())
     finally:
+        if spy is not None and spy.poll() is None:
+            spy.kill()
+            spy.wait()
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
     lag = result["freshness"].get("lag_ms", {})
     return {
         "tree": str(tree),
+        "settings": dict(settings),
+        "py_spy": None if py_spy is None else str(py_spy),
         "mode": mode,
         "records_per_s": result["records_per_s"],
         "post_records_per_s": result["post_records_per_s"],
@@ -89,6 +116,41 @@ def one_run(tree: Path, mode: str, corpus: SpooledCorpus, size: int, batch: int)
     }
 
 
+def _start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """`py-spy record --gil` of the server into `out` (collapsed stacks, one line per
+    stack with its sample count), until SIGINT: only samples holding the GIL, which is
+    what serializes the POST handling and the projector in one interpreter."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    return subprocess.Popen(
+        [
+            str(spy),
+            "record",
+            "--gil",
+            "--nonblocking",
+            "--threads",
+            "--rate",
+            "200",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            "--pid",
+            str(pid),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _settings(pairs: list[str]) -> dict[str, str]:
+    settings = dict(pair.split("=", 1) for pair in pairs)
+    bad = [name for name in settings if not name.startswith("ORRERY_")]
+    if bad:
+        raise SystemExit(f"not an ORRERY_ setting: {bad}")
+    return settings
+
+
 def _by_thread(
     names: dict[int, str], before: dict[int, float], after: dict[int, float], size: int
 ) -> dict[str, float]:
@@ -102,6 +164,7 @@ def _by_thread(
 def print_table(runs: list[dict[str, Any]]) -> None:
     table = Table(title="embedded ingest A/B (POST -> searchable)")
     for column in (
+        "side",
         "tree",
         "mode",
         "rec/s",
@@ -118,6 +181,7 @@ def print_table(runs: list[dict[str, Any]]) -> None:
     for run in runs:
         lag = run["freshness_lag_ms"]
         table.add_row(
+            run.get("side", "-"),
             Path(run["tree"]).name,
             run["mode"],
             f"{run['records_per_s']:,.0f}",
@@ -147,9 +211,34 @@ def main() -> int:
     parser.add_argument("--modes", default="commit,searchable")
     parser.add_argument("--seed", type=int, default=20_260_101)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "bench" / "ingest_ab.json")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="ORRERY_NAME=VALUE",
+        help="a setting of this tree's server (repeatable)",
+    )
+    parser.add_argument(
+        "--baseline-env",
+        action="append",
+        default=[],
+        metavar="ORRERY_NAME=VALUE",
+        help="a setting of the baseline's server (repeatable); with `--baseline .` an "
+        "A/B of settings on one tree",
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="sample each server's GIL-held stacks during the ingest into "
+        "DIR/<round>-<side>-<mode>.txt (py-spy raw format)",
+    )
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     trees = [REPO_ROOT, args.baseline.resolve()]
+    # Each side is its position: the baseline may be this very tree with other settings.
+    settings = [_settings(args.env), _settings(args.baseline_env)]
     started = utc_now()
     vocab = Vocabulary.build(random.Random(args.seed))
     corpus = SpooledCorpus(corpus_batches(args.size, args.batch_size, args.seed, vocab))
@@ -157,12 +246,22 @@ def main() -> int:
     try:
         for round_ in range(args.rounds):
             for mode in modes:
-                for tree in trees if round_ % 2 == 0 else trees[::-1]:
-                    if mode != "commit" and tree != REPO_ROOT:
+                for side in (0, 1) if round_ % 2 == 0 else (1, 0):
+                    tree = trees[side]
+                    if mode != "commit" and side == 1:
                         continue  # the baseline may not know the parameter (ignored)
-                    console.rule(f"round {round_ + 1}: {tree.name} ({mode})")
+                    label = "this" if side == 0 else "baseline"
+                    console.rule(f"round {round_ + 1}: {tree.name} [{label}] ({mode})")
+                    spy = (
+                        None
+                        if args.py_spy is None
+                        else args.py_spy / f"{round_ + 1}-{label}-{mode}.txt"
+                    )
                     try:
-                        runs.append(one_run(tree, mode, corpus, args.size, args.batch_size))
+                        run = one_run(
+                            tree, mode, corpus, args.size, args.batch_size, settings[side], spy
+                        )
+                        runs.append({"side": label, **run})
                     except RuntimeError as error:  # e.g. a tree without ?wait=searchable
                         console.print(f"[red]{tree.name} ({mode}) failed: {error}")
     finally:
@@ -179,6 +278,7 @@ def main() -> int:
             "modes": modes,
             "seed": args.seed,
             "trees": [str(t) for t in trees],
+            "settings": settings,
         },
         "runs": runs,
     }

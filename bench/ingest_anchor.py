@@ -261,7 +261,12 @@ def run_orrery(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    url = os.environ.get("ORRERY_QDRANT_URL") or _harness_qdrant_url()
+    # Looked up only when Qdrant is measured: `--sides orrery` runs without the harness.
+    url = (
+        os.environ.get("ORRERY_QDRANT_URL") or _harness_qdrant_url()
+        if "qdrant" in args.sides
+        else None
+    )
     vocab = Vocabulary.build(random.Random(args.seed))
     console.print(f"generating {args.size:,} records (two spooled copies: Orrery, Qdrant)")
     orrery_corpus = SpooledCorpus(corpus_batches(args.size, args.batch_size, args.seed, vocab))
@@ -276,6 +281,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for side in figures["order"]:
                 console.rule(f"round {round_ + 1}: {side}")
                 if side == "qdrant":
+                    assert url is not None  # looked up above for this side
                     figures[side] = run_qdrant(url, qdrant_corpus, args.size, args.green_timeout)
                 else:
                     figures[side] = run_orrery(

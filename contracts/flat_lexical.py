@@ -32,11 +32,11 @@ import bisect
 import math
 import threading
 from array import array
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import compress
+from itertools import chain, compress, count, pairwise
 from operator import attrgetter
 
 import numpy as np
@@ -168,26 +168,18 @@ class FlatLexical:
             if len(set(ids)) != len(ids) or any(d in self._rows for d in ids):
                 return False
             self._version += 1
-            for row in batch:
-                position = len(self._candidates)
-                self._rows[row.candidate.document_id] = position
-                self._candidates.append(row.candidate)
-                self._galaxy.append(self._code(row.galaxy))
-                self._status.append(self._code(row.candidate.status))
-                self._ring.append(self._code(row.ring or None))
-                self._updated.append(_micros(row.candidate.updated_at))
-                self._hidden.append(row.hidden)
-                for name, field in self._fields.items():
-                    tokens = row.tokens.get(name, ())
-                    field.lengths.append(fieldnorm_id(len(tokens)))
-                    field.tokens += len(tokens)
-                    postings = field.postings
-                    for term, count in Counter(tokens).items():
-                        posting = postings.get(term)
-                        if posting is None:
-                            posting = postings[term] = (array("i"), array("i"))
-                        posting[0].append(position)
-                        posting[1].append(count)
+            start = len(self._candidates)
+            self._rows.update(zip(ids, range(start, start + len(batch)), strict=True))
+            self._candidates.extend(row.candidate for row in batch)
+            code = self._code
+            for row in batch:  # codes numbered as the values come, row by row
+                self._galaxy.append(code(row.galaxy))
+                self._status.append(code(row.candidate.status))
+                self._ring.append(code(row.ring or None))
+            self._updated.extend(_micros(row.candidate.updated_at) for row in batch)
+            self._hidden.extend(row.hidden for row in batch)
+            for name, field in self._fields.items():
+                _add_postings(field, [row.tokens.get(name, ()) for row in batch], start)
         return True
 
     def search(
@@ -433,6 +425,47 @@ class FlatLexical:
         if value is None:
             return _ABSENT
         return self._codes.setdefault(value, len(self._codes))
+
+
+def _add_postings(field: _Field, tokens: list[Sequence[str]], start: int) -> None:
+    """Append the postings of rows `start`, `start + 1`, ... whose tokens in `field` are
+    `tokens`: per term, its rows ascending with their term frequencies, new terms in the
+    order they first occur (what a loop over each row's `Counter` appends). One pass over
+    the batch's tokens in C and numpy and one Python step per distinct term of the batch,
+    not per term of each row (~36 distinct of ~50 tokens a corpus document)."""
+    lengths = list(map(len, tokens))
+    field.lengths.extend(map(fieldnorm_id, lengths))
+    total = sum(lengths)
+    field.tokens += total
+    if total == 0:
+        return
+    # Each token's term numbered in first-occurrence order, in one pass in C (a missing
+    # key takes the counter's next number).
+    numbering: defaultdict[str, int] = defaultdict(count().__next__)
+    term_of_token = np.fromiter(
+        map(numbering.__getitem__, chain.from_iterable(tokens)), dtype=np.int64, count=total
+    )
+    terms = list(numbering)
+    size = len(tokens)
+    row_of_token = np.repeat(np.arange(size, dtype=np.int64), lengths)
+    # One key per (term, row) occurrence, ordered by term then row: unique keys are the
+    # postings in order, their multiplicities the term frequencies.
+    keys, frequencies = np.unique(term_of_token * size + row_of_token, return_counts=True)
+    term_of_key = keys // size
+    rows = (keys - term_of_key * size + start).astype(np.int32)
+    counts = frequencies.astype(np.int32)
+    # Byte offsets (4 a value) of each term's run.
+    ends = (np.flatnonzero(term_of_key[1:] != term_of_key[:-1]) + 1) * 4
+    bounds = [0, *ends.tolist(), keys.size * 4]
+    row_bytes, count_bytes = memoryview(rows).cast("B"), memoryview(counts).cast("B")
+    postings = field.postings
+    # `term_of_key` runs through 0 .. len(terms) - 1 in order: every term occurs.
+    for term, (low, high) in zip(terms, pairwise(bounds), strict=True):
+        posting = postings.get(term)
+        if posting is None:
+            posting = postings[term] = (array("i"), array("i"))
+        posting[0].frombytes(row_bytes[low:high])
+        posting[1].frombytes(count_bytes[low:high])
 
 
 def _top_rows(eligible: npt.NDArray[np.float32], limit: int) -> npt.NDArray[np.intp]:

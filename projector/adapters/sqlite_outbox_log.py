@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from contracts.errors import DependencyUnavailable
 from contracts.events import LogEntry, RecordChanged, outbox_event_json
 from projector.ports import Undecodable
 
-__all__ = ["MAX_FETCH_BYTES", "MAX_REMEMBERED", "SqliteOutboxLog"]
+__all__ = ["HANDOVER_WAIT_SECONDS", "MAX_FETCH_BYTES", "MAX_REMEMBERED", "SqliteOutboxLog"]
 
 # Remembered events held at most: four default projector batches, ~10 KB each with a
 # 384-d vector (a projector further behind reads the rest from the table).
@@ -23,6 +24,9 @@ _CHUNK = 500
 # The most event bytes one `fetch` reads from the table (at least one event): a batch of
 # large records is cut short instead of loading them all (issue 22: bounded memory).
 MAX_FETCH_BYTES = 32 * 1024 * 1024
+# How long `fetch` waits, at most, for the hand-over of positions committed after every
+# position handed over so far (`SqliteOutboxLog.remember`).
+HANDOVER_WAIT_SECONDS = 0.05
 
 
 class SqliteOutboxLog:
@@ -41,10 +45,29 @@ class SqliteOutboxLog:
     committed from the table, but takes a remembered position's event instead of
     reading and decoding its row again. At most `MAX_REMEMBERED` are held; acknowledged
     ones are dropped.
+
+    The writer hands events over right after its commit, so a fetch between the two
+    would read and decode rows (~60 us a 384-d record) whose events are about to arrive
+    (with a low `ORRERY_INGEST_MAX_LAG_EVENTS` the projector is mostly caught up and
+    took most of a batch that way). Once events are handed over, a fetch that finds
+    positions past the newest handed-over one missing waits up to
+    `handover_wait_seconds` for them (while nothing else is held) before reading them
+    from the table: a record too large to be handed over, or a writer that does not
+    hand over, costs that wait once a batch, never a different answer.
     """
 
-    def __init__(self, path: Path, *, start_after: int = 0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        start_after: int = 0,
+        handover_wait_seconds: float = HANDOVER_WAIT_SECONDS,
+    ) -> None:
         self._lock = threading.Lock()
+        self._handed_over = threading.Condition(self._lock)
+        self._handover_wait = handover_wait_seconds
+        # The newest position ever handed over (0: none yet, nothing to wait for).
+        self._newest_handed_over = 0
         self._cursor = start_after
         self._acknowledged = start_after
         self._remembered: dict[int, LogEntry] = {}
@@ -70,7 +93,7 @@ class SqliteOutboxLog:
                 if not positions:
                     return []
                 remembered = self._remembered
-                missing = [p for p in positions if p not in remembered]
+                missing = self._awaited_missing(positions)
                 bodies = self._read_events(missing)
                 if len(bodies) < len(missing):
                     # The byte budget ran out: this batch ends before the first row unread.
@@ -84,6 +107,22 @@ class SqliteOutboxLog:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return [found[p] if p in found else _decode(p, *bodies[p]) for p in positions]
 
+    def _awaited_missing(self, positions: list[int]) -> list[int]:
+        """`positions` not remembered, after waiting (lock held; released meanwhile) up
+        to the hand-over wait for those past the newest position handed over."""
+        remembered = self._remembered
+        missing = [p for p in positions if p not in remembered]
+        if not missing or not self._newest_handed_over or self._handover_wait <= 0:
+            return missing
+        deadline = time.monotonic() + self._handover_wait
+        while missing and missing[-1] > self._newest_handed_over:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._handed_over.wait(remaining)
+            missing = [p for p in missing if p not in remembered]
+        return missing
+
     def remember(self, entries: Sequence[LogEntry]) -> None:
         """Hold `entries` (committed outbox rows, decoded) for `fetch`. Guarantee
         expected of the caller: each entry is exactly the event its row decodes to."""
@@ -92,6 +131,10 @@ class SqliteOutboxLog:
             for entry in entries[: max(room, 0)]:
                 if entry.position > self._acknowledged:
                     self._remembered[entry.position] = entry
+            if entries:
+                newest = max(entry.position for entry in entries)
+                self._newest_handed_over = max(self._newest_handed_over, newest)
+            self._handed_over.notify_all()
 
     def _read_events(self, positions: list[int]) -> dict[int, tuple[str | bytes, str | None]]:
         """The events of these outbox rows and their writes' trace contexts, read from

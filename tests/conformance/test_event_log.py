@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sqlite3
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -464,6 +465,46 @@ def test_remembered_events_are_served_as_handed_over_and_equal_the_rows(tmp_path
         assert not any(s is h for s in served[3:] for h in handed)
     finally:
         for closable in (remembering, reading, store, other):
+            closable.close()
+
+
+def test_a_fetch_waits_for_the_hand_over_of_what_was_just_committed(tmp_path: Path) -> None:
+    """The writer hands its events over right after its commit: a fetch in between
+    waits for them (and serves the entries handed over, not rows decoded again) rather
+    than reading the rows; a position past the newest handed over that never comes (a
+    writer that does not hand over) is read from the table once the wait ran out."""
+    handed: list[list[LogEntry]] = []
+    store = SqliteRecordStore(tmp_path / "orrery.sqlite", on_committed=handed.append)
+    other = SqliteRecordStore(tmp_path / "orrery.sqlite")  # hands nothing over
+    records = [rec(f"d{i}", 1) for i in range(6)]
+    # Long enough for the other thread on a busy machine; the fetch returns once notified.
+    log = SqliteOutboxLog(tmp_path / "orrery.sqlite", handover_wait_seconds=30.0)
+    reading = SqliteOutboxLog(tmp_path / "orrery.sqlite")
+    try:
+        store.write(records[:2])
+        log.remember(handed[0])
+        first = log.fetch(10)
+        assert all(s is h for s, h in zip(first, handed[0], strict=True))
+        log.acknowledge(first)
+        store.write(records[2:4])  # committed; its hand-over comes from another thread
+        later = threading.Timer(0.05, log.remember, args=(handed[1],))
+        later.start()
+        served = log.fetch(10)
+        later.join()
+        assert [e.position for e in served] == [3, 4]
+        assert all(s is h for s, h in zip(served, handed[1], strict=True))
+        log.acknowledge(served)
+        other.write(records[4:])
+        short = SqliteOutboxLog(tmp_path / "orrery.sqlite", handover_wait_seconds=0.01)
+        short.remember(handed[0] + handed[1])
+        short.acknowledge(handed[0] + handed[1])
+        short.reset()
+        decoded = short.fetch(10)
+        assert [e.position for e in decoded] == [5, 6]
+        assert decoded == [e for e in reading.fetch(10) if e.position > 4]
+        short.close()
+    finally:
+        for closable in (log, reading, store, other):
             closable.close()
 
 

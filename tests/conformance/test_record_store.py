@@ -20,6 +20,12 @@ def _sqlite(request: pytest.FixtureRequest, tmp: Path) -> Callable[[], RecordSto
     return lambda: SqliteRecordStore(tmp / "orrery.sqlite")
 
 
+def _sqlite_handover(request: pytest.FixtureRequest, tmp: Path) -> Callable[[], RecordStore]:
+    """The embedded server's store: it hands committed events over and checkpoints its
+    WAL itself, after the hand-over."""
+    return lambda: SqliteRecordStore(tmp / "orrery.sqlite", on_committed=lambda entries: None)
+
+
 def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Callable[[], RecordStore]:
     from ingest.adapters.postgres_db import migrate
     from ingest.adapters.postgres_store import PostgresRecordStore
@@ -33,6 +39,7 @@ def _postgres(request: pytest.FixtureRequest, tmp: Path) -> Callable[[], RecordS
 # as another process would.
 FACTORIES: dict[str, Callable[[pytest.FixtureRequest, Path], Callable[[], RecordStore]]] = {
     "sqlite": _sqlite,
+    "sqlite-handover": _sqlite_handover,
     "postgres": _postgres,
 }
 MARKS = {"postgres": [pytest.mark.servers]}
