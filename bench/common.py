@@ -677,3 +677,11 @@ def edge_adapter(path: str | None) -> ModuleType:
     sys.modules["edge_under_test"] = module
     spec.loader.exec_module(module)
     return module
+
+
+def print_report(report: Mapping[str, Any], out: Path | None) -> None:
+    """An A/B bench's report as indented JSON on stdout, and in `out` if given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out is not None:
+        out.write_text(text + "\n", encoding="utf-8")

@@ -53,6 +53,7 @@ if __package__ in (None, ""):  # run as `python bench/hotpath_ab.py`
     # Appended, not prepended: a worker imports its tree's code (PYTHONPATH) first.
     sys.path.append(str(Path(__file__).resolve().parent.parent))
 
+from bench.common import print_report
 from bench.topk import QuerySpec, Vocabulary, corpus_batches, make_queries, topk_body
 
 FIXED_NOW = datetime(2026, 1, 15, tzinfo=UTC)
@@ -475,10 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         compact_b=args.compact_b,
         flat=args.flat,
     )
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.out)
     if args.data_dir is None:
         shutil.rmtree(data_dir.parent, ignore_errors=True)
     return 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import random
 import shutil
@@ -33,6 +32,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as `python bench/lexical_compaction.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import print_report
 from bench.hotpath_ab import SEED, _queries, _scifact_env, _scifact_queries, _stack
 
 LIMIT = 100
@@ -176,10 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report["loadavg"] = {"before": load_before, "after": os.getloadavg()}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.out)
     return 0
 
 

@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as `python bench/serve_ab.py`
 
 import httpx
 
-from bench.common import ServeProcess, exchange, start_serve
+from bench.common import ServeProcess, exchange, print_report, start_serve
 from bench.hotpath_ab import WARMUP, _pct, _queries, _scifact_queries
 from bench.topk import retrieve, topk_body
 from bench.versus_qdrant import orrery_body, warm_query_vector
@@ -260,10 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for env in envs.values():
             env.setdefault("ORRERY_NAMESPACE_LANGUAGES", language)
     report = compare(args.a, args.b, args.data_dir, args.queries, envs, args.corpus)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.out)
     return 0
 
 

@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as `python bench/synthetic_serve_ab.py`
 
 import httpx
 
-from bench.common import ServeProcess, exchange, ingest_env, start_serve
+from bench.common import ServeProcess, exchange, ingest_env, print_report, start_serve
 from bench.hotpath_ab import _pct
 from bench.topk import NAMESPACE, OPTIMIZE_INTERVAL_S, SCOPE_REF
 from bench.versus_qdrant import LANGUAGE
@@ -221,10 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.queries,
         args.rounds,
     )
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.out)
     return 0
 
 
