@@ -408,6 +408,20 @@ def exchange(
     )
 
 
+def ask_topk(
+    client: httpx.Client, *, body: Any = None, content: bytes | None = None
+) -> tuple[Exchange, dict[str, Any]]:
+    """One timed `topk_records` request (`exchange`) and its decoded answer; any status
+    but 200 raises."""
+    ex = exchange(client, "POST", "/v1/external/retrieve/topk_records", body=body, content=content)
+    if ex.response.status_code != 200:
+        raise RuntimeError(
+            f"topk_records: HTTP {ex.response.status_code}: {ex.response.text[:300]}"
+        )
+    answer: dict[str, Any] = ex.json()
+    return ex, answer
+
+
 def post_records(
     client: httpx.Client, records: Any, *, max_wait_s: float = 900.0
 ) -> httpx.Response:

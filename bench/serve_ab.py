@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as `python bench/serve_ab.py`
 
 import httpx
 
-from bench.common import ServeProcess, exchange, print_report, start_serve
+from bench.common import ServeProcess, ask_topk, exchange, print_report, start_serve
 from bench.hotpath_ab import WARMUP, _pct, _queries, _scifact_queries
 from bench.topk import retrieve, topk_body
 from bench.versus_qdrant import orrery_body, warm_query_vector
@@ -64,12 +64,7 @@ def _start(
 
 
 def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    ex = exchange(client, "POST", TOPK, body=body)
-    if ex.response.status_code != 200:
-        raise RuntimeError(
-            f"topk_records: HTTP {ex.response.status_code}: {ex.response.text[:300]}"
-        )
-    answer: dict[str, Any] = ex.json()
+    ex, answer = ask_topk(client, body=body)
     plan = answer["query_plan"]
     return {
         "ms": ex.seconds * 1000.0,

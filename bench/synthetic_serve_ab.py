@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as `python bench/synthetic_serve_ab.py`
 
 import httpx
 
-from bench.common import ServeProcess, exchange, ingest_env, print_report, start_serve
+from bench.common import ServeProcess, ask_topk, ingest_env, print_report, start_serve
 from bench.hotpath_ab import _pct
 from bench.topk import NAMESPACE, OPTIMIZE_INTERVAL_S, SCOPE_REF
 from bench.versus_qdrant import LANGUAGE
@@ -86,12 +86,7 @@ def _warm(client: httpx.Client, texts: Sequence[str]) -> float | None:
 
 
 def _ask(client: httpx.Client, text: str) -> dict[str, Any]:
-    ex = exchange(client, "POST", TOPK, content=topk_content(text))
-    if ex.response.status_code != 200:
-        raise RuntimeError(
-            f"topk_records: HTTP {ex.response.status_code}: {ex.response.text[:300]}"
-        )
-    answer: dict[str, Any] = ex.json()
+    ex, answer = ask_topk(client, content=topk_content(text))
     plan = answer["query_plan"]
     return {
         "ms": ex.seconds * 1000.0,
