@@ -33,7 +33,7 @@ from contracts.admission import record_problems
 from contracts.events import RecordChanged, record_changed_json
 from contracts.index import IndexDocument, to_index_document
 from contracts.records import Record
-from contracts.vector_payload import check_vector, point_id
+from contracts.vector_payload import check_vector, point_key
 from projector.adapters import qdrant_vectors
 from projector.ring_stats import ring_moves
 from projector.service import embed_records
@@ -86,7 +86,7 @@ def _stages(values: Sequence[bytes]) -> dict[str, float]:
         return docs
 
     docs: list[IndexDocument] = timed("index_documents", documents)
-    writes = {point_id(d.document_id): d for d in docs}
+    writes = {point_key(d.document_id): d for d in docs}
     timed("qdrant_body", lambda: _body_json({"operations": qdrant_vectors._upsert_json(writes)}))
     timed("ring_moves", lambda: ring_moves({d.document_id: (d.revision, d) for d in docs}, {}))
     return spent

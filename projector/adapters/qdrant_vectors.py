@@ -67,7 +67,7 @@ from qdrant_client.http.exceptions import ApiException, UnexpectedResponse
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.index import IndexDocument
-from contracts.index_fields import DOCUMENT_ID, REVISION
+from contracts.index_fields import DOCUMENT_ID, REVISION, is_canonical_uuid
 from contracts.pacing import Pace, no_pace
 from contracts.qdrant_rest import RETRY_ONCE, RestTarget, rest_target
 from contracts.shards import copy_key, shard_of
@@ -82,7 +82,7 @@ from contracts.vector_payload import (
     check_generation_id,
     check_vector,
     payload_of,
-    point_id,
+    point_key,
 )
 from projector.ports import CopyRead, IndexEvidence
 
@@ -274,15 +274,15 @@ class QdrantServerVectorIndex:
         dimension = self._dimension(generation_id)
         for document in upserts:
             check_vector(document, dimension)
-        newest: dict[uuid.UUID, IndexDocument] = {}
+        newest: dict[str, IndexDocument] = {}
         for document in upserts:
-            pid = point_id(document.document_id)
+            pid = point_key(document.document_id)
             kept = newest.get(pid)
             if kept is None or kept.revision <= document.revision:
                 newest[pid] = document
-        delete_at: dict[uuid.UUID, int] = {}
+        delete_at: dict[str, int] = {}
         for document_id, revision in deletes:
-            pid = point_id(document_id)
+            pid = point_key(document_id)
             delete_at[pid] = max(revision, delete_at.get(pid, revision))
         if not newest and not delete_at:
             return
@@ -290,21 +290,21 @@ class QdrantServerVectorIndex:
             shards, copies = self.copy_layout(generation_id)
             with _translated(f"read revisions of {generation_id}", generation_id):
                 present = self._present_revisions(name, list(newest), _all_keys(shards, copies))
-            writes: dict[uuid.UUID, IndexDocument] = {}
+            writes: dict[str, IndexDocument] = {}
             for pid, document in newest.items():
                 stale = present.get(pid, document.revision) > document.revision
                 deleted_in_call = delete_at.get(pid, document.revision - 1) >= document.revision
                 if not stale and not deleted_in_call:
                     writes[pid] = document
             # (upserts, deletes, shard key) per target: the collection, or every copy.
-            parts: list[tuple[Mapping[uuid.UUID, IndexDocument], Mapping[uuid.UUID, int], Any]]
+            parts: list[tuple[Mapping[str, IndexDocument], Mapping[str, int], Any]]
             if (shards, copies) == (1, 1):
                 parts = [(writes, delete_at, None)]
             else:
                 # Every copy of a document's shard gets the same guarded operations: a
                 # re-applied batch (after a crash) converges on every copy alike.
                 routes = {pid: shard_of(d.document_id, shards) for pid, d in newest.items()}
-                routes.update({point_id(d): shard_of(d, shards) for d, _ in deletes})
+                routes.update({point_key(d): shard_of(d, shards) for d, _ in deletes})
                 parts = []
                 for shard in range(shards):
                     mine = {p: d for p, d in writes.items() if routes[p] == shard}
@@ -539,28 +539,29 @@ class QdrantServerVectorIndex:
                 self._client.create_payload_index(name, field, field_schema=schema, wait=True)
 
     def _present_revisions(
-        self, name: str, pids: list[uuid.UUID], keys: list[str] | None
-    ) -> dict[uuid.UUID, int]:
-        """The newest revision any copy holds of each point (`keys`: every copy)."""
+        self, name: str, pids: list[str], keys: list[str] | None
+    ) -> dict[str, int]:
+        """The newest revision any copy holds of each point (`keys`: every copy), by
+        point key (`point_key`: the canonical UUID text)."""
         if not pids:
             return {}
         if self._rest is not None:
-            points = self._rest.revisions(name, [str(pid) for pid in pids], keys)
-            found: dict[uuid.UUID, int] = {}
-            for point_key, revision in points:
-                pid = uuid.UUID(point_key)
+            points = self._rest.revisions(name, pids, keys)
+            found: dict[str, int] = {}
+            for answered, revision in points:
+                pid = _canonical(answered)
                 found[pid] = max(revision, found.get(pid, revision))
             return found
         records = self._client.retrieve(
             name,
-            [str(pid) for pid in pids],
+            pids,
             with_payload=[REVISION],
             with_vectors=False,
             shard_key_selector=cast(Any, keys),
         )
-        present: dict[uuid.UUID, int] = {}
+        present: dict[str, int] = {}
         for record in records:
-            pid = uuid.UUID(str(record.id))
+            pid = _canonical(str(record.id))
             revision = int((record.payload or {})[REVISION])
             present[pid] = max(revision, present.get(pid, revision))
         return present
@@ -691,7 +692,7 @@ def _all_keys(shards: int, copies: int) -> list[str] | None:
 
 
 def _upsert_operations(
-    writes: Mapping[uuid.UUID, IndexDocument], key: str | None = None
+    writes: Mapping[str, IndexDocument], key: str | None = None
 ) -> list[models.UpsertOperation]:
     """One conditional upsert per distinct revision: replaces only older-or-equal points."""
     by_revision: dict[int, list[models.PointStruct]] = defaultdict(list)
@@ -699,7 +700,7 @@ def _upsert_operations(
         assert document.vector is not None  # checked by check_vector
         by_revision[document.revision].append(
             models.PointStruct(
-                id=str(pid),
+                id=pid,
                 vector={VECTOR_NAME: list(document.vector)},
                 payload=payload_of(document),
             )
@@ -717,12 +718,12 @@ def _upsert_operations(
 
 
 def _delete_operations(
-    delete_at: Mapping[uuid.UUID, int], key: str | None = None
+    delete_at: Mapping[str, int], key: str | None = None
 ) -> list[models.DeleteOperation]:
     """One filtered delete per distinct revision: removes only older-or-equal points."""
     by_revision: dict[int, list[models.ExtendedPointId]] = defaultdict(list)
     for pid, revision in delete_at.items():
-        by_revision[revision].append(str(pid))
+        by_revision[revision].append(pid)
     return [
         models.DeleteOperation(
             delete=models.FilterSelector(
@@ -740,8 +741,14 @@ def _revision_at_most_json(revision: int) -> dict[str, Any]:
     return {"key": REVISION, "range": {"lte": revision}}
 
 
+def _canonical(point: str) -> str:
+    """A point id Qdrant answered, as `point_key` spells it (Qdrant writes UUIDs in the
+    canonical form already: parsed only when it did not)."""
+    return point if is_canonical_uuid(point) else str(uuid.UUID(point))
+
+
 def _upsert_json(
-    writes: Mapping[uuid.UUID, IndexDocument], key: str | None = None
+    writes: Mapping[str, IndexDocument], key: str | None = None
 ) -> list[dict[str, Any]]:
     """`_upsert_operations` as the JSON qdrant-client sends for them (the REST path)."""
     by_revision: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -749,7 +756,7 @@ def _upsert_json(
         assert document.vector is not None  # checked by check_vector
         by_revision[document.revision].append(
             {
-                "id": str(pid),
+                "id": pid,
                 "vector": {
                     VECTOR_NAME: _VectorText(document.vector.json)
                     if is_encoded(document.vector)
@@ -770,13 +777,11 @@ def _upsert_json(
     return operations
 
 
-def _delete_json(
-    delete_at: Mapping[uuid.UUID, int], key: str | None = None
-) -> list[dict[str, Any]]:
+def _delete_json(delete_at: Mapping[str, int], key: str | None = None) -> list[dict[str, Any]]:
     """`_delete_operations` as the JSON qdrant-client sends for them (the REST path)."""
     by_revision: dict[int, list[str]] = defaultdict(list)
     for pid, revision in delete_at.items():
-        by_revision[revision].append(str(pid))
+        by_revision[revision].append(pid)
     operations: list[dict[str, Any]] = []
     for revision, pids in sorted(by_revision.items()):
         delete: dict[str, Any] = {

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
 from typing import Any
 
 import numpy as np
@@ -35,7 +34,7 @@ from contracts.stored_vectors import (
     is_encoded,
     packed_vector,
 )
-from contracts.vector_payload import point_id
+from contracts.vector_payload import point_key
 from ingest.adapters.kafka_wire import headers_of
 from ingest.model import vector_wire
 from ingest.relay_ports import OutboxRow
@@ -246,15 +245,15 @@ def test_the_relay_ships_the_bytes_and_the_projector_reads_them() -> None:
 def test_the_engines_get_the_same_body_and_arrays(
     vectors: list[list[float]], key: str | None
 ) -> None:
-    old: dict[uuid.UUID, IndexDocument] = {}
-    new: dict[uuid.UUID, IndexDocument] = {}
+    old: dict[str, IndexDocument] = {}
+    new: dict[str, IndexDocument] = {}
     old_docs: dict[str, tuple[int, IndexDocument | None]] = {}
     new_docs: dict[str, tuple[int, IndexDocument | None]] = {}
     for i, vector in enumerate(vectors):
         record = _record({}, vector, item_id=f"item-{i}", ring="docs")
         decoded = decode_record_changed(_event(record), vector_wire(record)).record
         assert isinstance(decoded.vector, PackedVector)
-        pid = point_id(record.doc_id)
+        pid = point_key(record.doc_id)
         old[pid] = to_index_document(record, tuple(vector))
         new[pid] = to_index_document(decoded, decoded.vector)
         assert new[pid].vector is decoded.vector

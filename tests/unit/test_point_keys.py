@@ -1,14 +1,15 @@
 """The qdrant-edge adapter's memoized point keys are exactly `str(point_id(document_id))`
-and `point_id(document_id).int`."""
+and `point_id(document_id).int`; so is `point_key` (the Qdrant server adapter's key)."""
 
 from __future__ import annotations
 
 import uuid
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.vector_payload import POINT_ID_NAMESPACE, point_id
+from contracts.vector_payload import POINT_ID_NAMESPACE, point_id, point_key
 from query.adapters.qdrant_edge_vectors import _key, _point_key, _point_number
 
 _IDS = st.one_of(
@@ -22,6 +23,19 @@ _IDS = st.one_of(
 @given(_IDS)
 def test_the_key_is_the_point_id_as_a_string(document_id: str) -> None:
     assert _point_key(document_id) == str(point_id(document_id))
+
+
+@given(st.one_of(_IDS, st.text(max_size=64), st.uuids().map(lambda u: "{" + str(u) + "}")))
+def test_point_key_is_the_point_id_as_a_string(document_id: str) -> None:
+    assert point_key(document_id) == str(point_id(document_id))
+
+
+def test_point_key_refuses_what_point_id_refuses() -> None:
+    # A lone surrogate has no UTF-8: uuid5 raises, and so does `point_key`.
+    with pytest.raises(UnicodeEncodeError):
+        point_id("doc-\ud800")
+    with pytest.raises(UnicodeEncodeError):
+        point_key("doc-\ud800")
 
 
 @given(_IDS)

@@ -22,7 +22,7 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.api.points_api import jsonable_encoder
 
 from contracts.index import IndexDocument
-from contracts.vector_payload import point_id
+from contracts.vector_payload import point_key
 from projector.adapters.qdrant_vectors import (
     _delete_json,
     _delete_operations,
@@ -58,13 +58,13 @@ def _documents(draw: st.DrawFn) -> IndexDocument:
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(_documents(), max_size=12),
-    st.dictionaries(st.uuids(), st.integers(1, 5), max_size=6),
+    st.dictionaries(st.uuids().map(str), st.integers(1, 5), max_size=6),
     st.sampled_from((None, "s0c0", "s2c1")),
 )
 def test_the_rest_body_is_the_clients(
-    documents: list[IndexDocument], deletes: dict[uuid.UUID, int], key: str | None
+    documents: list[IndexDocument], deletes: dict[str, int], key: str | None
 ) -> None:
-    writes = {point_id(d.document_id): d for d in documents}
+    writes = {point_key(d.document_id): d for d in documents}
     client = jsonable_encoder(
         models.UpdateOperations(
             operations=[*_upsert_operations(writes, key), *_delete_operations(deletes, key)]

@@ -7,7 +7,6 @@ float32 values; a vector whose text does not fit stays a plain list."""
 from __future__ import annotations
 
 import json
-import uuid
 from array import array
 from typing import Any
 
@@ -22,7 +21,7 @@ from contracts.events import RecordChanged, decode_record_changed, record_change
 from contracts.index import IndexDocument, to_index_document
 from contracts.records import vector_json, vector_text
 from contracts.stored_vectors import StoredVector, float32_bytes, stored_vector
-from contracts.vector_payload import point_id
+from contracts.vector_payload import point_key
 from projector.adapters.qdrant_vectors import _SPLICE, _body_json, _upsert_json
 from projector.dead_letters import rejected_value
 from projector.ports import RejectedRecord
@@ -128,13 +127,13 @@ def test_float32_rounds_as_numpy_and_overflows_to_infinity() -> None:
 def test_the_qdrant_body_of_stored_vectors_is_the_old_bytes(
     vectors: list[list[float]], payload: dict[str, Any], key: str | None
 ) -> None:
-    old: dict[uuid.UUID, IndexDocument] = {}
-    new: dict[uuid.UUID, IndexDocument] = {}
+    old: dict[str, IndexDocument] = {}
+    new: dict[str, IndexDocument] = {}
     for i, vector in enumerate(vectors):
         record = _record(payload, vector, item_id=f"item-{i}", revision=1 + i % 2)
         decoded = decode_record_changed(_event(record)).record
         assert isinstance(decoded.vector, StoredVector)
-        pid = point_id(record.doc_id)
+        pid = point_key(record.doc_id)
         old[pid] = to_index_document(record, tuple(vector))
         new[pid] = to_index_document(decoded, decoded.vector)
         assert new[pid].vector is decoded.vector
@@ -146,7 +145,7 @@ def test_the_splice_token_elsewhere_falls_back_to_the_values() -> None:
     metadata = {"updated_at": "2026-01-01T00:00:00Z", "room": _SPLICE}
     record = _record({}, [0.5, -0.25], metadata=metadata)
     decoded = decode_record_changed(_event(record)).record
-    writes = {point_id(record.doc_id): to_index_document(decoded, decoded.vector)}
+    writes = {point_key(record.doc_id): to_index_document(decoded, decoded.vector)}
     raw = _body_json({"operations": _upsert_json(writes)})
     point = json.loads(raw)["operations"][0]["upsert"]["points"][0]
     assert point["vector"] == {"dense": [0.5, -0.25]}
