@@ -1347,41 +1347,58 @@ class QdrantEdgeVectorIndex:
                 staged = _load_shard(target, f"load optimized {generation_id}")
             try:
                 done = 0
-                with report.timing("catch_up"):
-                    while report.rounds < _CATCH_UP_ROUNDS:
+                while True:
+                    with report.timing("catch_up"):
+                        while report.rounds < _CATCH_UP_ROUNDS:
+                            self._check_not_cancelled(generation)
+                            end = len(journal)
+                            report.add(
+                                _catch_up(
+                                    generation.shard, staged, journal, done, end, generation_id
+                                )
+                            )
+                            report.rounds += 1
+                            done = end
+                            if journal.points_between(done, len(journal)) <= _CATCH_UP_SLACK:
+                                break
+                    generation.write_lock.acquire()
+                    if (
+                        report.rounds < _CATCH_UP_ROUNDS
+                        and journal.points_between(done, len(journal)) > _CATCH_UP_SLACK
+                    ):
+                        # Writes landed between the last round's check and the lock (an
+                        # `apply` in flight): one more round without the lock, so the
+                        # round under it stays within the slack.
+                        generation.write_lock.release()
+                        continue
+                    break
+                try:
+                    with report.timing("writes_blocked"):
                         self._check_not_cancelled(generation)
                         end = len(journal)
+                        report.tail = journal.points_between(done, end)
                         report.add(
                             _catch_up(generation.shard, staged, journal, done, end, generation_id)
                         )
-                        report.rounds += 1
-                        done = end
-                        if journal.points_between(done, len(journal)) <= _CATCH_UP_SLACK:
-                            break
-                with generation.write_lock, report.timing("writes_blocked"):
-                    self._check_not_cancelled(generation)
-                    end = len(journal)
-                    report.tail = journal.points_between(done, end)
-                    report.add(
-                        _catch_up(generation.shard, staged, journal, done, end, generation_id)
-                    )
-                    report.journaled = journal.points
-                    self._ensure_payload_indexes(staged)
-                    with _translated(f"check optimized {generation_id}"):
-                        expected = generation.shard.info().points_count
-                        got = staged.info().points_count
-                    if got != expected:
-                        raise DependencyUnavailable(
-                            DEPENDENCY,
-                            f"optimized copy of {generation_id} holds {got} points, "
-                            f"the live shard {expected}",
-                        )
-                    # The crash point: from here on a restart opens the copy (its WAL
-                    # holds every write replayed into it), before it the old shard.
-                    self._point_to(generation_id, target)
-                    report.searches_paused = generation.swap_in(staged, target)
-                    swapped = True
-                    generation.journal = None
+                        report.journaled = journal.points
+                        self._ensure_payload_indexes(staged)
+                        with _translated(f"check optimized {generation_id}"):
+                            expected = generation.shard.info().points_count
+                            got = staged.info().points_count
+                        if got != expected:
+                            raise DependencyUnavailable(
+                                DEPENDENCY,
+                                f"optimized copy of {generation_id} holds {got} points, "
+                                f"the live shard {expected}",
+                            )
+                        # The crash point: from here on a restart opens the copy (its WAL
+                        # holds every write replayed into it), before it the old shard.
+                        self._point_to(generation_id, target)
+                        report.searches_paused = generation.swap_in(staged, target)
+                        swapped = True
+                        generation.journal = None
+                finally:
+                    generation.write_lock.release()
             finally:
                 if not swapped:
                     with contextlib.suppress(Exception):  # the driver raises bare Exception

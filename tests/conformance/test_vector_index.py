@@ -1209,7 +1209,9 @@ def test_edge_swap_pauses_no_search_and_loses_no_acknowledged_write(
     )
     (line,) = [r.getMessage() for r in caplog.records if "optimized qdrant-edge" in r.getMessage()]
     tail = int(line.split(" left for the round under the write lock")[0].rsplit(" ", 1)[-1])
-    assert tail <= edge_module._CATCH_UP_SLACK, line
+    rounds = int(line.split(" rounds, ")[0].rsplit(" ", 1)[-1])
+    # Writes that outpace the replay for `_CATCH_UP_ROUNDS` rounds leave a longer tail.
+    assert tail <= edge_module._CATCH_UP_SLACK or rounds == edge_module._CATCH_UP_ROUNDS, line
     if sys.platform == "linux":  # the old shard's pages went back before the copy loaded
         mappings = int(line.split(" mappings")[0].rsplit(" ", 1)[-1])
         assert "old shard's pages reclaimed before the load" in line and mappings > 0, line
