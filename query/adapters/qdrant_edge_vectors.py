@@ -280,8 +280,7 @@ class QdrantEdgeVectorSearch:
         stamp = None if table is None else table.stamp()
         if table is not None and stamp is not None:
             points = self._top(shard, generation_id, query_vector, engine_filter, limit, False)
-            # `ScoredPoint.id` makes a new `uuid.UUID` on every read: read once.
-            found = table.candidates([_key(p.id) for p in points], [p.score for p in points], stamp)
+            found = table.hits(points, stamp)
             if found is not None:
                 return best_first(found, limit)
         points = self._top(shard, generation_id, query_vector, engine_filter, limit)

@@ -9,6 +9,7 @@ The vector conformance suite runs every case through them too (`qdrant-edge-poin
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -202,6 +203,49 @@ def test_a_read_stamped_before_a_write_is_refused() -> None:
     with pytest.raises(RuntimeError), table.writing():
         raise RuntimeError("the shard's update failed")
     assert table.stamp() is None  # left open for good: the owner drops it
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hit:
+    """An engine hit as `PointTable.hits` reads it (`ScoredPoint`'s `id` and `score`)."""
+
+    id: object
+    score: float
+
+
+def test_hits_are_the_candidates_of_their_ids_and_scores() -> None:
+    """`hits` answers what `candidates` answers for the same points' `uuid.UUID.int`
+    keys and scores (clamped alike), and None for an id that is no UUID, a point not
+    held, or a stamp taken before a write."""
+    table = PointTable()
+    keys = [uuid.uuid5(uuid.NAMESPACE_URL, f"d{n}") for n in range(4)]
+    with table.writing():
+        table.put(
+            (
+                key.int,
+                {
+                    "document_id": f"d{n}",
+                    "revision": n + 1,
+                    "status": ("active", "draft")[n % 2],
+                    "updated_at": f"2026-01-0{n + 1}T00:00:00.000000Z",
+                },
+            )
+            for n, key in enumerate(keys)
+        )
+    stamp = table.stamp()
+    assert stamp is not None
+    scores = [0.25, -1.5, 1.0000001, -0.75]
+    hits = [_Hit(key, score) for key, score in zip(keys, scores, strict=True)]
+    expected = table.candidates([key.int for key in keys], scores, stamp)
+    assert expected is not None
+    assert table.hits(hits, stamp) == expected
+    assert [c.score for c in expected] == [0.25, -1.0, 1.0, -0.75]
+    assert table.hits([], stamp) == []
+    assert table.hits([*hits, _Hit(7, 0.5)], stamp) is None  # an integer id: no key
+    assert table.hits([_Hit(uuid.uuid4(), 0.5)], stamp) is None  # not held
+    with table.writing():
+        table.remove([keys[0].int])
+    assert table.hits(hits[1:], stamp) is None  # stamped before the write
 
 
 def test_a_refused_write_leaves_the_table_equal_to_the_shard(root: Path) -> None:
