@@ -41,7 +41,7 @@ from qdrant_edge import (
 )
 
 from contracts.digests import id_set_digest
-from contracts.errors import ErrorCode, OrreryError
+from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import decode_record_changed, record_changed_json
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
@@ -764,6 +764,30 @@ def test_edge_rewritten_and_deleted_points_bring_the_optimizer_back(tmp_path: Pa
         assert [(h.document_id, h.revision) for h in hits] == [("x0", 3)]
     finally:
         edge.close()
+
+
+def test_edge_tombstones_outlive_a_build_that_does_not_swap_in(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rewrites a failed build took with its copy are counted again afterwards: the
+    old shard still holds their tombstones."""
+    edge.create("g", DIM)
+    edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
+    assert edge.optimize("g")
+    edge.apply("g", [doc(f"x{i}", 2, vector=unit(0, 1, i, 1)) for i in range(80)], [])
+    assert edge.unindexed_count("g") == 80
+
+    def failing_child(*_args: object) -> bool:
+        edge.apply("g", [doc(f"x{i}", 2, vector=unit(0, 1, i, 1)) for i in range(80, 90)], [])
+        raise DependencyUnavailable("qdrant-edge", "the optimizer child was killed")
+
+    monkeypatch.setattr(edge, "_optimize_in_child", failing_child)
+    with pytest.raises(DependencyUnavailable):
+        edge.optimize("g")
+    assert edge.unindexed_count("g") == 90  # taken before the copy, and written during it
+    monkeypatch.undo()
+    assert edge.optimize("g")
+    assert edge.unindexed_count("g") == 0
 
 
 def test_edge_small_segments_need_no_optimize(tmp_path: Path) -> None:
