@@ -268,8 +268,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else None
     )
     vocab = Vocabulary.build(random.Random(args.seed))
-    console.print(f"generating {args.size:,} records (two spooled copies: Orrery, Qdrant)")
-    orrery_corpus = SpooledCorpus(corpus_batches(args.size, args.batch_size, args.seed, vocab))
+    console.print(f"{args.size:,} records, two spooled copies: Orrery's, Qdrant's")
+
+    def generate() -> Iterator[bytes]:
+        return corpus_batches(args.size, args.batch_size, args.seed, vocab)
+
+    if args.corpus_cache is None:
+        orrery_corpus = SpooledCorpus(generate())
+    else:  # the file `bench/topk.py --corpus-cache` keeps: the same records, not generated
+        name = f"corpus-{args.size}-b{args.batch_size}-s{args.seed}-clustered.json"
+        orrery_corpus, reused = SpooledCorpus.cached(args.corpus_cache / name, generate)
+        console.print(("reused " if reused else "kept ") + str(args.corpus_cache / name))
     qdrant_corpus = SpooledCorpus(qdrant_bodies(iter(orrery_corpus), args.qdrant_batch))
     if "orrery" not in args.sides:
         orrery_corpus.close()  # the Qdrant bodies are spooled: the records are not needed
@@ -299,6 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "orrery_batch_size": args.batch_size,
             "qdrant_batch_size": args.qdrant_batch,
             "seed": args.seed,
+            "corpus_cache": None if args.corpus_cache is None else str(args.corpus_cache),
             "vector_dimension": DIMENSION,
             "qdrant_url": url,
             "qdrant_keyword_indexes": list(KEYWORD_INDEXES),
@@ -417,6 +427,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated: qdrant, orrery (one alone, e.g. Qdrant's time to green for "
         "the points of a `bench/topk.py --data-root` build; ORRERY_QDRANT_URL and "
         "ORRERY_QDRANT_PID name a server started for it)",
+    )
+    parser.add_argument(
+        "--corpus-cache",
+        type=Path,
+        default=None,
+        help="a directory keeping the corpus between runs (shared with bench/topk.py "
+        "--corpus-cache: a 1M build's records are not generated again)",
     )
     parser.add_argument(
         "--green-timeout", type=float, default=GREEN_TIMEOUT_S, help="max s to wait for green"
