@@ -497,8 +497,8 @@ class _Ranked:
     paging: _Paging | None = None
     pinned_generation: str | None = None
     phrase_plan: PhrasePlanReport | None = None
-    # The vector source's own scores (cosine), by document id.
-    vector_scores: dict[str, float] = field(default_factory=dict)
+    # The vector source's candidates (their own cosines: `search_rings` reads them).
+    vector: Sequence[Candidate] = ()
 
     def top(self, limit: int) -> list[FusedCandidate]:
         """This answer's candidates: the page of a paged request, else the top `limit`."""
@@ -1046,7 +1046,7 @@ def _fuse_and_page(
     if q.paging is not None:
         _finish_page(q.paging, fused, q.route, q.now)
     ranked.fused = fused
-    ranked.vector_scores = {c.document_id: c.score for c in sources.vector}
+    ranked.vector = sources.vector
     ranked.candidate_count = count
     ranked.indexes_used = sources.indexes_used
     ranked.source_counts = sources.counts
@@ -1576,6 +1576,7 @@ def search_rings(request: RingSearch, *, ports: QueryPorts, limits: QueryLimits)
     top = ranked.top(request.limit)
     stored = ports.fetch_records(ranked.route.namespace, [(c.document_id, c.revision) for c in top])
     hits: list[RingHit] = []
+    vector_scores = {c.document_id: c.score for c in ranked.vector}
     for candidate in top:
         row = stored.get((candidate.document_id, candidate.revision))
         if row is None:
@@ -1586,7 +1587,7 @@ def search_rings(request: RingSearch, *, ports: QueryPorts, limits: QueryLimits)
                 {"generation_id": ranked.route.generation_id},
             )
         score = (
-            ranked.vector_scores.get(candidate.document_id, 0.0)
+            vector_scores.get(candidate.document_id, 0.0)
             if request.mode == "vector"
             else candidate.score
         )
