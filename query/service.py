@@ -298,7 +298,7 @@ class _Stopwatch:
     def latency(self) -> LatencyMs:
         total = (time.perf_counter() - self.start) * 1000.0
         stages = self.stages
-        return LatencyMs.model_construct(
+        return _LATENCY(
             scope_resolve=round(stages["scope_resolve"], 3),
             candidate_fetch=round(stages["candidate_fetch"], 3),
             index_search=round(stages["index_search"], 3),
@@ -1129,8 +1129,9 @@ def _rescore(
 
 
 def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPlan:
-    # Built without re-validation: every value is this module's own, typed already.
-    return QueryPlan.model_construct(
+    # Built without re-validation: every value is this module's own, typed already
+    # (`contracts.trusted`: every field, in declaration order).
+    return _PLAN(
         candidate_scope_mode="allowed_doc_ids" if mode == "allowed_doc_ids" else "scope_ref",
         candidate_count=ranked.candidate_count,
         indexes_used=ranked.indexes_used,
@@ -1146,10 +1147,10 @@ def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPl
         candidate_depths=ranked.depths,
         source_counts=ranked.source_counts,
         rescored_count=ranked.rescored_count,
+        phrase_plan=ranked.phrase_plan,
         fallback=ranked.route.fallback,
         pinned_generation=ranked.pinned_generation,
         continuation=None if ranked.paging is None else ranked.paging.continuation,
-        phrase_plan=ranked.phrase_plan,
         trace_id=_trace_id(),
     )
 
@@ -1473,6 +1474,8 @@ def retrieve(
 # `model_construct` without its per-call walk over the fields (`contracts.trusted`): two
 # models per result of every answer.
 _RESULT = trusted_constructor(TopKResult)
+_PLAN = trusted_constructor(QueryPlan)
+_LATENCY = trusted_constructor(LatencyMs)
 _BREAKDOWN = trusted_constructor(ScoreBreakdown)
 
 
