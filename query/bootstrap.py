@@ -206,21 +206,17 @@ def embedded_query_ports(
         cursors=cursors,
         # A generation both engines answer (no in-memory copy: a large one) runs its
         # sources and score lookups side by side (`QueryPorts.overlap`): its tantivy
-        # calls let the GIL go and last long enough to pay for the handoff. Others with
-        # an in-memory vector copy run only the lexical search beside the vector one
-        # (`QueryPorts.vector_overlap`), the lookups one after the other: on two cores,
-        # with in-memory copies, every other arrangement gained nothing
-        # (docs/ARCHITECTURE.md). One with an in-memory lexical copy whose vectors
-        # qdrant-edge searches (HNSW, ~10k-100k points) runs everything one after the
-        # other, the vector search first: qdrant-edge keeps the GIL through its search,
-        # so the lexical pass beside it only waited for it and slowed it down
-        # (docs/bench/README.md, session 22).
+        # calls let the GIL go and last long enough to pay for the handoff. One with an
+        # in-memory copy runs everything one after the other on the request's thread,
+        # the vector search first: qdrant-edge keeps the GIL through its search, so the
+        # BM25 copy's pass beside it only waited for it and slowed it down (session 22),
+        # and beside the flat vector scan (numpy, ~0.2-0.4 ms with the GIL let go) the
+        # pass's Python and the scan's hand-backs of the GIL cost more than the overlap
+        # saved (docs/bench/README.md, session 23: SciFact server total x0.93).
         overlap=shared_source_pool(),
         overlap_for=_engines_answer(lexical_flat_provider, vector_flat_provider),
         # qdrant-edge keeps the GIL through its search: tantivy's is let in first.
         lexical_first=True,
-        vector_overlap=shared_source_pool(),
-        vector_overlap_for=_copy_offered(vector_flat_provider),
         record_cache=_record_cache(record_cache_bytes, max_answer_bytes),
     )
 
@@ -240,22 +236,6 @@ def _engines_answer(
             return False
 
     return engines_answer
-
-
-def _copy_offered(flat_provider: Callable[[str], Any] | None) -> Callable[[str], bool]:
-    """Whether `flat_provider` offers an in-memory copy of a generation (none without a
-    provider). A provider that fails gives False: the search then asks it again and
-    reports the failure itself."""
-
-    def offered(generation_id: str) -> bool:
-        if flat_provider is None:
-            return False
-        try:
-            return flat_provider(generation_id) is not None
-        except Exception:  # reported by the search, through its adapter
-            return False
-
-    return offered
 
 
 def server_query_ports(

@@ -11,8 +11,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from itertools import repeat
+from itertools import compress, repeat
 from operator import attrgetter
+from operator import gt as _gt
 from typing import NamedTuple
 
 import numpy as np
@@ -140,12 +141,30 @@ class Rescored:
 def _union(lexical: Sequence[Candidate], vector: Sequence[Candidate]) -> dict[str, Candidate]:
     """Each document once, at the highest revision either source saw (the first listed,
     lexical before vector, among equal revisions)."""
-    # A source lists each document once: its candidates go in as they are (a C loop),
-    # then the other source's one by one.
+    # A source lists each document once: both go in as they are (C loops), the vector
+    # source's documents after the lexical ones; only a document both list at different
+    # revisions needs a look of its own.
     seen: dict[str, Candidate] = dict(zip(map(_BY_ID, lexical), lexical, strict=True))
     rest: Sequence[Candidate] = vector
     if len(seen) != len(lexical):
         seen, rest = {}, (*lexical, *vector)
+    else:
+        others = dict(zip(map(_BY_ID, vector), vector, strict=True))
+        if len(others) == len(vector):
+            both = list(seen.keys() & others.keys())
+            lexical_held = list(map(seen.__getitem__, both))
+            # New keys keep the vector order after the lexical ones; a key both list
+            # keeps its lexical place (and candidate, unless the vector's is newer).
+            seen.update(others)
+            seen.update(zip(both, lexical_held, strict=True))
+            newer = map(
+                _gt,
+                map(_BY_REVISION, map(others.__getitem__, both)),
+                map(_BY_REVISION, lexical_held),
+            )
+            for doc_id in compress(both, newer):
+                seen[doc_id] = others[doc_id]
+            return seen
     for candidate in rest:
         held = seen.get(candidate.document_id)
         if held is None or candidate.revision > held.revision:
@@ -157,6 +176,7 @@ def _union(lexical: Sequence[Candidate], vector: Sequence[Candidate]) -> dict[st
 # (one per candidate of every query).
 _new = tuple.__new__
 _BY_ID = attrgetter("document_id")
+_BY_REVISION = attrgetter("revision")
 _BY_SCORE = attrgetter("score")
 _BY_UPDATED = attrgetter("updated_at")
 _BY_STATUS = attrgetter("status")

@@ -298,7 +298,7 @@ class _Stopwatch:
     def latency(self) -> LatencyMs:
         total = (time.perf_counter() - self.start) * 1000.0
         stages = self.stages
-        return LatencyMs.model_construct(
+        return _LATENCY(
             scope_resolve=round(stages["scope_resolve"], 3),
             candidate_fetch=round(stages["candidate_fetch"], 3),
             index_search=round(stages["index_search"], 3),
@@ -497,8 +497,8 @@ class _Ranked:
     paging: _Paging | None = None
     pinned_generation: str | None = None
     phrase_plan: PhrasePlanReport | None = None
-    # The vector source's own scores (cosine), by document id.
-    vector_scores: dict[str, float] = field(default_factory=dict)
+    # The vector source's candidates (their own cosines: `search_rings` reads them).
+    vector: Sequence[Candidate] = ()
 
     def top(self, limit: int) -> list[FusedCandidate]:
         """This answer's candidates: the page of a paged request, else the top `limit`."""
@@ -1046,7 +1046,7 @@ def _fuse_and_page(
     if q.paging is not None:
         _finish_page(q.paging, fused, q.route, q.now)
     ranked.fused = fused
-    ranked.vector_scores = {c.document_id: c.score for c in sources.vector}
+    ranked.vector = sources.vector
     ranked.candidate_count = count
     ranked.indexes_used = sources.indexes_used
     ranked.source_counts = sources.counts
@@ -1129,8 +1129,9 @@ def _rescore(
 
 
 def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPlan:
-    # Built without re-validation: every value is this module's own, typed already.
-    return QueryPlan.model_construct(
+    # Built without re-validation: every value is this module's own, typed already
+    # (`contracts.trusted`: every field, in declaration order).
+    return _PLAN(
         candidate_scope_mode="allowed_doc_ids" if mode == "allowed_doc_ids" else "scope_ref",
         candidate_count=ranked.candidate_count,
         indexes_used=ranked.indexes_used,
@@ -1146,10 +1147,10 @@ def _plan(ranked: _Ranked, mode: str, cache: CacheState = "disabled") -> QueryPl
         candidate_depths=ranked.depths,
         source_counts=ranked.source_counts,
         rescored_count=ranked.rescored_count,
+        phrase_plan=ranked.phrase_plan,
         fallback=ranked.route.fallback,
         pinned_generation=ranked.pinned_generation,
         continuation=None if ranked.paging is None else ranked.paging.continuation,
-        phrase_plan=ranked.phrase_plan,
         trace_id=_trace_id(),
     )
 
@@ -1473,6 +1474,8 @@ def retrieve(
 # `model_construct` without its per-call walk over the fields (`contracts.trusted`): two
 # models per result of every answer.
 _RESULT = trusted_constructor(TopKResult)
+_PLAN = trusted_constructor(QueryPlan)
+_LATENCY = trusted_constructor(LatencyMs)
 _BREAKDOWN = trusted_constructor(ScoreBreakdown)
 
 
@@ -1576,6 +1579,7 @@ def search_rings(request: RingSearch, *, ports: QueryPorts, limits: QueryLimits)
     top = ranked.top(request.limit)
     stored = ports.fetch_records(ranked.route.namespace, [(c.document_id, c.revision) for c in top])
     hits: list[RingHit] = []
+    vector_scores = {c.document_id: c.score for c in ranked.vector}
     for candidate in top:
         row = stored.get((candidate.document_id, candidate.revision))
         if row is None:
@@ -1586,7 +1590,7 @@ def search_rings(request: RingSearch, *, ports: QueryPorts, limits: QueryLimits)
                 {"generation_id": ranked.route.generation_id},
             )
         score = (
-            ranked.vector_scores.get(candidate.document_id, 0.0)
+            vector_scores.get(candidate.document_id, 0.0)
             if request.mode == "vector"
             else candidate.score
         )

@@ -139,9 +139,7 @@ class TantivyLexicalSearch:
         try:
             terms: list[str] = []
             if query_text.strip():
-                # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
-                text = query_text.encode("utf-8", "replace").decode("utf-8")
-                terms = list(dict.fromkeys(analyzer.analyze(text)))
+                terms = _query_terms(analyzer, query_text)
                 if not terms or not boosts:
                     return []
                 flat = self._flat(generation_id)
@@ -206,8 +204,7 @@ class TantivyLexicalSearch:
         try:
             terms: list[str] = []
             if query_text.strip():
-                text = query_text.encode("utf-8", "replace").decode("utf-8")
-                terms = list(dict.fromkeys(analyzer.analyze(text)))
+                terms = _query_terms(analyzer, query_text)
                 if not terms or not boosts:
                     return {}
                 flat = self._flat(generation_id)
@@ -765,3 +762,22 @@ def _candidate(searcher: tantivy.Searcher, address: tantivy.DocAddress, score: f
 
 # A placeholder for a hit read from its stored document afterwards.
 _MISSING = Candidate(document_id="", revision=0, score=0.0, updated_at=_EPOCH, status="")
+
+
+# Per thread: `(analyzer, query text, its distinct terms)` of the last analysis, so a
+# query's search and its re-score's lookup (same thread, same text) analyze it once.
+_LAST_TERMS = threading.local()
+
+
+def _query_terms(analyzer: tantivy.TextAnalyzer, query_text: str) -> list[str]:
+    """The distinct terms `analyzer` makes of `query_text`, in order (a fresh list)."""
+    last: tuple[tantivy.TextAnalyzer, str, tuple[str, ...]] | None = getattr(
+        _LAST_TERMS, "last", None
+    )
+    if last is not None and last[0] is analyzer and last[1] == query_text:
+        return list(last[2])
+    # Lone surrogates (stdlib `json` lets "\ud800" through) become separators.
+    text = query_text.encode("utf-8", "replace").decode("utf-8")
+    terms = tuple(dict.fromkeys(analyzer.analyze(text)))
+    _LAST_TERMS.last = (analyzer, query_text, terms)
+    return list(terms)

@@ -126,8 +126,9 @@ class Inline(Offload):
 
 def _json(model: BaseModel) -> Response:
     """A model as a JSON response, serialized once by pydantic (no intermediate dicts
-    re-encoded by `json`: the largest answers carry every payload)."""
-    return Response(model.model_dump_json(), media_type="application/json")
+    re-encoded by `json`: the largest answers carry every payload), as bytes: the bytes
+    of `model_dump_json()` without its decode and the response's encode again."""
+    return Response(model.__pydantic_serializer__.to_json(model), media_type="application/json")
 
 
 async def parse_body(request: Request, model: type[M]) -> M:

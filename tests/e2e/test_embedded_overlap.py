@@ -2,9 +2,8 @@
 sources and score lookups side by side (`QueryPorts.overlap`, what a generation without
 in-memory copies gets; the vector search after tantivy's has begun or right away,
 `QueryPorts.lexical_first`), only the lexical search beside the vector one
-(`QueryPorts.vector_overlap`), or everything one after the other, the vector search
-first (what a generation gets whose vectors qdrant-edge searches beside an in-memory
-lexical copy: `QueryPorts.vector_overlap_for` refuses it)."""
+(`QueryPorts.vector_overlap`, no longer a default: session 23), or everything one after
+the other, the vector search first (what a generation with an in-memory copy gets)."""
 
 from __future__ import annotations
 
@@ -76,10 +75,16 @@ ARRANGEMENTS: dict[str, _Arrange] = {
         ports, overlap_for=lambda _g: True, lexical=_SlowLexical(ports.lexical)
     ),
     "lexical-beside": lambda ports: dataclasses.replace(
-        ports, overlap_for=lambda _g: False, vector_overlap_for=lambda _g: True
+        ports,
+        overlap_for=lambda _g: False,
+        vector_overlap=ports.overlap,
+        vector_overlap_for=lambda _g: True,
     ),
     "one after the other, refused beside": lambda ports: dataclasses.replace(
-        ports, overlap_for=lambda _g: False, vector_overlap_for=lambda _g: False
+        ports,
+        overlap_for=lambda _g: False,
+        vector_overlap=ports.overlap,
+        vector_overlap_for=lambda _g: False,
     ),
     "sequential": lambda ports: dataclasses.replace(ports, overlap=None, vector_overlap=None),
 }
@@ -171,11 +176,12 @@ def test_every_arrangement_answers_alike(
         assert json.dumps(given) == json.dumps(reference), name
 
 
-def test_the_default_arrangement_runs_one_after_the_other_without_a_vector_copy(
+def test_the_default_arrangement_runs_one_after_the_other_with_an_in_memory_copy(
     built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The embedded ports run the lexical search beside the vector one only for a
-    generation with an in-memory vector copy; refused, the answers are the same."""
+    """The embedded ports run a generation's sources side by side only when neither has
+    an in-memory copy; with one, one after the other on the request's thread (no
+    lexical search beside the vector one)."""
     copy = tmp_path / "decided"
     shutil.copytree(built, copy)
     made: list[Any] = []
@@ -184,8 +190,10 @@ def test_the_default_arrangement_runs_one_after_the_other_without_a_vector_copy(
         (ports,) = made
         (generation_id, *_), *_ = stack.projector.state.generations()
         flat = stack.projector.vectors.flat_for(generation_id)
-        assert (ports.vector_overlap_of(generation_id) is not None) == (flat is not None)
-        assert ports.vector_overlap_of("no-such-generation") is None
+        assert flat is not None  # 600 points: scanned flat
+        assert ports.overlap_of(generation_id) is None
+        assert ports.vector_overlap is None
+        assert ports.vector_overlap_of(generation_id) is None
     finally:
         stack.close()
 

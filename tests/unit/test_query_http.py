@@ -9,9 +9,12 @@ from contextvars import ContextVar
 
 import pytest
 from fastapi import FastAPI, Header
+from hypothesis import given
+from hypothesis import strategies as st
 
 from contracts.errors import ErrorCode, OrreryError
-from query.entrypoints.http import KEY_HEADER_PARAMETERS, Inline, Offload
+from contracts.topk import ScoreBreakdown, TopKResponse, TopKResult
+from query.entrypoints.http import KEY_HEADER_PARAMETERS, Inline, Offload, _json
 
 _SEEN: ContextVar[str] = ContextVar("seen", default="unset")
 
@@ -84,3 +87,55 @@ def test_key_header_parameters_are_what_fastapi_documents_for_header_params() ->
 
     paths = app.openapi()["paths"]
     assert paths["/by_hand"]["post"]["parameters"] == paths["/declared"]["post"]["parameters"]
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.text(),
+            st.dictionaries(st.text(), _json_values, max_size=5),
+            st.floats(allow_nan=False, allow_infinity=False),
+        ),
+        max_size=4,
+    ),
+    st.one_of(st.none(), st.text()),
+)
+def test_a_json_response_is_model_dump_json_byte_for_byte(
+    results: list[tuple[str, dict[str, object], float]], request_id: str | None
+) -> None:
+    """`_json` serializes to bytes directly: the same bytes as `model_dump_json()`
+    encoded (non-ASCII text, large integers, floats, nested payloads)."""
+    response = TopKResponse(
+        scope_ref="ltm:objects:current",
+        generation_id="g1",
+        profile="weighted@3",
+        client_request_id=request_id,
+        results=[
+            TopKResult(
+                rank=rank,
+                document_id=doc,
+                item_id=doc,
+                payload_schema="s",
+                payload=payload,
+                score=score,
+                score_breakdown=ScoreBreakdown(
+                    lexical=score, vector=0.5, freshness=0.0, metadata=1.0
+                ),
+            )
+            for rank, (doc, payload, score) in enumerate(results, start=1)
+        ],
+    )
+    sent = _json(response)
+    assert sent.body == response.model_dump_json().encode()
+    assert sent.media_type == "application/json"
