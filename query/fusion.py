@@ -350,13 +350,17 @@ def _top_weighted(
     )
     lw, vw, fw, mw = weights
     # Without freshness a score lies within the slack of `partial`, and freshness adds
-    # between 0 and `fw / total` (it lies in [0, 1]; weights are >= 0). A candidate whose
-    # highest possible score is below the `limit`-th lowest possible one is below `limit`
-    # others for sure: only the others need an age (~1 in 6 of the candidates at 100k).
+    # between 0 and `fw / total` (it lies in [0, 1] for a positive half-life; weights are
+    # >= 0). A candidate whose highest possible score is below the `limit`-th lowest
+    # possible one is below `limit` others for sure: only the others need an age (~1 in
+    # 6 of the candidates at 100k).
     partial = lw * lex + vw * vec + mw * meta
     partial /= total
-    low = np.partition(partial, count - limit)[count - limit]
-    kept = np.flatnonzero(partial >= low - fw / total - 2.0 * _APPROX_SLACK)
+    if half_life > 0.0:
+        low = np.partition(partial, count - limit)[count - limit]
+        kept = np.flatnonzero(partial >= low - fw / total - 2.0 * _APPROX_SLACK)
+    else:  # no bound on freshness: every candidate is aged
+        kept = np.arange(count)
     held = [candidates[i] for i in kept.tolist()]
     # Each age as `freshness` computes it, `(now - stamp).total_seconds()` in days: C
     # loops over the candidates (`map`), no generator frame per candidate.
