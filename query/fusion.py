@@ -395,9 +395,10 @@ def fuse_top(
 ) -> tuple[list[FusedCandidate], int]:
     """`fuse(...)[:limit]` and `len(fuse(...))`, equal to them bit for bit, without
     fusing every candidate exactly: a weighted profile scores all candidates at once in
-    float64 arrays, then fuses exactly only those within a bound (`_APPROX_SLACK`) of the
-    approximate `limit`-th score. For an answer that needs only its top `limit` (no
-    cursor, no phrase report over every candidate)."""
+    float64 arrays, without freshness first (ageing only those that freshness could lift
+    into the top `limit`), then fuses exactly only those within a bound
+    (`_APPROX_SLACK`) of the approximate `limit`-th score. For an answer that needs only
+    its top `limit` (no cursor, no phrase report over every candidate)."""
     if isinstance(profile, RrfProfile) or limit <= 0:
         fused = fuse(profile, lexical, vector, now=now, half_life_days=half_life_days)
         return fused[: max(limit, 0)], len(fused)
