@@ -353,6 +353,61 @@ def test_fuse_top_is_the_top_of_fuse_bit_for_bit(
     assert top == whole[:limit]
 
 
+# Continuous scores and ages: the freshness bound (`fuse_top` ages only the candidates
+# that can reach the top) decides on scores that differ by little, seldom by exact ties.
+spread = st.lists(
+    st.tuples(
+        st.sampled_from([f"d{i:03d}" for i in range(150)]),
+        st.floats(0.0, 30.0, allow_nan=False),
+        st.floats(-3.0, 400.0, allow_nan=False),  # days old
+        st.sampled_from(["active", "candidate", "archived", "draft"]),
+    ),
+    min_size=20,
+    max_size=120,
+    unique_by=lambda t: t[0],
+)
+
+
+@given(
+    spread,
+    spread,
+    st.integers(1, 30),
+    st.floats(0.0, 5.0),
+    st.floats(0.0, 2.0),
+    st.sampled_from([1.0, 30.0, 365.0]),
+)
+def test_fuse_top_with_heavy_freshness_is_the_top_of_fuse_bit_for_bit(
+    lexical_raw: list[tuple[str, float, float, str]],
+    vector_raw: list[tuple[str, float, float, str]],
+    limit: int,
+    freshness_weight: float,
+    metadata_weight: float,
+    half_life: float,
+) -> None:
+    def build(raw: list[tuple[str, float, float, str]], scale: float) -> list[Candidate]:
+        return ranked(
+            [
+                Candidate(d, 1, s * scale, NOW - timedelta(days=days), status)
+                for d, s, days, status in raw
+            ]
+        )
+
+    lexical, vector = build(lexical_raw, 1.0), build(vector_raw, 1 / 30)
+    profile = BUILTIN["weighted@3"].model_copy(
+        update={"freshness_weight": freshness_weight, "metadata_weight": metadata_weight}
+    )
+    rescored = Rescored(
+        lexical={d: s / 3 for d, s, *_ in vector_raw[::2]},
+        vector={d: s / 40 for d, s, *_ in lexical_raw[::2]},
+    )
+    whole = fuse(profile, lexical, vector, now=NOW, half_life_days=half_life, rescored=rescored)
+    top, count = fuse_top(
+        profile, lexical, vector, limit=limit, now=NOW, half_life_days=half_life, rescored=rescored
+    )
+    assert count == len(whole)
+    assert top == whole[:limit]
+
+
 @given(many, many)
 def test_the_union_keeps_each_document_once_at_its_highest_revision(
     lexical_raw: list[tuple[str, float, float, str, int]],
