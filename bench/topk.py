@@ -1206,7 +1206,7 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     result["server_source_sha256"] = source_digest()
     with (
         serve(env, keep_data=args.keep_data, root=root) as server,
-        server.client() as client,
+        server.client(timeout_s=args.client_timeout) as client,
         TreeSampler(server.pid, interval_s=MEMORY_SAMPLE_S) as memory,
     ):
         if batches is not None:
@@ -1494,6 +1494,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=int, default=None, help="global timeout in s (by N)")
     parser.add_argument("--keep-data", action="store_true", help="keep each temp data dir")
+    parser.add_argument(
+        "--client-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a POST or readiness call may take (raise it on a starved machine)",
+    )
     parser.add_argument(
         "--no-split", action="store_true", help="skip (c), the split path (slow at 1M)"
     )
