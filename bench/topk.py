@@ -91,6 +91,8 @@ from bench.common import (
     source_digest,
     utc_now,
 )
+from bench.memory import TreeSampler
+from bench.memory import describe as describe_memory
 from bench.synthetic import VECTOR_KINDS, Topics
 
 NAMESPACE = "bench"
@@ -121,6 +123,9 @@ QUIET_INTERVALS = 5
 STABLE_ROUNDS = 3
 STABLE_SPREAD = 0.20
 STALL_S = 0.5
+# How often the server and its children (the optimizer's) are read together for the
+# peak RSS of the whole process tree (`bench.memory`).
+MEMORY_SAMPLE_S = 1.0
 # How often the freshness watch polls readiness while records are POSTed.
 FRESHNESS_POLL_S = 0.02
 PATHS = ("one_shot_cached", "one_shot_embed", "split", "one_shot_response_hit")
@@ -1201,7 +1206,8 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
     result["server_source_sha256"] = source_digest()
     with (
         serve(env, keep_data=args.keep_data, root=root) as server,
-        server.client() as client,
+        server.client(timeout_s=args.client_timeout) as client,
+        TreeSampler(server.pid, interval_s=MEMORY_SAMPLE_S) as memory,
     ):
         if batches is not None:
             try:
@@ -1209,6 +1215,7 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
             finally:
                 batches.close()
             result["memory_kb_after_ingest"] = server.memory_kb()
+            result["memory_tree_ingest"] = _without_series(memory.report())
             if root is not None:
                 _save_ingested(root, size, args.seed, result)
         elif ingested is not None:
@@ -1216,13 +1223,13 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
             # figures stand, the build time below counts from that run's first POST
             # (so it includes the time between the runs: `resumed_at` says when).
             for key in _INGEST_KEYS:
-                result[key] = ingested[key]
+                result[key] = ingested.get(key)
             result["resumed_at"] = utc_now()
         else:
             assert built is not None
             result["built"] = {key: built[key] for key in ("built_at", "server_source_sha256")}
             for key in _BUILD_KEYS:
-                result[key] = built[key]
+                result[key] = built.get(key)  # builds before session 23 lack memory_tree_*
             result["memory_kb_after_start"] = server.memory_kb()
         wait = wait_for_vector_index(
             server,
@@ -1236,6 +1243,9 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
         if batches is not None or ingested is not None:
             result["vector_index_wait"] = wait
             result["hnsw_build"] = hnsw_build(wait, OptimizerLog.parse(server.log_text()))
+            # Ingest and HNSW builds together (the queries below add nothing to a build's
+            # peak; `memory_tree` covers them too). A resumed build counts from its resume.
+            result["memory_tree_build"] = memory.report()
             if build_path is not None:
                 _save_build(build_path, size, args.seed, result)
         else:
@@ -1261,6 +1271,8 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
             or (len(after.ended), len(after.failed)) != (len(before.ended), len(before.failed))
         )
         result["memory_kb_end"] = server.memory_kb()
+        memory.stop()
+        result["memory_tree"] = memory.report()
         result["server_log_problems"] = server.log_problems()
         result["server_pid"] = server.pid
         client.close()
@@ -1290,7 +1302,16 @@ BUILD_FILE = "build.json"
 # Written once the ingest of a `--data-root` build is complete: a run stopped while the
 # HNSW was still building is resumed from it (`run_size`), not started over.
 INGEST_FILE = "ingest.json"
-_INGEST_KEYS = ("corpus_generate_seconds", "ingest", "memory_kb_after_ingest")
+_INGEST_KEYS = (
+    "corpus_generate_seconds",
+    "ingest",
+    "memory_kb_after_ingest",
+    "memory_tree_ingest",
+)
+
+
+def _without_series(report: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in report.items() if key != "series_mib"}
 
 
 def _save_ingested(root: Path, size: int, seed: int, result: Mapping[str, Any]) -> None:
@@ -1314,8 +1335,10 @@ _BUILD_KEYS = (
     "corpus_generate_seconds",
     "ingest",
     "memory_kb_after_ingest",
+    "memory_tree_ingest",
     "vector_index_wait",
     "hnsw_build",
+    "memory_tree_build",
 )
 
 
@@ -1385,9 +1408,12 @@ def print_table(runs: Sequence[dict[str, Any]]) -> None:
         print(
             f"N={run['size']:,}: ingest {ingest['records_per_s']:,.0f} rec/s "
             f"({ingest['ready_seconds']:.1f} s to zero lag); HNSW wait "
-            f"{wait['seconds_after_ready']:.1f} s after ready ({shards}); peak RSS "
-            f"{run['memory_kb_end'].get('VmHWM', 0) / 1024:,.0f} MiB"
+            f"{wait['seconds_after_ready']:.1f} s after ready ({shards}); server peak RSS "
+            f"(VmHWM) {run['memory_kb_end'].get('VmHWM', 0) / 1024:,.0f} MiB"
         )
+        for label, key in (("build", "memory_tree_build"), ("whole run", "memory_tree")):
+            if run.get(key):
+                print(f"  {label}: {describe_memory(run[key])}")
         print("  server stages p50 (a): " + ", ".join(f"{k} {v:.2f}" for k, v in stages.items()))
         lag = ingest.get("freshness", {}).get("lag_ms")
         if lag:
@@ -1468,6 +1494,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=int, default=None, help="global timeout in s (by N)")
     parser.add_argument("--keep-data", action="store_true", help="keep each temp data dir")
+    parser.add_argument(
+        "--client-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a POST or readiness call may take (raise it on a starved machine)",
+    )
     parser.add_argument(
         "--no-split", action="store_true", help="skip (c), the split path (slow at 1M)"
     )

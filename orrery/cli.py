@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from contracts.errors import OrreryError
+from contracts.malloc import tune_malloc
 from contracts.records import Record
 from ingest.bootstrap import canonical_db_path, embedded_store
 from ingest.sample import SAMPLE_NAMESPACE, sample_queries, sample_records
@@ -183,6 +184,8 @@ def serve(
     began = time.monotonic()
     _logging()
     settings = _settings(data_dir=data_dir, host=host, port=port, mode=mode)
+    # Before the stack starts its threads: an arena made already stays.
+    tune_malloc(settings.malloc_arenas)
     _check_bind(settings)
     readiness: Callable[[], dict[str, Any]] | None
     if settings.mode == "servers":
@@ -290,6 +293,7 @@ def _run_role(role_names: list[str], settings: QuerySettings, *, http: bool) -> 
     from orrery.servers import Role
 
     check_config(settings)
+    tune_malloc(settings.malloc_arenas)
     stack = _open_servers(settings, frozenset(Role(r) for r in role_names))
     tune_gc()
     stack.start()

@@ -410,6 +410,13 @@ class QuerySettings(BaseSettings):
         "text on a terminal and JSON otherwise (auto)",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    malloc_arenas: int = Field(
+        default=2,
+        ge=0,
+        le=1024,
+        description="glibc malloc arenas of a server process, at most (contracts.malloc; "
+        "0: glibc's default, 8 per core); MALLOC_ARENA_MAX in the environment wins",
+    )
     access_log: bool | None = Field(
         default=None,
         description="One INFO line per HTTP request (orrery.access); unset = on in server "

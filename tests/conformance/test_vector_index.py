@@ -45,6 +45,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.events import decode_record_changed, record_changed_json
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
+from contracts.malloc import _libc as malloc_libc
 from contracts.records import Record
 from contracts.stored_vectors import StoredVector
 from projector.adapters import qdrant_edge_vectors as edge_module
@@ -1239,6 +1240,8 @@ def test_edge_swap_pauses_no_search_and_loses_no_acknowledged_write(
     if sys.platform == "linux":  # the old shard's pages went back before the copy loaded
         mappings = int(line.split(" mappings")[0].rsplit(" ", 1)[-1])
         assert "old shard's pages reclaimed before the load" in line and mappings > 0, line
+        # ... and, once it was closed, malloc's free pages went back too (glibc).
+        assert ("malloc's free pages handed back" in line) == (malloc_libc() is not None), line
 
 
 def test_edge_reclaiming_a_live_shards_pages_changes_no_answer(
