@@ -141,6 +141,37 @@ def test_the_qdrant_body_of_stored_vectors_is_the_old_bytes(
     assert _body_json({"operations": _upsert_json(new, key)}) == before
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    points=st.lists(
+        st.tuples(_VECTORS, st.booleans(), st.integers(1, 3), st.booleans()),
+        min_size=1,
+        max_size=8,
+    ),
+    key=st.sampled_from((None, "s0c0")),
+)
+def test_a_body_of_encoded_and_plain_vectors_is_the_plain_bytes(
+    points: list[tuple[list[float], bool, int, bool]], key: str | None
+) -> None:
+    # Several revisions (one upsert operation each), vectors with and without their text,
+    # and the splice token itself as a facet value (the count differs: the values are
+    # serialized instead): always the body of the plain values.
+    plain: dict[str, IndexDocument] = {}
+    mixed: dict[str, IndexDocument] = {}
+    for i, (vector, encoded, revision, token) in enumerate(points):
+        metadata = {"updated_at": "2026-01-01T00:00:00Z", **({"room": _SPLICE} if token else {})}
+        record = _record({}, vector, item_id=f"item-{i}", revision=revision, metadata=metadata)
+        decoded = decode_record_changed(_event(record)).record
+        assert isinstance(decoded.vector, StoredVector)
+        pid = point_key(record.doc_id)
+        plain[pid] = to_index_document(record, tuple(vector))
+        mixed[pid] = to_index_document(decoded, decoded.vector if encoded else tuple(vector))
+    operations = _upsert_json(mixed, key)
+    assert _body_json({"operations": operations}) == to_json(
+        {"operations": _upsert_json(plain, key)}
+    )
+
+
 def test_the_splice_token_elsewhere_falls_back_to_the_values() -> None:
     metadata = {"updated_at": "2026-01-01T00:00:00Z", "room": _SPLICE}
     record = _record({}, [0.5, -0.25], metadata=metadata)
