@@ -139,8 +139,12 @@ def create_router(
                 # check sees this batch (as when the store reports it in process).
                 if written.events and on_events is not None:
                     on_events(written.events)
-                if written.entries and on_committed is not None:
-                    on_committed(written.entries)
+                if on_committed is not None:
+                    # Chunk by chunk: the projector waits for these events (a caught-up
+                    # one fetched their positions at the worker's commit) and starts on
+                    # the first while the rest are unpickled.
+                    async for entries in written.handed_over():
+                        on_committed(entries)
         finally:
             if written is None:
                 # Refused (backlog) or cancelled: the worker lets the batch go.

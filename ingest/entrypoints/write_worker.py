@@ -19,7 +19,8 @@ one answer per command, commands handled one at a time):
   `entries` the outbox events the store hands over after a commit (`LogEntry`s, records
   up to `HANDOVER_MAX_BYTES` as stored, pickled in chunks of `HANDOVER_CHUNK`: the
   server's projector takes them instead of reading and decoding the rows again —
-  unpickling costs it less);
+  unpickling costs it less). The WAL checkpoint the write made due runs after this
+  answer is sent (`SqliteRecordStore(defer_checkpoint=True)`);
 - `("drop", token)` -> `("ok",)`.
 
 A refused command answers `("error", code, message, details)` (an `OrreryError`: the
@@ -61,7 +62,10 @@ def serve(
 ) -> None:
     """Answer commands until `commands` closes (see the module docstring)."""
     handed: list[LogEntry] = []
-    store = SqliteRecordStore(db_path, on_committed=handed.extend)
+    # The WAL checkpoint after the answer, not inside `write`: the server's projector
+    # takes the batch's events from the answer, and until they arrive it waits for them
+    # rather than decoding the rows (`SqliteOutboxLog`'s hand-over wait).
+    store = SqliteRecordStore(db_path, on_committed=handed.extend, defer_checkpoint=True)
     held: dict[int, Admitted] = {}
     try:
         while True:
@@ -89,6 +93,7 @@ def serve(
                 answers.send(answer)
             except (BrokenPipeError, OSError):
                 return
+            store.checkpoint_if_due()
     finally:
         store.close()
 

@@ -25,8 +25,11 @@ _CHUNK = 500
 # large records is cut short instead of loading them all (issue 22: bounded memory).
 MAX_FETCH_BYTES = 32 * 1024 * 1024
 # How long `fetch` waits, at most, for the hand-over of positions committed after every
-# position handed over so far (`SqliteOutboxLog.remember`).
-HANDOVER_WAIT_SECONDS = 0.05
+# position handed over so far (`SqliteOutboxLog.remember`). A write worker's batch of
+# 2,000 384-d records is handed over 60-150 ms after its commit (pickled, sent, then
+# unpickled chunk by chunk in the server); decoding it from the table instead takes ~90
+# ms of the interpreter.
+HANDOVER_WAIT_SECONDS = 0.25
 
 
 class SqliteOutboxLog:
@@ -47,13 +50,20 @@ class SqliteOutboxLog:
     ones are dropped.
 
     The writer hands events over right after its commit, so a fetch between the two
-    would read and decode rows (~60 us a 384-d record) whose events are about to arrive
-    (with a low `ORRERY_INGEST_MAX_LAG_EVENTS` the projector is mostly caught up and
-    took most of a batch that way). Once events are handed over, a fetch that finds
+    would read and decode rows (~45-60 us a 384-d record) whose events are about to
+    arrive (with a low `ORRERY_INGEST_MAX_LAG_EVENTS` the projector is mostly caught up
+    and took most of a batch that way). Once events are handed over, a fetch that finds
     positions past the newest handed-over one missing waits up to
-    `handover_wait_seconds` for them (while nothing else is held) before reading them
-    from the table: a record too large to be handed over, or a writer that does not
-    hand over, costs that wait once a batch, never a different answer.
+    `handover_wait_seconds` for them (while nothing else is held). If hand-overs came
+    during the wait but the first of those positions is still missing, and positions
+    before it are there, the batch ends before it (a hand-over in chunks, still
+    arriving: the next fetch waits for the rest again); otherwise the missing rows are
+    read from the table. A wait that saw no
+    hand-over at all is not repeated before the next hand-over. So a record too large
+    to be handed over, or a writer that does not hand over (a CLI import beside the
+    server), costs at most two waits per hand-over of this process's writers, never a
+    different answer: the same entries in the same order, in batches cut at other
+    places.
     """
 
     def __init__(
@@ -68,6 +78,8 @@ class SqliteOutboxLog:
         self._handover_wait = handover_wait_seconds
         # The newest position ever handed over (0: none yet, nothing to wait for).
         self._newest_handed_over = 0
+        # `_newest_handed_over` when a wait ran out without any hand-over (-1: never).
+        self._waited_in_vain = -1
         self._cursor = start_after
         self._acknowledged = start_after
         self._remembered: dict[int, LogEntry] = {}
@@ -93,7 +105,13 @@ class SqliteOutboxLog:
                 if not positions:
                     return []
                 remembered = self._remembered
-                missing = self._awaited_missing(positions)
+                missing, arriving = self._awaited_missing(positions)
+                late = next((p for p in missing if p > self._newest_handed_over), None)
+                if arriving and late is not None and late > positions[0]:
+                    # Still coming (a hand-over in chunks, past the wait): this batch
+                    # ends before it, the next fetch waits for it again.
+                    positions = [p for p in positions if p < late]
+                    missing = [p for p in missing if p < late]
                 bodies = self._read_events(missing)
                 if len(bodies) < len(missing):
                     # The byte budget ran out: this batch ends before the first row unread.
@@ -107,21 +125,33 @@ class SqliteOutboxLog:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return [found[p] if p in found else _decode(p, *bodies[p]) for p in positions]
 
-    def _awaited_missing(self, positions: list[int]) -> list[int]:
+    def _awaited_missing(self, positions: list[int]) -> tuple[list[int], bool]:
         """`positions` not remembered, after waiting (lock held; released meanwhile) up
-        to the hand-over wait for those past the newest position handed over."""
+        to the hand-over wait for those past the newest position handed over; and
+        whether the wait ran out while hand-overs were arriving (some came, not all)."""
         remembered = self._remembered
         missing = [p for p in positions if p not in remembered]
-        if not missing or not self._newest_handed_over or self._handover_wait <= 0:
-            return missing
+        newest = self._newest_handed_over
+        if (
+            not missing
+            or not newest
+            or self._handover_wait <= 0
+            # The last wait saw no hand-over at all: another writer's rows, most likely
+            # (a CLI import beside the server). No wait again before the next hand-over.
+            or newest == self._waited_in_vain
+        ):
+            return missing, False
         deadline = time.monotonic() + self._handover_wait
         while missing and missing[-1] > self._newest_handed_over:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                break
+                if self._newest_handed_over == newest:
+                    self._waited_in_vain = newest
+                    return missing, False
+                return missing, True
             self._handed_over.wait(remaining)
             missing = [p for p in missing if p not in remembered]
-        return missing
+        return missing, False
 
     def remember(self, entries: Sequence[LogEntry]) -> None:
         """Hold `entries` (committed outbox rows, decoded) for `fetch`. Guarantee

@@ -68,8 +68,9 @@ class Pair:
             batch = await self.workers.parse(raw, allowed_namespace=namespace, allowed_galaxy=None)
             written = await self.workers.write(batch, traceparent=None)
             body = written.body if isinstance(written.body, dict) else json.loads(written.body)
-            self.check_handed(written.entries)
-            handed = [(e.position, e.event.record.doc_id) for e in written.entries]
+            entries = [e async for chunk in written.handed_over() for e in chunk]
+            self.check_handed(entries)
+            handed = [(e.position, e.event.record.doc_id) for e in entries]
             return ("ok", batch.namespaces, written.status, body, written.events, handed)
 
         try:
