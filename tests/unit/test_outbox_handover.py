@@ -10,6 +10,7 @@ import itertools
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -36,9 +37,10 @@ def _records(start: int, count: int) -> list[Record]:
 
 
 # How a handing-over writer's batch reaches the log: all at once right after the commit,
-# held until a later step, its first half now and the rest later, or in two chunks from
-# another thread while a fetch may be waiting (the second after the wait ran out).
-HOW = ("now", "later", "halves", "thread")
+# held until a later step, its first half now and the rest later, in two chunks from
+# another thread while a fetch may be waiting (the second after the wait ran out), or
+# from another thread after the wait, announced (`expecting`) from before the write.
+HOW = ("now", "later", "halves", "thread", "announced")
 
 steps = st.lists(
     st.one_of(
@@ -71,7 +73,7 @@ def test_fetches_serve_every_row_once_in_order_however_the_hand_over_comes(
     handed: list[LogEntry] = []
     store = SqliteRecordStore(path, on_committed=handed.extend)
     other = SqliteRecordStore(path)  # another writer: hands nothing over
-    log = SqliteOutboxLog(path, handover_wait_seconds=wait)
+    log = SqliteOutboxLog(path, handover_wait_seconds=wait, expected_wait_seconds=10 * wait)
     reading = SqliteOutboxLog(path, handover_wait_seconds=0.0)
     held: list[LogEntry] = []
     remembered: dict[int, LogEntry] = {}
@@ -100,9 +102,22 @@ def test_fetches_serve_every_row_once_in_order_however_the_hand_over_comes(
         for op, count, how in plan:
             if op == "write":
                 handed.clear()
+                announced = log.expecting()
+                if how == "announced":
+                    announced.__enter__()
                 store.write(_records(next(numbers) * 10, count))
                 entries = list(handed)
-                if how == "now":
+                if how == "announced":
+
+                    def late(batch: list[LogEntry] = entries, held: Any = announced) -> None:
+                        time.sleep(wait * 3)
+                        remember(batch)
+                        held.__exit__(None, None, None)
+
+                    thread = threading.Thread(target=late)
+                    thread.start()
+                    threads.append(thread)
+                elif how == "now":
                     remember(entries)
                 elif how == "later":
                     held.extend(entries)
@@ -148,3 +163,35 @@ def test_fetches_serve_every_row_once_in_order_however_the_hand_over_comes(
             thread.join()
         for closable in (log, reading, store, other):
             closable.close()
+
+
+def test_an_announced_hand_over_is_waited_for_past_the_hand_over_wait(tmp_path: Path) -> None:
+    """While a writer announces its hand-over (`expecting`: a write worker's batch is
+    pickled, sent and unpickled after its commit), a fetch waits for it beyond the short
+    hand-over wait and serves the entries handed over, not rows decoded again; without
+    the announcement the same fetch reads the rows at once."""
+    path = tmp_path / "orrery.sqlite"
+    handed: list[list[LogEntry]] = []
+    store = SqliteRecordStore(path, on_committed=handed.append)
+    log = SqliteOutboxLog(path, handover_wait_seconds=0.0, expected_wait_seconds=30.0)
+    try:
+        store.write(_records(0, 2))
+        log.remember(handed[0])
+        log.acknowledge(log.fetch(10))
+        with log.expecting():
+            store.write(_records(10, 3))  # committed; handed over from another thread
+            later = threading.Timer(0.2, log.remember, args=(handed[1],))
+            later.start()
+            served = log.fetch(10)
+            later.join()
+        assert [e.position for e in served] == [3, 4, 5]
+        assert all(s is h for s, h in zip(served, handed[1], strict=True))
+        log.acknowledge(served)
+        store.write(_records(20, 2))  # handed over, but never given to this log
+        decoded = log.fetch(10)
+        assert [e.position for e in decoded] == [6, 7]
+        assert not any(e is h for e in decoded for h in handed[2])
+        assert decoded == handed[2]
+    finally:
+        log.close()
+        store.close()
