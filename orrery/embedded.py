@@ -153,13 +153,15 @@ def ingest_routers(
     workers: WriteWorkers | None = None,
     on_events: Callable[[list[tuple[str, int]]], None] | None = None,
     on_committed: Callable[[list[LogEntry]], None] | None = None,
+    expecting: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> list[APIRouter]:
     """The write side of a process: Orrery's `/v1/records` (paced by `flow` when the
     projector runs in this process, with `?wait=searchable`; by `backlog` in server mode
     on PostgreSQL), the ChonkyDB dialect, and KoutenDB's import and dump (scope refs
     resolved like the query side resolves them). With `workers`, `/v1/records` parses,
     validates and writes in those processes and reports each batch's events to
-    `on_events` and its committed outbox events to `on_committed`."""
+    `on_events` and its committed outbox events to `on_committed` (announced by
+    `expecting()`, held meanwhile)."""
     # One pacer for every write route: a namespace's writers queue behind each other
     # whichever route they use, never behind another namespace's.
     pacer = WritePacer(flow or backlog)
@@ -176,6 +178,7 @@ def ingest_routers(
             workers=workers,
             on_events=on_events,
             on_committed=on_committed,
+            expecting=expecting,
         ),
         create_ingest_chonkydb_router(
             store=store,
@@ -505,6 +508,7 @@ class EmbeddedStack:
             workers=write_workers,
             on_events=progress.wrote_events,
             on_committed=committed,
+            expecting=projector.log.expecting,
         )
         app = build_app(
             "Orrery",

@@ -159,7 +159,10 @@ class SqliteRecordStore:
     ms after a 2,000-record batch with 384-d vectors, while the rows are already
     visible) runs after the hand-over instead, as a passive checkpoint of this
     connection: a projector that reads the new positions meanwhile would decode every
-    row again (`projector.adapters.sqlite_outbox_log`).
+    row again (`projector.adapters.sqlite_outbox_log`). With `defer_checkpoint`, `write`
+    only counts the bytes and the owner runs `checkpoint_if_due` once the hand-over
+    reached its reader (a write worker: after its answer went to the server, whose
+    projector takes the events from that answer).
     """
 
     def __init__(
@@ -169,8 +172,10 @@ class SqliteRecordStore:
         on_committed: Callable[[list[LogEntry]], None] | None = None,
         on_positions: Callable[[list[tuple[str, int]]], None] | None = None,
         keep_vectors: bool = False,
+        defer_checkpoint: bool = False,
     ) -> None:
         self._path = path
+        self._defer_checkpoint = defer_checkpoint
         self._keep_vectors = keep_vectors
         self._on_positions = on_positions
         self._on_committed = on_committed
@@ -341,16 +346,18 @@ class SqliteRecordStore:
             self._on_positions(written)
         if self._on_committed is not None:
             self._on_committed(events)
-            self._checkpoint_after(sum(map(len, record_jsons)))
+            with self._lock:
+                self._unchecked_bytes += sum(map(len, record_jsons))
+            if not self._defer_checkpoint:
+                self.checkpoint_if_due()
         return outcomes
 
-    def _checkpoint_after(self, written: int) -> None:
+    def checkpoint_if_due(self) -> None:
         """A passive WAL checkpoint once `CHECKPOINT_RECORD_BYTES` were written since the
-        last one (the automatic checkpoint's work, after the hand-over). A checkpoint
-        that fails is only put off: the batch is committed and handed over, and the next
-        write checkpoints again."""
+        last one (the automatic checkpoint's work, after the hand-over; only a store with
+        a hand-over counts them). A checkpoint that fails is only put off: the batch is
+        committed and handed over, and the next write checkpoints again."""
         with self._lock:
-            self._unchecked_bytes += written
             if self._unchecked_bytes < CHECKPOINT_RECORD_BYTES:
                 return
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Literal
 
 from fastapi import APIRouter, Header, Query, Request
@@ -38,6 +39,7 @@ def create_router(
     workers: WriteWorkers | None = None,
     on_events: Callable[[list[tuple[str, int]]], None] | None = None,
     on_committed: Callable[[list[LogEntry]], None] | None = None,
+    expecting: Callable[[], AbstractContextManager[None]] | None = None,
 ) -> APIRouter:
     """`POST /v1/records`. With a `flow` (the embedded deployment), writers are paced
     per namespace by `pacer` (`ingest.pacing`: shared with the other write routes of the
@@ -46,7 +48,8 @@ def create_router(
     validated and written in a worker process (`ingest.write_workers`: the same answers)
     and `on_events` gets each written batch's `(namespace, position)` events, then
     `on_committed` its outbox events (what `store` reports itself when it writes in
-    this process)."""
+    this process), `expecting()` held from before the worker's write until then (the
+    projector's log waits for a hand-over it knows is coming)."""
     router = APIRouter()
     pacer = pacer or WritePacer(flow)
 
@@ -134,13 +137,18 @@ def create_router(
         written = None
         try:
             async with pacer.admitted(batch.namespaces):
-                written = await workers.write(batch, traceparent=current_traceparent())
-                # Counted before the namespace is let go: the next writer's backlog
-                # check sees this batch (as when the store reports it in process).
-                if written.events and on_events is not None:
-                    on_events(written.events)
-                if written.entries and on_committed is not None:
-                    on_committed(written.entries)
+                with expecting() if expecting is not None else nullcontext():
+                    written = await workers.write(batch, traceparent=current_traceparent())
+                    # Counted before the namespace is let go: the next writer's backlog
+                    # check sees this batch (as when the store reports it in process).
+                    if written.events and on_events is not None:
+                        on_events(written.events)
+                    if on_committed is not None:
+                        # Chunk by chunk: the projector waits for these events (a
+                        # caught-up one fetched their positions at the worker's commit)
+                        # and starts on the first while the rest are unpickled.
+                        async for entries in written.handed_over():
+                            on_committed(entries)
         finally:
             if written is None:
                 # Refused (backlog) or cancelled: the worker lets the batch go.

@@ -185,6 +185,7 @@ from contracts.index import IndexDocument
 from contracts.malloc import trim as trim_malloc
 from contracts.pacing import Pace, no_pace
 from contracts.point_table import PointTable
+from contracts.stored_vectors import PackedVector
 from contracts.vector_payload import (
     GRAPH_FIELDS,
     PAYLOAD_INDEXES,
@@ -2059,8 +2060,15 @@ def _not_found(generation_id: str) -> OrreryError:
 
 
 def _named_vector(document: IndexDocument) -> dict[str, NamedVector]:
-    assert document.vector is not None  # checked by check_vector
-    return {VECTOR_NAME: list(document.vector)}
+    """The point's vector as the binding takes it fastest (a `list` of floats). A
+    `PackedVector` gives its float32 values (`tolist`, ~4 us for 384, against ~23 us to
+    parse its decimals): the engine stores float32, and the float32 of those values is
+    the float32 of its decimals, so the stored vector is the same."""
+    vector = document.vector
+    assert vector is not None  # checked by check_vector
+    if type(vector) is PackedVector:
+        return {VECTOR_NAME: vector.float32.tolist()}
+    return {VECTOR_NAME: list(vector)}
 
 
 def _as_uuid(pid: PointId) -> uuid.UUID:

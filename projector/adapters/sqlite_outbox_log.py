@@ -5,7 +5,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -14,7 +15,13 @@ from contracts.errors import DependencyUnavailable
 from contracts.events import LogEntry, RecordChanged, outbox_event_json
 from projector.ports import Undecodable
 
-__all__ = ["HANDOVER_WAIT_SECONDS", "MAX_FETCH_BYTES", "MAX_REMEMBERED", "SqliteOutboxLog"]
+__all__ = [
+    "EXPECTED_WAIT_SECONDS",
+    "HANDOVER_WAIT_SECONDS",
+    "MAX_FETCH_BYTES",
+    "MAX_REMEMBERED",
+    "SqliteOutboxLog",
+]
 
 # Remembered events held at most: four default projector batches, ~10 KB each with a
 # 384-d vector (a projector further behind reads the rest from the table).
@@ -25,8 +32,14 @@ _CHUNK = 500
 # large records is cut short instead of loading them all (issue 22: bounded memory).
 MAX_FETCH_BYTES = 32 * 1024 * 1024
 # How long `fetch` waits, at most, for the hand-over of positions committed after every
-# position handed over so far (`SqliteOutboxLog.remember`).
+# position handed over so far (`SqliteOutboxLog.remember`): the embedded store hands
+# over right after its commit.
 HANDOVER_WAIT_SECONDS = 0.05
+# How long while a hand-over is announced (`SqliteOutboxLog.expecting`): a write
+# worker's batch of 2,000 384-d records arrives 60-150 ms after its commit on a quiet
+# machine (pickled, sent, then unpickled chunk by chunk in the server), seconds at load
+# 30; decoding it from the table instead takes ~90 ms of the interpreter, more there.
+EXPECTED_WAIT_SECONDS = 2.0
 
 
 class SqliteOutboxLog:
@@ -47,13 +60,22 @@ class SqliteOutboxLog:
     ones are dropped.
 
     The writer hands events over right after its commit, so a fetch between the two
-    would read and decode rows (~60 us a 384-d record) whose events are about to arrive
-    (with a low `ORRERY_INGEST_MAX_LAG_EVENTS` the projector is mostly caught up and
-    took most of a batch that way). Once events are handed over, a fetch that finds
+    would read and decode rows (~45-60 us a 384-d record) whose events are about to
+    arrive (with a low `ORRERY_INGEST_MAX_LAG_EVENTS` the projector is mostly caught up
+    and took most of a batch that way). Once events are handed over, a fetch that finds
     positions past the newest handed-over one missing waits up to
-    `handover_wait_seconds` for them (while nothing else is held) before reading them
-    from the table: a record too large to be handed over, or a writer that does not
-    hand over, costs that wait once a batch, never a different answer.
+    `handover_wait_seconds` for them (while nothing else is held), or up to
+    `expected_wait_seconds` while a writer announces its hand-over (`expecting`: the
+    write workers' batches come back through a pipe). If hand-overs came
+    during the wait but the first of those positions is still missing, and positions
+    before it are there, the batch ends before it (a hand-over in chunks, still
+    arriving: the next fetch waits for the rest again); otherwise the missing rows are
+    read from the table. A wait that saw no
+    hand-over at all is not repeated before the next hand-over. So a record too large
+    to be handed over, or a writer that does not hand over (a CLI import beside the
+    server), costs at most two waits per hand-over of this process's writers, never a
+    different answer: the same entries in the same order, in batches cut at other
+    places.
     """
 
     def __init__(
@@ -62,12 +84,18 @@ class SqliteOutboxLog:
         *,
         start_after: int = 0,
         handover_wait_seconds: float = HANDOVER_WAIT_SECONDS,
+        expected_wait_seconds: float = EXPECTED_WAIT_SECONDS,
     ) -> None:
         self._lock = threading.Lock()
         self._handed_over = threading.Condition(self._lock)
         self._handover_wait = handover_wait_seconds
+        self._expected_wait = expected_wait_seconds
+        # Hand-overs announced and not yet over (`expecting`).
+        self._expected = 0
         # The newest position ever handed over (0: none yet, nothing to wait for).
         self._newest_handed_over = 0
+        # `_newest_handed_over` when a wait ran out without any hand-over (-1: never).
+        self._waited_in_vain = -1
         self._cursor = start_after
         self._acknowledged = start_after
         self._remembered: dict[int, LogEntry] = {}
@@ -93,7 +121,13 @@ class SqliteOutboxLog:
                 if not positions:
                     return []
                 remembered = self._remembered
-                missing = self._awaited_missing(positions)
+                missing, arriving = self._awaited_missing(positions)
+                late = next((p for p in missing if p > self._newest_handed_over), None)
+                if arriving and late is not None and late > positions[0]:
+                    # Still coming (a hand-over in chunks, past the wait): this batch
+                    # ends before it, the next fetch waits for it again.
+                    positions = [p for p in positions if p < late]
+                    missing = [p for p in missing if p < late]
                 bodies = self._read_events(missing)
                 if len(bodies) < len(missing):
                     # The byte budget ran out: this batch ends before the first row unread.
@@ -107,21 +141,49 @@ class SqliteOutboxLog:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return [found[p] if p in found else _decode(p, *bodies[p]) for p in positions]
 
-    def _awaited_missing(self, positions: list[int]) -> list[int]:
-        """`positions` not remembered, after waiting (lock held; released meanwhile) up
-        to the hand-over wait for those past the newest position handed over."""
+    def _awaited_missing(self, positions: list[int]) -> tuple[list[int], bool]:
+        """`positions` not remembered, after waiting (lock held; released meanwhile) for
+        those past the newest position handed over: up to the hand-over wait, or up to
+        the expected wait while a hand-over is announced (`expecting`); and whether the
+        wait ran out while hand-overs were arriving (some came, not all)."""
         remembered = self._remembered
         missing = [p for p in positions if p not in remembered]
-        if not missing or not self._newest_handed_over or self._handover_wait <= 0:
-            return missing
-        deadline = time.monotonic() + self._handover_wait
+        if not missing:
+            return missing, False
+        newest = self._newest_handed_over
+        started = time.monotonic()
+        # The last wait saw no hand-over at all: another writer's rows, most likely (a
+        # CLI import beside the server). No short wait again before the next hand-over.
+        short = newest and newest != self._waited_in_vain
+        deadline = started + (self._handover_wait if short else 0.0)
+        announced = started + self._expected_wait
         while missing and missing[-1] > self._newest_handed_over:
-            remaining = deadline - time.monotonic()
+            remaining = (announced if self._expected else deadline) - time.monotonic()
             if remaining <= 0:
-                break
+                if self._newest_handed_over == newest:
+                    self._waited_in_vain = newest
+                    return missing, False
+                return missing, True
             self._handed_over.wait(remaining)
             missing = [p for p in missing if p not in remembered]
-        return missing
+        return missing, False
+
+    @contextmanager
+    def expecting(self) -> Iterator[None]:
+        """Announce a hand-over on its way while held (a write worker's batch: committed
+        in the worker, its events pickled, sent and unpickled here before `remember`):
+        a fetch that finds positions past the newest handed over waits for them up to
+        `expected_wait_seconds` (not the shorter hand-over wait) while any is held.
+        Guarantee expected of the caller: it holds this from before the write commits
+        until its events were handed over (or will not be)."""
+        with self._lock:
+            self._expected += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._expected -= 1
+                self._handed_over.notify_all()
 
     def remember(self, entries: Sequence[LogEntry]) -> None:
         """Hold `entries` (committed outbox rows, decoded) for `fetch`. Guarantee

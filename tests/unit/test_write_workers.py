@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from contracts.errors import ErrorCode, OrreryError
 from contracts.events import LogEntry, RecordChanged
 from contracts.records import Record
+from contracts.stored_vectors import PackedVector
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.service import parse_body, write_records
 from ingest.write_workers import WriteWorkers
@@ -50,6 +52,8 @@ class Pair:
             on_committed=self.handed.extend,
         )
         self.worker_db = root / "workers.sqlite"
+        # Handed-over upserts whose vector came packed (`write_worker._packed`).
+        self.packed = 0
 
     def check_handed(self, entries: list[LogEntry]) -> None:
         """Each handed-over event is exactly the event its outbox row decodes to (what
@@ -61,15 +65,25 @@ class Pair:
                     "o.document_id AND r.revision = o.revision WHERE o.position = ?",
                     (entry.position,),
                 ).fetchone()
-                assert entry.event == RecordChanged(record=Record.model_validate_json(stored))
+                decoded = Record.model_validate_json(stored)
+                assert entry.event == RecordChanged(record=decoded)
+                vector = entry.event.record.vector
+                if isinstance(vector, PackedVector):
+                    # The float32 of the decimals stored, and those decimals as text.
+                    assert decoded.vector is not None
+                    expected = np.asarray(decoded.vector, dtype=np.float32)
+                    assert vector.float32.tobytes() == expected.tobytes()
+                    assert json.loads(vector.json) == decoded.vector
+                    self.packed += 1
 
     def through_workers(self, raw: bytes, namespace: str | None) -> Any:
         async def post() -> Any:
             batch = await self.workers.parse(raw, allowed_namespace=namespace, allowed_galaxy=None)
             written = await self.workers.write(batch, traceparent=None)
             body = written.body if isinstance(written.body, dict) else json.loads(written.body)
-            self.check_handed(written.entries)
-            handed = [(e.position, e.event.record.doc_id) for e in written.entries]
+            entries = [e async for chunk in written.handed_over() for e in chunk]
+            self.check_handed(entries)
+            handed = [(e.position, e.event.record.doc_id) for e in entries]
             return ("ok", batch.namespaces, written.status, body, written.events, handed)
 
         try:
@@ -184,3 +198,17 @@ def test_a_batch_whose_worker_died_answers_503_and_the_next_is_written(lone: Pai
     # Nothing of it was written: sent again, revision 1 is accepted.
     done = pair.through_workers(raw, None)
     assert done[2] == 200 and done[3]["accepted"] == 1
+
+
+def test_an_upserts_vector_is_handed_over_packed_as_stored(lone: Pair) -> None:
+    """The worker hands each upsert's vector over as a `PackedVector` of the record it
+    stored (`check_handed` compares it with the row): also when the batch holds another
+    record of the same document and revision, refused as stale."""
+    pair = lone
+    before = pair.packed
+    twin = {**ORDINARY, "item_id": "twin", "vector": [0.1, -0.2, 0.3, 1e-3]}
+    raw = body_of(twin, {**twin, "vector": [0.9, 0.8, -0.7, 0.6]})
+    status = pair.through_workers(raw, None)
+    assert status[0] == "ok" and status[2] == 200
+    assert [item["status"] for item in status[3]["items"]] == [201, 409]
+    assert pair.packed == before + 1
