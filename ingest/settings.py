@@ -39,12 +39,13 @@ class IngestSettings(BaseSettings):
     )
 
     workers: int = Field(
-        default=0,
+        default=1,
         ge=0,
         le=16,
         description="Embedded: processes that parse, validate and write the batches of "
-        "POST /v1/records beside the serving interpreter (0, the default: in the serving "
-        "process; opt-in until a quiet machine shows the rate it buys)",
+        "POST /v1/records beside the serving interpreter (1, the default: quiet 100k "
+        "ingest 2,205 rec/s against 1,711 in process, at the same CPU a record; 0: in the "
+        "serving process)",
     )
 
     def limits(self) -> FlowLimits:
