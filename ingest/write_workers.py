@@ -85,8 +85,19 @@ class _Worker:
         self._commands: Connection | None = None
         self._answers: Connection | None = None
         self._start_lock = threading.Lock()
+        self._stopped = False
 
     def start(self) -> None:
+        """Start the process unless a live one is running (a lazy start by `exchange`
+        may come first: a second process would orphan the first)."""
+        with self._start_lock:
+            self._stopped = False
+            if self._process is not None and self._process.poll() is None:
+                return
+            self._discard()
+            self._spawn()
+
+    def _spawn(self) -> None:
         commands_read, commands_write = os.pipe()
         answers_read, answers_write = os.pipe()
         try:
@@ -118,9 +129,11 @@ class _Worker:
     def exchange(self, command: tuple[Any, ...]) -> tuple[Any, ...]:
         """Send `command`, wait for its answer (blocking; the caller holds `lock`)."""
         with self._start_lock:
+            if self._stopped:
+                raise DependencyUnavailable(DEPENDENCY, "the write workers are closed")
             if self._process is None or self._process.poll() is not None:
                 self._discard()
-                self.start()
+                self._spawn()
         assert self._commands is not None and self._answers is not None
         try:
             self._commands.send(command)
@@ -151,6 +164,8 @@ class _Worker:
         self._process = None
 
     def stop(self) -> None:
+        with self._start_lock:
+            self._stopped = True
         process = self._process
         for conn in (self._commands, self._answers):
             if conn is not None:

@@ -212,3 +212,36 @@ def test_an_upserts_vector_is_handed_over_packed_as_stored(lone: Pair) -> None:
     assert status[0] == "ok" and status[2] == 200
     assert [item["status"] for item in status[3]["items"]] == [201, 409]
     assert pair.packed == before + 1
+
+
+def test_a_second_start_keeps_the_running_worker_and_a_closed_one_spawns_none(
+    tmp_path: Path,
+) -> None:
+    # A lazy start by the first POST, then the stack's own start (as `EmbeddedStack`
+    # does when its loop was started alone): one process, never an orphaned second.
+    workers = WriteWorkers(
+        tmp_path / "store.sqlite",
+        count=1,
+        max_batch=LIMITS["max_batch"],
+        vector_dimension=DIMENSION,
+        max_record_bytes=LIMITS["max_record_bytes"],
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(
+            workers.parse(body_of(ORDINARY), allowed_namespace=None, allowed_galaxy=None)
+        )
+        (pid,) = workers.pids()
+        workers.start()
+        assert workers.pids() == [pid]
+        workers.close()
+        assert workers.pids() == []
+        with pytest.raises(OrreryError) as refused:
+            loop.run_until_complete(
+                workers.parse(body_of(ORDINARY), allowed_namespace=None, allowed_galaxy=None)
+            )
+        assert refused.value.code is ErrorCode.DEPENDENCY_UNAVAILABLE
+        assert workers.pids() == []
+    finally:
+        workers.close()
+        loop.close()
