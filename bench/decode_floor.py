@@ -29,8 +29,6 @@ by the records. Figures are reported, never asserted.
 
 from __future__ import annotations
 
-import argparse
-import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,7 +40,7 @@ from pydantic_core import SchemaValidator, from_json
 from pydantic_core import core_schema as cs
 
 from bench.common import git_facts, machine_facts, utc_now, write_json
-from bench.topk import Vocabulary, corpus_batches
+from bench.topk import stage_bench_batch
 from contracts import records as rec
 from contracts.events import _EVENT_HEAD_BYTES, RecordChanged, decode_record_changed
 from contracts.names import NAMESPACE_PATTERN, check_namespace
@@ -111,14 +109,7 @@ def _per_record(work: Callable[[], Any], count: int, rounds: int) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=2_000)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    body = next(
-        iter(corpus_batches(args.records, args.records, 42, Vocabulary.build(random.Random(42))))
-    )
+    args, body = stage_bench_batch(__doc__.split("\n\n")[0], argv)
     admitted = parse_body(
         body,
         max_batch=args.records,

@@ -17,9 +17,7 @@ reported. Figures are reported, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,7 +30,7 @@ from pydantic_core import to_json
 
 import contracts.events
 from bench.common import git_facts, machine_facts, utc_now, write_json
-from bench.topk import Vocabulary, corpus_batches
+from bench.topk import stage_bench_batch
 from contracts.admission import record_problems
 from contracts.events import RecordChanged, record_changed_json
 from contracts.index import IndexDocument, to_index_document
@@ -110,14 +108,7 @@ def _stages(values: Sequence[tuple[bytes, bytes]]) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=2_000)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    body = next(
-        iter(corpus_batches(args.records, args.records, 42, Vocabulary.build(random.Random(42))))
-    )
+    args, body = stage_bench_batch(__doc__.split("\n\n")[0], argv)
     records = TypeAdapter(list[Record]).validate_json(body)
     # The Kafka values the relay publishes: the outbox's `RecordChanged` JSON, and the
     # vector's float32 header (`contracts.events.VECTOR_HEADER`).

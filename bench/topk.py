@@ -307,6 +307,20 @@ class QuerySpec:
     filters: dict[str, Any] | None
 
 
+def stage_bench_batch(
+    description: str, argv: Sequence[str] | None
+) -> tuple[argparse.Namespace, bytes]:
+    """The arguments of a per-record stage benchmark (`--records`, `--rounds`, `--out`)
+    and one request body of `--records` records of the fixed corpus (seed 42)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--records", type=int, default=2_000)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    vocab = Vocabulary.build(random.Random(42))
+    return args, next(iter(corpus_batches(args.records, args.records, 42, vocab)))
+
+
 def make_queries(rng: random.Random, vocab: Vocabulary, count: int) -> list[QuerySpec]:
     """2-5 words each; every second query filters on status (any-of) and galaxy."""
     out = []

@@ -197,20 +197,13 @@ class QueryPorts:
     # after the other on the request's thread. Rankings are the same either way.
     overlap: SourcePool | None = None
     # With `overlap`: whether a generation's queries use it (None: every generation's).
-    # Those it refuses run as if `overlap` were None (`vector_overlap` then applies).
+    # Those it refuses run their sources one after the other, the vector search first.
     overlap_for: Callable[[str], bool] | None = None
     # With `overlap`: the request's thread calls the vector engine only once the pool's
     # lexical search has let the GIL go (`contracts.timing.gil_let_go`; it waits at most
     # `_LET_GO_WAIT_S`). Embedded: qdrant-edge keeps the GIL through its search, so a
     # lexical search still in Python when it starts waits for all of it.
     lexical_first: bool = False
-    # Runs the lexical search beside the vector one only (no score lookups beside it),
-    # when `overlap` is None or refused: embedded (`_search_lexical_beside`).
-    vector_overlap: SourcePool | None = None
-    # With `vector_overlap`: whether a generation's queries use it (None: every
-    # generation's). Those it refuses run their sources one after the other, the vector
-    # search first.
-    vector_overlap_for: Callable[[str], bool] | None = None
     # Told about every answer (metrics, spans); None: nobody listens.
     observer: QueryObserver | None = None
     # Keeps the records answers were made of, per tenant (`query.record_cache`); None:
@@ -221,13 +214,6 @@ class QueryPorts:
         """`overlap`, if `generation_id`'s queries use it."""
         pool = self.overlap
         if pool is None or self.overlap_for is None or self.overlap_for(generation_id):
-            return pool
-        return None
-
-    def vector_overlap_of(self, generation_id: str) -> SourcePool | None:
-        """`vector_overlap`, if `generation_id`'s queries use it."""
-        pool, used = self.vector_overlap, self.vector_overlap_for
-        if pool is None or used is None or used(generation_id):
             return pool
         return None
 
@@ -789,10 +775,6 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
             lexical = _start_lexical_first(overlap, call)
         else:
             lexical = overlap.start(call)
-    elif use_lexical and use_vector:
-        beside = ports.vector_overlap_of(generation_id)
-        if beside is not None:
-            return _search_lexical_beside(q, ports, watch, search_lexical, beside)
     given = q.query_vector
     sources = _Sources(
         query_vector=(
@@ -868,52 +850,6 @@ def _start_lexical_first(
     if pending.running() or pending.queued():
         let_go.wait(wait_s)
     return pending
-
-
-def _search_lexical_beside(
-    q: _Resolved,
-    ports: QueryPorts,
-    watch: _Stopwatch,
-    search_lexical: Callable[[], list[Candidate]],
-    pool: SourcePool,
-) -> _Sources:
-    """`_search_sources` with both sources, the lexical search on `pool` and the vector
-    one on this thread (`QueryPorts.vector_overlap`). tantivy's search lets the GIL go,
-    qdrant-edge's keeps it while its own threads compute (docs/ARCHITECTURE.md), so the
-    two overlap only where the pool thread is inside tantivy. The same candidates, laps
-    and errors (a failure of both reports the lexical one)."""
-    generation_id = q.route.generation_id
-    lexical = pool.start(search_lexical)
-    query_vector = (
-        q.query_vector
-        if q.query_vector is not None
-        else ports.query_vectors.vector(q.text, tenant=q.route.namespace)
-    )
-    watch.lap("candidate_fetch")
-    vector: list[Candidate] = []
-    vector_error: Exception | None = None
-    try:
-        vector_filter = q.phrases.vector_filter(q.search_filter, generation_id, ports.lexical)
-        vector = ports.vectors.search(
-            generation_id, query_vector, vector_filter, q.depths["vector"]
-        )
-    except Exception as exc:
-        vector_error = exc
-    sources = _Sources(
-        query_vector=query_vector,
-        lexical=watch.wait(lexical, "index_search"),
-        vector=vector,
-        indexes_used=["bm25" if q.lexical_text else "filter", "vector"],
-    )
-    if vector_error is not None:
-        raise vector_error
-    if q.search_filter != SearchFilter() or (
-        isinstance(q.profile, WeightedProfile) and q.profile.metadata_weight > 0.0
-    ):
-        sources.indexes_used.append("metadata")
-    watch.plan.update(indexes_used=sources.indexes_used, source_counts=sources.counts)
-    watch.lap("index_search")
-    return sources
 
 
 class _VectorScoresAfter:

@@ -1,9 +1,8 @@
 """The embedded one-shot gives the same answers however its engine calls are arranged:
 sources and score lookups side by side (`QueryPorts.overlap`, what a generation without
 in-memory copies gets; the vector search after tantivy's has begun or right away,
-`QueryPorts.lexical_first`), only the lexical search beside the vector one
-(`QueryPorts.vector_overlap`, no longer a default: session 23), or everything one after
-the other, the vector search first (what a generation with an in-memory copy gets)."""
+`QueryPorts.lexical_first`), or everything one after the other, the vector search
+first (what a generation with an in-memory copy gets, and one `overlap_for` refuses)."""
 
 from __future__ import annotations
 
@@ -74,19 +73,10 @@ ARRANGEMENTS: dict[str, _Arrange] = {
     "side-by-side, lookups beside the lexical search": lambda ports: dataclasses.replace(
         ports, overlap_for=lambda _g: True, lexical=_SlowLexical(ports.lexical)
     ),
-    "lexical-beside": lambda ports: dataclasses.replace(
-        ports,
-        overlap_for=lambda _g: False,
-        vector_overlap=ports.overlap,
-        vector_overlap_for=lambda _g: True,
+    "one after the other, refused side by side": lambda ports: dataclasses.replace(
+        ports, overlap_for=lambda _g: False
     ),
-    "one after the other, refused beside": lambda ports: dataclasses.replace(
-        ports,
-        overlap_for=lambda _g: False,
-        vector_overlap=ports.overlap,
-        vector_overlap_for=lambda _g: False,
-    ),
-    "sequential": lambda ports: dataclasses.replace(ports, overlap=None, vector_overlap=None),
+    "sequential": lambda ports: dataclasses.replace(ports, overlap=None),
 }
 
 
@@ -192,8 +182,6 @@ def test_the_default_arrangement_runs_one_after_the_other_with_an_in_memory_copy
         flat = stack.projector.vectors.flat_for(generation_id)
         assert flat is not None  # 600 points: scanned flat
         assert ports.overlap_of(generation_id) is None
-        assert ports.vector_overlap is None
-        assert ports.vector_overlap_of(generation_id) is None
     finally:
         stack.close()
 
@@ -210,8 +198,7 @@ def test_one_after_the_other_a_failure_of_both_reports_the_lexical_one(
     reported: str,
 ) -> None:
     def arrange(ports: Any) -> Any:
-        ports = dataclasses.replace(ports, overlap_for=lambda _g: False, vector_overlap_for=None)
-        ports = dataclasses.replace(ports, vector_overlap=None)
+        ports = dataclasses.replace(ports, overlap_for=lambda _g: False)
         engines = {"vectors": "qdrant-edge", "lexical": "tantivy"}
         return dataclasses.replace(
             ports, **{port: _Broken(getattr(ports, port), engines[port]) for port in broken}
