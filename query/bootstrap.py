@@ -186,8 +186,9 @@ def embedded_query_ports(
         # Small append-only generations are scored from the projector's in-memory
         # copies (`contracts.flat_lexical`) when it offers them.
         lexical=TantivyLexicalSearch(lexical_index_provider, flat_provider=lexical_flat_provider),
-        # The re-score's vectors of lexical candidates, by revision: 256 MiB per tenant,
-        # 4 tenants (`VectorMemo`; one tenant's fills never evict another's).
+        # The re-score's vectors of lexical candidates, by revision: 256 MiB of rows per
+        # tenant, dropped a generation at a time, 4 tenants (`VectorMemo`; one tenant's
+        # fills never evict another's).
         # Generations the engine would brute-force are scanned from the projector's
         # in-memory copies (`contracts.flat_vectors`) when it offers them.
         vectors=QdrantEdgeVectorSearch(

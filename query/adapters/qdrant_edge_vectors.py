@@ -15,6 +15,7 @@ import functools
 import math
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -66,7 +67,6 @@ from contracts.vector_payload import (
     point_id,
     utc_timestamp,
 )
-from query.tenant_lru import TenantLru
 
 if TYPE_CHECKING:
     from qdrant_edge import ConditionType, PointId
@@ -108,8 +108,8 @@ raises `KeyError` if there is no such generation (`QdrantEdgeVectorIndex.flat_fo
 # The `QueryPlan.engine_ms` key of scans of an in-memory copy (`FlatVectors`).
 FLAT_ENGINE = "flat_vectors"
 
-# What the re-score's vectors may hold per tenant: 256 MiB is ~170k vectors of 384
-# dimensions, so a single tenant's memo is what it was when the memo was one LRU.
+# What the re-score's vectors may hold per tenant: 256 MiB is ~167k rows of 384
+# dimensions (1,600 bytes a row), so a generation of up to ~167k points is memoized.
 DEFAULT_MEMO_BYTES = 256 << 20
 # Tenants with vectors held at once; past that the least recently used one is dropped
 # whole, so the memo holds at most DEFAULT_MEMO_TENANTS × DEFAULT_MEMO_BYTES (1 GiB).
@@ -120,18 +120,34 @@ _REVISION_ONLY = PayloadSelector.Include([REVISION])
 
 
 class VectorMemo:
-    """The stored (unit) vectors of documents at one revision, by `(generation, document)`,
-    as float32 bytes, kept per tenant (namespace): each tenant has its own least recently
-    used bound of `max_bytes`, at most `max_tenants` tenants are held (past that the
-    least recently used tenant is dropped whole), so one tenant's fills never evict
-    another's entries while at most `max_tenants` tenants are held (`query.tenant_lru`),
-    and the memo holds at most
-    `max_tenants × max_bytes`.
+    """The stored (unit) vectors of documents at one revision, kept per tenant
+    (namespace) and generation as rows of one float32 matrix (`_Rows`): a lookup is one
+    dict read per document and one gather of the rows, scored without joining bytes.
+
+    Bounded per generation, not per entry: each row (a vector of `dimension` float32 and
+    ~64 bytes of key and slot) counts against its tenant's `max_bytes`, rows of earlier
+    revisions too (a rewritten document gets a new row; its old one stays until its
+    generation is dropped). A fill that would pass the tenant's bound first drops the
+    tenant's least recently used *other* generations whole; if the generation alone
+    fills the bound, it is dropped whole and filled again from empty. At most
+    `max_tenants` tenants are held (past that the least recently used tenant is dropped
+    whole), so one tenant's fills never evict another's rows while at most `max_tenants`
+    tenants are held (`test_another_tenants_fills_never_evict_a_tenants_entries`), and
+    the memo holds at most `max_tenants × max_bytes` of rows. A generation's matrix
+    reserves address space for as many rows as the bound allows (`max_bytes // (64 + 4 ×
+    dimension)`: ~167k of 384 dimensions at 256 MiB) and is committed page by page as
+    rows are filled (rows are filled in order), so its resident size follows the rows
+    filled, not the reservation. A generation larger than the bound is not memoized at
+    all (`QdrantEdgeVectorSearch._memoized`): a 1M-point generation of 384 dimensions
+    (1.5 GB of vectors) keeps the engine's lookups.
 
     Correct by construction rather than by invalidation: a generation's vector of a
-    document at a revision never changes (another embedder is another generation), so an
-    entry is used only for the very revision a caller names, and a newer revision is a
-    miss that replaces it. Thread-safe; lookups and fills never call the engine."""
+    document at a revision never changes (another embedder is another generation), so a
+    row is used only for the very revision a caller names, and a newer revision is a
+    miss whose fill gets a row of its own. Thread-safe: fills and the choice of a
+    generation's rows are under one lock; lookups read rows that are written before they
+    are published and never written again (a dropped generation's rows stay valid for a
+    lookup that holds them). Lookups and fills never call the engine."""
 
     def __init__(
         self, max_bytes: int = DEFAULT_MEMO_BYTES, *, max_tenants: int = DEFAULT_MEMO_TENANTS
@@ -142,16 +158,13 @@ class VectorMemo:
             raise ValueError("max_tenants must be >= 1")
         self._max_bytes = max_bytes
         self._max_tenants = max_tenants
-        self._entries: TenantLru[tuple[str, str], tuple[int, bytes]] = TenantLru(
-            max_entries=2**62,
-            max_bytes=max_bytes,
-            max_tenants=max_tenants,
-            size=lambda entry: _entry_bytes(entry[1]),
-        )
+        # tenant -> generation -> rows, each least recently used first.
+        self._tenants: OrderedDict[str, OrderedDict[str, _Rows]] = OrderedDict()
+        self._lock = threading.Lock()
 
     @property
     def max_bytes(self) -> int:
-        """The bound of each tenant's entries."""
+        """The bound of each tenant's rows."""
         return self._max_bytes
 
     @property
@@ -159,42 +172,157 @@ class VectorMemo:
         return self._max_tenants
 
     def get_many(
-        self, tenant: str, generation_id: str, revisions: Iterable[tuple[str, int]]
-    ) -> tuple[list[str], list[bytes], list[str]]:
-        """For each `(document, revision)`: the documents `tenant` holds and their
-        vectors, in order, and the documents not held (at that revision)."""
-        asked = list(revisions)
-        entries = self._entries.get_many(
-            tenant, [(generation_id, document_id) for document_id, _ in asked]
-        )
+        self,
+        tenant: str,
+        generation_id: str,
+        documents: Sequence[str],
+        revisions: Mapping[str, int],
+    ) -> tuple[list[str], npt.NDArray[np.float32] | None, list[str]]:
+        """For each of `documents` at its revision in `revisions`: the documents `tenant`
+        holds at that revision and their vectors (one float32 row each, in the same
+        order; None when none is held), and the others (none named in `revisions`
+        included), in the order asked."""
+        with self._lock:
+            rows = self._find(tenant, generation_id)
+        if rows is None:
+            return [], None, list(documents)
+        # One C-level pass per lookup (a generator of pairs cost ~3x as much per id).
+        found = list(map(rows.row_of.get, documents))
+        wanted = list(map(revisions.get, documents))
+        revision_at = rows.revisions
         held: list[str] = []
-        vectors: list[bytes] = []
+        at: list[int] = []
         missing: list[str] = []
-        for (document_id, revision), entry in zip(asked, entries, strict=True):
-            if entry is None or entry[0] != revision:
-                missing.append(document_id)
-            else:
+        for document_id, row, revision in zip(documents, found, wanted, strict=True):
+            if row is not None and revision_at[row] == revision:
                 held.append(document_id)
-                vectors.append(entry[1])
-        return held, vectors, missing
+                at.append(row)
+            else:
+                missing.append(document_id)
+        if not at:
+            return held, None, missing
+        return held, rows.matrix[np.array(at, dtype=np.intp)], missing
+
+    def put_many(
+        self,
+        tenant: str,
+        generation_id: str,
+        vectors: Iterable[tuple[str, int, npt.NDArray[np.float32]]],
+    ) -> None:
+        """Hold each `(document, revision, vector)` (float32, one dimension) as
+        `tenant`'s, within the bounds above; a vector of another dimension than the
+        generation's rows, or one whose row alone passes the bound, is not kept."""
+        with self._lock:
+            for document_id, revision, vector in vectors:
+                self._put(tenant, generation_id, document_id, revision, vector)
 
     def put(
-        self, tenant: str, generation_id: str, document_id: str, revision: int, vector: bytes
+        self,
+        tenant: str,
+        generation_id: str,
+        document_id: str,
+        revision: int,
+        vector: npt.NDArray[np.float32],
     ) -> None:
-        self._entries.put(tenant, (generation_id, document_id), (revision, vector))
+        self.put_many(tenant, generation_id, [(document_id, revision, vector)])
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """The documents held (at one revision each), over every tenant."""
+        with self._lock:
+            return sum(len(r.row_of) for g in self._tenants.values() for r in g.values())
+
+    def held_bytes(self, tenant: str) -> int:
+        """What `tenant`'s rows count against its bound (rows of earlier revisions too)."""
+        with self._lock:
+            generations = self._tenants.get(tenant)
+            return 0 if generations is None else sum(r.nbytes() for r in generations.values())
+
+    def _find(self, tenant: str, generation_id: str) -> _Rows | None:
+        generations = self._tenants.get(tenant)
+        if generations is None:
+            return None
+        self._tenants.move_to_end(tenant)
+        rows = generations.get(generation_id)
+        if rows is not None:
+            generations.move_to_end(generation_id)
+        return rows
+
+    def _put(
+        self,
+        tenant: str,
+        generation_id: str,
+        document_id: str,
+        revision: int,
+        vector: npt.NDArray[np.float32],
+    ) -> None:
+        dimension = vector.shape[0]
+        capacity = self._max_bytes // _row_bytes(dimension)
+        if capacity == 0:
+            return
+        generations = self._tenants.get(tenant)
+        if generations is None:
+            generations = self._tenants[tenant] = OrderedDict()
+            while len(self._tenants) > self._max_tenants:
+                self._tenants.popitem(last=False)
+        self._tenants.move_to_end(tenant)
+        rows = generations.get(generation_id)
+        if rows is None:
+            rows = generations[generation_id] = _Rows(dimension, capacity)
+        generations.move_to_end(generation_id)
+        if rows.dimension != dimension:
+            return
+        row = rows.row_of.get(document_id)
+        if row is not None and rows.revisions[row] == revision:
+            return
+        if rows.used == rows.capacity:
+            # The generation alone fills the bound: dropped whole, filled again from empty.
+            rows = generations[generation_id] = _Rows(dimension, capacity)
+        # Then room is made from the tenant's other generations, least recently used
+        # first (this one is the most recent: never reached while others are left).
+        held = sum(r.nbytes() for r in generations.values())
+        while held + _row_bytes(dimension) > self._max_bytes:
+            oldest, dropped = next(iter(generations.items()))
+            del generations[oldest]
+            held -= dropped.nbytes()
+        rows.append(document_id, revision, vector)
 
 
-def _entry_bytes(vector: bytes) -> int:
-    """What an entry counts against the bound: its vector and ~64 bytes of key and slot."""
-    return 64 + len(vector)
+class _Rows:
+    """One tenant's vectors of one generation: row `i` of `matrix` holds a document's
+    vector at `revisions[i]`; `row_of` maps a document to its latest row. Rows are only
+    appended (under the memo's lock): a row is written before `row_of` names it and
+    never written again."""
+
+    __slots__ = ("capacity", "dimension", "matrix", "revisions", "row_of", "used")
+
+    def __init__(self, dimension: int, capacity: int) -> None:
+        self.dimension = dimension
+        self.capacity = capacity
+        # `np.empty`: address space only; pages are committed as rows are written.
+        self.matrix: npt.NDArray[np.float32] = np.empty((capacity, dimension), np.float32)
+        self.revisions: list[int] = []
+        self.row_of: dict[str, int] = {}
+        self.used = 0
+
+    def nbytes(self) -> int:
+        return self.used * _row_bytes(self.dimension)
+
+    def append(self, document_id: str, revision: int, vector: npt.NDArray[np.float32]) -> None:
+        row = self.used
+        self.matrix[row] = vector
+        self.revisions.append(revision)
+        self.used = row + 1
+        self.row_of[document_id] = row
 
 
-def _as_vector(values: Sequence[Any]) -> bytes:
+def _row_bytes(dimension: int) -> int:
+    """What a row counts against the bound: its vector and ~64 bytes of key and slot."""
+    return 64 + 4 * dimension
+
+
+def _as_vector(values: Sequence[Any]) -> npt.NDArray[np.float32]:
     """A stored vector as the memo keeps it: float32, native byte order."""
-    return np.asarray(values, dtype=np.float32).tobytes()
+    return np.asarray(values, dtype=np.float32)
 
 
 def _unit(vector: Sequence[float]) -> npt.NDArray[np.float64]:
@@ -330,23 +458,24 @@ class QdrantEdgeVectorSearch:
         memo = self._memo
         if revisions is None or memo is None or not self._memoized(shard, generation_id, vector):
             return self._exact_scores(shard, generation_id, query_vector, must, listed)
-        held, vectors, missing = memo.get_many(
-            tenant, generation_id, ((d, revisions.get(d, -1)) for d in listed)
-        )
+        held, block, missing = memo.get_many(tenant, generation_id, listed, revisions)
         out: dict[str, float] = {}
+        read: list[npt.NDArray[np.float32]] = []
         if missing:
             out = self._read(
-                shard, generation_id, query_vector, must, missing, revisions, held, vectors, tenant
+                shard, generation_id, query_vector, must, missing, revisions, held, read, tenant
             )
-        if vectors:
+        if held:
             query = _unit(query_vector)
-            if len(vectors[0]) != 4 * query.shape[0]:
+            if read:
+                block = np.stack(read) if block is None else np.concatenate([block, np.stack(read)])
+            assert block is not None
+            if block.shape[1] != query.shape[0]:
                 # The engine refuses it with its own message (`EMBEDDER_MISMATCH`).
                 return self._exact_scores(shard, generation_id, query_vector, must, listed)
-            matrix = np.frombuffer(b"".join(vectors), dtype=np.float32)
             # Each row summed on its own (pairwise, in float64): a document's score never
             # depends on which others are scored with it, so pages of one query agree.
-            rows = matrix.reshape(len(vectors), query.shape[0]).astype(np.float64)
+            rows = block.astype(np.float64)
             np.multiply(rows, query, out=rows)  # the same products, without a second array
             # Clamped as `cosine_score` clamps (the sums are finite: no NaN to differ on).
             cosines = np.clip(rows.sum(axis=1), -1.0, 1.0).tolist()
@@ -362,13 +491,13 @@ class QdrantEdgeVectorSearch:
         listed: list[str],
         revisions: Mapping[str, int],
         held: list[str],
-        vectors: list[bytes],
+        read: list[npt.NDArray[np.float32]],
         tenant: str,
     ) -> dict[str, float]:
         """The engine's exact lookup of `listed`, vectors included: a point at the
-        revision named joins `held`/`vectors` (scored like the memo's) and is memoized
-        (as `tenant`'s);
-        the score of a point at another revision is the engine's, returned."""
+        revision named joins `held` (its vector appended to `read`, scored like the
+        memo's) and is memoized (as `tenant`'s); the score of a point at another
+        revision is the engine's, returned."""
         assert self._memo is not None
         memo = self._memo
         documents = {_point_number(document_id): document_id for document_id in listed}
@@ -404,6 +533,7 @@ class QdrantEdgeVectorSearch:
             keys = [_key(p.id) for p in points]
             found = [(None, (p.payload or {}).get(REVISION)) for p in points]
         other: dict[str, float] = {}
+        fills: list[tuple[str, int, npt.NDArray[np.float32]]] = []
         for point, key, fields in zip(points, keys, found, strict=True):
             document_id = documents[key]
             named = point.vector
@@ -412,11 +542,13 @@ class QdrantEdgeVectorSearch:
             if isinstance(dense, list) and revision == revisions.get(document_id):
                 stored = _as_vector(dense)
                 held.append(document_id)
-                vectors.append(stored)
+                read.append(stored)
                 if isinstance(revision, int):
-                    memo.put(tenant, generation_id, document_id, revision, stored)
+                    fills.append((document_id, revision, stored))
             else:
                 other[document_id] = cosine_score(point.score)
+        if fills:
+            memo.put_many(tenant, generation_id, fills)
         return other
 
     def _memoized(self, shard: EdgeShard, generation_id: str, vector: Sequence[float]) -> bool:
