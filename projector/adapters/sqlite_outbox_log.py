@@ -42,8 +42,9 @@ HANDOVER_WAIT_SECONDS = 0.05
 # machine (pickled, sent, then unpickled chunk by chunk in the server), seconds at load
 # 30; decoding it from the table instead takes ~90 ms of the interpreter, more there.
 EXPECTED_WAIT_SECONDS = 2.0
-# How often an announced wait looks for rows of other namespaces committed behind the
-# positions it waits for (then it stops: they are not held for another's hand-over).
+# How often an announced wait looks for rows of namespaces with no hand-over announced
+# committed behind the positions it waits for (then it stops: they are not held for
+# another namespace's hand-over).
 OVERTAKE_POLL_SECONDS = 0.05
 
 
@@ -87,13 +88,14 @@ class SqliteOutboxLog:
     ready. A fetch whose positions waited for follow positions of another namespace
     returns those first without waiting (the batch ends before the first position
     waited for); the long wait applies only while every position waited for belongs to
-    a namespace whose hand-over is announced and no row of another namespace is
-    committed behind them (looked for every `OVERTAKE_POLL_SECONDS`), so other
-    namespaces' rows, in the batch or committed after it, cost the short wait at most
-    (then the positions waited for are read from the table); and a later hand-over
-    (of any namespace) ends the wait for every position before it. So a namespace's
-    entries wait for an announced hand-over longer than the short wait (plus one look)
-    only when it is their own namespace's.
+    a namespace whose hand-over is announced and no row of a namespace with no
+    hand-over announced is committed behind them (looked for every
+    `OVERTAKE_POLL_SECONDS`), so such rows, in the batch or committed after it, cost
+    the short wait at most (then the positions waited for are read from the table);
+    and a later hand-over (of any namespace) ends the wait for every position before
+    it, so rows behind of another announced namespace wait for their own hand-over
+    only. So a namespace's entries wait for another namespace's announced hand-over
+    no longer than the short wait plus one look, or than their own hand-over.
     """
 
     def __init__(
@@ -188,13 +190,15 @@ class SqliteOutboxLog:
         short = newest and newest != self._waited_in_vain
         deadline = started + (self._handover_wait if short else 0.0)
         announced = started + self._expected_wait
-        # Set once rows of another namespace were committed behind the positions waited
-        # for: from then on only the short wait applies (they are not held for the rest).
+        # Set once rows of a namespace with no hand-over announced were committed behind
+        # the positions waited for: from then on only the short wait applies.
         overtaken = False
         while missing and missing[-1] > self._newest_handed_over:
             waited = {spaces[p] for p in missing if p > self._newest_handed_over}
             long = not overtaken and all(self._expected[space] > 0 for space in waited)
-            if long and self._committed_behind(positions[-1], waited):
+            # Rows behind of a namespace whose own hand-over is announced wait for that
+            # hand-over anyway, and its arrival ends this wait (it is past these).
+            if long and self._committed_behind(positions[-1], waited | set(self._expected)):
                 overtaken, long = True, False
             remaining = (announced if long else deadline) - time.monotonic()
             if remaining <= 0:
@@ -208,6 +212,7 @@ class SqliteOutboxLog:
         return positions, missing, False
 
     def _committed_behind(self, after: int, namespaces: set[str]) -> bool:
+        # One rowid range read: the rows committed since the batch was fetched.
         """Whether a row of a namespace not in `namespaces` is committed past `after`
         (lock held)."""
         marks = ",".join("?" * len(namespaces))

@@ -238,8 +238,10 @@ def test_an_announced_hand_over_holds_no_other_namespaces_entries(tmp_path: Path
     while "b" writes before and after it: "b"'s entries before it are served at once
     (the batch ends before "a"'s), and those behind it — handed over, or written by
     another writer before or while the fetch waits — end the wait: "a"'s rows are read
-    from the table and "b"'s served with them, not an hour later. "a"'s rows alone
-    wait for their own hand-over (`test_an_announced_hand_over_is_waited_for_...`)."""
+    from the table and "b"'s served with them, not an hour later; "b"'s own announced
+    hand-over behind "a"'s is waited for, and its arrival ends the wait for "a"'s too.
+    "a"'s rows alone wait for their own hand-over
+    (`test_an_announced_hand_over_is_waited_for_past_the_hand_over_wait`)."""
     path = tmp_path / "orrery.sqlite"
     handed: list[list[LogEntry]] = []
     store = SqliteRecordStore(path, on_committed=handed.append)
@@ -278,9 +280,24 @@ def test_an_announced_hand_over_holds_no_other_namespaces_entries(tmp_path: Path
             later.join()
             assert [e.position for e in fourth] == [11, 12]
             log.acknowledge(fourth)
-            assert [e.position for e in _fetched_at_once(log, 10)] == [13]
-        served = [*first, *second, *third, *fourth]
-        assert served == reading.fetch(12)
+            fifth = _fetched_at_once(log, 10)
+            assert [e.position for e in fifth] == [13]
+            log.acknowledge(fifth)
+
+            store.write(_records(70, 2, "a"))  # 14-15
+            with log.expecting(["b"]):
+                store.write(_records(80, 2, "b"))  # 16-17: "b"'s own hand-over, on its way
+                later = threading.Timer(0.2, log.remember, args=(handed[-1],))
+                later.start()
+                # "b"'s rows wait for their own hand-over, whose arrival ends the wait
+                # for "a"'s before them too.
+                sixth = _fetched_at_once(log, 10)
+                later.join()
+            assert [e.position for e in sixth] == [14, 15, 16, 17]
+            assert all(s is h for s, h in zip(sixth[2:], handed[-1], strict=True))
+            log.acknowledge(sixth)
+        served = [*first, *second, *third, *fourth, *fifth, *sixth]
+        assert served == reading.fetch(17)
     finally:
         for closable in (log, reading, store, other):
             closable.close()
