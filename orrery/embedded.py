@@ -153,7 +153,7 @@ def ingest_routers(
     workers: WriteWorkers | None = None,
     on_events: Callable[[list[tuple[str, int]]], None] | None = None,
     on_committed: Callable[[list[LogEntry]], None] | None = None,
-    expecting: Callable[[], AbstractContextManager[None]] | None = None,
+    expecting: Callable[[list[str]], AbstractContextManager[None]] | None = None,
 ) -> list[APIRouter]:
     """The write side of a process: Orrery's `/v1/records` (paced by `flow` when the
     projector runs in this process, with `?wait=searchable`; by `backlog` in server mode
@@ -161,7 +161,7 @@ def ingest_routers(
     resolved like the query side resolves them). With `workers`, `/v1/records` parses,
     validates and writes in those processes and reports each batch's events to
     `on_events` and its committed outbox events to `on_committed` (announced by
-    `expecting()`, held meanwhile)."""
+    `expecting(namespaces)`, held meanwhile)."""
     # One pacer for every write route: a namespace's writers queue behind each other
     # whichever route they use, never behind another namespace's.
     pacer = WritePacer(flow or backlog)

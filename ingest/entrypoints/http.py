@@ -39,7 +39,7 @@ def create_router(
     workers: WriteWorkers | None = None,
     on_events: Callable[[list[tuple[str, int]]], None] | None = None,
     on_committed: Callable[[list[LogEntry]], None] | None = None,
-    expecting: Callable[[], AbstractContextManager[None]] | None = None,
+    expecting: Callable[[list[str]], AbstractContextManager[None]] | None = None,
 ) -> APIRouter:
     """`POST /v1/records`. With a `flow` (the embedded deployment), writers are paced
     per namespace by `pacer` (`ingest.pacing`: shared with the other write routes of the
@@ -48,8 +48,9 @@ def create_router(
     validated and written in a worker process (`ingest.write_workers`: the same answers)
     and `on_events` gets each written batch's `(namespace, position)` events, then
     `on_committed` its outbox events (what `store` reports itself when it writes in
-    this process), `expecting()` held from before the worker's write until then (the
-    projector's log waits for a hand-over it knows is coming)."""
+    this process), `expecting(namespaces)` held from before the worker's write until
+    then (the projector's log waits for a hand-over it knows is coming, of those
+    namespaces)."""
     router = APIRouter()
     pacer = pacer or WritePacer(flow)
 
@@ -137,7 +138,7 @@ def create_router(
         written = None
         try:
             async with pacer.admitted(batch.namespaces):
-                with expecting() if expecting is not None else nullcontext():
+                with expecting(batch.namespaces) if expecting is not None else nullcontext():
                     written = await workers.write(batch, traceparent=current_traceparent())
                     # Counted before the namespace is let go: the next writer's backlog
                     # check sees this batch (as when the store reports it in process).

@@ -5,7 +5,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,6 +21,7 @@ __all__ = [
     "HANDOVER_WAIT_SECONDS",
     "MAX_FETCH_BYTES",
     "MAX_REMEMBERED",
+    "OVERTAKE_POLL_SECONDS",
     "SqliteOutboxLog",
 ]
 
@@ -40,6 +42,10 @@ HANDOVER_WAIT_SECONDS = 0.05
 # machine (pickled, sent, then unpickled chunk by chunk in the server), seconds at load
 # 30; decoding it from the table instead takes ~90 ms of the interpreter, more there.
 EXPECTED_WAIT_SECONDS = 2.0
+# How often an announced wait looks for rows of namespaces with no hand-over announced
+# committed behind the positions it waits for (then it stops: they are not held for
+# another namespace's hand-over).
+OVERTAKE_POLL_SECONDS = 0.05
 
 
 class SqliteOutboxLog:
@@ -65,8 +71,9 @@ class SqliteOutboxLog:
     and took most of a batch that way). Once events are handed over, a fetch that finds
     positions past the newest handed-over one missing waits up to
     `handover_wait_seconds` for them (while nothing else is held), or up to
-    `expected_wait_seconds` while a writer announces its hand-over (`expecting`: the
-    write workers' batches come back through a pipe). If hand-overs came
+    `expected_wait_seconds` while a writer announces its hand-over for the namespaces of
+    every position waited for (`expecting`: the write workers' batches come back
+    through a pipe). If hand-overs came
     during the wait but the first of those positions is still missing, and positions
     before it are there, the batch ends before it (a hand-over in chunks, still
     arriving: the next fetch waits for the rest again); otherwise the missing rows are
@@ -76,6 +83,19 @@ class SqliteOutboxLog:
     server), costs at most two waits per hand-over of this process's writers, never a
     different answer: the same entries in the same order, in batches cut at other
     places.
+
+    Tenancy: one namespace's hand-over never holds another namespace's entries that are
+    ready. A fetch whose positions waited for follow positions of another namespace
+    returns those first without waiting (the batch ends before the first position
+    waited for); the long wait applies only while every position waited for belongs to
+    a namespace whose hand-over is announced and no row of a namespace with no
+    hand-over announced is committed behind them (looked for every
+    `OVERTAKE_POLL_SECONDS`), so such rows, in the batch or committed after it, cost
+    the short wait at most (then the positions waited for are read from the table);
+    and a later hand-over (of any namespace) ends the wait for every position before
+    it, so rows behind of another announced namespace wait for their own hand-over
+    only. So a namespace's entries wait for another namespace's announced hand-over
+    no longer than the short wait plus one look, or than their own hand-over.
     """
 
     def __init__(
@@ -90,8 +110,8 @@ class SqliteOutboxLog:
         self._handed_over = threading.Condition(self._lock)
         self._handover_wait = handover_wait_seconds
         self._expected_wait = expected_wait_seconds
-        # Hand-overs announced and not yet over (`expecting`).
-        self._expected = 0
+        # Hand-overs announced and not yet over (`expecting`), per namespace.
+        self._expected: Counter[str] = Counter()
         # The newest position ever handed over (0: none yet, nothing to wait for).
         self._newest_handed_over = 0
         # `_newest_handed_over` when a wait ran out without any hand-over (-1: never).
@@ -111,17 +131,17 @@ class SqliteOutboxLog:
     def fetch(self, limit: int) -> list[LogEntry | Undecodable]:
         try:
             with self._lock:
-                positions = [
-                    int(row[0])
-                    for row in self._conn.execute(
-                        "SELECT position FROM outbox WHERE position > ? ORDER BY position LIMIT ?",
-                        (self._cursor, limit),
-                    )
-                ]
-                if not positions:
+                rows = self._conn.execute(
+                    "SELECT position, namespace FROM outbox WHERE position > ? "
+                    "ORDER BY position LIMIT ?",
+                    (self._cursor, limit),
+                ).fetchall()
+                if not rows:
                     return []
+                positions = [int(row[0]) for row in rows]
+                spaces = {int(row[0]): str(row[1]) for row in rows}
                 remembered = self._remembered
-                missing, arriving = self._awaited_missing(positions)
+                positions, missing, arriving = self._awaited_missing(positions, spaces)
                 late = next((p for p in missing if p > self._newest_handed_over), None)
                 if arriving and late is not None and late > positions[0]:
                     # Still coming (a hand-over in chunks, past the wait): this batch
@@ -141,48 +161,87 @@ class SqliteOutboxLog:
             raise DependencyUnavailable("sqlite", str(exc)) from exc
         return [found[p] if p in found else _decode(p, *bodies[p]) for p in positions]
 
-    def _awaited_missing(self, positions: list[int]) -> tuple[list[int], bool]:
-        """`positions` not remembered, after waiting (lock held; released meanwhile) for
-        those past the newest position handed over: up to the hand-over wait, or up to
-        the expected wait while a hand-over is announced (`expecting`); and whether the
-        wait ran out while hand-overs were arriving (some came, not all)."""
+    def _awaited_missing(
+        self, positions: list[int], spaces: dict[int, str]
+    ) -> tuple[list[int], list[int], bool]:
+        """`positions` (cut short, see below) and those of them not remembered, after
+        waiting (lock held; released meanwhile) for those past the newest position
+        handed over: up to the hand-over wait, or up to the expected wait while a
+        hand-over is announced for the namespace of each of them (`expecting`); and
+        whether the wait ran out while hand-overs were arriving (some came, not all).
+        Positions of another namespace before the first one waited for are not held
+        for it: the batch ends before that one, with no wait."""
         remembered = self._remembered
         missing = [p for p in positions if p not in remembered]
         if not missing:
-            return missing, False
+            return positions, missing, False
         newest = self._newest_handed_over
+        first = next((p for p in missing if p > newest), None)
+        if first is not None and first > positions[0]:
+            # Everything from `first` on is missing (remembered positions are never past
+            # the newest handed over): its namespaces are the ones waited for.
+            awaited = {spaces[p] for p in positions if p >= first}
+            if any(spaces[p] not in awaited for p in positions if p < first):
+                cut = [p for p in positions if p < first]
+                return cut, [p for p in missing if p < first], False
         started = time.monotonic()
         # The last wait saw no hand-over at all: another writer's rows, most likely (a
         # CLI import beside the server). No short wait again before the next hand-over.
         short = newest and newest != self._waited_in_vain
         deadline = started + (self._handover_wait if short else 0.0)
         announced = started + self._expected_wait
+        # Set once rows of a namespace with no hand-over announced were committed behind
+        # the positions waited for: from then on only the short wait applies.
+        overtaken = False
         while missing and missing[-1] > self._newest_handed_over:
-            remaining = (announced if self._expected else deadline) - time.monotonic()
+            waited = {spaces[p] for p in missing if p > self._newest_handed_over}
+            long = not overtaken and all(self._expected[space] > 0 for space in waited)
+            # Rows behind of a namespace whose own hand-over is announced wait for that
+            # hand-over anyway, and its arrival ends this wait (it is past these).
+            if long and self._committed_behind(positions[-1], waited | set(self._expected)):
+                overtaken, long = True, False
+            remaining = (announced if long else deadline) - time.monotonic()
             if remaining <= 0:
                 if self._newest_handed_over == newest:
                     self._waited_in_vain = newest
-                    return missing, False
-                return missing, True
-            self._handed_over.wait(remaining)
+                    return positions, missing, False
+                return positions, missing, True
+            # A long wait looks again for rows of other namespaces behind it now and then.
+            self._handed_over.wait(min(remaining, OVERTAKE_POLL_SECONDS) if long else remaining)
             missing = [p for p in missing if p not in remembered]
-        return missing, False
+        return positions, missing, False
+
+    def _committed_behind(self, after: int, namespaces: set[str]) -> bool:
+        # One rowid range read: the rows committed since the batch was fetched.
+        """Whether a row of a namespace not in `namespaces` is committed past `after`
+        (lock held)."""
+        marks = ",".join("?" * len(namespaces))
+        row = self._conn.execute(
+            f"SELECT 1 FROM outbox WHERE position > ? AND namespace NOT IN ({marks}) LIMIT 1",
+            (after, *sorted(namespaces)),
+        ).fetchone()
+        return row is not None
 
     @contextmanager
-    def expecting(self) -> Iterator[None]:
-        """Announce a hand-over on its way while held (a write worker's batch: committed
-        in the worker, its events pickled, sent and unpickled here before `remember`):
-        a fetch that finds positions past the newest handed over waits for them up to
-        `expected_wait_seconds` (not the shorter hand-over wait) while any is held.
-        Guarantee expected of the caller: it holds this from before the write commits
-        until its events were handed over (or will not be)."""
+    def expecting(self, namespaces: Iterable[str]) -> Iterator[None]:
+        """Announce a hand-over of events of `namespaces` on its way while held (a write
+        worker's batch: committed in the worker, its events pickled, sent and unpickled
+        here before `remember`): a fetch that finds positions past the newest handed
+        over, all of namespaces announced, waits for them up to `expected_wait_seconds`
+        (not the shorter hand-over wait). Guarantee expected of the caller: it holds
+        this from before the write commits until its events were handed over (or will
+        not be), and `namespaces` holds the namespace of each of them."""
+        spaces = set(namespaces)
         with self._lock:
-            self._expected += 1
+            self._expected.update(spaces)
         try:
             yield
         finally:
             with self._lock:
-                self._expected -= 1
+                for space in spaces:
+                    self._expected[space] -= 1
+                    if self._expected[space] <= 0:
+                        del self._expected[space]
                 self._handed_over.notify_all()
 
     def remember(self, entries: Sequence[LogEntry]) -> None:

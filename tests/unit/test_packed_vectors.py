@@ -275,3 +275,26 @@ def test_a_dead_letter_keeps_the_event_as_it_was() -> None:
     decoded = decode_record_changed(raw, vector_wire(record)).record
     assert isinstance(decoded.vector, PackedVector)
     assert rejected_value(RejectedRecord(7, decoded, "vector_zero", "why")) == raw
+
+
+@settings(max_examples=200, deadline=None)
+@given(vector=_VECTORS, parsed=st.booleans())
+def test_a_pickled_packed_vector_is_the_same_vector(vector: list[float], parsed: bool) -> None:
+    """The write workers' hand-over pickles packed vectors (`PackedVector.__reduce__`):
+    the same float32 bytes, read-only in native order, the same text, length and values."""
+    import pickle
+
+    text = json.dumps(vector, separators=(",", ":")).encode()
+    packed = packed_vector(float32_wire(vector), text)
+    assert packed is not None
+    if parsed:
+        packed.values()
+    copy = pickle.loads(pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL))
+    assert type(copy) is PackedVector
+    assert copy.float32.dtype == packed.float32.dtype
+    assert copy.float32.tobytes() == packed.float32.tobytes()
+    assert not copy.float32.flags.writeable
+    assert copy.json == packed.json
+    assert copy.length == packed.length or (math.isnan(copy.length) and math.isnan(packed.length))
+    assert copy.values() == packed.values()
+    assert list(copy) == list(packed)
