@@ -78,6 +78,26 @@ def _construct(factory: Callable[..., Any], **config: Any) -> Any:
         raise
 
 
+def _keep_joining(consumer: Any) -> None:
+    """Make the next `poll` of a member that is not stable (re)join its group.
+
+    kafka-python 3.0.12 (`BaseCoordinator.join_group_async`) runs JoinGroup → SyncGroup as
+    a task on its IO thread but applies the outcome (state STABLE, heartbeats on, the
+    assignment) only in a `poll` that waits for that task, and only while
+    `need_rejoin()` holds. The task itself already records what `need_rejoin()` compares
+    when a rejoin is due to a subscription or metadata change (a pattern subscription
+    taking a new topic): the subscription it joined with (`group_protocols`) and, as
+    leader, the metadata it assigned (`_perform_assignment`). A join that completes while
+    no poll waits — the poll that started it timed out — therefore leaves the member
+    `rebalancing` with `need_rejoin()` false: no later poll joins or applies anything,
+    `poll` spins without a wait, heartbeats stay off, and the broker drops the member
+    after its session timeout (the CI failure of session 23; the 60 s stalls of sessions
+    16-17). A requested rejoin makes the next poll await a join still in flight, or send
+    a new one in place of a completed one.
+    """
+    consumer._coordinator.request_rejoin()
+
+
 class KafkaEventLog(GroupEventLog):
     """`EventLog` over the relay's topics, read by one member of a Kafka consumer group.
 
@@ -199,12 +219,13 @@ class KafkaEventLog(GroupEventLog):
             timeout_ms = s.poll_timeout_ms
             if consumer.group_metadata().state != MemberState.STABLE:
                 # kafka-python 3.0 applies a completed JoinGroup/SyncGroup only while a
-                # poll waits for it: one that completes between polls (during our batch,
+                # poll waits for it: one that completed between polls (during our batch,
                 # the pause below, or the metadata refresh a pattern subscription makes
-                # at the start of every poll) is dropped and joined again, with
-                # heartbeats off meanwhile. Short polls then rarely catch a leader's join
-                # (the stalled rebalances of sessions 16-17): while joining, one poll
-                # waits across the whole rebalance.
+                # at the start of every poll) is lost, and without `_keep_joining` no
+                # later poll would even join again. Short polls rarely catch a leader's
+                # join (the stalled rebalances of sessions 16-17): while joining, one
+                # poll waits across the whole rebalance.
+                _keep_joining(consumer)
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
                 timeout_ms = max(s.poll_timeout_ms, min(s.session_timeout_ms, remaining_ms))
             batch = consumer.poll(timeout_ms=timeout_ms, max_records=limit - len(out))

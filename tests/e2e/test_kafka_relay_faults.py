@@ -505,3 +505,106 @@ def test_a_member_polling_briefly_still_completes_its_join(kafka_run: KafkaRun) 
             log.acknowledge(entries)
         log.close()
     assert kafka_run.log().lag() == 0
+
+
+class PausableMember:
+    """A plain kafka-python member of a group whose polls the test switches off and on:
+    while paused it keeps heartbeating but does not rejoin, so a rebalance waits for it."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str) -> None:
+        from kafka import KafkaConsumer  # after the adapters imported kafka quietly
+
+        self.consumer = KafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            session_timeout_ms=6_000,
+            heartbeat_interval_ms=1_000,
+            max_poll_interval_ms=60_000,
+        )
+        self._polling = threading.Event()
+        self._polling.set()
+        self._idle = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._polling.is_set():
+                self._idle.clear()
+                self.consumer.poll(timeout_ms=100)
+            else:
+                self._idle.set()
+                time.sleep(0.01)
+
+    def pause(self) -> None:
+        self._polling.clear()
+        assert self._idle.wait(timeout=30)
+
+    def resume(self) -> None:
+        self._polling.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.consumer.close(autocommit=False)
+
+
+@pytest.mark.parametrize("kafka_run", ["kafka-python"], indirect=True)
+def test_a_rejoin_that_completes_between_polls_is_not_lost(kafka_run: KafkaRun) -> None:
+    """The CI failure of session 23: kafka-python 3.0.12 applies a completed JoinGroup /
+    SyncGroup only in a poll that waits for it, and a join for a new topic (a pattern
+    subscription's change) already records, in the join itself, what `need_rejoin()`
+    compares. A poll that timed out before the join completed left the member
+    `rebalancing` with no rejoin due: no later poll joined again, heartbeats stayed off,
+    the broker dropped the member, and `fetch` gave up after its join timeout. Here the
+    join is held up by a paused second member until the poll that sent it has returned,
+    then completes with no poll waiting; the log's next fetch must still read the topic."""
+    from kafka.structs import MemberState  # after the adapters imported kafka quietly
+
+    group = kafka_run.group()
+    # Room for a loaded machine: the steps between this member's polls may take long, and
+    # once the join completed unseen the broker keeps the member only a session timeout.
+    log = kafka_run.log(
+        metadata_max_age_ms=120_000, session_timeout_ms=20_000, max_poll_interval_ms=60_000
+    )
+    assert log.fetch(10) == []  # the leader of a group with no topic yet
+    # The other member reads a topic of its own (created by its subscription, dropped
+    # with the run's topics): the new namespace's partitions all go to this member.
+    other = PausableMember(kafka_run.bootstrap, group, f"{kafka_run.prefix}.other")
+    try:
+        # The second member's join waits for this one to rejoin, which it does in fetch.
+        wait_until(
+            lambda: log.fetch(10) == [] and len(group_owners(kafka_run.bootstrap, group)) == 2,
+            60,
+            "two stable members",
+        )
+        other.pause()
+        expected = kafka_run.write([rec(f"doc-{i}", 1) for i in range(15)])
+        assert relay_outbox(source=kafka_run.source, publisher=kafka_run.publisher(), batch_size=50)
+        assert log.lag() == 15
+
+        # What a fetch's first poll does when the new topic arrives, with the rebalance held
+        # up until that poll has returned: the member sends its JoinGroup and gives up on it.
+        consumer = log._consumer  # type: ignore[attr-defined]
+        consumer.topics()  # the pattern subscription takes the new topic
+        deadline = time.monotonic() + 30
+        while consumer.group_metadata().state == MemberState.STABLE:
+            assert time.monotonic() < deadline, "the member never started its rejoin"
+            assert consumer.poll(timeout_ms=200) == {}
+        other.resume()  # the rebalance completes; no poll of this member waits for it
+        wait_until(
+            lambda: len(group_owners(kafka_run.bootstrap, group)) == 2,
+            30,
+            "the broker to complete the rebalance",
+        )
+        assert consumer.group_metadata().state == MemberState.REBALANCING  # not applied
+
+        entries = read_all(log, expected=15, timeout=30)
+        assert {(e.event.document_id, e.event.revision) for e in entries} == expected
+        log.acknowledge(entries)
+        assert log.lag() == 0
+    finally:
+        other.close()
