@@ -212,9 +212,9 @@ class SqliteOutboxLog:
         return positions, missing, False
 
     def _committed_behind(self, after: int, namespaces: set[str]) -> bool:
-        # One rowid range read: the rows committed since the batch was fetched.
         """Whether a row of a namespace not in `namespaces` is committed past `after`
-        (lock held)."""
+        (lock held): one rowid range read of the rows committed since the batch was
+        fetched."""
         marks = ",".join("?" * len(namespaces))
         row = self._conn.execute(
             f"SELECT 1 FROM outbox WHERE position > ? AND namespace NOT IN ({marks}) LIMIT 1",
