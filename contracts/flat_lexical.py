@@ -225,15 +225,19 @@ class FlatLexical:
         if filter.matches_nothing():
             return {}
         with self._lock:
-            held = self._rows
-            ids = [d for d in filter.document_ids if d in held]
+            # Each listed id's row in one pass over the (large) id dict; ids not held drop.
+            ids: Sequence[str] = filter.document_ids
+            found = list(map(self._rows.get, ids))
+            if None in found:
+                ids = [d for d, row in zip(ids, found, strict=True) if row is not None]
+                found = [row for row in found if row is not None]
             if not ids:
                 return {}
             mask = self._mask(filter, with_ids=False)
             if mask is None:
                 return {}
             scores = self._scores(terms, boosts)
-            rows = np.fromiter(map(held.__getitem__, ids), dtype=np.intp, count=len(ids))
+            rows = np.array(found, dtype=np.intp)
             values = scores[rows]
             keep = mask[rows] & (values > 0.0)
             # A document listed twice is one key with its one score.

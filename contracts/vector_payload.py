@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 import re
 import threading
 import uuid
@@ -352,5 +353,17 @@ def hnsw_search_ef(fetch: int, *, floor: int, spread_factor: int, spread: bool) 
 
 
 def best_first(candidates: Iterable[Candidate], limit: int) -> list[Candidate]:
-    """The best `limit` candidates: score descending, ties by `document_id` ascending."""
-    return sorted(candidates, key=lambda c: (-c.score, c.document_id))[: max(0, limit)]
+    """The best `limit` candidates: score descending, ties by `document_id` ascending.
+
+    An engine hands its hits best first already: when the scores strictly decrease, that
+    order is the only one the sort could give (no two keys tie), so it is kept as it is
+    (one C-level pass over the scores instead of a sort with a key per candidate, ~1/4
+    of its time at 101 hits); any tie, NaN or disorder is sorted."""
+    found = candidates if isinstance(candidates, list) else list(candidates)
+    scores = list(map(_SCORE, found))
+    if all(map(operator.gt, scores, scores[1:])):
+        return found[: max(0, limit)]
+    return sorted(found, key=lambda c: (-c.score, c.document_id))[: max(0, limit)]
+
+
+_SCORE = operator.itemgetter(2)  # `Candidate.score`

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -815,7 +816,7 @@ def _search_sources(q: _Resolved, ports: QueryPorts, watch: _Stopwatch) -> _Sour
         sources.indexes_used.append("bm25" if q.lexical_text else "filter")
     if sources.query_vector is not None:
         sources.indexes_used.append("vector")
-    if q.search_filter != SearchFilter() or (
+    if q.search_filter != _NO_FILTER or (
         isinstance(profile, WeightedProfile) and profile.metadata_weight > 0.0
     ):
         sources.indexes_used.append("metadata")
@@ -829,6 +830,12 @@ T = TypeVar("T")
 # The longest `_start_lexical_first` waits for the lexical search to let the GIL go (its
 # Python part before tantivy's search: analysis, queries, document frequencies, ~0.1-0.5 ms).
 _LET_GO_WAIT_S = 0.003
+
+# `Candidate` fields by position: C-level getters for the re-score's passes over them.
+_DOCUMENT_ID = operator.itemgetter(0)
+_REVISION = operator.itemgetter(1)
+# What "no filter" is: built once, not per query.
+_NO_FILTER = SearchFilter()
 
 
 def _start_lexical_first(
@@ -875,8 +882,8 @@ class _VectorScoresAfter:
         if vector is None or not found:
             return found
         q = self._q
-        by_ids = q.search_filter.model_copy(
-            update={"document_ids": tuple(sorted({c.document_id for c in found})), "phrases": ()}
+        by_ids = q.search_filter.with_ids(
+            tuple(sorted(set(map(_DOCUMENT_ID, found)))), phrases=False
         )
         try:
             self.scores = self._ports.vectors.scores(
@@ -907,9 +914,7 @@ def _prefetch_lexical_scores(
     not reported: the re-score then looks them up itself (and reports its failure)."""
     if not vector:
         return None
-    by_ids = q.search_filter.model_copy(
-        update={"document_ids": tuple(sorted({c.document_id for c in vector}))}
-    )
+    by_ids = q.search_filter.with_ids(tuple(sorted(set(map(_DOCUMENT_ID, vector)))))
     try:
         return ports.lexical.scores(
             q.route.generation_id,
@@ -1013,23 +1018,21 @@ def _rescore(
     scores of (at least) every vector candidate, looked up already; `prefetched_vector`:
     vector scores of (at least) every lexical candidate, likewise.
     """
-    lexical_ids = {c.document_id for c in lexical}
-    vector_ids = {c.document_id for c in vector}
+    lexical_ids = set(map(_DOCUMENT_ID, lexical))
+    vector_ids = set(map(_DOCUMENT_ID, vector))
     only_vector = sorted(vector_ids - lexical_ids)
     only_lexical = sorted(lexical_ids - vector_ids)
-    only = set(only_lexical)
     looked_up = 0
     vector_scores: dict[str, float] = {}
     lookup_vectors: Callable[[], dict[str, float]] | None = None
     if query_vector is not None and vector_ids and only_lexical:
         # Lexical candidates passed the phrase groups already; vector engines take none.
-        by_ids = search_filter.model_copy(
-            update={"document_ids": tuple(only_lexical), "phrases": ()}
-        )
+        by_ids = search_filter.with_ids(tuple(only_lexical), phrases=False)
 
         # The revisions the lexical source found them at: an adapter holding those
         # revisions' vectors scores them without another engine call (kept per tenant).
-        revisions = {c.document_id: c.revision for c in lexical if c.document_id in only}
+        # Every lexical candidate's (one each): the adapter reads those of the ids listed.
+        revisions = dict(zip(map(_DOCUMENT_ID, lexical), map(_REVISION, lexical), strict=True))
 
         def lookup_vectors() -> dict[str, float]:
             assert query_vector is not None
@@ -1052,7 +1055,7 @@ def _rescore(
         if prefetched is not None:
             lexical_scores = {d: prefetched[d] for d in only_vector if d in prefetched}
         else:
-            by_id = search_filter.model_copy(update={"document_ids": tuple(only_vector)})
+            by_id = search_filter.with_ids(tuple(only_vector))
             lexical_scores = ports.lexical.scores(
                 generation_id, text, by_id, field_boosts=profile.lexical_boosts()
             )
