@@ -94,9 +94,7 @@ def main() -> int:
         pair["load"] = round(load, 2)
         pairs.append(pair)
         print(f"round {round_ + 1}: {pair}", file=sys.stderr)
-    summary = {
-        side: statistics.median(p[side] for p in pairs) for side in ("this", "baseline")
-    }
+    summary = {side: statistics.median(p[side] for p in pairs) for side in ("this", "baseline")}
     summary["ratio"] = round(summary["this"] / summary["baseline"], 3)
     report = {
         "benchmark": "edge_apply_ab",
