@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from contracts.index import Candidate, SearchFilter
 from contracts.index_fields import DOCUMENT_ID, FACETS, GALAXY, RING, STATUS, hidden_term
-from contracts.vector_payload import candidate_of, utc_instant
+from contracts.vector_payload import candidate_of, listed, utc_instant
 
 __all__ = [
     "FlatVectors",
@@ -118,7 +118,8 @@ class FlatVectors:
         with self._lock:
             for payload, vector in points:
                 document_id = str(payload[DOCUMENT_ID])
-                if _HIDDEN in (payload.get(FACETS) or ()):
+                # A list, or its one term alone (`payload_of(singletons=True)`).
+                if _HIDDEN in listed(payload.get(FACETS)):
                     self._remove(document_id)
                     continue
                 row = self._rows.get(document_id)

@@ -26,6 +26,14 @@ A field whose value is empty (`ring` "", an empty list) is left out of the paylo
 missing field matches no filter, as an empty one does. Points written by index schema
 version 5 and older also hold `item_id` (never read) and the empty values.
 
+A list of one value (`ring_path` of a top-level ring, one `visibility` label, one
+`facets` term) may be stored as that value alone (`payload_of(..., singletons=True)`:
+qdrant-edge points since session 25). Every filter matches it exactly as it matches the
+list: Qdrant matches a keyword condition on an array when any element matches, on a
+string when the string does, and indexes both alike. A reader of those fields takes
+either form (`listed`). The binding converts a list as a value of its own (~7 us a
+point in qdrant-edge-py 0.9, on top of its strings), with the GIL held.
+
 `updated_at` is compared as a datetime: Qdrant keeps datetimes as integer microseconds
 since the epoch, the resolution of Python's `datetime`, so inclusive range bounds written
 with `utc_timestamp` are exact (a float epoch would round at microsecond scale).
@@ -81,6 +89,7 @@ __all__ = [
     "cosine_score",
     "facet_terms",
     "hnsw_search_ef",
+    "listed",
     "payload_of",
     "point_id",
     "point_key",
@@ -233,7 +242,7 @@ def facet_terms(name: str, values: Iterable[str]) -> list[str]:
     return [f"{name}{FACET_SEPARATOR}{value}" for value in values]
 
 
-def payload_of(document: IndexDocument) -> dict[str, Any]:
+def payload_of(document: IndexDocument, *, singletons: bool = False) -> dict[str, Any]:
     """The payload stored with a document's point (see the module docstring).
 
     Empty values are left out (`ring` "", and `ring_path`, `visibility`, `facets` []):
@@ -241,7 +250,8 @@ def payload_of(document: IndexDocument) -> dict[str, Any]:
     field matches exactly as little as an empty one, and the engines' Python bindings
     convert each payload value by trying every JSON type in turn (qdrant-edge: ~2 us a
     string, ~4.5 us an empty list). `item_id` is written by index schema version 5 and
-    older only (no query reads it from a point).
+    older only (no query reads it from a point). With `singletons`, a list of one value
+    is stored as that value (the module docstring says why every filter matches alike).
     """
     payload: dict[str, Any] = {
         DOCUMENT_ID: document.document_id,
@@ -252,16 +262,27 @@ def payload_of(document: IndexDocument) -> dict[str, Any]:
     }
     if document.ring:
         payload[RING] = document.ring
-        payload[RING_PATH] = list(ring_path(document.ring))
+        path = ring_path(document.ring)
+        payload[RING_PATH] = path[0] if singletons and len(path) == 1 else list(path)
     if document.visibility:
-        payload[VISIBILITY] = list(document.visibility)
+        labels = document.visibility
+        payload[VISIBILITY] = labels[0] if singletons and len(labels) == 1 else list(labels)
     if document.facets:
         terms = sorted(
             term for name, values in document.facets.items() for term in facet_terms(name, values)
         )
         if terms:
-            payload[FACETS] = terms
+            payload[FACETS] = terms[0] if singletons and len(terms) == 1 else terms
     return payload
+
+
+def listed(value: Any) -> list[Any]:
+    """A payload field's values as a list, whichever form it was stored in: a list as it
+    is, a single value (a list of one stored as its value, `payload_of(singletons=True)`)
+    as a list of it, a missing field (None) as []."""
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
 
 
 def check_vector(document: IndexDocument, dimension: int | None) -> None:

@@ -7,19 +7,12 @@ directory the pointer file `root / f"{generation_id}+live"` names. qdrant-edge a
 process per shard directory (a second `EdgeShard.load` fails on the WAL lock), so the
 query side searches through `QdrantEdgeVectorIndex.shard_for` of this same object.
 
-Payload of a point (the contract with `query.adapters.qdrant_edge_vectors`):
-
-| field         | value                                   | payload index            |
-|---------------|-----------------------------------------|--------------------------|
-| `document_id` | the document id                         | keyword                  |
-| `revision`    | int                                     | - (read only)            |
-| `item_id`     | str                                     | -                        |
-| `galaxy`      | str                                     | keyword (tenant)         |
-| `ring`        | str                                     | -                        |
-| `status`      | str                                     | keyword                  |
-| `visibility`  | list of labels                          | keyword                  |
-| `facets`      | list of `"name=value"` strings          | keyword                  |
-| `updated_at`  | RFC 3339 UTC with microseconds (`…Z`)   | datetime                 |
+Payload of a point: `contracts.vector_payload.payload_of(document, singletons=True)` (the
+contract with `query.adapters.qdrant_edge_vectors`; a list of one value stored as the
+value). Payload indexes: every field queries filter on (`PAYLOAD_INDEXES`) but
+`revision` (read, never filtered on) and `document_id` (listed documents are matched by
+point id); generations created before session 25 also index `document_id`, and before
+session 24 `revision` (unused).
 
 `updated_at` is indexed as a datetime: Qdrant keeps datetimes as integer microseconds
 since the epoch, the resolution of Python's `datetime`, so inclusive range bounds are
@@ -182,7 +175,7 @@ from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors, flat_capacity
 from contracts.index import IndexDocument
-from contracts.index_fields import REVISION
+from contracts.index_fields import DOCUMENT_ID, REVISION
 from contracts.malloc import trim as trim_malloc
 from contracts.pacing import Pace, no_pace
 from contracts.point_table import PointTable
@@ -361,12 +354,16 @@ def _index_params(field: str, kind: PayloadIndexKind) -> PayloadSchemaParams:
 # retrieving points by id (`_present_revisions`), never by a range filter (the Qdrant
 # server adapter's conditional writes do: it keeps the index). The integer index (lookup
 # and range) cost ~4 us of `EdgeShard.update` a point, with the GIL held (an optimize of
-# 10k points took the same CPU with or without it). Generations created before keep
-# theirs (unused).
+# 10k points took the same CPU with or without it). Not `document_id` (since session
+# 25): every query matches listed documents by point id (`HasIdCondition`: a point's id
+# is a function of its document's id), never through this index; its keyword index, one
+# distinct value per point, cost ~3 us of `EdgeShard.update` a point. Generations
+# created before keep theirs (unused).
+_UNINDEXED = frozenset({REVISION, DOCUMENT_ID})
 _PAYLOAD_INDEXES: dict[str, PayloadSchemaParams] = {
     field: _index_params(field, kind)
     for field, kind in PAYLOAD_INDEXES.items()
-    if field != REVISION
+    if field not in _UNINDEXED
 }
 
 
@@ -1800,7 +1797,9 @@ def _write(
             upserted.pop(pid, None)
             if pid in present:
                 removals.append(pid)
-    payloads = {pid: payload_of(document) for pid, document in upserted.items()}
+    # A list of one value stored as the value: the binding converts a list as a value of
+    # its own (~7 us a point, GIL held); every filter matches either form alike.
+    payloads = {pid: payload_of(document, singletons=True) for pid, document in upserted.items()}
     with contextlib.nullcontext() if table is None else table.writing():
         if upserted:
             points = [

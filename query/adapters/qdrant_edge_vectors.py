@@ -42,7 +42,6 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors
 from contracts.index import Candidate, SearchFilter, id_lookup_size
 from contracts.index_fields import (
-    DOCUMENT_ID,
     FACETS,
     GALAXY,
     REVISION,
@@ -691,7 +690,9 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
 
     Every clause is a `must`; any-of lists are `MatchAny` on keyword indexes, facets are
     matched as `"name=value"` strings, time bounds are inclusive datetime ranges in UTC
-    (naive bounds are `INVALID_REQUEST`).
+    (naive bounds are `INVALID_REQUEST`), listed documents are their point ids
+    (`HasIdCondition`: a point's id is a function of its document's id, and generations
+    created since session 25 have no `document_id` payload index).
     Phrase groups are refused (`INTERNAL`): the query worker resolves them to ids.
     """
     must = _must(filter)
@@ -726,7 +727,9 @@ def _must(filter: SearchFilter, *, with_ids: bool = True) -> list[ConditionType]
     for name, values in sorted(filter.facets.items()):
         must.append(FieldCondition(FACETS, match=MatchAny(facet_terms(name, values))))
     if filter.document_ids is not None and with_ids:
-        must.append(FieldCondition(DOCUMENT_ID, match=MatchAny(list(filter.document_ids))))
+        must.append(
+            HasIdCondition({_point_key(document_id) for document_id in filter.document_ids})
+        )
     if filter.rings is not None:
         must.append(FieldCondition(RING, match=MatchAny(list(filter.rings))))
     if filter.ring_trees is not None:

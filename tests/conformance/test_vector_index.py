@@ -707,13 +707,14 @@ def test_edge_rejects_unsafe_generation_ids(edge: QdrantEdgeVectorIndex) -> None
 def test_edge_payload_indexes_link_hnsw_for_the_equality_filters_only(
     edge: QdrantEdgeVectorIndex,
 ) -> None:
-    from contracts.index_fields import REVISION
+    from contracts.index_fields import DOCUMENT_ID, REVISION
     from contracts.vector_payload import GRAPH_FIELDS, PAYLOAD_INDEXES, TENANT_FIELD
 
     edge.create("g", DIM)
     schema = edge.shard_for("g").info().payload_schema
-    # Every field a query filters on; not `revision` (read, never filtered on here).
-    assert set(schema) == set(PAYLOAD_INDEXES) - {REVISION}
+    # Every field a query filters on; not `revision` (read, never filtered on here) nor
+    # `document_id` (listed documents are matched by point id).
+    assert set(schema) == set(PAYLOAD_INDEXES) - {REVISION, DOCUMENT_ID}
     for field, info in schema.items():
         assert info.params is not None, field
         assert info.params.enable_hnsw is (field in GRAPH_FIELDS), field
