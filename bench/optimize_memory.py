@@ -21,6 +21,7 @@ after the swap): the RSS it adds, anonymous and file. Everything per point too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -101,7 +102,9 @@ def _segments(shard: Path) -> set[str]:
     return names
 
 
-def _run_child(module: Any, staging: Path, interval: float) -> dict[str, Any]:
+def _run_child(
+    module: Any, staging: Path, interval: float, page_out_s: float | None
+) -> dict[str, Any]:
     inputs = _segments(staging)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -112,6 +115,7 @@ def _run_child(module: Any, staging: Path, interval: float) -> dict[str, Any]:
         text=True,
     )
     peak: dict[str, int] = {"rss": 0}
+    read_mib = [0]  # what the child read from disk (page cache misses), last seen
     series: list[list[float]] = []
     done = threading.Event()
 
@@ -119,6 +123,12 @@ def _run_child(module: Any, staging: Path, interval: float) -> dict[str, Any]:
         prefix = f"{os.path.realpath(staging)}/"
         while not done.is_set():
             parts = _smaps(process.pid, prefix, inputs)
+            with (
+                contextlib.suppress(OSError, ValueError, StopIteration),
+                open(f"/proc/{process.pid}/io", encoding="ascii") as io,
+            ):
+                line = next(x for x in io if x.startswith("read_bytes:"))
+                read_mib[0] = int(line.split()[1]) >> 20
             if parts is not None:
                 if parts["rss"] > peak["rss"]:
                     peak.clear()
@@ -131,6 +141,8 @@ def _run_child(module: Any, staging: Path, interval: float) -> dict[str, Any]:
     sampler.start()
     # As `_optimize_in_child` runs it (a revision without a pager runs the child alone).
     pager = module._ChildPager(process.pid, staging) if hasattr(module, "_ChildPager") else None
+    if page_out_s is None:
+        page_out_s = getattr(module, "_CHILD_PAGE_OUT_S", 1.0)
     while True:
         try:
             stdout, stderr = process.communicate(timeout=module._CHILD_POLL_S)
@@ -138,7 +150,7 @@ def _run_child(module: Any, staging: Path, interval: float) -> dict[str, Any]:
         except subprocess.TimeoutExpired:
             if pager is not None:
                 pager.page_out()
-                time.sleep(module._CHILD_PAGE_OUT_S)
+                time.sleep(page_out_s)
     if pager is not None:
         pager.close()
     done.set()
@@ -151,6 +163,8 @@ def _run_child(module: Any, staging: Path, interval: float) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - started, 1),
         "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1),
         "hwm_mib": round(after.ru_maxrss / 1024),  # the largest child's so far
+        "read_from_disk_mib": read_mib[0],
+        "page_out_every_s": page_out_s if pager is not None else None,
         "peak_mib": {k: round(v / 1024) for k, v in peak.items()},
         "series_mib": {
             "columns": ["s", "rss", "anon", "input", "output", "other_file"],
@@ -213,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="tree")
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--no-serve", action="store_true")
+    parser.add_argument(
+        "--page-out-s", type=float, default=None, help="the pager's period (the module's)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     module = edge_adapter(args.module)
@@ -232,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             "label": args.label,
             "size": args.size,
             "indexed": args.indexed,
-            "child": _run_child(module, staging, args.interval),
+            "child": _run_child(module, staging, args.interval, args.page_out_s),
         }
         if not args.no_serve:
             report["serve"] = _serve(module, staging, args.dim)
