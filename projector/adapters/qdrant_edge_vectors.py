@@ -268,8 +268,7 @@ _SYS_PROCESS_MADVISE = 440
 # How often the optimizer reclaims its child's pages of the copy's input files
 # (`_ChildPager`). A page reclaimed before the child is done with it is read back from
 # disk: at 200k points (`bench/optimize_memory.py`) every 1 s read 1,979 MiB back, every
-# 5 s 1,028 MiB (the load's read-in and the build's own read, once each), both with the
-# same peak (709 MB against 1,442 without a pager).
+# 5 s 1,028 MiB, both with the same peak (693 MiB against 1,442 without a pager).
 _CHILD_PAGE_OUT_S = 5.0
 # How often the optimizer looks at cancellation while its child runs.
 _CHILD_POLL_S = 0.1
@@ -2111,7 +2110,10 @@ class _ChildPager:
             if done >= 0:
                 continue
             error = ctypes.get_errno()
-            if error in (errno.EPERM, errno.ENOSYS, errno.ESRCH):
+            if error == errno.ESRCH:  # the child has exited: nothing left to reclaim
+                self.close()
+                return
+            if error in (errno.EPERM, errno.ENOSYS):
                 self._stop(os.strerror(error))
                 return
             # ENOMEM/EFAULT: the range went meanwhile; EINVAL: this range refuses the

@@ -97,3 +97,4 @@ def test_child_pager_after_the_child_exited_stops_quietly(tmp_path: Path) -> Non
     pager.close()
     pager.close()
     assert pager.reclaimed_kb == 0
+    assert pager.refused is None
