@@ -1291,6 +1291,45 @@ def test_edge_reclaiming_a_live_shards_pages_changes_no_answer(
         assert all(outcome is not None and outcome[0] > 0 for outcome in outcomes), outcomes
 
 
+def test_edge_reclaiming_the_childs_input_pages_changes_no_answer(
+    edge: QdrantEdgeVectorIndex,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the optimizer's child builds, the optimizer reclaims the child's pages of
+    the copy it started from (`_ChildPager`, every `_CHILD_PAGE_OUT_S`): here over and
+    over, from the child's load (it waits a while once loaded, so rounds find the input
+    mapped and read in) through its build. The optimized generation holds every point
+    and answers as the exact search does; on Linux the log line says what was reclaimed
+    (or that this host refused the call)."""
+    monkeypatch.setattr(edge_module, "_CHILD_PAGE_OUT_S", 0.05)
+    loaded_then_wait = edge_module._OPTIMIZE_SCRIPT.replace(
+        "changed = shard.optimize()", "import time\ntime.sleep(1.0)\nchanged = shard.optimize()"
+    )
+    assert loaded_then_wait != edge_module._OPTIMIZE_SCRIPT
+    monkeypatch.setattr(edge_module, "_OPTIMIZE_SCRIPT", loaded_then_wait)
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=31)
+    model.add(3_000)
+    query = unit(1, 1, 0, 1)
+    exact = _exact_ids(edge, query, 10)
+    caplog.set_level(logging.INFO, logger=edge_module.__name__)
+    assert edge.optimize("g") is True
+    assert edge.evidence("g") == IndexEvidence(
+        document_count=len(model.docs), id_set_digest=id_set_digest(pairs(*model.docs.values()))
+    )
+    search = QdrantEdgeVectorSearch(edge.shard_for)
+    top = [c.document_id for c in search.search("g", query, SearchFilter(), 10)]
+    assert len(set(top) & set(exact)) >= 8
+    (line,) = [r.getMessage() for r in caplog.records if "optimized qdrant-edge" in r.getMessage()]
+    if sys.platform == "linux":
+        assert "the child's input pages reclaimed" in line, line
+        if "refused" not in line:
+            rounds = int(line.split(" rounds")[-2].rsplit(" ", 1)[-1])
+            reclaimed = float(line.split(" MiB of RSS in ")[-2].rsplit(" ", 1)[-1])
+            assert rounds >= 5 and reclaimed > 0, line
+
+
 _FAILING_CHILDREN = {
     "child-exits": "import sys\nsys.exit(3)\n",
     "child-killed": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
