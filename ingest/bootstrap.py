@@ -186,6 +186,21 @@ def kafka_relay_step(
     return step, close, source.pending
 
 
+def outbox_signal(
+    database_url: str | None, on_rows: Callable[[], None]
+) -> tuple[Callable[[], None], Callable[[], None]] | None:
+    """What starts and what stops the calls of `on_rows` (a relay's `wake`) whenever
+    outbox rows were committed, by any process (PostgreSQL: migration 0009's
+    notifications, `PostgresOutboxSignal`); None for the single-host SQLite file, whose
+    writers share the relay's process or poll."""
+    if not database_url:
+        return None
+    from ingest.adapters.postgres_outbox_relay import PostgresOutboxSignal
+
+    signal = PostgresOutboxSignal(database_url, on_rows)
+    return signal.start, signal.close
+
+
 def store_maintenance(
     data_dir: Path,
     database_url: str | None,

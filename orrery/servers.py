@@ -31,6 +31,7 @@ from ingest.bootstrap import (
     job_store,
     kafka_relay_step,
     migrate_database,
+    outbox_signal,
     server_store,
     server_write_flow,
 )
@@ -134,6 +135,12 @@ def qdrant_client(settings: QuerySettings) -> Any:
     return open_qdrant_client(path=str(settings.data_dir / "qdrant-local"))
 
 
+# How long an idle relay waits between claims when the outbox's notifications wake it
+# (PostgreSQL): a notification lost while its listener reconnects is claimed this late
+# at most (the listener also wakes the relay after each reconnection).
+RELAY_SIGNALLED_POLL_SECONDS = 2.0
+
+
 @dataclass(slots=True)
 class ServerStack:
     """The roles of one server-mode process, started and stopped together."""
@@ -200,8 +207,20 @@ class ServerStack:
             if metrics is not None:
                 step = metrics.wrap_relay_step(step)
             state_collector(metrics, outbox_depth=outbox_depth)
-            stack.relay = RelayLoop(step, poll_seconds=settings.projector_poll_seconds * 4)
+            # On PostgreSQL the outbox's notifications wake the relay (`outbox_signal`):
+            # it polls only as a safety net.
+            stack.relay = relay = RelayLoop(
+                step,
+                poll_seconds=RELAY_SIGNALLED_POLL_SECONDS
+                if settings.database_url
+                else settings.projector_poll_seconds * 4,
+            )
             stack.closers.append(close)
+            signal = outbox_signal(settings.database_url, relay.wake)
+            if signal is not None:
+                start_signal, close_signal = signal
+                start_signal()
+                stack.closers.append(close_signal)
         needs_embedder = Role.PROJECTOR in roles or Role.QUERY in roles
         # Queries embed in a session of their own; an injected embedder serves both.
         query_embedder = embedder

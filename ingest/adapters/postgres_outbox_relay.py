@@ -9,13 +9,18 @@ in position order even with several relays. A row whose `own_event_json` is empt
 (`OUTBOX_EVENT_IS_RECORD`, migration 0007) carries the `RecordChanged` of its record row,
 read in the same statement, with the record's float32 vector (`vector_f32`, migration
 0008; NULL for rows written before: published without it).
+
+`PostgresOutboxSignal` wakes a relay when rows were committed: every statement that
+inserts outbox rows notifies channel `orrery_outbox` (migration 0009), so a relay in
+another process than the writer claims at once instead of polling an empty outbox.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -25,7 +30,12 @@ from pydantic_core import to_json
 from ingest.adapters.postgres_db import driver_errors, open_pool
 from ingest.relay_ports import OutboxRow, Placement, claimed_rows
 
-__all__ = ["PostgresOutboxReader"]
+__all__ = ["OUTBOX_CHANNEL", "PostgresOutboxReader", "PostgresOutboxSignal"]
+
+log = logging.getLogger("orrery.relay")
+
+# The channel migration 0009's trigger notifies after each statement inserting outbox rows.
+OUTBOX_CHANNEL = "orrery_outbox"
 
 _CLAIM = """
 SELECT o.position, o.document_id, o.namespace, o.own_event_json,
@@ -148,3 +158,65 @@ def _placed(
         part, off = placements[index] if placements else (None, None)
         out[int(position)] = (int(position), part, off)
     return [out[p] for p in sorted(out)]
+
+
+class PostgresOutboxSignal:
+    """Calls `on_rows()` when outbox rows were committed, from a daemon thread holding a
+    connection of its own that listens on `OUTBOX_CHANNEL`.
+
+    Guarantees: while the connection holds, every committed transaction that inserted
+    outbox rows is followed by at least one `on_rows()` call (PostgreSQL delivers a
+    transaction's notification after its commit). Notifications sent while the thread is
+    not connected are lost, so `on_rows()` is also called once after every (re)connection;
+    a failed connection is retried after `retry_seconds`. A call is only a hint to claim
+    now: nothing here reads or claims rows. `close()` stops the thread (within
+    `wait_seconds`) and closes the connection."""
+
+    def __init__(
+        self,
+        url: str,
+        on_rows: Callable[[], None],
+        *,
+        wait_seconds: float = 0.5,
+        retry_seconds: float = 1.0,
+    ) -> None:
+        self._url = url
+        self._on_rows = on_rows
+        self._wait = wait_seconds
+        self._retry = retry_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="orrery-outbox-signal", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self._wait + 5.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(
+                    self._url,
+                    autocommit=True,
+                    connect_timeout=10,
+                    application_name="orrery-outbox-signal",
+                ) as conn:
+                    conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
+                    self._on_rows()  # whatever was committed before the LISTEN
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=self._wait):
+                            self._on_rows()
+            except psycopg.Error as exc:
+                log.warning(
+                    "listening for outbox rows failed (%s): the relay polls meanwhile; "
+                    "retrying in %.1fs",
+                    exc,
+                    self._retry,
+                )
+                self._on_rows()
+                self._stop.wait(self._retry)
