@@ -325,7 +325,9 @@ def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) 
     applied = time.perf_counter() - started
     cpu_after = _cpu_snapshot(roles)
     per_1k = {name: round((cpu_after[name] - cpu_before[name]) * 1000 / size, 3) for name in roles}
-    calls = {"ingest-api": {"posts": len(batches), "per_1k": round(len(batches) * 1000 / size, 2)}}
+    calls: dict[str, Any] = {
+        "ingest-api": {"posts": len(batches), "per_1k": round(len(batches) * 1000 / size, 2)}
+    }
     calls.update(_role_calls(deployment, size))
     xacts = _transactions(deployment)
     if xacts is not None and xacts_before is not None:
@@ -405,11 +407,11 @@ def _role_calls(deployment: Deployment, size: int) -> dict[str, Any]:
         "steps": int(steps),
         "steps_per_1k": round(steps * 1000 / size, 2),
     }
-    url = deployment.env.get("ORRERY_DATABASE_URL")
-    if url:
+    database = deployment.env.get("ORRERY_DATABASE_URL")
+    if database:
         import psycopg
 
-        with psycopg.connect(url) as conn:
+        with psycopg.connect(database) as conn:
             sizes = [
                 int(n)
                 for (n,) in conn.execute(

@@ -18,7 +18,6 @@ another process than the writer claims at once instead of polling an empty outbo
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,12 +26,10 @@ import psycopg
 from psycopg_pool import ConnectionPool
 from pydantic_core import to_json
 
-from ingest.adapters.postgres_db import driver_errors, open_pool
+from ingest.adapters.postgres_db import PostgresListener, driver_errors, open_pool
 from ingest.relay_ports import OutboxRow, Placement, claimed_rows
 
 __all__ = ["OUTBOX_CHANNEL", "PostgresOutboxReader", "PostgresOutboxSignal"]
-
-log = logging.getLogger("orrery.relay")
 
 # The channel migration 0009's trigger notifies after each statement inserting outbox rows.
 OUTBOX_CHANNEL = "orrery_outbox"
@@ -160,17 +157,10 @@ def _placed(
     return [out[p] for p in sorted(out)]
 
 
-class PostgresOutboxSignal:
-    """Calls `on_rows()` when outbox rows were committed, from a daemon thread holding a
-    connection of its own that listens on `OUTBOX_CHANNEL`.
-
-    Guarantees: while the connection holds, every committed transaction that inserted
-    outbox rows is followed by at least one `on_rows()` call (PostgreSQL delivers a
-    transaction's notification after its commit). Notifications sent while the thread is
-    not connected are lost, so `on_rows()` is also called once after every (re)connection;
-    a failed connection is retried after `retry_seconds`. A call is only a hint to claim
-    now: nothing here reads or claims rows. `close()` stops the thread (within
-    `wait_seconds`) and closes the connection."""
+class PostgresOutboxSignal(PostgresListener):
+    """Calls `on_rows()` (a relay's `wake`) when outbox rows were committed, by any
+    process: a `PostgresListener` of `OUTBOX_CHANNEL`. A call is only a hint to claim
+    now: nothing here reads or claims rows."""
 
     def __init__(
         self,
@@ -180,43 +170,11 @@ class PostgresOutboxSignal:
         wait_seconds: float = 0.5,
         retry_seconds: float = 1.0,
     ) -> None:
-        self._url = url
-        self._on_rows = on_rows
-        self._wait = wait_seconds
-        self._retry = retry_seconds
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="orrery-outbox-signal", daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self._wait + 5.0)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(
-                    self._url,
-                    autocommit=True,
-                    connect_timeout=10,
-                    application_name="orrery-outbox-signal",
-                ) as conn:
-                    conn.execute(f"LISTEN {OUTBOX_CHANNEL}")
-                    self._on_rows()  # whatever was committed before the LISTEN
-                    while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=self._wait):
-                            self._on_rows()
-            except psycopg.Error as exc:
-                log.warning(
-                    "listening for outbox rows failed (%s): the relay polls meanwhile; "
-                    "retrying in %.1fs",
-                    exc,
-                    self._retry,
-                )
-                self._on_rows()
-                self._stop.wait(self._retry)
+        super().__init__(
+            url,
+            OUTBOX_CHANNEL,
+            on_rows,
+            name="orrery-outbox-signal",
+            wait_seconds=wait_seconds,
+            retry_seconds=retry_seconds,
+        )
