@@ -304,6 +304,7 @@ def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) 
     worker = deployment.workers[0]
     roles = _cpu_roles(deployment)
     xacts_before = _transactions(deployment)
+    counters_before = _role_counters(deployment)
     cpu_before = _cpu_snapshot(roles)
     started = time.perf_counter()
     with deployment.ingest.client(REQUEST_TIMEOUT_S) as ingest:
@@ -328,7 +329,7 @@ def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) 
     calls: dict[str, Any] = {
         "ingest-api": {"posts": len(batches), "per_1k": round(len(batches) * 1000 / size, 2)}
     }
-    calls.update(_role_calls(deployment, size))
+    calls.update(_role_calls(deployment, size, counters_before))
     xacts = _transactions(deployment)
     if xacts is not None and xacts_before is not None:
         # Every role's transactions in the deployment's database (PostgreSQL flushes a
@@ -382,7 +383,27 @@ def _percentiles(sizes: Sequence[int]) -> dict[str, float]:
     return {f"p{q}": round(float(np.percentile(sizes, q)), 1) for q in (5, 50, 95)}
 
 
-def _role_calls(deployment: Deployment, size: int) -> dict[str, Any]:
+_COUNTERS = (
+    "orrery_projector_batch_duration_seconds_count",
+    "orrery_projector_events_applied_total",
+    "orrery_projector_steps_total",
+    "orrery_relay_steps_total",
+)
+
+
+def _role_counters(deployment: Deployment) -> dict[str, float]:
+    """`_COUNTERS` summed over the relays and projectors (0 for a counter a tree lacks)."""
+    totals = dict.fromkeys(_COUNTERS, 0.0)
+    for url in deployment.metrics.values():
+        samples = _scrape(url)
+        for name in _COUNTERS:
+            totals[name] += samples.get(name, 0.0)
+    return totals
+
+
+def _role_calls(
+    deployment: Deployment, size: int, before: dict[str, float] | None = None
+) -> dict[str, Any]:
     """How many calls each role made for the ingest, per 1k records: the projectors'
     applied batches (their metrics: `orrery_projector_batch_duration_seconds` counts the
     steps that applied events) and the relays' published batches (the outbox rows
@@ -390,13 +411,11 @@ def _role_calls(deployment: Deployment, size: int) -> dict[str, Any]:
     time), with the batch sizes. Each apply makes the same engine and registry calls
     whatever its size, so these count the per-call costs."""
     out: dict[str, Any] = {}
-    batches = events = steps = relay_steps = 0.0
-    for url in deployment.metrics.values():
-        samples = _scrape(url)
-        batches += samples.get("orrery_projector_batch_duration_seconds_count", 0.0)
-        events += samples.get("orrery_projector_events_applied_total", 0.0)
-        steps += samples.get("orrery_projector_steps_total", 0.0)
-        relay_steps += samples.get("orrery_relay_steps_total", 0.0)
+    after = _role_counters(deployment)
+    # Counted over the measured window (from before the first POST) when `before` is given.
+    batches, events, steps, relay_steps = (
+        after[name] - (before or {}).get(name, 0.0) for name in _COUNTERS
+    )
     out["projector"] = {
         "batches": int(batches),
         "events": int(events),
