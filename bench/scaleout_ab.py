@@ -44,7 +44,8 @@ from bench.scaleout import deployed, measure_ingest
 from bench.topk import Vocabulary, corpus_batches
 size, relays, projectors = (int(a) for a in sys.argv[1:4])
 extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
-batches = list(corpus_batches(size, 2000, 42, Vocabulary.build(random.Random(42))))
+post = int(extra.pop("post_batch", 2000))
+batches = list(corpus_batches(size, post, 42, Vocabulary.build(random.Random(42))))
 before = Path("/proc/loadavg").read_text().strip()
 fresh = int(extra.pop("fresh", 0))
 with deployed(
@@ -64,12 +65,20 @@ ROLES = ("ingest-api", "relay", "project")
 
 
 def _run(
-    tree: Path, size: int, relays: int, projectors: int, env: dict[str, str], fresh: int = 0
+    tree: Path,
+    size: int,
+    relays: int,
+    projectors: int,
+    env: dict[str, str],
+    fresh: int = 0,
+    post_batch: int = 2000,
 ) -> dict[str, Any]:
     # Only given when set: a base tree's `deployed` may not take `extra_env`.
     options: dict[str, Any] = {"extra_env": env} if env else {}
     if fresh:
         options["fresh"] = fresh
+    if post_batch != 2000:
+        options["post_batch"] = post_batch
     extra = [json.dumps(options)] if options else []
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(size), str(relays), str(projectors), *extra],
@@ -108,6 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="after the ingest, this many single-record freshness lags (POST returned → "
         "first visible in a lexical-only topk_records), as bench/scaleout.py's",
     )
+    parser.add_argument(
+        "--post-batch",
+        type=int,
+        default=2000,
+        help="records a POST (at most 2,000, the deployment's ORRERY_MAX_BATCH)",
+    )
     parser.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, default=None)
@@ -121,7 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for round_ in range(args.rounds):
         for side in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
             figures = _run(
-                trees[side], args.size, args.relays, args.projectors, envs[side], args.fresh
+                trees[side],
+                args.size,
+                args.relays,
+                args.projectors,
+                envs[side],
+                args.fresh,
+                args.post_batch,
             )
             runs.append({"tree": side, "round": round_, **figures, "orrery": orrery_cpu(figures)})
             lag = figures.get("freshness", {}).get("lag_ms", {})
@@ -158,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "relays": args.relays,
             "projectors": args.projectors,
             "fresh": args.fresh,
+            "post_batch": args.post_batch,
             "command": " ".join(["bench/scaleout_ab.py", *(argv or sys.argv[1:])]),
         },
         "orrery_cpu_seconds_per_1k_records_median": summary,
