@@ -40,6 +40,9 @@ __all__ = [
 # every 50 ms made ~100 reads a 2,000-record POST: ~50 calls per 1k records).
 SERVER_SIGNALLED_POLL_SECONDS = 1.0
 PROJECTED_CHANNEL = "orrery_projected"
+# Outbox batches a relay step publishes at most (a step that published fewer drained the
+# outbox).
+RELAY_MAX_BATCHES = 20
 
 
 def canonical_db_path(data_dir: Path) -> Path:
@@ -197,7 +200,11 @@ def kafka_relay_step(
     else:
         raise ValueError(f"unknown Kafka client {client!r} (confluent or kafka-python)")
     step = functools.partial(
-        relay_outbox, source=source, publisher=publisher, batch_size=batch_size, max_batches=20
+        relay_outbox,
+        source=source,
+        publisher=publisher,
+        batch_size=batch_size,
+        max_batches=RELAY_MAX_BATCHES,
     )
 
     def close() -> None:
