@@ -78,6 +78,8 @@ class Deployment:
     ingest: ServeProcess
     workers: list[ServeProcess]
     others: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Each relay's and projector's `ORRERY_METRICS_PORT` (role name → metrics URL).
+    metrics: dict[str, str] = field(default_factory=dict)
 
 
 def _child_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -193,18 +195,29 @@ def deployed(
 
         deployment: Deployment | None = None
         started: list[subprocess.Popen[bytes]] = []
+        metrics: dict[str, str] = {}
+
+        def spawn(command: str, name: str) -> subprocess.Popen[bytes]:
+            # Its own metrics port: the calls a role made are read from its counters.
+            port = free_port()
+            metrics[name] = f"http://{LOOPBACK}:{port}/metrics"
+            role_env = {**env, "ORRERY_METRICS_PORT": str(port)}
+            return _spawn(command, data_dir(), root / f"{name}.log", role_env)
+
         try:
             ingest = _http_role("ingest-api", data_dir(), root / "ingest.log", env)
             started.append(ingest.process)
             for i in range(relays):
-                started.append(_spawn("relay", data_dir(), root / f"relay{i}.log", env))
+                started.append(spawn("relay", f"relay{i}"))
             for i in range(projectors):
-                started.append(_spawn("project", data_dir(), root / f"project{i}.log", env))
+                started.append(spawn("project", f"project{i}"))
             served = []
             for i in range(workers):
                 served.append(_http_role("query-worker", data_dir(), root / f"worker{i}.log", env))
                 started.append(served[-1].process)
-            deployment = Deployment(root, env, ingest, served, started[1 : 1 + relays + projectors])
+            deployment = Deployment(
+                root, env, ingest, served, started[1 : 1 + relays + projectors], metrics
+            )
             yield deployment
         finally:
             stop_processes(started)
@@ -290,6 +303,8 @@ def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) 
     sum bounds the throughput."""
     worker = deployment.workers[0]
     roles = _cpu_roles(deployment)
+    xacts_before = _transactions(deployment)
+    counters_before = _role_counters(deployment)
     cpu_before = _cpu_snapshot(roles)
     started = time.perf_counter()
     with deployment.ingest.client(REQUEST_TIMEOUT_S) as ingest:
@@ -311,6 +326,15 @@ def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) 
     applied = time.perf_counter() - started
     cpu_after = _cpu_snapshot(roles)
     per_1k = {name: round((cpu_after[name] - cpu_before[name]) * 1000 / size, 3) for name in roles}
+    calls: dict[str, Any] = {
+        "ingest-api": {"posts": len(batches), "per_1k": round(len(batches) * 1000 / size, 2)}
+    }
+    calls.update(_role_calls(deployment, size, counters_before))
+    xacts = _transactions(deployment)
+    if xacts is not None and xacts_before is not None:
+        # Every role's transactions in the deployment's database (PostgreSQL flushes a
+        # backend's counts about once a second: the last second may be missing).
+        calls["postgres_transactions_per_1k"] = round((xacts - xacts_before) * 1000 / size, 1)
     return {
         "records": size,
         "post_seconds": round(posted, 3),
@@ -323,7 +347,107 @@ def measure_ingest(deployment: Deployment, batches: Sequence[bytes], size: int) 
             sum(cpu_after[n] - cpu_before[n] for n in roles) / (applied * (os.cpu_count() or 1)),
             3,
         ),
+        "calls": calls,
     }
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """The unlabelled samples of a role's Prometheus text (name → value)."""
+    out: dict[str, float] = {}
+    with contextlib.suppress(httpx.HTTPError):
+        for line in httpx.get(url, timeout=10, trust_env=False).text.splitlines():
+            name, _, value = line.partition(" ")
+            if line and not line.startswith("#") and "{" not in name:
+                out[name] = float(value)
+    return out
+
+
+def _transactions(deployment: Deployment) -> int | None:
+    """Committed plus rolled-back transactions of the deployment's database so far."""
+    url = deployment.env.get("ORRERY_DATABASE_URL")
+    if not url:
+        return None
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+            "WHERE datname = current_database()"
+        ).fetchone()
+    return None if row is None else int(row[0])
+
+
+def _percentiles(sizes: Sequence[int]) -> dict[str, float]:
+    if not sizes:
+        return {}
+    return {f"p{q}": round(float(np.percentile(sizes, q)), 1) for q in (5, 50, 95)}
+
+
+_COUNTERS = (
+    "orrery_projector_batch_duration_seconds_count",
+    "orrery_projector_events_applied_total",
+    "orrery_projector_steps_total",
+    "orrery_relay_steps_total",
+)
+
+
+def _role_counters(deployment: Deployment) -> dict[str, float]:
+    """`_COUNTERS` summed over the relays and projectors (0 for a counter a tree lacks)."""
+    totals = dict.fromkeys(_COUNTERS, 0.0)
+    for url in deployment.metrics.values():
+        samples = _scrape(url)
+        for name in _COUNTERS:
+            totals[name] += samples.get(name, 0.0)
+    return totals
+
+
+def _role_calls(
+    deployment: Deployment, size: int, before: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """How many calls each role made for the ingest, per 1k records: the projectors'
+    applied batches (their metrics: `orrery_projector_batch_duration_seconds` counts the
+    steps that applied events) and the relays' published batches (the outbox rows
+    marked by one transaction share their `published_at`, PostgreSQL's transaction
+    time), with the batch sizes. Each apply makes the same engine and registry calls
+    whatever its size, so these count the per-call costs."""
+    out: dict[str, Any] = {}
+    after = _role_counters(deployment)
+    # Counted over the measured window (from before the first POST) when `before` is given.
+    batches, events, steps, relay_steps = (
+        after[name] - (before or {}).get(name, 0.0) for name in _COUNTERS
+    )
+    out["projector"] = {
+        "batches": int(batches),
+        "events": int(events),
+        "mean_batch": round(events / batches, 1) if batches else None,
+        "per_1k": round(batches * 1000 / size, 2),
+        # Every fetch, empty ones too (each measures the log's lag): a tree without the
+        # counter reports 0.
+        "steps": int(steps),
+        "steps_per_1k": round(steps * 1000 / size, 2),
+    }
+    database = deployment.env.get("ORRERY_DATABASE_URL")
+    if database:
+        import psycopg
+
+        with psycopg.connect(database) as conn:
+            sizes = [
+                int(n)
+                for (n,) in conn.execute(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL "
+                    "GROUP BY published_at ORDER BY 1"
+                ).fetchall()
+            ]
+        out["relay"] = {
+            # Every step, empty claims too (a tree without the counter reports 0).
+            "steps": int(relay_steps),
+            "steps_per_1k": round(relay_steps * 1000 / size, 2),
+            "batches": len(sizes),
+            "mean_batch": round(sum(sizes) / len(sizes), 1) if sizes else None,
+            "batch_size": _percentiles(sizes),
+            "per_1k": round(len(sizes) * 1000 / size, 2),
+        }
+    return out
 
 
 def _verify_live(deployment: Deployment) -> dict[str, Any]:

@@ -44,12 +44,18 @@ from bench.scaleout import deployed, measure_ingest
 from bench.topk import Vocabulary, corpus_batches
 size, relays, projectors = (int(a) for a in sys.argv[1:4])
 extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
-batches = list(corpus_batches(size, 2000, 42, Vocabulary.build(random.Random(42))))
+post = int(extra.pop("post_batch", 2000))
+batches = list(corpus_batches(size, post, 42, Vocabulary.build(random.Random(42))))
 before = Path("/proc/loadavg").read_text().strip()
+fresh = int(extra.pop("fresh", 0))
 with deployed(
     "postgres", relays=relays, projectors=projectors, workers=1, batch_size=2000, **extra
 ) as d:
     figures = measure_ingest(d, batches, size)
+    if fresh:
+        from bench.scaleout import _verify_live, measure_freshness
+        _verify_live(d)
+        figures["freshness"] = measure_freshness(d, fresh)
 figures["loadavg_before"] = before
 figures["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
 print("FIGURES " + json.dumps(figures))
@@ -59,10 +65,21 @@ ROLES = ("ingest-api", "relay", "project")
 
 
 def _run(
-    tree: Path, size: int, relays: int, projectors: int, env: dict[str, str]
+    tree: Path,
+    size: int,
+    relays: int,
+    projectors: int,
+    env: dict[str, str],
+    fresh: int = 0,
+    post_batch: int = 2000,
 ) -> dict[str, Any]:
     # Only given when set: a base tree's `deployed` may not take `extra_env`.
-    extra = [json.dumps({"extra_env": env})] if env else []
+    options: dict[str, Any] = {"extra_env": env} if env else {}
+    if fresh:
+        options["fresh"] = fresh
+    if post_batch != 2000:
+        options["post_batch"] = post_batch
+    extra = [json.dumps(options)] if options else []
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(size), str(relays), str(projectors), *extra],
         cwd=tree,
@@ -93,6 +110,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--relays", type=int, default=2)
     parser.add_argument("--projectors", type=int, default=2)
+    parser.add_argument(
+        "--fresh",
+        type=int,
+        default=0,
+        help="after the ingest, this many single-record freshness lags (POST returned → "
+        "first visible in a lexical-only topk_records), as bench/scaleout.py's",
+    )
+    parser.add_argument(
+        "--post-batch",
+        type=int,
+        default=2000,
+        help="records a POST (at most 2,000, the deployment's ORRERY_MAX_BATCH)",
+    )
     parser.add_argument("--env-a", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--env-b", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, default=None)
@@ -105,9 +135,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
         for side in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
-            figures = _run(trees[side], args.size, args.relays, args.projectors, envs[side])
+            figures = _run(
+                trees[side],
+                args.size,
+                args.relays,
+                args.projectors,
+                envs[side],
+                args.fresh,
+                args.post_batch,
+            )
             runs.append({"tree": side, "round": round_, **figures, "orrery": orrery_cpu(figures)})
-            print(side, runs[-1]["orrery"], figures["loadavg_after"], file=sys.stderr)
+            lag = figures.get("freshness", {}).get("lag_ms", {})
+            print(
+                side,
+                runs[-1]["orrery"],
+                figures["loadavg_after"],
+                figures.get("calls", ""),
+                {k: lag[k] for k in ("p50", "p95") if k in lag},
+                file=sys.stderr,
+            )
     summary = {
         side: {
             key: round(median(r["orrery"][key] for r in runs if r["tree"] == side), 3)
@@ -115,6 +161,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         for side in trees
     }
+    for side in trees:
+        lags = [r["freshness"]["lag_ms"] for r in runs if r["tree"] == side and "freshness" in r]
+        if lags:
+            summary[side]["freshness_p50_ms"] = round(median(x["p50"] for x in lags), 1)
+            summary[side]["freshness_p95_ms"] = round(median(x["p95"] for x in lags), 1)
     report = {
         "benchmark": "scaleout_ab",
         "date": utc_now(),
@@ -127,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": args.rounds,
             "relays": args.relays,
             "projectors": args.projectors,
+            "fresh": args.fresh,
+            "post_batch": args.post_batch,
             "command": " ".join(["bench/scaleout_ab.py", *(argv or sys.argv[1:])]),
         },
         "orrery_cpu_seconds_per_1k_records_median": summary,

@@ -37,6 +37,9 @@ class StepLoop(Generic[Result]):
       called (e.g. right after a write commits).
     - `stop()` interrupts a backoff or an idle wait at once and returns after the step
       in progress, if any, finished (or after `timeout`).
+    - With `min_interval_seconds`, a step after an idle one starts no sooner than that
+      long after the idle one started, even when woken earlier: wakes that come faster
+      than that are taken together, by one step (a busy step is followed at once).
 
     - A failure is reported (`_report_failure`) when its message differs from the last
       one reported, or once per `report_window_seconds` while it repeats, with the
@@ -58,8 +61,10 @@ class StepLoop(Generic[Result]):
         max_backoff_seconds: float,
         report_window_seconds: float = REPORT_WINDOW_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        min_interval_seconds: float = 0.0,
     ) -> None:
         self._step = step
+        self._min_interval = min_interval_seconds
         self._report_window = report_window_seconds
         self._clock = clock
         self._reported: tuple[str, float] | None = None  # (message, when) of the last report
@@ -94,6 +99,7 @@ class StepLoop(Generic[Result]):
     def run(self) -> None:
         """Run in the calling thread until `stop()`."""
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 result = self._step()
             except Exception as exc:
@@ -118,6 +124,9 @@ class StepLoop(Generic[Result]):
                 continue  # more may be waiting: don't sleep
             self._wake.wait(self._poll)
             self._wake.clear()
+            rest = started + self._min_interval - time.monotonic()
+            if rest > 0:
+                self._stop.wait(rest)
 
     def _maybe_report(self, exc: Exception, backoff: float) -> None:
         self._failures_in_a_row += 1

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from contracts.events import LogEntry
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.model import FlowLimits
-from ingest.pacing import WriteFlow
+from ingest.pacing import ChangeSignal, WriteFlow
 from ingest.ports import JobStore, RecordStore, StoreMaintenance
 from ingest.relay import relay_outbox
 from ingest.relay_ports import EventPublisher
@@ -34,8 +34,15 @@ __all__ = [
 
 
 # How often a paced server-mode writer reads its namespace's backlog (one indexed
-# query): the most a wait adds to the moment the answer could have left.
-SERVER_POLL_SECONDS = 0.05
+# query) without being told the projector moved: the projector's commits notify
+# `PROJECTED_CHANNEL` (its migration 0007), which wakes the writer at once; this is the
+# safety net for a notification lost while the listener reconnects (session 24's poll
+# every 50 ms made ~100 reads a 2,000-record POST: ~50 calls per 1k records).
+SERVER_SIGNALLED_POLL_SECONDS = 1.0
+PROJECTED_CHANNEL = "orrery_projected"
+# Outbox batches a relay step publishes at most (a step that published fewer drained the
+# outbox).
+RELAY_MAX_BATCHES = 20
 
 
 def canonical_db_path(data_dir: Path) -> Path:
@@ -113,10 +120,27 @@ def server_write_flow(
     if not database_url or not limits.max_lag_events:
         return None
     from ingest.adapters.postgres_backlog import PostgresBacklog
+    from ingest.adapters.postgres_db import PostgresListener
 
     backlog = PostgresBacklog(database_url, count_limit=limits.max_lag_events + 1)
-    flow = WriteFlow(backlog, limits, poll_seconds=SERVER_POLL_SECONDS, blocking=True)
-    return flow, backlog.close
+    changes = ChangeSignal()
+    listener = PostgresListener(
+        database_url, PROJECTED_CHANNEL, changes.notify, name="orrery-projected-signal"
+    )
+    flow = WriteFlow(
+        backlog,
+        limits,
+        poll_seconds=SERVER_SIGNALLED_POLL_SECONDS,
+        blocking=True,
+        changes=changes,
+    )
+    listener.start()
+
+    def close() -> None:
+        listener.close()
+        backlog.close()
+
+    return flow, close
 
 
 def job_store(data_dir: Path, database_url: str | None) -> JobStore:
@@ -176,7 +200,11 @@ def kafka_relay_step(
     else:
         raise ValueError(f"unknown Kafka client {client!r} (confluent or kafka-python)")
     step = functools.partial(
-        relay_outbox, source=source, publisher=publisher, batch_size=batch_size, max_batches=20
+        relay_outbox,
+        source=source,
+        publisher=publisher,
+        batch_size=batch_size,
+        max_batches=RELAY_MAX_BATCHES,
     )
 
     def close() -> None:
@@ -184,6 +212,21 @@ def kafka_relay_step(
         source.close()
 
     return step, close, source.pending
+
+
+def outbox_signal(
+    database_url: str | None, on_rows: Callable[[], None]
+) -> tuple[Callable[[], None], Callable[[], None]] | None:
+    """What starts and what stops the calls of `on_rows` (a relay's `wake`) whenever
+    outbox rows were committed, by any process (PostgreSQL: migration 0009's
+    notifications, `PostgresOutboxSignal`); None for the single-host SQLite file, whose
+    writers share the relay's process or poll."""
+    if not database_url:
+        return None
+    from ingest.adapters.postgres_outbox_relay import PostgresOutboxSignal
+
+    signal = PostgresOutboxSignal(database_url, on_rows)
+    return signal.start, signal.close
 
 
 def store_maintenance(

@@ -18,6 +18,8 @@ behind at most that much per active namespace to become searchable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -27,11 +29,53 @@ from contracts.errors import ErrorCode, OrreryError
 from ingest.model import FlowLimits
 from ingest.ports import ProjectionProgress
 
-__all__ = ["WAIT_POLL_SECONDS", "IngestBacklog", "WriteFlow", "WritePacer"]
+__all__ = ["WAIT_POLL_SECONDS", "ChangeSignal", "IngestBacklog", "WriteFlow", "WritePacer"]
 
 # How often a waiting writer looks at the projector's progress (an int read): the most a
 # wait adds to the moment the answer could have left.
 WAIT_POLL_SECONDS = 0.002
+
+
+class ChangeSignal:
+    """Tells waiting writers that the projector's progress may have moved (`notify`, from
+    any thread: e.g. a database listener's), so that they read their backlog again then
+    instead of on a timer.
+
+    Guarantees: `version` increases with every `notify`; `changed_since(seen, timeout)`
+    returns once `version` differs from `seen` (at once if it does already) or after
+    `timeout` seconds, whichever comes first. A notify is never lost between a writer's
+    read of `version` and its wait: read `version` before the backlog, wait with it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._version = 0
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def notify(self) -> None:
+        with self._lock:
+            self._version += 1
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile
+                loop.call_soon_threadsafe(event.set)
+
+    async def changed_since(self, seen: int, timeout: float) -> None:
+        waiter = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            if self._version != seen:
+                return
+            self._waiters.add(waiter)
+        try:
+            await asyncio.wait_for(waiter[1].wait(), max(0.0, timeout))
+        except TimeoutError:
+            pass
+        finally:
+            with self._lock:
+                self._waiters.discard(waiter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +83,16 @@ class WriteFlow:
     """The projector's progress and the limits a write is paced by: in memory in the
     embedded deployment (`contracts.progress.LogProgress`), read from the database in
     server mode on PostgreSQL (`ingest.adapters.postgres_backlog`: `blocking`, so read
-    off the event loop, and polled every `poll_seconds`, not every few ms)."""
+    off the event loop, and polled every `poll_seconds`, not every few ms). With
+    `changes`, a waiting writer reads its backlog again when told the progress moved
+    (PostgreSQL: the projector's notifications), and every `poll_seconds` at most
+    apart as a safety net."""
 
     progress: ProjectionProgress
     limits: FlowLimits
     poll_seconds: float = WAIT_POLL_SECONDS
     blocking: bool = False
+    changes: ChangeSignal | None = None
 
 
 class IngestBacklog(OrreryError):
@@ -120,10 +168,20 @@ class WritePacer:
         limit = self.flow.limits.max_lag_events
         if not limit:
             return
-        while (lag := await self._lag(namespace)) > limit:
-            if time.monotonic() >= deadline:
+        changes = self.flow.changes
+        while True:
+            # Read before the backlog: a change after this read ends the wait below.
+            seen = changes.version if changes is not None else 0
+            lag = await self._lag(namespace)
+            if lag <= limit:
+                return
+            now = time.monotonic()
+            if now >= deadline:
                 raise self._backlog(namespace, lag)
-            await asyncio.sleep(self.flow.poll_seconds)
+            if changes is None:
+                await asyncio.sleep(self.flow.poll_seconds)
+            else:
+                await changes.changed_since(seen, min(self.flow.poll_seconds, deadline - now))
 
     async def _lag(self, namespace: str) -> int:
         assert self.flow is not None

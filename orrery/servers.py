@@ -26,11 +26,13 @@ from fastapi import APIRouter, FastAPI
 from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
 from ingest.bootstrap import (
+    RELAY_MAX_BATCHES,
     canonical_db_path,
     describe_store,
     job_store,
     kafka_relay_step,
     migrate_database,
+    outbox_signal,
     server_store,
     server_write_flow,
 )
@@ -134,6 +136,17 @@ def qdrant_client(settings: QuerySettings) -> Any:
     return open_qdrant_client(path=str(settings.data_dir / "qdrant-local"))
 
 
+# How long an idle relay waits between claims when the outbox's notifications wake it
+# (PostgreSQL): a notification lost while its listener reconnects is claimed this late
+# at most (the listener also wakes the relay after each reconnection).
+RELAY_SIGNALLED_POLL_SECONDS = 2.0
+# A woken relay claims no sooner than this after its previous claim step started: a
+# stream of small commits (e.g. 32-record POSTs) is then published in batches of what
+# came meanwhile, not one small batch a commit (which made the projector's batches small:
+# session 25, `docs/bench/README.md`); a commit after a quiet spell is claimed at once.
+RELAY_MIN_INTERVAL_SECONDS = 0.1
+
+
 @dataclass(slots=True)
 class ServerStack:
     """The roles of one server-mode process, started and stopped together."""
@@ -200,8 +213,23 @@ class ServerStack:
             if metrics is not None:
                 step = metrics.wrap_relay_step(step)
             state_collector(metrics, outbox_depth=outbox_depth)
-            stack.relay = RelayLoop(step, poll_seconds=settings.projector_poll_seconds * 4)
+            # On PostgreSQL the outbox's notifications wake the relay (`outbox_signal`):
+            # it polls only as a safety net.
+            signalled = bool(settings.database_url)
+            stack.relay = relay = RelayLoop(
+                step,
+                poll_seconds=RELAY_SIGNALLED_POLL_SECONDS
+                if signalled
+                else settings.projector_poll_seconds * 4,
+                min_interval_seconds=RELAY_MIN_INTERVAL_SECONDS if signalled else 0.0,
+                drained_below=settings.relay_batch_size * RELAY_MAX_BATCHES if signalled else None,
+            )
             stack.closers.append(close)
+            signal = outbox_signal(settings.database_url, relay.wake)
+            if signal is not None:
+                start_signal, close_signal = signal
+                start_signal()
+                stack.closers.append(close_signal)
         needs_embedder = Role.PROJECTOR in roles or Role.QUERY in roles
         # Queries embed in a session of their own; an injected embedder serves both.
         query_embedder = embedder

@@ -200,8 +200,19 @@ class Metrics:
             registry=r,
         )
         self.projector_lag.set(-1)
+        self.projector_steps = Counter(
+            "orrery_projector_steps",
+            "Projector steps (one log fetch each), whether they applied events or not",
+            registry=r,
+        )
         self.relay_published = Counter(
             "orrery_relay_published", "Outbox events the relay published", registry=r
+        )
+        self.relay_steps = Counter(
+            "orrery_relay_steps",
+            "Relay steps (outbox claims until one comes back short), whether they "
+            "published events or not",
+            registry=r,
         )
         self.relay_failures = Counter(
             "orrery_relay_step_failures", "Relay steps that failed", registry=r
@@ -300,6 +311,7 @@ class Metrics:
 
         def counted() -> Any:
             started = time.perf_counter()
+            self.projector_steps.inc()
             try:
                 report = step()
             except Exception:
@@ -320,6 +332,7 @@ class Metrics:
         """`step` (a relay step returning how many events it published), counted."""
 
         def counted() -> int:
+            self.relay_steps.inc()
             try:
                 published = step()
             except Exception:

@@ -11,8 +11,10 @@ file once, and a failed file leaves nothing behind (PostgreSQL DDL is transactio
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -29,12 +31,15 @@ __all__ = [
     "Migration",
     "MigrationMismatch",
     "MigrationReport",
+    "PostgresListener",
     "driver_errors",
     "load_migrations",
     "migrate",
     "open_pool",
     "redact",
 ]
+
+log = logging.getLogger("orrery.ingest")
 
 COMPONENT = "ingest"
 DEPENDENCY = "postgres"
@@ -163,3 +168,68 @@ def migrate(
             )
             done.append(migration.version)
     return MigrationReport(applied=tuple(done), already=tuple(sorted(applied)))
+
+
+class PostgresListener:
+    """Calls `on_notify()` for the notifications of one channel, from a daemon thread
+    holding a connection of its own (`LISTEN channel`).
+
+    Guarantees: while the connection holds, every committed transaction that notified
+    `channel` is followed by at least one `on_notify()` call (PostgreSQL delivers a
+    transaction's notifications after its commit, equal ones folded into one).
+    Notifications sent while the thread is not connected are lost, so `on_notify()` is
+    also called once after every (re)connection and once after a lost connection; a
+    failed connection is retried after `retry_seconds`. `close()` stops the thread
+    (within about `wait_seconds`) and closes its connection."""
+
+    def __init__(
+        self,
+        url: str,
+        channel: str,
+        on_notify: Callable[[], None],
+        *,
+        name: str,
+        wait_seconds: float = 0.5,
+        retry_seconds: float = 1.0,
+    ) -> None:
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", channel):
+            raise ValueError(f"not a plain channel name: {channel!r}")
+        self._url = url
+        self._channel = channel
+        self._on_notify = on_notify
+        self._name = name
+        self._wait = wait_seconds
+        self._retry = retry_seconds
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self._wait + 5.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(
+                    self._url, autocommit=True, connect_timeout=10, application_name=self._name
+                ) as conn:
+                    conn.execute(f"LISTEN {self._channel}".encode())
+                    self._on_notify()  # whatever was committed before the LISTEN
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=self._wait):
+                            self._on_notify()
+            except psycopg.Error as exc:
+                log.warning(
+                    "listening on channel %s failed (%s): polling meanwhile; retrying in %.1fs",
+                    self._channel,
+                    exc,
+                    self._retry,
+                )
+                self._on_notify()
+                self._stop.wait(self._retry)

@@ -9,23 +9,30 @@ in position order even with several relays. A row whose `own_event_json` is empt
 (`OUTBOX_EVENT_IS_RECORD`, migration 0007) carries the `RecordChanged` of its record row,
 read in the same statement, with the record's float32 vector (`vector_f32`, migration
 0008; NULL for rows written before: published without it).
+
+`PostgresOutboxSignal` wakes a relay when rows were committed: every statement that
+inserts outbox rows notifies channel `orrery_outbox` (migration 0009), so a relay in
+another process than the writer claims at once instead of polling an empty outbox.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
 from pydantic_core import to_json
 
-from ingest.adapters.postgres_db import driver_errors, open_pool
+from ingest.adapters.postgres_db import PostgresListener, driver_errors, open_pool
 from ingest.relay_ports import OutboxRow, Placement, claimed_rows
 
-__all__ = ["PostgresOutboxReader"]
+__all__ = ["OUTBOX_CHANNEL", "PostgresOutboxReader", "PostgresOutboxSignal"]
+
+# The channel migration 0009's trigger notifies after each statement inserting outbox rows.
+OUTBOX_CHANNEL = "orrery_outbox"
 
 _CLAIM = """
 SELECT o.position, o.document_id, o.namespace, o.own_event_json,
@@ -148,3 +155,26 @@ def _placed(
         part, off = placements[index] if placements else (None, None)
         out[int(position)] = (int(position), part, off)
     return [out[p] for p in sorted(out)]
+
+
+class PostgresOutboxSignal(PostgresListener):
+    """Calls `on_rows()` (a relay's `wake`) when outbox rows were committed, by any
+    process: a `PostgresListener` of `OUTBOX_CHANNEL`. A call is only a hint to claim
+    now: nothing here reads or claims rows."""
+
+    def __init__(
+        self,
+        url: str,
+        on_rows: Callable[[], None],
+        *,
+        wait_seconds: float = 0.5,
+        retry_seconds: float = 1.0,
+    ) -> None:
+        super().__init__(
+            url,
+            OUTBOX_CHANNEL,
+            on_rows,
+            name="orrery-outbox-signal",
+            wait_seconds=wait_seconds,
+            retry_seconds=retry_seconds,
+        )

@@ -175,8 +175,17 @@ async def _until_searchable(flow: WriteFlow, result: WriteResponse) -> bool:
         return True
     target = max(positions)
     deadline = time.monotonic() + flow.limits.searchable_wait_seconds
-    while flow.progress.applied < target:
-        if time.monotonic() >= deadline:
+    changes = flow.changes
+    while True:
+        # Read before the progress: a change after this read ends the wait below.
+        seen = changes.version if changes is not None else 0
+        if flow.progress.applied >= target:
+            return True
+        now = time.monotonic()
+        if now >= deadline:
             return False
-        await asyncio.sleep(WAIT_POLL_SECONDS)
-    return True
+        if changes is None:
+            await asyncio.sleep(WAIT_POLL_SECONDS)
+        else:
+            # Told when the projector moved (server mode on PostgreSQL), not polled.
+            await changes.changed_since(seen, min(flow.poll_seconds, deadline - now))

@@ -42,9 +42,12 @@ class RelayLoop(StepLoop[int]):
       (`initial_backoff_seconds` doubling up to `max_backoff_seconds`);
       `DependencyUnavailable` is logged as a warning, anything else with its traceback.
       Nothing is skipped: unpublished rows stay in the outbox until a step succeeds.
-    - After a step that published something the next one starts at once; after an
-      empty one the loop sleeps `poll_seconds`, or less if `wake()` is called (e.g.
-      right after a write commits).
+    - After a step that published something the next one starts at once (with
+      `drained_below`: only after one that published at least that many, i.e. may have
+      left rows behind); otherwise the loop sleeps `poll_seconds`, or less if `wake()`
+      is called (e.g. right after a write commits), but with `min_interval_seconds` no
+      less than that since the previous step started: commits that come faster are
+      claimed together, in one step's batches.
     - `stop()` interrupts a backoff or an idle wait at once and returns after the step
       in progress, if any, finished (bounded by the publisher's own timeouts).
     """
@@ -56,6 +59,8 @@ class RelayLoop(StepLoop[int]):
         poll_seconds: float = 0.5,
         initial_backoff_seconds: float = 0.2,
         max_backoff_seconds: float = 30.0,
+        min_interval_seconds: float = 0.0,
+        drained_below: int | None = None,
     ) -> None:
         super().__init__(
             step,
@@ -63,8 +68,10 @@ class RelayLoop(StepLoop[int]):
             poll_seconds=poll_seconds,
             initial_backoff_seconds=initial_backoff_seconds,
             max_backoff_seconds=max_backoff_seconds,
+            min_interval_seconds=min_interval_seconds,
         )
         self._stats = _Stats()
+        self._drained_below = drained_below
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -84,6 +91,8 @@ class RelayLoop(StepLoop[int]):
         self._stats.published += result
         if result:
             log.debug("published %d outbox events", result)
+        if self._drained_below is not None:
+            return result >= self._drained_below
         return result > 0
 
     def _record_failure(self, exc: Exception) -> None:

@@ -388,3 +388,48 @@ def test_the_embedded_store_keeps_no_vector_bytes(tmp_path: Path) -> None:
     finally:
         store.close()
         source.close()
+
+
+@pytest.mark.servers
+def test_a_commit_of_outbox_rows_wakes_a_relay_listening_in_another_connection(
+    postgres_url: str,
+) -> None:
+    """PostgreSQL: each committed write of outbox rows calls the signal's `on_rows` (the
+    relay's wake), also after the listening connection was lost and came back."""
+    import psycopg
+
+    from ingest.adapters.postgres_db import migrate
+    from ingest.adapters.postgres_outbox_relay import PostgresOutboxReader, PostgresOutboxSignal
+    from ingest.adapters.postgres_store import PostgresRecordStore
+
+    migrate(postgres_url)
+    woken = threading.Event()
+    signal = PostgresOutboxSignal(postgres_url, woken.set, wait_seconds=0.1, retry_seconds=0.1)
+    store = PostgresRecordStore(postgres_url)
+    source = PostgresOutboxReader(postgres_url)
+    signal.start()
+    try:
+        assert woken.wait(30), "woken once listening (rows committed before count)"
+        woken.clear()
+        store.write([rec("a"), rec("b")])
+        assert woken.wait(30), "woken by the commit"
+        assert [r.position for r in source.unpublished(10)] == [1, 2]
+        source.mark_published([1, 2])
+
+        woken.clear()
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'orrery-outbox-signal' AND datname = current_database()"
+            )
+        assert woken.wait(30), "woken after the connection came back"
+        # Listening again (the wake after a reconnection comes right after the LISTEN):
+        # a later commit wakes it as well.
+        woken.clear()
+        store.write([rec("c")])
+        assert woken.wait(30), "woken by a commit after the reconnection"
+        assert [r.position for r in source.unpublished(10)] == [3]
+    finally:
+        signal.close()
+        source.close()
+        store.close()

@@ -155,3 +155,30 @@ def test_an_event_held_by_another_partition_is_in_the_backlog(stack: Stack) -> N
     assert stack.backlog.lag(ns) == 2  # first (partition 0, not applied) and third
     stack.state.commit("c1", second, {}, namespaces={ns: first}, partitions={(ns, 0): 0})
     assert stack.backlog.lag(ns) == 1  # third
+
+
+def test_the_projectors_commits_and_lag_reports_notify_waiting_writers(stack: Stack) -> None:
+    """The projector's migration 0007: what a backlog is counted from notifies channel
+    `orrery_projected` when committed, which wakes the ingest API's paced writers
+    (`ingest.bootstrap.server_write_flow`) instead of a 50 ms poll."""
+    import threading
+
+    from ingest.adapters.postgres_db import PostgresListener
+    from ingest.bootstrap import PROJECTED_CHANNEL
+
+    woken = threading.Event()
+    listener = PostgresListener(
+        stack.url, PROJECTED_CHANNEL, woken.set, name="test-projected", wait_seconds=0.1
+    )
+    listener.start()
+    try:
+        assert woken.wait(30), "told once listening"
+        woken.clear()
+        positions = stack.write("told-a", 3)
+        stack.state.commit("c-told", positions[-1], {}, namespaces={"told-a": positions[-1]})
+        assert woken.wait(30), "told of the batch's commit"
+        woken.clear()
+        stack.state.record_lag("c-told", position=positions[-1], lag_events=0)
+        assert woken.wait(30), "told of the lag measured"
+    finally:
+        listener.close()

@@ -6,6 +6,7 @@ state a POST can meet is set up exactly, with no timing involved."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from contracts.progress import LogProgress
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.entrypoints.http import WriteFlow, create_router
 from ingest.model import FlowLimits
+from ingest.pacing import ChangeSignal
 from orrery.http import build_app
 
 
@@ -31,13 +33,23 @@ def records(start: int, count: int, namespace: str = "ns") -> list[dict[str, Any
 
 
 class Stack:
-    def __init__(self, tmp_path: Path, limits: FlowLimits | None) -> None:
+    def __init__(
+        self, tmp_path: Path, limits: FlowLimits | None, changes: ChangeSignal | None = None
+    ) -> None:
         self.progress = LogProgress()
 
         self.store = SqliteRecordStore(
             tmp_path / "orrery.sqlite", on_positions=self.progress.wrote_events
         )
-        flow = None if limits is None else WriteFlow(self.progress, limits)
+        # With `changes`, waiting writers read the progress again only when told (the
+        # safety-net poll is longer than any test).
+        flow = (
+            None
+            if limits is None
+            else WriteFlow(self.progress, limits, poll_seconds=3_600.0, changes=changes)
+            if changes is not None
+            else WriteFlow(self.progress, limits)
+        )
         router = create_router(
             store=self.store,
             grants={},
@@ -56,8 +68,8 @@ class Stack:
 def make(tmp_path: Path) -> Iterator[Any]:
     stacks: list[Stack] = []
 
-    def factory(limits: FlowLimits | None) -> Stack:
-        stack = Stack(tmp_path / str(len(stacks)), limits)
+    def factory(limits: FlowLimits | None, changes: ChangeSignal | None = None) -> Stack:
+        stack = Stack(tmp_path / str(len(stacks)), limits, changes)
         stacks.append(stack)
         return stack
 
@@ -203,3 +215,74 @@ def test_a_refusal_names_the_namespace_and_its_own_lag(make: Any) -> None:
     both = stack.post(records(10, 1, "big") + records(10, 1, "small"))
     assert both.status_code == 503
     assert both.json()["error"]["details"]["namespace"] == "big"
+
+
+def test_a_signalled_writer_reads_the_backlog_again_when_told_and_then_writes(make: Any) -> None:
+    """Server mode on PostgreSQL: a waiting writer is woken by the projector's
+    notifications (`ChangeSignal`), not by a timer."""
+    changes = ChangeSignal()
+    stack = make(FlowLimits(max_lag_events=5, backlog_wait_seconds=600.0), changes)
+    stack.post(records(0, 10))
+    answers: list[httpx.Response] = []
+    writer = threading.Thread(target=lambda: answers.append(stack.post(records(10, 3))))
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive() and not answers
+    stack.progress.applied_up_to(8)  # moved, but nobody said so: still waiting
+    writer.join(0.3)
+    assert writer.is_alive() and not answers
+    assert stack.store.high_water() == 10
+    changes.notify()
+    writer.join(60)
+    assert not writer.is_alive()
+    assert answers[0].status_code == 200
+    assert [item["position"] for item in answers[0].json()["items"]] == [11, 12, 13]
+
+
+def test_a_signalled_wait_searchable_answers_when_told_the_batch_is_applied(make: Any) -> None:
+    changes = ChangeSignal()
+    stack = make(FlowLimits(max_lag_events=0, searchable_wait_seconds=600.0), changes)
+    stack.post(records(0, 4))
+    answers: list[httpx.Response] = []
+    writer = threading.Thread(
+        target=lambda: answers.append(stack.post(records(4, 2), wait="searchable"))
+    )
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive() and not answers
+    stack.progress.applied_up_to(5)  # one of its two records
+    changes.notify()
+    writer.join(0.2)
+    assert writer.is_alive() and not answers
+    stack.progress.applied_up_to(6)
+    changes.notify()
+    writer.join(60)
+    assert answers[0].status_code == 200
+    assert answers[0].json()["searchable"] is True
+
+
+def test_a_change_between_reading_the_version_and_waiting_is_not_lost() -> None:
+    changes = ChangeSignal()
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        version = changes.version
+        changes.notify()  # e.g. the projector committed while the backlog was read
+        await asyncio.wait_for(changes.changed_since(version, 3_600.0), 60)
+        seen.append("returned at once")
+        version = changes.version
+        waiting = asyncio.create_task(changes.changed_since(version, 3_600.0))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        threading.Thread(target=changes.notify).start()  # from another thread
+        await asyncio.wait_for(waiting, 60)
+        seen.append("woken from another thread")
+        await changes.changed_since(changes.version, 0.0)  # a timeout ends a wait too
+        seen.append("timed out")
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        "returned at once",
+        "woken from another thread",
+        "timed out",
+    ]
