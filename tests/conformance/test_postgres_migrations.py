@@ -239,7 +239,8 @@ def test_the_vector_bytes_migration_keeps_the_rows_it_finds(postgres_url: str) -
             (old.doc_id,),
         )
         conn.execute("UPDATE outbox_counter SET position = 1")
-    assert migrate(postgres_url).applied == (8,)
+    assert migrate(postgres_url, files[:8]).applied == (8,)
+    assert migrate(postgres_url).applied == tuple(range(9, len(files) + 1))  # the later ones
     store, reader = PostgresRecordStore(postgres_url), PostgresOutboxReader(postgres_url)
     try:
         new = Record(

@@ -87,7 +87,9 @@ class Topology:
             if s.get("build", {}).get("dockerfile") == "compose/Dockerfile"
         }
         wanted = [p for s in self.services.values() for p in _ports(s)]
-        self.offset = next(o for o in range(30_000, 31_000, 7) if all(_free(p + o) for p in wanted))
+        # Below the kernel's ephemeral range (32768-60999 by default): a port there found
+        # free now can be taken by any outgoing connection before the role binds it.
+        self.offset = next(o for o in range(20_000, 23_000, 7) if all(_free(p + o) for p in wanted))
         tag = run_tag()
         harness = server_env(tag, database=False)
         harness["ORRERY_DATABASE_URL"] = database_url
