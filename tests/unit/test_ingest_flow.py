@@ -32,6 +32,23 @@ def records(start: int, count: int, namespace: str = "ns") -> list[dict[str, Any
     ]
 
 
+def start_writer(
+    stack: Any, batch: list[dict[str, Any]], **post: Any
+) -> tuple[threading.Thread, list[httpx.Response]]:
+    """A thread posting `batch`, started, and the list its answer is appended to."""
+    answers: list[httpx.Response] = []
+    writer = threading.Thread(target=lambda: answers.append(stack.post(batch, **post)))
+    writer.start()
+    return writer, answers
+
+
+def assert_still_waiting(
+    writer: threading.Thread, answers: list[httpx.Response], seconds: float = 0.2
+) -> None:
+    writer.join(seconds)
+    assert writer.is_alive() and not answers
+
+
 class Stack:
     def __init__(
         self, tmp_path: Path, limits: FlowLimits | None, changes: ChangeSignal | None = None
@@ -104,13 +121,10 @@ def test_a_write_beyond_the_backlog_bound_is_refused_and_nothing_is_written(make
 def test_a_writer_waits_for_the_backlog_and_then_writes(make: Any) -> None:
     stack = make(FlowLimits(max_lag_events=5, backlog_wait_seconds=600.0))
     stack.post(records(0, 10))
-    answers: list[httpx.Response] = []
-    writer = threading.Thread(target=lambda: answers.append(stack.post(records(10, 3))))
-    writer.start()
+    writer, answers = start_writer(stack, records(10, 3))
     # Whenever we look, the waiting writer has written nothing: the projector is 10
     # events behind, the bound is 5.
-    writer.join(0.2)
-    assert writer.is_alive() and not answers
+    assert_still_waiting(writer, answers)
     assert stack.store.high_water() == 10
     stack.progress.applied_up_to(8)
     writer.join(60)
@@ -129,16 +143,10 @@ def test_no_bound_when_max_lag_is_zero(make: Any) -> None:
 def test_wait_searchable_answers_once_the_projector_applied_the_batch(make: Any) -> None:
     stack = make(FlowLimits(max_lag_events=0, searchable_wait_seconds=600.0))
     stack.post(records(0, 4))
-    answers: list[httpx.Response] = []
-    writer = threading.Thread(
-        target=lambda: answers.append(stack.post(records(4, 2), wait="searchable"))
-    )
-    writer.start()
-    writer.join(0.2)
-    assert writer.is_alive() and not answers
+    writer, answers = start_writer(stack, records(4, 2), wait="searchable")
+    assert_still_waiting(writer, answers)
     stack.progress.applied_up_to(5)  # one of its two records: still waiting
-    writer.join(0.2)
-    assert writer.is_alive() and not answers
+    assert_still_waiting(writer, answers)
     stack.progress.applied_up_to(6)
     writer.join(60)
     assert answers[0].status_code == 200
@@ -223,14 +231,10 @@ def test_a_signalled_writer_reads_the_backlog_again_when_told_and_then_writes(ma
     changes = ChangeSignal()
     stack = make(FlowLimits(max_lag_events=5, backlog_wait_seconds=600.0), changes)
     stack.post(records(0, 10))
-    answers: list[httpx.Response] = []
-    writer = threading.Thread(target=lambda: answers.append(stack.post(records(10, 3))))
-    writer.start()
-    writer.join(0.2)
-    assert writer.is_alive() and not answers
+    writer, answers = start_writer(stack, records(10, 3))
+    assert_still_waiting(writer, answers)
     stack.progress.applied_up_to(8)  # moved, but nobody said so: still waiting
-    writer.join(0.3)
-    assert writer.is_alive() and not answers
+    assert_still_waiting(writer, answers, 0.3)
     assert stack.store.high_water() == 10
     changes.notify()
     writer.join(60)
@@ -243,17 +247,11 @@ def test_a_signalled_wait_searchable_answers_when_told_the_batch_is_applied(make
     changes = ChangeSignal()
     stack = make(FlowLimits(max_lag_events=0, searchable_wait_seconds=600.0), changes)
     stack.post(records(0, 4))
-    answers: list[httpx.Response] = []
-    writer = threading.Thread(
-        target=lambda: answers.append(stack.post(records(4, 2), wait="searchable"))
-    )
-    writer.start()
-    writer.join(0.2)
-    assert writer.is_alive() and not answers
+    writer, answers = start_writer(stack, records(4, 2), wait="searchable")
+    assert_still_waiting(writer, answers)
     stack.progress.applied_up_to(5)  # one of its two records
     changes.notify()
-    writer.join(0.2)
-    assert writer.is_alive() and not answers
+    assert_still_waiting(writer, answers)
     stack.progress.applied_up_to(6)
     changes.notify()
     writer.join(60)
