@@ -133,6 +133,12 @@ class ServeProcess:
         fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def reaped_children_cpu_seconds(self) -> float:
+        """User + system CPU time of the server's children that ended and were waited for
+        (`cutime` + `cstime`: e.g. the embedded optimizer's build children)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
     def worker_cpu_seconds(self, module: str = WRITE_WORKER_MODULE) -> float:
         """User + system CPU time of the server's live child processes running `module`
         (the embedded write workers, `ORRERY_INGEST_WORKERS`), summed; 0.0 without."""
