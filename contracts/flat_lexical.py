@@ -64,9 +64,6 @@ _DENSE_SHARE = 0.125
 _SAMPLE_STEP = 16
 # What one copy keeps of its terms' BM25 arrays at most (then it starts again).
 _BM25_MAX_BYTES = 16 * 1024 * 1024
-# `FlatLexical._pruned` scores the rows of a query's sparse-kept terms alone while they
-# are at most this share of the copy's rows; past it, the pass over all rows.
-_PRUNED_SHARE = 0.02
 
 
 def _fieldnorm_table() -> list[int]:
@@ -152,8 +149,6 @@ class FlatLexical:
             tuple[str, str, float], tuple[npt.NDArray[np.intp] | None, npt.NDArray[np.float32]]
         ] = {}
         self._bm25_bytes = 0
-        # The largest value of each dense-kept term's BM25 array, by the same key.
-        self._peaks: dict[tuple[str, str, float], np.float32] = {}
 
     def __len__(self) -> int:
         return len(self._candidates)
@@ -198,100 +193,25 @@ class FlatLexical:
         if limit <= 0 or filter.matches_nothing():
             return []
         with self._lock:
+            scores = self._scores(terms, boosts)
             mask = self._mask(filter, with_ids=True)
             if mask is None:
                 return []
-            # The rows of the query's rare terms alone when that is exact, else a pass.
-            picked = self._pruned(terms, boosts, mask, limit)
-            if picked is None:
-                picked = self._passed(terms, boosts, mask, limit)
+            # Rows the filter drops count as 0.0, as rows no term matches do.
+            eligible = (
+                scores if self._all_visible(mask) else np.where(mask, scores, np.float32(0.0))
+            )
+            # At least the `limit` best matching rows (and their ties): those at or above
+            # the `limit`-th score of all rows when that is a match, else every match.
+            rows = _top_rows(eligible, limit)
+            if rows.size == 0:
+                return []
+            picked = candidates_at(self._candidate_fields(), rows, eligible[rows])
         # Best first, ties by id: two stable sorts on C-level keys (a tuple key per
         # candidate cost twice as much).
         picked.sort(key=_BY_ID)
         picked.sort(key=_BY_SCORE, reverse=True)
         return picked[:limit]
-
-    def _passed(
-        self,
-        terms: Sequence[str],
-        boosts: Mapping[str, float],
-        mask: npt.NDArray[np.bool_],
-        limit: int,
-    ) -> list[Candidate]:
-        """`search`'s candidates (unsorted) from a pass over every row (lock held)."""
-        scores = self._scores(terms, boosts)
-        # Rows the filter drops count as 0.0, as rows no term matches do.
-        eligible = scores if self._all_visible(mask) else np.where(mask, scores, np.float32(0.0))
-        # At least the `limit` best matching rows (and their ties): those at or above
-        # the `limit`-th score of all rows when that is a match, else every match.
-        rows = _top_rows(eligible, limit)
-        if rows.size == 0:
-            return []
-        return candidates_at(self._candidate_fields(), rows, eligible[rows])
-
-    def _pruned(
-        self,
-        terms: Sequence[str],
-        boosts: Mapping[str, float],
-        mask: npt.NDArray[np.bool_],
-        limit: int,
-    ) -> list[Candidate] | None:
-        """`search`'s candidates (unsorted) from the rows of the query's sparse-kept
-        terms alone (lock held), or None when that cannot be known exact: then the pass.
-
-        A row outside those rows holds only dense-kept terms; its sum is at most the
-        float32 sum, in the same order, of those terms' largest contributions (rounding
-        is monotone). So when the `limit`-th best of the scored rows is above that bound,
-        no other row reaches it and the rows at or above it are the pass's own, with the
-        same sums (each row adds its terms in the pass's order, from 0.0)."""
-        if (tuple(terms), tuple(boosts.items())) in self._scored:
-            return None  # a pass is at hand
-        parts = []
-        for term in terms:
-            for name, boost in boosts.items():
-                field = self._fields[name]
-                posting = field.postings.get(term)
-                if posting is not None:
-                    rows, contribution = self._contribution(name, term, posting, field, boost)
-                    parts.append(((name, term, boost), rows, contribution))
-        sparse = [rows for _, rows, _ in parts if rows is not None]
-        if not sparse:
-            return None
-        total = len(self._candidates)
-        if sum(rows.size for rows in sparse) > _PRUNED_SHARE * total:
-            return None
-        # The rows, ascending, and each term's positions among them: sorts of a few
-        # thousand rows, no array over all of them.
-        union = np.unique(np.concatenate(sparse)) if len(sparse) > 1 else sparse[0]
-        values = np.zeros(union.size, dtype=np.float32)
-        bound = np.float32(0.0)
-        for key, rows, contribution in parts:
-            if rows is None:
-                values += contribution[union]
-                bound = bound + self._peak(key, contribution)
-            elif rows is union:
-                values += contribution
-            else:
-                values[np.searchsorted(union, rows)] += contribution
-        if not self._all_visible(mask):
-            values = np.where(mask[union], values, np.float32(0.0))
-        top = _top_rows(values, limit)
-        if bound > 0.0 and (top.size < limit or values[top].min() <= bound):
-            return None
-        if top.size == 0:
-            return []
-        return candidates_at(self._candidate_fields(), union[top], values[top])
-
-    def _peak(
-        self, key: tuple[str, str, float], contribution: npt.NDArray[np.float32]
-    ) -> np.float32:
-        """The largest value of a dense-kept term's contribution (`_contribution`'s
-        `key`), kept until the next write (the same value however often it is rebuilt)."""
-        self._fresh_arrays()
-        peak = self._peaks.get(key)
-        if peak is None:
-            peak = self._peaks[key] = np.float32(contribution.max())
-        return peak
 
     def scores(
         self, terms: Sequence[str], boosts: Mapping[str, float], filter: SearchFilter
@@ -316,8 +236,9 @@ class FlatLexical:
             mask = self._mask(filter, with_ids=False)
             if mask is None:
                 return {}
+            scores = self._scores(terms, boosts)
             rows = np.array(found, dtype=np.intp)
-            values = self._scores_at(terms, boosts, rows)
+            values = scores[rows]
             keep = mask[rows] & (values > 0.0)
             # A document listed twice is one key with its one score.
             return dict(zip(compress(ids, keep.tolist()), values[keep].tolist(), strict=True))
@@ -358,33 +279,6 @@ class FlatLexical:
         self._scored[key] = scores
         scores.flags.writeable = False  # shared by the readers of this pass
         return scores
-
-    def _scores_at(
-        self, terms: Sequence[str], boosts: Mapping[str, float], rows: npt.NDArray[np.intp]
-    ) -> npt.NDArray[np.float32]:
-        """`_scores(terms, boosts)[rows]` (lock held), from the query's pass when one is
-        kept, else summed at `rows` alone in the pass's order: a few hundred listed rows
-        looked up in each posting (`search` may have scored without a pass)."""
-        self._fresh_arrays()
-        scored = self._scored.get((tuple(terms), tuple(boosts.items())))
-        if scored is not None:
-            return scored[rows]
-        values = np.zeros(rows.size, dtype=np.float32)
-        for term in terms:
-            for name, boost in boosts.items():
-                field = self._fields[name]
-                posting = field.postings.get(term)
-                if posting is None:
-                    continue
-                held, contribution = self._contribution(name, term, posting, field, boost)
-                if held is None:
-                    values += contribution[rows]
-                    continue
-                at = np.searchsorted(held, rows)
-                at[at == held.size] = 0  # past the last row: not held
-                found = held[at] == rows
-                values[found] += contribution[at[found]]
-        return values
 
     def _contribution(
         self,
@@ -454,7 +348,6 @@ class FlatLexical:
             self._arrays = {}
             self._scored = {}
             self._bm25, self._bm25_bytes = {}, 0
-            self._peaks = {}
             self._arrays_version = self._version
         return self._arrays
 
