@@ -2,7 +2,7 @@
 
     nice -n 19 .venv/bin/python bench/optimize_memory.py --size 200000 \
         --data-root /work/x [--indexed 0.4] [--module path/to/qdrant_edge_vectors.py] \
-        [--label base] [--out run.json]
+        [--label base] [--max-child-s 600] [--out run.json]
 
 Builds (once, kept under `--data-root/<size>`) a qdrant-edge generation of `--size`
 random 384-d points with `bench/optimize_schedule.py`'s payload through
@@ -66,8 +66,12 @@ def _live(edge: Path) -> Path:
 
 
 def _smaps(pid: int, staging: str, inputs: set[str]) -> dict[str, int] | None:
-    """KiB resident: total, anon, input and output file pages of the copy, other files."""
-    parts = {"rss": 0, "anon": 0, "input": 0, "output": 0, "other_file": 0}
+    """KiB resident: total, anon, input and output file pages of the copy, other files;
+    and (a part of input) the input's vector chunks in their writable mappings, which
+    qdrant-edge maps a second time read-only (a page resident in both is counted twice,
+    and `MADV_PAGEOUT` passes over it)."""
+    parts = {"rss": 0, "anon": 0, "input": 0, "output": 0, "other_file": 0, "input_rw_chunks": 0}
+    writable_chunk = False
     try:
         with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="replace") as smaps:
             where = "anon"
@@ -76,6 +80,7 @@ def _smaps(pid: int, staging: str, inputs: set[str]) -> dict[str, int] | None:
                 if "-" in head and not head.endswith(":"):
                     fields = line.split(maxsplit=5)
                     name = fields[5].strip() if len(fields) == 6 else ""
+                    writable_chunk = "w" in fields[1] and "/chunk_" in name
                     if name.startswith(staging):
                         segment = Path(name).relative_to(staging).parts[:3]
                         where = "input" if "/".join(segment) in inputs else "output"
@@ -87,6 +92,8 @@ def _smaps(pid: int, staging: str, inputs: set[str]) -> dict[str, int] | None:
                     kib = int(line.split()[1])
                     parts["rss"] += kib
                     parts[where] += kib
+                    if where == "input" and writable_chunk:
+                        parts["input_rw_chunks"] += kib
     except (OSError, ValueError):
         return None
     return parts
@@ -103,7 +110,12 @@ def _segments(shard: Path) -> set[str]:
 
 
 def _run_child(
-    module: Any, staging: Path, interval: float, page_out_s: float | None
+    module: Any,
+    staging: Path,
+    interval: float,
+    page_out_s: float | None,
+    max_child_s: float | None = None,
+    first_page_out_s: float = 0.0,
 ) -> dict[str, Any]:
     inputs = _segments(staging)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -143,31 +155,39 @@ def _run_child(
     pager = module._ChildPager(process.pid, staging) if hasattr(module, "_ChildPager") else None
     if page_out_s is None:
         page_out_s = getattr(module, "_CHILD_PAGE_OUT_S", 1.0)
+    stopped = False
+    next_round = started + first_page_out_s
     while True:
         try:
             stdout, stderr = process.communicate(timeout=module._CHILD_POLL_S)
             break
         except subprocess.TimeoutExpired:
-            if pager is not None:
+            if max_child_s is not None and time.perf_counter() - started > max_child_s:
+                process.kill()  # a partial run: the peak of its first `max_child_s`
+                stdout, stderr = process.communicate()
+                stopped = True
+                break
+            if pager is not None and time.perf_counter() >= next_round:
                 pager.page_out()
-                time.sleep(page_out_s)
+                next_round = time.perf_counter() + page_out_s
     if pager is not None:
         pager.close()
     done.set()
     sampler.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if process.returncode != 0:
+    if process.returncode != 0 and not stopped:
         raise RuntimeError(f"child failed: {stderr[-2000:]}")
     return {
-        "outcome": stdout.strip().rsplit("\n", 1)[-1],
+        "outcome": "stopped" if stopped else stdout.strip().rsplit("\n", 1)[-1],
         "wall_s": round(time.perf_counter() - started, 1),
         "cpu_s": round((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1),
         "hwm_mib": round(after.ru_maxrss / 1024),  # the largest child's so far
         "read_from_disk_mib": read_mib[0],
         "page_out_every_s": page_out_s if pager is not None else None,
+        "first_page_out_s": first_page_out_s if pager is not None else None,
         "peak_mib": {k: round(v / 1024) for k, v in peak.items()},
         "series_mib": {
-            "columns": ["s", "rss", "anon", "input", "output", "other_file"],
+            "columns": ["s", "rss", "anon", "input", "output", "other_file", "input_rw_chunks"],
             "rows": series[:: max(1, len(series) // 60)],
         },
         "pager": None
@@ -230,6 +250,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--page-out-s", type=float, default=None, help="the pager's period (the module's)"
     )
+    parser.add_argument(
+        "--max-child-s",
+        type=float,
+        default=None,
+        help="stop the child after this long (its load and copy phase, part of its graph "
+        "build): the figures are those of that window, and nothing is served",
+    )
+    parser.add_argument(
+        "--first-page-out-s",
+        type=float,
+        default=0.0,
+        help="the pager's first round this long after the child starts (default: at once)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     module = edge_adapter(args.module)
@@ -249,9 +282,16 @@ def main(argv: list[str] | None = None) -> int:
             "label": args.label,
             "size": args.size,
             "indexed": args.indexed,
-            "child": _run_child(module, staging, args.interval, args.page_out_s),
+            "child": _run_child(
+                module,
+                staging,
+                args.interval,
+                args.page_out_s,
+                args.max_child_s,
+                args.first_page_out_s,
+            ),
         }
-        if not args.no_serve:
+        if not args.no_serve and report["child"]["outcome"] != "stopped":
             report["serve"] = _serve(module, staging, args.dim)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

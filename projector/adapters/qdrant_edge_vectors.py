@@ -86,7 +86,14 @@ reclaims the child's pages of the files the copy held when the child started
 (`_ChildPager`: `process_madvise(MADV_PAGEOUT)`, Linux 5.10+ with CAP_SYS_NICE, every
 `_CHILD_PAGE_OUT_S`); the new segment's pages are left alone (the graph build reads its
 vectors at random). The cost: input pages the build touches again are read back from
-disk. Where the call is refused the child keeps its pages, as before.
+disk. Where the call is refused the child keeps its pages, as before. `MADV_PAGEOUT`
+passes over a page mapped twice (even twice in one process), and qdrant-edge maps each
+vector chunk of an appendable segment twice (read-write, read in on load for
+`InRamChunkedMmap`, and read-only for the build's sequential read): at 1M points 2.5 GiB
+of the child's input stayed resident through the build. So the child opens the copy's
+appendable segments as `ChunkedMmap` (the same files, not read in on load): each page
+the build reads is mapped once, in the sequential mapping, and the pager reclaims it.
+A segment the build keeps gets its `InRamChunkedMmap` back before the swap.
 
 When to optimize. An optimize rebuilds the HNSW of the whole shard (qdrant-edge merges it
 into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, then
@@ -243,15 +250,46 @@ _POINTS_RETRY_S = 60.0
 _RETRIEVE_PAGE = 1_000
 # Run by `optimize` in a child process with the copy's path as argv[1]; its last line of
 # output says whether segments changed. Niced: the HNSW build must not starve serving.
+# The copy's appendable segments are opened as `ChunkedMmap`, not `InRamChunkedMmap`
+# (same files; only whether the load reads them in): qdrant-edge maps every vector chunk
+# twice (a read-write mapping, which `InRamChunkedMmap` reads in on load, and a
+# sequential read-only one, which the build reads), and `MADV_PAGEOUT` passes over a page
+# mapped twice, so `_ChildPager` could reclaim none of them (1M: 2.5 GiB of the child's
+# RSS). Not read in on load, each page the build reads is mapped once. A segment the
+# build leaves in place gets its storage type back before the copy is swapped in.
 _OPTIMIZE_SCRIPT = """
+import json
 import os
 import sys
+from pathlib import Path
 from qdrant_edge import EdgeShard
 os.nice(10)
+
+def storage_types(state, old, new):
+    vectors = state["config"]["vector_data"].values()
+    changed = [v for v in vectors if v.get("storage_type") == old]
+    for vector in changed:
+        vector["storage_type"] = new
+    return bool(changed)
+
+def rewrite(path, old, new):
+    state = json.loads(path.read_text(encoding="utf-8"))
+    if not storage_types(state, old, new):
+        return False
+    spare = path.with_name(path.name + ".orrery")
+    spare.write_text(json.dumps(state), encoding="utf-8")
+    os.replace(spare, path)
+    return True
+
+segments = sorted(Path(sys.argv[1]).glob("segments/*/segment.json"))
+unread = [p for p in segments if rewrite(p, "InRamChunkedMmap", "ChunkedMmap")]
 shard = EdgeShard.load(sys.argv[1])
 changed = shard.optimize()
 shard.flush()
 shard.close()
+for path in unread:
+    if path.exists():
+        rewrite(path, "ChunkedMmap", "InRamChunkedMmap")
 print("optimized" if changed else "unchanged")
 """
 # madvise(2) advice (Linux 5.4+): reclaim the pages of a range, non-destructively.
@@ -2057,7 +2095,9 @@ class _IoVec(ctypes.Structure):
 class _ChildPager:
     """Reclaims an optimizer child's resident pages of the files its copy held before the
     build (the input segments, the WAL), from this process: `process_madvise(2)` with
-    `MADV_PAGEOUT` (Linux 5.10+; needs CAP_SYS_NICE over the child).
+    `MADV_PAGEOUT` (Linux 5.10+; needs CAP_SYS_NICE over the child). The kernel passes
+    over a page mapped more than once, so the child opens appendable segments without
+    reading their vector chunks into their second mapping (`_OPTIMIZE_SCRIPT`).
 
     qdrant-edge reads a shard's files in on load, and the build reads the input segments
     once more, into the new segment; every page stays in the child's RSS until the build

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
+import os
 import random
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -32,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from qdrant_client import QdrantClient
 from qdrant_edge import (
+    CountRequest,
     EdgeShard,
     Query,
     QueryRequest,
@@ -1328,6 +1332,119 @@ def test_edge_reclaiming_the_childs_input_pages_changes_no_answer(
             rounds = int(line.split(" rounds")[-2].rsplit(" ", 1)[-1])
             reclaimed = float(line.split(" MiB of RSS in ")[-2].rsplit(" ", 1)[-1])
             assert rounds >= 5 and reclaimed > 0, line
+
+
+def _copy_for_the_child(edge: QdrantEdgeVectorIndex, generation_id: str, target: Path) -> Path:
+    """A flushed copy of a generation's live shard, as `optimize` gives its child."""
+    edge.shard_for(generation_id).flush()
+    shutil.copytree(edge._live_path(generation_id), target)
+    return target
+
+
+def _storage_types(shard: Path) -> dict[str, list[str]]:
+    """Each segment's vector storage types, from its `segment.json`."""
+    return {
+        path.parent.name: [
+            vector["storage_type"]
+            for vector in json.loads(path.read_text(encoding="utf-8"))["config"][
+                "vector_data"
+            ].values()
+        ]
+        for path in shard.glob("segments/*/segment.json")
+    }
+
+
+def _chunk_rss_kib(pid: int, root: Path) -> dict[str, list[tuple[str, int]]]:
+    """Per vector chunk file under `root`: each of `pid`'s mappings of it (permissions,
+    resident KiB)."""
+    chunks: dict[str, list[tuple[str, int]]] = {}
+    current: list[tuple[str, int]] | None = None
+    permissions = ""
+    prefix = f"{os.path.realpath(root)}/"
+    with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="replace") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                fields = line.split(maxsplit=5)
+                name = fields[5].strip() if len(fields) == 6 else ""
+                current = None
+                if name.startswith(prefix) and "/chunk_" in name:
+                    current = chunks.setdefault(name, [])
+                    permissions = fields[1]
+            elif head == "Rss:" and current is not None:
+                current.append((permissions, int(line.split()[1])))
+    return chunks
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/<pid>/smaps")
+def test_edge_optimizer_child_reads_its_appendable_input_in_one_mapping(
+    edge: QdrantEdgeVectorIndex, tmp_path: Path
+) -> None:
+    """qdrant-edge maps each vector chunk of an appendable segment twice (read-write, and
+    read-only for sequential reads), and `MADV_PAGEOUT` passes over a page mapped twice.
+    The child opens the copy's appendable segments without reading their chunks in
+    through the read-write mapping, so once loaded it holds none of them there and the
+    build's reads map each page once (which `_ChildPager` can reclaim). The build still
+    sees every point, and no segment keeps the storage type the child opened it with."""
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=41)
+    model.add(3_000)
+    staging = _copy_for_the_child(edge, "g", tmp_path / "copy")
+    assert {t for types in _storage_types(staging).values() for t in types} == {"InRamChunkedMmap"}
+    loaded_then_wait = edge_module._OPTIMIZE_SCRIPT.replace(
+        "changed = shard.optimize()",
+        "print('loaded', flush=True)\nsys.stdin.readline()\nchanged = shard.optimize()",
+    )
+    assert loaded_then_wait != edge_module._OPTIMIZE_SCRIPT
+    with subprocess.Popen(
+        [sys.executable, "-c", loaded_then_wait, str(staging)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None and child.stdin is not None
+        try:
+            assert child.stdout.readline().strip() == "loaded"
+            chunks = _chunk_rss_kib(child.pid, staging)
+        finally:
+            stdout, stderr = child.communicate("go\n", timeout=120)
+    assert child.returncode == 0, stderr
+    assert stdout.strip().rsplit("\n", 1)[-1] == "optimized"
+    assert chunks  # the input's chunks are mapped
+    assert all(len(mappings) == 2 for mappings in chunks.values()), chunks
+    writable = [kib for mappings in chunks.values() for perms, kib in mappings if "w" in perms]
+    assert writable and sum(writable) == 0, chunks
+    types = _storage_types(staging)
+    assert "ChunkedMmap" not in {t for segment in types.values() for t in segment}, types
+    shard = EdgeShard.load(str(staging))  # the optimized copy holds every point
+    try:
+        assert shard.count(CountRequest(exact=True)) == len(model.docs)
+    finally:
+        shard.close()
+
+
+def test_edge_optimizer_child_gives_a_segment_it_keeps_its_storage_type_back(
+    edge: QdrantEdgeVectorIndex, tmp_path: Path
+) -> None:
+    """A build that leaves the copy's appendable segment in place (too small to index:
+    nothing to do) hands it back as `InRamChunkedMmap`, as it was: the swapped-in shard
+    reads it in on load as before."""
+    edge.create("g", DIM)
+    Model(edge, "g", DIM, seed=43).add(50)
+    staging = _copy_for_the_child(edge, "g", tmp_path / "copy")
+    before = _storage_types(staging)
+    result = subprocess.run(
+        [sys.executable, "-c", edge_module._OPTIMIZE_SCRIPT, str(staging)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().rsplit("\n", 1)[-1] == "unchanged"
+    assert _storage_types(staging) == before
+    assert {t for types in before.values() for t in types} == {"InRamChunkedMmap"}
 
 
 _FAILING_CHILDREN = {
