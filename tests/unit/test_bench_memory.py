@@ -103,7 +103,7 @@ def test_the_peak_is_that_of_the_sum_with_the_parts_of_the_same_instant(tmp_path
     proc.mkdir()
     optimizer = "python -c shard.optimize()"
     _write_process(proc, 7, 1, "sh", 1_000, 0)  # not in the tree
-    sampler = TreeSampler(100, proc=proc, series_every_s=0.0)
+    sampler = TreeSampler(100, proc=proc, series_every_s=0.0, pss_every_s=0.0)
     # 1: server 100 + optimizer 50 = 150; 2: server 120 alone; 3: server 90 + optimizer 70.
     _write_process(proc, 100, 1, "python -m orrery.cli serve", 60, 40)
     _write_process(proc, 200, 100, optimizer, 45, 5)
@@ -154,7 +154,7 @@ def test_the_pss_peak_counts_each_page_once_and_is_kept_apart(tmp_path: Path) ->
     proc = tmp_path / "proc"
     proc.mkdir()
     optimizer = "python -c shard.optimize()"
-    sampler = TreeSampler(100, proc=proc)
+    sampler = TreeSampler(100, proc=proc, pss_every_s=0.0)
     mib = 1024
     # 1: RSS 100 + 80 = 180, PSS 100 + 40 (the child's 80 MiB of file pages mapped twice).
     _write_process(proc, 100, 1, "python -m orrery.cli serve", 60, 40, file_pss=40)
@@ -205,6 +205,31 @@ def test_a_file_mapped_twice_counts_twice_in_rss_and_once_in_pss(tmp_path: Path)
         assert others["RssFile"] - others["Pss_File"] >= 15 << 10
     finally:
         child.communicate(timeout=30)
+
+
+def test_pss_is_read_every_pss_every_s_and_its_peak_only_from_those_samples(
+    tmp_path: Path,
+) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    now = [0.0]
+    sampler = TreeSampler(100, proc=proc, pss_every_s=5.0, clock=lambda: now[0])
+    serve = "python -m orrery.cli serve"
+    mib = 1024
+    _write_process(proc, 100, 1, serve, 10, 10, file_pss=5)  # t=0: read, PSS 15
+    assert sampler.sample()["pss_kb"] == 15 * mib  # type: ignore[index]
+    now[0] = 2.0
+    _write_process(proc, 100, 1, serve, 50, 10, file_pss=5)  # t=2: not read (RSS 60)
+    summed = sampler.sample()
+    assert summed is not None and "pss_kb" not in summed
+    assert "pss_kb" not in summed["roles"]["server"]
+    now[0] = 5.0
+    _write_process(proc, 100, 1, serve, 20, 10, file_pss=5)  # t=5: read, PSS 25
+    sampler.sample()
+    report = sampler.report()
+    assert report["peak_sum_kb"] == 60 * mib
+    assert report["peak_sum_pss_kb"] == 25 * mib
+    assert report["peak_pss_at_s"] == 5.0
 
 
 def test_a_gone_root_is_no_sample(tmp_path: Path) -> None:
