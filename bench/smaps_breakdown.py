@@ -8,7 +8,9 @@ allocations included, qdrant-edge's search pool and tantivy's threads), other la
 anonymous mappings (numpy arrays, mmap'd allocations: over 128 KiB glibc maps them
 directly) and the rest; file pages are grouped by file, with qdrant-edge segment files
 named by their component (`segments/<uuid>/<component>` → `segment/<component>`) and
-summed over segments. With `--per-point N` each group also gets bytes a point.
+summed over segments. With `--per-point N` each group also gets bytes a point. Each group
+shows its `Pss` beside its `Rss`: a page mapped twice by the process (qdrant-edge maps a
+segment's vector files twice) counts twice in `Rss` and once in `Pss` (`bench/memory.py`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ _SEGMENT = re.compile(r".*/segments/[0-9a-f-]{36}/(?P<component>[^/]+)(/.*)?$")
 _ARENA = 64 << 20
 
 
-def breakdown(pid: int) -> dict[str, dict[str, int]]:
-    """KiB resident per group: {"anon": {group: kib}, "file": {group: kib}}."""
+def breakdown(pid: int, field: str = "Rss") -> dict[str, dict[str, int]]:
+    """KiB per group of `field` (`Rss` or `Pss`): {"anon": {group: kib}, "file": {...}}."""
     groups: dict[str, dict[str, int]] = {"anon": defaultdict(int), "file": defaultdict(int)}
     kind, group = "anon", "other"
     with open(f"/proc/{pid}/smaps", encoding="utf-8", errors="replace") as smaps:
@@ -57,7 +59,7 @@ def breakdown(pid: int) -> dict[str, dict[str, int]]:
                         group = "large anonymous mappings (>= 1 MiB)"
                     else:
                         group = "small anonymous mappings"
-            elif head == "Rss:":
+            elif head == f"{field}:":
                 groups[kind][group] += int(line.split()[1])
     return {kind: dict(values) for kind, values in groups.items()}
 
@@ -70,17 +72,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     groups = breakdown(args.pid)
+    proportional = breakdown(args.pid, "Pss")
     if args.json:
-        json.dump(groups, sys.stdout, indent=2)
+        json.dump({"rss": groups, "pss": proportional}, sys.stdout, indent=2)
         print()
         return 0
     for kind, values in groups.items():
         total = sum(values.values())
+        total_pss = sum(proportional[kind].values())
         per = f" ({total * 1024 / args.per_point:.0f} B/point)" if args.per_point else ""
-        print(f"{kind}: {total / 1024:.1f} MiB{per}")
+        print(f"{kind}: {total / 1024:.1f} MiB{per} (PSS {total_pss / 1024:.1f} MiB)")
         for group, kib in sorted(values.items(), key=lambda kv: -kv[1])[: args.top]:
             per = f" {kib * 1024 / args.per_point:8.0f} B/point" if args.per_point else ""
-            print(f"  {kib / 1024:9.1f} MiB{per}  {group}")
+            pss = proportional[kind].get(group, 0)
+            print(f"  {kib / 1024:9.1f} MiB{per}  (PSS {pss / 1024:9.1f})  {group}")
     return 0
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.memory import PARTS, TreeSampler, descendants, describe, role_of
+from bench.memory import PARTS, PSS_PARTS, TreeSampler, descendants, describe, role_of
 
 _STATUS = (
     "Name:\tpython\nVmHWM:\t{hwm} kB\nVmRSS:\t{rss} kB\n"
@@ -19,7 +19,24 @@ _STATUS = (
 )
 
 
-def _write_process(proc: Path, pid: int, parent: int, command: str, anon: int, file: int) -> None:
+_ROLLUP = (
+    "55d0-7ffd [rollup]\nRss:\t{rss} kB\nPss:\t{pss} kB\nPss_Dirty:\t0 kB\n"
+    "Pss_Anon:\t{anon} kB\nPss_File:\t{file} kB\nPss_Shmem:\t0 kB\n"
+)
+
+
+def _write_process(
+    proc: Path,
+    pid: int,
+    parent: int,
+    command: str,
+    anon: int,
+    file: int,
+    *,
+    file_pss: int | None = None,
+) -> None:
+    """A process of `anon` + `file` MiB resident; with `file_pss`, a `smaps_rollup` whose
+    file pages count `file_pss` MiB (fewer when some are mapped twice)."""
     directory = proc / str(pid)
     directory.mkdir(exist_ok=True)
     (directory / "stat").write_text(f"{pid} (py (x)) S {parent} 1 1 0\n")
@@ -28,11 +45,17 @@ def _write_process(proc: Path, pid: int, parent: int, command: str, anon: int, f
     anon, file = anon * 1024, file * 1024
     rss = anon + file
     (directory / "status").write_text(_STATUS.format(hwm=rss + 7, rss=rss, anon=anon, file=file))
+    rollup = directory / "smaps_rollup"
+    if file_pss is None:
+        rollup.unlink(missing_ok=True)
+    else:
+        pss_file = file_pss * 1024
+        rollup.write_text(_ROLLUP.format(rss=rss, pss=anon + pss_file, anon=anon, file=pss_file))
 
 
 def _remove_process(proc: Path, pid: int) -> None:
-    for name in ("stat", "cmdline", "status"):
-        (proc / str(pid) / name).unlink()
+    for name in ("stat", "cmdline", "status", "smaps_rollup"):
+        (proc / str(pid) / name).unlink(missing_ok=True)
     (proc / str(pid)).rmdir()
 
 
@@ -80,7 +103,7 @@ def test_the_peak_is_that_of_the_sum_with_the_parts_of_the_same_instant(tmp_path
     proc.mkdir()
     optimizer = "python -c shard.optimize()"
     _write_process(proc, 7, 1, "sh", 1_000, 0)  # not in the tree
-    sampler = TreeSampler(100, proc=proc, series_every_s=0.0)
+    sampler = TreeSampler(100, proc=proc, series_every_s=0.0, pss_every_s=0.0)
     # 1: server 100 + optimizer 50 = 150; 2: server 120 alone; 3: server 90 + optimizer 70.
     _write_process(proc, 100, 1, "python -m orrery.cli serve", 60, 40)
     _write_process(proc, 200, 100, optimizer, 45, 5)
@@ -103,6 +126,11 @@ def test_the_peak_is_that_of_the_sum_with_the_parts_of_the_same_instant(tmp_path
         "RssAnon": 50 * mib,
         "RssFile": 40 * mib,
         "RssShmem": 0,
+        # No smaps_rollup written: PSS counts the RSS, its parts are unknown (0).
+        "pss_kb": 90 * mib,
+        "Pss_Anon": 0,
+        "Pss_File": 0,
+        "Pss_Shmem": 0,
     }
     assert at_peak["optimizer"]["rss_kb"] == 70 * mib
     assert at_peak["optimizer"]["RssAnon"] == 60 * mib
@@ -118,6 +146,90 @@ def test_the_peak_is_that_of_the_sum_with_the_parts_of_the_same_instant(tmp_path
     line = describe(report)
     assert line.startswith("peak RSS of the process tree")
     assert "optimizer" in line and "server" in line
+
+
+def test_the_pss_peak_counts_each_page_once_and_is_kept_apart(tmp_path: Path) -> None:
+    """Two samples: the RSS peak (file pages mapped twice) is not the PSS peak; a process
+    without a smaps_rollup counts its RSS."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    optimizer = "python -c shard.optimize()"
+    sampler = TreeSampler(100, proc=proc, pss_every_s=0.0)
+    mib = 1024
+    # 1: RSS 100 + 80 = 180, PSS 100 + 40 (the child's 80 MiB of file pages mapped twice).
+    _write_process(proc, 100, 1, "python -m orrery.cli serve", 60, 40, file_pss=40)
+    _write_process(proc, 200, 100, optimizer, 0, 80, file_pss=40)
+    sampler.sample()
+    # 2: RSS 100 + 70 = 170, PSS 100 + 70 (a child without smaps_rollup: its RSS).
+    _write_process(proc, 200, 100, optimizer, 70, 0)
+    sampler.sample()
+    report = sampler.report()
+    assert report["peak_sum_kb"] == 180 * mib
+    assert report["at_peak"]["optimizer"]["pss_kb"] == 40 * mib
+    assert report["at_peak"]["optimizer"]["Pss_File"] == 40 * mib
+    assert report["peak_sum_pss_kb"] == 170 * mib
+    at_pss_peak = report["at_pss_peak"]
+    assert at_pss_peak["server"]["pss_kb"] == 100 * mib
+    assert at_pss_peak["server"]["Pss_Anon"] == 60 * mib
+    assert at_pss_peak["optimizer"]["pss_kb"] == 70 * mib
+    assert all(part in at_pss_peak["server"] for part in PSS_PARTS)
+    assert "peak PSS 170 MiB" in describe(report)
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux /proc smaps_rollup"
+)
+def test_a_file_mapped_twice_counts_twice_in_rss_and_once_in_pss(tmp_path: Path) -> None:
+    """The kernel's own accounting, which the PSS figures exist for: a child maps one
+    16 MiB file twice and reads both mappings."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(16 << 20))
+    script = (
+        "import mmap, sys\n"
+        f"f = open({str(data)!r}, 'rb')\n"
+        "maps = [mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) for _ in range(2)]\n"
+        "total = sum(m[i] for m in maps for i in range(0, len(m), 4096))\n"
+        "print('ready', flush=True); sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == b"ready"
+        sampler = TreeSampler(os.getpid())
+        sampler.sample()
+        others = sampler.report()["at_peak"]["other"]
+        # Twice the file in RSS, once in PSS (up to pages of other files both hold).
+        assert others["RssFile"] >= 32 << 10
+        assert others["RssFile"] - others["Pss_File"] >= 15 << 10
+    finally:
+        child.communicate(timeout=30)
+
+
+def test_pss_is_read_every_pss_every_s_and_its_peak_only_from_those_samples(
+    tmp_path: Path,
+) -> None:
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    now = [0.0]
+    sampler = TreeSampler(100, proc=proc, pss_every_s=5.0, clock=lambda: now[0])
+    serve = "python -m orrery.cli serve"
+    mib = 1024
+    _write_process(proc, 100, 1, serve, 10, 10, file_pss=5)  # t=0: read, PSS 15
+    assert sampler.sample()["pss_kb"] == 15 * mib  # type: ignore[index]
+    now[0] = 2.0
+    _write_process(proc, 100, 1, serve, 50, 10, file_pss=5)  # t=2: not read (RSS 60)
+    summed = sampler.sample()
+    assert summed is not None and "pss_kb" not in summed
+    assert "pss_kb" not in summed["roles"]["server"]
+    now[0] = 5.0
+    _write_process(proc, 100, 1, serve, 20, 10, file_pss=5)  # t=5: read, PSS 25
+    sampler.sample()
+    report = sampler.report()
+    assert report["peak_sum_kb"] == 60 * mib
+    assert report["peak_sum_pss_kb"] == 25 * mib
+    assert report["peak_pss_at_s"] == 5.0
 
 
 def test_a_gone_root_is_no_sample(tmp_path: Path) -> None:
