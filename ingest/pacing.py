@@ -55,6 +55,12 @@ class ChangeSignal:
     def version(self) -> int:
         return self._version
 
+    @property
+    def waiting(self) -> int:
+        """How many `changed_since` calls wait now."""
+        with self._lock:
+            return len(self._waiters)
+
     def notify(self) -> None:
         with self._lock:
             self._version += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,11 @@ def test_a_signalled_writer_reads_the_backlog_again_when_told_and_then_writes(ma
     stack = make(FlowLimits(max_lag_events=5, backlog_wait_seconds=600.0), changes)
     stack.post(records(0, 10))
     writer, answers = start_writer(stack, records(10, 3))
+    # Moved only once the writer waits for a change: a writer that read the backlog
+    # after the move would rightly write at once (a loaded machine can start it late).
+    deadline = time.monotonic() + 60
+    while changes.waiting == 0 and writer.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
     assert_still_waiting(writer, answers)
     stack.progress.applied_up_to(8)  # moved, but nobody said so: still waiting
     assert_still_waiting(writer, answers, 0.3)
