@@ -14,9 +14,10 @@ value). Payload indexes: every field queries filter on (`PAYLOAD_INDEXES`) but
 point id); generations created before session 25 also index `document_id`, and before
 session 24 `revision` (unused).
 
-`updated_at` is indexed as a datetime: Qdrant keeps datetimes as integer microseconds
-since the epoch, the resolution of Python's `datetime`, so inclusive range bounds are
-exact (a float epoch would round at microsecond scale).
+`updated_at` is stored as integer microseconds since the epoch (`payload_of(...,
+micros=True)`) under an integer range index: exact, the resolution of Python's
+`datetime`. Generations created before session 26 hold RFC 3339 text under a datetime
+index (Qdrant keeps datetimes as those same integers); `_micros_layout` tells them apart.
 
 HNSW: qdrant-edge builds graphs only in `optimize()`, and only for segments above the
 indexing threshold (10 MB of vectors by default, ~6.5k vectors at 384-d). Until then a
@@ -177,6 +178,7 @@ from qdrant_edge import (
     HnswIndexConfig,
     IntegerIndexParams,
     KeywordIndexParams,
+    PayloadSchemaType,
     Point,
     ScrollRequest,
     UpdateOperation,
@@ -186,7 +188,7 @@ from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors, flat_capacity
 from contracts.index import IndexDocument
-from contracts.index_fields import DOCUMENT_ID, REVISION
+from contracts.index_fields import DOCUMENT_ID, REVISION, UPDATED_AT
 from contracts.malloc import trim as trim_malloc
 from contracts.pacing import Pace, no_pace
 from contracts.point_table import PointTable
@@ -378,11 +380,27 @@ def _index_params(field: str, kind: PayloadIndexKind) -> PayloadSchemaParams:
 # distinct value per point, cost ~3 us of `EdgeShard.update` a point. Generations
 # created before keep theirs (unused).
 _UNINDEXED = frozenset({REVISION, DOCUMENT_ID})
+# `updated_at` (since session 26): integer microseconds (`payload_of(micros=True)`) with an
+# integer range index, instead of RFC 3339 text with a datetime index. The binding tries
+# bool, u64, i64 and f64 before a string (a Python exception each), and the datetime
+# index parses the text again: together ~8 us of a point's write with the GIL held.
+# Generations created before keep the text and the datetime index (`_micros_layout`).
 _PAYLOAD_INDEXES: dict[str, PayloadSchemaParams] = {
-    field: _index_params(field, kind)
+    field: (
+        IntegerIndexParams(lookup=False, range=True, enable_hnsw=False)
+        if field == UPDATED_AT
+        else _index_params(field, kind)
+    )
     for field, kind in PAYLOAD_INDEXES.items()
     if field not in _UNINDEXED
 }
+
+
+def _micros_layout(shard: EdgeShard) -> bool:
+    """Whether `shard` stores `updated_at` as integer microseconds (an integer index on
+    it: generations created since session 26) rather than RFC 3339 text."""
+    schema = shard.info().payload_schema.get(UPDATED_AT)
+    return schema is not None and schema.data_type == PayloadSchemaType.Integer
 
 
 @dataclass(frozen=True)
@@ -606,6 +624,8 @@ class _Generation:
     indexing_threshold_kb: int
     # qdrant-edge's vacuum rule for this shard (`vacuum_due`).
     vacuum: tuple[float, int] = (VACUUM_DELETED_THRESHOLD, VACUUM_MIN_VECTORS)
+    # `updated_at` stored as integer microseconds (`_micros_layout`); fixed at creation.
+    micros: bool = False
     # `apply` reads present revisions and then writes: one writer at a time per shard.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One optimize at a time per shard; `drop` and `close` wait for a running one.
@@ -824,6 +844,7 @@ class QdrantEdgeVectorIndex:
             with generation.write_lock:
                 self._check_open(generation, generation_id)
                 self._ensure_payload_indexes(generation.shard)
+                generation.micros = _micros_layout(generation.shard)
 
     def apply(
         self,
@@ -853,7 +874,9 @@ class QdrantEdgeVectorIndex:
             operations: list[tuple[UpdateOperation, int, int]] = []
             written = False
             try:
-                rewritten, deleted = _write(generation.shard, writes, operations, generation.points)
+                rewritten, deleted = _write(
+                    generation.shard, writes, operations, generation.points, generation.micros
+                )
                 written = True
                 generation.rewritten.update(rewritten)
                 generation.deleted.update(deleted)
@@ -1637,6 +1660,7 @@ class QdrantEdgeVectorIndex:
             dimension=_stored_dimension(config, shard),
             indexing_threshold_kb=_stored_indexing_threshold(config, self._tuning),
             vacuum=_stored_vacuum_rule(config),
+            micros=_micros_layout(shard),
         )
         self._generations[generation_id] = generation
         return generation
@@ -1815,6 +1839,7 @@ def _write(
     writes: _Writes,
     operations: list[tuple[UpdateOperation, int, int]],
     table: PointTable | None = None,
+    micros: bool = False,
 ) -> tuple[list[int], list[int]]:
     """Apply resolved upserts, then deletes, to `shard` under the revision rules; the
     points it held before that were written again, and those deleted (as `int` ids).
@@ -1823,7 +1848,8 @@ def _write(
     `operations` once it succeeded, with its upserted and deleted point counts: in that
     order they make any shard that held what `shard` held the same as `shard` now.
     With `table`, the same effect goes into it in one write window around the shard's
-    updates (`PointTable.writing`; left open if an update fails).
+    updates (`PointTable.writing`; left open if an update fails). `micros`: the shard
+    stores `updated_at` as integer microseconds (`_micros_layout`).
     """
     newest, delete_at = writes
     present = _present_revisions(shard, [*newest, *delete_at])
@@ -1843,7 +1869,10 @@ def _write(
                 removals.append(pid)
     # A list of one value stored as the value: the binding converts a list as a value of
     # its own (~7 us a point, GIL held); every filter matches either form alike.
-    payloads = {pid: payload_of(document, singletons=True) for pid, document in upserted.items()}
+    payloads = {
+        pid: payload_of(document, singletons=True, micros=micros)
+        for pid, document in upserted.items()
+    }
     with contextlib.nullcontext() if table is None else table.writing():
         if upserted:
             points = [
