@@ -103,6 +103,7 @@ __all__ = [
     "utc_instant",
     "utc_micros",
     "utc_timestamp",
+    "with_id",
 ]
 
 VECTOR_NAME = "dense"
@@ -272,7 +273,11 @@ def facet_terms(name: str, values: Iterable[str]) -> list[str]:
 
 
 def payload_of(
-    document: IndexDocument, *, singletons: bool = False, micros: bool = False
+    document: IndexDocument,
+    *,
+    singletons: bool = False,
+    micros: bool = False,
+    implied_id: bool = False,
 ) -> dict[str, Any]:
     """The payload stored with a document's point (see the module docstring).
 
@@ -284,6 +289,8 @@ def payload_of(
     older only (no query reads it from a point). With `singletons`, a list of one value
     is stored as that value (the module docstring says why every filter matches alike).
     With `micros`, `updated_at` is integer microseconds since the epoch (`utc_micros`).
+    With `implied_id`, a `document_id` that is its own point id (a canonical UUID, as
+    every derived id is) is left out: readers take it from the point id (`with_id`).
     """
     payload: dict[str, Any] = {
         DOCUMENT_ID: document.document_id,
@@ -292,6 +299,8 @@ def payload_of(
         STATUS: document.status,
         UPDATED_AT: (utc_micros if micros else utc_timestamp)(document.updated_at),
     }
+    if implied_id and is_canonical_uuid(document.document_id):
+        del payload[DOCUMENT_ID]
     if document.ring:
         payload[RING] = document.ring
         path = ring_path(document.ring)
@@ -306,6 +315,15 @@ def payload_of(
         if terms:
             payload[FACETS] = terms[0] if singletons and len(terms) == 1 else terms
     return payload
+
+
+def with_id(payload: Mapping[str, Any], point: object) -> Mapping[str, Any]:
+    """`payload` of the point whose id is `point` (a `uuid.UUID`), with its `document_id`:
+    as stored, or, where `payload_of(implied_id=True)` left it out, the point id's
+    canonical text (such a document id is its own point id, `point_id`)."""
+    if DOCUMENT_ID in payload:
+        return payload
+    return {**payload, DOCUMENT_ID: str(point)}
 
 
 def listed(value: Any) -> list[Any]:

@@ -9,7 +9,9 @@ query side searches through `QdrantEdgeVectorIndex.shard_for` of this same objec
 
 Payload of a point: `contracts.vector_payload.payload_of(document, singletons=True)` (the
 contract with `query.adapters.qdrant_edge_vectors`; a list of one value stored as the
-value). Payload indexes: every field queries filter on (`PAYLOAD_INDEXES`) but
+value; in generations created since session 26 also `micros=True, implied_id=True`:
+`updated_at` as integer microseconds, no `document_id` when it is the point id's text).
+Payload indexes: every field queries filter on (`PAYLOAD_INDEXES`) but
 `revision` (read, never filtered on) and `document_id` (listed documents are matched by
 point id); generations created before session 25 also index `document_id`, and before
 session 24 `revision` (unused).
@@ -205,6 +207,7 @@ from contracts.vector_payload import (
     payload_of,
     point_id,
     utc_timestamp,
+    with_id,
 )
 from projector.model import check_single_copy
 from projector.ports import IndexEvidence
@@ -1870,7 +1873,7 @@ def _write(
     # A list of one value stored as the value: the binding converts a list as a value of
     # its own (~7 us a point, GIL held); every filter matches either form alike.
     payloads = {
-        pid: payload_of(document, singletons=True, micros=micros)
+        pid: payload_of(document, singletons=True, micros=micros, implied_id=micros)
         for pid, document in upserted.items()
     }
     with contextlib.nullcontext() if table is None else table.writing():
@@ -1887,7 +1890,11 @@ def _write(
             shard.update(operation)
             operations.append((operation, 0, len(removals)))
         if table is not None:
-            table.put((pid.int, payload) for pid, payload in payloads.items())
+            # The table holds every point's document id (`implied_id` left some out).
+            table.put(
+                (pid.int, payload if DOCUMENT_ID in payload else with_id(payload, pid))
+                for pid, payload in payloads.items()
+            )
             table.remove(_as_uuid(pid).int for pid in removals)
     rewritten = [pid.int for pid in upserted if pid in present]
     return rewritten, [_as_uuid(pid).int for pid in removals]
@@ -1920,8 +1927,8 @@ class _FlatBudget:
 def _pairs(records: Iterable[Record]) -> Iterator[tuple[str, int]]:
     """`(document_id, revision)` of points read with those two payload fields."""
     for record in records:
-        payload = record.payload or {}
-        yield str(payload["document_id"]), int(payload["revision"])
+        payload = with_id(record.payload or {}, _as_uuid(record.id))
+        yield str(payload[DOCUMENT_ID]), int(payload[REVISION])
 
 
 def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list[Any]]]:
@@ -1933,7 +1940,7 @@ def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list
             raise DependencyUnavailable(
                 DEPENDENCY, f"point {record.id} came back without its vector"
             )
-        yield record.payload or {}, dense
+        yield dict(with_id(record.payload or {}, _as_uuid(record.id))), dense
 
 
 def _present_revisions(shard: EdgeShard, pids: list[uuid.UUID]) -> dict[uuid.UUID, int]:

@@ -68,6 +68,7 @@ from contracts.vector_payload import (
     point_id,
     utc_micros,
     utc_timestamp,
+    with_id,
 )
 
 if TYPE_CHECKING:
@@ -418,7 +419,9 @@ class QdrantEdgeVectorSearch:
             if found is not None:
                 return best_first(found, limit)
         points = self._top(shard, generation_id, query_vector, engine_filter, limit)
-        return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
+        return best_first(
+            (candidate_of(with_id(p.payload or {}, p.id), p.score) for p in points), limit
+        )
 
     def scores(
         self,

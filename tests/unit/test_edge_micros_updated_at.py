@@ -7,6 +7,7 @@ microsecond, for every `datetime`), and every reader must take either form."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -77,9 +78,11 @@ INSTANTS = _instants()
 _EARLY = {f"doc-{i}" for i, instant in enumerate(INSTANTS) if instant.year < 1000}
 
 
-def _document(index: int, updated_at: datetime) -> IndexDocument:
+def _document(index: int, updated_at: datetime, *, uuid_id: bool = False) -> IndexDocument:
     return IndexDocument(
-        document_id=f"doc-{index}",
+        document_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"doc-{index}"))
+        if uuid_id
+        else f"doc-{index}",
         revision=1,
         item_id=f"item-{index}",
         galaxy="g",
@@ -190,18 +193,41 @@ def test_the_new_layout_holds_integers_under_an_integer_index(
     assert (record.payload or {})[UPDATED_AT] == utc_micros(INSTANTS[0])
 
 
-def test_a_generation_written_and_searched_through_the_adapters(tmp_path: Path) -> None:
-    """A new generation stores integers; its searches and scores filter on time as the
-    text did (inclusive bounds), and read `updated_at` back as the datetime written."""
-    index = QdrantEdgeVectorIndex(tmp_path, flat_scan=False)
+@pytest.mark.parametrize("flat_scan", [False, True])
+def test_a_generation_written_and_searched_through_the_adapters(
+    tmp_path: Path, flat_scan: bool
+) -> None:
+    """A new generation stores integers, and no `document_id` that is its point id; its
+    searches and scores filter on time as the text did (inclusive bounds) and read
+    `updated_at` and the document ids back as written (from payloads, the point table,
+    the flat copy, the stored pairs)."""
+    index = QdrantEdgeVectorIndex(tmp_path, flat_scan=flat_scan)
     try:
         index.create("g1", DIMENSION)
-        documents = [_document(i, INSTANTS[i]) for i in range(0, len(INSTANTS), 3)]
+        documents = [
+            _document(i, INSTANTS[i], uuid_id=i % 2 == 0) for i in range(0, len(INSTANTS), 3)
+        ]
         index.apply("g1", documents, [])
-        (record,) = index.shard_for("g1").retrieve(
-            [point_id(documents[1].document_id)], with_payload=True, with_vector=False
-        )
-        assert (record.payload or {})[UPDATED_AT] == utc_micros(documents[1].updated_at)
+        for document in documents[:2]:
+            (record,) = index.shard_for("g1").retrieve(
+                [point_id(document.document_id)], with_payload=True, with_vector=False
+            )
+            payload = record.payload or {}
+            assert payload[UPDATED_AT] == utc_micros(document.updated_at)
+            implied = document.document_id == str(point_id(document.document_id))
+            assert (DOCUMENT_ID in payload) is not implied
+        assert any(d.document_id == str(point_id(d.document_id)) for d in documents)
+        written = sorted((d.document_id, d.revision) for d in documents)
+        assert sorted(index.stored_pairs("g1")) == written
+        assert sorted(index.pairs_of("g1", [d.document_id for d in documents])) == written
+        if flat_scan:
+            flat = index.flat_for("g1")
+            assert flat is not None
+            found = flat.search([1.0, 0.0, 0.0, 0.0], SearchFilter(), 100)
+            assert found is not None
+            assert {c.document_id: c.updated_at for c in found} == {
+                d.document_id: d.updated_at for d in documents
+            }
         pivot = documents[len(documents) // 2].updated_at
         filter = SearchFilter(updated_after=pivot)
         # Read from payloads, then from the point table.
