@@ -27,7 +27,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from contracts.index import Candidate
-from contracts.vector_payload import candidate_of
+from contracts.index_fields import DOCUMENT_ID
+from contracts.vector_payload import candidate_of, with_id
 
 __all__ = ["Hit", "PointFields", "PointTable"]
 
@@ -87,6 +88,8 @@ class PointTable:
         # One string object per distinct status (the engine hands a new one per point).
         statuses = self._statuses
         for pid, payload in points:
+            if DOCUMENT_ID not in payload:  # `payload_of(implied_id=True)`: the point id
+                payload = with_id(payload, uuid.UUID(int=pid))
             candidate = candidate_of(payload, 0.0)
             status = statuses.setdefault(candidate[4], candidate[4])
             fields[pid] = (candidate[0], candidate[1], candidate[3], status)

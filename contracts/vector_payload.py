@@ -20,7 +20,9 @@ Payload of a point (`payload_of`):
 | `status`      | str                                     | keyword                           |
 | `visibility`  | list of labels                          | keyword                           |
 | `facets`      | sorted list of `"name=value"` strings   | keyword                           |
-| `updated_at`  | RFC 3339 UTC with microseconds (`…Z`)   | datetime                          |
+| `updated_at`  | RFC 3339 UTC with microseconds (`…Z`)¹  | datetime¹                         |
+
+¹ qdrant-edge generations since session 26: integer microseconds, integer range index.
 
 A field whose value is empty (`ring` "", an empty list) is left out of the payload: a
 missing field matches no filter, as an empty one does. Points written by index schema
@@ -37,6 +39,11 @@ point in qdrant-edge-py 0.9, on top of its strings), with the GIL held.
 `updated_at` is compared as a datetime: Qdrant keeps datetimes as integer microseconds
 since the epoch, the resolution of Python's `datetime`, so inclusive range bounds written
 with `utc_timestamp` are exact (a float epoch would round at microsecond scale).
+qdrant-edge generations created since session 26 store it as those integer microseconds
+themselves (`payload_of(..., micros=True)`, `utc_micros`) under an integer range index:
+the binding converts an int without the three failed conversions a string costs, and the
+index does not parse text. Their range filter is the query adapter's (`_micros_range`);
+`candidate_of` reads either form.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import re
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from contracts.admission import vector_problem
@@ -94,7 +101,9 @@ __all__ = [
     "point_id",
     "point_key",
     "utc_instant",
+    "utc_micros",
     "utc_timestamp",
+    "with_id",
 ]
 
 VECTOR_NAME = "dense"
@@ -237,12 +246,39 @@ def utc_timestamp(value: datetime) -> str:
     return instant.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def utc_micros(value: datetime) -> int:
+    """Microseconds since the epoch of `value` (exact: the resolution of `datetime`); the
+    form qdrant-edge generations created since session 26 store `updated_at` in.
+
+    A naive datetime is rejected with `INVALID_REQUEST`.
+    """
+    return (utc_instant(value) - _EPOCH) // _MICROSECOND
+
+
+def _instant(value: Any) -> datetime:
+    """A stored `updated_at` as a UTC datetime: integer microseconds (`utc_micros`) or
+    RFC 3339 text (`utc_timestamp`)."""
+    if type(value) is int:
+        return _EPOCH + timedelta(microseconds=value)
+    return datetime.fromisoformat(str(value))
+
+
 def facet_terms(name: str, values: Iterable[str]) -> list[str]:
     """The `facets` payload strings of one facet name's values."""
     return [f"{name}{FACET_SEPARATOR}{value}" for value in values]
 
 
-def payload_of(document: IndexDocument, *, singletons: bool = False) -> dict[str, Any]:
+def payload_of(
+    document: IndexDocument,
+    *,
+    singletons: bool = False,
+    micros: bool = False,
+    implied_id: bool = False,
+) -> dict[str, Any]:
     """The payload stored with a document's point (see the module docstring).
 
     Empty values are left out (`ring` "", and `ring_path`, `visibility`, `facets` []):
@@ -252,14 +288,19 @@ def payload_of(document: IndexDocument, *, singletons: bool = False) -> dict[str
     string, ~4.5 us an empty list). `item_id` is written by index schema version 5 and
     older only (no query reads it from a point). With `singletons`, a list of one value
     is stored as that value (the module docstring says why every filter matches alike).
+    With `micros`, `updated_at` is integer microseconds since the epoch (`utc_micros`).
+    With `implied_id`, a `document_id` that is its own point id (a canonical UUID, as
+    every derived id is) is left out: readers take it from the point id (`with_id`).
     """
     payload: dict[str, Any] = {
         DOCUMENT_ID: document.document_id,
         REVISION: document.revision,
         GALAXY: document.galaxy,
         STATUS: document.status,
-        UPDATED_AT: utc_timestamp(document.updated_at),
+        UPDATED_AT: (utc_micros if micros else utc_timestamp)(document.updated_at),
     }
+    if implied_id and is_canonical_uuid(document.document_id):
+        del payload[DOCUMENT_ID]
     if document.ring:
         payload[RING] = document.ring
         path = ring_path(document.ring)
@@ -274,6 +315,15 @@ def payload_of(document: IndexDocument, *, singletons: bool = False) -> dict[str
         if terms:
             payload[FACETS] = terms[0] if singletons and len(terms) == 1 else terms
     return payload
+
+
+def with_id(payload: Mapping[str, Any], point: object) -> Mapping[str, Any]:
+    """`payload` of the point whose id is `point` (a `uuid.UUID`), with its `document_id`:
+    as stored, or, where `payload_of(implied_id=True)` left it out, the point id's
+    canonical text (such a document id is its own point id, `point_id`)."""
+    if DOCUMENT_ID in payload:
+        return payload
+    return {**payload, DOCUMENT_ID: str(point)}
 
 
 def listed(value: Any) -> list[Any]:
@@ -357,7 +407,7 @@ def candidate_of(payload: Mapping[str, Any], score: float) -> Candidate:
         str(payload[DOCUMENT_ID]),
         int(payload[REVISION]),
         min(1.0, max(-1.0, float(score))),  # `cosine_score`, inlined
-        datetime.fromisoformat(str(payload[UPDATED_AT])),
+        _instant(payload[UPDATED_AT]),
         str(payload[STATUS]),
     )
 

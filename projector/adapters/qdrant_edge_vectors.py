@@ -9,14 +9,17 @@ query side searches through `QdrantEdgeVectorIndex.shard_for` of this same objec
 
 Payload of a point: `contracts.vector_payload.payload_of(document, singletons=True)` (the
 contract with `query.adapters.qdrant_edge_vectors`; a list of one value stored as the
-value). Payload indexes: every field queries filter on (`PAYLOAD_INDEXES`) but
+value; in generations created since session 26 also `micros=True, implied_id=True`:
+`updated_at` as integer microseconds, no `document_id` when it is the point id's text).
+Payload indexes: every field queries filter on (`PAYLOAD_INDEXES`) but
 `revision` (read, never filtered on) and `document_id` (listed documents are matched by
 point id); generations created before session 25 also index `document_id`, and before
 session 24 `revision` (unused).
 
-`updated_at` is indexed as a datetime: Qdrant keeps datetimes as integer microseconds
-since the epoch, the resolution of Python's `datetime`, so inclusive range bounds are
-exact (a float epoch would round at microsecond scale).
+`updated_at` is stored as integer microseconds since the epoch (`payload_of(...,
+micros=True)`) under an integer range index: exact, the resolution of Python's
+`datetime`. Generations created before session 26 hold RFC 3339 text under a datetime
+index (Qdrant keeps datetimes as those same integers); `_micros_layout` tells them apart.
 
 HNSW: qdrant-edge builds graphs only in `optimize()`, and only for segments above the
 indexing threshold (10 MB of vectors by default, ~6.5k vectors at 384-d). Until then a
@@ -184,6 +187,7 @@ from qdrant_edge import (
     HnswIndexConfig,
     IntegerIndexParams,
     KeywordIndexParams,
+    PayloadSchemaType,
     Point,
     ScrollRequest,
     UpdateOperation,
@@ -193,7 +197,7 @@ from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors, flat_capacity
 from contracts.index import IndexDocument
-from contracts.index_fields import DOCUMENT_ID, REVISION
+from contracts.index_fields import DOCUMENT_ID, REVISION, UPDATED_AT
 from contracts.malloc import trim as trim_malloc
 from contracts.pacing import Pace, no_pace
 from contracts.point_table import PointTable
@@ -210,6 +214,7 @@ from contracts.vector_payload import (
     payload_of,
     point_id,
     utc_timestamp,
+    with_id,
 )
 from projector.model import check_single_copy
 from projector.ports import IndexEvidence
@@ -416,11 +421,27 @@ def _index_params(field: str, kind: PayloadIndexKind) -> PayloadSchemaParams:
 # distinct value per point, cost ~3 us of `EdgeShard.update` a point. Generations
 # created before keep theirs (unused).
 _UNINDEXED = frozenset({REVISION, DOCUMENT_ID})
+# `updated_at` (since session 26): integer microseconds (`payload_of(micros=True)`) with an
+# integer range index, instead of RFC 3339 text with a datetime index. The binding tries
+# bool, u64, i64 and f64 before a string (a Python exception each), and the datetime
+# index parses the text again: together ~8 us of a point's write with the GIL held.
+# Generations created before keep the text and the datetime index (`_micros_layout`).
 _PAYLOAD_INDEXES: dict[str, PayloadSchemaParams] = {
-    field: _index_params(field, kind)
+    field: (
+        IntegerIndexParams(lookup=False, range=True, enable_hnsw=False)
+        if field == UPDATED_AT
+        else _index_params(field, kind)
+    )
     for field, kind in PAYLOAD_INDEXES.items()
     if field not in _UNINDEXED
 }
+
+
+def _micros_layout(shard: EdgeShard) -> bool:
+    """Whether `shard` stores `updated_at` as integer microseconds (an integer index on
+    it: generations created since session 26) rather than RFC 3339 text."""
+    schema = shard.info().payload_schema.get(UPDATED_AT)
+    return schema is not None and schema.data_type == PayloadSchemaType.Integer
 
 
 @dataclass(frozen=True)
@@ -644,6 +665,8 @@ class _Generation:
     indexing_threshold_kb: int
     # qdrant-edge's vacuum rule for this shard (`vacuum_due`).
     vacuum: tuple[float, int] = (VACUUM_DELETED_THRESHOLD, VACUUM_MIN_VECTORS)
+    # `updated_at` stored as integer microseconds (`_micros_layout`); fixed at creation.
+    micros: bool = False
     # `apply` reads present revisions and then writes: one writer at a time per shard.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One optimize at a time per shard; `drop` and `close` wait for a running one.
@@ -862,6 +885,7 @@ class QdrantEdgeVectorIndex:
             with generation.write_lock:
                 self._check_open(generation, generation_id)
                 self._ensure_payload_indexes(generation.shard)
+                generation.micros = _micros_layout(generation.shard)
 
     def apply(
         self,
@@ -891,7 +915,9 @@ class QdrantEdgeVectorIndex:
             operations: list[tuple[UpdateOperation, int, int]] = []
             written = False
             try:
-                rewritten, deleted = _write(generation.shard, writes, operations, generation.points)
+                rewritten, deleted = _write(
+                    generation.shard, writes, operations, generation.points, generation.micros
+                )
                 written = True
                 generation.rewritten.update(rewritten)
                 generation.deleted.update(deleted)
@@ -1675,6 +1701,7 @@ class QdrantEdgeVectorIndex:
             dimension=_stored_dimension(config, shard),
             indexing_threshold_kb=_stored_indexing_threshold(config, self._tuning),
             vacuum=_stored_vacuum_rule(config),
+            micros=_micros_layout(shard),
         )
         self._generations[generation_id] = generation
         return generation
@@ -1853,6 +1880,7 @@ def _write(
     writes: _Writes,
     operations: list[tuple[UpdateOperation, int, int]],
     table: PointTable | None = None,
+    micros: bool = False,
 ) -> tuple[list[int], list[int]]:
     """Apply resolved upserts, then deletes, to `shard` under the revision rules; the
     points it held before that were written again, and those deleted (as `int` ids).
@@ -1861,7 +1889,8 @@ def _write(
     `operations` once it succeeded, with its upserted and deleted point counts: in that
     order they make any shard that held what `shard` held the same as `shard` now.
     With `table`, the same effect goes into it in one write window around the shard's
-    updates (`PointTable.writing`; left open if an update fails).
+    updates (`PointTable.writing`; left open if an update fails). `micros`: the shard
+    stores `updated_at` as integer microseconds (`_micros_layout`).
     """
     newest, delete_at = writes
     present = _present_revisions(shard, [*newest, *delete_at])
@@ -1881,7 +1910,10 @@ def _write(
                 removals.append(pid)
     # A list of one value stored as the value: the binding converts a list as a value of
     # its own (~7 us a point, GIL held); every filter matches either form alike.
-    payloads = {pid: payload_of(document, singletons=True) for pid, document in upserted.items()}
+    payloads = {
+        pid: payload_of(document, singletons=True, micros=micros, implied_id=micros)
+        for pid, document in upserted.items()
+    }
     with contextlib.nullcontext() if table is None else table.writing():
         if upserted:
             points = [
@@ -1896,7 +1928,11 @@ def _write(
             shard.update(operation)
             operations.append((operation, 0, len(removals)))
         if table is not None:
-            table.put((pid.int, payload) for pid, payload in payloads.items())
+            # The table holds every point's document id (`implied_id` left some out).
+            table.put(
+                (pid.int, payload if DOCUMENT_ID in payload else with_id(payload, pid))
+                for pid, payload in payloads.items()
+            )
             table.remove(_as_uuid(pid).int for pid in removals)
     rewritten = [pid.int for pid in upserted if pid in present]
     return rewritten, [_as_uuid(pid).int for pid in removals]
@@ -1929,8 +1965,8 @@ class _FlatBudget:
 def _pairs(records: Iterable[Record]) -> Iterator[tuple[str, int]]:
     """`(document_id, revision)` of points read with those two payload fields."""
     for record in records:
-        payload = record.payload or {}
-        yield str(payload["document_id"]), int(payload["revision"])
+        payload = with_id(record.payload or {}, _as_uuid(record.id))
+        yield str(payload[DOCUMENT_ID]), int(payload[REVISION])
 
 
 def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list[Any]]]:
@@ -1942,7 +1978,7 @@ def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list
             raise DependencyUnavailable(
                 DEPENDENCY, f"point {record.id} came back without its vector"
             )
-        yield record.payload or {}, dense
+        yield dict(with_id(record.payload or {}, _as_uuid(record.id))), dense
 
 
 def _present_revisions(shard: EdgeShard, pids: list[uuid.UUID]) -> dict[uuid.UUID, int]:

@@ -30,10 +30,12 @@ from qdrant_edge import (
     HasIdCondition,
     MatchAny,
     MatchValue,
+    PayloadSchemaType,
     PayloadSelector,
     Query,
     QueryRequest,
     RangeDateTime,
+    RangeFloat,
     ScoredPoint,
     SearchParams,
 )
@@ -64,7 +66,9 @@ from contracts.vector_payload import (
     cosine_score,
     facet_terms,
     point_id,
+    utc_micros,
     utc_timestamp,
+    with_id,
 )
 
 if TYPE_CHECKING:
@@ -384,6 +388,8 @@ class QdrantEdgeVectorSearch:
         self._hnsw_ef = hnsw_ef
         self._memo = memo
         self._memo_serves: dict[str, bool] = {}
+        # Per generation: `updated_at` stored as integer microseconds (`_micros`).
+        self._micros_layouts: dict[str, bool] = {}
 
     def search(
         self,
@@ -403,6 +409,8 @@ class QdrantEdgeVectorSearch:
             if found is not None:
                 return found
         shard = self._shard(generation_id)
+        if _timed(filter) and self._micros(generation_id, shard):
+            engine_filter = edge_filter(filter, micros=True)
         table = self._points(generation_id)
         stamp = None if table is None else table.stamp()
         if table is not None and stamp is not None:
@@ -411,7 +419,9 @@ class QdrantEdgeVectorSearch:
             if found is not None:
                 return best_first(found, limit)
         points = self._top(shard, generation_id, query_vector, engine_filter, limit)
-        return best_first((candidate_of(p.payload or {}, p.score) for p in points), limit)
+        return best_first(
+            (candidate_of(with_id(p.payload or {}, p.id), p.score) for p in points), limit
+        )
 
     def scores(
         self,
@@ -454,6 +464,8 @@ class QdrantEdgeVectorSearch:
                 return scored
         listed = list(filter.document_ids or ())
         shard = self._shard(generation_id)
+        if _timed(filter) and self._micros(generation_id, shard):
+            must = _must(filter, with_ids=False, micros=True)
         memo = self._memo
         if revisions is None or memo is None or not self._memoized(shard, generation_id, vector):
             return self._exact_scores(shard, generation_id, query_vector, must, listed)
@@ -637,6 +649,20 @@ class QdrantEdgeVectorSearch:
         except KeyError:
             raise _unknown(generation_id) from None
 
+    def _micros(self, generation_id: str, shard: EdgeShard) -> bool:
+        """Whether the generation stores `updated_at` as integer microseconds (an integer
+        index on it: qdrant-edge generations created since session 26); fixed when the
+        generation is created, so asked of the engine once."""
+        micros = self._micros_layouts.get(generation_id)
+        if micros is None:
+            try:
+                schema = shard.info().payload_schema.get(UPDATED_AT)
+            except Exception as error:  # the driver raises bare Exception
+                raise _translate(error, generation_id) from error
+            micros = schema is not None and schema.data_type == PayloadSchemaType.Integer
+            self._micros_layouts[generation_id] = micros
+        return micros
+
     def _top(
         self,
         shard: EdgeShard,
@@ -684,7 +710,7 @@ class QdrantEdgeVectorSearch:
             fetch *= 2
 
 
-def edge_filter(filter: SearchFilter) -> Filter | None:
+def edge_filter(filter: SearchFilter, *, micros: bool = False) -> Filter | None:
     """The engine filter equivalent to `filter`, less the documents hidden from the
     vector lane (never None: that exclusion always applies).
 
@@ -694,12 +720,16 @@ def edge_filter(filter: SearchFilter) -> Filter | None:
     (`HasIdCondition`: a point's id is a function of its document's id, and generations
     created since session 25 have no `document_id` payload index).
     Phrase groups are refused (`INTERNAL`): the query worker resolves them to ids.
+    With `micros`, for a generation storing `updated_at` as integer microseconds
+    (`_micros_range`).
     """
-    must = _must(filter)
+    must = _must(filter, micros=micros)
     return Filter(must=must or None, must_not=[_HIDDEN])
 
 
-def _must(filter: SearchFilter, *, with_ids: bool = True) -> list[ConditionType]:
+def _must(
+    filter: SearchFilter, *, with_ids: bool = True, micros: bool = False
+) -> list[ConditionType]:
     """The `must` clauses of `edge_filter` (the same refusals); without `with_ids`, less
     the `document_ids` clause."""
     if filter.phrases:
@@ -715,7 +745,9 @@ def _must(filter: SearchFilter, *, with_ids: bool = True) -> list[ConditionType]
         must.append(FieldCondition(STATUS, match=MatchAny(list(filter.status))))
     if filter.visibility is not None:
         must.append(FieldCondition(VISIBILITY, match=MatchAny(list(filter.visibility))))
-    if filter.updated_after is not None or filter.updated_before is not None:
+    if micros and _timed(filter):
+        must.append(_micros_range(filter.updated_after, filter.updated_before))
+    elif _timed(filter):
         must.append(
             FieldCondition(
                 UPDATED_AT,
@@ -771,6 +803,60 @@ def _same(given: Sequence[float], checked: list[float]) -> Sequence[float]:
     """What to hand a flat copy: the caller's tuple itself when it gave one (a flat copy
     knows the last tuple it scaled by identity), else the checked values."""
     return given if isinstance(given, tuple) else checked
+
+
+def _timed(filter: SearchFilter) -> bool:
+    return filter.updated_after is not None or filter.updated_before is not None
+
+
+# Integers up to this magnitude are exact as float64 (microseconds: years ~1685-2255).
+_EXACT_FLOAT = 1 << 53
+
+
+def _micros_range(after: datetime | None, before: datetime | None) -> ConditionType:
+    """`after <= updated_at <= before` (inclusive, either side open) on integer
+    microseconds, exactly as the datetime range matches the text form.
+
+    The binding's only numeric range is `RangeFloat`; the engine turns its bounds into
+    integers for an integer index (`f as i64`), exact for every bound a float64 holds.
+    A bound beyond 2**53 us from the epoch that no float64 holds is narrowed to the
+    nearest float64 inside the range, and the integers between the two are matched as
+    values (fewer than 32 per side for any `datetime`)."""
+    low = None if after is None else utc_micros(after)
+    high = None if before is None else utc_micros(before)
+    if low is not None and high is not None and low > high:
+        return FieldCondition(UPDATED_AT, range=RangeFloat(gte=1.0, lte=0.0))  # nothing
+    inner_low = None if low is None else _float_at_least(low)
+    inner_high = None if high is None else _float_at_most(high)
+    edges: list[int] = []
+    if low is not None and inner_low is not None and int(inner_low) != low:
+        edges.extend(range(low, int(inner_low)))
+    if high is not None and inner_high is not None and int(inner_high) != high:
+        edges.extend(range(int(inner_high) + 1, high + 1))
+    if inner_low is not None and inner_high is not None and inner_low > inner_high:
+        # No float64 inside the range: it holds fewer integers than one float step.
+        assert low is not None and high is not None
+        return FieldCondition(UPDATED_AT, match=MatchAny(list(range(low, high + 1))))
+    inner = FieldCondition(UPDATED_AT, range=RangeFloat(gte=inner_low, lte=inner_high))
+    if not edges:
+        return inner
+    return Filter(should=[inner, FieldCondition(UPDATED_AT, match=MatchAny(sorted(set(edges))))])
+
+
+def _float_at_least(value: int) -> float:
+    """The least float64 >= `value`."""
+    near = float(value)
+    if abs(value) <= _EXACT_FLOAT or int(near) >= value:
+        return near
+    return math.nextafter(near, math.inf)
+
+
+def _float_at_most(value: int) -> float:
+    """The greatest float64 <= `value`."""
+    near = float(value)
+    if abs(value) <= _EXACT_FLOAT or int(near) <= value:
+        return near
+    return math.nextafter(near, -math.inf)
 
 
 def _bound(value: datetime | None) -> str | None:

@@ -26,7 +26,7 @@ from contracts.errors import OrreryError
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
 from contracts.point_table import PointTable
-from contracts.vector_payload import RETURNED_FIELDS, candidate_of
+from contracts.vector_payload import RETURNED_FIELDS, candidate_of, with_id
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeVectorIndex
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch, VectorMemo
 from tests.conformance.corpus import doc
@@ -87,7 +87,8 @@ def _payload_fields(index: QdrantEdgeVectorIndex, generation: str) -> dict[int, 
             )
         )
         for record in records:
-            candidate = candidate_of(record.payload or {}, 0.0)
+            # A document id that is its point id is not stored (`implied_id`).
+            candidate = candidate_of(with_id(record.payload or {}, record.id), 0.0)
             out[uuid.UUID(str(record.id)).int] = (*candidate[:2], *candidate[3:])
         if offset is None:
             return out
