@@ -423,6 +423,7 @@ class EmbeddedStack:
             embedder=embedder,
             batch_size=settings.projector_batch_size,
             text_languages=settings.text_languages(),
+            spare_shard=True,
         )
         # What the write path is paced by: positions committed by the store, applied
         # by the projector (each batch's report, after its commit).

@@ -333,9 +333,14 @@ def embedded_projector(
     embedder: Embedder,
     batch_size: int,
     text_languages: TextLanguages | None = None,
+    spare_shard: bool = False,
 ) -> EmbeddedProjector:
     """SQLite outbox as the log, tantivy + qdrant-edge generation directories; a new
-    generation's text is analyzed in its namespace's language (`text_languages`)."""
+    generation's text is analyzed in its namespace's language (`text_languages`).
+
+    `spare_shard` (a serving process): keep an empty qdrant-edge shard of the embedder's
+    dimension ready for the next new generation, made by a child process; creating one
+    in process holds the GIL, stalling every query and write, for ~0.5 s."""
     languages = text_languages or TextLanguages()
     state = SqliteProjectorState(db_path)
     log = SqliteOutboxLog(db_path, start_after=state.position(CONSUMER))
@@ -347,7 +352,10 @@ def embedded_projector(
         flat_max_rows=DEFAULT_FLAT_MAX_ROWS,
         flat_open_max_rows=DEFAULT_FLAT_OPEN_MAX_ROWS,
     )
-    vectors = QdrantEdgeVectorIndex(data_dir / "generations" / "vectors")
+    vectors = QdrantEdgeVectorIndex(
+        data_dir / "generations" / "vectors",
+        spare_dimension=embedder.dimension if spare_shard else None,
+    )
     writes = RingStatsVectorIndex(vectors, SqliteRingStatistics(db_path))
     lock = FileWriterLock(writer_lock_path(data_dir))
     deferred = DeferredWrites()
