@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,21 @@ def _write_process(
     else:
         pss_file = file_pss * 1024
         rollup.write_text(_ROLLUP.format(rss=rss, pss=anon + pss_file, anon=anon, file=pss_file))
+
+
+@contextlib.contextmanager
+def _ready_child(script: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A child running `script`, once it printed `ready`; told to end (stdin closed)
+    and waited for on the way out."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == b"ready"
+        yield child
+    finally:
+        child.communicate(timeout=30)
 
 
 def _remove_process(proc: Path, pid: int) -> None:
@@ -191,20 +208,13 @@ def test_a_file_mapped_twice_counts_twice_in_rss_and_once_in_pss(tmp_path: Path)
         "total = sum(m[i] for m in maps for i in range(0, len(m), 4096))\n"
         "print('ready', flush=True); sys.stdin.read()\n"
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == b"ready"
+    with _ready_child(script):
         sampler = TreeSampler(os.getpid())
         sampler.sample()
         others = sampler.report()["at_peak"]["other"]
         # Twice the file in RSS, once in PSS (up to pages of other files both hold).
         assert others["RssFile"] >= 32 << 10
         assert others["RssFile"] - others["Pss_File"] >= 15 << 10
-    finally:
-        child.communicate(timeout=30)
 
 
 def test_pss_is_read_every_pss_every_s_and_its_peak_only_from_those_samples(
@@ -248,12 +258,7 @@ def test_a_real_child_is_sampled_with_its_parent() -> None:
         "import sys; block = bytearray(64 << 20); block[::4096] = b'x' * len(block[::4096]); "
         "print('ready', flush=True); sys.stdin.read()"
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == b"ready"
+    with _ready_child(script):
         sampler = TreeSampler(os.getpid())
         with sampler:
             summed = sampler.sample()
@@ -265,5 +270,3 @@ def test_a_real_child_is_sampled_with_its_parent() -> None:
         server = report["at_peak"]["server"]
         assert report["peak_sum_kb"] >= server["rss_kb"] + others["rss_kb"]
         assert all(part in server for part in PARTS)
-    finally:
-        child.communicate(timeout=30)
