@@ -99,6 +99,9 @@ NAMESPACE = "bench"
 SNAPSHOT_KIND = "objects"
 SCOPE_REF = "longterm:objects:current"
 DIMENSION = 384
+# The spare empty shard a server keeps for its next new generation (projector/adapters/
+# qdrant_edge_vectors.py, `_SpareMaker`): a directory beside the shards, not an optimize.
+SPARE_SHARD_PREFIX = ".spare-"
 VOCABULARY_SIZE = 8_000
 ZIPF_EXPONENT = 1.05
 GALAXIES = tuple(f"galaxy-{i}" for i in range(10))
@@ -814,10 +817,21 @@ def optimizer_busy(server: ServeProcess) -> dict[str, Any] | None:
     under `.<generation>.optimizing`, then caught up in `<generation>+<n>` until the
     pointer file names it, `swapping_dirs`) or in-process (then it holds the GIL and
     requests stall, which the probes detect). Any child process of the server counts
-    as busy, except the write workers (`ORRERY_INGEST_WORKERS`: alive all along).
+    as busy, except the write workers (`ORRERY_INGEST_WORKERS`: alive all along). A
+    spare empty shard kept for the next new generation (`.spare-*`, with its short-lived
+    maker child) is no optimize: only its directory is left out, a maker child at work
+    still counts (it takes CPU from the probes).
     """
     vectors = server.data_dir / "generations" / "vectors"
-    staging = sorted(p.name for p in vectors.glob(".*") if p.is_dir()) if vectors.exists() else []
+    staging = (
+        sorted(
+            p.name
+            for p in vectors.glob(".*")
+            if p.is_dir() and not p.name.startswith(SPARE_SHARD_PREFIX)
+        )
+        if vectors.exists()
+        else []
+    )
     staging += swapping_dirs(vectors)
     children = [c for c in child_processes(server.pid) if WRITE_WORKER_MODULE not in c["command"]]
     lexical = server.data_dir / "generations" / "lexical"
