@@ -238,12 +238,10 @@ def utc_timestamp(value: datetime) -> str:
     A naive datetime is rejected with `INVALID_REQUEST`.
     """
     instant = utc_instant(value)
-    if instant.year >= 1000:
-        # `isoformat` of a UTC instant is this text with "+00:00" for "Z", in half of
-        # `strftime`'s time (one per point written); `%Y` of a year before 1000 is not
-        # padded on every platform, so those keep `strftime`.
-        return instant.isoformat(timespec="microseconds")[:-6] + "Z"
-    return instant.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # `isoformat` of a UTC instant is this text with "+00:00" for "Z", always with a
+    # four-digit year (`strftime`'s `%Y` leaves a year before 1000 unpadded here, a text
+    # that sorts wrong against every other and that `candidate_of` cannot read back).
+    return instant.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
