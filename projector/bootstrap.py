@@ -101,8 +101,6 @@ _log = logging.getLogger(__name__)
 COMPACT_SHARE = 0.5
 # Documents written during a background compaction's copy past which it gives way.
 _GIVE_WAY = 1_000
-# How often a compaction waiting for an HNSW build to end checks for `close`.
-_YIELD_POLL_S = 0.5
 _COMPACTABLE = frozenset({GenerationState.SEALED, GenerationState.VERIFIED, GenerationState.LIVE})
 
 LEXICAL_ENGINE = "tantivy"
@@ -246,10 +244,8 @@ class EmbeddedProjector:
         (`DutyCycle`: the queries of this interpreter run in the gaps); then, for one
         that has no in-memory lexical copy and may have one (`TantivyLexicalIndex.
         flat_due`: quiet, no deleted document, small enough), builds it (`build_lexical_
-        flat`), paced the same way. Neither runs while the vector index builds an HNSW
-        (`_yield_to_builds`): the build's niced child gets the cores this process leaves,
-        and the compaction and copy change no answer, so they come after it. A daemon
-        thread; `close()` stops it. Failures are logged and retried next round."""
+        flat`), paced the same way. A daemon thread; `close()` stops it. Failures are
+        logged and retried next round."""
         if self._compactor is not None and self._compactor.is_alive():
             return
         self._stop.clear()
@@ -271,15 +267,12 @@ class EmbeddedProjector:
                     return
                 if states.get(generation_id) not in _COMPACTABLE or generation_id in deferred:
                     continue
-                if self.vectors.building():
-                    break  # Next round: an HNSW build takes the cores first.
                 duty = DutyCycle(share)
 
                 def pace(duty: DutyCycle = duty) -> None:
                     if self._stop.is_set():
                         raise _Stopped  # `close` does not wait for a whole compaction.
                     duty()
-                    self._yield_to_builds()
 
                 try:
                     if self.lexical.compaction_due(
@@ -298,16 +291,6 @@ class EmbeddedProjector:
                             generation_id,
                             error.message,
                         )
-
-    def _yield_to_builds(self) -> None:
-        """While the vector index builds an HNSW (`QdrantEdgeVectorIndex.building`: its
-        niced child runs on the cores this process leaves), wait: a compaction or a
-        lexical copy under way resumes after the build, and writes made meanwhile are
-        journaled as during any pause (past `_GIVE_WAY` it gives way as usual). Raises
-        `_Stopped` on `close`."""
-        while not self.vectors.wait_for_builds(_YIELD_POLL_S):
-            if self._stop.is_set():
-                raise _Stopped
 
     def close(self) -> None:
         self._stop.set()

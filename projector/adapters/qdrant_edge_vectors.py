@@ -882,9 +882,6 @@ class QdrantEdgeVectorIndex:
         self._closed = False
         self._stop = threading.Event()
         self._optimizer: threading.Thread | None = None
-        # Optimizes under way in this process (`building`), counted under `_builds_idle`.
-        self._builds = 0
-        self._builds_idle = threading.Condition(threading.Lock())
         self._spares: _SpareMaker | None = None
         if spare_dimension is not None:
             self._spares = _SpareMaker(self._root, spare_dimension, self._tuning)
@@ -1256,16 +1253,11 @@ class QdrantEdgeVectorIndex:
         generation = self._require(generation_id)
         if not generation.optimize_lock.acquire(blocking=False):
             return False
-        with self._builds_idle:
-            self._builds += 1
         try:
             changed = self._copy_optimize_swap(generation_id, generation)
         except _Cancelled:
             return False
         finally:
-            with self._builds_idle:
-                self._builds -= 1
-                self._builds_idle.notify_all()
             generation.optimize_lock.release()
         if changed:
             self._idle_at.pop(generation_id, None)
@@ -1273,22 +1265,6 @@ class QdrantEdgeVectorIndex:
             _, unindexed, stale = self._index_state(generation_id)
             self._idle_at[generation_id] = unindexed + stale
         return changed
-
-    def building(self) -> bool:
-        """Whether an `optimize` (copy, child build, catch-up and swap) of any generation
-        runs in this process now."""
-        with self._builds_idle:
-            return self._builds > 0
-
-    def wait_for_builds(self, timeout_s: float) -> bool:
-        """Wait until no `optimize` runs in this process, at most `timeout_s` seconds;
-        whether none does.
-
-        For background upkeep of the same process (the lexical compactor): its CPU is
-        taken from the optimizer's niced child, which builds the HNSW on the cores the
-        serving process leaves, so upkeep that can wait is best done after the build."""
-        with self._builds_idle:
-            return self._builds_idle.wait_for(lambda: self._builds == 0, timeout=timeout_s)
 
     def optimize_in_place(self, generation_id: str) -> bool:
         """Merge segments and build HNSW right here; whether segments changed.

@@ -902,30 +902,6 @@ class OptimizeThread(threading.Thread):
         assert not self.is_alive(), "optimize did not finish"
 
 
-def test_edge_building_holds_while_an_optimize_runs(
-    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    # The lexical compactor waits on this for the HNSW build to end (`EmbeddedProjector.
-    # _yield_to_builds`): true from the copy to the swap, false once optimize returns.
-    edge.create("g", DIM)
-    edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
-    assert not edge.building()
-    assert edge.wait_for_builds(0.0)
-    child = HeldChild(monkeypatch, tmp_path)
-    thread = OptimizeThread(edge, "g")
-    thread.start()
-    while not edge.building():
-        assert thread.is_alive(), thread.error
-        time.sleep(0.01)
-    assert not edge.wait_for_builds(0.05)
-    child.release()
-    assert edge.wait_for_builds(120.0)
-    thread.join_or_fail()
-    assert thread.error is None and thread.result is True
-    assert not edge.building()
-    assert edge.unindexed_count("g") == 0
-
-
 class Model:
     """Random writes to one generation, and the state they must leave behind.
 

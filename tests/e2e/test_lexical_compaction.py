@@ -3,7 +3,6 @@ to one segment once ingest is quiet, and the answers stay those of the index bef
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,6 @@ import pytest
 from starlette.testclient import TestClient
 
 from orrery.embedded import EmbeddedStack
-from projector.adapters import qdrant_edge_vectors as edge_module
 from query.settings import QuerySettings
 
 NS = "e2e"
@@ -88,81 +86,6 @@ def test_the_background_compactor_leaves_one_segment_and_the_same_answers(
             _wait(lambda: lexical.evidence(generation_id).document_count == 41)
     finally:
         stack.close()
-
-
-def test_the_compactor_waits_while_an_hnsw_build_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """While the vector index builds an HNSW (its child on the cores the serving process
-    leaves), the compactor leaves the tantivy index as it is; once the build is swapped
-    in it compacts, and the answers stay those of the index before."""
-    go = tmp_path / "go"
-    held = f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
-    monkeypatch.setattr(edge_module, "_OPTIMIZE_SCRIPT", held + edge_module._OPTIMIZE_SCRIPT)
-    settings = QuerySettings(
-        data_dir=tmp_path / "data", cache_responses=False, optimize_interval_seconds=0.5
-    )
-    stack = EmbeddedStack.open(settings)
-    lexical = stack.projector.lexical
-    vectors = stack.projector.vectors
-    query = {
-        "namespace": NS,
-        "scope_ref": "longterm:objects:current",
-        "query_text": "thermos garden",
-        "result_limit": 10,
-    }
-    build: threading.Thread | None = None
-    try:
-        stack.loop.start()
-        with TestClient(stack.app) as client:
-            for start in range(0, 40, 10):
-                response = client.post(
-                    "/v1/records", json=[_record(n) for n in range(start, start + 10)]
-                )
-                assert response.status_code == 200, response.text
-
-                def caught_up(total: int = start + 10) -> bool:
-                    scopes = client.get("/v1/readiness").json().get("scopes", [])
-                    return sum(s["document_count"] for s in scopes) == total and not any(
-                        s["lag_events"] for s in scopes
-                    )
-
-                _wait(caught_up)
-            (generation_id,) = lexical.generation_ids()
-            assert lexical.segment_count(generation_id) > 1
-            before = client.post("/v1/external/retrieve/topk_records", json=query)
-            assert before.status_code == 200, before.text
-            build = threading.Thread(target=vectors.optimize, args=(generation_id,), daemon=True)
-            build.start()
-            _wait(vectors.building)
-            seen: list[bool] = []
-            real = vectors.building
-
-            def building() -> bool:
-                now = real()
-                seen.append(now)
-                return now
-
-            monkeypatch.setattr(vectors, "building", building)
-            stack.start()
-            _wait(lambda: seen.count(True) >= 3)  # three compactor rounds gave way
-            assert lexical.segment_count(generation_id) > 1
-            during = client.post("/v1/external/retrieve/topk_records", json=query)
-            assert during.json()["results"] == before.json()["results"]
-            go.touch()
-            build.join(120.0)
-            assert not build.is_alive()
-            assert not vectors.building()
-            _wait(lambda: lexical.segment_count(generation_id) == 1)
-            after = client.post("/v1/external/retrieve/topk_records", json=query)
-            assert before.json()["results"] and [
-                (r["document_id"], r["score"]) for r in after.json()["results"]
-            ] == [(r["document_id"], r["score"]) for r in before.json()["results"]]
-    finally:
-        go.touch()
-        stack.close()
-        if build is not None:
-            build.join(120.0)
 
 
 def test_a_reopened_generation_gets_its_in_memory_copy_and_the_same_answers(
