@@ -169,8 +169,8 @@ class ServeProcess:
     def thread_names(self) -> dict[int, str]:
         """Python's name of each Python thread of the server (native id -> name), from
         `py-spy dump` (the OS names them all alike); {} without py-spy."""
-        spy = Path(sys.executable).with_name("py-spy")
-        if not spy.exists():
+        spy = py_spy_path()
+        if spy is None:
             return {}
         dump = subprocess.run(
             [str(spy), "dump", "--pid", str(self.pid), "--nonblocking"],
@@ -302,6 +302,16 @@ def stop_processes(processes: Sequence[subprocess.Popen[Any]], timeout_s: float 
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def py_spy_path() -> Path | None:
+    """The `py-spy` beside this interpreter, else the one on PATH (e.g. installed with
+    `pip install --target DIR py-spy`, DIR/bin on PATH); None if there is none."""
+    spy = Path(sys.executable).with_name("py-spy")
+    if spy.exists():
+        return spy
+    found = shutil.which("py-spy")
+    return None if found is None else Path(found)
 
 
 def ingest_env(batch_size: int) -> dict[str, str]:

@@ -45,6 +45,7 @@ from bench.common import (
     git_facts,
     ingest_env,
     machine_facts,
+    py_spy_path,
     start_serve,
     utc_now,
     write_json,
@@ -121,7 +122,9 @@ def _start_py_spy(pid: int, out: Path) -> subprocess.Popen[bytes]:
     stack with its sample count), until SIGINT: only samples holding the GIL, which is
     what serializes the POST handling and the projector in one interpreter."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    spy = Path(sys.executable).with_name("py-spy")
+    spy = py_spy_path()
+    if spy is None:
+        raise SystemExit("--py-spy: no py-spy beside this interpreter or on PATH")
     return subprocess.Popen(
         [
             str(spy),

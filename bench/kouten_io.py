@@ -7,7 +7,7 @@ alone: an import of N JSON lines that carry their own 384-d vectors (the embedde
 not involved), a dump of them, a backup, its verification, a restore into a fresh data
 directory and a compaction after re-importing every line once more (N superseded
 revisions; the log position is set past them as after a projector caught up). The
-garbage collector is tuned as the servers and the CLI tune it (`orrery.cli.tune_gc`).
+garbage collector is tuned as the servers and the CLI tune it (`contracts.gc_tuning.tune_gc`).
 
     python -m bench.kouten_io                  # 100k lines (target: ≥ 5,000 lines/s)
     python -m bench.kouten_io --lines 10000    # smaller
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import REPO_ROOT, git_facts, machine_facts, utc_now, write_json
+from contracts.gc_tuning import tune_gc
 from ingest.adapters.sqlite_maintenance import (
     backup_database,
     compact_database,
@@ -39,7 +40,6 @@ from ingest.adapters.sqlite_maintenance import (
 )
 from ingest.adapters.sqlite_store import SqliteRecordStore
 from ingest.koutendb_io import ImportOptions, JsonlImporter, LineSplitter, dump_lines
-from orrery.cli import tune_gc
 from projector.adapters.sqlite_state import SqliteProjectorState
 from query.settings import QuerySettings
 
@@ -171,7 +171,7 @@ def main() -> None:
             "lines": args.lines,
             "vector_dimension": DIM,
             "path": "in-process use cases (the HTTP route's and the CLI's code), no projector",
-            "gc": "orrery.cli.tune_gc (as serve and import-jsonl run)",
+            "gc": "contracts.gc_tuning.tune_gc (as serve and import-jsonl run)",
             "input_bytes": len(data),
             "dump_bytes": dump_bytes,
             "import": {**stats, "errorLines": len(stats["errorLines"])},

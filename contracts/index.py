@@ -106,7 +106,8 @@ _LANES = ("lexical", "vector")
 
 
 def _facets(record: Record) -> dict[str, tuple[str, ...]]:
-    facets = {k: tuple(v) for k, v in record.metadata.facets().items()}
+    metadata = record.metadata
+    facets = {k: tuple(v) for k, v in metadata.facets().items()} if metadata.model_extra else {}
     if record.index_lanes is not None:
         hidden = tuple(lane for lane in _LANES if lane not in record.index_lanes)
         if hidden:

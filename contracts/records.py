@@ -272,8 +272,11 @@ class RecordMetadata(BaseModel):
 
     def facets(self) -> dict[str, list[str]]:
         """Free facets as lists of strings (how every index stores them)."""
+        extra = self.model_extra
+        if not extra:
+            return {}  # most records: the projector asks for each one
         out: dict[str, list[str]] = {}
-        for key, value in sorted((self.model_extra or {}).items()):
+        for key, value in sorted(extra.items()):
             values = value if isinstance(value, list) else [value]
             out[key] = [_facet_string(v) for v in values]
         return out

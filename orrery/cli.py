@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import json
 import os
 import signal
@@ -24,6 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from contracts.errors import OrreryError
+from contracts.gc_tuning import tune_gc
 from contracts.malloc import tune_malloc
 from contracts.records import Record
 from ingest.bootstrap import canonical_db_path, embedded_store
@@ -113,23 +113,6 @@ Mode = Annotated[
 ]
 Host = Annotated[str | None, typer.Option(help="Bind address [ORRERY_HOST]")]
 Port = Annotated[int | None, typer.Option(help="Port [ORRERY_PORT]")]
-
-
-# The young generation is collected after this many new container objects (CPython's
-# default is 700). A batch of records allocates hundreds of thousands (pydantic models,
-# dicts, vectors), and at 700 the collector ran so often that it cost ~30 us a record
-# on the write path (parse 40 -> 23 us, measured on 2,000-record batches).
-GC_YOUNG_THRESHOLD = 50_000
-
-
-def tune_gc() -> None:
-    """Fewer collections for a long-running server: everything allocated while starting
-    (modules, schemas, engines) is moved out of the collector's way (`gc.freeze`) and the
-    young generation is collected less often (`GC_YOUNG_THRESHOLD`)."""
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def _serve_http(app: Any, settings: QuerySettings, sock: socket.socket | None = None) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 
 from contracts.errors import DependencyUnavailable, OrreryError
 from contracts.events import LogEntry, RecordChanged
+from contracts.gc_tuning import tune_gc
 from contracts.records import vector_span
 from contracts.request_context import RequestContext, close_request, open_request
 from contracts.stored_vectors import float32_wire, packed_vector
@@ -219,6 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     # Ctrl+C reaches the whole process group: the server decides when its workers end
     # (it closes their pipes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Each batch's parse allocates hundreds of thousands of containers, as the server's
+    # did when it parsed in process: its collector tuned as the server's is.
+    tune_gc()
     serve(
         Connection(args.commands_fd, writable=False),
         Connection(args.answers_fd, readable=False),

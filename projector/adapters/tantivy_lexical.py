@@ -1024,21 +1024,27 @@ def _flat_row(
     as the index analyzes the values `_to_document` writes (a multi-valued field's tokens
     in a row: tantivy counts a field's length over all its values). The combined field's
     tokens are its parts' in order: it joins them with a newline, a separator, and every
-    filter of the analyzer works token by token."""
+    filter of the analyzer works token by token. A copy of the combined field alone (the
+    embedded default) analyzes that one value, as `_to_document` writes it: one call
+    instead of one per part (~8 µs a corpus document)."""
     tokens: dict[str, list[str]] = {}
-    if any(name in fields for name in (TITLE, BODY, TAGS, TEXT)):
+    if len(fields) == 1 and fields[0] == TEXT:
+        text = combined_text(source.title, source.body, source.tags)
+        tokens = {TEXT: analyzer.analyze(_analyzed(text)) if text else []}
+    elif TITLE in fields or BODY in fields or TAGS in fields or TEXT in fields:
         title = analyzer.analyze(_analyzed(source.title)) if source.title else []
         body = analyzer.analyze(_analyzed(source.body)) if source.body else []
         tags = [token for tag in source.tags for token in analyzer.analyze(_analyzed(tag))]
         parts = {TITLE: title, BODY: body, TAGS: tags, TEXT: [*title, *body, *tags]}
         tokens = {name: parts[name] for name in fields}
     return LexicalRow(
+        # Positionally: a named tuple built by keyword costs twice as much.
         candidate=Candidate(
-            document_id=source.document_id,
-            revision=source.revision,
-            score=0.0,
-            updated_at=source.updated_at.astimezone(UTC),
-            status=source.status,
+            source.document_id,
+            source.revision,
+            0.0,
+            source.updated_at.astimezone(UTC),
+            source.status,
         ),
         galaxy=source.galaxy,
         ring=source.ring,

@@ -25,8 +25,18 @@ from hypothesis import strategies as st
 from contracts.errors import OrreryError
 from contracts.flat_lexical import FlatLexical, _top_rows, fieldnorm_id
 from contracts.index import Candidate, IndexDocument, SearchFilter
-from contracts.index_fields import HIDDEN_FACET
-from projector.adapters.tantivy_lexical import TantivyLexicalIndex
+from contracts.index_fields import (
+    BODY,
+    DEFAULT_TEXT_ANALYZER,
+    HIDDEN_FACET,
+    NO_STEMMING,
+    TAGS,
+    TEXT,
+    TEXT_ANALYZER_V1,
+    TITLE,
+    text_analyzer_name,
+)
+from projector.adapters.tantivy_lexical import TantivyLexicalIndex, _flat_row, _text_analyzer
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
 from tests.conformance.corpus import doc
 
@@ -542,3 +552,39 @@ def test_the_top_rows_from_a_sampled_bound_are_those_of_one_partition_of_all_row
     values = rng.integers(1, 4, size) if tied else rng.random(size) * 20
     eligible = np.where(rng.random(size) < positive, values, 0.0).astype(np.float32)
     assert _top_rows(eligible, limit).tolist() == _reference_top_rows(eligible, limit).tolist()
+
+
+# Text with everything the analyzer splits, folds, stems or drops: letters with
+# accents, digits, separators of every kind (the newline that joins the combined field
+# too), lone surrogates (made "?" before analysis), and tokens past the length limit.
+_ANALYZED_TEXT = st.lists(
+    st.sampled_from(
+        ["running", "Café", "ÉTÉ", "x" * 300, "\n", " ", "-", "'", "\ud800", "ß", "42", "ǅ"]
+    )
+    | st.characters(),
+    max_size=16,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    title=_ANALYZED_TEXT,
+    body=_ANALYZED_TEXT,
+    tags=st.lists(_ANALYZED_TEXT, max_size=3),
+    analyzer_name=st.sampled_from(
+        (DEFAULT_TEXT_ANALYZER, TEXT_ANALYZER_V1, text_analyzer_name(NO_STEMMING))
+    ),
+)
+def test_a_copy_of_the_combined_field_keeps_its_parts_tokens(
+    title: str, body: str, tags: list[str], analyzer_name: str
+) -> None:
+    """A copy of the combined field alone analyzes the combined value in one call: the
+    same tokens, in the same order, as its parts analyzed one by one (what the copies of
+    several fields keep)."""
+    analyzer = _text_analyzer(analyzer_name)
+    source = doc("d1", title=title, body=body, tags=tuple(tags))
+    alone = _flat_row(source, analyzer, (TEXT,))
+    parts = _flat_row(source, analyzer, (TITLE, BODY, TAGS, TEXT))
+    assert alone.tokens == {TEXT: parts.tokens[TEXT]}
+    assert alone.candidate == parts.candidate
+    assert (alone.galaxy, alone.ring, alone.hidden) == (parts.galaxy, parts.ring, parts.hidden)
