@@ -98,6 +98,18 @@ appendable segments as `ChunkedMmap` (the same files, not read in on load): each
 the build reads is mapped once, in the sequential mapping, and the pager reclaims it.
 A segment the build keeps gets its `InRamChunkedMmap` back before the swap.
 
+Reopening. qdrant-edge holds ~1 KB a point more anonymous memory for points written
+into a shard in process (its mutable segment's structures grown by inserts) than for the
+same points loaded from disk, and the catch-up writes every point journaled during a
+build into the copy (at 1M: 774k points after the third build, held through the whole
+last one beside its child). So once a generation is quiet and holds `reopen_min_points`
+such points (`REOPEN_MIN_POINTS`, 50k), the background optimizer, before it builds,
+flushes the shard, closes it and loads it again from its directory (`reopen`): under the
+write lock and with the gate closed, so writes and searches wait (qdrant-edge holds the
+GIL for the flush, the close and the load in any case) and then get the reloaded shard,
+which holds the same points. Appendable segments are reloaded without reading their
+vector chunks in (`_unread_on_load`), and the WAL's pages the load read are reclaimed.
+
 When to optimize. An optimize rebuilds the HNSW of the whole shard (qdrant-edge merges it
 into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, then
 +10k 28 s, then +20k 60 s), so the background optimizer waits, while a generation takes
@@ -397,6 +409,9 @@ OPTIMIZE_SHARE = 0.5
 # reopens a quiet generation (`QdrantEdgeVectorIndex.reopen`): ~1 KB a point of
 # qdrant-edge's memory goes, for a pause of every search and write (a close and a load).
 REOPEN_MIN_POINTS = 50_000
+# How long the background optimizer waits before it tries a reopen again that a caller
+# holding the shard refused (each try closes the gate for up to `_DRAIN_TIMEOUT_S`).
+_REOPEN_RETRY_S = 60.0
 
 
 def optimize_threshold(indexed: int, *, min_unindexed: int, growth: float) -> int:
@@ -747,8 +762,10 @@ class _Generation:
     # Points this process upserted into `shard` since it was loaded (its writes, and the
     # catch-up of the optimize that swapped it in): qdrant-edge holds ~1 KB a point more
     # for those than for points it loads (`QdrantEdgeVectorIndex.reopen`). Under
-    # `write_lock`.
+    # `write_lock`. `reopen_after`: when a reopen refused by a caller holding the shard
+    # may be tried again (monotonic seconds).
     written_since_load: int = 0
+    reopen_after: float = 0.0
 
     def tombstones(self) -> tuple[int, int]:
         """Rewritten and deleted points since the last build's copy, including those
@@ -1303,14 +1320,15 @@ class QdrantEdgeVectorIndex:
         the same points loaded) goes with the old shard object.
 
         The reloaded shard holds exactly the points the old one held (flushed first,
-        under the write lock, which `apply` waits for throughout). Searches wait for it
-        (the gate is closed, and the close and the load hold the GIL anyway: ~1-4 s at
-        1M points on this machine, `reopen` in the log line), then get the reloaded
-        shard; none gets a closed one. Does nothing and returns False while an optimize
-        of the generation runs, or when a caller holds the shard past
-        `_DRAIN_TIMEOUT_S`. If the load fails the generation is closed and the next use
-        loads it from disk again (as after a failed swap); `DependencyUnavailable` is
-        raised.
+        under the write lock, which `apply` waits for throughout). Searches wait at the
+        gate for the close and the load, then get the reloaded shard; none gets a closed
+        one. The flush, the close and the load hold the GIL, so every thread of the
+        process waits for them (`reopen` in the log line; a load at 1M took 1.4-4.2 s in
+        session 26's loaded optimize swaps). Does nothing and returns False while an
+        optimize of the generation runs, or when a caller holds the shard past
+        `_DRAIN_TIMEOUT_S` (`reopen_due` is then False for `_REOPEN_RETRY_S`). If the
+        load fails the generation is closed and its next use loads it from disk again
+        (as after a failed swap); `DependencyUnavailable` is raised.
         """
         generation = self._require(generation_id)
         if not generation.optimize_lock.acquire(blocking=False):
@@ -1328,11 +1346,13 @@ class QdrantEdgeVectorIndex:
             written = generation.written_since_load
             started = time.perf_counter()
             with _translated(f"flush {generation_id}"):
-                generation.shard.flush()  # searches still run meanwhile
+                generation.shard.flush()  # not gated (it holds the GIL all the same)
             seconds["flush"] = time.perf_counter() - started
             with generation.exclusive() as drained:
                 if not drained:
                     _log.warning("not reopening %s: a caller holds its shard", generation_id)
+                    # The gate stayed closed for the wait: not again at the next round.
+                    generation.reopen_after = time.monotonic() + _REOPEN_RETRY_S
                     return False
                 started = time.perf_counter()
                 try:
@@ -1360,8 +1380,9 @@ class QdrantEdgeVectorIndex:
         anon_after = _rss_kb("RssAnon")
         _log.info(
             "reopened qdrant-edge generation %s (%d points written in process since its "
-            "load; %d appendable segments not read in): %s; searches and writes paused "
-            "%.3f s; anonymous RSS %s; the WAL's pages reclaimed after the load: %s",
+            "load; %d appendable segments not read in): %s; searches gated %.3f s (the "
+            "close and the load; all three hold the GIL); anonymous RSS %s; the WAL's "
+            "pages reclaimed after the load: %s",
             generation_id,
             written,
             unread,
@@ -1376,8 +1397,11 @@ class QdrantEdgeVectorIndex:
 
     def reopen_due(self, generation_id: str) -> bool:
         """Whether the generation's shard holds at least `reopen_min_points` points this
-        process wrote into it since it was loaded (`reopen`); never when that is 0."""
+        process wrote into it since it was loaded (`reopen`), unless a reopen was refused
+        less than `_REOPEN_RETRY_S` ago; never when that is 0."""
         generation = self._require(generation_id)
+        if time.monotonic() < generation.reopen_after:
+            return False
         return 0 < self._reopen_min_points <= generation.written_since_load
 
     def optimize_if_needed(

@@ -2542,3 +2542,28 @@ def test_edge_background_optimizer_reopens_a_quiet_generation(tmp_path: Path) ->
         assert index.evidence("g") == model.evidence()
     finally:
         index.close()
+
+
+def test_edge_reopen_refused_by_a_caller_holding_the_shard_is_put_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A caller that keeps the shard past the drain timeout keeps it open: the reopen
+    does nothing (False), and the background optimizer does not try again at once."""
+    monkeypatch.setattr(edge_module, "_DRAIN_TIMEOUT_S", 0.05)
+    index = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=_EDGE_TEST_TUNING, reopen_min_points=10)
+    try:
+        index.create("g", DIM)
+        model = Model(index, "g", DIM, seed=71)
+        model.add(50)
+        held = index.shard_for("g")
+        assert index.reopen_due("g")
+        assert not index.reopen("g")
+        assert index.shard_for("g") is held
+        assert not index.reopen_due("g")  # put off for `_REOPEN_RETRY_S`
+        assert index.evidence("g") == model.evidence()
+        del held
+        index._generations["g"].reopen_after = 0.0
+        assert index.reopen("g")
+        assert index.evidence("g") == model.evidence()
+    finally:
+        index.close()
