@@ -106,7 +106,7 @@ last one beside its child). So once a generation is quiet and holds `reopen_min_
 such points (`REOPEN_MIN_POINTS`, 50k), the background optimizer, before it builds,
 flushes the shard, closes it and loads it again from its directory (`reopen`): under the
 write lock and with the gate closed, so writes and searches wait (qdrant-edge holds the
-GIL for the flush, the close and the load in any case) and then get the reloaded shard,
+GIL for much of the flush, the close and the load anyway) and then get the reloaded shard,
 which holds the same points. Appendable segments are reloaded without reading their
 vector chunks in (`_unread_on_load`), and the WAL's pages the load read are reclaimed.
 
@@ -1322,9 +1322,10 @@ class QdrantEdgeVectorIndex:
         The reloaded shard holds exactly the points the old one held (flushed first,
         under the write lock, which `apply` waits for throughout). Searches wait at the
         gate for the close and the load, then get the reloaded shard; none gets a closed
-        one. The flush, the close and the load hold the GIL, so every thread of the
-        process waits for them (`reopen` in the log line; a load at 1M took 1.4-4.2 s in
-        session 26's loaded optimize swaps). Does nothing and returns False while an
+        one. The flush, the close and the load hold the GIL for much of their time, so
+        every thread of the process waits for them too (at 80k points written, at load
+        22-34: stalls of up to 3.7-4.4 s, about the load's time; a load at 1M took
+        1.4-4.2 s in session 26's loaded optimize swaps). Does nothing and returns False while an
         optimize of the generation runs, or when a caller holds the shard past
         `_DRAIN_TIMEOUT_S` (`reopen_due` is then False for `_REOPEN_RETRY_S`). If the
         load fails the generation is closed and its next use loads it from disk again
@@ -1381,8 +1382,8 @@ class QdrantEdgeVectorIndex:
         _log.info(
             "reopened qdrant-edge generation %s (%d points written in process since its "
             "load; %d appendable segments not read in): %s; searches gated %.3f s (the "
-            "close and the load; all three hold the GIL); anonymous RSS %s; the WAL's "
-            "pages reclaimed after the load: %s",
+            "close and the load); anonymous RSS %s; the WAL's pages reclaimed after the "
+            "load: %s",
             generation_id,
             written,
             unread,
