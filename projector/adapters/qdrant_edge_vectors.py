@@ -98,6 +98,18 @@ appendable segments as `ChunkedMmap` (the same files, not read in on load): each
 the build reads is mapped once, in the sequential mapping, and the pager reclaims it.
 A segment the build keeps gets its `InRamChunkedMmap` back before the swap.
 
+Reopening. qdrant-edge holds ~1 KB a point more anonymous memory for points written
+into a shard in process (its mutable segment's structures grown by inserts) than for the
+same points loaded from disk, and the catch-up writes every point journaled during a
+build into the copy (at 1M: 774k points after the third build, held through the whole
+last one beside its child). So once a generation is quiet and holds `reopen_min_points`
+such points (`REOPEN_MIN_POINTS`, 50k), the background optimizer, before it builds,
+flushes the shard, closes it and loads it again from its directory (`reopen`): under the
+write lock and with the gate closed, so writes and searches wait (qdrant-edge holds the
+GIL for much of the flush, the close and the load anyway) and then get the reloaded shard,
+which holds the same points. Appendable segments are reloaded without reading their
+vector chunks in (`_unread_on_load`), and the WAL's pages the load read are reclaimed.
+
 When to optimize. An optimize rebuilds the HNSW of the whole shard (qdrant-edge merges it
 into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, then
 +10k 28 s, then +20k 60 s), so the background optimizer waits, while a generation takes
@@ -239,6 +251,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPTIMIZE_SHARE",
+    "REOPEN_MIN_POINTS",
     "VECTOR_NAME",
     "QdrantEdgeTuning",
     "QdrantEdgeVectorIndex",
@@ -392,6 +405,13 @@ VACUUM_MIN_VECTORS = 1_000
 # The share of the wall time the background optimizer spends building a generation that
 # keeps taking writes (`optimize_pause`).
 OPTIMIZE_SHARE = 0.5
+# Points written in process since a shard was loaded at which the background optimizer
+# reopens a quiet generation (`QdrantEdgeVectorIndex.reopen`): ~1 KB a point of
+# qdrant-edge's memory goes, for a pause of every search and write (a close and a load).
+REOPEN_MIN_POINTS = 50_000
+# How long the background optimizer waits before it tries a reopen again that a caller
+# holding the shard refused (each try closes the gate for up to `_DRAIN_TIMEOUT_S`).
+_REOPEN_RETRY_S = 60.0
 
 
 def optimize_threshold(indexed: int, *, min_unindexed: int, growth: float) -> int:
@@ -739,6 +759,13 @@ class _Generation:
     rewritten: set[int] = field(default_factory=set)
     deleted: set[int] = field(default_factory=set)
     tombstones_copied: tuple[set[int], set[int]] | None = None
+    # Points this process upserted into `shard` since it was loaded (its writes, and the
+    # catch-up of the optimize that swapped it in): qdrant-edge holds ~1 KB a point more
+    # for those than for points it loads (`QdrantEdgeVectorIndex.reopen`). Under
+    # `write_lock`. `reopen_after`: when a reopen refused by a caller holding the shard
+    # may be tried again (monotonic seconds).
+    written_since_load: int = 0
+    reopen_after: float = 0.0
 
     def tombstones(self) -> tuple[int, int]:
         """Rewritten and deleted points since the last build's copy, including those
@@ -844,6 +871,7 @@ class QdrantEdgeVectorIndex:
         point_table_max_points: int = DEFAULT_POINT_TABLE_MAX_POINTS,
         point_tables_inline: bool = False,
         spare_dimension: int | None = None,
+        reopen_min_points: int = REOPEN_MIN_POINTS,
     ) -> None:
         """`max_journal_ids`: point ids journaled during one optimize, at most (past it
         the optimize is abandoned, see `_MAX_JOURNAL_IDS`). `max_journal_bytes`: engine
@@ -856,8 +884,11 @@ class QdrantEdgeVectorIndex:
         `points_for` builds a point table for (0: none), on a thread of its own unless
         `point_tables_inline` (then on the caller's). `spare_dimension`: keep an empty
         shard of that dimension ready for the next `create` (module docstring, "Spare
-        shard"); the spares of processes gone are removed now."""
+        shard"); the spares of processes gone are removed now. `reopen_min_points`: the
+        background optimizer reopens a quiet generation whose shard holds that many
+        points written in process since its load (`reopen`; 0: never)."""
         self._root = Path(root)
+        self._reopen_min_points = reopen_min_points
         self._point_table_max_points = point_table_max_points
         self._point_tables_inline = point_tables_inline
         self._flat_scan = flat_scan
@@ -968,6 +999,7 @@ class QdrantEdgeVectorIndex:
                     generation.shard, writes, operations, generation.points, generation.micros
                 )
                 written = True
+                generation.written_since_load += len(newest)
                 generation.rewritten.update(rewritten)
                 generation.deleted.update(deleted)
                 if generation.flat is not None:
@@ -1281,6 +1313,98 @@ class QdrantEdgeVectorIndex:
                 generation.shard.flush()
         return changed
 
+    def reopen(self, generation_id: str) -> bool:
+        """Close the generation's shard and load it again from its directory; whether it
+        did. What qdrant-edge holds for the points this process wrote into the shard
+        (its mutable segment's structures grown by inserts, ~1 KB a point more than for
+        the same points loaded) goes with the old shard object.
+
+        The reloaded shard holds exactly the points the old one held (flushed first,
+        under the write lock, which `apply` waits for throughout). Searches wait at the
+        gate for the close and the load, then get the reloaded shard; none gets a closed
+        one. The flush, the close and the load hold the GIL for much of their time, so
+        every thread of the process waits for them too (at 80k points written, at load
+        22-34: stalls of up to 3.7-4.4 s, about the load's time; a load at 1M took
+        1.4-4.2 s in session 26's loaded optimize swaps). Does nothing and returns False while an
+        optimize of the generation runs, or when a caller holds the shard past
+        `_DRAIN_TIMEOUT_S` (`reopen_due` is then False for `_REOPEN_RETRY_S`). If the
+        load fails the generation is closed and its next use loads it from disk again
+        (as after a failed swap); `DependencyUnavailable` is raised.
+        """
+        generation = self._require(generation_id)
+        if not generation.optimize_lock.acquire(blocking=False):
+            return False
+        try:
+            return self._reopen(generation_id, generation)
+        finally:
+            generation.optimize_lock.release()
+
+    def _reopen(self, generation_id: str, generation: _Generation) -> bool:
+        seconds: dict[str, float] = {}
+        anon_before = _rss_kb("RssAnon")
+        with generation.write_lock:
+            self._check_open(generation, generation_id)
+            written = generation.written_since_load
+            started = time.perf_counter()
+            with _translated(f"flush {generation_id}"):
+                generation.shard.flush()  # not gated (it holds the GIL all the same)
+            seconds["flush"] = time.perf_counter() - started
+            with generation.exclusive() as drained:
+                if not drained:
+                    _log.warning("not reopening %s: a caller holds its shard", generation_id)
+                    # The gate stayed closed for the wait: not again at the next round.
+                    generation.reopen_after = time.monotonic() + _REOPEN_RETRY_S
+                    return False
+                started = time.perf_counter()
+                try:
+                    generation.shard.close()
+                except Exception as error:  # the driver raises bare Exception
+                    _log.warning("closing %s to reopen it: %s", generation_id, error)
+                seconds["close"] = time.perf_counter() - started
+                started = time.perf_counter()
+                unread = _unread_on_load(generation.path)
+                try:
+                    shard = _load_shard(generation.path, f"reopen {generation_id}")
+                except BaseException:
+                    generation.closed = True  # `_open` starts over from disk
+                    raise
+                finally:
+                    seconds["load"] = time.perf_counter() - started
+                with generation.gate:
+                    generation.shard = shard
+                generation.written_since_load = 0
+        # The load read the WAL's segments in; later writes only append to them.
+        paged_out = _page_out(generation.path / "wal")
+        started = time.perf_counter()
+        trim_malloc()
+        seconds["trim"] = time.perf_counter() - started
+        anon_after = _rss_kb("RssAnon")
+        _log.info(
+            "reopened qdrant-edge generation %s (%d points written in process since its "
+            "load; %d appendable segments not read in): %s; searches gated %.3f s (the "
+            "close and the load); anonymous RSS %s; the WAL's pages reclaimed after the "
+            "load: %s",
+            generation_id,
+            written,
+            unread,
+            ", ".join(f"{phase} {value:.2f} s" for phase, value in seconds.items()),
+            seconds["close"] + seconds["load"],
+            "unknown"
+            if anon_before is None or anon_after is None
+            else f"{anon_before / 1024:.1f} -> {anon_after / 1024:.1f} MiB",
+            "unsupported here" if paged_out is None else f"{paged_out[1] / 1024:.1f} MiB",
+        )
+        return True
+
+    def reopen_due(self, generation_id: str) -> bool:
+        """Whether the generation's shard holds at least `reopen_min_points` points this
+        process wrote into it since it was loaded (`reopen`), unless a reopen was refused
+        less than `_REOPEN_RETRY_S` ago; never when that is 0."""
+        generation = self._require(generation_id)
+        if time.monotonic() < generation.reopen_after:
+            return False
+        return 0 < self._reopen_min_points <= generation.written_since_load
+
     def optimize_if_needed(
         self,
         generation_id: str,
@@ -1348,6 +1472,10 @@ class QdrantEdgeVectorIndex:
                 if not quiet and now < self._paused_until.get(generation_id, 0.0):
                     continue
                 try:
+                    if quiet and self.reopen_due(generation_id):
+                        # Before the next build: its child runs beside this process,
+                        # which holds the written points' memory until a swap otherwise.
+                        self.reopen(generation_id)
                     if not self.optimize_needed(
                         generation_id,
                         min_unindexed=min_unindexed,
@@ -1582,6 +1710,7 @@ class QdrantEdgeVectorIndex:
                         # holds every write replayed into it), before it the old shard.
                         self._point_to(generation_id, target)
                         report.searches_paused = generation.swap_in(staged, target)
+                        generation.written_since_load = report.replayed + report.mirrored
                         swapped = True
                         generation.journal = None
                 finally:
@@ -2451,6 +2580,43 @@ class _ChildPager:
         except (OSError, ValueError):
             return []
         return ranges
+
+
+def _unread_on_load(shard: Path) -> int:
+    """Have the closed shard at `shard` load its appendable segments' vectors without
+    reading them in: their storage type `InRamChunkedMmap` becomes `ChunkedMmap` in each
+    `segment.json` (the same files, written and searched the same way; replaced
+    atomically). Returns the segments changed; one that cannot be rewritten is left as it
+    was (logged).
+
+    qdrant-edge maps every vector chunk of an appendable segment twice: read-write, which
+    `InRamChunkedMmap` reads in on load, and read-only, through which a search scans the
+    segment (brute force). Reloaded as it was, each page of such a segment is resident in
+    both mappings once searched, counted twice in RSS (one page of memory: PSS counts it
+    once); not read in, only the mappings used hold pages. The optimizer's child opens
+    such segments the same way (`_OPTIMIZE_SCRIPT`), and new segments get the shard's
+    configured type.
+    """
+    changed = 0
+    for path in sorted(shard.glob("segments/*/segment.json")):
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+            vectors = [
+                v
+                for v in state["config"]["vector_data"].values()
+                if v.get("storage_type") == "InRamChunkedMmap"
+            ]
+            if not vectors:
+                continue
+            for vector in vectors:
+                vector["storage_type"] = "ChunkedMmap"
+            spare = path.with_name(path.name + ".orrery")
+            spare.write_text(json.dumps(state), encoding="utf-8")
+            os.replace(spare, path)
+            changed += 1
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            _log.warning("left the storage type of %s as it was: %s", path, error)
+    return changed
 
 
 def _load_shard(path: Path, action: str) -> EdgeShard:

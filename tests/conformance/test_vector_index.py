@@ -2334,3 +2334,236 @@ def test_a_decoded_events_vector_stores_what_its_floats_store(engine: Harness) -
     assert [c.document_id for c in engine.query(query)] == sorted(
         before, key=lambda d: (-before[d], d)
     )
+
+
+# -- qdrant-edge: reopening a live shard -----------------------------------------------
+
+
+def test_edge_reopen_under_searches_and_writes_changes_no_answer(
+    edge: QdrantEdgeVectorIndex, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The live shard is closed and loaded again, over and over, while searches and
+    writes run: every search finds the anchors with their exact scores, every write is
+    visible at its revision when `apply` returns, none fails (they wait for the reopen,
+    then get the reloaded shard), and at the end the shard holds every write and the
+    exact top 10; the count of points written since the load starts over each time."""
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=47)
+    model.add(2_000)
+    anchors = [doc(f"anchor{i}", vector=unit(1, i, -i, 2)) for i in range(5)]
+    edge.apply("g", anchors, [])
+    edge.optimize("g")  # an HNSW segment and an appendable one, both reloaded
+    model.add(500)
+    generation = edge._generations["g"]
+    assert generation.written_since_load == 500
+    search = QdrantEdgeVectorSearch(edge.shard_for)
+    query = unit(1, 1, 0, 1)
+    traffic = AnchorTraffic(edge, search, model, query, anchors, top_too=True)
+    errors, wrong, searched = traffic.errors, traffic.wrong, traffic.searched
+    caplog.set_level(logging.INFO, logger=edge_module.__name__)
+    steps = 0
+    traffic.start()
+    try:
+        for _ in range(5):
+            steps, done = model.steps, searched[0]
+            assert edge.reopen("g")
+            _wait_for(
+                lambda steps=steps, done=done: (
+                    bool(errors or wrong) or (model.steps >= steps + 3 and searched[0] >= done + 3)
+                )
+            )
+    finally:
+        traffic.finish()
+    assert errors == []
+    assert wrong == []
+    # Two upserts a step (a new document, a newer revision), counted from the last reopen.
+    assert 0 < generation.written_since_load <= 2 * (model.steps - steps)
+    assert edge.evidence("g") == IndexEvidence(
+        document_count=len(model.docs) + len(anchors),
+        id_set_digest=id_set_digest(pairs(*model.docs.values(), *anchors)),
+    )
+    assert [model.score(query, i) for i in _exact_ids(edge, query, 10)] == pytest.approx(
+        model.top_scores(query, 10), abs=1e-5
+    )
+    lines = [r.getMessage() for r in caplog.records if "reopened qdrant-edge" in r.getMessage()]
+    assert len(lines) == 5, lines
+    # The 500 written after the optimize's load, and the first steps of the traffic.
+    assert int(lines[0].split(" points written in process")[0].rsplit("(", 1)[1]) >= 500
+
+
+@settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    writes=st.lists(
+        st.tuples(st.integers(0, 40), st.integers(1, 3), st.booleans()), min_size=1, max_size=60
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_edge_reopen_keeps_every_point_and_every_answer(
+    tmp_path: Path, writes: list[tuple[int, int, bool]], seed: int
+) -> None:
+    """Whatever was written (upserts, newer and older revisions, deletes), the reopened
+    shard holds the same points and answers every search with the same points and
+    scores; and so does the next process, opening the same directory."""
+    root = tmp_path / f"edge-{uuid.uuid4().hex[:8]}"
+    rng = random.Random(seed)
+    index = QdrantEdgeVectorIndex(root, tuning=_EDGE_TEST_TUNING)
+    queries = [unit(*(rng.gauss(0, 1) for _ in range(DIM))) for _ in range(4)]
+    try:
+        index.create("g", DIM)
+        for number, revision, delete in writes:
+            name = f"w{number}"
+            if delete:
+                index.apply("g", [], [(name, revision)])
+            else:
+                vector = unit(*(rng.gauss(0, 1) for _ in range(DIM)))
+                index.apply("g", [doc(name, revision, vector=vector)], [])
+        before = index.evidence("g"), [_exact_answer(index, q) for q in queries]
+        assert index.reopen("g")
+        assert index._generations["g"].written_since_load == 0
+        assert (index.evidence("g"), [_exact_answer(index, q) for q in queries]) == before
+    finally:
+        index.close()
+    again = QdrantEdgeVectorIndex(root, tuning=_EDGE_TEST_TUNING)
+    try:
+        assert (again.evidence("g"), [_exact_answer(again, q) for q in queries]) == before
+    finally:
+        again.close()
+
+
+def _exact_answer(index: QdrantEdgeVectorIndex, query: tuple[float, ...]) -> list[object]:
+    request = QueryRequest(
+        limit=10,
+        query=Query.Nearest(list(query), using=VECTOR_NAME),
+        with_payload=False,
+        with_vector=False,
+        params=SearchParams(exact=True),
+    )
+    return [(p.id, p.score) for p in index.shard_for("g").query(request)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc/self/smaps")
+def test_edge_reopen_reads_no_appendable_chunk_in_through_its_writable_mapping(
+    edge: QdrantEdgeVectorIndex, tmp_path: Path
+) -> None:
+    """qdrant-edge maps each vector chunk of an appendable segment twice, and a search
+    scans the segment through the read-only mapping: reopened, the shard reads none of
+    them in through the read-write one (RSS would count each page twice), takes writes
+    into them as before, and a restart loads them all the same."""
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=53)
+    model.add(3_000)
+    live = edge._live_path("g")
+    assert {t for types in _storage_types(live).values() for t in types} == {"InRamChunkedMmap"}
+    assert edge.reopen("g")
+    assert "InRamChunkedMmap" not in {t for ts in _storage_types(live).values() for t in ts}
+    chunks = _chunk_rss_kib(os.getpid(), live)
+    writable = [kib for mappings in chunks.values() for perms, kib in mappings if "w" in perms]
+    assert writable and sum(writable) == 0, chunks
+    query = unit(1, -1, 0, 2)
+    hits = QdrantEdgeVectorSearch(edge.shard_for).search("g", query, SearchFilter(), 10)
+    assert [h.score for h in hits] == pytest.approx(model.top_scores(query, 10), abs=1e-5)
+    model.step()
+    assert edge.evidence("g") == model.evidence()
+    edge.close()
+    again = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=_EDGE_TEST_TUNING)
+    try:
+        assert again.evidence("g") == model.evidence()
+    finally:
+        again.close()
+
+
+def test_edge_reopen_waits_for_no_optimize_and_counts_the_catch_up(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """While an optimize runs `reopen` does nothing (False); once the copy is swapped
+    in, the points its catch-up wrote into it count as written in process."""
+    child = HeldChild(monkeypatch, tmp_path)
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=59)
+    model.add(1_500)
+    optimizer = OptimizeThread(edge, "g")
+    optimizer.start()
+    _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+    old = edge._generations["g"].shard
+    assert not edge.reopen("g")
+    assert edge._generations["g"].shard is old
+    del old
+    for _ in range(10):
+        model.step()
+    child.release()
+    optimizer.join_or_fail()
+    assert (optimizer.error, optimizer.result) == (None, True)
+    # Replayed: a step's two upserts and its delete, ten steps.
+    assert edge._generations["g"].written_since_load == 30
+    assert edge.reopen("g")
+    assert edge._generations["g"].written_since_load == 0
+    assert edge.evidence("g") == model.evidence()
+
+
+def test_edge_failed_reopen_loads_the_generation_from_disk_on_next_use(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=61)
+    model.add(300)
+    load = edge_module._load_shard
+
+    def failing(path: Path, action: str) -> EdgeShard:
+        if action.startswith("reopen"):
+            raise DependencyUnavailable(edge_module.DEPENDENCY, "load refused")
+        return load(path, action)
+
+    monkeypatch.setattr(edge_module, "_load_shard", failing)
+    with pytest.raises(DependencyUnavailable):
+        edge.reopen("g")
+    assert edge.evidence("g") == model.evidence()  # loaded again from disk
+    model.step()
+    assert edge.evidence("g") == model.evidence()
+
+
+def test_edge_background_optimizer_reopens_a_quiet_generation(tmp_path: Path) -> None:
+    index = QdrantEdgeVectorIndex(
+        tmp_path / "edge", tuning=_EDGE_TEST_TUNING, reopen_min_points=200
+    )
+    try:
+        index.create("g", DIM)
+        model = Model(index, "g", DIM, seed=67)
+        model.add(150)
+        # Below the threshold: no reopen (and no build: too few points for one).
+        index.start_background_optimizer(0.02, min_unindexed=10**6)
+        first = index.shard_for("g")
+        time.sleep(0.3)
+        assert index.shard_for("g") is first
+        del first
+        model.add(100)
+        _wait_for(lambda: index._generations["g"].written_since_load == 0)
+        assert index.evidence("g") == model.evidence()
+    finally:
+        index.close()
+
+
+def test_edge_reopen_refused_by_a_caller_holding_the_shard_is_put_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A caller that keeps the shard past the drain timeout keeps it open: the reopen
+    does nothing (False), and the background optimizer does not try again at once."""
+    monkeypatch.setattr(edge_module, "_DRAIN_TIMEOUT_S", 0.05)
+    index = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=_EDGE_TEST_TUNING, reopen_min_points=10)
+    try:
+        index.create("g", DIM)
+        model = Model(index, "g", DIM, seed=71)
+        model.add(50)
+        held = index.shard_for("g")
+        assert index.reopen_due("g")
+        assert not index.reopen("g")
+        assert index.shard_for("g") is held
+        assert not index.reopen_due("g")  # put off for `_REOPEN_RETRY_S`
+        assert index.evidence("g") == model.evidence()
+        del held
+        index._generations["g"].reopen_after = 0.0
+        assert index.reopen("g")
+        assert index.evidence("g") == model.evidence()
+    finally:
+        index.close()
