@@ -93,7 +93,7 @@ def _int_hits(table: PointTable, points: Iterable[Hit], stamp: int) -> list[Cand
     out: list[Candidate] = []
     append = out.append
     for point in points:
-        fields = get(point.id)  # type: ignore[call-overload]
+        fields = get(point.id)
         if fields is None:
             return None
         value = float(point.score)
