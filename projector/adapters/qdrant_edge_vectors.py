@@ -16,6 +16,16 @@ Payload indexes: every field queries filter on (`PAYLOAD_INDEXES`) but
 point id); generations created before session 25 also index `document_id`, and before
 session 24 `revision` (unused).
 
+Point ids: in generations created since session 27, `contracts.point_ids` (a 63-bit
+BLAKE2b of the document id, an `int`: qdrant-edge-py hands a plain `int` for it where it
+builds a `uuid.UUID` in Python on every read of a UUID id), every payload holding its
+`document_id`. `apply` reads the `document_id` of the point at a document's integer id
+before it writes or deletes there (`_resolve`): a document whose id another document's
+point holds keeps its UUID id (`point_id`) for the generation's life, listed in
+`root / f"{generation_id}+ids"` (written and fsynced before the write that uses it;
+beside the versioned directories, so swaps keep it; `drop` removes it), whose presence
+marks the scheme. Generations without that file (every one created before) keep UUID ids.
+
 `updated_at` is stored as integer microseconds since the epoch (`payload_of(...,
 micros=True)`) under an integer range index: exact, the resolution of Python's
 `datetime`. Generations created before session 26 hold RFC 3339 text under a datetime
