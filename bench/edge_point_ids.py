@@ -8,15 +8,16 @@ unsigned 64-bit integers. qdrant-edge-py builds a new `uuid.UUID` (`uuid.UUID(in
 in Python) every time `ScoredPoint.id` of a UUID point is read, and a plain `int` for an
 integer point. This builds two shards of the same `--size` random 384-d vectors with the
 project's shard settings (`QdrantEdgeTuning().edge_config`), one keyed by uuid5 ids and
-one by 63-bit integers, builds their HNSW (`optimize`), and then, interleaved per round
-(alternating which shard goes first), times for `--queries` random query vectors:
+one by 63-bit integers (`int_point_id`), builds their HNSW (`optimize`), and then,
+interleaved per round (alternating which shard goes first), times for `--queries` random
+query vectors:
 
 - `query`: `shard.query` of `--limit` nearest points, ids and scores only (as
   `query.adapters.qdrant_edge_vectors` asks a generation that has a point table);
 - `read`: reading each hit's `id` and `score` once (what any reader pays);
-- `hits`: `PointTable.hits` of those hits (read + table lookups + `Candidate`s) for the
-  UUID shard, and the same loop keyed by the integer id for the integer shard (the
-  reader an integer-id generation would need: `_int_hits` below).
+- `hits`: `PointTable.hits` of those hits (read + table lookups + `Candidate`s): a
+  table keyed by `uuid.UUID.int` for the UUID shard, by the id itself
+  (`integer_ids=True`, since session 27) for the integer one.
 
 Reported: p50/p95 per query of each, per side, and the differences. The engine call
 itself should not differ (the id is only mapped at the end); the read should. Figures
@@ -31,7 +32,6 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
 from pathlib import Path
 from statistics import median, quantiles
 from typing import Any
@@ -40,19 +40,18 @@ import numpy as np
 from qdrant_edge import EdgeShard, Point, Query, QueryRequest, SearchParams, UpdateOperation
 
 from bench.common import git_facts, machine_facts, utc_now, write_json
-from contracts.index import Candidate
-from contracts.point_table import Hit, PointTable
+from contracts.point_ids import int_point_id
+from contracts.point_table import PointTable
 from contracts.vector_payload import VECTOR_NAME
 from projector.adapters.qdrant_edge_vectors import QdrantEdgeTuning
 
 DIMENSION = 384
 SEED = 20_261_206
-_MASK_63 = (1 << 63) - 1
 
 
 def _int_id(i: int) -> int:
-    # Spread over 63 bits as a hash would be (Qdrant's id map is keyed by value).
-    return (i * 0x9E3779B97F4A7C15) & _MASK_63
+    """The integer point id of document `doc-{i}` (`contracts.point_ids.int_point_id`)."""
+    return int_point_id(f"doc-{i}")
 
 
 def _uuid_id(i: int) -> uuid.UUID:
@@ -86,25 +85,6 @@ def _build(path: Path, vectors: np.ndarray, ids: list[Any]) -> EdgeShard:
     return shard
 
 
-def _int_hits(table: PointTable, points: Iterable[Hit], stamp: int) -> list[Candidate] | None:
-    """`PointTable.hits` for a table keyed by integer point ids (the id is the key)."""
-    get = table._fields.get  # the bench times the loop, not the API
-    new = tuple.__new__
-    out: list[Candidate] = []
-    append = out.append
-    for point in points:
-        fields = get(point.id)  # type: ignore[call-overload]
-        if fields is None:
-            return None
-        value = float(point.score)
-        if not -1.0 <= value <= 1.0:
-            value = min(1.0, max(-1.0, value))
-        append(new(Candidate, (fields[0], fields[1], value, fields[2], fields[3])))
-    if table.stamp() != stamp:
-        return None
-    return out
-
-
 def _summary(values: list[int]) -> dict[str, float]:
     cuts = quantiles(values, n=20)
     return {"p50_us": round(median(values) / 1e3, 2), "p95_us": round(cuts[18] / 1e3, 2)}
@@ -132,7 +112,7 @@ def main() -> None:
             started = time.perf_counter()
             shard = _build(base / side, vectors, ids)
             print(f"{side}: built {args.size} points in {time.perf_counter() - started:.1f} s")
-            table = PointTable()
+            table = PointTable(integer_ids=side == "int")
             with table.writing():
                 table.put((_key(pid), _payload(i)) for i, pid in enumerate(ids))
             sides[side] = (shard, table)
@@ -162,10 +142,7 @@ def main() -> None:
                     t2 = time.perf_counter_ns()
                     stamp = table.stamp()
                     assert stamp is not None
-                    if side == "uuid":
-                        found = table.hits(points, stamp)
-                    else:
-                        found = _int_hits(table, points, stamp)
+                    found = table.hits(points, stamp)
                     t3 = time.perf_counter_ns()
                     if found is None or len(found) != len(read):
                         answers_equal = False

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/hotpath_ab.py --a /work/main --b . [--size 20000]
         [--corpus topk|scifact|synthetic] [--queries 200] [--rounds 3] [--data-dir DIR]
-        [--compact-b] [--flat] [--out FILE.json]
+        [--compact-b] [--flat] [--data-dir-b DIR] [--out FILE.json]
 
 1. Builds (or reuses, `--data-dir`) an embedded data dir of `--size` records of
    `bench/topk.py`'s corpus with the B tree's code (so its indexes have B's schema),
@@ -14,9 +14,11 @@
    synthetic.py --data-root R` run kept (`--data-dir R/data`, required: never
    built here), queried with that bench's query texts, body and namespace language.
 2. Starts one worker process per tree (`PYTHONPATH=<tree>`), each on its own copy of
-   that data dir, with the query clock fixed (freshness is the same for both) and the
-   response cache off; each warms up on 50 queries. `--compact-b`: B's worker first
-   compacts each generation's tantivy index to one segment (`compact_lexical`).
+   that data dir (B of `--data-dir-b` if given: the same data built another way, say
+   `bench/edge_rekey.py`'s integer and UUID point ids), with the query clock fixed
+   (freshness is the same for both) and the response cache off; each warms up on 50
+   queries. `--compact-b`: B's worker first compacts each generation's tantivy index
+   to one segment (`compact_lexical`).
    `--flat`: each worker whose tree has `build_lexical_flat` (session 17) first builds
    each generation's in-memory lexical copy with it, as its background compactor would,
    and, where its tree has `build_points` (session 18), each generation's point table,
@@ -369,12 +371,15 @@ def compare(
     *,
     compact_b: bool = False,
     flat: bool = False,
+    data_dir_b: Path | None = None,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="orrery-ab-"))
     try:
         workers = {
             "A": Worker(a, data_dir, work / "A", corpus, flat=flat),
-            "B": Worker(b, data_dir, work / "B", corpus, compact=compact_b, flat=flat),
+            "B": Worker(
+                b, data_dir_b or data_dir, work / "B", corpus, compact=compact_b, flat=flat
+            ),
         }
         load_before = Path("/proc/loadavg").read_text().strip()
         samples: dict[str, list[dict[str, Any]]] = {"A": [], "B": []}
@@ -433,6 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, help="reuse (or keep) this data dir")
     parser.add_argument(
+        "--data-dir-b", type=Path, help="B's own kept data dir (e.g. bench/edge_rekey.py's)"
+    )
+    parser.add_argument(
         "--compact-b",
         action="store_true",
         help="B's worker compacts each generation's tantivy index to one segment first",
@@ -475,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         *(args.a, args.b, data_dir, queries, args.rounds, args.corpus),
         compact_b=args.compact_b,
         flat=args.flat,
+        data_dir_b=args.data_dir_b,
     )
     print_report(report, args.out)
     if args.data_dir is None:

@@ -1,13 +1,16 @@
 """Interleaved A/B of `bench/versus_qdrant_synthetic.py`'s Orrery side: two `orrery serve`.
 
     .venv/bin/python bench/synthetic_serve_ab.py --a /work/main --b . \\
-        --data-dir /work/syn22-root/data [--rounds 3] [--queries 300] \\
+        --data-dir /work/syn22-root/data [--data-dir-b OTHER/data] [--rounds 3] \\
+        [--queries 300] \\
         [--env-a NAME=VALUE] [--env-b NAME=VALUE] [--out FILE.json]
 
 1. Copies `--data-dir` (the data dir a `versus_qdrant_synthetic.py --data-root R` run
    kept: `R/data`) once per tree and starts `orrery serve` on each copy with that tree's
    code and that bench's server settings (response cache off, the namespace indexed
-   english), plus `--env-a` / `--env-b` (one tree against itself under two settings).
+   english), plus `--env-a` / `--env-b` (one tree against itself under two settings);
+   with `--data-dir-b`, B copies that one instead (the same data built two ways, say
+   `bench/edge_rekey.py`'s integer and UUID point ids).
 2. Waits until each answers the lexical side from its in-memory copy (as the bench
    does), caches every query's vector through `retrieve` (as the bench does), then
    warms each up on the bench's 20 warm-up queries, three times.
@@ -126,7 +129,7 @@ def _side(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def compare(
     trees: Mapping[str, Path],
-    data_dir: Path,
+    data_dirs: Mapping[str, Path],
     envs: Mapping[str, Mapping[str, str]],
     count: int,
     rounds: int,
@@ -137,7 +140,7 @@ def compare(
     servers: dict[str, ServeProcess] = {}
     try:
         for side in SIDES:
-            servers[side] = _start(trees[side], data_dir, work, side, envs[side])
+            servers[side] = _start(trees[side], data_dirs[side], work, side, envs[side])
         clients = {side: server.client() for side, server in servers.items()}
         waited = {side: _warm(clients[side], texts) for side in SIDES}
         load_before = os.getloadavg()
@@ -203,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--a", type=Path, required=True, help="tree A (e.g. /work/main)")
     parser.add_argument("--b", type=Path, required=True, help="tree B")
     parser.add_argument("--data-dir", type=Path, required=True, help="a kept R/data")
+    parser.add_argument("--data-dir-b", type=Path, help="B's kept R/data (else --data-dir)")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE")
@@ -211,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = compare(
         {"A": args.a, "B": args.b},
-        args.data_dir,
+        {"A": args.data_dir, "B": args.data_dir_b or args.data_dir},
         {"A": _pairs(args.env_a), "B": _pairs(args.env_b)},
         args.queries,
         args.rounds,

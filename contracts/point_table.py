@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -47,7 +47,10 @@ class Hit(Protocol):
 
 
 class PointTable:
-    """Point id (`uuid.UUID.int`) -> `PointFields`, for one generation's shard.
+    """Point key -> `PointFields`, for one generation's shard: the key is
+    `contracts.point_ids.table_key` (`uuid.UUID.int` in a UUID-id generation, the point id
+    itself, an `int` or a fallback point's `uuid.UUID`, in an integer-id one:
+    `integer_ids`).
 
     Guarantees:
     - `put` and `remove` change it only inside `writing()` (one writer at a time: the
@@ -60,8 +63,9 @@ class PointTable:
     Thread-safe for one writer and any number of readers (readers take no lock).
     """
 
-    def __init__(self) -> None:
-        self._fields: dict[int, PointFields] = {}
+    def __init__(self, *, integer_ids: bool = False) -> None:
+        self.integer_ids = integer_ids
+        self._fields: dict[Hashable, PointFields] = {}
         self._statuses: dict[str, str] = {}
         # Even: no write window open; odd: one is. Bumped on entering and on leaving it.
         self._version = 0
@@ -81,20 +85,21 @@ class PointTable:
             yield
             self._version += 1
 
-    def put(self, points: Iterable[tuple[int, Mapping[str, Any]]]) -> None:
-        """Hold each `(point id, payload)` as its point's fields (`contracts.vector_payload`
+    def put(self, points: Iterable[tuple[Hashable, Mapping[str, Any]]]) -> None:
+        """Hold each `(point key, payload)` as its point's fields (`contracts.vector_payload`
         layout); call within `writing()`."""
         fields = self._fields
         # One string object per distinct status (the engine hands a new one per point).
         statuses = self._statuses
         for pid, payload in points:
             if DOCUMENT_ID not in payload:  # `payload_of(implied_id=True)`: the point id
+                assert isinstance(pid, int)  # only UUID-id generations leave it out
                 payload = with_id(payload, uuid.UUID(int=pid))
             candidate = candidate_of(payload, 0.0)
             status = statuses.setdefault(candidate[4], candidate[4])
             fields[pid] = (candidate[0], candidate[1], candidate[3], status)
 
-    def remove(self, pids: Iterable[int]) -> None:
+    def remove(self, pids: Iterable[Hashable]) -> None:
         """Forget the points (absent ones are ignored); call within `writing()`."""
         fields = self._fields
         for pid in pids:
@@ -105,10 +110,10 @@ class PointTable:
         version = self._version
         return None if version & 1 else version
 
-    def get(self, pid: int) -> PointFields | None:
+    def get(self, pid: Hashable) -> PointFields | None:
         return self._fields.get(pid)
 
-    def fields(self, ids: Sequence[int], stamp: int) -> list[PointFields] | None:
+    def fields(self, ids: Sequence[Hashable], stamp: int) -> list[PointFields] | None:
         """The fields of points `ids`, in order; None as for `candidates`."""
         get = self._fields.get
         out = [get(pid) for pid in ids]
@@ -117,7 +122,7 @@ class PointTable:
         return out  # type: ignore[return-value]  # no None in it
 
     def candidates(
-        self, ids: Sequence[int], scores: Sequence[float], stamp: int
+        self, ids: Sequence[Hashable], scores: Sequence[float], stamp: int
     ) -> list[Candidate] | None:
         """The candidates of points `ids` scored `scores` (clamped to [-1, 1], as
         `candidate_of` clamps), in order; None if the table changed since `stamp` or
@@ -141,19 +146,27 @@ class PointTable:
         return out
 
     def hits(self, points: Iterable[Hit], stamp: int) -> list[Candidate] | None:
-        """`candidates` of engine hits, each point's `id` (a `uuid.UUID`, keyed by its
-        `int`; any other id is no key: None) and `score` read once, in one pass: the
-        engine's `ScoredPoint.id` builds a new `uuid.UUID` on every read (~1.4 us), and
-        a second pass over the hits plus a key function per hit cost ~10 us of ~240 at
-        101 hits (100k points, docs/bench/README.md)."""
+        """`candidates` of engine hits, each point's `id` (an `int`, in an integer-id
+        table its own key; a `uuid.UUID`, keyed by its `int` or, in an integer-id table,
+        by itself; any other id is no key: None) and `score` read once, in one pass: the
+        engine's `ScoredPoint.id` builds a new `uuid.UUID` on every read of a UUID point
+        (~1.4 us; an integer point's is a plain `int`), and a second pass over the hits
+        plus a key function per hit cost ~10 us of ~240 at 101 hits (100k points,
+        docs/bench/README.md)."""
         get = self._fields.get
         new = tuple.__new__
         uuid_type = uuid.UUID
+        integer = self.integer_ids
         out: list[Candidate] = []
         append = out.append
         for point in points:
             pid = point.id
-            fields = get(pid.int) if isinstance(pid, uuid_type) else None
+            if type(pid) is int:
+                fields = get(pid) if integer else None
+            elif isinstance(pid, uuid_type):
+                fields = get(pid if integer else pid.int)
+            else:
+                fields = None
             if fields is None:
                 return None
             value = float(point.score)

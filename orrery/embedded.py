@@ -470,6 +470,7 @@ class EmbeddedStack:
             vector_shard_provider=projector.vectors.shard_for,
             vector_flat_provider=projector.vectors.flat_for,
             vector_points_provider=projector.vectors.points_for,
+            vector_ids_provider=projector.vectors.ids_for,
             lexical_flat_provider=projector.lexical.flat_for,
             cache_responses=settings.cache_responses,
             scopes=scope_registry(settings),

@@ -164,6 +164,7 @@ def embedded_query_ports(
     vector_shard_provider: Callable[[str], Any],
     vector_flat_provider: Callable[[str], Any] | None = None,
     vector_points_provider: Callable[[str], Any] | None = None,
+    vector_ids_provider: Callable[[str], Any] | None = None,
     lexical_flat_provider: Callable[[str], Any] | None = None,
     cache_responses: bool = True,
     scopes: ScopeRegistry | None = None,
@@ -199,6 +200,8 @@ def embedded_query_ports(
             # Searches read their candidates' fields from the projector's point tables
             # (`contracts.point_table`) instead of the points' payloads when it has one.
             points_provider=vector_points_provider,
+            # How each generation keys its points (integer ids since session 27).
+            ids_provider=vector_ids_provider,
         ),
         records=records,
         query_vectors=QueryEmbeddingCache(embedder),

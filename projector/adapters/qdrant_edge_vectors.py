@@ -16,6 +16,16 @@ Payload indexes: every field queries filter on (`PAYLOAD_INDEXES`) but
 point id); generations created before session 25 also index `document_id`, and before
 session 24 `revision` (unused).
 
+Point ids: in generations created since session 27, `contracts.point_ids` (a 63-bit
+BLAKE2b of the document id, an `int`: qdrant-edge-py hands a plain `int` for it where it
+builds a `uuid.UUID` in Python on every read of a UUID id), every payload holding its
+`document_id`. `apply` reads the `document_id` of the point at a document's integer id
+before it writes or deletes there (`_resolve`): a document whose id another document's
+point holds keeps its UUID id (`point_id`) for the generation's life, listed in
+`root / f"{generation_id}+ids"` (written and fsynced before the write that uses it;
+beside the versioned directories, so swaps keep it; `drop` removes it), whose presence
+marks the scheme. Generations without that file (every one created before) keep UUID ids.
+
 `updated_at` is stored as integer microseconds since the epoch (`payload_of(...,
 micros=True)`) under an integer range index: exact, the resolution of Python's
 `datetime`. Generations created before session 26 hold RFC 3339 text under a datetime
@@ -227,6 +237,7 @@ from contracts.index import IndexDocument
 from contracts.index_fields import DOCUMENT_ID, REVISION, UPDATED_AT
 from contracts.malloc import trim as trim_malloc
 from contracts.pacing import Pace, no_pace
+from contracts.point_ids import INT_ID_SCHEME, PointIds, int_point_id, table_key
 from contracts.point_table import PointTable
 from contracts.stored_vectors import PackedVector
 from contracts.vector_payload import (
@@ -374,8 +385,11 @@ _CATCH_UP_SLACK = 256
 _CATCH_UP_PAGE = 250
 # Journal ids de-duplicated at a time by the catch-up (bounds its transient memory).
 _CATCH_UP_WINDOW = 65_536
-# A journal entry: one point id (`uuid.UUID.bytes`).
-_ID_BYTES = 16
+# A journal entry: one point id, its kind (`_INT_MARK` or `_UUID_MARK`) then 16 bytes
+# (`uuid.UUID.bytes`, or the integer big-endian).
+_ID_BYTES = 17
+_INT_MARK = b"i"
+_UUID_MARK = b"u"
 # Point ids one optimize's journal holds at most. A bound no 1M-point ingest reaches
 # (it would rewrite every point eight times over during one optimize); past it the
 # optimize is abandoned (old shard kept).
@@ -391,6 +405,11 @@ _POINT_OVERHEAD_BYTES = 2_048
 # '+' is never part of a generation id, so none of these names a generation.
 _VERSION_MARK = "+"
 _POINTER = "+live"
+# A generation with integer point ids (`contracts.point_ids`, since session 27) has the
+# file `root/<generation>+ids` beside its directories: its first line names the mapping
+# (`INT_ID_SCHEME`), each further line (a JSON string) a document that keeps its UUID
+# point id (the fallback set). Absent: UUID point ids, as every generation before.
+_IDS = "+ids"
 # The background optimizer puts off a generation that keeps taking writes at most this
 # long (`QdrantEdgeVectorIndex._writes_flowing`).
 _MAX_DEFERRAL_S = 60.0
@@ -468,7 +487,7 @@ def _index_params(field: str, kind: PayloadIndexKind) -> PayloadSchemaParams:
 
 
 # Not `revision`: no query filters on it, and this adapter resolves revisions by
-# retrieving points by id (`_present_revisions`), never by a range filter (the Qdrant
+# retrieving points by id (`_present`), never by a range filter (the Qdrant
 # server adapter's conditional writes do: it keeps the index). The integer index (lookup
 # and range) cost ~4 us of `EdgeShard.update` a point, with the GIL held (an optimize of
 # 10k points took the same CPU with or without it). Not `document_id` (since session
@@ -545,9 +564,12 @@ class QdrantEdgeTuning:
         )
 
 
-# Resolved writes of one `apply` call: the newest upsert per point, the highest delete
-# revision per point.
-_Writes = tuple[dict[uuid.UUID, IndexDocument], dict[uuid.UUID, int]]
+# A point id as this adapter writes it: a 63-bit `int` (integer-id generations) or a
+# `uuid.UUID`.
+_Pid = int | uuid.UUID
+# Resolved writes of one `apply` call (`_resolve`): the newest upsert per point, the
+# highest delete revision per point, the revision each of those points holds now.
+_Resolved = tuple[dict[_Pid, IndexDocument], dict[_Pid, int], dict[_Pid, int]]
 
 
 @dataclass
@@ -636,7 +658,7 @@ class _Journal:
     An entry per `apply`: the `UpdateOperation`s it made, kept whole so the catch-up
     replays them into the copy without reading or converting a point again, or, past
     `max_bytes` of those (and for an `apply` that failed half way, whose effect is
-    unknown), the ids of the points it touched, 16 bytes each, which the catch-up copies
+    unknown), the ids of the points it touched, 17 bytes each, which the catch-up copies
     from the live shard as they are then. Appended under the generation's write lock,
     in the order the writes reached the live shard; read by the catch-up without it
     (only appended to; a broken journal rebinds `_entries` rather than clearing it).
@@ -668,7 +690,7 @@ class _Journal:
     def record(
         self,
         operations: Sequence[tuple[UpdateOperation, int, int]],
-        pids: Sequence[uuid.UUID],
+        pids: Iterable[_Pid],
         *,
         failed: bool,
     ) -> None:
@@ -683,8 +705,8 @@ class _Journal:
             points = sum(up + down for _, up, down in operations)
             self.bytes += cost
         else:
-            entry = b"".join(pid.bytes for pid in pids)
-            points = len(pids)
+            entry = b"".join(map(_pid_bytes, pids))
+            points = len(entry) // _ID_BYTES
         if self.points + points > self.limit:
             self.broken = f"more than {self.limit} point ids were written meanwhile"
             self._entries = []  # the memory goes; `_points` (an int per entry) stays
@@ -723,6 +745,11 @@ class _Generation:
     vacuum: tuple[float, int] = (VACUUM_DELETED_THRESHOLD, VACUUM_MIN_VECTORS)
     # `updated_at` stored as integer microseconds (`_micros_layout`); fixed at creation.
     micros: bool = False
+    # How documents map to point ids (`contracts.point_ids`): fixed at creation, but for
+    # the fallback set, which `apply` adds to (under `write_lock`, written down in
+    # `ids_file` first). UUID ids unless the generation has that file.
+    ids: PointIds = field(default_factory=lambda: PointIds(False))
+    ids_file: Path | None = None
     # `apply` reads present revisions and then writes: one writer at a time per shard.
     write_lock: threading.Lock = field(default_factory=threading.Lock)
     # One optimize at a time per shard; `drop` and `close` wait for a running one.
@@ -748,7 +775,7 @@ class _Generation:
     # shard, `points_dirty` collects the ids `apply` touches (read again at its end);
     # None when no build runs. `points_retry_at`: when a failed build may run again.
     points: PointTable | None = None
-    points_dirty: set[int] | None = None
+    points_dirty: set[_Pid] | None = None
     points_retry_at: float = 0.0
     # Points the shard held when written again (`rewritten`) or deleted (`deleted`)
     # since the copy of its last build: qdrant-edge leaves their old vectors in the HNSW
@@ -756,9 +783,9 @@ class _Generation:
     # rewritten point to the plain segment, searched by brute force. Under `write_lock`.
     # While a build runs, those taken before its copy wait in `tombstones_copied` (put
     # back if the build does not swap in).
-    rewritten: set[int] = field(default_factory=set)
-    deleted: set[int] = field(default_factory=set)
-    tombstones_copied: tuple[set[int], set[int]] | None = None
+    rewritten: set[object] = field(default_factory=set)
+    deleted: set[object] = field(default_factory=set)
+    tombstones_copied: tuple[set[object], set[object]] | None = None
     # Points this process upserted into `shard` since it was loaded (its writes, and the
     # catch-up of the optimize that swapped it in): qdrant-edge holds ~1 KB a point more
     # for those than for points it loads (`QdrantEdgeVectorIndex.reopen`). Under
@@ -872,6 +899,8 @@ class QdrantEdgeVectorIndex:
         point_tables_inline: bool = False,
         spare_dimension: int | None = None,
         reopen_min_points: int = REOPEN_MIN_POINTS,
+        integer_ids: bool = True,
+        point_hash: Callable[[str], int] = int_point_id,
     ) -> None:
         """`max_journal_ids`: point ids journaled during one optimize, at most (past it
         the optimize is abandoned, see `_MAX_JOURNAL_IDS`). `max_journal_bytes`: engine
@@ -886,9 +915,16 @@ class QdrantEdgeVectorIndex:
         shard of that dimension ready for the next `create` (module docstring, "Spare
         shard"); the spares of processes gone are removed now. `reopen_min_points`: the
         background optimizer reopens a quiet generation whose shard holds that many
-        points written in process since its load (`reopen`; 0: never)."""
+        points written in process since its load (`reopen`; 0: never). `integer_ids`:
+        generations created from now on key their points by `point_hash` of the document
+        id (`contracts.point_ids`; `int_point_id`, the only mapping a generation on disk
+        can name; another is for tests, which must pass it to every index opening the
+        root); False: by UUID, as generations created before session 27 (which keep
+        theirs)."""
         self._root = Path(root)
         self._reopen_min_points = reopen_min_points
+        self._integer_ids = integer_ids
+        self._point_hash = point_hash
         self._point_table_max_points = point_table_max_points
         self._point_tables_inline = point_tables_inline
         self._flat_scan = flat_scan
@@ -944,12 +980,21 @@ class QdrantEdgeVectorIndex:
                 else:
                     with _translated(f"create {generation_id}"):
                         shard = EdgeShard.create(str(path), self._tuning.edge_config(dimension))
+                ids_file = self._ids_file(generation_id)
+                if self._integer_ids:
+                    # After the shard: a crash before this leaves a UUID-id generation
+                    # (no file), empty and consistent.
+                    _write_ids_file(ids_file)
+                else:
+                    _remove_tree(ids_file)  # an interrupted create's, if any
                 generation = _Generation(
                     shard=shard,
                     path=path,
                     dimension=dimension,
                     indexing_threshold_kb=self._tuning.indexing_threshold_kb,
                     vacuum=self._tuning.vacuum_rule(),
+                    ids=PointIds(self._integer_ids, hash=self._point_hash),
+                    ids_file=ids_file if self._integer_ids else None,
                 )
                 self._generations[generation_id] = generation
             elif generation.dimension is None:
@@ -977,34 +1022,37 @@ class QdrantEdgeVectorIndex:
         generation = self._require(generation_id)
         for document in upserts:
             check_vector(document, generation.dimension)
-        newest: dict[uuid.UUID, IndexDocument] = {}
+        newest: dict[str, IndexDocument] = {}
         for document in upserts:
-            pid = point_id(document.document_id)
-            kept = newest.get(pid)
+            kept = newest.get(document.document_id)
             if kept is None or kept.revision <= document.revision:
-                newest[pid] = document
-        delete_at: dict[uuid.UUID, int] = {}
+                newest[document.document_id] = document
+        delete_at: dict[str, int] = {}
         for document_id, revision in deletes:
-            pid = point_id(document_id)
-            delete_at[pid] = max(revision, delete_at.get(pid, revision))
+            delete_at[document_id] = max(revision, delete_at.get(document_id, revision))
         if not newest and not delete_at:
             return
-        writes = (newest, delete_at)
         with generation.write_lock, _translated(f"apply to {generation_id}"):
             self._check_open(generation, generation_id)
             operations: list[tuple[UpdateOperation, int, int]] = []
+            # Point id -> document id of every point the write may touch.
+            touched: dict[_Pid, str] = {}
             written = False
             try:
+                writes = _resolve(generation, newest, delete_at, touched)
                 rewritten, deleted = _write(
-                    generation.shard, writes, operations, generation.points, generation.micros
+                    generation.shard,
+                    writes,
+                    operations,
+                    generation.points,
+                    generation.micros,
+                    generation.ids.integer,
                 )
                 written = True
                 generation.written_since_load += len(newest)
                 generation.rewritten.update(rewritten)
                 generation.deleted.update(deleted)
                 if generation.flat is not None:
-                    touched = {pid: document.document_id for pid, document in newest.items()}
-                    touched.update((point_id(d), d) for d, _ in deletes)
                     self._sync_flat(generation, touched)
             except BaseException:
                 # What the shard holds now is unknown: the copies are rebuilt on next use.
@@ -1013,12 +1061,12 @@ class QdrantEdgeVectorIndex:
                 raise
             finally:
                 if generation.points_dirty is not None:
-                    generation.points_dirty.update(pid.int for pid in (*newest, *delete_at))
+                    generation.points_dirty.update(touched)
                 # After the write, never before: journaled ids are read from the live
                 # shard without the lock, so their state must be final by then. A write
                 # that fails half way is journaled too, by id (its effect is unknown).
                 if generation.journal is not None:
-                    generation.journal.record(operations, [*newest, *delete_at], failed=not written)
+                    generation.journal.record(operations, touched, failed=not written)
             now = time.monotonic()
             last = self._written_at.get(generation_id)
             if last is not None:
@@ -1038,10 +1086,13 @@ class QdrantEdgeVectorIndex:
 
     def pairs_of(self, generation_id: str, document_ids: Sequence[str]) -> list[tuple[str, int]]:
         """Every `(document_id, revision)` the shard holds for `document_ids`, from their
-        points' payloads (retrieved by point id, in pages)."""
+        points' payloads (retrieved by point id, in pages; in an integer-id generation a
+        point another document holds is left out)."""
         generation = self._require(generation_id)
         pairs: list[tuple[str, int]] = []
-        pids: list[PointId] = [point_id(d) for d in document_ids]
+        of = generation.ids.of
+        pids: list[PointId] = [of(d) for d in document_ids]
+        wanted = set(document_ids)
         for start in range(0, len(pids), _RETRIEVE_PAGE):
             shard = generation.reader_shard()
             if shard is None:
@@ -1053,8 +1104,18 @@ class QdrantEdgeVectorIndex:
                     with_vector=False,
                 )
             del shard
-            pairs.extend(_pairs(records))
+            pairs.extend(pair for pair in _pairs(records) if pair[0] in wanted)
         return pairs
+
+    def ids_for(self, generation_id: str) -> PointIds:
+        """How `generation_id` maps document ids to point ids (`contracts.point_ids`), for
+        the query side in this process: a live object (its fallback set grows as `apply`
+        finds documents sharing an integer id). Raises `KeyError` for an unknown
+        generation, as `shard_for` does."""
+        generation = self._get(generation_id)
+        if generation is None:
+            raise KeyError(generation_id)
+        return generation.ids
 
     def drop(self, generation_id: str) -> None:
         """Close and delete the generation's shard (no-op if absent).
@@ -1194,7 +1255,8 @@ class QdrantEdgeVectorIndex:
     def _build_points(self, generation_id: str, generation: _Generation) -> None:
         """Read every point's candidate fields into a new table, then, under the write
         lock, read again those `apply` touched meanwhile and hand the table over."""
-        table = PointTable()
+        integer = generation.ids.integer
+        table = PointTable(integer_ids=integer)
         offset: PointId | None = None
         try:
             while True:
@@ -1212,7 +1274,7 @@ class QdrantEdgeVectorIndex:
                     )
                 del shard
                 with table.writing():
-                    table.put((_as_uuid(r.id).int, r.payload or {}) for r in records)
+                    table.put((table_key(_pid(r.id), integer), r.payload or {}) for r in records)
                 if offset is None:
                     break
             with generation.write_lock:
@@ -1220,15 +1282,15 @@ class QdrantEdgeVectorIndex:
                     return
                 dirty = list(generation.points_dirty or ())
                 with _translated(f"read the points of {generation_id}"), table.writing():
-                    table.remove(dirty)
+                    table.remove(table_key(pid, integer) for pid in dirty)
                     for start in range(0, len(dirty), _RETRIEVE_PAGE):
-                        ids: list[PointId] = [
-                            uuid.UUID(int=pid) for pid in dirty[start : start + _RETRIEVE_PAGE]
-                        ]
+                        ids: list[PointId] = list(dirty[start : start + _RETRIEVE_PAGE])
                         records = generation.shard.retrieve(
                             ids, with_payload=list(RETURNED_FIELDS), with_vector=False
                         )
-                        table.put((_as_uuid(r.id).int, r.payload or {}) for r in records)
+                        table.put(
+                            (table_key(_pid(r.id), integer), r.payload or {}) for r in records
+                        )
                 generation.points = table
         except Exception as error:
             generation.points_retry_at = time.monotonic() + _POINTS_RETRY_S
@@ -1803,6 +1865,9 @@ class QdrantEdgeVectorIndex:
     def _pointer(self, generation_id: str) -> Path:
         return self._root / f"{generation_id}{_POINTER}"
 
+    def _ids_file(self, generation_id: str) -> Path:
+        return self._root / f"{generation_id}{_IDS}"
+
     def _live_path(self, generation_id: str) -> Path:
         """The live directory on disk: the one the pointer file names, else the first."""
         try:
@@ -1822,14 +1887,17 @@ class QdrantEdgeVectorIndex:
 
     def _paths(self, generation_id: str) -> list[Path]:
         """Every file and directory of the generation: live, earlier and later versions,
-        pointer, staging and the `.retired` directory of an older layout's swap."""
+        pointer, staging, the `.retired` directory of an older layout's swap and, last,
+        the point id file."""
         versions = self._root.glob(f"{glob.escape(generation_id)}{_VERSION_MARK}*")
+        files = (self._pointer(generation_id).name, self._ids_file(generation_id).name)
         return [
             self._path(generation_id),
-            *(p for p in versions if p.name != self._pointer(generation_id).name),
+            *(p for p in versions if p.name not in files),
             self._staging(generation_id),
             self._root / f".{generation_id}.retired",
             self._pointer(generation_id),
+            self._ids_file(generation_id),
         ]
 
     def _get(self, generation_id: str) -> _Generation | None:
@@ -1873,6 +1941,8 @@ class QdrantEdgeVectorIndex:
         path = self._recover(generation_id)
         if not (path / _CONFIG_FILE).is_file():
             return None
+        ids_file = self._ids_file(generation_id)
+        ids = _read_ids_file(ids_file, self._point_hash)
         shard = _load_shard(path, f"load {generation_id}")
         config = _stored_config(path)
         generation = _Generation(
@@ -1882,6 +1952,8 @@ class QdrantEdgeVectorIndex:
             indexing_threshold_kb=_stored_indexing_threshold(config, self._tuning),
             vacuum=_stored_vacuum_rule(config),
             micros=_micros_layout(shard),
+            ids=ids,
+            ids_file=ids_file if ids.integer else None,
         )
         self._generations[generation_id] = generation
         return generation
@@ -1907,7 +1979,7 @@ class QdrantEdgeVectorIndex:
             retired.rename(live)
             _log.warning("put %s back from an interrupted optimize", generation_id)
         for path in self._paths(generation_id):
-            if path not in (live, pointer):
+            if path not in (live, pointer, self._ids_file(generation_id)):
                 _remove_tree(path)
         with contextlib.suppress(FileNotFoundError):
             pointer.with_name(pointer.name + ".tmp").unlink()
@@ -1951,7 +2023,7 @@ class QdrantEdgeVectorIndex:
                 if offset is None:
                     return flat
 
-    def _sync_flat(self, generation: _Generation, touched: dict[uuid.UUID, str]) -> None:
+    def _sync_flat(self, generation: _Generation, touched: dict[_Pid, str]) -> None:
         """Under the write lock, after a write: the copy's rows of `touched` (point id ->
         document id) made what the
         shard now holds (read back, so the vectors are the engine's own unit vectors);
@@ -1960,7 +2032,7 @@ class QdrantEdgeVectorIndex:
         assert flat is not None
         ids: list[PointId] = list(touched)
         records = generation.shard.retrieve(ids, with_payload=True, with_vector=True)
-        present = {_as_uuid(record.id) for record in records}
+        present = {_pid(record.id) for record in records}
         flat.put(_flat_rows(records))
         flat.remove(d for pid, d in touched.items() if pid not in present)
         if len(flat) > self._flat_capacity(generation):
@@ -2229,33 +2301,100 @@ def _remove_stale_spares(root: Path) -> None:
             _remove_tree(path)
 
 
+def _resolve(
+    generation: _Generation,
+    newest: dict[str, IndexDocument],
+    delete_at: dict[str, int],
+    touched: dict[_Pid, str],
+) -> _Resolved:
+    """Under the write lock: the point ids `apply`'s upserts and deletes go to, and the
+    revision each of those points holds now; `touched` gets each of those point ids (->
+    its document id).
+
+    UUID ids: each document's `point_id`. Integer ids (`contracts.point_ids`): `ids.of`,
+    read with the `document_id` of the point there, so a point another document holds is
+    never written nor deleted for this one. An upsert of a document whose integer id
+    another document's point holds (or an earlier upsert of this call took) makes it a
+    fallback document (`_add_fallback`, written down before any write), upserted at its
+    UUID id; a delete of a document whose integer id another document's point holds
+    deletes nothing: a document outside the fallback set is only ever at its integer id.
+    """
+    shard = generation.shard
+    ids = generation.ids
+    of = ids.of
+    up: dict[_Pid, IndexDocument] = {}
+    down: dict[_Pid, int] = {}
+    if not ids.integer:
+        for document_id, document in newest.items():
+            pid = of(document_id)
+            up[pid] = document
+            touched[pid] = document_id
+        for document_id, revision in delete_at.items():
+            pid = of(document_id)
+            down[pid] = revision
+            touched[pid] = document_id
+        return up, down, _present(shard, list(touched))
+    wanted = {document_id: of(document_id) for document_id in (*newest, *delete_at)}
+    owners: dict[_Pid, str] = {}
+    held = _present(shard, list(dict.fromkeys(wanted.values())), owners)
+    collided: list[str] = []
+    for document_id, document in newest.items():
+        pid = wanted[document_id]
+        if type(pid) is int and owners.setdefault(pid, document_id) != document_id:
+            collided.append(document_id)
+            continue
+        up[pid] = document
+        touched[pid] = document_id
+    moved = set(collided)
+    for document_id, revision in delete_at.items():
+        if document_id in moved:
+            pid = point_id(document_id)
+        else:
+            pid = wanted[document_id]
+            if type(pid) is int and owners.get(pid, document_id) != document_id:
+                continue
+        down[pid] = revision
+        touched[pid] = document_id
+    if collided:
+        _add_fallback(generation, collided)
+        for document_id in collided:
+            pid = point_id(document_id)
+            up[pid] = newest[document_id]
+            touched[pid] = document_id
+        held.update(_present(shard, [point_id(d) for d in collided]))
+    return up, down, held
+
+
 def _write(
     shard: EdgeShard,
-    writes: _Writes,
+    writes: _Resolved,
     operations: list[tuple[UpdateOperation, int, int]],
     table: PointTable | None = None,
     micros: bool = False,
-) -> tuple[list[int], list[int]]:
+    integer: bool = False,
+) -> tuple[list[object], list[object]]:
     """Apply resolved upserts, then deletes, to `shard` under the revision rules; the
-    points it held before that were written again, and those deleted (as `int` ids).
+    points it held before that were written again, and those deleted (as
+    `contracts.point_ids.table_key`s: `integer` ids or not).
 
     The write path of `apply`; idempotent. Each engine operation made is appended to
     `operations` once it succeeded, with its upserted and deleted point counts: in that
     order they make any shard that held what `shard` held the same as `shard` now.
     With `table`, the same effect goes into it in one write window around the shard's
     updates (`PointTable.writing`; left open if an update fails). `micros`: the shard
-    stores `updated_at` as integer microseconds (`_micros_layout`).
+    stores `updated_at` as integer microseconds (`_micros_layout`). An integer-id
+    generation stores every point's `document_id` (its writes and listed lookups check
+    it); a UUID-id one leaves out those that are their point id's text (`implied_id`).
     """
-    newest, delete_at = writes
-    present = _present_revisions(shard, [*newest, *delete_at])
-    upserted: dict[uuid.UUID, IndexDocument] = {}
+    newest, delete_at, present = writes
+    upserted: dict[_Pid, IndexDocument] = {}
     revision_after = dict(present)
     for pid, document in newest.items():
         current = present.get(pid)
         if current is None or current <= document.revision:
             upserted[pid] = document
             revision_after[pid] = document.revision
-    removals: list[PointId] = []
+    removals: list[_Pid] = []
     for pid, revision in delete_at.items():
         current = revision_after.get(pid)
         if current is not None and current <= revision:
@@ -2264,8 +2403,9 @@ def _write(
                 removals.append(pid)
     # A list of one value stored as the value: the binding converts a list as a value of
     # its own (~7 us a point, GIL held); every filter matches either form alike.
+    implied = micros and not integer
     payloads = {
-        pid: payload_of(document, singletons=True, micros=micros, implied_id=micros)
+        pid: payload_of(document, singletons=True, micros=micros, implied_id=implied)
         for pid, document in upserted.items()
     }
     with contextlib.nullcontext() if table is None else table.writing():
@@ -2278,18 +2418,22 @@ def _write(
             shard.update(operation)
             operations.append((operation, len(points), 0))
         if removals:
-            operation = UpdateOperation.delete_points(removals)
+            removed: list[PointId] = list(removals)
+            operation = UpdateOperation.delete_points(removed)
             shard.update(operation)
             operations.append((operation, 0, len(removals)))
         if table is not None:
             # The table holds every point's document id (`implied_id` left some out).
             table.put(
-                (pid.int, payload if DOCUMENT_ID in payload else with_id(payload, pid))
+                (
+                    table_key(pid, integer),
+                    payload if DOCUMENT_ID in payload else with_id(payload, pid),
+                )
                 for pid, payload in payloads.items()
             )
-            table.remove(_as_uuid(pid).int for pid in removals)
-    rewritten = [pid.int for pid in upserted if pid in present]
-    return rewritten, [_as_uuid(pid).int for pid in removals]
+            table.remove(table_key(pid, integer) for pid in removals)
+    rewritten = [table_key(pid, integer) for pid in upserted if pid in present]
+    return rewritten, [table_key(pid, integer) for pid in removals]
 
 
 class _FlatBudget:
@@ -2319,7 +2463,7 @@ class _FlatBudget:
 def _pairs(records: Iterable[Record]) -> Iterator[tuple[str, int]]:
     """`(document_id, revision)` of points read with those two payload fields."""
     for record in records:
-        payload = with_id(record.payload or {}, _as_uuid(record.id))
+        payload = with_id(record.payload or {}, _pid(record.id))
         yield str(payload[DOCUMENT_ID]), int(payload[REVISION])
 
 
@@ -2332,13 +2476,25 @@ def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list
             raise DependencyUnavailable(
                 DEPENDENCY, f"point {record.id} came back without its vector"
             )
-        yield dict(with_id(record.payload or {}, _as_uuid(record.id))), dense
+        yield dict(with_id(record.payload or {}, _pid(record.id))), dense
 
 
-def _present_revisions(shard: EdgeShard, pids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+def _present(
+    shard: EdgeShard, pids: list[_Pid], owners: dict[_Pid, str] | None = None
+) -> dict[_Pid, int]:
+    """The revision of each of the points `pids` the shard holds; with `owners`, their
+    `document_id`s go into it too."""
     ids: list[PointId] = list(pids)
-    records = shard.retrieve(ids, with_payload=["revision"], with_vector=False)
-    return {_as_uuid(record.id): int((record.payload or {})["revision"]) for record in records}
+    fields = [REVISION] if owners is None else [REVISION, DOCUMENT_ID]
+    records = shard.retrieve(ids, with_payload=fields, with_vector=False)
+    present: dict[_Pid, int] = {}
+    for record in records:
+        pid = _pid(record.id)
+        payload = record.payload or {}
+        present[pid] = int(payload[REVISION])
+        if owners is not None:
+            owners[pid] = str(with_id(payload, pid)[DOCUMENT_ID])
+    return present
 
 
 def _catch_up(
@@ -2365,7 +2521,7 @@ def _catch_up(
     pending: dict[bytes, None] = {}
 
     def mirror_pending() -> int:
-        pids = [uuid.UUID(bytes=raw) for raw in pending]
+        pids = [_pid_of_bytes(raw) for raw in pending]
         pending.clear()
         for at in range(0, len(pids), _CATCH_UP_PAGE):
             _mirror(live, staged, pids[at : at + _CATCH_UP_PAGE])
@@ -2395,13 +2551,13 @@ def _catch_up(
     return replayed, mirrored
 
 
-def _mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:
+def _mirror(source: EdgeShard, target: EdgeShard, pids: list[_Pid]) -> None:
     """Make `target` hold exactly what `source` holds of the points `pids`."""
     ids: list[PointId] = list(pids)
     records = source.retrieve(ids, with_payload=True, with_vector=True)
-    present: dict[uuid.UUID, Point] = {}
+    present: dict[_Pid, Point] = {}
     for record in records:
-        pid = _as_uuid(record.id)
+        pid = _pid(record.id)
         assert record.vector is not None  # asked for
         present[pid] = Point(pid, record.vector, record.payload)
     if present:
@@ -2409,6 +2565,96 @@ def _mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None
     absent: list[PointId] = [pid for pid in pids if pid not in present]
     if absent:
         target.update(UpdateOperation.delete_points(absent))
+
+
+def _write_ids_file(path: Path) -> None:
+    """A new generation's point id file: integer ids, no fallback yet (written, fsynced,
+    renamed into place, the directory fsynced)."""
+    spare = path.with_name(path.name + ".tmp")
+    try:
+        with open(spare, "w", encoding="utf-8") as file:
+            file.write(INT_ID_SCHEME + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(spare, path)
+        _fsync_directory(path.parent)
+    except OSError as error:
+        raise DependencyUnavailable(DEPENDENCY, f"write {path.name}: {error}") from error
+
+
+def _read_ids_file(path: Path, point_hash: Callable[[str], int]) -> PointIds:
+    """The point ids of the generation whose id file is `path` (UUID ids if absent)."""
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError:
+        return PointIds(False)
+    except OSError as error:
+        raise DependencyUnavailable(DEPENDENCY, f"read {path.name}: {error}") from error
+    if lines[0] != INT_ID_SCHEME:
+        raise DependencyUnavailable(
+            DEPENDENCY, f"{path.name} names point ids {lines[0]!r}, not {INT_ID_SCHEME!r}"
+        )
+    fallback: list[str] = []
+    for line in lines[1:]:
+        with contextlib.suppress(ValueError):  # the torn last line of a crashed append
+            document_id = json.loads(line) if line else None
+            if isinstance(document_id, str):
+                fallback.append(document_id)
+    return PointIds(True, fallback, point_hash)
+
+
+def _add_fallback(generation: _Generation, document_ids: Sequence[str]) -> None:
+    """Under the write lock, before the shard update that uses them: `document_ids` keep
+    their UUID point ids from now on (appended to the generation's id file and fsynced,
+    then added to its `PointIds`). A crash before the update leaves them in the set with
+    no point written: harmless, the set only says where a document is written."""
+    assert generation.ids_file is not None
+    text = "".join(json.dumps(d) + "\n" for d in document_ids)
+    try:
+        with open(generation.ids_file, "a", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+    except OSError as error:
+        raise DependencyUnavailable(
+            DEPENDENCY, f"write {generation.ids_file.name}: {error}"
+        ) from error
+    generation.ids.fallback.update(document_ids)
+    _log.warning(
+        "qdrant-edge %s: %d document(s) share an integer point id with another; they keep "
+        "UUID point ids",
+        generation.path.name,
+        len(document_ids),
+    )
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_bytes(pid: _Pid) -> bytes:
+    """A point id as a journal entry (`_ID_BYTES`)."""
+    if isinstance(pid, uuid.UUID):
+        return _UUID_MARK + pid.bytes
+    return _INT_MARK + pid.to_bytes(16, "big")
+
+
+def _pid_of_bytes(raw: bytes) -> _Pid:
+    if raw[:1] == _UUID_MARK:
+        return uuid.UUID(bytes=raw[1:])
+    return int.from_bytes(raw[1:], "big")
+
+
+def _pid(pid: PointId) -> _Pid:
+    """A point id the engine handed back, as written: an `int` as it is, a UUID as a
+    `uuid.UUID`."""
+    if isinstance(pid, int | uuid.UUID):
+        return pid
+    return uuid.UUID(str(pid))
 
 
 def _version_of(path: Path) -> int:
@@ -2691,10 +2937,6 @@ def _named_vector(document: IndexDocument) -> dict[str, NamedVector]:
     if type(vector) is PackedVector:
         return {VECTOR_NAME: vector.float32.tolist()}
     return {VECTOR_NAME: list(vector)}
-
-
-def _as_uuid(pid: PointId) -> uuid.UUID:
-    return pid if isinstance(pid, uuid.UUID) else uuid.UUID(str(pid))
 
 
 def _stored_config(path: Path) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors
 from contracts.index import Candidate, SearchFilter, id_lookup_size
 from contracts.index_fields import (
+    DOCUMENT_ID,
     FACETS,
     GALAXY,
     REVISION,
@@ -55,6 +56,7 @@ from contracts.index_fields import (
     hidden_term,
     is_canonical_uuid,
 )
+from contracts.point_ids import PointIds, int_point_id
 from contracts.point_table import PointTable
 from contracts.timing import engine_call
 from contracts.vector_payload import (
@@ -75,10 +77,12 @@ if TYPE_CHECKING:
     from qdrant_edge import ConditionType, PointId
 
 __all__ = [
+    "ANY_IDS",
     "DEFAULT_MEMO_BYTES",
     "DEFAULT_MEMO_TENANTS",
     "FLAT_ENGINE",
     "FlatProvider",
+    "IdsProvider",
     "PointsProvider",
     "QdrantEdgeVectorSearch",
     "ShardProvider",
@@ -104,6 +108,11 @@ PointsProvider = Callable[[str], PointTable | None]
 None; raises `KeyError` if there is no such generation
 (`QdrantEdgeVectorIndex.points_for`)."""
 
+IdsProvider = Callable[[str], PointIds]
+"""Returns how a generation maps document ids to point ids (`contracts.point_ids`); raises
+`KeyError` if there is no such generation (`QdrantEdgeVectorIndex.ids_for`). Without one,
+a listed document is looked up at both its integer and its UUID point id."""
+
 FlatProvider = Callable[[str], FlatVectors | None]
 """Returns the in-memory copy of a generation to scan instead of its shard, or None;
 raises `KeyError` if there is no such generation (`QdrantEdgeVectorIndex.flat_for`)."""
@@ -120,6 +129,8 @@ DEFAULT_MEMO_TENANTS = 4
 
 # What a memo fill reads besides the vector: the revision it belongs to.
 _REVISION_ONLY = PayloadSelector.Include([REVISION])
+_DOCUMENT_ONLY = PayloadSelector.Include([DOCUMENT_ID])
+_REVISION_AND_DOCUMENT = PayloadSelector.Include([REVISION, DOCUMENT_ID])
 
 
 class VectorMemo:
@@ -367,6 +378,11 @@ class QdrantEdgeVectorSearch:
       scores only, and the candidates' fields are read from the table
       (`contracts.point_table`: the same fields the payload holds, at the moment of the
       engine's answer; a write in between makes it ask again, with payloads).
+    - Integer point ids (`contracts.point_ids`): listed documents are looked up at the
+      point ids the `ids_provider` gives (without one: at both their integer and UUID
+      ids), and a returned integer point whose document (from the point table or its
+      payload) is not a listed one is dropped (an absent document's integer id may be
+      held by another document's point), so listed lookups answer as with UUID ids.
 
     Errors: unknown generation -> `COVERAGE_UNAVAILABLE`; a query vector of the wrong
     dimension -> `EMBEDDER_MISMATCH`; non-finite or zero vector, naive datetime bounds ->
@@ -381,8 +397,10 @@ class QdrantEdgeVectorSearch:
         memo: VectorMemo | None = None,
         flat_provider: FlatProvider | None = None,
         points_provider: PointsProvider | None = None,
+        ids_provider: IdsProvider | None = None,
     ) -> None:
         self._shard_provider = shard_provider
+        self._ids_provider = ids_provider
         self._flat_provider = flat_provider
         self._points_provider = points_provider
         self._hnsw_ef = hnsw_ef
@@ -409,8 +427,42 @@ class QdrantEdgeVectorSearch:
             if found is not None:
                 return found
         shard = self._shard(generation_id)
-        if _timed(filter) and self._micros(generation_id, shard):
-            engine_filter = edge_filter(filter, micros=True)
+        ids = self._ids(generation_id)
+        uuid_only = ids is not None and not ids.integer
+        micros = _timed(filter) and self._micros(generation_id, shard)
+        if micros or (filter.document_ids is not None and not uuid_only):
+            engine_filter = edge_filter(filter, micros=micros, ids=ANY_IDS if ids is None else ids)
+        listed = (
+            None if uuid_only or filter.document_ids is None else frozenset(filter.document_ids)
+        )
+        while True:
+            found = self._search(shard, generation_id, query_vector, engine_filter, limit)
+            if listed is None:
+                return found
+            # An integer point of a document not listed: an absent listed document's
+            # integer id that another document's point holds (that point's id is its own
+            # document's integer id). Left out, and the search done again without it.
+            strays = [c.document_id for c in found if c.document_id not in listed]
+            if not strays:
+                return found
+            assert engine_filter is not None  # `edge_filter` never answers None
+            hash = int_point_id if ids is None else ids.hash
+            engine_filter = Filter(
+                must=engine_filter.must,
+                must_not=[
+                    *(engine_filter.must_not or ()),
+                    HasIdCondition({hash(d) for d in strays}),
+                ],
+            )
+
+    def _search(
+        self,
+        shard: EdgeShard,
+        generation_id: str,
+        query_vector: list[float],
+        engine_filter: Filter | None,
+        limit: int,
+    ) -> list[Candidate]:
         table = self._points(generation_id)
         stamp = None if table is None else table.stamp()
         if table is not None and stamp is not None:
@@ -511,9 +563,14 @@ class QdrantEdgeVectorSearch:
         revision is the engine's, returned."""
         assert self._memo is not None
         memo = self._memo
+        ids = self._ids(generation_id)
+        point_ids = _listed_ids(ids, listed)
+        # A UUID point's document: by the point id's `int` (`_point_number`); an integer
+        # point's: read from the table or payload, and kept only if it is listed.
         documents = {_point_number(document_id): document_id for document_id in listed}
+        wanted = None if ids is not None and not ids.integer else frozenset(listed)
         engine_filter = Filter(
-            must=[*must, HasIdCondition({_point_key(document_id) for document_id in listed})],
+            must=[*must, HasIdCondition(point_ids)],
             must_not=[_HIDDEN],
         )
         # The points' revisions from the generation's point table when it has one (a
@@ -524,29 +581,43 @@ class QdrantEdgeVectorSearch:
         found: list[Any] | None = None
         points: list[ScoredPoint] = []
         # `ScoredPoint.id` makes a new `uuid.UUID` on every read: read once per point.
-        keys: list[int] = []
+        pids: list[PointId] = []
         if table is not None and stamp is not None:
             points = self._exact(
                 shard,
                 generation_id,
                 query_vector,
                 engine_filter,
-                len(listed),
+                len(point_ids),
                 with_vectors=True,
-                with_revision=False,
             )
-            keys = [_key(p.id) for p in points]
-            found = table.fields(keys, stamp)
+            pids = [p.id for p in points]
+            integer = table.integer_ids
+            found = table.fields([_table_key(pid, integer) for pid in pids], stamp)
         if found is None:
             points = self._exact(
-                shard, generation_id, query_vector, engine_filter, len(listed), with_vectors=True
+                shard,
+                generation_id,
+                query_vector,
+                engine_filter,
+                len(point_ids),
+                with_vectors=True,
+                payload=_REVISION_ONLY if wanted is None else _REVISION_AND_DOCUMENT,
             )
-            keys = [_key(p.id) for p in points]
-            found = [(None, (p.payload or {}).get(REVISION)) for p in points]
+            pids = [p.id for p in points]
+            found = [
+                ((p.payload or {}).get(DOCUMENT_ID), (p.payload or {}).get(REVISION))
+                for p in points
+            ]
         other: dict[str, float] = {}
         fills: list[tuple[str, int, npt.NDArray[np.float32]]] = []
-        for point, key, fields in zip(points, keys, found, strict=True):
-            document_id = documents[key]
+        for point, pid, fields in zip(points, pids, found, strict=True):
+            if type(pid) is int:
+                document_id = fields[0]
+                if wanted is None or document_id not in wanted:
+                    continue
+            else:
+                document_id = documents[_key(pid)]
             named = point.vector
             dense = named.get(VECTOR_NAME) if isinstance(named, dict) else None
             revision = fields[1]
@@ -587,21 +658,57 @@ class QdrantEdgeVectorSearch:
     ) -> dict[str, float]:
         """The engine's exact lookup of `listed` under `must` (the filter's clauses
         without its ids)."""
+        ids = self._ids(generation_id)
+        point_ids = _listed_ids(ids, listed)
         # Point id (as `uuid.UUID.int`) -> document id: a document id that is a canonical
         # UUID is its own point id (`point_id`), so no UUID object is built for it, and
         # each returned point's id is read as a number (its string cost ~1.4 µs more).
         documents = {_point_number(document_id): document_id for document_id in listed}
+        engine_filter = Filter(must=[*must, HasIdCondition(point_ids)], must_not=[_HIDDEN])
+        if ids is not None and not ids.integer:
+            points = self._exact(shard, generation_id, query_vector, engine_filter, len(listed))
+            return {documents[_key(point.id)]: cosine_score(point.score) for point in points}
+        # Integer points: their documents from the point table (or, without one or after
+        # a write in between, their payloads), a document not listed left out.
+        wanted = frozenset(listed)
+        table = self._points(generation_id)
+        stamp = None if table is None else table.stamp()
+        if table is not None and stamp is not None:
+            points = self._exact(shard, generation_id, query_vector, engine_filter, len(point_ids))
+            out: dict[str, float] = {}
+            get = table.get
+            for point in points:
+                pid = point.id
+                if type(pid) is int:
+                    fields = get(pid) if table.integer_ids else None
+                    if fields is None or fields[0] not in wanted:
+                        continue
+                    document_id = fields[0]
+                else:
+                    document_id = documents[_key(pid)]
+                out[document_id] = cosine_score(point.score)
+            if table.stamp() == stamp:
+                return out
         points = self._exact(
             shard,
             generation_id,
             query_vector,
-            Filter(
-                must=[*must, HasIdCondition({_point_key(document_id) for document_id in listed})],
-                must_not=[_HIDDEN],
-            ),
-            len(listed),
+            engine_filter,
+            len(point_ids),
+            payload=_DOCUMENT_ONLY,
         )
-        return {documents[_key(point.id)]: cosine_score(point.score) for point in points}
+        out = {}
+        for point in points:
+            pid = point.id
+            if type(pid) is int:
+                owner = (point.payload or {}).get(DOCUMENT_ID)
+                if owner not in wanted:
+                    continue
+                document_id = str(owner)
+            else:
+                document_id = documents[_key(pid)]
+            out[document_id] = cosine_score(point.score)
+        return out
 
     def _exact(
         self,
@@ -612,15 +719,15 @@ class QdrantEdgeVectorSearch:
         limit: int,
         *,
         with_vectors: bool = False,
-        with_revision: bool = True,
+        payload: PayloadSelector | bool = False,
     ) -> list[ScoredPoint]:
-        """The engine's exact search; with the vectors (and, unless not
-        `with_revision`, each point's revision as payload) when `with_vectors`."""
+        """The engine's exact search; with the vectors when `with_vectors`, the
+        `payload` selected."""
         request = QueryRequest(
             limit=limit,
             query=Query.Nearest(vector, using=VECTOR_NAME),
             filter=engine_filter,
-            with_payload=_REVISION_ONLY if with_vectors and with_revision else False,
+            with_payload=payload,
             with_vector=with_vectors,
             params=SearchParams(exact=True),
         )
@@ -637,6 +744,13 @@ class QdrantEdgeVectorSearch:
             return None
         flat = _provided(self._flat_provider, generation_id)
         return flat if flat is not None and flat.dimension == len(vector) else None
+
+    def _ids(self, generation_id: str) -> PointIds | None:
+        """How the generation maps document ids to point ids; None without a provider
+        (then listed documents are looked up at both ids)."""
+        if self._ids_provider is None:
+            return None
+        return _provided(self._ids_provider, generation_id)
 
     def _points(self, generation_id: str) -> PointTable | None:
         if self._points_provider is None:
@@ -710,7 +824,9 @@ class QdrantEdgeVectorSearch:
             fetch *= 2
 
 
-def edge_filter(filter: SearchFilter, *, micros: bool = False) -> Filter | None:
+def edge_filter(
+    filter: SearchFilter, *, micros: bool = False, ids: PointIds | None = None
+) -> Filter | None:
     """The engine filter equivalent to `filter`, less the documents hidden from the
     vector lane (never None: that exclusion always applies).
 
@@ -721,14 +837,19 @@ def edge_filter(filter: SearchFilter, *, micros: bool = False) -> Filter | None:
     created since session 25 have no `document_id` payload index).
     Phrase groups are refused (`INTERNAL`): the query worker resolves them to ids.
     With `micros`, for a generation storing `updated_at` as integer microseconds
-    (`_micros_range`).
+    (`_micros_range`). Listed documents at the point ids `ids` gives (`_listed_ids`; by
+    default UUID ids, as generations before session 27; `ANY_IDS`: at both ids).
     """
-    must = _must(filter, micros=micros)
+    must = _must(filter, micros=micros, ids=ids)
     return Filter(must=must or None, must_not=[_HIDDEN])
 
 
 def _must(
-    filter: SearchFilter, *, with_ids: bool = True, micros: bool = False
+    filter: SearchFilter,
+    *,
+    with_ids: bool = True,
+    micros: bool = False,
+    ids: PointIds | None = None,
 ) -> list[ConditionType]:
     """The `must` clauses of `edge_filter` (the same refusals); without `with_ids`, less
     the `document_ids` clause."""
@@ -760,7 +881,7 @@ def _must(
         must.append(FieldCondition(FACETS, match=MatchAny(facet_terms(name, values))))
     if filter.document_ids is not None and with_ids:
         must.append(
-            HasIdCondition({_point_key(document_id) for document_id in filter.document_ids})
+            HasIdCondition(_listed_ids(_UUID_IDS if ids is None else ids, filter.document_ids))
         )
     if filter.rings is not None:
         must.append(FieldCondition(RING, match=MatchAny(list(filter.rings))))
@@ -791,6 +912,42 @@ def _point_key(document_id: str) -> str:
 def _point_number(document_id: str) -> int:
     """`point_id(document_id).int`, as `_point_key` spells it (see there)."""
     return int(_point_key(document_id).replace("-", ""), 16)
+
+
+# Listed documents of a generation whose scheme is unknown (no ids provider): at both
+# point ids.
+ANY_IDS = PointIds(True, hash=int_point_id)
+_UUID_IDS = PointIds(False)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _int_key(document_id: str) -> int:
+    """`int_point_id`, memoized as `_point_key` is."""
+    return int_point_id(document_id)
+
+
+def _listed_ids(ids: PointIds | None, documents: Iterable[str]) -> set[PointId]:
+    """The point ids listed `documents` are at: `_point_key` (UUID ids), the integer id
+    of each but the fallback ones (integer ids), both for each (`ids` None or `ANY_IDS`:
+    the scheme unknown)."""
+    if ids is None or ids is ANY_IDS:
+        out: set[PointId] = set()
+        for document_id in documents:
+            out.add(_point_key(document_id))
+            out.add(_int_key(document_id))
+        return out
+    if not ids.integer:
+        return {_point_key(document_id) for document_id in documents}
+    fallback = ids.fallback
+    hash = _int_key if ids.hash is int_point_id else ids.hash
+    return {_point_key(d) if d in fallback else hash(d) for d in documents}
+
+
+def _table_key(pid: PointId, integer: bool) -> object:
+    """A point's key in a point table (`contracts.point_ids.table_key`)."""
+    if integer or type(pid) is int:
+        return pid
+    return _key(pid)
 
 
 def _key(pid: PointId) -> int:

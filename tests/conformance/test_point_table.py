@@ -75,10 +75,13 @@ def _index(root: Path, *, inline: bool = True) -> QdrantEdgeVectorIndex:
     return QdrantEdgeVectorIndex(root, flat_scan=False, point_tables_inline=inline)
 
 
-def _payload_fields(index: QdrantEdgeVectorIndex, generation: str) -> dict[int, tuple[object, ...]]:
+def _payload_fields(
+    index: QdrantEdgeVectorIndex, generation: str
+) -> dict[object, tuple[object, ...]]:
     """What the shard's payload says of every point, as `candidate_of` reads it."""
     shard = index.shard_for(generation)
-    out: dict[int, tuple[object, ...]] = {}
+    ids = index.ids_for(generation)
+    out: dict[object, tuple[object, ...]] = {}
     offset = None
     while True:
         records, offset = shard.scroll(
@@ -89,12 +92,13 @@ def _payload_fields(index: QdrantEdgeVectorIndex, generation: str) -> dict[int, 
         for record in records:
             # A document id that is its point id is not stored (`implied_id`).
             candidate = candidate_of(with_id(record.payload or {}, record.id), 0.0)
-            out[uuid.UUID(str(record.id)).int] = (*candidate[:2], *candidate[3:])
+            pid = record.id if isinstance(record.id, int) else uuid.UUID(str(record.id))
+            out[ids.key(pid)] = (*candidate[:2], *candidate[3:])
         if offset is None:
             return out
 
 
-def _table_fields(table: PointTable, pids: set[int]) -> dict[int, tuple[object, ...]]:
+def _table_fields(table: PointTable, pids: set[object]) -> dict[object, tuple[object, ...]]:
     return {pid: fields for pid in pids if (fields := table.get(pid)) is not None}
 
 

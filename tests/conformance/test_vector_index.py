@@ -50,6 +50,7 @@ from contracts.events import decode_record_changed, record_changed_json
 from contracts.index import Candidate, IndexDocument, SearchFilter
 from contracts.index_fields import HIDDEN_FACET
 from contracts.malloc import _libc as malloc_libc
+from contracts.point_ids import int_point_id
 from contracts.records import Record
 from contracts.stored_vectors import StoredVector
 from projector.adapters import qdrant_edge_vectors as edge_module
@@ -1531,7 +1532,7 @@ def test_edge_failed_load_of_the_optimized_copy_keeps_the_old_shard(
     _assert_serves_exactly(edge, model)
     assert edge.unindexed_count("g") == edge.shard_for("g").info().points_count  # the old one
     assert _leftovers(tmp_path / "edge") == []
-    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g"]
+    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g", "g+ids"]
 
 
 def test_edge_failed_switch_of_the_pointer_keeps_the_old_shard(
@@ -1559,7 +1560,7 @@ def test_edge_failed_switch_of_the_pointer_keeps_the_old_shard(
     assert "injected" in optimizer.error.message
     _assert_serves_exactly(edge, model)
     assert edge.unindexed_count("g") == edge.shard_for("g").info().points_count  # the old one
-    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g"]
+    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g", "g+ids"]
     edge.close()
     reopened = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=_EDGE_TEST_TUNING)
     try:
@@ -1652,7 +1653,7 @@ def test_edge_optimize_is_never_abandoned_for_the_volume_written_meanwhile(
     mirrored: list[int] = []
     mirror = edge_module._mirror
 
-    def counted(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:
+    def counted(source: EdgeShard, target: EdgeShard, pids: list[int | uuid.UUID]) -> None:
         mirrored.append(len(pids))
         mirror(source, target, pids)
 
@@ -1761,7 +1762,9 @@ def test_edge_any_writes_during_an_optimize_leave_the_live_shard_swapped_in(
                     write([pending.pop(0)])
                 return records
 
-        def racing_mirror(source: EdgeShard, target: EdgeShard, pids: list[uuid.UUID]) -> None:
+        def racing_mirror(
+            source: EdgeShard, target: EdgeShard, pids: list[int | uuid.UUID]
+        ) -> None:
             mirror(cast(EdgeShard, Racing(source)), target, pids)
 
         catch_up = edge_module._catch_up
@@ -2077,7 +2080,7 @@ def test_edge_swap_never_closes_a_shard_a_caller_holds(
     monkeypatch.setattr(edge_module, "_OPTIMIZE_SCRIPT", _OPTIMIZE_SCRIPT)
     assert edge.optimize("g")  # closes the old shard first (the caller's garbage collected)
     _assert_serves_exactly(edge, model)
-    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g+2", "g+live"]
+    assert sorted(p.name for p in (tmp_path / "edge").iterdir()) == ["g+2", "g+ids", "g+live"]
 
 
 def _closed_generation(root: Path) -> None:
@@ -2098,7 +2101,7 @@ def test_edge_recovers_from_a_crash_between_the_swap_renames(tmp_path: Path) -> 
         assert second.evidence("g") == IndexEvidence(
             document_count=len(CORPUS), id_set_digest=id_set_digest(pairs(*CORPUS))
         )
-        assert sorted(p.name for p in root.iterdir()) == ["g"]
+        assert sorted(p.name for p in root.iterdir()) == ["g", "g+ids"]
     finally:
         second.close()
 
@@ -2108,7 +2111,9 @@ def _shard_copy(root: Path, source: str, target: str, *, delete: str | None = No
     shutil.copytree(root / source, root / target)
     if delete is not None:
         shard = EdgeShard.load(str(root / target))
-        shard.update(UpdateOperation.delete_points([point_id(delete)]))
+        # The generation's own point id (an integer one since session 27).
+        pid = int_point_id(delete) if (root / f"{source}+ids").exists() else point_id(delete)
+        shard.update(UpdateOperation.delete_points([pid]))
         shard.close()
 
 
@@ -2121,7 +2126,7 @@ def test_edge_recovers_a_copy_never_swapped_in(tmp_path: Path) -> None:
     second = QdrantEdgeVectorIndex(root)
     try:
         assert second.evidence("g").document_count == len(CORPUS)
-        assert sorted(p.name for p in root.iterdir()) == ["g"]
+        assert sorted(p.name for p in root.iterdir()) == ["g", "g+ids"]
     finally:
         second.close()
 
@@ -2141,7 +2146,7 @@ def test_edge_recovers_a_copy_swapped_in_before_the_old_shard_was_removed(
         assert second.evidence("g") == IndexEvidence(
             document_count=len(CORPUS) - 1, id_set_digest=id_set_digest(pairs(*CORPUS[1:]))
         )
-        assert sorted(p.name for p in root.iterdir()) == ["g+2", "g+live"]
+        assert sorted(p.name for p in root.iterdir()) == ["g+2", "g+ids", "g+live"]
         second.drop("g")
         assert list(root.iterdir()) == []
     finally:
@@ -2155,7 +2160,7 @@ def test_edge_forgets_a_pointer_to_a_removed_directory(tmp_path: Path) -> None:
     second = QdrantEdgeVectorIndex(root)
     try:
         assert second.evidence("g").document_count == len(CORPUS)
-        assert sorted(p.name for p in root.iterdir()) == ["g"]
+        assert sorted(p.name for p in root.iterdir()) == ["g", "g+ids"]
     finally:
         second.close()
 

@@ -193,11 +193,12 @@ def test_the_new_layout_holds_integers_under_an_integer_index(
 def test_a_generation_written_and_searched_through_the_adapters(
     tmp_path: Path, flat_scan: bool
 ) -> None:
-    """A new generation stores integers, and no `document_id` that is its point id; its
-    searches and scores filter on time as the text did (inclusive bounds) and read
-    `updated_at` and the document ids back as written (from payloads, the point table,
-    the flat copy, the stored pairs)."""
-    index = QdrantEdgeVectorIndex(tmp_path, flat_scan=flat_scan)
+    """A new UUID-id generation (session 26's layout; integer-id ones store every
+    `document_id`, `tests/conformance/test_integer_point_ids.py`) stores integers, and no
+    `document_id` that is its point id; its searches and scores filter on time as the
+    text did (inclusive bounds) and read `updated_at` and the document ids back as
+    written (from payloads, the point table, the flat copy, the stored pairs)."""
+    index = QdrantEdgeVectorIndex(tmp_path, flat_scan=flat_scan, integer_ids=False)
     try:
         index.create("g1", DIMENSION)
         documents = [
