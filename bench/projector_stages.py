@@ -1,9 +1,10 @@
 """The server-mode projector's per-record CPU by stage, in process and without I/O: the
-Kafka value decoded, the admission check, the index documents, the Qdrant REST body,
-the ring statistics' moves — for `bench/topk.py`'s records (384-d vectors, ~1 KB
-payloads), as the projector runs them on a batch. The values are decoded with their
-vector's float32 header, as the relay ships them (session 21 on; before session 23 this
-bench decoded the decimals: ~30 µs a record more than the projector spends).
+Kafka value decoded, the admission check, the index documents, the Qdrant REST body, the
+OpenSearch bulk body, the ring statistics' moves — for `bench/topk.py`'s records (384-d
+vectors, ~1 KB payloads), as the projector runs them on a batch. The values are decoded
+with their vector's float32 header, as the relay ships them (session 21 on; before
+session 23 this bench decoded the decimals: ~30 µs a record more than the projector
+spends).
 
     .venv/bin/python -m bench.projector_stages --records 2000 --rounds 7 \\
         --out docs/bench/projector-stages-session17.json
@@ -36,7 +37,7 @@ from contracts.events import RecordChanged, record_changed_json
 from contracts.index import IndexDocument, to_index_document
 from contracts.records import Record
 from contracts.vector_payload import check_vector, point_key
-from projector.adapters import qdrant_vectors
+from projector.adapters import opensearch_lexical, qdrant_vectors
 from projector.ring_stats import ring_moves
 from projector.service import embed_records
 
@@ -57,6 +58,27 @@ _body_json: Callable[[dict[str, Any]], bytes] = getattr(
     qdrant_vectors,
     "_body_json",
     lambda body: to_json(body, fallback=qdrant_vectors._number),
+)
+
+
+def _bulk_lines(index: str, operations: Sequence[IndexDocument], combined: bool) -> bytes:
+    """The OpenSearch bulk body as built before session 27 (each NDJSON line's dict
+    serialized by itself): the stage on a tree without `_bulk_body`."""
+    lines: list[dict[str, Any]] = []
+    for document in operations:
+        meta = {
+            "_index": index,
+            "_id": opensearch_lexical._engine_id(document.document_id),
+            "version": document.revision,
+            "version_type": "external",
+        }
+        lines.append({"index": meta})
+        lines.append(opensearch_lexical._source(document, combined))
+    return b"\n".join([to_json(line) for line in lines]) + b"\n"
+
+
+_bulk_body: Callable[[str, Sequence[IndexDocument], bool], bytes] = getattr(
+    opensearch_lexical, "_bulk_body", _bulk_lines
 )
 
 
@@ -103,6 +125,7 @@ def _stages(values: Sequence[tuple[bytes, bytes]]) -> dict[str, float]:
     docs: list[IndexDocument] = timed("index_documents", documents)
     writes = {point_key(d.document_id): d for d in docs}
     timed("qdrant_body", lambda: _body_json({"operations": qdrant_vectors._upsert_json(writes)}))
+    timed("opensearch_body", lambda: _bulk_body("orrery-lexical-g1", docs, True))
     timed("ring_moves", lambda: ring_moves({d.document_id: (d.revision, d) for d in docs}, {}))
     return spent
 

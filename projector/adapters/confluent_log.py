@@ -99,6 +99,10 @@ class ConfluentEventLog(GroupEventLog):
         self._assigned = False
         self._assigned_at = 0.0
         self._assigned_topics: frozenset[str] = frozenset()
+        # Partitions revoked (or lost) since `_fetch` last looked: what the fetch in
+        # progress holds of them is dropped, not returned (see `_drop_revoked`).
+        self._revoked: set[Partition] = set()
+        self._revoked_at = 0.0
 
     # -- EventLog ------------------------------------------------------------------------
 
@@ -189,23 +193,30 @@ class ConfluentEventLog(GroupEventLog):
 
     def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         self._assigned = False
+        self._revoked.update((tp.topic, tp.partition) for tp in partitions)
+        self._revoked_at = time.monotonic()
 
     def _fetch(self, consumer: Any, limit: int) -> list[LogEntry | Undecodable]:
         s = self._settings
         self._refresh_topics(consumer)
         started = time.monotonic()
-        join_deadline = started + s.join_timeout_ms / 1000
+        join_s = s.join_timeout_ms / 1000
         # Records on their way to this member are waited for this long at most, from the
         # fetch's start or the assignment (the first fetch response after it, or after a
         # seek, which first waits out the fetch in flight: fetch.wait.max.ms, 500).
         catch_up_s = max(2 * s.poll_timeout_ms / 1000, 5.0)
         poll_s = s.poll_timeout_ms / 1000
-        out: list[LogEntry | Undecodable] = []
+        out: list[Delivered] = []
+        self._revoked.clear()
         polled_unassigned = False
         while len(out) < limit:
+            # Each call may serve a rebalance's callbacks: what it revoked is dropped.
             messages = consumer.consume(limit - len(out), timeout=0)
+            out = self._drop_revoked(consumer, out, self._deliver(messages))
             if not messages:
                 now = time.monotonic()
+                # A revoke in this fetch starts its wait for the rejoin over.
+                join_deadline = max(started, self._revoked_at) + join_s
                 if not self._assigned:
                     if out or now >= join_deadline:
                         break
@@ -224,16 +235,15 @@ class ConfluentEventLog(GroupEventLog):
                     # A fetch response updates the watermark as it queues its records:
                     # take what arrived while the state above was read.
                     messages = consumer.consume(limit - len(out), timeout=0)
+                    out = self._drop_revoked(consumer, out, self._deliver(messages))
                     if not messages:
                         break
-                    out.extend(self._deliver(messages))
                     continue
                 message = consumer.poll(wait)
-                if message is None:
-                    continue
-                messages = [message]
-            out.extend(self._deliver(messages))
-        if not out and not self._assigned and time.monotonic() >= join_deadline:
+                received = [] if message is None else self._deliver([message])
+                out = self._drop_revoked(consumer, out, received)
+        joining_since = max(started, self._revoked_at)
+        if not out and not self._assigned and time.monotonic() >= joining_since + join_s:
             log.warning(
                 "not a stable member of group %r after %d ms: leaving it; the next fetch "
                 "joins as a new member",
@@ -245,7 +255,7 @@ class ConfluentEventLog(GroupEventLog):
                 f"not a stable member of group {s.group_id!r} after {s.join_timeout_ms} ms;"
                 " the consumer was replaced"
             )
-        return out
+        return [d.entry for d in out]
 
     def _matching_topics(self, consumer: Any) -> list[str]:
         metadata = consumer.list_topics(timeout=self._settings.request_timeout_ms / 1000)
@@ -255,7 +265,40 @@ class ConfluentEventLog(GroupEventLog):
             if topic.error is None and self._pattern.match(name)
         ]
 
-    def _deliver(self, messages: Sequence[Any]) -> list[LogEntry | Undecodable]:
+    def _drop_revoked(
+        self, consumer: Any, out: list[Delivered], received: list[Delivered]
+    ) -> list[Delivered]:
+        """`out` and the `received` of the last call, less what a rebalance served in that
+        call took away.
+
+        A revoked partition's deliveries this fetch holds were not committed (nothing is
+        before `acknowledge`): returned, they would be applied here and again by the
+        partition's next owner, which starts at the committed offset — and with the
+        eager protocol (range, round-robin) that is this member too for a partition it
+        keeps, librdkafka fetching it again from there. So they are dropped, from the
+        ledger too. Of the last call's messages, those of a partition not owned now were
+        taken before the revoke; a message of an owned partition came after the
+        assignment (a poll returns at its first message, and an assignment needs a
+        join round trip after the revoke was served)."""
+        if not self._revoked:
+            out.extend(received)
+            return out
+        revoked, self._revoked = self._revoked, set()
+        owned = {(tp.topic, tp.partition) for tp in _partitions(consumer)}
+        kept = [d for d in out if d.partition not in revoked]
+        kept.extend(d for d in received if d.partition in owned or d.partition not in revoked)
+        if len(kept) < len(out) + len(received):
+            kept_ids = {id(d.entry) for d in kept}
+            dropped = [d.entry for d in (*out, *received) if id(d.entry) not in kept_ids]
+            self._ledger.take(dropped)
+            log.info(
+                "a rebalance revoked partitions of a fetch in progress: %d uncommitted "
+                "events left to their next owner",
+                len(dropped),
+            )
+        return kept
+
+    def _deliver(self, messages: Sequence[Any]) -> list[Delivered]:
         delivered: list[Delivered] = []
         for message in messages:
             error = message.error()
@@ -279,7 +322,8 @@ class ConfluentEventLog(GroupEventLog):
                     leader_epoch=-1 if epoch is None else epoch,
                 )
             )
-        return self._ledger.deliver(delivered)
+        self._ledger.deliver(delivered)
+        return delivered
 
     def _waiting(self, consumer: Any) -> bool:
         """Whether an owned partition may hold records this member has not returned yet,

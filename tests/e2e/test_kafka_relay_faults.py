@@ -608,3 +608,70 @@ def test_a_rejoin_that_completes_between_polls_is_not_lost(kafka_run: KafkaRun) 
         assert log.lag() == 0
     finally:
         other.close()
+
+
+@pytest.mark.parametrize("kafka_run", ["confluent"], indirect=True)
+def test_a_rebalance_during_a_fetch_leaves_what_it_revoked_to_the_next_owner(
+    kafka_run: KafkaRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second member joins while the first is inside a fetch that already holds
+    events: the rebalance revokes every partition (eager protocol) before anything was
+    acknowledged. The fetch returns none of what it held of them, so each event reaches
+    exactly one member once — before, the first member returned them all (applied
+    there) and their next owners, the first member itself for a partition it kept,
+    delivered them again from the committed offsets. The broker, the group and both
+    members are real; the first member's consumer only holds its second `consume` until
+    the revoke was served (returning what it fetched meanwhile, as a call that served
+    the revoke after queued messages does), so the join lands inside the fetch."""
+    import confluent_kafka
+
+    from projector.adapters import confluent_log
+
+    written = kafka_run.write([rec(f"doc-{i}", 1) for i in range(30)])
+    assert relay_outbox(source=kafka_run.source, publisher=kafka_run.publisher(), batch_size=50)
+    second: list[Member] = []
+    instances: list[Any] = []
+
+    class JoinedMidFetch(confluent_kafka.Consumer):
+        handed = 0
+
+        def consume(self, *args: Any, **kwargs: Any) -> Any:
+            if self is not instances[0] or not self.handed or second:
+                messages = super().consume(*args, **kwargs)
+                self.handed += len(messages)
+                return messages
+            second.append(Member(kafka_run.log("projector")))  # joins: a rebalance
+            deadline = time.monotonic() + 30
+            held: list[Any] = []  # fetched before the revoke, returned with it
+            while self.assignment():  # the revoke is served inside consume
+                assert time.monotonic() < deadline, (
+                    f"no rebalance revoked the partitions ({second[0].errors})"
+                )
+                time.sleep(0.05)  # calls that do not wait, as the fetch makes them
+                held.extend(super().consume(*args, **kwargs))
+            return held
+
+    def instrumented(*args: Any, **kwargs: Any) -> Any:
+        consumer = JoinedMidFetch(*args, **kwargs)
+        instances.append(consumer)
+        return consumer
+
+    monkeypatch.setattr(confluent_log, "Consumer", instrumented)
+    first = kafka_run.log("projector", client="confluent")
+    watcher = kafka_run.log("projector")  # never fetches: reads the group's lag
+    received: list[LogEntry] = []
+    deadline = time.monotonic() + 60
+    try:
+        while not second or watcher.lag():
+            assert time.monotonic() < deadline, f"lag {watcher.lag()}, {len(received)} here"
+            batch = first.fetch(1_000)
+            received.extend(e for e in batch if isinstance(e, LogEntry))
+            first.acknowledge(batch)
+        assert instances[0].handed > 0  # the join came after events were fetched
+        taken = received + second[0].received
+        assert second[0].received, "the second member took no partition"
+        assert sorted(e.position for e in taken) == sorted({e.position for e in taken})
+        assert {(e.event.document_id, e.event.revision) for e in taken} == written
+    finally:
+        for member in second:
+            member.stop()
