@@ -44,6 +44,7 @@ from typing import Any
 
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.faults import crash_point
+from contracts.fsync import fsync_path
 from contracts.koutendb_io import BackupResponse, CompactResponse, backup_name_problem
 
 __all__ = [
@@ -154,14 +155,6 @@ def _sha256(path: Path) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 _TEMP_MARK = ".tmp-"
@@ -315,7 +308,7 @@ def _backup_into(db_path: Path, backups_dir: Path, name: str, temp: Path) -> Bac
         }
         (temp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         for path in (copy, temp / MANIFEST, temp):
-            _fsync(path)
+            fsync_path(path)
         crash_point("backup.before_rename")
         try:
             os.rename(temp, final)
@@ -324,7 +317,7 @@ def _backup_into(db_path: Path, backups_dir: Path, name: str, temp: Path) -> Bac
             if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
                 raise _taken(name) from exc
             raise
-        _fsync(backups_dir)
+        fsync_path(backups_dir)
     except OSError as exc:
         shutil.rmtree(temp, ignore_errors=True)
         raise DependencyUnavailable("disk", f"backup {name!r} failed: {exc}") from exc
@@ -426,7 +419,7 @@ def restore_database(backup_dir: Path, data_dir: Path, *, overwrite: bool = Fals
             conn.execute("COMMIT")
         finally:
             conn.close()
-        _fsync(temp)
+        fsync_path(temp)
         if overwrite:
             for entry in _DATA_ENTRIES:
                 path = data_dir / entry
@@ -435,7 +428,7 @@ def restore_database(backup_dir: Path, data_dir: Path, *, overwrite: bool = Fals
                 elif path.exists():
                     path.unlink()
         os.rename(temp, target)
-        _fsync(data_dir)
+        fsync_path(data_dir)
     except sqlite3.Error as exc:
         temp.unlink(missing_ok=True)
         raise _sqlite_errors(f"restore into {data_dir}")(exc) from exc

@@ -233,6 +233,7 @@ from qdrant_edge import (
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_vectors import FlatVectors, flat_capacity
+from contracts.fsync import fsync_path
 from contracts.index import IndexDocument
 from contracts.index_fields import DOCUMENT_ID, REVISION, UPDATED_AT
 from contracts.malloc import trim as trim_malloc
@@ -2577,7 +2578,7 @@ def _write_ids_file(path: Path) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(spare, path)
-        _fsync_directory(path.parent)
+        fsync_path(path.parent)
     except OSError as error:
         raise DependencyUnavailable(DEPENDENCY, f"write {path.name}: {error}") from error
 
@@ -2626,14 +2627,6 @@ def _add_fallback(generation: _Generation, document_ids: Sequence[str]) -> None:
         generation.path.name,
         len(document_ids),
     )
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pid_bytes(pid: _Pid) -> bytes:

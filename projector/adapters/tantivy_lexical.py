@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import os
 import re
 import shutil
 import threading
@@ -29,6 +28,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponen
 from contracts.digests import id_set_digest
 from contracts.errors import DependencyUnavailable, ErrorCode, OrreryError
 from contracts.flat_lexical import FlatLexical, LexicalRow
+from contracts.fsync import fsync_path
 from contracts.index import Candidate, IndexDocument
 from contracts.index_fields import (
     BODY,
@@ -633,7 +633,7 @@ class TantivyLexicalIndex:
             _remove_tree(retired)
             path.rename(retired)
             copy.rename(path)
-            _fsync_directory(path.parent)
+            fsync_path(path.parent)
         except OSError:
             if flat is not None:
                 self._flat_release(len(flat))
@@ -868,15 +868,6 @@ def _has_deletes(meta_file: Path) -> bool:
     return any(deleted for _, deleted in _segment_sizes(meta_file))
 
 
-def _fsync_directory(path: Path) -> None:
-    """Make the renames inside `path` durable (POSIX: sync the directory itself)."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def _compact_already(meta_file: Path) -> bool:
     """Whether the index is one segment (or none) without deleted documents."""
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
@@ -892,7 +883,7 @@ def _recover_compaction(path: Path) -> None:
         # Stopped between the two renames: the old index is whole, the copy may not be.
         _remove_tree(path)
         retired.rename(path)
-        _fsync_directory(path.parent)
+        fsync_path(path.parent)
     _remove_tree(retired)
     _remove_tree(copy)
 
