@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -965,6 +965,9 @@ class Model:
             self.docs[document.document_id] = document
 
 
+T = TypeVar("T")
+
+
 def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -1173,6 +1176,27 @@ class AnchorTraffic:
         for worker in self.workers:
             worker.join()
 
+    def acting(self, model: Model, action: Callable[[], T], times: int) -> list[T]:
+        """Start the traffic, call `action` `times` times, each time waiting for three
+        more writes and three more searches after it (or for something to go wrong),
+        then finish it; what each call returned, in order."""
+        outcomes: list[T] = []
+        self.start()
+        try:
+            for _ in range(times):
+                steps, done = model.steps, self.searched[0]
+                outcomes.append(action())
+
+                def moved_on(steps: int = steps, done: int = done) -> bool:
+                    return bool(self.errors or self.wrong) or (
+                        model.steps >= steps + 3 and self.searched[0] >= done + 3
+                    )
+
+                _wait_for(moved_on)
+        finally:
+            self.finish()
+        return outcomes
+
 
 def test_edge_swap_pauses_no_search_and_loses_no_acknowledged_write(
     edge: QdrantEdgeVectorIndex,
@@ -1270,22 +1294,9 @@ def test_edge_reclaiming_a_live_shards_pages_changes_no_answer(
     query = unit(1, 1, 0, 1)
     live = tmp_path / "edge" / edge._generations["g"].path.name
     traffic = AnchorTraffic(edge, search, model, query, anchors)
-    errors, wrong, searched = traffic.errors, traffic.wrong, traffic.searched
-    traffic.start()
-    outcomes = []
-    try:
-        for _ in range(30):
-            steps, done = model.steps, searched[0]
-            outcomes.append(edge_module._page_out(live))
-            _wait_for(
-                lambda steps=steps, done=done: (
-                    bool(errors or wrong) or (model.steps >= steps + 3 and searched[0] >= done + 3)
-                )
-            )
-    finally:
-        traffic.finish()
-    assert errors == []
-    assert wrong == []
+    outcomes = traffic.acting(model, lambda: edge_module._page_out(live), 30)
+    assert traffic.errors == []
+    assert traffic.wrong == []
     assert edge.evidence("g") == IndexEvidence(
         document_count=len(model.docs) + len(anchors),
         id_set_digest=id_set_digest(pairs(*model.docs.values(), *anchors)),
@@ -2364,25 +2375,18 @@ def test_edge_reopen_under_searches_and_writes_changes_no_answer(
     search = QdrantEdgeVectorSearch(edge.shard_for)
     query = unit(1, 1, 0, 1)
     traffic = AnchorTraffic(edge, search, model, query, anchors, top_too=True)
-    errors, wrong, searched = traffic.errors, traffic.wrong, traffic.searched
     caplog.set_level(logging.INFO, logger=edge_module.__name__)
-    steps = 0
-    traffic.start()
-    try:
-        for _ in range(5):
-            steps, done = model.steps, searched[0]
-            assert edge.reopen("g")
-            _wait_for(
-                lambda steps=steps, done=done: (
-                    bool(errors or wrong) or (model.steps >= steps + 3 and searched[0] >= done + 3)
-                )
-            )
-    finally:
-        traffic.finish()
-    assert errors == []
-    assert wrong == []
+    steps: list[int] = []
+
+    def reopen() -> bool:
+        steps.append(model.steps)
+        return edge.reopen("g")
+
+    assert traffic.acting(model, reopen, 5) == [True] * 5
+    assert traffic.errors == []
+    assert traffic.wrong == []
     # Two upserts a step (a new document, a newer revision), counted from the last reopen.
-    assert 0 < generation.written_since_load <= 2 * (model.steps - steps)
+    assert 0 < generation.written_since_load <= 2 * (model.steps - steps[-1])
     assert edge.evidence("g") == IndexEvidence(
         document_count=len(model.docs) + len(anchors),
         id_set_digest=id_set_digest(pairs(*model.docs.values(), *anchors)),
