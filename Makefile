@@ -77,7 +77,7 @@ SETUP_JOBS ?= 4
 
 test: venv browser
 	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target check resolve-pythons servers-up
-	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests -m "not measurement"
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests -m "not measurement" --durations=30
 
 test-unit: venv
 	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests/unit tests/conformance -m "not servers"
