@@ -197,9 +197,9 @@ def _unpickled(native: bytes, json_text: bytes, length: float) -> PackedVector:
 
 # The characters of a number in a JSON list, without the comma between them.
 _DIGITS = b"0123456789.eE+-"
-# `count - 1` commas, per count: what is left of a list of `count` numbers without
-# their characters.
-_COMMAS = [b"," * max(count - 1, 0) for count in range(_MAX_VALUES + 1)]
+# `count - 1` commas in brackets, per count: what is left of a list of `count` numbers
+# without their characters.
+_COMMAS = [b"[" + b"," * max(count - 1, 0) + b"]" for count in range(_MAX_VALUES + 1)]
 
 
 def packed_vector(wire: bytes, json_text: bytes) -> PackedVector | None:
@@ -220,7 +220,8 @@ def packed_vector(wire: bytes, json_text: bytes) -> PackedVector | None:
         or json_text[:1] != b"["
         or json_text[-1:] != b"]"
         or len(json_text) < 2 * count + 1
-        or json_text[1:-1].translate(None, _DIGITS) != _COMMAS[count]
+        # The whole text (its brackets are no digits): no copy of the list's inside.
+        or json_text.translate(None, _DIGITS) != _COMMAS[count]
     ):
         return None
     values = np.frombuffer(wire, dtype=_WIRE_FLOAT32)

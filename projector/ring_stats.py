@@ -119,19 +119,35 @@ class RingDelta:
         by one to rounding (the norms are computed row-wise)."""
         if not vectors:
             return
-        matrix = np.asarray(vectors, dtype=np.float64)
+        # A new array (divided in place below), never a caller's.
+        matrix = np.array(vectors, dtype=np.float64)
         with np.errstate(over="ignore", invalid="ignore"):
             norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix))
-        keep = np.isfinite(matrix).all(axis=1) & np.isfinite(norms)
+        # A row's norm is finite only when each of its values is (an infinity or a NaN
+        # carries into the sum of squares): the one test covers both conditions of
+        # `contributes`, without a pass over every value.
+        keep = np.isfinite(norms)
         if not keep.all():
             matrix, norms = matrix[keep], norms[keep]
             signs = [s for s, k in zip(signs, keep.tolist(), strict=True) if k]
         if not len(signs):
             return
-        signed = np.asarray(signs, dtype=np.float64)[:, None]
-        units = np.divide(matrix, norms[:, None], out=matrix.copy(), where=norms[:, None] > 0.0)
-        vector_sum = (signed * matrix).sum(axis=0)
-        unit_sum = (signed * units).sum(axis=0)
+        # The same sums as before, bit for bit: a product by +1.0 is exact, and the rows
+        # are summed in the same order over arrays of the same layout. A batch of new
+        # documents (every sign +1, the ingest's case) skips both products and divides in
+        # place (issue 24: the projector's ring statistics, ~1.5 us a record of 3.7).
+        positive = all(s == 1 for s in signs)
+        if positive:
+            vector_sum = matrix.sum(axis=0)
+        else:
+            signed = np.asarray(signs, dtype=np.float64)[:, None]
+            vector_sum = (signed * matrix).sum(axis=0)
+        scale = norms[:, None]
+        if (norms > 0.0).all():
+            units = np.divide(matrix, scale, out=matrix if positive else None)
+        else:
+            units = np.divide(matrix, scale, out=matrix.copy(), where=scale > 0.0)
+        unit_sum = units.sum(axis=0) if positive else (signed * units).sum(axis=0)
         self.documents += int(sum(signs))
         if self.vector_sum is None or self.unit_sum is None:
             self.vector_sum, self.unit_sum = vector_sum, unit_sum

@@ -298,3 +298,37 @@ def test_a_pickled_packed_vector_is_the_same_vector(vector: list[float], parsed:
     assert copy.length == packed.length or (math.isnan(copy.length) and math.isnan(packed.length))
     assert copy.values() == packed.values()
     assert list(copy) == list(packed)
+
+
+def _fits_before(wire: bytes, text: bytes) -> bool:
+    """`packed_vector`'s test of `text` against `wire` as it was before session 28 (the
+    inside of the brackets copied, then translated): the reference."""
+    count, rest = divmod(len(wire), 4)
+    return not (
+        rest
+        or not 1 <= count <= 4_096
+        or text[:1] != b"["
+        or text[-1:] != b"]"
+        or len(text) < 2 * count + 1
+        or text[1:-1].translate(None, b"0123456789.eE+-") != b"," * max(count - 1, 0)
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    count=st.integers(min_value=0, max_value=6),
+    text=st.one_of(
+        st.lists(
+            st.sampled_from([b"1", b"0.5", b"-2e3", b"", b",", b"[", b"]", b" ", b'"', b"x"]),
+            max_size=14,
+        ).map(b"".join),
+        st.binary(max_size=24),
+    ),
+    bracket=st.booleans(),
+)
+def test_the_text_is_taken_exactly_when_it_was(count: int, text: bytes, bracket: bool) -> None:
+    """The check without the copy of the list's inside takes the same texts as before."""
+    if bracket:
+        text = b"[" + text + b"]"
+    wire = float32_wire([1.0] * count)
+    assert (packed_vector(wire, text) is not None) == _fits_before(wire, text)

@@ -49,3 +49,60 @@ def test_add_rows_adds_to_what_the_delta_holds() -> None:
     assert delta.documents == 1
     assert delta.vector_sum is not None
     np.testing.assert_array_equal(delta.vector_sum, second)
+
+
+def _add_rows_before(
+    vectors: list[np.ndarray], signs: list[int]
+) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """`RingDelta.add_rows` as it was before session 28 (every value tested for
+    finiteness, both sums through a product by the signs): the reference."""
+    if not vectors:
+        return None
+    matrix = np.asarray(vectors, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix))
+    keep = np.isfinite(matrix).all(axis=1) & np.isfinite(norms)
+    if not keep.all():
+        matrix, norms = matrix[keep], norms[keep]
+        signs = [s for s, k in zip(signs, keep.tolist(), strict=True) if k]
+    if not signs:
+        return None
+    signed = np.asarray(signs, dtype=np.float64)[:, None]
+    units = np.divide(matrix, norms[:, None], out=matrix.copy(), where=norms[:, None] > 0.0)
+    return int(sum(signs)), (signed * matrix).sum(axis=0), (signed * units).sum(axis=0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=ROWS,
+    float32=st.booleans(),
+    positive=st.booleans(),
+    wide=st.booleans(),
+)
+def test_add_rows_is_bit_for_bit_what_it_was(
+    rows: list[tuple[list[float], int]],
+    float32: bool,
+    positive: bool,
+    wide: bool,
+) -> None:
+    """The session-28 shortcuts (finiteness read from the norms, no products by +1, an
+    in-place division) change no bit of either sum, whatever the signs and values."""
+    dtype = np.float32 if float32 else np.float64
+    with np.errstate(over="ignore"):
+        vectors = [np.asarray(values, dtype=dtype) for values, _ in rows]
+    if wide:  # the embedder's 384 values a row (each drawn row 48 times over)
+        vectors = [np.tile(vector, 48) for vector in vectors]
+    signs = [1 if positive else sign for _, sign in rows]
+    copies = [v.copy() for v in vectors]
+    expected = _add_rows_before(vectors, signs)
+    delta = RingDelta()
+    delta.add_rows(vectors, signs)
+    for vector, copy in zip(vectors, copies, strict=True):
+        np.testing.assert_array_equal(vector, copy)  # the caller's arrays untouched
+    if expected is None:
+        assert delta.vector_sum is None and delta.unit_sum is None and delta.documents == 0
+        return
+    assert delta.vector_sum is not None and delta.unit_sum is not None
+    assert delta.documents == expected[0]
+    assert delta.vector_sum.tobytes() == expected[1].tobytes()
+    assert delta.unit_sum.tobytes() == expected[2].tobytes()
