@@ -424,9 +424,11 @@ _MAX_DEFERRAL_S = 600.0
 # many gaps between writes (`QdrantEdgeVectorIndex._quiet`).
 _QUIET_GAPS = 8
 # Wall seconds a build takes per point of the shard, until this index timed one of its
-# own (`deferral_limit`): session 27's 100k ingest anchor built ~75k 384-d points in
-# ~135 s beside its ingest on 2 cores (session 19's 1M: 874k in 2,531 s, 2.9 ms).
-_BUILD_S_PER_POINT = 1.5e-3
+# own (`deferral_limit`): session 19's 1M build on 2 cores, 874k 384-d points in 2,531 s
+# (session 27's 100k anchor: ~75k in ~135 s beside its ingest, 1.8 ms; session 28 at
+# load 12-30: 68k in 598 s, 8.8 ms). Erring high costs a flow that goes on a longer
+# wait for its graph (at most `_MAX_DEFERRAL_S`), erring low a wasted build.
+_BUILD_S_PER_POINT = 3e-3
 # Optimize thresholds: at least this many unindexed points, and while a generation takes
 # writes at least this fraction of its indexed points (`optimize_threshold`).
 MIN_UNINDEXED = 1_000
@@ -470,10 +472,14 @@ def deferral_limit(points: int, build_s_per_point: float, *, floor_s: float, cap
     child (a CPU taken from the writers) and a catch-up that writes every point written
     meanwhile a second time. A fixed bound (60 s until session 28) made every ingest
     longer than it build twice (100k at 1,250 rec/s: ~75k points, then all 100k).
-    Waiting about as long as a build would take costs little: a build started now ends
-    no sooner than that, so a flow that stops within it gets one build, right after,
-    and one that goes on has its points wait at most about twice a build's time for
-    their graph, as `optimize_pause` already lets them after each build. Read with the
+    Waiting about as long as a build would take is the rent-or-buy rule: a flow that
+    stops within it gets one build, right after, and nothing is wasted; one that goes on
+    gets its build after a wait that cost no more than the build it may have wasted (a
+    build in the middle of a bulk ingest that ends soon after is redone by the next
+    one: 100k at load 12, the second build took as long as a first), so the building
+    and waiting together stay within about twice what the best schedule in hindsight
+    spends; its points wait at most about twice a build's time for their graph, as
+    `optimize_pause` already lets them after each build. Read with the
     shard growing: while writes arrive faster than a build indexes them (rate times
     `build_s_per_point` over 1) the bound outruns the time waited, and a bulk ingest is
     put off until it pauses or `cap_s` is reached; a trickle is built after `floor_s`

@@ -216,3 +216,17 @@ def test_a_flow_of_writes_ends_in_at_most_one_build_after_it_stops(
     assert len(after) <= 1
     total = sum(points for _, points in writes)
     assert total - run.indexed < max(_MIN_UNINDEXED, _INDEXING_POINTS)
+
+
+def test_the_deferral_learns_the_last_build_time(index: QdrantEdgeVectorIndex) -> None:
+    index._built("g", 100.0, 300.0, 100_000, True, _SHARE)  # 2 ms a point
+    assert index._build_s_per_point == pytest.approx(2e-3)
+    assert index._paused_until["g"] == pytest.approx(500.0)  # optimize_pause at 0.5
+    index._built("g", 400.0, 401.0, 100_000, False, _SHARE)  # built nothing: not learned
+    assert index._build_s_per_point == pytest.approx(2e-3)
+    # Writes flowing since t=0 with 100k points: put off until 200 s, then built.
+    for at in range(0, 200):
+        index._note_write("h", float(at))
+        assert index._writes_flowing("h", 1.0, float(at) + 0.5, points=lambda: 100_000)
+    index._note_write("h", 200.0)
+    assert not index._writes_flowing("h", 1.0, 200.5, points=lambda: 100_000)
