@@ -424,11 +424,14 @@ _MAX_DEFERRAL_S = 600.0
 # many gaps between writes (`QdrantEdgeVectorIndex._quiet`).
 _QUIET_GAPS = 8
 # Wall seconds a build takes per point of the shard, until this index timed one of its
-# own (`deferral_limit`): session 19's 1M build on 2 cores, 874k 384-d points in 2,531 s
-# (session 27's 100k anchor: ~75k in ~135 s beside its ingest, 1.8 ms; session 28 at
-# load 12-30: 68k in 598 s, 8.8 ms). Erring high costs a flow that goes on a longer
-# wait for its graph (at most `_MAX_DEFERRAL_S`), erring low a wasted build.
-_BUILD_S_PER_POINT = 3e-3
+# own (`deferral_limit`). Measured on the 2-core machine: session 27's 100k anchor ~75k
+# 384-d points in ~135 s beside its ingest (1.8 ms), session 19's 1M 874k in 2,531 s
+# (2.9 ms), session 28 at load 12-35 68k in 598 s and 22k in 242 s (8.8-11 ms; with 3 ms
+# a 50k ingest slowed to 295 rec/s by that load still built twice). Erring high costs a
+# flow that goes on a longer wait for its graph (at most `_MAX_DEFERRAL_S`), erring low
+# a wasted build: any flow faster than 200 points a second is held to one build (until
+# the cap) until a build was timed.
+_BUILD_S_PER_POINT = 5e-3
 # Optimize thresholds: at least this many unindexed points, and while a generation takes
 # writes at least this fraction of its indexed points (`optimize_threshold`).
 MIN_UNINDEXED = 1_000
