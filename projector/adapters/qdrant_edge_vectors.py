@@ -470,20 +470,21 @@ def deferral_limit(points: int, build_s_per_point: float, *, floor_s: float, cap
     points while writes keep flowing into it: the time a build of them is expected to
     take (`points * build_s_per_point`), at least `floor_s`, at most `cap_s`.
 
-    An optimize rebuilds the graph of the whole shard, so a build started during a bulk
-    ingest is followed by a second one once it ends, and costs its own copy, load and
-    child (a CPU taken from the writers) and a catch-up that writes every point written
-    meanwhile a second time. A fixed bound (60 s until session 28) made every ingest
-    longer than it build twice (100k at 1,250 rec/s: ~75k points, then all 100k).
-    Waiting about as long as a build would take is the rent-or-buy rule: a flow that
-    stops within it gets one build, right after, and nothing is wasted; one that goes on
-    gets its build after a wait that cost no more than the build it may have wasted (a
-    build in the middle of a bulk ingest that ends soon after is redone by the next
-    one: 100k at load 12, the second build took as long as a first), so the building
-    and waiting together stay within about twice what the best schedule in hindsight
-    spends; its points wait at most about twice a build's time for their graph, as
-    `optimize_pause` already lets them after each build. Read with the
-    shard growing: while writes arrive faster than a build indexes them (rate times
+    A build started during a bulk ingest is followed by a second one once it ends (an
+    optimize merges the whole shard into one indexed segment), and costs its own copy,
+    load and child (a CPU taken from the writers) and a catch-up that writes every point
+    written meanwhile a second time; the final build reuses most of the first graph in
+    CPU (session 28: two builds of a 50k ingest 105 children CPU s, one 101) but still
+    starts at the ingest's end. A fixed bound (60 s until session 28) made every ingest
+    longer than it build twice (100k at 1,250 rec/s: ~75k points, then all 100k; 50k at
+    load 12: built 328 s after the first write, against 283 with one build). Waiting
+    about as long as a build would take is the rent-or-buy rule: a flow that stops
+    within it gets one build, right after, and nothing is wasted; one that goes on gets
+    its build after a wait that cost no more than the build it may have wasted, so the
+    building and waiting together stay within about twice what the best schedule in
+    hindsight spends; its points wait at most about twice a build's time for their
+    graph, as `optimize_pause` already lets them after each build. Read with the shard
+    growing: while writes arrive faster than a build indexes them (rate times
     `build_s_per_point` over 1) the bound outruns the time waited, and a bulk ingest is
     put off until it pauses or `cap_s` is reached; a trickle is built after `floor_s`
     once it passes the growth threshold (`optimize_threshold`), as before.
