@@ -125,7 +125,9 @@ into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, th
 +10k 28 s, then +20k 60 s), so the background optimizer waits, while a generation takes
 writes, until the unindexed points reach a fraction (`growth`, 0.25) of the indexed
 ones (`optimize_threshold`): the builds of an ingest then add up to a multiple of its
-size, not its square. Past some size a build outlasts the time the ingest takes to pass
+size, not its square. Before the first build of a flow it waits for the flow to end,
+for about as long as that build would take (`deferral_limit`, at most 600 s): a bulk
+ingest is then built once, after it. Past some size a build outlasts the time the ingest takes to pass
 that threshold again (at 1M on 2 cores, 874k points took 2,531 s while 594k more came),
 and the builds would run back to back: every point written during one is written twice
 (the catch-up) and the child takes a CPU from the writers all along. So after a build
