@@ -127,10 +127,11 @@ writes, until the unindexed points reach a fraction (`growth`, 0.25) of the inde
 ones (`optimize_threshold`): the builds of an ingest then add up to a multiple of its
 size, not its square. Before the first build of a flow it waits for the flow to end,
 for about as long as that build would take (`deferral_limit`, at most 600 s): a bulk
-ingest is then built once, after it. Past some size a build outlasts the time the ingest takes to pass
-that threshold again (at 1M on 2 cores, 874k points took 2,531 s while 594k more came),
-and the builds would run back to back: every point written during one is written twice
-(the catch-up) and the child takes a CPU from the writers all along. So after a build
+ingest is then built once, after it. Past some size a build outlasts the time the
+ingest takes to pass that threshold again (at 1M on 2 cores, 874k points took 2,531 s
+while 594k more came), and the builds would run back to back: every point written
+during one is written twice (the catch-up) and the child takes a CPU from the writers
+all along. So after a build
 of t seconds, while writes keep flowing, the generation waits `optimize_pause` (t · (1 -
 share) / share, `share` 0.5) before the next: building takes at most that share of the
 ingest's wall time and the points a build covers grow with the shard. Once the
