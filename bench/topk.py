@@ -123,6 +123,8 @@ DEFAULT_DEADLINE_S = 2.0
 OPTIMIZE_INTERVAL_S = 1.0
 OPTIMIZE_LOG_LINE = "optimized qdrant-edge generation"
 QUIET_INTERVALS = 5
+# At least this long with no optimize before the index counts as built (`wait_for_vector_index`).
+QUIET_WAIT_S = 65.0
 STABLE_ROUNDS = 3
 STABLE_SPREAD = 0.20
 STALL_S = 0.5
@@ -935,7 +937,10 @@ def wait_for_vector_index(
     max_wait_s: float,
 ) -> dict[str, Any]:
     """Probe until the optimizer is quiet and latency is stable (see the module doc)."""
-    quiet_s = QUIET_INTERVALS * OPTIMIZE_INTERVAL_S
+    # The optimizer waits for a generation to be quiet (twice its recent gaps between
+    # writes, up to 60 s: `_quiet`) before the build after an ingest: a shorter window
+    # declared a 100k ingest built before its one build had started (session 28).
+    quiet_s = max(QUIET_INTERVALS * OPTIMIZE_INTERVAL_S, QUIET_WAIT_S)
     started = time.perf_counter()
     rounds: list[dict[str, Any]] = []
     busy_seen = 0

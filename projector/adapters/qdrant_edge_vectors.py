@@ -125,10 +125,13 @@ into one indexed segment, reusing the old graph in part: 20k points 35 CPU s, th
 +10k 28 s, then +20k 60 s), so the background optimizer waits, while a generation takes
 writes, until the unindexed points reach a fraction (`growth`, 0.25) of the indexed
 ones (`optimize_threshold`): the builds of an ingest then add up to a multiple of its
-size, not its square. Past some size a build outlasts the time the ingest takes to pass
-that threshold again (at 1M on 2 cores, 874k points took 2,531 s while 594k more came),
-and the builds would run back to back: every point written during one is written twice
-(the catch-up) and the child takes a CPU from the writers all along. So after a build
+size, not its square. Before the first build of a flow it waits for the flow to end,
+for about as long as that build would take (`deferral_limit`, at most 600 s): a bulk
+ingest is then built once, after it. Past some size a build outlasts the time the
+ingest takes to pass that threshold again (at 1M on 2 cores, 874k points took 2,531 s
+while 594k more came), and the builds would run back to back: every point written
+during one is written twice (the catch-up) and the child takes a CPU from the writers
+all along. So after a build
 of t seconds, while writes keep flowing, the generation waits `optimize_pause` (t · (1 -
 share) / share, `share` 0.5) before the next: building takes at most that share of the
 ingest's wall time and the points a build covers grow with the shard. Once the
@@ -209,6 +212,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,6 +271,7 @@ __all__ = [
     "VECTOR_NAME",
     "QdrantEdgeTuning",
     "QdrantEdgeVectorIndex",
+    "deferral_limit",
     "optimize_pause",
     "optimize_threshold",
     "payload_of",
@@ -411,9 +416,25 @@ _POINTER = "+live"
 # (`INT_ID_SCHEME`), each further line (a JSON string) a document that keeps its UUID
 # point id (the fallback set). Absent: UUID point ids, as every generation before.
 _IDS = "+ids"
-# The background optimizer puts off a generation that keeps taking writes at most this
-# long (`QdrantEdgeVectorIndex._writes_flowing`).
-_MAX_DEFERRAL_S = 60.0
+# The background optimizer puts off a generation that keeps taking writes for about as
+# long as a build of it would take (`deferral_limit`), at least `_MIN_DEFERRAL_S` and at
+# most `_MAX_DEFERRAL_S` (`QdrantEdgeVectorIndex._writes_flowing`). The cap bounds how
+# long points of a flow that never pauses wait for their graph (searched by brute force
+# meanwhile: exact, slower as they pile up).
+_MIN_DEFERRAL_S = 60.0
+_MAX_DEFERRAL_S = 600.0
+# A generation is quiet once it took no write for twice the longest of its last this
+# many gaps between writes (`QdrantEdgeVectorIndex._quiet`).
+_QUIET_GAPS = 8
+# Wall seconds a build takes per point of the shard, until this index timed one of its
+# own (`deferral_limit`). Measured on the 2-core machine: session 27's 100k anchor ~75k
+# 384-d points in ~135 s beside its ingest (1.8 ms), session 19's 1M 874k in 2,531 s
+# (2.9 ms), session 28 at load 12-35 68k in 598 s and 22k in 242 s (8.8-11 ms; with 3 ms
+# a 50k ingest slowed to 295 rec/s by that load still built twice). Erring high costs a
+# flow that goes on a longer wait for its graph (at most `_MAX_DEFERRAL_S`), erring low
+# a wasted build: any flow faster than 200 points a second is held to one build (until
+# the cap) until a build was timed.
+_BUILD_S_PER_POINT = 5e-3
 # Optimize thresholds: at least this many unindexed points, and while a generation takes
 # writes at least this fraction of its indexed points (`optimize_threshold`).
 MIN_UNINDEXED = 1_000
@@ -445,6 +466,33 @@ def optimize_threshold(indexed: int, *, min_unindexed: int, growth: float) -> in
     to at most N · (1 + growth) / growth points (5 N at 0.25).
     """
     return max(1, min_unindexed, math.ceil(growth * indexed))
+
+
+def deferral_limit(points: int, build_s_per_point: float, *, floor_s: float, cap_s: float) -> float:
+    """Seconds the background optimizer puts off building a generation of `points`
+    points while writes keep flowing into it: the time a build of them is expected to
+    take (`points * build_s_per_point`), at least `floor_s`, at most `cap_s`.
+
+    A build started during a bulk ingest is followed by a second one once it ends (an
+    optimize merges the whole shard into one indexed segment), and costs its own copy,
+    load and child (a CPU taken from the writers) and a catch-up that writes every point
+    written meanwhile a second time; the final build reuses most of the first graph in
+    CPU (session 28: two builds of a 50k ingest 105 children CPU s, one 101) but still
+    starts at the ingest's end. A fixed bound (60 s until session 28) made every ingest
+    longer than it build twice (100k at 1,250 rec/s: ~75k points, then all 100k; 50k at
+    load 12: built 328 s after the first write, against 283 with one build). Waiting
+    about as long as a build would take is the rent-or-buy rule: a flow that stops
+    within it gets one build, right after, and nothing is wasted; one that goes on gets
+    its build after a wait that cost no more than the build it may have wasted, so the
+    building and waiting together stay within about twice what the best schedule in
+    hindsight spends; its points wait at most about twice a build's time for their
+    graph, as `optimize_pause` already lets them after each build. Read with the shard
+    growing: while writes arrive faster than a build indexes them (rate times
+    `build_s_per_point` over 1) the bound outruns the time waited, and a bulk ingest is
+    put off until it pauses or `cap_s` is reached; a trickle is built after `floor_s`
+    once it passes the growth threshold (`optimize_threshold`), as before.
+    """
+    return min(cap_s, max(floor_s, points * max(0.0, build_s_per_point)))
 
 
 def vacuum_due(tombstones: int, segment_vectors: int, rule: tuple[float, int]) -> bool:
@@ -942,11 +990,16 @@ class QdrantEdgeVectorIndex:
         # optimizer has put it off because writes kept coming (monotonic seconds).
         self._written_at: dict[str, float] = {}
         self._deferred_since: dict[str, float] = {}
-        # Per generation: the time between its last two writes (`_quiet`).
-        self._write_gap: dict[str, float] = {}
+        # Per generation: the times between its last writes (`_QUIET_GAPS` of them), and
+        # how many `apply` calls are under way (`_quiet`).
+        self._write_gaps: dict[str, deque[float]] = {}
+        self._writing: dict[str, int] = {}
         # Per generation: until when the background optimizer pauses its builds while
         # writes flow (`optimize_pause`, monotonic seconds).
         self._paused_until: dict[str, float] = {}
+        # Wall seconds per point of the shard the last build of the background optimizer
+        # took (`deferral_limit`).
+        self._build_s_per_point = _BUILD_S_PER_POINT
         self._closed = False
         self._stop = threading.Event()
         self._optimizer: threading.Thread | None = None
@@ -1033,7 +1086,11 @@ class QdrantEdgeVectorIndex:
             delete_at[document_id] = max(revision, delete_at.get(document_id, revision))
         if not newest and not delete_at:
             return
-        with generation.write_lock, _translated(f"apply to {generation_id}"):
+        with (
+            self._writing_to(generation_id),
+            generation.write_lock,
+            _translated(f"apply to {generation_id}"),
+        ):
             self._check_open(generation, generation_id)
             operations: list[tuple[UpdateOperation, int, int]] = []
             # Point id -> document id of every point the write may touch.
@@ -1068,11 +1125,34 @@ class QdrantEdgeVectorIndex:
                 # that fails half way is journaled too, by id (its effect is unknown).
                 if generation.journal is not None:
                     generation.journal.record(operations, touched, failed=not written)
-            now = time.monotonic()
-            last = self._written_at.get(generation_id)
-            if last is not None:
-                self._write_gap[generation_id] = now - last
-            self._written_at[generation_id] = now
+
+    @contextlib.contextmanager
+    def _writing_to(self, generation_id: str) -> Iterator[None]:
+        """An `apply` under way: the generation is not `_quiet` meanwhile (waiting for
+        the write lock included), and it counts as a write when it ends, however it
+        ends."""
+        with self._lock:
+            self._writing[generation_id] = self._writing.get(generation_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._writing.get(generation_id, 1) - 1
+                if left > 0:
+                    self._writing[generation_id] = left
+                else:
+                    self._writing.pop(generation_id, None)
+                if generation_id in self._generations:  # not re-added once dropped
+                    self._note_write(generation_id, time.monotonic())
+
+    def _note_write(self, generation_id: str, now: float) -> None:
+        """Remember a write to the generation that ended at `now` (monotonic seconds) for
+        the background optimizer (`_quiet`, `_writes_flowing`)."""
+        last = self._written_at.get(generation_id)
+        if last is not None:
+            gaps = self._write_gaps.setdefault(generation_id, deque(maxlen=_QUIET_GAPS))
+            gaps.append(now - last)
+        self._written_at[generation_id] = now
 
     def evidence(self, generation_id: str) -> IndexEvidence:
         """Count and `id_set_digest` of the `(document_id, revision)` pairs the shard holds."""
@@ -1129,7 +1209,7 @@ class QdrantEdgeVectorIndex:
             self._written_at.pop(generation_id, None)
             self._deferred_since.pop(generation_id, None)
             self._paused_until.pop(generation_id, None)
-            self._write_gap.pop(generation_id, None)
+            self._write_gaps.pop(generation_id, None)
             generation = self._generations.pop(generation_id, None)
             if generation is not None:
                 self._close_generation(generation_id, generation)
@@ -1489,8 +1569,9 @@ class QdrantEdgeVectorIndex:
         share: float = OPTIMIZE_SHARE,
     ) -> None:
         """Every `interval_s`, `optimize_if_needed` each open generation, one at a time,
-        except one written within the last `interval_s` (up to `_MAX_DEFERRAL_S`: an
-        optimize during a stream of writes redoes them, see `_writes_flowing`).
+        except one written within the last `interval_s` (for about as long as a build of
+        it would take, `deferral_limit`: an optimize during a stream of writes redoes
+        them, see `_writes_flowing`).
 
         While a generation takes writes its threshold grows with it (`growth`, see
         `optimize_threshold`) and, after a build, it is not built again for
@@ -1528,13 +1609,10 @@ class QdrantEdgeVectorIndex:
             for generation_id in generation_ids:
                 if self._stop.is_set():
                     return
-                if self._writes_flowing(generation_id, interval_s):
-                    continue
-                now = time.monotonic()
-                quiet = self._quiet(generation_id, interval_s, now)
-                if not quiet and now < self._paused_until.get(generation_id, 0.0):
-                    continue
                 try:
+                    quiet = self._schedule(generation_id, interval_s, time.monotonic())
+                    if quiet is None:
+                        continue
                     if quiet and self.reopen_due(generation_id):
                         # Before the next build: its child runs beside this process,
                         # which holds the written points' memory until a swap otherwise.
@@ -1545,51 +1623,110 @@ class QdrantEdgeVectorIndex:
                         growth=0.0 if quiet else growth,
                     ):
                         continue
+                    points = sum(self._index_counts(generation_id))
                     started = time.monotonic()
+                    changed = False
                     try:
-                        self.optimize(generation_id)
+                        changed = self.optimize(generation_id)
                     finally:
-                        ended = time.monotonic()
-                        self._paused_until[generation_id] = ended + optimize_pause(
-                            ended - started, share=share
+                        self._built(
+                            generation_id, started, time.monotonic(), points, changed, share
                         )
                 except OrreryError as error:
                     if error.code is not ErrorCode.NOT_FOUND and not self._stop.is_set():
                         _log.warning("optimizing %s failed: %s", generation_id, error.message)
 
+    def _schedule(
+        self,
+        generation_id: str,
+        interval_s: float,
+        now: float,
+        points: Callable[[], int] | None = None,
+    ) -> bool | None:
+        """The background optimizer's decision for the generation at `now` (monotonic
+        seconds): None to put it off (`_writes_flowing`, or `optimize_pause` after a
+        build while writes still flow), else whether it is `_quiet` (then the rest is
+        built, with no growth threshold). `points`: as for `_writes_flowing`."""
+        if self._writes_flowing(generation_id, interval_s, now, points):
+            return None
+        quiet = self._quiet(generation_id, interval_s, now)
+        if not quiet and now < self._paused_until.get(generation_id, 0.0):
+            return None
+        return quiet
+
+    def _built(
+        self,
+        generation_id: str,
+        started: float,
+        ended: float,
+        points: int,
+        changed: bool,
+        share: float,
+    ) -> None:
+        """Note a build of the background optimizer of a shard of `points` points,
+        from `started` to `ended` (monotonic seconds): no other while writes flow for
+        `optimize_pause` of it, and, if it built anything, its seconds per point for
+        `deferral_limit`."""
+        self._paused_until[generation_id] = ended + optimize_pause(ended - started, share=share)
+        if changed and points > 0:
+            self._build_s_per_point = max(0.0, ended - started) / points
+
     def _quiet(self, generation_id: str, interval_s: float, now: float) -> bool:
-        """Whether the generation has taken no write for `interval_s`, or for twice the
-        time between its last two writes if that is longer (at most `_MAX_DEFERRAL_S`).
+        """Whether the generation has no `apply` under way and has taken no write for
+        `interval_s`, or for twice the longest time between its last writes
+        (`_QUIET_GAPS` of them) if that is longer (at most `_MIN_DEFERRAL_S`).
 
         An ingest writes a generation in batches (the projector's: 2,000 records every
         ~4.7 s at 428 rec/s), so a gap of one optimize interval (1 s in `bench/topk.py`)
         between two batches is no end of the writes: taken as one, the rest was built
         at once, with no growth threshold and no pause, and at 1M the builds ran back
         to back (session 19: 7 of them, two of 890 s and 2,531 s during the ingest).
+        On a loaded machine one batch's `apply` can take longer than twice the last gap
+        (session 28, load 12: a 100k ingest at 1,250 rec/s built 30k points at 35 s,
+        then all 100k again): an `apply` under way is no end of the writes either, and
+        the longest of the recent gaps, not the last one, sets how long to wait.
         """
+        if self._writing.get(generation_id):
+            return False
         written = self._written_at.get(generation_id)
         if written is None:
             return True
-        gap = min(2.0 * self._write_gap.get(generation_id, 0.0), _MAX_DEFERRAL_S)
+        longest = max(self._write_gaps.get(generation_id, ()), default=0.0)
+        gap = min(2.0 * longest, _MIN_DEFERRAL_S)
         return now - written >= max(interval_s, gap)
 
-    def _writes_flowing(self, generation_id: str, interval_s: float) -> bool:
+    def _writes_flowing(
+        self,
+        generation_id: str,
+        interval_s: float,
+        now: float | None = None,
+        points: Callable[[], int] | None = None,
+    ) -> bool:
         """Whether the background optimizer should put the generation off: it is not
-        `_quiet` and has not been put off for `_MAX_DEFERRAL_S` yet.
+        `_quiet` and has not been put off for `deferral_limit` of its `points` (by
+        default the shard's count, asked only once `_MIN_DEFERRAL_S` has passed) yet.
 
         An optimize started while writes stream in is mostly wasted: every point written
         meanwhile is written twice (live shard, then read back from it into the copy,
-        both holding the GIL), loading the copy holds the GIL too and the child takes
-        the other CPU from the writers. Search stays exact meanwhile; under writes that
-        never pause the optimize still runs once per `_MAX_DEFERRAL_S`, when the
-        unindexed points reach the growing threshold.
+        both holding the GIL), loading the copy holds the GIL too, the child takes the
+        other CPU from the writers, and the build after the flow rebuilds the whole
+        shard again. Search stays exact meanwhile; under writes that never pause the
+        optimize still runs once per `_MAX_DEFERRAL_S` at most, when the unindexed
+        points reach the growing threshold.
         """
-        now = time.monotonic()
+        now = time.monotonic() if now is None else now
         if self._quiet(generation_id, interval_s, now):
             self._deferred_since.pop(generation_id, None)
             return False
         since = self._deferred_since.setdefault(generation_id, now)
-        if now - since >= _MAX_DEFERRAL_S:
+        waited = now - since
+        if waited < min(_MIN_DEFERRAL_S, _MAX_DEFERRAL_S):
+            return True
+        count = points() if points is not None else sum(self._index_counts(generation_id))
+        limit = deferral_limit(
+            count, self._build_s_per_point, floor_s=_MIN_DEFERRAL_S, cap_s=_MAX_DEFERRAL_S
+        )
+        if waited >= limit:
             self._deferred_since.pop(generation_id, None)
             return False
         return True
