@@ -423,6 +423,13 @@ _IDS = "+ids"
 # meanwhile: exact, slower as they pile up).
 _MIN_DEFERRAL_S = 60.0
 _MAX_DEFERRAL_S = 600.0
+# ... and only while fewer than this many of its points lack a graph: every search of
+# the generation brute-forces those (qdrant-edge's plain segment), every tenant's alike,
+# so the wait is bounded in the search cost it adds, not only in time (a 1M ingest at
+# ~1,000 rec/s would otherwise hold ~600k points without a graph for the 600 s cap).
+# Above a 100k bulk ingest (built once, after it) and twice what the fixed 60 s let a
+# 1,250 rec/s ingest pile up before session 28.
+_MAX_DEFERRED_POINTS = 150_000
 # A generation is quiet once it took no write for twice the longest of its last this
 # many gaps between writes (`QdrantEdgeVectorIndex._quiet`).
 _QUIET_GAPS = 8
@@ -1641,13 +1648,13 @@ class QdrantEdgeVectorIndex:
         generation_id: str,
         interval_s: float,
         now: float,
-        points: Callable[[], int] | None = None,
+        counts: Callable[[], tuple[int, int]] | None = None,
     ) -> bool | None:
         """The background optimizer's decision for the generation at `now` (monotonic
         seconds): None to put it off (`_writes_flowing`, or `optimize_pause` after a
         build while writes still flow), else whether it is `_quiet` (then the rest is
-        built, with no growth threshold). `points`: as for `_writes_flowing`."""
-        if self._writes_flowing(generation_id, interval_s, now, points):
+        built, with no growth threshold). `counts`: as for `_writes_flowing`."""
+        if self._writes_flowing(generation_id, interval_s, now, counts):
             return None
         quiet = self._quiet(generation_id, interval_s, now)
         if not quiet and now < self._paused_until.get(generation_id, 0.0):
@@ -1700,11 +1707,13 @@ class QdrantEdgeVectorIndex:
         generation_id: str,
         interval_s: float,
         now: float | None = None,
-        points: Callable[[], int] | None = None,
+        counts: Callable[[], tuple[int, int]] | None = None,
     ) -> bool:
         """Whether the background optimizer should put the generation off: it is not
-        `_quiet` and has not been put off for `deferral_limit` of its `points` (by
-        default the shard's count, asked only once `_MIN_DEFERRAL_S` has passed) yet.
+        `_quiet`, has not been put off for `deferral_limit` of its points yet, and fewer
+        than `_MAX_DEFERRED_POINTS` of them lack a graph. `counts`: the points with a
+        graph and without (by default the shard's, `_index_counts`), asked only once
+        `_MIN_DEFERRAL_S` has passed.
 
         An optimize started while writes stream in is mostly wasted: every point written
         meanwhile is written twice (live shard, then read back from it into the copy,
@@ -1722,11 +1731,14 @@ class QdrantEdgeVectorIndex:
         waited = now - since
         if waited < min(_MIN_DEFERRAL_S, _MAX_DEFERRAL_S):
             return True
-        count = points() if points is not None else sum(self._index_counts(generation_id))
+        indexed, unindexed = counts() if counts is not None else self._index_counts(generation_id)
         limit = deferral_limit(
-            count, self._build_s_per_point, floor_s=_MIN_DEFERRAL_S, cap_s=_MAX_DEFERRAL_S
+            indexed + unindexed,
+            self._build_s_per_point,
+            floor_s=_MIN_DEFERRAL_S,
+            cap_s=_MAX_DEFERRAL_S,
         )
-        if waited >= limit:
+        if waited >= limit or unindexed >= _MAX_DEFERRED_POINTS:
             self._deferred_since.pop(generation_id, None)
             return False
         return True

@@ -91,7 +91,9 @@ def _simulate(
     while now <= end:
         now += _INTERVAL_S
         note_until(now)
-        quiet = index._schedule("g", _INTERVAL_S, now, points=lambda: written)
+        quiet = index._schedule(
+            "g", _INTERVAL_S, now, counts=lambda: (run.indexed, written - run.indexed)
+        )
         since = index._deferred_since.get("g")
         if since is not None:
             run.longest_deferral = max(run.longest_deferral, now - since)
@@ -156,6 +158,25 @@ def test_a_100k_ingest_longer_than_a_minute_gets_one_build(
     before = _simulate(index, writes, 1.5e-3)
     assert len(before.builds) == 2
     assert before.builds[0][2] < 100_000 <= before.builds[1][2]
+
+
+def test_a_long_bulk_ingest_is_built_once_its_points_without_a_graph_reach_the_cap(
+    index: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 1M points at 1,250 rec/s in batches of 2,000, a build 5 ms a point of the shard:
+    # the wait by build time alone would run to its 600 s cap with ~750k points searched
+    # by brute force; the points without a graph end it at the cap of those instead.
+    writes = _flow([1.6] * 500, 2_000)
+    cap = edge_module._MAX_DEFERRED_POINTS
+    run = _simulate(index, writes, 5e-3, tail_s=0.0)
+    first = run.builds[0]
+    assert cap <= first[2] <= cap + 2_000
+    assert first[0] < edge_module._MAX_DEFERRAL_S
+    monkeypatch.setattr(edge_module, "_MAX_DEFERRED_POINTS", 10_000_000)
+    index.drop("g")
+    uncapped = _simulate(index, writes, 5e-3, tail_s=0.0)
+    assert uncapped.builds[0][0] >= edge_module._MAX_DEFERRAL_S
+    assert uncapped.builds[0][2] > 4 * cap
 
 
 def test_a_slow_apply_is_no_end_of_the_writes(index: QdrantEdgeVectorIndex) -> None:
@@ -227,6 +248,6 @@ def test_the_deferral_learns_the_last_build_time(index: QdrantEdgeVectorIndex) -
     # Writes flowing since t=0 with 100k points: put off until 200 s, then built.
     for at in range(0, 200):
         index._note_write("h", float(at))
-        assert index._writes_flowing("h", 1.0, float(at) + 0.5, points=lambda: 100_000)
+        assert index._writes_flowing("h", 1.0, float(at) + 0.5, counts=lambda: (0, 100_000))
     index._note_write("h", 200.0)
-    assert not index._writes_flowing("h", 1.0, 200.5, points=lambda: 100_000)
+    assert not index._writes_flowing("h", 1.0, 200.5, counts=lambda: (0, 100_000))
