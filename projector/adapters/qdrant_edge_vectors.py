@@ -430,6 +430,20 @@ _MAX_DEFERRAL_S = 600.0
 # Above a 100k bulk ingest (built once, after it) and twice what the fixed 60 s let a
 # 1,250 rec/s ingest pile up before session 28.
 _MAX_DEFERRED_POINTS = 150_000
+# ... unless the writes come faster than a build of the shard would keep up with: a build
+# takes the shard's points times the learned seconds per point, and every point written
+# meanwhile is journaled and written into the copy a second time, in this process (the
+# catch-up). While the write rate times the seconds per point exceeds this share (the
+# journal would hold more than this fraction of the shard's points) the build waits for
+# the flow to pause, for at most `_MAX_OUTRUN_DEFERRAL_S` (session 28's late 1M probe:
+# the first build started at 150k points, its child took ~13 min beside a 716 rec/s
+# ingest, and the catch-up replayed ~850k journaled points for 12+ min, the serving
+# process at VmHWM 8.51 GiB with both copies of those points, before the final build
+# rebuilt all of them again).
+_MAX_JOURNAL_SHARE = 0.5
+_MAX_OUTRUN_DEFERRAL_S = 3_600.0
+# Writes (their end time and points) a generation's write rate is taken over.
+_RATE_WRITES = 16
 # A generation is quiet once it took no write for twice the longest of its last this
 # many gaps between writes (`QdrantEdgeVectorIndex._quiet`).
 _QUIET_GAPS = 8
@@ -1001,6 +1015,8 @@ class QdrantEdgeVectorIndex:
         # how many `apply` calls are under way (`_quiet`).
         self._write_gaps: dict[str, deque[float]] = {}
         self._writing: dict[str, int] = {}
+        # Per generation: (end, points) of its last `_RATE_WRITES` writes (`_write_rate`).
+        self._recent_writes: dict[str, deque[tuple[float, int]]] = {}
         # Per generation: until when the background optimizer pauses its builds while
         # writes flow (`optimize_pause`, monotonic seconds).
         self._paused_until: dict[str, float] = {}
@@ -1094,7 +1110,7 @@ class QdrantEdgeVectorIndex:
         if not newest and not delete_at:
             return
         with (
-            self._writing_to(generation_id),
+            self._writing_to(generation_id, len(newest) + len(delete_at)),
             generation.write_lock,
             _translated(f"apply to {generation_id}"),
         ):
@@ -1134,10 +1150,10 @@ class QdrantEdgeVectorIndex:
                     generation.journal.record(operations, touched, failed=not written)
 
     @contextlib.contextmanager
-    def _writing_to(self, generation_id: str) -> Iterator[None]:
-        """An `apply` under way: the generation is not `_quiet` meanwhile (waiting for
-        the write lock included), and it counts as a write when it ends, however it
-        ends."""
+    def _writing_to(self, generation_id: str, points: int) -> Iterator[None]:
+        """An `apply` of `points` points under way: the generation is not `_quiet`
+        meanwhile (waiting for the write lock included), and it counts as a write when
+        it ends, however it ends."""
         with self._lock:
             self._writing[generation_id] = self._writing.get(generation_id, 0) + 1
         try:
@@ -1150,16 +1166,36 @@ class QdrantEdgeVectorIndex:
                 else:
                     self._writing.pop(generation_id, None)
                 if generation_id in self._generations:  # not re-added once dropped
-                    self._note_write(generation_id, time.monotonic())
+                    self._note_write(generation_id, time.monotonic(), points)
 
-    def _note_write(self, generation_id: str, now: float) -> None:
-        """Remember a write to the generation that ended at `now` (monotonic seconds) for
-        the background optimizer (`_quiet`, `_writes_flowing`)."""
+    def _note_write(self, generation_id: str, now: float, points: int = 0) -> None:
+        """Remember a write of `points` points to the generation that ended at `now`
+        (monotonic seconds) for the background optimizer (`_quiet`, `_writes_flowing`)."""
         last = self._written_at.get(generation_id)
         if last is not None:
             gaps = self._write_gaps.setdefault(generation_id, deque(maxlen=_QUIET_GAPS))
             gaps.append(now - last)
         self._written_at[generation_id] = now
+        recent = self._recent_writes.setdefault(generation_id, deque(maxlen=_RATE_WRITES))
+        recent.append((now, points))
+
+    def _write_rate(self, generation_id: str) -> float:
+        """Points a second written to the generation over its last `_RATE_WRITES` writes
+        (the first one's points left out: they came before the span measured); 0.0
+        before two writes."""
+        recent = self._recent_writes.get(generation_id)
+        if not recent or len(recent) < 2:
+            return 0.0
+        span = recent[-1][0] - recent[0][0]
+        if span <= 0.0:
+            return 0.0
+        return sum(points for _, points in list(recent)[1:]) / span
+
+    def _outrun(self, generation_id: str) -> bool:
+        """Whether the generation's writes come faster than a build would keep up
+        with: during a build (`_build_s_per_point` times the shard's points) they would
+        journal more than `_MAX_JOURNAL_SHARE` of the shard's points for the catch-up."""
+        return self._write_rate(generation_id) * self._build_s_per_point > _MAX_JOURNAL_SHARE
 
     def evidence(self, generation_id: str) -> IndexEvidence:
         """Count and `id_set_digest` of the `(document_id, revision)` pairs the shard holds."""
@@ -1217,6 +1253,7 @@ class QdrantEdgeVectorIndex:
             self._deferred_since.pop(generation_id, None)
             self._paused_until.pop(generation_id, None)
             self._write_gaps.pop(generation_id, None)
+            self._recent_writes.pop(generation_id, None)
             generation = self._generations.pop(generation_id, None)
             if generation is not None:
                 self._close_generation(generation_id, generation)
@@ -1711,9 +1748,11 @@ class QdrantEdgeVectorIndex:
     ) -> bool:
         """Whether the background optimizer should put the generation off: it is not
         `_quiet`, has not been put off for `deferral_limit` of its points yet, and fewer
-        than `_MAX_DEFERRED_POINTS` of them lack a graph. `counts`: the points with a
-        graph and without (by default the shard's, `_index_counts`), asked only once
-        `_MIN_DEFERRAL_S` has passed.
+        than `_MAX_DEFERRED_POINTS` of them lack a graph — or, either way, the writes
+        come faster than a build would keep up with (`_outrun`), for at most
+        `_MAX_OUTRUN_DEFERRAL_S`. `counts`: the points with a graph and without (by
+        default the shard's, `_index_counts`), asked only once `_MIN_DEFERRAL_S` has
+        passed.
 
         An optimize started while writes stream in is mostly wasted: every point written
         meanwhile is written twice (live shard, then read back from it into the copy,
@@ -1721,7 +1760,12 @@ class QdrantEdgeVectorIndex:
         other CPU from the writers, and the build after the flow rebuilds the whole
         shard again. Search stays exact meanwhile; under writes that never pause the
         optimize still runs once per `_MAX_DEFERRAL_S` at most, when the unindexed
-        points reach the growing threshold.
+        points reach the growing threshold — or once per `_MAX_OUTRUN_DEFERRAL_S` under
+        writes faster than a build: a build they outrun only moves their points into a
+        copy (written twice, held twice) for the next build to rebuild, so their points
+        wait without a graph (searched by brute force: exact, slower as they pile up)
+        until the flow pauses. The cure for such a flow is a build that takes a part of
+        the shard (per-segment builds), not a whole-shard build at a point count.
         """
         now = time.monotonic() if now is None else now
         if self._quiet(generation_id, interval_s, now):
@@ -1738,10 +1782,12 @@ class QdrantEdgeVectorIndex:
             floor_s=_MIN_DEFERRAL_S,
             cap_s=_MAX_DEFERRAL_S,
         )
-        if waited >= limit or unindexed >= _MAX_DEFERRED_POINTS:
-            self._deferred_since.pop(generation_id, None)
-            return False
-        return True
+        if waited < limit and unindexed < _MAX_DEFERRED_POINTS:
+            return True
+        if waited < _MAX_OUTRUN_DEFERRAL_S and self._outrun(generation_id):
+            return True
+        self._deferred_since.pop(generation_id, None)
+        return False
 
     def _copy_optimize_swap(self, generation_id: str, generation: _Generation) -> bool:
         staging = self._staging(generation_id)
@@ -1881,7 +1927,13 @@ class QdrantEdgeVectorIndex:
                             end = len(journal)
                             report.add(
                                 _catch_up(
-                                    generation.shard, staged, journal, done, end, generation_id
+                                    generation.shard,
+                                    staged,
+                                    journal,
+                                    done,
+                                    end,
+                                    generation_id,
+                                    lambda: self._check_not_cancelled(generation),
                                 )
                             )
                             report.rounds += 1
@@ -2654,6 +2706,7 @@ def _catch_up(
     start: int,
     end: int,
     generation_id: str,
+    check: Callable[[], None] = lambda: None,
 ) -> tuple[int, int]:
     """Bring `staged` up to date with the journal entries `start` to `end`; returns the
     points replayed and the points copied from `live`.
@@ -2665,7 +2718,9 @@ def _catch_up(
     touched them were; without the write lock such a point may change again after it is
     read, and that write is journaled again, past `end`, for a later round. So every
     entry's effect is final once the round under the lock has replayed the rest, and
-    catching a point up twice is harmless.
+    catching a point up twice is harmless. `check` is called before each entry and each
+    page copied (a cancelled optimize raises from it: a round may replay hundreds of
+    thousands of points, and a SIGTERM waits for it otherwise).
     """
     replayed = mirrored = 0
     pending: dict[bytes, None] = {}
@@ -2674,11 +2729,13 @@ def _catch_up(
         pids = [_pid_of_bytes(raw) for raw in pending]
         pending.clear()
         for at in range(0, len(pids), _CATCH_UP_PAGE):
+            check()
             _mirror(live, staged, pids[at : at + _CATCH_UP_PAGE])
         return len(pids)
 
     with _translated(f"catch up optimized {generation_id}"):
         for position, entry in enumerate(journal.entries(start, end), start):
+            check()
             if isinstance(entry, bytes):
                 pending.update(
                     dict.fromkeys(
@@ -3135,7 +3192,7 @@ def _translated(action: str) -> Iterator[None]:
     """Turn the driver's bare `Exception`s into `contracts.errors`."""
     try:
         yield
-    except OrreryError:
+    except (OrreryError, _Cancelled):
         raise
     except Exception as error:
         message = str(error)

@@ -2055,6 +2055,53 @@ def test_edge_drop_or_close_cancels_a_running_optimize(
             reopened.close()
 
 
+def test_edge_close_stops_a_catch_up_within_its_entry(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A round of the catch-up can replay hundreds of thousands of points (session 28's
+    1M probe: 12+ min; a SIGTERM went unanswered): a close during it stops it before
+    the next journal entry, and the old shard keeps every write."""
+    child = HeldChild(monkeypatch, tmp_path)
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=13)
+    model.add(300)
+    optimizer = OptimizeThread(edge, "g")
+    optimizer.start()
+    _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+    for _ in range(30):  # 30 journal entries for the catch-up
+        model.add(10)
+    checks: list[int] = []
+    reached = threading.Event()
+    real_catch_up = edge_module._catch_up
+    generation = edge._generations["g"]
+
+    def slow_to_notice(*args: Any) -> Any:
+        *rest, check = args
+
+        def counted() -> None:
+            checks.append(1)
+            if len(checks) == 3:
+                reached.set()
+                _wait_for(generation.cancelled.is_set)
+            check()
+
+        return real_catch_up(*rest, counted)
+
+    monkeypatch.setattr(edge_module, "_catch_up", slow_to_notice)
+    child.release()
+    assert reached.wait(60)
+    edge.close()
+    optimizer.join_or_fail(10)
+    assert (optimizer.error, optimizer.result) == (None, False)
+    assert len(checks) == 3  # not one per entry of all 30
+    assert _leftovers(tmp_path / "edge") == []
+    reopened = QdrantEdgeVectorIndex(tmp_path / "edge", tuning=_EDGE_TEST_TUNING)
+    try:
+        assert reopened.evidence("g").document_count == 600
+    finally:
+        reopened.close()
+
+
 def _fail_a_search_into_garbage(index: QdrantEdgeVectorIndex) -> None:
     """Leaves the frames of a failed search, shard included, in a garbage cycle."""
     try:

@@ -3,10 +3,12 @@
 are simulated in time order, builds take a modelled time, nothing is written to a shard.
 
 What is checked: the deferral of a generation that keeps taking writes is bounded
-(`_MAX_DEFERRAL_S`), a flow of writes of any length ends in at most one build after it
-stops, a trickle that never stops is still built, and a bulk ingest that outlasts
-`_MIN_DEFERRAL_S` (100k at 1,250 rec/s: session 27's slow hour) gets one build where the
-fixed 60 s deferral gave it two.
+(`_MAX_DEFERRAL_S`, or `_MAX_OUTRUN_DEFERRAL_S` for writes faster than a build keeps up
+with), a flow of writes of any length ends in at most one build after it stops, a
+trickle that never stops is still built, a bulk ingest that outlasts `_MIN_DEFERRAL_S`
+(100k at 1,250 rec/s: session 27's slow hour) gets one build where the fixed 60 s
+deferral gave it two, and a build started while writes flow journals at most
+`_MAX_JOURNAL_SHARE` of its points (the catch-up) unless the flow outlasted the cap.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class _Run:
     builds: list[tuple[float, float, int]] = field(default_factory=list)
     longest_deferral: float = 0.0
     indexed: int = 0
+    # Points written during each build (its journal, caught up after it).
+    journaled: list[int] = field(default_factory=list)
 
 
 def _simulate(
@@ -61,22 +65,25 @@ def _simulate(
     *,
     tail_s: float = 3_600.0,
     applies: dict[int, float] | None = None,
+    indexed: int = 0,
 ) -> _Run:
     """Runs the optimizer's rounds every `_INTERVAL_S` against `writes` ((time, points)
     in time order: when each `apply` ended) until `tail_s` after the last one. An
     `apply` takes no time but those in `applies` (write index -> seconds it was under
     way before it ended). A build of a shard of n points takes n * `build_s_per_point`
     and indexes the points the shard held at its start; the loop does nothing else
-    meanwhile, as the real one (it waits for its child)."""
-    run = _Run()
-    written = 0
+    meanwhile, as the real one (it waits for its child). `indexed`: points the shard
+    holds with a graph before the first write."""
+    run = _Run(indexed=indexed)
+    written = indexed
     pending = list(enumerate(writes))
     under_way = dict(applies or {})
     end = (writes[-1][0] if writes else 0.0) + tail_s
     now = 0.0
 
-    def note_until(until: float) -> None:
+    def note_until(until: float) -> int:
         nonlocal written
+        before = written
         index._writing.pop("g", None)
         while pending:
             i, (at, points) = pending[0]
@@ -86,7 +93,8 @@ def _simulate(
                 break
             pending.pop(0)
             written += points
-            index._note_write("g", at)
+            index._note_write("g", at, points)
+        return written - before
 
     while now <= end:
         now += _INTERVAL_S
@@ -109,7 +117,7 @@ def _simulate(
         run.indexed = written
         index._built("g", now, now + took, written, True, _SHARE)
         now += took
-        note_until(now)
+        run.journaled.append(note_until(now))
     return run
 
 
@@ -154,29 +162,74 @@ def test_a_100k_ingest_longer_than_a_minute_gets_one_build(
     assert run.builds[0][0] > writes[-1][0]  # after the ingest
     # The fixed 60 s deferral of before built ~75k points during it, then all of them.
     monkeypatch.setattr(edge_module, "_MAX_DEFERRAL_S", 60.0)
+    monkeypatch.setattr(edge_module, "_MAX_JOURNAL_SHARE", float("inf"))
     index.drop("g")
     before = _simulate(index, writes, 1.5e-3)
     assert len(before.builds) == 2
     assert before.builds[0][2] < 100_000 <= before.builds[1][2]
 
 
-def test_a_long_bulk_ingest_is_built_once_its_points_without_a_graph_reach_the_cap(
+def test_a_long_flow_a_build_keeps_up_with_is_built_once_its_points_without_a_graph_reach_the_cap(
     index: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 1M points at 1,250 rec/s in batches of 2,000, a build 5 ms a point of the shard:
-    # the wait by build time alone would run to its 600 s cap with ~750k points searched
-    # by brute force; the points without a graph end it at the cap of those instead.
-    writes = _flow([1.6] * 500, 2_000)
+    # A shard of 400k points with a graph takes 400 rec/s for 25 min (2,000 every 5 s),
+    # a build 1 ms a point (learned): the wait by build time alone would run ~550 s with
+    # ~220k points searched by brute force; the points without a graph end it at the
+    # cap of those instead (375 s). The build (550k points, 550 s) journals 220k points,
+    # 0.4 of its own: under the share, so it is not put off for the flow.
+    index._built("g", 0.0, 100.0, 100_000, True, _SHARE)
+    index.drop("g")
+    writes = _flow([5.0] * 300, 2_000)
     cap = edge_module._MAX_DEFERRED_POINTS
-    run = _simulate(index, writes, 5e-3, tail_s=0.0)
-    first = run.builds[0]
-    assert cap <= first[2] <= cap + 2_000
-    assert first[0] < edge_module._MAX_DEFERRAL_S
+    run = _simulate(index, writes, 1e-3, tail_s=0.0, indexed=400_000)
+    start, _, points = run.builds[0]
+    assert cap <= points - 400_000 <= cap + 2_000
+    assert start < edge_module._MAX_DEFERRAL_S
+    assert run.journaled[0] <= edge_module._MAX_JOURNAL_SHARE * points
     monkeypatch.setattr(edge_module, "_MAX_DEFERRED_POINTS", 10_000_000)
     index.drop("g")
-    uncapped = _simulate(index, writes, 5e-3, tail_s=0.0)
+    uncapped = _simulate(index, writes, 1e-3, tail_s=0.0, indexed=400_000)
     assert uncapped.builds[0][0] >= edge_module._MAX_DEFERRAL_S
-    assert uncapped.builds[0][2] > 4 * cap
+    assert uncapped.builds[0][2] - 400_000 > 1.3 * cap
+
+
+def test_a_bulk_ingest_faster_than_a_build_is_built_once_after_it(
+    index: QdrantEdgeVectorIndex,
+) -> None:
+    # Session 28's late 1M probe: 1M points at ~716 rec/s (2,000 every 2.8 s), a build
+    # ~5 ms a point beside the ingest. Built at 150k points, the build's ~13 min let
+    # ~560k more points into its journal and the catch-up replayed them for 12+ min;
+    # now the flow is left alone until it stops: one build, nothing journaled.
+    writes = _flow([2.8] * 500, 2_000)
+    run = _simulate(index, writes, 5e-3, tail_s=120.0)
+    assert [points for *_, points in run.builds] == [1_000_000]
+    assert run.builds[0][0] > writes[-1][0]
+    assert run.journaled == [0]
+
+
+def test_writes_faster_than_a_build_that_never_stop_are_still_built(
+    index: QdrantEdgeVectorIndex,
+) -> None:
+    # 1,000 points a second for two hours, a build 5 ms a point: built once the
+    # outrun cap runs out, though the build is outrun.
+    writes = _flow([2.0] * 3_600, 2_000)
+    run = _simulate(index, writes, 5e-3, tail_s=0.0)
+    assert run.builds
+    assert run.builds[0][0] <= writes[0][0] + edge_module._MAX_OUTRUN_DEFERRAL_S + 3 * _INTERVAL_S
+    assert run.longest_deferral <= edge_module._MAX_OUTRUN_DEFERRAL_S + _INTERVAL_S
+
+
+def test_the_write_rate_is_taken_over_the_last_writes(index: QdrantEdgeVectorIndex) -> None:
+    assert index._write_rate("g") == 0.0
+    index._note_write("g", 10.0, 500)
+    assert index._write_rate("g") == 0.0  # one write: no span yet
+    for at in range(1, 40):
+        index._note_write("g", 10.0 + 2.0 * at, 1_000)
+    assert index._write_rate("g") == pytest.approx(500.0)
+    index._build_s_per_point = 1e-3
+    assert not index._outrun("g")  # 0.5 of the shard journaled: the share, not over it
+    index._build_s_per_point = 1.1e-3
+    assert index._outrun("g")
 
 
 def test_a_slow_apply_is_no_end_of_the_writes(index: QdrantEdgeVectorIndex) -> None:
@@ -230,13 +283,44 @@ def test_a_flow_of_writes_ends_in_at_most_one_build_after_it_stops(
         index.close()
     last_write = writes[-1][0]
     # The deferral is bounded, whatever the flow and the build speed.
-    assert run.longest_deferral <= edge_module._MAX_DEFERRAL_S + _INTERVAL_S
+    assert run.longest_deferral <= edge_module._MAX_OUTRUN_DEFERRAL_S + _INTERVAL_S
     # Once the writes stop: at most one build starts, and it leaves nothing unindexed
     # that is worth a build.
     after = [b for b in run.builds if b[0] > last_write]
     assert len(after) <= 1
     total = sum(points for _, points in writes)
     assert total - run.indexed < max(_MIN_UNINDEXED, _INDEXING_POINTS)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    gap=st.floats(0.05, 8.0),
+    batch=st.integers(1, 5_000),
+    count=st.integers(1, 600),
+    build_s_per_point=st.floats(1e-5, 5e-3),
+)
+def test_a_build_while_a_steady_flow_goes_on_journals_at_most_the_share(
+    tmp_path_factory: pytest.TempPathFactory,
+    gap: float,
+    batch: int,
+    count: int,
+    build_s_per_point: float,
+) -> None:
+    # A steady flow (the rate the optimizer measures is the flow's), a build time at
+    # most the prior's (5 ms a point): every build that starts while writes still come
+    # journals at most `_MAX_JOURNAL_SHARE` of its points, give or take a batch, unless
+    # it started once the outrun cap ran out.
+    index = QdrantEdgeVectorIndex(tmp_path_factory.mktemp("edge"))
+    try:
+        writes = _flow([gap] * count, batch)
+        run = _simulate(index, writes, build_s_per_point, tail_s=0.0)
+    finally:
+        index.close()
+    last_write = writes[-1][0]
+    for (start, _, points), journaled in zip(run.builds, run.journaled, strict=True):
+        if start >= last_write or start >= edge_module._MAX_OUTRUN_DEFERRAL_S:
+            continue
+        assert journaled <= edge_module._MAX_JOURNAL_SHARE * points + batch
 
 
 def test_the_deferral_learns_the_last_build_time(index: QdrantEdgeVectorIndex) -> None:
