@@ -358,6 +358,8 @@ class EmbeddedStack:
     close_observability: Callable[[], None] = lambda: None
     # `POST /v1/records`' parse, validation and store write (ORRERY_INGEST_WORKERS).
     write_workers: WriteWorkers | None = None
+    # Whether events are written and not applied yet (the vector optimizer's `backlog`).
+    backlog: Callable[[], bool] | None = None
     _saved_switch_interval: float | None = dataclasses.field(default=None, init=False)
 
     @classmethod
@@ -544,6 +546,7 @@ class EmbeddedStack:
             observability,
             close_observability,
             write_workers,
+            lambda: progress.lag() > 0,
         )
 
     def start(self) -> None:
@@ -561,6 +564,7 @@ class EmbeddedStack:
             self.settings.optimize_interval_seconds,
             growth=self.settings.optimize_growth,
             share=self.settings.optimize_share,
+            backlog=self.backlog,
         )
         if self.settings.lexical_compaction:
             self.projector.start_lexical_compactor(

@@ -442,6 +442,11 @@ _MAX_DEFERRED_POINTS = 150_000
 # rebuilt all of them again).
 _MAX_JOURNAL_SHARE = 0.5
 _MAX_OUTRUN_DEFERRAL_S = 3_600.0
+# A generation whose writes come that fast is quiet only after this long without one
+# (at least): a stall of a few seconds in a bulk ingest (twice its ~2 s gaps) otherwise
+# reads as its end, and the build it starts is outrun as above (session 29's 1M run:
+# quiet at 280k points, 06:51 UTC, a build started beside the ingest).
+_OUTRUN_QUIET_S = 10.0
 # Writes (their end time and points) a generation's write rate is taken over.
 _RATE_WRITES = 16
 # A generation is quiet once it took no write for twice the longest of its last this
@@ -1017,6 +1022,8 @@ class QdrantEdgeVectorIndex:
         self._writing: dict[str, int] = {}
         # Per generation: (end, points) of its last `_RATE_WRITES` writes (`_write_rate`).
         self._recent_writes: dict[str, deque[tuple[float, int]]] = {}
+        # Whether writes wait to be applied (`start_background_optimizer`).
+        self._backlog: Callable[[], bool] | None = None
         # Per generation: until when the background optimizer pauses its builds while
         # writes flow (`optimize_pause`, monotonic seconds).
         self._paused_until: dict[str, float] = {}
@@ -1611,6 +1618,7 @@ class QdrantEdgeVectorIndex:
         min_unindexed: int = MIN_UNINDEXED,
         growth: float = OPTIMIZE_GROWTH,
         share: float = OPTIMIZE_SHARE,
+        backlog: Callable[[], bool] | None = None,
     ) -> None:
         """Every `interval_s`, `optimize_if_needed` each open generation, one at a time,
         except one written within the last `interval_s` (for about as long as a build of
@@ -1624,6 +1632,11 @@ class QdrantEdgeVectorIndex:
         or twice the time between its last two writes if longer) the
         rest is built as soon as `min_unindexed` points lack HNSW, with no pause.
 
+        `backlog`: whether writes are waiting to be applied to the index (the
+        projector's lag): a generation written within `_MIN_DEFERRAL_S` is not quiet
+        while it says so, whatever the gap since its last write (a stall of the
+        projector is no end of a flow).
+
         A daemon thread; `close()` stops it (cancelling a running optimize). A second
         call while it runs does nothing. Failures are logged and retried next round.
         """
@@ -1631,6 +1644,7 @@ class QdrantEdgeVectorIndex:
             if self._closed:
                 raise OrreryError(ErrorCode.INTERNAL, "vector index is closed")
             optimize_pause(0.0, share=share)  # a share out of range fails here, not later
+            self._backlog = backlog
             if self._optimizer is not None and self._optimizer.is_alive():
                 return
             self._stop.clear()
@@ -1729,6 +1743,9 @@ class QdrantEdgeVectorIndex:
         (session 28, load 12: a 100k ingest at 1,250 rec/s built 30k points at 35 s,
         then all 100k again): an `apply` under way is no end of the writes either, and
         the longest of the recent gaps, not the last one, sets how long to wait.
+        Writes faster than a build keeps up with (`_outrun`) wait `_OUTRUN_QUIET_S` at
+        least, and a backlog of writes not applied yet (`start_background_optimizer`'s
+        `backlog`) is no end either.
         """
         if self._writing.get(generation_id):
             return False
@@ -1737,7 +1754,12 @@ class QdrantEdgeVectorIndex:
             return True
         longest = max(self._write_gaps.get(generation_id, ()), default=0.0)
         gap = min(2.0 * longest, _MIN_DEFERRAL_S)
-        return now - written >= max(interval_s, gap)
+        if self._outrun(generation_id):
+            gap = max(gap, _OUTRUN_QUIET_S)
+        if now - written < max(interval_s, gap):
+            return False
+        backlog = self._backlog
+        return not (now - written < _MIN_DEFERRAL_S and backlog is not None and backlog())
 
     def _writes_flowing(
         self,

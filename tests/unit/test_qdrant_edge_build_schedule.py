@@ -335,3 +335,33 @@ def test_the_deferral_learns_the_last_build_time(index: QdrantEdgeVectorIndex) -
         assert index._writes_flowing("h", 1.0, float(at) + 0.5, counts=lambda: (0, 100_000))
     index._note_write("h", 200.0)
     assert not index._writes_flowing("h", 1.0, 200.5, counts=lambda: (0, 100_000))
+
+
+def test_a_fast_flow_is_quiet_only_after_the_outrun_gap(index: QdrantEdgeVectorIndex) -> None:
+    # 1,000 points a second in 2,000-point writes every 2 s (5 ms a point: outrun): a
+    # stall of twice the gaps is no end of it; `_OUTRUN_QUIET_S` without a write is.
+    for at in range(20):
+        index._note_write("g", 2.0 * at, 2_000)
+    last = 38.0
+    assert index._outrun("g")
+    assert not index._quiet("g", 1.0, last + 6.0)
+    assert index._quiet("g", 1.0, last + edge_module._OUTRUN_QUIET_S)
+    # A slow flow (50 points a second): quiet after twice its gaps, as before.
+    for at in range(20):
+        index._note_write("h", 2.0 * at, 100)
+    assert not index._outrun("h")
+    assert index._quiet("h", 1.0, last + 4.0)
+
+
+def test_a_backlog_of_writes_is_no_end_of_the_flow(index: QdrantEdgeVectorIndex) -> None:
+    waiting = [True]
+    index.start_background_optimizer(3_600.0, backlog=lambda: waiting[0])
+    for at in range(10):
+        index._note_write("g", float(at), 10)
+    last = 9.0
+    assert not index._quiet("g", 1.0, last + 5.0)  # the projector has writes to apply
+    # A backlog that never drains holds the generation for `_MIN_DEFERRAL_S` at most.
+    assert index._quiet("g", 1.0, last + edge_module._MIN_DEFERRAL_S)
+    waiting[0] = False
+    assert index._quiet("g", 1.0, last + 5.0)
+    assert index._quiet("never-written", 1.0, 0.0)
