@@ -13,6 +13,7 @@ deferral gave it two, and a build started while writes flow journals at most
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -365,3 +366,33 @@ def test_a_backlog_of_writes_is_no_end_of_the_flow(index: QdrantEdgeVectorIndex)
     waiting[0] = False
     assert index._quiet("g", 1.0, last + 5.0)
     assert index._quiet("never-written", 1.0, 0.0)
+
+
+def test_a_build_hands_malloc_free_pages_back_once_the_process_grew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Anonymous RSS (KiB) at each look; a trim drops it to 1.2 GiB.
+    anon = [1_200_000]
+    trims: list[int] = []
+
+    def trim() -> None:
+        trims.append(anon[0])
+        anon[0] = 1_200_000
+
+    monkeypatch.setattr(edge_module, "_rss_kb", lambda part, pid=None: anon[0])
+    monkeypatch.setattr(edge_module, "trim_malloc", trim)
+    report = edge_module._OptimizeReport()
+    trimmer = edge_module._GrowthTrim(report)
+    start = time.monotonic()
+    every = edge_module._CHILD_TRIM_S
+    anon[0] = 1_200_000 + edge_module._TRIM_GROWTH_KB + 1_000
+    trimmer.poll(start + every / 2)  # too soon: nothing
+    assert trims == []
+    trimmer.poll(start + every + 1)
+    assert trims == [1_200_000 + edge_module._TRIM_GROWTH_KB + 1_000]
+    anon[0] = 1_300_000  # grew less than the threshold since: left alone
+    trimmer.poll(start + 2 * every + 2)
+    assert len(trims) == 1
+    assert report.trims_during == 1
+    assert report.trimmed_during_kb == edge_module._TRIM_GROWTH_KB + 1_000
+    assert "in 1 trims" in str(report)
