@@ -1752,7 +1752,7 @@ class QdrantEdgeVectorIndex:
         built, with no growth threshold). `counts`: as for `_writes_flowing`."""
         if self._writes_flowing(generation_id, interval_s, now, counts):
             return None
-        quiet = self._quiet(generation_id, interval_s, now)
+        quiet = self._quiet(generation_id, interval_s, now, counts)
         if not quiet and now < self._paused_until.get(generation_id, 0.0):
             return None
         return quiet
@@ -1774,7 +1774,13 @@ class QdrantEdgeVectorIndex:
         if changed and points > 0:
             self._build_s_per_point = max(0.0, ended - started) / points
 
-    def _quiet(self, generation_id: str, interval_s: float, now: float) -> bool:
+    def _quiet(
+        self,
+        generation_id: str,
+        interval_s: float,
+        now: float,
+        counts: Callable[[], tuple[int, int]] | None = None,
+    ) -> bool:
         """Whether the generation has no `apply` under way and has taken no write for
         `interval_s`, or for twice the longest time between its last writes
         (`_QUIET_GAPS` of them) if that is longer (at most `_MIN_DEFERRAL_S`).
@@ -1789,7 +1795,9 @@ class QdrantEdgeVectorIndex:
         then all 100k again): an `apply` under way is no end of the writes either, and
         the longest of the recent gaps, not the last one, sets how long to wait.
         Writes faster than a build keeps up with (`_outrun`) wait `_OUTRUN_QUIET_S` at
-        least, and a backlog of writes not applied yet (`start_background_optimizer`'s
+        least (or a tenth of the shard's expected build time if less: a small shard's
+        wasted build costs little; `counts` as for `_writes_flowing`, asked only then),
+        and a backlog of writes not applied yet (`start_background_optimizer`'s
         `backlog`) is no end either.
         """
         if self._writing.get(generation_id):
@@ -1798,11 +1806,16 @@ class QdrantEdgeVectorIndex:
         if written is None:
             return True
         longest = max(self._write_gaps.get(generation_id, ()), default=0.0)
-        gap = min(2.0 * longest, _MIN_DEFERRAL_S)
-        if self._outrun(generation_id):
-            gap = max(gap, _OUTRUN_QUIET_S)
-        if now - written < max(interval_s, gap):
+        gap = max(interval_s, min(2.0 * longest, _MIN_DEFERRAL_S))
+        if now - written < gap:
             return False
+        if now - written < _OUTRUN_QUIET_S and self._outrun(generation_id):
+            indexed, unindexed = (
+                counts() if counts is not None else self._index_counts(generation_id)
+            )
+            build_s = (indexed + unindexed) * self._build_s_per_point
+            if now - written < min(_OUTRUN_QUIET_S, 0.1 * build_s):
+                return False
         backlog = self._backlog
         return not (now - written < _MIN_DEFERRAL_S and backlog is not None and backlog())
 
@@ -1835,7 +1848,7 @@ class QdrantEdgeVectorIndex:
         the shard (per-segment builds), not a whole-shard build at a point count.
         """
         now = time.monotonic() if now is None else now
-        if self._quiet(generation_id, interval_s, now):
+        if self._quiet(generation_id, interval_s, now, counts):
             self._deferred_since.pop(generation_id, None)
             return False
         since = self._deferred_since.setdefault(generation_id, now)

@@ -345,8 +345,13 @@ def test_a_fast_flow_is_quiet_only_after_the_outrun_gap(index: QdrantEdgeVectorI
         index._note_write("g", 2.0 * at, 2_000)
     last = 38.0
     assert index._outrun("g")
-    assert not index._quiet("g", 1.0, last + 6.0)
-    assert index._quiet("g", 1.0, last + edge_module._OUTRUN_QUIET_S)
+    big = lambda: (0, 1_000_000)  # noqa: E731
+    assert not index._quiet("g", 1.0, last + 6.0, big)
+    assert index._quiet("g", 1.0, last + edge_module._OUTRUN_QUIET_S, big)
+    # A small shard's build costs little: a tenth of it (4,000 points: 2 s) is enough.
+    small = lambda: (0, 4_000)  # noqa: E731
+    assert not index._quiet("g", 1.0, last + 1.9, small)
+    assert index._quiet("g", 1.0, last + 4.0, small)
     # A slow flow (50 points a second): quiet after twice its gaps, as before.
     for at in range(20):
         index._note_write("h", 2.0 * at, 100)
