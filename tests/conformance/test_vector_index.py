@@ -903,6 +903,21 @@ class OptimizeThread(threading.Thread):
         assert not self.is_alive(), "optimize did not finish"
 
 
+def _optimizing(
+    edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *, seed: int
+) -> tuple[HeldChild, Model, OptimizeThread]:
+    """An optimize of a new generation "g" of 300 `Model` points in a thread, returned
+    once its child runs, held (`HeldChild`) before it builds."""
+    child = HeldChild(monkeypatch, tmp_path)
+    edge.create("g", DIM)
+    model = Model(edge, "g", DIM, seed=seed)
+    model.add(300)
+    optimizer = OptimizeThread(edge, "g")
+    optimizer.start()
+    _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+    return child, model, optimizer
+
+
 class Model:
     """Random writes to one generation, and the state they must leave behind.
 
@@ -2010,13 +2025,7 @@ def test_edge_background_optimizer_builds_the_rest_once_quiet(
 def test_edge_one_optimize_per_generation(
     edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    child = HeldChild(monkeypatch, tmp_path)
-    edge.create("g", DIM)
-    model = Model(edge, "g", DIM, seed=9)
-    model.add(300)
-    optimizer = OptimizeThread(edge, "g")
-    optimizer.start()
-    _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+    child, model, optimizer = _optimizing(edge, monkeypatch, tmp_path, seed=9)
     assert edge.optimize("g") is False  # at once: one is running
     child.release()
     optimizer.join_or_fail()
@@ -2028,12 +2037,7 @@ def test_edge_one_optimize_per_generation(
 def test_edge_drop_or_close_cancels_a_running_optimize(
     edge: QdrantEdgeVectorIndex, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, how: str
 ) -> None:
-    HeldChild(monkeypatch, tmp_path)  # never released
-    edge.create("g", DIM)
-    Model(edge, "g", DIM, seed=10).add(300)
-    optimizer = OptimizeThread(edge, "g")
-    optimizer.start()
-    _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+    _, _, optimizer = _optimizing(edge, monkeypatch, tmp_path, seed=10)  # child never released
     started = time.monotonic()
     if how == "drop":
         edge.drop("g")
@@ -2061,18 +2065,12 @@ def test_edge_close_stops_a_catch_up_within_its_entry(
     """A round of the catch-up can replay hundreds of thousands of points (session 28's
     1M probe: 12+ min; a SIGTERM went unanswered): a close during it stops it before
     the next journal entry, and the old shard keeps every write."""
-    child = HeldChild(monkeypatch, tmp_path)
-    edge.create("g", DIM)
-    model = Model(edge, "g", DIM, seed=13)
-    model.add(300)
-    optimizer = OptimizeThread(edge, "g")
-    optimizer.start()
-    _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+    child, model, optimizer = _optimizing(edge, monkeypatch, tmp_path, seed=13)
     for _ in range(30):  # 30 journal entries for the catch-up
         model.add(10)
     checks: list[int] = []
     reached = threading.Event()
-    real_catch_up = edge_module._catch_up
+    real_catch_up: Callable[..., Any] = edge_module._catch_up
     generation = edge._generations["g"]
 
     def slow_to_notice(*args: Any) -> Any:
@@ -2117,13 +2115,7 @@ def test_edge_swap_never_closes_a_shard_a_caller_holds(
     """The swap goes through; the old shard stays open for the caller holding it and is
     closed (its directory removed) by the next optimize once the caller let go."""
     monkeypatch.setattr(edge_module, "_DRAIN_TIMEOUT_S", 0.5)
-    child = HeldChild(monkeypatch, tmp_path)
-    edge.create("g", DIM)
-    model = Model(edge, "g", DIM, seed=12)
-    model.add(300)
-    optimizer = OptimizeThread(edge, "g")
-    optimizer.start()
-    _wait_for(lambda: (tmp_path / "edge" / ".g.optimizing").exists())
+    child, model, optimizer = _optimizing(edge, monkeypatch, tmp_path, seed=12)
     held = edge.shard_for("g")  # a caller that keeps the shard across the swap
     child.release()
     optimizer.join_or_fail()
