@@ -1235,13 +1235,14 @@ class QdrantEdgeVectorIndex:
         """Points a second written to the generation over its last `_RATE_WRITES` writes
         (the first one's points left out: they came before the span measured); 0.0
         before two writes."""
-        recent = self._recent_writes.get(generation_id)
-        if not recent or len(recent) < 2:
+        # One snapshot: writers append under `_lock`, this runs on the optimizer thread.
+        recent = list(self._recent_writes.get(generation_id, ()))
+        if len(recent) < 2:
             return 0.0
         span = recent[-1][0] - recent[0][0]
         if span <= 0.0:
             return 0.0
-        return sum(points for _, points in list(recent)[1:]) / span
+        return sum(points for _, points in recent[1:]) / span
 
     def _outrun(self, generation_id: str) -> bool:
         """Whether the generation's writes come faster than a build would keep up
