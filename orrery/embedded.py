@@ -137,6 +137,7 @@ def eligibility_gate(
         interval_seconds=settings.eligibility_interval_seconds,
         fallback=settings.coverage_fallback,
         background_share=settings.eligibility_background_share,
+        recheck_share=settings.eligibility_recheck_share,
     )
 
 

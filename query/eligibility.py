@@ -26,6 +26,15 @@ it guards, so it yields to them: its engine reads sleep between pages
 of CPU flat out at 100k documents, ten times that at 1M). First checks, suspects and
 negative verdicts run flat out: a query may be waiting for them.
 
+A check's cost grows with the generation, the interval does not: at 1M documents a paced
+re-check outlasts a 60 s interval, and the next one was due as it ended — the serving
+interpreter spent a steady share on re-reading an idle generation (docs/bench/README.md,
+session 30). So a verdict also rests `(1 / recheck_share - 1)` times as long as the check
+that took it lasted before its periodic re-check (and a negative verdict before its
+background re-take): re-checks of one generation occupy at most `recheck_share` of the
+wall time, whatever its size. Below that size (a check shorter than a quarter of the
+interval at the default share) the interval alone decides, as before.
+
 When the live generation is not eligible, `admit` either raises `503
 coverage_unavailable` naming the scope and the generation, or — only when configured
 (`fallback="previous_verified"`) — routes to the scope's previous verified generation
@@ -66,6 +75,9 @@ _TICK_SECONDS = 1.0
 # more since is re-taken in the background at most this often: a broken replica that keeps
 # taking writes must not cost a full read-back per batch.
 _NEGATIVE_RECHECK_SECONDS = 5.0
+# The least a verdict rests after its check: this many times the check's own duration
+# (`EligibilityGate(recheck_share=…)`: 0.2 -> 4x, re-checks at most a fifth of the time).
+_DEFAULT_RECHECK_SHARE = 0.2
 # The facts a verdict speaks for when they could not be read.
 _UNKNOWN = ("", -1)
 
@@ -90,6 +102,8 @@ class Verdict:
     state: str = ""
     # Per copy of each shard, for engines that address copies (`EngineEvidence.copies`).
     copies: tuple[tuple[str, CopyEvidence], ...] = ()
+    # How long the check took (`EvidenceCheck.seconds`): what the verdict rests on.
+    seconds: float = 0.0
 
     @classmethod
     def of(cls, check: EvidenceCheck, facts: tuple[str, int] | None = None) -> Verdict:
@@ -103,6 +117,7 @@ class Verdict:
             commit_seq=commit_seq,
             state=state,
             copies=tuple((e.engine, c) for e in check.engines for c in e.copies),
+            seconds=check.seconds,
         )
 
     def uncovered_shards(self) -> list[int]:
@@ -114,7 +129,18 @@ class Verdict:
     def speaks_for(self, state: str, commit_seq: int) -> bool:
         return self.state == state and self.commit_seq == commit_seq
 
-    def recheck(self, state: str, commit_seq: int, clock: Callable[[], datetime]) -> Recheck | None:
+    def rests(self, floor: float, recheck_share: float = _DEFAULT_RECHECK_SHARE) -> float:
+        """Seconds this verdict stands before a periodic re-take: `floor`, and at least
+        `(1 / recheck_share - 1)` times its check's duration (see the module docstring)."""
+        return max(floor, self.seconds * (1.0 / recheck_share - 1.0))
+
+    def recheck(
+        self,
+        state: str,
+        commit_seq: int,
+        clock: Callable[[], datetime],
+        recheck_share: float = _DEFAULT_RECHECK_SHARE,
+    ) -> Recheck | None:
         """Whether the registry now showing `state` at `commit_seq` calls for a new
         check: "now" (before answering), "soon" (in the background) or None."""
         if self.eligible or self.speaks_for(state, commit_seq):
@@ -122,7 +148,8 @@ class Verdict:
         if self.state != state or self.commit_seq <= 0:
             return "now"
         age = (clock() - self.checked_at).total_seconds()
-        return "soon" if age >= _NEGATIVE_RECHECK_SECONDS else None
+        rest = self.rests(_NEGATIVE_RECHECK_SECONDS, recheck_share)
+        return "soon" if age >= rest else None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -167,12 +194,16 @@ class EligibilityGate:
         fallback: FallbackPolicy = "none",
         first_check_wait_seconds: float = 30.0,
         background_share: float = 0.25,
+        recheck_share: float = _DEFAULT_RECHECK_SHARE,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        if not 0.0 < recheck_share <= 1.0:
+            raise ValueError(f"recheck_share must be in (0, 1], not {recheck_share}")
         self._source = source
         self._routing = routing
         self._interval = interval_seconds
         self._background_share = background_share
+        self._recheck_share = recheck_share
         self._fallback = fallback
         self._first_wait = first_check_wait_seconds
         self._clock = clock
@@ -244,7 +275,7 @@ class EligibilityGate:
         verdict = self._verdict(route.generation_id, facts)
         # Twice at most: the first wait may end with a check that began before the change.
         for _ in range(2):
-            again = verdict.recheck(*facts, self._clock)
+            again = verdict.recheck(*facts, self._clock, self._recheck_share)
             if again is None:
                 break
             if again == "soon":
@@ -298,7 +329,7 @@ class EligibilityGate:
         out = verdict.as_dict()
         if state is not None and commit_seq is not None:
             out["stale"] = not verdict.eligible and not verdict.speaks_for(state, commit_seq)
-            if verdict.recheck(state, commit_seq, self._clock) is not None:
+            if verdict.recheck(state, commit_seq, self._clock, self._recheck_share) is not None:
                 self._schedule(generation_id)
         return out
 
@@ -445,13 +476,16 @@ class EligibilityGate:
                 self._due.clear()
                 due = set(asked)
                 for generation_id, verdict in self._verdicts.items():
-                    if (now - verdict.checked_at).total_seconds() >= self._interval:
+                    age = (now - verdict.checked_at).total_seconds()
+                    if age >= verdict.rests(self._interval, self._recheck_share):
                         due.add(generation_id)
                 for scope in scopes:
                     held = self._verdicts.get(scope.generation_id)
                     if held is None or (
                         scope.commit_seq is not None
-                        and held.recheck(scope.state, scope.commit_seq, self._clock)
+                        and held.recheck(
+                            scope.state, scope.commit_seq, self._clock, self._recheck_share
+                        )
                     ):
                         due.add(scope.generation_id)
             for generation_id in sorted(due):

@@ -321,6 +321,15 @@ class QuerySettings(BaseSettings):
         "may work: it sleeps between pages so that queries sharing the interpreter are not "
         "stalled (1 = flat out). First checks, suspects and negative verdicts run flat out",
     )
+    eligibility_recheck_share: float = Field(
+        default=0.2,
+        gt=0.0,
+        le=1.0,
+        description="Share of the wall time the periodic re-checks of one generation may "
+        "take in all: after a check that lasted S seconds the next waits at least "
+        "S * (1 / share - 1) (and at least eligibility_interval_seconds), so a large "
+        "generation is not re-read back to back",
+    )
     promote_max_lag_events: int = Field(
         default=1_000, ge=0, description="A promote is refused further behind the log"
     )

@@ -33,7 +33,7 @@ from projector.model import (
     rollback_target,
     transition,
 )
-from query.eligibility import EligibilityGate
+from query.eligibility import EligibilityGate, Verdict
 from query.ports import Route, ScopeReadiness
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -642,3 +642,97 @@ def test_the_round_forgets_generations_no_query_can_reach_instead_of_rechecking_
             gate.admit(route("g1", "retired"), "s")
     finally:
         gate.close()
+
+
+# -- re-checks rest in proportion to what a check costs (session 30) -------------------------
+
+
+class _Clock:
+    """A settable clock for the gate and the checks it records."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 7, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+class _TimedSource(FakeSource):
+    """Checks taken at the clock's time, each reported as lasting `seconds`; counts the
+    gate's rounds (each begins by asking for checks recorded elsewhere)."""
+
+    def __init__(self, ok: dict[str, bool], clock: _Clock, seconds: float) -> None:
+        super().__init__(ok)
+        self.clock = clock
+        self.seconds = seconds
+        self.rounds = 0
+
+    def check(self, generation_id: str, *, pace: Pace = no_pace) -> EvidenceCheck:
+        taken = super().check(generation_id, pace=pace)
+        return taken.model_copy(update={"checked_at": self.clock(), "seconds": self.seconds})
+
+    def checks_since(self, sequence: int) -> list[tuple[int, EvidenceCheck]]:
+        self.rounds += 1
+        return super().checks_since(sequence)
+
+
+def _after_two_rounds(source: _TimedSource) -> None:
+    """Returns once the gate's thread began two more rounds (each sees the clock as it is
+    now), so what those rounds did not start was not due."""
+    seen = source.rounds
+    assert _eventually(lambda: source.rounds >= seen + 2)
+
+
+@pytest.mark.parametrize(
+    ("check_seconds", "first_recheck_at"),
+    [(1.0, 60.0), (100.0, 400.0)],  # a 100 s check rests 4 x 100 s at share 0.2
+)
+def test_a_verdict_rests_the_interval_or_four_times_its_check_whichever_is_longer(
+    check_seconds: float, first_recheck_at: float
+) -> None:
+    clock = _Clock()
+    source = _TimedSource({"g2": True}, clock, check_seconds)
+    gate = EligibilityGate(
+        source, FakeRouting([]), interval_seconds=60.0, recheck_share=0.2, clock=clock
+    )
+    gate.admit(route(), "s")
+    gate.start()
+    try:
+        clock.advance(first_recheck_at - 1.0)
+        _after_two_rounds(source)
+        assert source.calls == {"g2": 1}
+        clock.advance(2.0)
+        assert _eventually(lambda: source.calls == {"g2": 2})
+        # The same rest again after the re-check.
+        clock.advance(first_recheck_at - 1.0)
+        _after_two_rounds(source)
+        assert source.calls == {"g2": 2}
+    finally:
+        gate.close()
+
+
+def test_a_costly_negative_verdict_is_retaken_in_the_background_after_its_rest_not_5_s() -> None:
+    clock = _Clock()
+    taken = Verdict.of(
+        check("g2", False, clock()).model_copy(update={"seconds": 30.0}), ("live", 4)
+    )
+    # The generation took batches since: a re-take in the background, once rested.
+    clock.advance(10.0)
+    assert taken.recheck("live", 5, clock, 0.2) is None
+    clock.advance(111.0)  # 121 s > 4 x 30 s
+    assert taken.recheck("live", 5, clock, 0.2) == "soon"
+    # A cheap check keeps the 5 s floor, and a state change re-takes it at once.
+    cheap = Verdict.of(check("g2", False, clock()), ("live", 4))
+    assert cheap.recheck("live", 5, clock, 0.2) is None
+    clock.advance(5.0)
+    assert cheap.recheck("live", 5, clock, 0.2) == "soon"
+    assert taken.recheck("verified", 5, clock, 0.2) == "now"
+
+
+def test_the_recheck_share_is_a_share() -> None:
+    for share in (0.0, 1.5):
+        with pytest.raises(ValueError, match="recheck_share"):
+            EligibilityGate(FakeSource({}), FakeRouting([]), recheck_share=share)
