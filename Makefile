@@ -71,6 +71,12 @@ servers-down:
 # long files of few tests to the end, one worker busy for minutes while the other idled.
 # Workers share the harness servers; every test names its topics, databases, indexes,
 # collections, key prefixes and data dirs uniquely (tests/conftest.py).
+# Session 30: the two workers were never without a file (the durations add up to both
+# workers' wall time, collection aside) and ended within 10 s, so the order leaves nobody
+# idle; the time is in the tests. Read-only tests share a loaded fixture instead of making
+# one each (tests/conformance/test_vector_index.py, `loaded_shared`). Whether a third
+# worker would find idle CPU (tests waiting on servers) was not measurable that day (the
+# machine was shared with a 1M-record benchmark).
 PYTEST_WORKERS ?= 2
 # check and resolve-pythons run beside servers-up: the JVMs start while mypy runs.
 SETUP_JOBS ?= 4
