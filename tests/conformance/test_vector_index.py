@@ -12,6 +12,7 @@ expected document sets.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -78,6 +79,9 @@ class Engine:
     index: VectorIndex
     search: VectorSearch
     optimize: Callable[[str], None]
+    # Another query side over the same index, as `search` was made (its own vector memo):
+    # tests that share one loaded generation each get one (`loaded_shared`).
+    new_search: Callable[[], VectorSearch]
 
 
 EngineFactory = Callable[[Path], Engine]
@@ -93,9 +97,11 @@ def _qdrant_edge(storage: Path) -> Engine:
     def optimize(generation_id: str) -> None:
         index.optimize(generation_id)
 
-    # With the re-score's vector memo, as the embedded deployment runs it.
-    search = QdrantEdgeVectorSearch(index.shard_for, memo=VectorMemo())
-    return Engine(index=index, search=search, optimize=optimize)
+    def search() -> VectorSearch:
+        # With the re-score's vector memo, as the embedded deployment runs it.
+        return QdrantEdgeVectorSearch(index.shard_for, memo=VectorMemo())
+
+    return Engine(index=index, search=search(), optimize=optimize, new_search=search)
 
 
 def _qdrant_edge_flat(storage: Path) -> Engine:
@@ -107,10 +113,12 @@ def _qdrant_edge_flat(storage: Path) -> Engine:
     def optimize(generation_id: str) -> None:
         index.optimize(generation_id)
 
-    search = QdrantEdgeVectorSearch(
-        index.shard_for, memo=VectorMemo(), flat_provider=index.flat_for
-    )
-    return Engine(index=index, search=search, optimize=optimize)
+    def search() -> VectorSearch:
+        return QdrantEdgeVectorSearch(
+            index.shard_for, memo=VectorMemo(), flat_provider=index.flat_for
+        )
+
+    return Engine(index=index, search=search(), optimize=optimize, new_search=search)
 
 
 def _qdrant_edge_points(storage: Path) -> Engine:
@@ -124,10 +132,12 @@ def _qdrant_edge_points(storage: Path) -> Engine:
     def optimize(generation_id: str) -> None:
         index.optimize(generation_id)
 
-    search = QdrantEdgeVectorSearch(
-        index.shard_for, memo=VectorMemo(), points_provider=index.points_for
-    )
-    return Engine(index=index, search=search, optimize=optimize)
+    def search() -> VectorSearch:
+        return QdrantEdgeVectorSearch(
+            index.shard_for, memo=VectorMemo(), points_provider=index.points_for
+        )
+
+    return Engine(index=index, search=search(), optimize=optimize, new_search=search)
 
 
 # The harness's Qdrant server is shared: this run's collections carry their own prefix.
@@ -141,11 +151,7 @@ def _qdrant_server(storage: Path) -> Engine:
     no-op: the server indexes on its own schedule.
     """
     client = QdrantClient(url=require_server("qdrant"), check_compatibility=False)
-    return Engine(
-        index=QdrantServerVectorIndex(client, collection_prefix=_QDRANT_TEST_PREFIX),
-        search=QdrantServerVectorSearch(client, collection_prefix=_QDRANT_TEST_PREFIX),
-        optimize=lambda _generation_id: None,
-    )
+    return _qdrant_client_engine(client)
 
 
 def _qdrant_local(storage: Path) -> Engine:
@@ -156,10 +162,18 @@ def _qdrant_local(storage: Path) -> Engine:
     One client per path: index and search share it; `restart` reopens it from disk.
     """
     client = QdrantClient(path=str(storage))
+    return _qdrant_client_engine(client)
+
+
+def _qdrant_client_engine(client: QdrantClient) -> Engine:
+    def search() -> VectorSearch:
+        return QdrantServerVectorSearch(client, collection_prefix=_QDRANT_TEST_PREFIX)
+
     return Engine(
         index=QdrantServerVectorIndex(client, collection_prefix=_QDRANT_TEST_PREFIX),
-        search=QdrantServerVectorSearch(client, collection_prefix=_QDRANT_TEST_PREFIX),
+        search=search(),
         optimize=lambda _generation_id: None,
+        new_search=search,
     )
 
 
@@ -221,6 +235,12 @@ class Harness:
     def evidence(self) -> IndexEvidence:
         return self.index.evidence(self.generation_id)
 
+    def with_new_search(self) -> Harness:
+        """The same index and generation seen through a new query side (`new_search`)."""
+        view = copy.copy(self)
+        view._engine = dataclasses.replace(self._engine, search=self._engine.new_search())
+        return view
+
 
 @pytest.fixture(
     params=[pytest.param(name, marks=ENGINE_MARKS.get(name, [])) for name in ENGINES],
@@ -239,6 +259,38 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
 def loaded(engine: Harness) -> Harness:
     engine.apply(list(CORPUS))
     return engine
+
+
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(name, marks=ENGINE_MARKS.get(name, [])) for name in ENGINES],
+)
+def _shared_corpus(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Harness]:
+    harness = Harness(ENGINES[request.param], tmp_path_factory.mktemp("vectors") / "vectors")
+    harness.index.create(harness.generation_id, DIM)
+    try:
+        harness.apply(list(CORPUS))
+        yield harness
+    finally:
+        harness.index.drop(harness.generation_id)
+        harness.index.close()
+
+
+@pytest.fixture
+def loaded_shared(_shared_corpus: Harness) -> Harness:
+    """`CORPUS` loaded once per engine and module, seen through a new query side each test.
+
+    Only for tests that never write, restart or optimize: the four filter-case tests below
+    (23 cases each, per engine) made 460 generations, and creating, loading and dropping
+    them was 98 % of their time. Each still queries `CORPUS` exactly as `loaded` holds
+    it. What they share is the index side's state, which belongs to the generation, not
+    to a case (the flat copy and the point table are built from the whole shard on first
+    use, and `apply` keeps them); the vector memo is each test's own, so the re-score's
+    first call per tenant is still a first call. Every other test, the first-use builds
+    included, has a generation of its own."""
+    return _shared_corpus.with_new_search()
 
 
 def pairs(*docs: IndexDocument) -> set[tuple[str, int]]:
@@ -327,33 +379,37 @@ def test_other_query_vectors(loaded: Harness) -> None:
 
 
 @pytest.mark.parametrize("case", list(FILTER_CASES))
-def test_filter(loaded: Harness, case: str) -> None:
+def test_filter(loaded_shared: Harness, case: str) -> None:
     search_filter, expected = FILTER_CASES[case]
-    assert loaded.ids(filter=search_filter) == [d for d in NEAREST_ORDER if d in expected]
+    assert loaded_shared.ids(filter=search_filter) == [d for d in NEAREST_ORDER if d in expected]
 
 
 @pytest.mark.parametrize("case", list(FILTER_CASES))
-def test_filter_does_not_change_scores(loaded: Harness, case: str) -> None:
-    unfiltered = {c.document_id: c.score for c in loaded.query(limit=10)}
-    for candidate in loaded.query(filter=FILTER_CASES[case][0], limit=10):
+def test_filter_does_not_change_scores(loaded_shared: Harness, case: str) -> None:
+    unfiltered = {c.document_id: c.score for c in loaded_shared.query(limit=10)}
+    for candidate in loaded_shared.query(filter=FILTER_CASES[case][0], limit=10):
         assert candidate.score == pytest.approx(unfiltered[candidate.document_id], abs=1e-6)
 
 
 @pytest.mark.parametrize("case", list(FILTER_CASES))
-def test_scores_are_exactly_the_search_scores_of_the_listed_ids(loaded: Harness, case: str) -> None:
+def test_scores_are_exactly_the_search_scores_of_the_listed_ids(
+    loaded_shared: Harness, case: str
+) -> None:
     search_filter, expected = FILTER_CASES[case]
     listed = search_filter.document_ids or ("d1", "d2", "d3", "d4", "d5", "unknown")
     if search_filter.document_ids is None:
         search_filter = search_filter.model_copy(update={"document_ids": listed})
     for vector in (unit(1, 0, 0, 0), unit(0, 1, 0, 0), unit(0.3, -0.2, 0.9, 0.1)):
-        searched = loaded.query(vector, search_filter, limit=10)
-        scores = loaded.search.scores(loaded.generation_id, vector, search_filter)
+        searched = loaded_shared.query(vector, search_filter, limit=10)
+        scores = loaded_shared.search.scores(loaded_shared.generation_id, vector, search_filter)
         assert scores == {c.document_id: c.score for c in searched}
         assert set(scores) == expected
 
 
 @pytest.mark.parametrize("case", list(FILTER_CASES))
-def test_scores_at_the_revisions_found_are_the_search_scores(loaded: Harness, case: str) -> None:
+def test_scores_at_the_revisions_found_are_the_search_scores(
+    loaded_shared: Harness, case: str
+) -> None:
     """`scores(..., revisions=..., tenant=...)` (the re-score names the revision the
     lexical side found each document at, and the namespace asking): the search's scores
     to float32 rounding, on the first call and on the next ones (which an adapter may
@@ -365,9 +421,15 @@ def test_scores_at_the_revisions_found_are_the_search_scores(loaded: Harness, ca
     revisions = {d.document_id: d.revision for d in CORPUS}
     for tenant in ("", "tenant-a", "tenant-a", "tenant-b"):
         for vector in (unit(1, 0, 0, 0), unit(0, 1, 0, 0), unit(0.3, -0.2, 0.9, 0.1)):
-            searched = {c.document_id: c.score for c in loaded.query(vector, search_filter, 10)}
-            scores = loaded.search.scores(
-                loaded.generation_id, vector, search_filter, revisions=revisions, tenant=tenant
+            searched = {
+                c.document_id: c.score for c in loaded_shared.query(vector, search_filter, 10)
+            }
+            scores = loaded_shared.search.scores(
+                loaded_shared.generation_id,
+                vector,
+                search_filter,
+                revisions=revisions,
+                tenant=tenant,
             )
             assert scores == pytest.approx(searched, abs=1e-6)
             assert set(scores) == expected
