@@ -644,7 +644,9 @@ class SqliteProjectorState:
         return RegistrySnapshot(
             generation_id=generation_id,
             state=GenerationState(str(row[0])),
-            pairs={str(d): int(r) for d, r in pairs},
+            # The columns are TEXT and INTEGER: the rows are (str, int) pairs as they are
+            # (a dict built in C: a fifth of a comprehension's time, per document of a check).
+            pairs=dict(pairs),
             applied_position=int(row[1]),
             commit_seq=int(row[2]),
         )

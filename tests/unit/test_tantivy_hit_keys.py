@@ -21,7 +21,12 @@ from hypothesis import strategies as st
 import projector.adapters.tantivy_lexical as projector_tantivy
 import query.adapters.tantivy_lexical as query_tantivy
 from contracts.index import Candidate, SearchFilter
-from contracts.index_fields import document_id_of_key, document_key, status_key
+from contracts.index_fields import (
+    document_id_of_key,
+    document_ids_of_keys,
+    document_key,
+    status_key,
+)
 from contracts.timing import engine_clock
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
 from query.adapters.tantivy_lexical import (
@@ -212,3 +217,90 @@ def test_a_status_written_after_the_first_search_is_named(
     hits, calls = _searched(search, "g5", "harbour", SearchFilter(status=("brand-new",)))
     assert [(c.document_id, c.status) for c in hits] == [(late.document_id, "brand-new")]
     assert ENGINE_DOCS not in calls
+
+
+def _read_back_documents(ids: list[str], revisions: list[int]) -> list:  # type: ignore[type-arg]
+    return [
+        doc(document_id, revision=revision, title=f"harbour {n}", body="crane")
+        for n, (document_id, revision) in enumerate(zip(ids, revisions, strict=True))
+    ]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.uuids().map(str), st.text(min_size=1, max_size=12)),
+        min_size=1,
+        max_size=60,
+        unique=True,
+    ),
+    st.data(),
+)
+def test_the_read_back_pairs_are_the_stored_documents_pairs_under_both_schemas(
+    tmp_path_factory: pytest.TempPathFactory, ids: list[str], data: st.DataObject
+) -> None:
+    """`stored_pairs` (an eligibility check's read-back) reads the key and revision
+    columns and a stored document only for an id without a key: the same pairs as
+    reading every stored document, in an index with key fields and in one without;
+    replaced and deleted documents are gone from both."""
+    revisions = data.draw(st.lists(st.integers(1, 2**40), min_size=len(ids), max_size=len(ids)))
+    deleted = data.draw(st.sets(st.sampled_from(ids), max_size=len(ids) // 3))
+    root = tmp_path_factory.mktemp("read-back")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            projector_tantivy,
+            "_build_schema",
+            functools.partial(projector_tantivy._build_schema, hit_keys=False),
+        )
+        old_writer = TantivyLexicalIndex(root / "tantivy")
+        old_writer.create("g4")
+        old_writer.close()
+    index = TantivyLexicalIndex(root / "tantivy")
+    try:
+        index.create("g5")
+        documents = _read_back_documents(ids, revisions)
+        half = len(documents) // 2
+        expected = {d: r for d, r in zip(ids, revisions, strict=True) if d not in deleted}
+        stored_reads: dict[str, int] = {}
+        for generation_id in ("g4", "g5"):
+            index.apply(generation_id, documents[:half], [])
+            # The second half, and the deletions at a revision past each one's own.
+            index.apply(
+                generation_id,
+                documents[half:],
+                [(d, r + 1) for d, r in zip(ids, revisions, strict=True) if d in deleted],
+            )
+            with pytest.MonkeyPatch.context() as patch:
+                read = projector_tantivy._stored_pair
+                calls = [0]
+
+                def counted(document: object, read=read, calls=calls) -> tuple[str, int]:
+                    calls[0] += 1
+                    return read(document)  # type: ignore[arg-type]
+
+                patch.setattr(projector_tantivy, "_stored_pair", counted)
+                pairs = index.stored_pairs(generation_id)
+            assert sorted(pairs) == sorted(expected.items())
+            stored_reads[generation_id] = calls[0]
+        assert stored_reads["g4"] == len(expected)
+        assert stored_reads["g5"] == sum(document_key(d) is None for d in expected)
+    finally:
+        index.close()
+
+
+def test_document_ids_of_keys_is_document_id_of_key_for_each() -> None:
+    keys = [document_key(d) for d in UUIDS]
+    highs: list[int | None] = [k[0] for k in keys if k is not None]
+    lows: list[int | None] = [k[1] for k in keys if k is not None]
+    highs += [0, (1 << 64) - 1, None, 5]
+    lows += [0, (1 << 64) - 1, 7, None]
+    assert document_ids_of_keys(highs, lows) == [
+        *UUIDS,
+        "00000000-0000-0000-0000-000000000000",
+        "ffffffff-ffff-ffff-ffff-ffffffffffff",
+        None,
+        None,
+    ]
+    assert document_ids_of_keys([], []) == []
+    with pytest.raises(ValueError):
+        document_ids_of_keys([1], [])
