@@ -362,7 +362,7 @@ class TantivyLexicalIndex:
             searcher = index.searcher()
             query = tantivy.Query.term_set_query(index.schema, DOCUMENT_ID, list(document_ids))
             hits = _all_hits(searcher, query, len(document_ids))
-            return [_stored_pair(searcher.doc(address)) for _score, address in hits]
+            return _read_pairs(searcher, [address for _score, address in hits])
         except _DRIVER_ERRORS as exc:
             raise _unavailable("cannot read index", generation_id, exc) from exc
 
@@ -935,10 +935,8 @@ def _held_pairs(index: tantivy.Index, document_ids: list[str]) -> list[tuple[str
     """Every `(document_id, revision)` the index holds for `document_ids`."""
     searcher = index.searcher()
     query = tantivy.Query.term_set_query(index.schema, DOCUMENT_ID, document_ids)
-    return [
-        _stored_pair(searcher.doc(address))
-        for _score, address in _all_hits(searcher, query, len(document_ids))
-    ]
+    hits = _all_hits(searcher, query, len(document_ids))
+    return _read_pairs(searcher, [address for _score, address in hits])
 
 
 def _checked_analyzer(text_analyzer: str, generation_id: str) -> tantivy.TextAnalyzer:
@@ -1050,8 +1048,8 @@ def _held_revisions(index: tantivy.Index, document_ids: list[str]) -> dict[str, 
     searcher = index.searcher()
     query = tantivy.Query.term_set_query(index.schema, DOCUMENT_ID, document_ids)
     held: dict[str, int] = {}
-    for _score, address in _all_hits(searcher, query, len(document_ids)):
-        document_id, revision = _stored_pair(searcher.doc(address))
+    hits = _all_hits(searcher, query, len(document_ids))
+    for document_id, revision in _read_pairs(searcher, [address for _score, address in hits]):
         held[document_id] = max(revision, held.get(document_id, revision))
     return held
 
@@ -1077,10 +1075,13 @@ def _read_pairs(
     """The `(document_id, revision)` of each address from the columns the query side
     reads its hits from (the document-key and revision fast fields), and from the stored
     document where they hold none: an id that is not a canonical UUID has no key, and an
-    index of schema version 4 or older has no key fields. A stored document a pair costs
-    ~7 µs, the three columns of a chunk ~0.3 µs a pair with the ids formatted in numpy:
-    a read-back of every document, as an eligibility check makes, was ~40 % tantivy's
-    stored documents (docs/bench/README.md, session 31)."""
+    index of schema version 4 or older has no key fields. Every read of held pairs goes
+    through here: a read-back (`stored_pairs`), an apply's held revisions, a re-read by
+    id. A stored document costs ~7 µs a pair, the three columns ~2 µs at 1,000 addresses
+    with the ids formatted in numpy (100k, session 31): an eligibility check's read-back
+    of every document was ~40 % tantivy's stored documents (docs/bench/README.md)."""
+    if not addresses:
+        return []
     try:
         highs = searcher.fast_field_values(DOCUMENT_KEY_HIGH, addresses)
         lows = searcher.fast_field_values(DOCUMENT_KEY_LOW, addresses)
