@@ -335,6 +335,38 @@ def test_document_count_follows_upserts_deletes_and_stale_writes(registry: Regis
     assert counted() == (1, 1)
 
 
+# A change: (document, revision, deleted), written by a projector batch or a build.
+_CHANGE = st.tuples(st.integers(0, 11), st.integers(0, 4), st.booleans())
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batches=st.lists(
+        st.tuples(st.booleans(), st.lists(_CHANGE, max_size=8)), min_size=1, max_size=8
+    ),
+    wide=st.integers(0, 1_300),
+)
+def test_document_count_is_the_live_documents_after_any_writes(
+    registry: Registry, batches: list[tuple[bool, list[tuple[int, int, bool]]]], wide: int
+) -> None:
+    """Counted from each batch's own documents (not recounted): after any sequence of
+    upserts, deletes, stale and repeated writes by either writer, `document_count` is the
+    generation's live documents. A first batch of `wide` new documents spans several of
+    SQLite's lookups (500 ids each)."""
+    live = _live(registry)
+    registry.commit("projector", 1, {live: {f"w{i}": (1, i % 7 == 0) for i in range(wide)}})
+    for position, (by_projector, changes) in enumerate(batches, start=2):
+        docs = {f"d{d}": (revision, deleted) for d, revision, deleted in changes}
+        if by_projector:
+            registry.commit("projector", position, {live: docs})
+        else:
+            registry.record_documents(live, docs)
+        held = len(registry.registry_pairs(live).pairs)
+        assert registry.generation(live)[0].document_count == held
+
+
 def test_mark_applied_never_lowers(registry: Registry) -> None:
     generation_id = _begin(registry)
     registry.mark_applied(generation_id, 10)
