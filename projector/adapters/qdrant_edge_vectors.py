@@ -2746,10 +2746,15 @@ class _FlatBudget:
 
 
 def _pairs(records: Iterable[Record]) -> Iterator[tuple[str, int]]:
-    """`(document_id, revision)` of points read with those two payload fields."""
+    """`(document_id, revision)` of points read with those two payload fields. The point
+    id is read only where the payload leaves the document id out (`with_id`): a
+    read-back of every point (an eligibility check) spent ~0.4 µs a point on it."""
     for record in records:
-        payload = with_id(record.payload or {}, _pid(record.id))
-        yield str(payload[DOCUMENT_ID]), int(payload[REVISION])
+        payload = record.payload or {}
+        document_id = payload.get(DOCUMENT_ID)
+        if document_id is None:
+            document_id = with_id(payload, _pid(record.id))[DOCUMENT_ID]
+        yield str(document_id), int(payload[REVISION])
 
 
 def _flat_rows(records: Iterable[Record]) -> Iterator[tuple[dict[str, Any], list[Any]]]:
