@@ -22,8 +22,8 @@ evidence does not depend on the state, and dead states are refused by the route'
 
 A periodic re-check of an eligible generation shares the interpreter with the queries
 it guards, so it yields to them: its engine reads sleep between pages
-(`contracts.pacing.DutyCycle`, at most `background_share` of the wall time; 1.3-2.2 s
-of CPU flat out at 100k documents, ten times that at 1M). First checks, suspects and
+(`contracts.pacing.DutyCycle`, at most `background_share` of the wall time; ~0.5-0.8 s
+of CPU flat out at 100k documents, ~7 s at 1M since session 31). First checks, suspects and
 negative verdicts run flat out: a query may be waiting for them.
 
 A check's cost grows with the generation, the interval does not: at 1M documents a paced
