@@ -10,7 +10,7 @@ from pathlib import Path
 
 from contracts.events import LogEntry
 from contracts.records import Record
-from ingest.adapters.sqlite_store import CHECKPOINT_RECORD_BYTES, SqliteRecordStore
+from ingest.adapters.sqlite_store import CHECKPOINT_RECORD_BYTES, SqliteRecordStore, connect
 
 
 def _records(count: int, size: int) -> list[Record]:
@@ -69,4 +69,19 @@ def test_a_store_without_hand_over_keeps_sqlites_checkpoint(tmp_path: Path) -> N
     try:
         assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
     finally:
+        store.close()
+
+
+def test_the_canonical_store_syncs_every_commit(tmp_path: Path) -> None:
+    """An acknowledged write is on disk, not only in the OS's cache: the store's
+    connections sync the WAL at every commit (`synchronous=FULL`, 2), the writer's and
+    a connection opened beside it alike (the relay's, through `connect`)."""
+    store = SqliteRecordStore(tmp_path / "orrery.sqlite")
+    other = connect(tmp_path / "orrery.sqlite")
+    try:
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert other.execute("PRAGMA synchronous").fetchone()[0] == 2
+        assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        other.close()
         store.close()
