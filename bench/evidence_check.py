@@ -1,0 +1,171 @@
+"""What an eligibility check of a large embedded generation costs, in process.
+
+    python bench/evidence_check.py --build N --data-dir DIR     # make DIR once
+    python bench/evidence_check.py --data-dir DIR [--repeat 3] [--profile] [--out F.json]
+
+`--build N` ingests `N` records of `bench/topk.py`'s corpus (384-d vectors, seed of
+`bench/hotpath_ab.py`) into a new data dir through the app in process, streamed (a 1M
+corpus is ~5 GB of request bodies: never held at once), and waits for zero lag. Neither
+an HNSW build nor a lexical compaction runs (nothing is started but the projector
+loop): the check reads what an ingest leaves, tantivy's segments as written.
+
+Then (or on a kept dir) it opens the embedded stack on `DIR` without starting it (no
+eligibility gate, optimizer or compactor running beside) and takes `--repeat` evidence
+checks of every generation (`GenerationAdmin.check`: what the gate's first check and
+each periodic re-check run, flat out), reporting each one's wall time, the process's CPU
+and the time in Python's garbage collector. The first check of a generation also loads
+its qdrant-edge shard. `--profile` adds cProfile's top functions of the last check.
+
+Figures are reported, never asserted (docs/bench/README.md, session 31).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import random
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as `python bench/evidence_check.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import git_facts, machine_facts, print_report
+
+
+class _GcClock:
+    """Seconds spent in each generation's collections while installed."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = int(info["generation"])
+        self.seconds[generation] += time.perf_counter() - self._started
+        self.collections[generation] += 1
+
+    def reset(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+
+
+def build(data_dir: Path, size: int) -> dict[str, Any]:
+    """`size` records into a new `data_dir`, through the app, until zero lag."""
+    from starlette.testclient import TestClient
+
+    from bench.hotpath_ab import SEED, _stack
+    from bench.topk import Vocabulary, corpus_batches
+
+    if data_dir.exists():
+        raise SystemExit(f"{data_dir} exists: --build makes a new data dir")
+    batches: Iterator[bytes] = corpus_batches(
+        size, 2_000, SEED, Vocabulary.build(random.Random(SEED))
+    )
+    stack = _stack(data_dir, fixed_clock=False)
+    stack.loop.start()
+    started = time.perf_counter()
+    try:
+        with TestClient(stack.app) as client:
+            for body in batches:
+                response = client.post(
+                    "/v1/records", content=body, headers={"content-type": "application/json"}
+                )
+                if response.status_code != 200:
+                    raise RuntimeError(f"POST /v1/records: {response.text[:300]}")
+            while True:
+                scopes = client.get("/v1/readiness").json().get("scopes", [])
+                count = sum(s["document_count"] for s in scopes)
+                if scopes and count == size and sum(s["lag_events"] for s in scopes) == 0:
+                    break
+                time.sleep(0.5)
+    finally:
+        stack.close()
+    return {"records": size, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def check(data_dir: Path, repeat: int, profile: bool) -> dict[str, Any]:
+    from bench.hotpath_ab import _stack
+
+    clock = _GcClock()
+    gc.callbacks.append(clock)
+    opened = time.perf_counter()
+    stack = _stack(data_dir, fixed_clock=False)
+    out: dict[str, Any] = {"open_seconds": round(time.perf_counter() - opened, 2), "checks": []}
+    try:
+        generations = [g for g, *_ in stack.projector.state.generations()]
+        for generation_id in generations:
+            for attempt in range(repeat):
+                profiler = cProfile.Profile() if profile and attempt == repeat - 1 else None
+                clock.reset()
+                cpu, wall = time.process_time(), time.perf_counter()
+                if profiler is not None:
+                    profiler.enable()
+                result = stack.admin.check(generation_id)
+                if profiler is not None:
+                    profiler.disable()
+                row: dict[str, Any] = {
+                    "generation_id": generation_id,
+                    "attempt": attempt,
+                    "documents": result.expected_count,
+                    "ok": result.ok,
+                    "wall_s": round(time.perf_counter() - wall, 3),
+                    "cpu_s": round(time.process_time() - cpu, 3),
+                    "gc_s": [round(s, 3) for s in clock.seconds],
+                    "gc_collections": list(clock.collections),
+                }
+                if profiler is not None:
+                    text = io.StringIO()
+                    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(20)
+                    row["profile_top_tottime"] = text.getvalue().splitlines()
+                out["checks"].append(row)
+                print(
+                    f"{generation_id} #{attempt}: {row['documents']:,} documents, "
+                    f"ok={row['ok']}, wall {row['wall_s']} s, CPU {row['cpu_s']} s, "
+                    f"gc {sum(row['gc_s']):.3f} s",
+                    file=sys.stderr,
+                )
+    finally:
+        stack.close()
+        gc.callbacks.remove(clock)
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--build", type=int, help="first ingest this many records into it")
+    parser.add_argument("--repeat", type=int, default=3, help="checks per generation")
+    parser.add_argument("--profile", action="store_true", help="cProfile the last check")
+    parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    report: dict[str, Any] = {
+        "benchmark": "evidence_check",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": git_facts(),
+        "machine": machine_facts(),
+        "data_dir": str(args.data_dir),
+    }
+    if args.build:
+        report["build"] = build(args.data_dir, args.build)
+    report.update(check(args.data_dir, args.repeat, args.profile))
+    print_report(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
