@@ -62,9 +62,7 @@ class _GcClock:
 
 def build(data_dir: Path, size: int) -> dict[str, Any]:
     """`size` records into a new `data_dir`, through the app, until zero lag."""
-    from starlette.testclient import TestClient
-
-    from bench.hotpath_ab import SEED, _stack
+    from bench.hotpath_ab import SEED, _stack, post_until_applied
     from bench.topk import Vocabulary, corpus_batches
 
     if data_dir.exists():
@@ -76,19 +74,7 @@ def build(data_dir: Path, size: int) -> dict[str, Any]:
     stack.loop.start()
     started = time.perf_counter()
     try:
-        with TestClient(stack.app) as client:
-            for body in batches:
-                response = client.post(
-                    "/v1/records", content=body, headers={"content-type": "application/json"}
-                )
-                if response.status_code != 200:
-                    raise RuntimeError(f"POST /v1/records: {response.text[:300]}")
-            while True:
-                scopes = client.get("/v1/readiness").json().get("scopes", [])
-                count = sum(s["document_count"] for s in scopes)
-                if scopes and count == size and sum(s["lag_events"] for s in scopes) == 0:
-                    break
-                time.sleep(0.5)
+        post_until_applied(stack, batches, size)
     finally:
         stack.close()
     return {"records": size, "seconds": round(time.perf_counter() - started, 1)}

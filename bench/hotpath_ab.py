@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, cast
@@ -142,19 +142,11 @@ def _stack(data_dir: Path, *, fixed_clock: bool) -> Any:
     return embedded.EmbeddedStack.open(settings)
 
 
-def build(data_dir: Path, size: int, corpus: str) -> None:
-    """Ingest `size` records (or SciFact) through the app, wait for zero lag, build HNSW
-    in place."""
+def post_until_applied(stack: Any, batches: Iterable[bytes], size: int) -> None:
+    """POST each of `batches` (`/v1/records` bodies) into `stack`'s app in process, then
+    wait until its projector applied all `size` documents (zero lag)."""
     from starlette.testclient import TestClient
 
-    if corpus == "scifact":
-        batches = _scifact_batches()
-        size = sum(len(json.loads(body)) for body in batches)
-    else:
-        batches = list(corpus_batches(size, 2_000, SEED, Vocabulary.build(random.Random(SEED))))
-    stack = _stack(data_dir, fixed_clock=False)
-    stack.loop.start()
-    started = time.perf_counter()
     with TestClient(stack.app) as client:
         for body in batches:
             response = client.post(
@@ -166,8 +158,23 @@ def build(data_dir: Path, size: int, corpus: str) -> None:
             scopes = client.get("/v1/readiness").json().get("scopes", [])
             count = sum(s["document_count"] for s in scopes)
             if scopes and count == size and sum(s["lag_events"] for s in scopes) == 0:
-                break
+                return
             time.sleep(0.2)
+
+
+def build(data_dir: Path, size: int, corpus: str) -> None:
+    """Ingest `size` records (or SciFact) through the app, wait for zero lag, build HNSW
+    in place."""
+
+    if corpus == "scifact":
+        batches = _scifact_batches()
+        size = sum(len(json.loads(body)) for body in batches)
+    else:
+        batches = list(corpus_batches(size, 2_000, SEED, Vocabulary.build(random.Random(SEED))))
+    stack = _stack(data_dir, fixed_clock=False)
+    stack.loop.start()
+    started = time.perf_counter()
+    post_until_applied(stack, batches, size)
     print(f"ingested {size:,} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     for generation_id, _namespace, _kind, _state in stack.projector.state.generations():
         started = time.perf_counter()

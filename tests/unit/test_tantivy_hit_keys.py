@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import tantivy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,18 +153,24 @@ def test_a_version_5_index_reads_hits_from_fast_fields_only(
         assert ENGINE_DOCS not in calls
 
 
-def test_a_version_4_index_answers_exactly_like_a_version_5_index(
-    tmp_path: Path, index: TantivyLexicalIndex, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with monkeypatch.context() as patch:
+def _create_version_4(root: Path, generation_id: str) -> None:
+    """An empty generation under `root` with schema version 4's fields (no hit keys), as
+    an index written before them holds."""
+    with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
             projector_tantivy,
             "_build_schema",
             functools.partial(projector_tantivy._build_schema, hit_keys=False),
         )
-        old_writer = TantivyLexicalIndex(tmp_path / "tantivy")
-        old_writer.create("g4")
+        old_writer = TantivyLexicalIndex(root)
+        old_writer.create(generation_id)
         old_writer.close()
+
+
+def test_a_version_4_index_answers_exactly_like_a_version_5_index(
+    tmp_path: Path, index: TantivyLexicalIndex
+) -> None:
+    _create_version_4(tmp_path / "tantivy", "g4")
     index.create("g5")
     documents = _documents()
     for generation_id in ("g4", "g5"):
@@ -226,6 +233,22 @@ def _read_back_documents(ids: list[str], revisions: list[int]) -> list:  # type:
     ]
 
 
+def _read_back_counting_stored(
+    index: TantivyLexicalIndex, generation_id: str
+) -> tuple[list[tuple[str, int]], int]:
+    """`stored_pairs` of `generation_id`, and how many stored documents it read."""
+    calls: list[tantivy.Document] = []
+    read = projector_tantivy._stored_pair
+
+    def counted(document: tantivy.Document) -> tuple[str, int]:
+        calls.append(document)
+        return read(document)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(projector_tantivy, "_stored_pair", counted)
+        return index.stored_pairs(generation_id), len(calls)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     st.lists(
@@ -246,15 +269,7 @@ def test_the_read_back_pairs_are_the_stored_documents_pairs_under_both_schemas(
     revisions = data.draw(st.lists(st.integers(1, 2**40), min_size=len(ids), max_size=len(ids)))
     deleted = data.draw(st.sets(st.sampled_from(ids), max_size=len(ids) // 3))
     root = tmp_path_factory.mktemp("read-back")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            projector_tantivy,
-            "_build_schema",
-            functools.partial(projector_tantivy._build_schema, hit_keys=False),
-        )
-        old_writer = TantivyLexicalIndex(root / "tantivy")
-        old_writer.create("g4")
-        old_writer.close()
+    _create_version_4(root / "tantivy", "g4")
     index = TantivyLexicalIndex(root / "tantivy")
     try:
         index.create("g5")
@@ -270,18 +285,8 @@ def test_the_read_back_pairs_are_the_stored_documents_pairs_under_both_schemas(
                 documents[half:],
                 [(d, r + 1) for d, r in zip(ids, revisions, strict=True) if d in deleted],
             )
-            with pytest.MonkeyPatch.context() as patch:
-                read = projector_tantivy._stored_pair
-                calls = [0]
-
-                def counted(document: object, read=read, calls=calls) -> tuple[str, int]:
-                    calls[0] += 1
-                    return read(document)  # type: ignore[arg-type]
-
-                patch.setattr(projector_tantivy, "_stored_pair", counted)
-                pairs = index.stored_pairs(generation_id)
+            pairs, stored_reads[generation_id] = _read_back_counting_stored(index, generation_id)
             assert sorted(pairs) == sorted(expected.items())
-            stored_reads[generation_id] = calls[0]
         assert stored_reads["g4"] == len(expected)
         assert stored_reads["g5"] == sum(document_key(d) is None for d in expected)
     finally:
