@@ -12,6 +12,7 @@ expected document sets.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import itertools
@@ -242,17 +243,25 @@ class Harness:
         return view
 
 
-@pytest.fixture(
-    params=[pytest.param(name, marks=ENGINE_MARKS.get(name, [])) for name in ENGINES],
-)
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(ENGINES[request.param], tmp_path / "vectors")
+@contextlib.contextmanager
+def _created(name: str, storage: Path) -> Iterator[Harness]:
+    """A harness of engine `name` over `storage` with its generation created; dropped
+    and closed after."""
+    harness = Harness(ENGINES[name], storage)
     harness.index.create(harness.generation_id, DIM)
     try:
         yield harness
     finally:
         harness.index.drop(harness.generation_id)
         harness.index.close()
+
+
+@pytest.fixture(
+    params=[pytest.param(name, marks=ENGINE_MARKS.get(name, [])) for name in ENGINES],
+)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    with _created(request.param, tmp_path / "vectors") as harness:
+        yield harness
 
 
 @pytest.fixture
@@ -268,14 +277,9 @@ def loaded(engine: Harness) -> Harness:
 def _shared_corpus(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Harness]:
-    harness = Harness(ENGINES[request.param], tmp_path_factory.mktemp("vectors") / "vectors")
-    harness.index.create(harness.generation_id, DIM)
-    try:
+    with _created(request.param, tmp_path_factory.mktemp("vectors") / "vectors") as harness:
         harness.apply(list(CORPUS))
         yield harness
-    finally:
-        harness.index.drop(harness.generation_id)
-        harness.index.close()
 
 
 @pytest.fixture
