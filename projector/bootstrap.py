@@ -102,6 +102,11 @@ COMPACT_SHARE = 0.5
 # Documents written during a background compaction's copy past which it gives way.
 _GIVE_WAY = 1_000
 _COMPACTABLE = frozenset({GenerationState.SEALED, GenerationState.VERIFIED, GenerationState.LIVE})
+# How long a background compaction (or lexical copy) waits, in all, for the vector
+# index's builds (`QdrantEdgeVectorIndex.building`) before it runs beside them.
+BUILD_FIRST_MAX_WAIT_S = 600.0
+# How often a compaction waiting for a build looks again.
+_BUILD_POLL_S = 0.5
 
 LEXICAL_ENGINE = "tantivy"
 VECTOR_ENGINE = "qdrant-edge"
@@ -191,6 +196,39 @@ class _Stopped(Exception):
     """The background compactor was stopped between two chunks of a compaction."""
 
 
+class _BuildsFirst:
+    """A compaction's pause for the vector index's HNSW builds: while `building()`
+    says one runs, `wait` sleeps (in `poll_s` steps, until `stop` is set) — at most
+    `max_wait_s` over this object's life, after which the compaction runs beside the
+    build (one generation's long build never keeps another's compaction waiting for
+    good). A build after an ingest and the compaction after it are both upkeep of a
+    quiet generation; the build is the one queries wait for (a brute force over every
+    unindexed point against a few milliseconds of a segment count), and a compaction,
+    paced to half the wall time and not niced, took about a third of the build child's
+    cores (session 32). Not thread-safe: one per compaction pass."""
+
+    def __init__(
+        self,
+        building: Callable[[], bool],
+        stop: threading.Event,
+        *,
+        max_wait_s: float = BUILD_FIRST_MAX_WAIT_S,
+        poll_s: float = _BUILD_POLL_S,
+    ) -> None:
+        self._building = building
+        self._stop = stop
+        self._left = max_wait_s
+        self._poll = poll_s
+        self.waited_s = 0.0
+
+    def wait(self) -> None:
+        while self._left > 0.0 and not self._stop.is_set() and self._building():
+            step = min(self._poll, self._left)
+            self._stop.wait(step)
+            self._left -= step
+            self.waited_s += step
+
+
 @dataclass(slots=True)
 class EmbeddedProjector:
     """The embedded projector's parts; `step` applies one batch of the log to every
@@ -236,7 +274,12 @@ class EmbeddedProjector:
             snapshot.close()
 
     def start_lexical_compactor(
-        self, interval_s: float, *, growth: float, share: float = COMPACT_SHARE
+        self,
+        interval_s: float,
+        *,
+        growth: float,
+        share: float = COMPACT_SHARE,
+        building: Callable[[], bool] | None = None,
     ) -> None:
         """Every `interval_s`, compact each open generation's tantivy index that is due
         (`TantivyLexicalIndex.compaction_due`: several segments, quiet for `interval_s`,
@@ -244,24 +287,30 @@ class EmbeddedProjector:
         (`DutyCycle`: the queries of this interpreter run in the gaps); then, for one
         that has no in-memory lexical copy and may have one (`TantivyLexicalIndex.
         flat_due`: quiet, no deleted document, small enough), builds it (`build_lexical_
-        flat`), paced the same way. A daemon thread; `close()` stops it. Failures are
-        logged and retried next round."""
+        flat`), paced the same way. Both wait while `building()` says an HNSW build
+        runs (default: `QdrantEdgeVectorIndex.building` of `vectors`; at most
+        `BUILD_FIRST_MAX_WAIT_S` a round: `_BuildsFirst`). A daemon thread; `close()`
+        stops it. Failures are logged and retried next round."""
         if self._compactor is not None and self._compactor.is_alive():
             return
         self._stop.clear()
         self._compactor = threading.Thread(
             target=self._compact_loop,
-            args=(interval_s, growth, share),
+            args=(interval_s, growth, share, building or self.vectors.building),
             name="tantivy-compactor",
             daemon=True,
         )
         self._compactor.start()
 
-    def _compact_loop(self, interval_s: float, growth: float, share: float) -> None:
+    def _compact_loop(
+        self, interval_s: float, growth: float, share: float, building: Callable[[], bool]
+    ) -> None:
         while not self._stop.wait(interval_s):
             # Never one a build (here or in a bulk-load child) still writes whole.
             states = {g: state for g, _namespace, _kind, state in self.state.generations()}
             deferred = self.deferred.deferred()
+            # One wait budget a round, whatever the number of generations.
+            builds = _BuildsFirst(building, self._stop)
             for generation_id in self.lexical.generation_ids():
                 if self._stop.is_set():
                     return
@@ -269,18 +318,25 @@ class EmbeddedProjector:
                     continue
                 duty = DutyCycle(share)
 
-                def pace(duty: DutyCycle = duty) -> None:
+                def pace(duty: DutyCycle = duty, builds: _BuildsFirst = builds) -> None:
+                    builds.wait()  # also a compaction that began before the build
                     if self._stop.is_set():
                         raise _Stopped  # `close` does not wait for a whole compaction.
                     duty()
 
-                try:
-                    if self.lexical.compaction_due(
+                def due(generation_id: str = generation_id) -> bool:
+                    return self.lexical.compaction_due(
                         generation_id, quiet_s=interval_s, growth=growth
-                    ):
-                        # Writes flowing again: give way (due again once quiet).
-                        self.compact_lexical(generation_id, pace=pace, max_journal=_GIVE_WAY)
+                    )
+
+                try:
+                    if due():
+                        pace()
+                        if due():
+                            # Writes flowing again: give way (due again once quiet).
+                            self.compact_lexical(generation_id, pace=pace, max_journal=_GIVE_WAY)
                     if self.lexical.flat_due(generation_id, quiet_s=interval_s):
+                        pace()
                         self.build_lexical_flat(generation_id, pace=pace)
                 except _Stopped:
                     return

@@ -1075,6 +1075,8 @@ class QdrantEdgeVectorIndex:
         # Wall seconds per point of the shard the last build of the background optimizer
         # took (`deferral_limit`).
         self._build_s_per_point = _BUILD_S_PER_POINT
+        # How many `optimize` calls are under way (`building`).
+        self._builds = 0
         self._closed = False
         self._stop = threading.Event()
         self._optimizer: threading.Thread | None = None
@@ -1525,11 +1527,15 @@ class QdrantEdgeVectorIndex:
         generation = self._require(generation_id)
         if not generation.optimize_lock.acquire(blocking=False):
             return False
+        with self._lock:
+            self._builds += 1
         try:
             changed = self._copy_optimize_swap(generation_id, generation)
         except _Cancelled:
             return False
         finally:
+            with self._lock:
+                self._builds -= 1
             generation.optimize_lock.release()
         if changed:
             self._idle_at.pop(generation_id, None)
@@ -1537,6 +1543,13 @@ class QdrantEdgeVectorIndex:
             _, unindexed, stale = self._index_state(generation_id)
             self._idle_at[generation_id] = unindexed + stale
         return changed
+
+    def building(self) -> bool:
+        """Whether an `optimize` of any generation is under way in this process (its
+        copy, the child's HNSW build, the catch-up or the swap). The background lexical
+        compactor gives the cores to such a build first (`projector.bootstrap`)."""
+        with self._lock:
+            return self._builds > 0
 
     def optimize_in_place(self, generation_id: str) -> bool:
         """Merge segments and build HNSW right here; whether segments changed.

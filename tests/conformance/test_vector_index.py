@@ -802,6 +802,30 @@ def test_edge_optimize_builds_hnsw(edge: QdrantEdgeVectorIndex) -> None:
     assert not edge.optimize_if_needed("g", min_unindexed=0)
 
 
+def test_edge_building_says_whether_an_optimize_runs(edge: QdrantEdgeVectorIndex) -> None:
+    edge.create("g", DIM)
+    edge.apply("g", [doc(f"x{i}", vector=unit(1, i, 0, 1)) for i in range(300)], [])
+    assert not edge.building()
+    seen: list[bool] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            seen.append(edge.building())
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        assert edge.optimize("g")  # a child process: well over a millisecond
+    finally:
+        done.set()
+        watcher.join()
+    assert True in seen
+    assert not edge.building()
+    assert edge.unindexed_count("g") == 0
+
+
 def test_edge_rewritten_and_deleted_points_bring_the_optimizer_back(tmp_path: Path) -> None:
     """qdrant-edge keeps counting a rewritten or deleted point's old vector as indexed
     (a tombstone in the HNSW segment) while the new one is brute-forced in the plain

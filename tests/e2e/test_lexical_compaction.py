@@ -3,6 +3,7 @@ to one segment once ingest is quiet, and the answers stay those of the index bef
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,53 @@ def test_the_background_compactor_leaves_one_segment_and_the_same_answers(
             response = client.post("/v1/records", json=[_record(99)])
             assert response.status_code == 200
             _wait(lambda: lexical.evidence(generation_id).document_count == 41)
+    finally:
+        stack.close()
+
+
+def test_the_compactor_waits_while_a_vector_build_runs(tmp_path: Path) -> None:
+    """A compaction due while the vector index builds HNSW waits for the build (the
+    `building` signal the stack takes from `QdrantEdgeVectorIndex.building`), then
+    runs."""
+    settings = QuerySettings(
+        data_dir=tmp_path / "data", cache_responses=False, optimize_interval_seconds=0.5
+    )
+    stack = EmbeddedStack.open(settings)
+    lexical = stack.projector.lexical
+    build = threading.Event()
+    build.set()
+    asked: list[bool] = []
+
+    def building() -> bool:
+        asked.append(build.is_set())
+        return build.is_set()
+
+    try:
+        stack.loop.start()  # The projector only: the compactor is started below.
+        with TestClient(stack.app) as client:
+            for start in range(0, 30, 10):  # One commit (one segment) per batch.
+                response = client.post(
+                    "/v1/records", json=[_record(n) for n in range(start, start + 10)]
+                )
+                assert response.status_code == 200, response.text
+
+                def caught_up(total: int = start + 10) -> bool:
+                    scopes = client.get("/v1/readiness").json().get("scopes", [])
+                    return sum(s["document_count"] for s in scopes) == total and not any(
+                        s["lag_events"] for s in scopes
+                    )
+
+                _wait(caught_up)
+        (generation_id,) = lexical.generation_ids()
+        assert lexical.segment_count(generation_id) > 1
+        stack.projector.start_lexical_compactor(
+            0.5, growth=settings.lexical_compact_growth, building=building
+        )
+        _wait(lambda: asked.count(True) >= 4)  # due, and waiting ~2 s for the build
+        assert lexical.segment_count(generation_id) > 1
+        build.clear()
+        _wait(lambda: lexical.segment_count(generation_id) == 1)
+        assert asked[-1] is False
     finally:
         stack.close()
 
