@@ -250,6 +250,8 @@ def run_orrery(
         "hnsw_stable": wait["stable"],
         "optimizes_ended_s_after_first_post": wait["optimizes_ended_s_after_first_post"],
         "optimizes_failed": len(wait["optimizes_failed"]),
+        # Each optimize's phases as the server logged them (copy, child, catch-up, swap).
+        "optimizer_log": wait["optimizer_log"],
         "server_cpu_us_per_record_to_searchable": round((cpu_ready - cpu_before) / size * 1e6, 1),
         # The write workers' processes (ORRERY_INGEST_WORKERS), beside the server's own.
         "write_workers_cpu_us_per_record_to_searchable": round(
