@@ -12,6 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from orrery.embedded import EmbeddedStack
+from projector.adapters import qdrant_edge_vectors as edge_module
 from query.settings import QuerySettings
 
 NS = "e2e"
@@ -89,23 +90,35 @@ def test_the_background_compactor_leaves_one_segment_and_the_same_answers(
         stack.close()
 
 
-def test_the_compactor_waits_while_a_vector_build_runs(tmp_path: Path) -> None:
-    """A compaction due while the vector index builds HNSW waits for the build (the
-    `building` signal the stack takes from `QdrantEdgeVectorIndex.building`), then
-    runs."""
+def test_the_compactor_waits_while_a_vector_build_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the vector index builds HNSW (a real optimize, its child held until a file
+    appears), a compaction that is due waits and the tantivy index keeps its segments;
+    once the build is swapped in it compacts, and the answers stay those of before."""
+    go = tmp_path / "go"
+    held = f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
+    monkeypatch.setattr(edge_module, "_OPTIMIZE_SCRIPT", held + edge_module._OPTIMIZE_SCRIPT)
     settings = QuerySettings(
         data_dir=tmp_path / "data", cache_responses=False, optimize_interval_seconds=0.5
     )
     stack = EmbeddedStack.open(settings)
     lexical = stack.projector.lexical
-    build = threading.Event()
-    build.set()
+    vectors = stack.projector.vectors
+    query = {
+        "namespace": NS,
+        "scope_ref": "longterm:objects:current",
+        "query_text": "thermos garden",
+        "result_limit": 10,
+    }
     asked: list[bool] = []
 
     def building() -> bool:
-        asked.append(build.is_set())
-        return build.is_set()
+        now = vectors.building()
+        asked.append(now)
+        return now
 
+    build: threading.Thread | None = None
     try:
         stack.loop.start()  # The projector only: the compactor is started below.
         with TestClient(stack.app) as client:
@@ -122,18 +135,34 @@ def test_the_compactor_waits_while_a_vector_build_runs(tmp_path: Path) -> None:
                     )
 
                 _wait(caught_up)
-        (generation_id,) = lexical.generation_ids()
-        assert lexical.segment_count(generation_id) > 1
-        stack.projector.start_lexical_compactor(
-            0.5, growth=settings.lexical_compact_growth, building=building
-        )
-        _wait(lambda: asked.count(True) >= 4)  # due, and waiting ~2 s for the build
-        assert lexical.segment_count(generation_id) > 1
-        build.clear()
-        _wait(lambda: lexical.segment_count(generation_id) == 1)
-        assert asked[-1] is False
+            (generation_id,) = lexical.generation_ids()
+            assert lexical.segment_count(generation_id) > 1
+            before = client.post("/v1/external/retrieve/topk_records", json=query)
+            assert before.status_code == 200, before.text
+            build = threading.Thread(target=vectors.optimize, args=(generation_id,), daemon=True)
+            build.start()
+            _wait(vectors.building)
+            stack.projector.start_lexical_compactor(
+                0.5, growth=settings.lexical_compact_growth, building=building
+            )
+            _wait(lambda: asked.count(True) >= 4)  # due, and waited ~2 s for the build
+            assert lexical.segment_count(generation_id) > 1
+            during = client.post("/v1/external/retrieve/topk_records", json=query)
+            assert during.json()["results"] == before.json()["results"]
+            go.touch()
+            build.join(120.0)
+            assert not build.is_alive()
+            assert not vectors.building()
+            _wait(lambda: lexical.segment_count(generation_id) == 1)
+            after = client.post("/v1/external/retrieve/topk_records", json=query)
+            assert before.json()["results"] and [
+                (r["document_id"], r["score"]) for r in after.json()["results"]
+            ] == [(r["document_id"], r["score"]) for r in before.json()["results"]]
     finally:
+        go.touch()
         stack.close()
+        if build is not None:
+            build.join(120.0)
 
 
 def test_a_reopened_generation_gets_its_in_memory_copy_and_the_same_answers(
