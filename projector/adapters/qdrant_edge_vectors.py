@@ -1075,8 +1075,10 @@ class QdrantEdgeVectorIndex:
         # Wall seconds per point of the shard the last build of the background optimizer
         # took (`deferral_limit`).
         self._build_s_per_point = _BUILD_S_PER_POINT
-        # How many `optimize` calls are under way (`building`).
+        # How many `optimize` calls are under way (`building`). A lock of its own: `drop`
+        # and `close` wait for a cancelled optimize while holding `_lock`.
         self._builds = 0
+        self._builds_lock = threading.Lock()
         self._closed = False
         self._stop = threading.Event()
         self._optimizer: threading.Thread | None = None
@@ -1527,14 +1529,14 @@ class QdrantEdgeVectorIndex:
         generation = self._require(generation_id)
         if not generation.optimize_lock.acquire(blocking=False):
             return False
-        with self._lock:
+        with self._builds_lock:
             self._builds += 1
         try:
             changed = self._copy_optimize_swap(generation_id, generation)
         except _Cancelled:
             return False
         finally:
-            with self._lock:
+            with self._builds_lock:
                 self._builds -= 1
             generation.optimize_lock.release()
         if changed:
@@ -1548,7 +1550,7 @@ class QdrantEdgeVectorIndex:
         """Whether an `optimize` of any generation is under way in this process (its
         copy, the child's HNSW build, the catch-up or the swap). The background lexical
         compactor gives the cores to such a build first (`projector.bootstrap`)."""
-        with self._lock:
+        with self._builds_lock:
             return self._builds > 0
 
     def optimize_in_place(self, generation_id: str) -> bool:
