@@ -40,6 +40,22 @@ def _wait(condition: Any, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _post_in_segments(client: TestClient, total: int) -> None:
+    """POST `total` records ten at a time, each batch applied before the next: one
+    commit, so one tantivy segment, per batch."""
+    for start in range(0, total, 10):
+        response = client.post("/v1/records", json=[_record(n) for n in range(start, start + 10)])
+        assert response.status_code == 200, response.text
+
+        def caught_up(count: int = start + 10) -> bool:
+            scopes = client.get("/v1/readiness").json().get("scopes", [])
+            return sum(s["document_count"] for s in scopes) == count and not any(
+                s["lag_events"] for s in scopes
+            )
+
+        _wait(caught_up)
+
+
 def test_the_background_compactor_leaves_one_segment_and_the_same_answers(
     tmp_path: Path,
 ) -> None:
@@ -57,19 +73,7 @@ def test_the_background_compactor_leaves_one_segment_and_the_same_answers(
     try:
         stack.loop.start()  # The projector only: no compactor yet.
         with TestClient(stack.app) as client:
-            for start in range(0, 40, 10):  # One commit (one segment) per batch.
-                response = client.post(
-                    "/v1/records", json=[_record(n) for n in range(start, start + 10)]
-                )
-                assert response.status_code == 200, response.text
-
-                def caught_up(total: int = start + 10) -> bool:
-                    scopes = client.get("/v1/readiness").json().get("scopes", [])
-                    return sum(s["document_count"] for s in scopes) == total and not any(
-                        s["lag_events"] for s in scopes
-                    )
-
-                _wait(caught_up)
+            _post_in_segments(client, 40)
             (generation_id,) = lexical.generation_ids()
             assert lexical.segment_count(generation_id) > 1
             evidence = lexical.evidence(generation_id)
@@ -122,19 +126,7 @@ def test_the_compactor_waits_while_a_vector_build_runs(
     try:
         stack.loop.start()  # The projector only: the compactor is started below.
         with TestClient(stack.app) as client:
-            for start in range(0, 30, 10):  # One commit (one segment) per batch.
-                response = client.post(
-                    "/v1/records", json=[_record(n) for n in range(start, start + 10)]
-                )
-                assert response.status_code == 200, response.text
-
-                def caught_up(total: int = start + 10) -> bool:
-                    scopes = client.get("/v1/readiness").json().get("scopes", [])
-                    return sum(s["document_count"] for s in scopes) == total and not any(
-                        s["lag_events"] for s in scopes
-                    )
-
-                _wait(caught_up)
+            _post_in_segments(client, 30)
             (generation_id,) = lexical.generation_ids()
             assert lexical.segment_count(generation_id) > 1
             before = client.post("/v1/external/retrieve/topk_records", json=query)
