@@ -103,9 +103,9 @@ COMPACT_SHARE = 0.5
 _GIVE_WAY = 1_000
 _COMPACTABLE = frozenset({GenerationState.SEALED, GenerationState.VERIFIED, GenerationState.LIVE})
 # How long a background compaction (or lexical copy) waits, in all, for the vector
-# index's builds (`QdrantEdgeVectorIndex.building`) before it runs beside them: about
-# what a 1M generation's build should take with both cores (session 29's child: 2,170 s
-# on ~1.3 of them, beside the bench's searches), so a build is not shared before then.
+# index's builds (`QdrantEdgeVectorIndex.building`) before it runs beside them: twice
+# what a 1M generation's build took with the cores to itself (session 32's child: 800 s
+# on ~1.75 of two; session 29's, sharing them: 2,170 s), room for a slower machine.
 BUILD_FIRST_MAX_WAIT_S = 1_800.0
 # How often a compaction waiting for a build looks again.
 _BUILD_POLL_S = 0.5
@@ -207,7 +207,7 @@ class _BuildsFirst:
     quiet generation; the build is the one queries wait for (a brute force over every
     unindexed point against a few milliseconds of a segment count), and a compaction,
     paced to half the wall time and not niced, took about a third of the build child's
-    cores (session 32). Not thread-safe: one per compaction pass."""
+    cores (session 32). Not thread-safe: one per round of the compactor."""
 
     def __init__(
         self,
