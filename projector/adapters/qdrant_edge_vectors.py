@@ -2597,8 +2597,15 @@ def _remove_stale_spares(root: Path) -> None:
         if (pid == os.getpid() and token not in _SPARE_TOKENS) or (
             pid != os.getpid() and not _process_alive(pid)
         ):
-            _log.info("removed stale spare shard %s", path.name)
-            _remove_tree(path)
+            try:
+                _remove_tree(path)
+            except OSError as error:
+                # A crashed owner's spare-making child outlives it and may still be
+                # writing into the directory ("Directory not empty"): a spare is only a
+                # head start, so it is left for the next start to remove.
+                _log.warning("could not remove stale spare shard %s yet: %s", path.name, error)
+            else:
+                _log.info("removed stale spare shard %s", path.name)
 
 
 def _resolve(

@@ -6,14 +6,19 @@ config must never get it; spares left by a process that is gone are removed."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from contracts.index import IndexDocument, SearchFilter
 from projector.adapters.qdrant_edge_vectors import (
@@ -227,6 +232,36 @@ def test_stale_spares_are_removed_at_start_up(tmp_path: Path) -> None:
     finally:
         index.close()
     assert _spares(tmp_path) == [alive.name]
+
+
+def test_a_stale_spare_still_written_to_does_not_stop_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crashed server's spare-making child outlives it and may still write into its
+    half-made spare while the next server starts (CI: rmtree's "Directory not empty").
+    The start goes on, the spare is left, and the next start removes it."""
+    stale = tmp_path / f".spare-{_dead_pid()}-0badc0de-{'0' * 16}.tmp"
+    _create_empty(str(stale), DIMENSION, QdrantEdgeTuning())
+    rmtree = shutil.rmtree
+
+    def written_meanwhile(path: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+        if Path(path) == stale:
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", "payload_index")
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", written_meanwhile)
+    index = QdrantEdgeVectorIndex(tmp_path, spare_dimension=DIMENSION)
+    try:
+        index.create("g1", DIMENSION)
+        assert stale.name in _spares(tmp_path)
+    finally:
+        index.close()
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    again = QdrantEdgeVectorIndex(tmp_path, spare_dimension=DIMENSION)
+    try:
+        assert stale.name not in _spares(tmp_path)
+    finally:
+        again.close()
 
 
 def test_close_while_the_spare_is_made_leaves_nothing(tmp_path: Path) -> None:
