@@ -40,6 +40,21 @@ def _wait(condition: Any, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _settings(tmp_path: Path) -> QuerySettings:
+    return QuerySettings(
+        data_dir=tmp_path / "data", cache_responses=False, optimize_interval_seconds=0.5
+    )
+
+
+def _query(text: str) -> dict[str, Any]:
+    return {
+        "namespace": NS,
+        "scope_ref": "longterm:objects:current",
+        "query_text": text,
+        "result_limit": 10,
+    }
+
+
 def _post_in_segments(client: TestClient, total: int) -> None:
     """POST `total` records ten at a time, each batch applied before the next: one
     commit, so one tantivy segment, per batch."""
@@ -59,17 +74,10 @@ def _post_in_segments(client: TestClient, total: int) -> None:
 def test_the_background_compactor_leaves_one_segment_and_the_same_answers(
     tmp_path: Path,
 ) -> None:
-    settings = QuerySettings(
-        data_dir=tmp_path / "data", cache_responses=False, optimize_interval_seconds=0.5
-    )
+    settings = _settings(tmp_path)
     stack = EmbeddedStack.open(settings)
     lexical = stack.projector.lexical
-    query = {
-        "namespace": NS,
-        "scope_ref": "longterm:objects:current",
-        "query_text": "thermos garden",
-        "result_limit": 10,
-    }
+    query = _query("thermos garden")
     try:
         stack.loop.start()  # The projector only: no compactor yet.
         with TestClient(stack.app) as client:
@@ -103,18 +111,11 @@ def test_the_compactor_waits_while_a_vector_build_runs(
     go = tmp_path / "go"
     held = f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
     monkeypatch.setattr(edge_module, "_OPTIMIZE_SCRIPT", held + edge_module._OPTIMIZE_SCRIPT)
-    settings = QuerySettings(
-        data_dir=tmp_path / "data", cache_responses=False, optimize_interval_seconds=0.5
-    )
+    settings = _settings(tmp_path)
     stack = EmbeddedStack.open(settings)
     lexical = stack.projector.lexical
     vectors = stack.projector.vectors
-    query = {
-        "namespace": NS,
-        "scope_ref": "longterm:objects:current",
-        "query_text": "thermos garden",
-        "result_limit": 10,
-    }
+    query = _query("thermos garden")
     asked: list[bool] = []
 
     def building() -> bool:
@@ -163,15 +164,8 @@ def test_a_reopened_generation_gets_its_in_memory_copy_and_the_same_answers(
     """A generation opened from disk has no in-memory lexical copy; the background
     compactor builds one from the canonical store once it is quiet (one segment, no
     deleted document), and the answers stay the engine's."""
-    settings = QuerySettings(
-        data_dir=tmp_path / "data", cache_responses=False, optimize_interval_seconds=0.5
-    )
-    query = {
-        "namespace": NS,
-        "scope_ref": "longterm:objects:current",
-        "query_text": "thermos garden keys",
-        "result_limit": 10,
-    }
+    settings = _settings(tmp_path)
+    query = _query("thermos garden keys")
     first = EmbeddedStack.open(settings)
     try:
         first.loop.start()
