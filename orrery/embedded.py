@@ -22,6 +22,7 @@ from prometheus_client import Gauge
 from contracts.auth import ApiKeyGrant, parse_api_keys
 from contracts.embedding import Embedder
 from contracts.events import LogEntry
+from contracts.pacing import Activity
 from contracts.progress import LogProgress
 from ingest.bootstrap import canonical_db_path, embedded_store, job_store, store_maintenance
 from ingest.entrypoints.admin_http import create_router as create_store_admin_router
@@ -129,8 +130,13 @@ def _copy_verdicts(
 
 
 def eligibility_gate(
-    settings: QuerySettings, admin: GenerationAdmin, routing: Routing
+    settings: QuerySettings,
+    admin: GenerationAdmin,
+    routing: Routing,
+    activity: Activity | None = None,
 ) -> EligibilityGate:
+    """The gate of a query process; its periodic re-checks yield to `activity` (the
+    process's HTTP requests in flight, `build_app(activity=…)`)."""
     return EligibilityGate(
         admin,
         routing,
@@ -138,6 +144,7 @@ def eligibility_gate(
         fallback=settings.coverage_fallback,
         background_share=settings.eligibility_background_share,
         recheck_share=settings.eligibility_recheck_share,
+        yield_to=activity,
     )
 
 
@@ -234,12 +241,14 @@ def query_routers(
     admin: GenerationAdmin,
     status: Callable[[], dict[str, Any]],
     backend: Literal["embedded", "servers"] = "embedded",
+    activity: Activity | None = None,
 ) -> tuple[EligibilityGate, list[APIRouter]]:
-    """The read side of a process: the eligibility gate in front of both searches, and
-    Orrery's query routes, the ChonkyDB dialect and KoutenDB's envelope over the gated
-    ports (ring statistics, profiles and kept envelopes next to the registry)."""
+    """The read side of a process: the eligibility gate in front of both searches (its
+    re-checks yield to `activity`), and Orrery's query routes, the ChonkyDB dialect and
+    KoutenDB's envelope over the gated ports (ring statistics, profiles and kept
+    envelopes next to the registry)."""
     routing = cast(RegistryRouting, ports.routing)
-    gate = eligibility_gate(settings, admin, routing)
+    gate = eligibility_gate(settings, admin, routing, activity)
     # Server engines search only copies whose read-back matched the registry.
     for source, engine in ((ports.vectors, "qdrant"), (ports.lexical, "opensearch")):
         use_copy_verdicts = getattr(source, "use_copy_verdicts", None)
@@ -484,7 +493,11 @@ class EmbeddedStack:
         )
         ports = dataclasses.replace(ports, observer=query_observer(observability))
         status = with_tracing_status(loop.status, observability)
-        gate, readers = query_routers(settings, ports, grants, admin=admin, status=status)
+        # The requests in flight: the gate's re-checks run in the gaps between them.
+        activity = Activity()
+        gate, readers = query_routers(
+            settings, ports, grants, admin=admin, status=status, activity=activity
+        )
         observe_state(metrics, routing=ports.routing, status=status, gate=gate, admin=admin)
         observe_flat_copies(metrics, projector.vectors.flat_usage)
         # The serving interpreter keeps the projector and the queries; a POST's parse,
@@ -530,6 +543,7 @@ class EmbeddedStack:
             api_key_header=settings.api_key_header,
             document_facts=document_facts(settings, embedder.dimension),
             observability=observability,
+            activity=activity,
         )
         if not grants:
             log.warning("no API keys configured (ORRERY_API_KEYS): the API is open")

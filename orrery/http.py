@@ -27,6 +27,7 @@ from contracts.auth import Access, declare
 from contracts.errors import HTTP_STATUS, ErrorBody, ErrorCode, ErrorResponse, OrreryError
 from contracts.openapi import finish_document, operation
 from contracts.ops import HealthResponse
+from contracts.pacing import Activity
 from contracts.request_context import note_error
 from orrery.guard import (
     DEFAULT_MAX_BODY_BYTES,
@@ -73,15 +74,17 @@ def build_app(
     api_key_header: str = API_KEY_HEADER,
     document_facts: dict[str, Any] | None = None,
     observability: Observability | None = None,
+    activity: Activity | None = None,
 ) -> FastAPI:
     """An app with Orrery's error shape, request guard and OpenAPI document (with the
     deployment's `document_facts`, `contracts.openapi.DEPLOYMENT`), `/healthz`, and
     `routers` mounted in order; API keys read from `api_key_header` (and
     `Authorization: Bearer`); the one-shot query routes among them
     (`query.entrypoints.http.LEAN_ROUTES`) are answered by `orrery.lean.LeanRoutes`,
-    inside the request guard and every middleware added later; with `observability`,
-    the request telemetry around it all (ids, metrics, spans, access log) and
-    `GET /metrics` when metrics are on."""
+    inside the request guard and every middleware added later; with `activity`, every
+    request but the `stream_paths`' counted in flight (`CountsRequests`: background scans
+    yield to them); with `observability`, the request telemetry around it all (ids,
+    metrics, spans, access log) and `GET /metrics` when metrics are on."""
     # FastAPI's native OpenTelemetry bridge looks the global providers up on every
     # request; Orrery configures none, so it would only ever find them unconfigured.
     # /docs and /redoc from bundled files (`orrery.ui`), not FastAPI's CDN pages.
@@ -99,6 +102,8 @@ def build_app(
     install_openapi(app, document_facts, body_limits=limits)
     if api_key_header.lower() != API_KEY_HEADER:
         app.add_middleware(ApiKeyHeader, header=api_key_header)
+    if activity is not None:
+        app.add_middleware(CountsRequests, activity=activity, skip=frozenset(stream_paths))
     if observability is not None:
         # Added last: the outermost middleware, so it sees the guard's refusals too.
         app.add_middleware(RequestTelemetry, observability=observability)
@@ -136,6 +141,26 @@ _HEALTHY = b'{"status":"ok"}'
 async def _healthz(_: Request) -> Response:
     """`GET /healthz` in the lean lane: what FastAPI sends for `get_healthz`'s dict."""
     return Response(_HEALTHY, media_type="application/json")
+
+
+class CountsRequests:
+    """ASGI middleware: each HTTP request is `activity.running()` from its first byte in
+    to its last byte out, so the process's background scans (the eligibility gate's
+    re-checks) run their chunks in the gaps between requests (`contracts.pacing`). The
+    `skip` paths (streamed imports: minutes long) are not counted: they would keep a
+    scan at its slowest all along."""
+
+    def __init__(self, app: ASGIApp, *, activity: Activity, skip: frozenset[str]) -> None:
+        self._app = app
+        self._activity = activity
+        self._skip = skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path", "") in self._skip:
+            await self._app(scope, receive, send)
+            return
+        with self._activity.running():
+            await self._app(scope, receive, send)
 
 
 class ApiKeyHeader:

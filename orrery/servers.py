@@ -25,6 +25,7 @@ from fastapi import APIRouter, FastAPI
 
 from contracts.auth import parse_api_keys
 from contracts.embedding import Embedder
+from contracts.pacing import Activity
 from ingest.bootstrap import (
     RELAY_MAX_BATCHES,
     canonical_db_path,
@@ -352,8 +353,16 @@ class ServerStack:
                 log.warning("generation %s: its builder is gone; marked failed", generation_id)
             # A promote killed between the pointer flip and the alias mirror heals here.
             stack.admin.mirror_live_aliases()
+            # The requests in flight: the gate's re-checks run in the gaps between them.
+            activity = Activity()
             stack.gate, readers = query_routers(
-                settings, ports, grants, admin=stack.admin, status=stack.status, backend="servers"
+                settings,
+                ports,
+                grants,
+                admin=stack.admin,
+                status=stack.status,
+                backend="servers",
+                activity=activity,
             )
             observe_state(
                 metrics,
@@ -376,6 +385,7 @@ class ServerStack:
                     settings, None if embedder is None else embedder.dimension
                 ),
                 observability=observability,
+                activity=activity,
             )
         elif routers:
             stack.app = build_app(

@@ -453,8 +453,8 @@ def _read_evidence(
 ) -> tuple[RegistrySnapshot, str, list[EngineEvidence], str]:
     """Registry set and every engine's read-back compared with it, at one moment.
 
-    `pace` is called between chunks of the engine reads, except in the re-read that
-    holds writers off (pacing there would hold them off for longer).
+    `pace` is called between chunks of the engine reads and of the comparison, except
+    in the re-read that holds writers off (pacing there would hold them off for longer).
 
     Returns `(registry snapshot, its id_set_digest, per-engine evidence, error)`;
     `error` is set (and the evidence empty) when an engine could not be read. The
@@ -498,13 +498,15 @@ def _read_evidence(
         registry: RegistrySnapshot,
         observed: list[tuple[str, Observed]],
     ) -> tuple[str, list[EngineEvidence]]:
-        digest = id_set_digest(registry.pairs.items())
+        # Paced as the reads are (in memory: no writer waits on it); the registry's
+        # pairs come in id order, hashed without a sort (`id_set_digest`).
+        digest = id_set_digest(registry.pairs.items(), pace=pace)
         out = []
         for engine, (pairs, copies) in observed:
             if copies is not None:
                 out.append(copy_evidence(engine, registry.pairs, copies, routes[engine]))
             else:
-                diff = diff_pairs(registry.pairs, pairs, expected_digest=digest)
+                diff = diff_pairs(registry.pairs, pairs, expected_digest=digest, pace=pace)
                 out.append(engine_evidence(engine, diff))
         return digest, out
 

@@ -21,10 +21,15 @@ facts in the shared registry. A positive verdict stands until the timer or an er
 evidence does not depend on the state, and dead states are refused by the route's state.
 
 A periodic re-check of an eligible generation shares the interpreter with the queries
-it guards, so it yields to them: its engine reads sleep between pages
-(`contracts.pacing.DutyCycle`, at most `background_share` of the wall time; ~0.5-0.8 s
-of CPU flat out at 100k documents, ~7 s at 1M since session 31). First checks, suspects and
-negative verdicts run flat out: a query may be waiting for them.
+it guards, so it yields to them: its engine reads and its comparison sleep between
+chunks (`contracts.pacing.DutyCycle`, at most `background_share` of the wall time; ~0.5-0.8
+s of CPU flat out at 100k documents, ~7 s at 1M since session 31), and — given the
+process's requests in flight (`yield_to`, counted by the HTTP app) — each chunk waits
+for a gap between requests (`_QUIET_SECONDS` without one, at most `_MAX_YIELD_SECONDS`
+a chunk: under steady load a re-check still moves, slowly). No chunk holds the
+interpreter for long (a few ms at 1M, session 33: the registry's pairs come in id
+order and are hashed without a sort). First checks, suspects and negative verdicts run
+flat out: a query may be waiting for them.
 
 A check's cost grows with the generation, the interval does not: at 1M documents a paced
 re-check outlasts a 60 s interval, and the next one was due as it ended — the serving
@@ -44,6 +49,7 @@ partial answer.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -54,7 +60,7 @@ from typing import Any, Literal
 from contracts.errors import ErrorCode, OrreryError
 from contracts.generations import CopyEvidence, CoverageFallback, EvidenceCheck
 from contracts.index import Candidate, SearchFilter
-from contracts.pacing import DutyCycle, Pace, no_pace
+from contracts.pacing import Activity, DutyCycle, Pace, no_pace
 from query.ports import EvidenceSource, LexicalSearch, Route, Routing, VectorSearch
 
 __all__ = [
@@ -78,6 +84,10 @@ _NEGATIVE_RECHECK_SECONDS = 5.0
 # The least a verdict rests after its check: this many times the check's own duration
 # (`EligibilityGate(recheck_share=…)`: 0.2 -> 4x, re-checks at most a fifth of the time).
 _DEFAULT_RECHECK_SHARE = 0.2
+# A periodic re-check's next chunk waits for a gap between requests this long (none ran
+# or started meanwhile), at most `_MAX_YIELD_SECONDS` a chunk (`DutyCycle(yield_to=…)`).
+_QUIET_SECONDS = 0.005
+_MAX_YIELD_SECONDS = 0.1
 # The facts a verdict speaks for when they could not be read.
 _UNKNOWN = ("", -1)
 
@@ -195,6 +205,7 @@ class EligibilityGate:
         first_check_wait_seconds: float = 30.0,
         background_share: float = 0.25,
         recheck_share: float = _DEFAULT_RECHECK_SHARE,
+        yield_to: Activity | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if not 0.0 < recheck_share <= 1.0:
@@ -204,6 +215,7 @@ class EligibilityGate:
         self._interval = interval_seconds
         self._background_share = background_share
         self._recheck_share = recheck_share
+        self._yield_to = yield_to
         self._fallback = fallback
         self._first_wait = first_check_wait_seconds
         self._clock = clock
@@ -371,6 +383,12 @@ class EligibilityGate:
                 facts = self._facts(generation_id)
             try:
                 verdict = Verdict.of(self._source.check(generation_id, pace=pace), facts)
+                if isinstance(pace, DutyCycle) and pace.yielded_seconds:
+                    # What the check rests on is its own time (and its sleeps), not the
+                    # requests it let run first: else a busy hour would space re-checks
+                    # out by the traffic's length.
+                    seconds = max(0.0, verdict.seconds - pace.yielded_seconds)
+                    verdict = dataclasses.replace(verdict, seconds=seconds)
             except OrreryError as exc:
                 state, commit_seq = facts or _UNKNOWN
                 reason = f"check failed: {exc.message}"
@@ -388,14 +406,22 @@ class EligibilityGate:
     def _pace_for(self, generation_id: str) -> Pace:
         """How a periodic check of `generation_id` runs: re-checking an eligible
         generation, it yields to queries (`DutyCycle` at the background share: a full
-        read-back holds the interpreter for seconds at 100k documents); without a
-        positive verdict (a first check, a negative one), queries may be waiting for it
-        (`admit`), so it runs flat out, as do suspects'."""
+        read-back holds the interpreter for seconds at 100k documents; and, given the
+        process's requests in flight (`yield_to`), each chunk waits for a gap between
+        them); without a positive verdict (a first check, a negative one), queries may
+        be waiting for it (`admit`), so it runs flat out, as do suspects'."""
         with self._lock:
             held = self._verdicts.get(generation_id)
-        if held is None or not held.eligible or self._background_share >= 1.0:
+        if held is None or not held.eligible:
             return no_pace
-        return DutyCycle(self._background_share)
+        if self._background_share >= 1.0 and self._yield_to is None:
+            return no_pace
+        return DutyCycle(
+            self._background_share,
+            yield_to=self._yield_to,
+            quiet_seconds=_QUIET_SECONDS,
+            max_wait_seconds=_MAX_YIELD_SECONDS,
+        )
 
     def _forgets(self, generation_id: str) -> bool:
         """Drop the verdict of a generation no query can be admitted to (retired, failed,

@@ -38,7 +38,13 @@ from contracts.generations import (
 from contracts.qualification import QualificationReceipt
 from projector.adapters.postgres_pool import driver_errors, open_pool
 from projector.dead_letters import dead_letter_of, rejected_value
-from projector.model import WRITABLE_STATES, engine_named_topology, new_generation, transition
+from projector.model import (
+    WRITABLE_STATES,
+    engine_named_topology,
+    fetched_pairs,
+    new_generation,
+    transition,
+)
 from projector.ports import DeadLetter, RegistrySnapshot, RejectedRecord, Undecodable
 
 __all__ = ["PostgresProjectorState"]
@@ -332,19 +338,20 @@ class PostgresProjectorState:
                 raise OrreryError(
                     ErrorCode.NOT_FOUND, f"generation {generation_id!r} does not exist"
                 )
+            # In id order by code point (= UTF-8 bytes, "C"): hashed without a sort.
             cur.execute(
                 "SELECT document_id, revision FROM generation_documents "
-                "WHERE generation_id = %s AND NOT deleted",
+                'WHERE generation_id = %s AND NOT deleted ORDER BY document_id COLLATE "C"',
                 (generation_id,),
             )
-            pairs = cur.fetchall()
+            pairs = fetched_pairs(cur.fetchmany)
         base = GenerationDescriptor.model_validate_json(str(row[0]))
         return base.model_copy(
             update={
                 "state": GenerationState(str(row[1])),
                 "applied_position": int(row[2]),
                 "document_count": len(pairs),
-                "id_set_digest": id_set_digest((str(d), int(r)) for d, r in pairs),
+                "id_set_digest": id_set_digest(pairs.items()),
             }
         ).with_digest()
 
@@ -524,12 +531,13 @@ class PostgresProjectorState:
                 (generation_id,),
             )
             row = cur.fetchone()
+            # In id order by code point (= UTF-8 bytes, "C"): hashed without a sort.
             cur.execute(
                 "SELECT document_id, revision FROM generation_documents "
-                "WHERE generation_id = %s AND NOT deleted",
+                'WHERE generation_id = %s AND NOT deleted ORDER BY document_id COLLATE "C"',
                 (generation_id,),
             )
-            pairs = cur.fetchall()
+            pairs = fetched_pairs(cur.fetchmany)
         if row is None:
             raise OrreryError(
                 ErrorCode.NOT_FOUND,
@@ -539,7 +547,7 @@ class PostgresProjectorState:
         return RegistrySnapshot(
             generation_id=generation_id,
             state=GenerationState(str(row[0])),
-            pairs={str(d): int(r) for d, r in pairs},
+            pairs=pairs,
             applied_position=int(row[1]),
             commit_seq=int(row[2]),
         )

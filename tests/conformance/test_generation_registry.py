@@ -30,6 +30,7 @@ from contracts.records import Record
 from contracts.vector_payload import check_generation_id
 from ingest.adapters.sqlite_outbox_relay import SqliteOutboxReader
 from ingest.adapters.sqlite_store import SqliteRecordStore
+from projector import model
 from projector.adapters.file_lock import FileWriterLock, OperatorLock
 from projector.adapters.sqlite_snapshot import SqliteCanonicalSnapshot
 from projector.adapters.sqlite_state import SqliteProjectorState
@@ -310,6 +311,21 @@ def test_record_documents_keeps_the_newer_revision(registry: Registry) -> None:
     assert snapshot.pairs == {"a": 2}
     assert snapshot.commit_seq == before + 2
     assert registry.generation(generation_id)[0].document_count == 1
+
+
+def test_registry_pairs_come_in_id_order(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry's pairs come in Python's order of their ids (code points: UTF-8
+    bytes in SQLite's key order and PostgreSQL's "C" collation), so an evidence check
+    hashes them without a sort (`id_set_digest`), also past the fetch chunk."""
+    generation_id = _begin(registry)
+    ids = ["b", "a", "B", "\u00e4", "a-1", "a_1", "\u4e2d", "z", "\U0001f600", "~"]
+    ids += [f"doc-{i:05d}" for i in range(0, 50_000, 997)]
+    registry.record_documents(generation_id, {d: (1, False) for d in ids})
+    monkeypatch.setattr(model, "_FETCH_CHUNK", 4)
+    pairs = registry.registry_pairs(generation_id).pairs
+    assert list(pairs) == sorted(ids)
 
 
 def test_document_count_follows_upserts_deletes_and_stale_writes(registry: Registry) -> None:

@@ -2,14 +2,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import uuid
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from contracts import digests
 from contracts.auth import authenticate, parse_api_keys
 from contracts.digests import canonical_json, id_set_digest
 from contracts.errors import ErrorCode, OrreryError
@@ -82,6 +85,38 @@ def test_id_set_digest_ignores_order_and_rejects_duplicates() -> None:
     assert id_set_digest([]) != id_set_digest([("a", 1)])
     with pytest.raises(ValueError, match="twice"):
         id_set_digest([("a", 1), ("a", 2)])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.text(max_size=6), st.integers(0, 3), max_size=40),
+    st.sampled_from(["ascending", "descending", "shuffled"]),
+    st.randoms(use_true_random=False),
+)
+def test_id_set_digest_hashes_ascending_pairs_chunk_by_chunk(
+    pairs: dict[str, int], order: str, rng: random.Random
+) -> None:
+    """Ids in strictly ascending order (a registry read in key order) are hashed as they
+    come, a chunk between two `pace` calls; any other order is sorted first. The digest
+    is the reference one either way, also when the order breaks after a few chunks."""
+    items = sorted(pairs.items(), reverse=order == "descending")
+    if order == "shuffled":
+        rng.shuffle(items)
+    paced: list[int] = []
+    with mock.patch.object(digests, "_DIGEST_CHUNK", 3):
+        got = id_set_digest(iter(items), pace=lambda: paced.append(1))
+    assert got == _reference_id_set_digest(items)
+    # One pace per chunk hashed: every chunk of an ascending set, at least one otherwise.
+    chunks = -(-len(items) // 3)
+    assert len(paced) >= min(chunks, 1) and len(paced) <= 2 * chunks
+
+
+def test_id_set_digest_rejects_duplicates_across_chunks() -> None:
+    with mock.patch.object(digests, "_DIGEST_CHUNK", 2):
+        with pytest.raises(ValueError, match="twice"):
+            id_set_digest([("a", 1), ("b", 1), ("b", 1), ("c", 1)])
+        with pytest.raises(ValueError, match="twice"):
+            id_set_digest([("a", 1), ("b", 1), ("b", 2)])
 
 
 def test_document_id_is_stable_and_scoped() -> None:

@@ -3,9 +3,12 @@ gc choices; the eligibility gate and the admin key check with fakes."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -21,7 +24,8 @@ from contracts.generations import (
     SourceManifest,
     Topology,
 )
-from contracts.pacing import DutyCycle, Pace, no_pace
+from contracts.pacing import Activity, DutyCycle, Pace, no_pace
+from projector import model
 from projector.entrypoints.admin_http import check_admin_key
 from projector.model import (
     ALLOWED_TRANSITIONS,
@@ -33,6 +37,7 @@ from projector.model import (
     rollback_target,
     transition,
 )
+from query import eligibility
 from query.eligibility import EligibilityGate, Verdict
 from query.ports import Route, ScopeReadiness
 
@@ -184,7 +189,17 @@ def test_diff_pairs_is_the_pairwise_comparison(
     if same:  # the common case: exactly the expected pairs, in any order
         observed = sorted(expected.items(), reverse=True)
     digest = id_set_digest(expected.items())
-    diff = diff_pairs(expected, iter(observed), expected_digest=digest if with_digest else None)
+    paced: list[int] = []
+    # Chunks of 2: the comparison of equal sets spans several (`_equal_pairs`).
+    with mock.patch.object(model, "_COMPARE_CHUNK", 2):
+        diff = diff_pairs(
+            expected,
+            iter(observed),
+            expected_digest=digest if with_digest else None,
+            pace=lambda: paced.append(1),
+        )
+    if same and with_digest:
+        assert len(paced) == max(0, -(-len(observed) // 2) - 1)
     seen: dict[str, int] = {}
     for document_id, revision in observed:
         seen[document_id] = max(revision, seen.get(document_id, revision))
@@ -501,6 +516,61 @@ def test_periodic_rechecks_of_an_eligible_generation_yield_and_others_run_flat_o
         assert all(p is no_pace for p in source.paces[negative : negative + 2])
     finally:
         gate.close()
+
+
+class PacingSource(FakeSource):
+    """Calls `pace` once between two chunks of each check; the check lasts what it took."""
+
+    def __init__(self, ok: dict[str, bool]) -> None:
+        super().__init__(ok)
+        self.seconds: list[float] = []
+
+    def check(self, generation_id: str, *, pace: Pace = no_pace) -> EvidenceCheck:
+        started = time.perf_counter()
+        pace()
+        result = super().check(generation_id, pace=pace)
+        self.seconds.append(time.perf_counter() - started)
+        return result.model_copy(update={"seconds": self.seconds[-1]})
+
+
+def test_a_recheck_waits_for_a_gap_between_requests_and_rests_on_its_own_time() -> None:
+    """Given the process's requests in flight, a periodic re-check's chunks wait for a gap
+    between them (at most `_MAX_YIELD_SECONDS` a chunk), also when it may work all the
+    time; the time it waited is not what its verdict rests on."""
+    activity = Activity()
+    source = PacingSource({"g2": True})
+    gate = EligibilityGate(
+        source,
+        FakeRouting([]),
+        interval_seconds=3600.0,
+        background_share=1.0,
+        yield_to=activity,
+    )
+    gate.admit(route(), "s")  # the first check: flat out, a query waits for it
+    assert source.paces == [no_pace]
+    with activity.running():  # a request in flight all along
+        gate.suspect("g2")  # asked for: flat out too
+        gate.start()
+        try:
+            assert _eventually(lambda: len(source.paces) >= 2)
+            assert source.paces[1] is no_pace
+            # A re-check due by its age (not asked for), without waiting the hour.
+            with gate._lock:
+                gate._verdicts["g2"] = dataclasses.replace(
+                    gate._verdicts["g2"],
+                    checked_at=datetime.now(UTC) - timedelta(hours=2),
+                )
+            assert _eventually(lambda: len(source.paces) >= 3)
+        finally:
+            gate.close()
+    recheck = source.paces[2]
+    assert isinstance(recheck, DutyCycle)
+    assert recheck.yielded_seconds >= eligibility._MAX_YIELD_SECONDS
+    held = gate._verdicts["g2"]
+    assert held.seconds == pytest.approx(
+        max(0.0, source.seconds[2] - recheck.yielded_seconds), abs=1e-3
+    )
+    assert held.seconds < source.seconds[2]
 
 
 def test_a_gate_that_may_work_all_the_time_never_paces() -> None:

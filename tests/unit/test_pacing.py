@@ -1,12 +1,16 @@
-"""`contracts.pacing.DutyCycle`: the sleeps that keep a background scan at its share."""
+"""`contracts.pacing`: the sleeps that keep a background scan at its share (`DutyCycle`)
+and the gaps between requests it waits for (`Activity`)."""
 
 from __future__ import annotations
+
+import threading
+import time as real_time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.pacing import DutyCycle, no_pace
+from contracts.pacing import Activity, DutyCycle, no_pace
 
 
 class FakeTime:
@@ -69,3 +73,66 @@ def test_work_never_exceeds_its_share_of_the_wall_time(share: float, chunks: lis
         pace()
     wall = time.now - start
     assert sum(chunks) <= share * wall + 1e-9
+
+
+def test_an_idle_process_is_quiet_after_one_quiet_period() -> None:
+    time = FakeTime()
+    activity = Activity(clock=time.clock, sleep=time.sleep)
+    assert activity.wait_quiet(0.01, 1.0) == pytest.approx(0.01)
+    assert activity.in_flight == 0
+
+
+def test_a_request_that_starts_during_the_quiet_period_restarts_it() -> None:
+    time = FakeTime()
+
+    def sleep(seconds: float) -> None:
+        if not time.sleeps:  # a short request comes and goes in the first quiet period
+            with activity.running():
+                assert activity.in_flight == 1
+        time.sleep(seconds)
+
+    activity = Activity(clock=time.clock, sleep=sleep)
+    assert activity.wait_quiet(0.01, 1.0) == pytest.approx(0.02)
+    assert time.sleeps == pytest.approx([0.01, 0.01])
+
+
+def test_a_scan_waits_for_the_request_in_flight_to_end() -> None:
+    activity = Activity()
+    entered, leave = threading.Event(), threading.Event()
+
+    def request() -> None:
+        with activity.running():
+            entered.set()
+            leave.wait(30)
+
+    worker = threading.Thread(target=request)
+    worker.start()
+    try:
+        assert entered.wait(30)
+        threading.Timer(0.05, leave.set).start()
+        waited = activity.wait_quiet(0.005, 30.0)
+        # Returned before its bound: only once nothing was in flight (and 5 ms after).
+        assert waited < 30.0 and leave.is_set() and activity.in_flight == 0
+    finally:
+        leave.set()
+        worker.join(30)
+
+
+def test_a_scan_under_steady_load_still_moves_after_its_longest_wait() -> None:
+    activity = Activity()
+    with activity.running():
+        started = real_time.monotonic()
+        waited = activity.wait_quiet(0.005, 0.1)
+        assert activity.in_flight == 1
+    assert 0.1 <= waited <= real_time.monotonic() - started
+
+
+def test_a_duty_cycle_yields_to_requests_after_its_sleep_and_counts_it_apart() -> None:
+    time = FakeTime()
+    activity = Activity(clock=time.clock, sleep=time.sleep)
+    pace = DutyCycle(0.5, clock=time.clock, sleep=time.sleep, yield_to=activity, quiet_seconds=0.01)
+    time.now += 0.1
+    pace()
+    assert time.sleeps == pytest.approx([0.1, 0.01])  # its share's sleep, then the quiet
+    assert pace.slept_seconds == pytest.approx(0.1)
+    assert pace.yielded_seconds == pytest.approx(0.01)

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, ConfigDict
 
+from contracts.pacing import Activity
 from orrery.guard import RequestGuard
 from orrery.http import build_app, install_error_handlers, install_request_guard
 from query.entrypoints.http import parse_body
@@ -215,3 +216,31 @@ def test_the_document_states_each_body_routes_limit_as_the_guard_applies_it() ->
             for content in (b"x" * (limit + 1), iter([b"x" * 1_000] * (limit // 1_000 + 1))):
                 error = error_of(test.request(method, path, content=content), 413, "body_too_large")
                 assert error["details"] == {"max_body_bytes": limit}
+
+
+def test_every_request_but_a_streamed_one_is_counted_in_flight() -> None:
+    """`build_app(activity=…)`: a request is in flight from its first byte in to its last
+    out (the eligibility gate's re-checks wait for the gaps); streamed imports are not
+    counted (minutes long, they would hold a re-check at its slowest all along)."""
+    activity = Activity()
+    router = APIRouter()
+
+    @router.get("/busy")
+    async def busy() -> dict[str, int]:
+        return {"in_flight": activity.in_flight}
+
+    @router.post("/stream")
+    async def stream() -> dict[str, int]:
+        return {"in_flight": activity.in_flight}
+
+    app = build_app("t", [router], stream_paths=["/stream"], activity=activity)
+    with TestClient(app) as test_client:
+        assert test_client.get("/busy").json() == {"in_flight": 1}
+        answer = test_client.post(
+            "/stream", content=b"{}\n", headers={"content-type": "application/x-ndjson"}
+        )
+        assert answer.json() == {"in_flight": 0}
+        plain = {"content-type": "text/plain"}
+        refused = test_client.post("/busy", content=b"x" * 10, headers=plain)
+        assert refused.status_code == 415
+    assert activity.in_flight == 0
