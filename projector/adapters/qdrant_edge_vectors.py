@@ -307,7 +307,19 @@ _RETRIEVE_PAGE = 1_000
 # mapped twice, so `_ChildPager` could reclaim none of them (1M: 2.5 GiB of the child's
 # RSS). Not read in on load, each page the build reads is mapped once. A segment the
 # build leaves in place gets its storage type back before the copy is swapped in.
-_OPTIMIZE_SCRIPT = """
+# The first lines of every child script here: the child is killed when the thread that
+# started it ends (`PR_SET_PDEATHSIG`; that thread waits for it, so: when the server
+# dies). A crashed server's optimizer or spare child went on writing into files the next
+# start removes (session 32) and on using a core. Linux only; elsewhere a no-op.
+_DIES_WITH_PARENT = """
+import ctypes as _ctypes
+import signal as _signal
+try:
+    _ctypes.CDLL(None, use_errno=True).prctl(1, _signal.SIGKILL)
+except (AttributeError, OSError):
+    pass
+"""
+_OPTIMIZE_SCRIPT = _DIES_WITH_PARENT + """
 import json
 import os
 import sys
@@ -345,7 +357,7 @@ print("optimized" if changed else "unchanged")
 # Run by `_SpareMaker` in a child process: creates an empty shard with its payload
 # indexes (`_create_empty`, this very module: argv[3] is its file, checked after the
 # import) at argv[1], flushed and closed. Niced: it runs beside serving.
-_SPARE_SCRIPT = """
+_SPARE_SCRIPT = _DIES_WITH_PARENT + """
 import json
 import os
 import sys

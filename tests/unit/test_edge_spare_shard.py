@@ -286,3 +286,42 @@ def test_creating_before_the_spare_is_ready_works_and_a_spare_follows(tmp_path: 
     finally:
         index.close()
     assert _spares(tmp_path) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("script", ["_OPTIMIZE_SCRIPT", "_SPARE_SCRIPT"])
+def test_a_child_dies_with_the_server_that_started_it(script: str) -> None:
+    """The optimizer's and the spare maker's children begin with `_DIES_WITH_PARENT`:
+    when the server dies (here a parent that exits at once), the child is killed instead
+    of writing on into files the next start removes."""
+    from projector.adapters import qdrant_edge_vectors as edge_module
+
+    head = edge_module._DIES_WITH_PARENT
+    assert getattr(edge_module, script).startswith(head)
+    body = head + "import time\nprint('up', flush=True)\ntime.sleep(120)\n"
+    parent = (
+        "import subprocess, sys, os\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {body!r}],\n"
+        "    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)\n"
+        "assert child.stdout.readline().strip() == b'up'\n"
+        "print(child.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", parent], capture_output=True, text=True, timeout=_READY_WAIT_S
+    )
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.strip())
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid), f"child {pid} outlived its parent"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its reaper does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
