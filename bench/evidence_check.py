@@ -15,6 +15,11 @@ checks of every generation (`GenerationAdmin.check`: what the gate's first check
 each periodic re-check run, flat out), reporting each one's wall time, the process's CPU
 and the time in Python's garbage collector. The first check of a generation also loads
 its qdrant-edge shard. `--profile` adds cProfile's top functions of the last check.
+`--paced SHARE` then takes one more check of each generation paced as the gate's
+periodic re-checks are (`DutyCycle(SHARE)`) beside a probe thread that sleeps 1 ms in a
+loop: how long it waited for the interpreter past its sleep is the stall a query beside
+the re-check would see (the longest, the 99th percentile, how many over 10 ms; session
+33).
 
 Figures are reported, never asserted (docs/bench/README.md, session 31).
 """
@@ -127,12 +132,65 @@ def check(data_dir: Path, repeat: int, profile: bool) -> dict[str, Any]:
     return out
 
 
+def _probe(stop: Any, waits: list[float]) -> None:
+    """Sleep 1 ms until `stop`; append how much longer than that each sleep took."""
+    while not stop.is_set():
+        started = time.perf_counter()
+        time.sleep(0.001)
+        waits.append(time.perf_counter() - started - 0.001)
+
+
+def paced(data_dir: Path, share: float) -> list[dict[str, Any]]:
+    """One check of each generation paced at `share`, beside a 1 ms sleeper (above)."""
+    import threading
+
+    from bench.hotpath_ab import _stack
+    from contracts.pacing import DutyCycle
+
+    stack = _stack(data_dir, fixed_clock=False)
+    rows: list[dict[str, Any]] = []
+    try:
+        for generation_id, *_ in stack.projector.state.generations():
+            stack.admin.check(generation_id)  # loads the shard: not what is measured
+            waits: list[float] = []
+            stop = threading.Event()
+            sleeper = threading.Thread(target=_probe, args=(stop, waits), daemon=True)
+            sleeper.start()
+            pace = DutyCycle(share)
+            cpu, wall = time.process_time(), time.perf_counter()
+            result = stack.admin.check(generation_id, pace=pace)
+            row: dict[str, Any] = {
+                "generation_id": generation_id,
+                "ok": result.ok,
+                "share": share,
+                "wall_s": round(time.perf_counter() - wall, 2),
+                "cpu_s": round(time.process_time() - cpu, 2),
+                "slept_s": round(pace.slept_seconds, 2),
+            }
+            stop.set()
+            sleeper.join()
+            ordered = sorted(waits)
+            row["probe_stall_ms"] = {
+                "n": len(ordered),
+                "p99": round(1000 * ordered[int(0.99 * (len(ordered) - 1))], 2),
+                "max": round(1000 * ordered[-1], 2),
+                "over_10ms": sum(1 for w in ordered if w > 0.01),
+                "over_10ms_sum_s": round(sum(w for w in ordered if w > 0.01), 2),
+            }
+            rows.append(row)
+            print(f"{generation_id} paced at {share}: {row}", file=sys.stderr)
+    finally:
+        stack.close()
+    return rows
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--build", type=int, help="first ingest this many records into it")
     parser.add_argument("--repeat", type=int, default=3, help="checks per generation")
     parser.add_argument("--profile", action="store_true", help="cProfile the last check")
+    parser.add_argument("--paced", type=float, help="then one check paced at this share")
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     return parser.parse_args(argv)
 
@@ -149,6 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.build:
         report["build"] = build(args.data_dir, args.build)
     report.update(check(args.data_dir, args.repeat, args.profile))
+    if args.paced:
+        report["paced"] = paced(args.data_dir, args.paced)
     print_report(report, args.out)
     return 0
 
