@@ -338,13 +338,7 @@ class PostgresProjectorState:
                 raise OrreryError(
                     ErrorCode.NOT_FOUND, f"generation {generation_id!r} does not exist"
                 )
-            # In id order by code point (= UTF-8 bytes, "C"): hashed without a sort.
-            cur.execute(
-                "SELECT document_id, revision FROM generation_documents "
-                'WHERE generation_id = %s AND NOT deleted ORDER BY document_id COLLATE "C"',
-                (generation_id,),
-            )
-            pairs = fetched_pairs(cur.fetchmany)
+            pairs = _live_pairs(cur, generation_id)
         base = GenerationDescriptor.model_validate_json(str(row[0]))
         return base.model_copy(
             update={
@@ -531,13 +525,7 @@ class PostgresProjectorState:
                 (generation_id,),
             )
             row = cur.fetchone()
-            # In id order by code point (= UTF-8 bytes, "C"): hashed without a sort.
-            cur.execute(
-                "SELECT document_id, revision FROM generation_documents "
-                'WHERE generation_id = %s AND NOT deleted ORDER BY document_id COLLATE "C"',
-                (generation_id,),
-            )
-            pairs = fetched_pairs(cur.fetchmany)
+            pairs = _live_pairs(cur, generation_id)
         if row is None:
             raise OrreryError(
                 ErrorCode.NOT_FOUND,
@@ -848,3 +836,15 @@ def _record_documents(cur: Cursor, generation_id: str, docs: Mapping[str, tuple[
     after = cur.fetchone()
     assert before is not None and after is not None
     return int(after[0]) - int(before[0])
+
+
+def _live_pairs(cur: psycopg.Cursor[Any], generation_id: str) -> dict[str, int]:
+    """The generation's live `(document_id, revision)` pairs in id order by code point
+    (= UTF-8 bytes, "C": as Python compares them, so hashed without a sort), fetched a
+    chunk at a time, in the transaction of `cur`."""
+    cur.execute(
+        "SELECT document_id, revision FROM generation_documents "
+        'WHERE generation_id = %s AND NOT deleted ORDER BY document_id COLLATE "C"',
+        (generation_id,),
+    )
+    return fetched_pairs(cur.fetchmany)

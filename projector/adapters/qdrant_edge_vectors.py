@@ -319,7 +319,9 @@ try:
 except (AttributeError, OSError):
     pass
 """
-_OPTIMIZE_SCRIPT = _DIES_WITH_PARENT + """
+_OPTIMIZE_SCRIPT = (
+    _DIES_WITH_PARENT
+    + """
 import json
 import os
 import sys
@@ -354,10 +356,13 @@ for path in unread:
         rewrite(path, "ChunkedMmap", "InRamChunkedMmap")
 print("optimized" if changed else "unchanged")
 """
+)
 # Run by `_SpareMaker` in a child process: creates an empty shard with its payload
 # indexes (`_create_empty`, this very module: argv[3] is its file, checked after the
 # import) at argv[1], flushed and closed. Niced: it runs beside serving.
-_SPARE_SCRIPT = _DIES_WITH_PARENT + """
+_SPARE_SCRIPT = (
+    _DIES_WITH_PARENT
+    + """
 import json
 import os
 import sys
@@ -371,6 +376,7 @@ tuning = module.QdrantEdgeTuning(**settings["tuning"])
 module._create_empty(sys.argv[1], settings["dimension"], tuning)
 print("ready")
 """
+)
 _SPARE_PREFIX = ".spare-"
 # Tokens of this process's `_SpareMaker`s (their spares are not stale).
 _SPARE_TOKENS: set[str] = set()

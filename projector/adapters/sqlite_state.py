@@ -433,13 +433,7 @@ class SqliteProjectorState:
                 raise OrreryError(
                     ErrorCode.NOT_FOUND, f"generation {generation_id!r} does not exist"
                 )
-            pairs = fetched_pairs(
-                self._conn.execute(
-                    "SELECT document_id, revision FROM generation_documents "
-                    "WHERE generation_id = ? AND deleted = 0 ORDER BY document_id",
-                    (generation_id,),
-                ).fetchmany
-            )
+            pairs = self._live_pairs(generation_id)
         base = GenerationDescriptor.model_validate_json(row[0])
         return base.model_copy(
             update={
@@ -609,6 +603,17 @@ class SqliteProjectorState:
                 (position, generation_id),
             )
 
+    def _live_pairs(self, generation_id: str) -> dict[str, int]:
+        """The generation's live `(document_id, revision)` pairs in key order (the
+        primary key's: hashed without a sort), a chunk at a time; under `_lock`."""
+        return fetched_pairs(
+            self._conn.execute(
+                "SELECT document_id, revision FROM generation_documents "
+                "WHERE generation_id = ? AND deleted = 0 ORDER BY document_id",
+                (generation_id,),
+            ).fetchmany
+        )
+
     def registry_pairs(self, generation_id: str) -> RegistrySnapshot:
         # One read transaction: the pairs and the row belong to the same commit.
         with self._lock:
@@ -620,14 +625,7 @@ class SqliteProjectorState:
                         "WHERE generation_id = ?",
                         (generation_id,),
                     ).fetchone()
-                    # In key order (the primary key's): hashed without a sort.
-                    pairs = fetched_pairs(
-                        self._conn.execute(
-                            "SELECT document_id, revision FROM generation_documents "
-                            "WHERE generation_id = ? AND deleted = 0 ORDER BY document_id",
-                            (generation_id,),
-                        ).fetchmany
-                    )
+                    pairs = self._live_pairs(generation_id)
                 finally:
                     self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
