@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from contracts.pacing import Pace, no_pace
@@ -55,22 +55,27 @@ def id_set_digest(pairs: Iterable[tuple[str, int]], *, pace: Pace = no_pace) -> 
     pairs was one call of ~0.2 s sorted and ~1.2 s shuffled, session 33). Any other
     order is sorted first, as before; the digest is the same either way.
     """
+    # A one-shot iterator's chunks are kept for the sort should the order break; a
+    # collection (a list, a dict's items) is simply read again then.
+    again = isinstance(pairs, Collection)
     chunks: list[list[tuple[str, int]]] = []
     digest = hashlib.sha256()
-    ascending = True
     last: str | None = None
     iterator = iter(pairs)
     while chunk := list(itertools.islice(iterator, _DIGEST_CHUNK)):
-        chunks.append(chunk)
-        if ascending:
-            ascending = _ascends(chunk, last)
-            if ascending:
-                digest.update(_lines(chunk))
-                last = chunk[-1][0]
-                pace()
-    if ascending:
+        if not _ascends(chunk, last):
+            break
+        if not again:
+            chunks.append(chunk)
+        digest.update(_lines(chunk))
+        last = chunk[-1][0]
+        pace()
+    else:
         return digest.hexdigest()
-    ordered = sorted(itertools.chain.from_iterable(chunks))
+    if again:
+        ordered = sorted(pairs)
+    else:
+        ordered = sorted(itertools.chain(itertools.chain.from_iterable(chunks), chunk, iterator))
     for before, after in itertools.pairwise(ordered):
         if before[0] == after[0]:
             raise ValueError(f"document {before[0]!r} appears twice in an id set")

@@ -105,6 +105,8 @@ def test_id_set_digest_hashes_ascending_pairs_chunk_by_chunk(
     paced: list[int] = []
     with mock.patch.object(digests, "_DIGEST_CHUNK", 3):
         got = id_set_digest(iter(items), pace=lambda: paced.append(1))
+        # A collection is read again for the sort instead of kept chunk by chunk.
+        assert id_set_digest(items) == id_set_digest(dict(items).items()) == got
     assert got == _reference_id_set_digest(items)
     # One pace per chunk hashed: every chunk of an ascending set, at least one otherwise.
     chunks = -(-len(items) // 3)
