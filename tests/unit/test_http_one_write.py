@@ -5,6 +5,7 @@ first piece) and HTTP/1.1 keeps its meaning: HEAD, 204, chunked streaming, `Expe
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 import time
@@ -118,3 +119,27 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection(port: int) -
     answer = _exchange(port, requests, until=b"hello /ccc")
     assert answer.count(b"HTTP/1.1 200 OK\r\n") == 3
     assert answer.index(b"hello /a") < answer.index(b"hello /bb") < answer.index(b"hello /ccc")
+
+
+def test_a_request_leaves_no_reference_cycle_for_the_collector(port: int) -> None:
+    """A request's cycle, scope and events are freed when it ends, not by the garbage
+    collector: with the collector off, finished requests' cycles do not pile up (a
+    strong reference from the transport back to its cycle kept every one of them, and
+    collecting ~42k such objects held a 1M server's interpreter 100-230 ms)."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    def live_cycles() -> int:
+        return sum(1 for o in gc.get_objects() if isinstance(o, RequestResponseCycle))
+
+    gc.collect()
+    gc.disable()
+    try:
+        before = live_cycles()
+        for n in range(30):
+            _exchange(port, f"GET /{n} HTTP/1.1\r\nHost: t\r\n\r\n".encode(), until=b"hello /")
+        deadline = time.monotonic() + 10
+        while live_cycles() - before > 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the server drops a closed connection's protocol soon after
+        assert live_cycles() - before <= 2
+    finally:
+        gc.enable()
