@@ -17,16 +17,41 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from itertools import islice
+from typing import Any
 
-__all__ = ["Activity", "DutyCycle", "Pace", "no_pace"]
+__all__ = ["Activity", "DutyCycle", "Pace", "no_pace", "release"]
 
 Pace = Callable[[], None]
 
 
 def no_pace() -> None:
     """Run flat out (a foreground check: an operator or a first query waits for it)."""
+
+
+# Items freed between two `pace` calls of `release` (a few ms of deallocation).
+_RELEASE_CHUNK = 20_000
+
+
+def release(items: list[Any] | MutableMapping[Any, Any], pace: Pace) -> None:
+    """Empty `items` (which the caller owns and no one else reads) `_RELEASE_CHUNK`
+    items at a time, `pace` called between chunks. The last references to a million
+    pairs dropped in one statement free them in one go: at the end of a 1M eligibility
+    check its read-backs and the registry's pairs held the interpreter 70 and 24 ms
+    (session 34)."""
+    if isinstance(items, list):
+        while items:
+            del items[-_RELEASE_CHUNK:]
+            if items:
+                pace()
+        return
+    while items:
+        for key in list(islice(items, _RELEASE_CHUNK)):
+            del items[key]
+        if items:
+            pace()
 
 
 class Activity:

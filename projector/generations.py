@@ -60,7 +60,7 @@ from contracts.generations import (
 )
 from contracts.index import IndexDocument, to_index_document
 from contracts.index_fields import TextLanguages
-from contracts.pacing import Pace, no_pace
+from contracts.pacing import Pace, no_pace, release
 from contracts.qualification import (
     QualificationReceipt,
     QualificationThresholds,
@@ -471,6 +471,8 @@ def _read_evidence(
     before: list[RegistrySnapshot] = []
     # The shard each engine that addresses copies places a document in.
     routes: dict[str, Callable[[str], int]] = {}
+    # Every pair list read, freed paced once the check is done (`release`).
+    reads: list[list[tuple[str, int]]] = []
 
     def read(
         pace: Pace = no_pace,
@@ -484,12 +486,14 @@ def _read_evidence(
             if _copies_of(readback, generation_id):
                 spread = cast(CopyReadback, readback)
                 copies = spread.copy_pairs(generation_id, pace=pace)
+                reads.extend(c.pairs for c in copies if c.pairs is not None)
                 routes[engine] = functools.partial(spread.document_shard, generation_id)
                 read_count = sum(len(c.pairs or ()) for c in copies)
                 progress(engine, read_count, len(registry.pairs))
                 observed.append((engine, ([], copies)))
                 continue
             pairs = readback.stored_pairs(generation_id, pace=pace)
+            reads.append(pairs)
             progress(engine, len(pairs), len(registry.pairs))
             observed.append((engine, (pairs, None)))
         return registry, observed
@@ -575,6 +579,9 @@ def _read_evidence(
         registry = before[0] if before else ports.contents.registry_pairs(generation_id)
         digest = id_set_digest(registry.pairs.items())
         return registry, digest, [], f"cannot read the generation back: {exc.message}"
+    finally:
+        for pairs in reads:
+            release(pairs, pace)
 
 
 def _copies_of(readback: EngineReadback, generation_id: str) -> bool:
@@ -679,6 +686,7 @@ def check_evidence(
             error or mismatch_reason(evidence),
             started,
         )
+        release(registry.pairs, pace)
     ports.evidence_log.record_check(check)
     return check
 

@@ -340,7 +340,8 @@ class EngineReadback(Protocol):
 
     Guarantees: every `(document_id, revision)` pair comes from the engine itself (a
     scroll or a full search), never from bookkeeping; an id the engine holds twice is
-    returned twice; order unspecified. An unknown generation raises `NOT_FOUND` or
+    returned twice; order unspecified; a new list the caller owns (a check empties it,
+    paced, once done). An unknown generation raises `NOT_FOUND` or
     `COVERAGE_UNAVAILABLE`. `pace` is called between chunks of the read (pages, batches
     of document reads), never while an engine resource is held.
     """
@@ -381,8 +382,9 @@ class CopyReadback(Protocol):
     Guarantees: `copy_layout` is the generation's `(shards, copies per shard)`, `(1, 1)`
     when it keeps one copy; `document_shard` is the shard the engine places a document
     in (its own routing rule); `copy_pairs` reads every copy by itself (never through a
-    merge of copies), each pair from the engine; a copy that cannot be read is returned
-    with `pairs=None` and the error, never raised, so the others still count.
+    merge of copies), each pair from the engine, in new lists the caller owns; a copy
+    that cannot be read is returned with `pairs=None` and the error, never raised, so
+    the others still count.
     """
 
     def copy_layout(self, generation_id: str) -> tuple[int, int]: ...
@@ -450,7 +452,8 @@ class CanonicalSnapshot(Protocol):
 @dataclass(frozen=True, slots=True)
 class RegistrySnapshot:
     """The registry's live `(document_id, revision)` set of one generation, read in one
-    transaction with its `applied_position` and `commit_seq`."""
+    transaction with its `applied_position` and `commit_seq`; `pairs` is a new dict the
+    caller owns (an eligibility check empties it, paced, once done)."""
 
     generation_id: str
     state: GenerationState

@@ -157,3 +157,34 @@ def test_pairs_of_reads_named_documents_from_each_engine(pipeline: Pipeline) -> 
     )
     for engine in (pipeline.projector.lexical, pipeline.projector.vectors):
         assert sorted(engine.pairs_of(generation_id, asked)) == expected
+
+
+def test_a_check_frees_what_it_read_once_its_verdict_is_made(
+    pipeline: Pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read-backs' pair lists and the registry's pairs are emptied (paced, by
+    `release`) when the check is done, not left for one statement to free at a million
+    pairs; the verdict is made before and unchanged."""
+    pipeline.write([rec(f"doc-{i}") for i in range(300)])
+    ports = pipeline.admin.ports
+    held: list[Any] = []
+
+    def keep(read: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = read(*args, **kwargs)
+            held.append(result.pairs if hasattr(result, "pairs") else result)
+            return result
+
+        return wrapper
+
+    monkeypatch.setattr(
+        ports.lexical_readback, "stored_pairs", keep(ports.lexical_readback.stored_pairs)
+    )
+    monkeypatch.setattr(
+        ports.vector_readback, "stored_pairs", keep(ports.vector_readback.stored_pairs)
+    )
+    monkeypatch.setattr(ports.contents, "registry_pairs", keep(ports.contents.registry_pairs))
+    check = check_evidence(pipeline.generation(), ports=ports, pace=lambda: None)
+    assert check.ok, check.reason
+    assert check.expected_count == 300
+    assert [len(h) for h in held] == [0, 0, 0]

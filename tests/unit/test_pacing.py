@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.pacing import Activity, DutyCycle, no_pace
+from contracts import pacing
+from contracts.pacing import Activity, DutyCycle, no_pace, release
 
 
 class FakeTime:
@@ -136,3 +137,24 @@ def test_a_duty_cycle_yields_to_requests_after_its_sleep_and_counts_it_apart() -
     assert time.sleeps == pytest.approx([0.1, 0.01])  # its share's sleep, then the quiet
     assert pace.slept_seconds == pytest.approx(0.1)
     assert pace.yielded_seconds == pytest.approx(0.01)
+
+
+@given(size=st.integers(0, 70_000), as_dict=st.booleans())
+def test_release_empties_in_chunks_with_a_pace_between_each(size: int, as_dict: bool) -> None:
+    """Whatever is released ends empty, freed at most `_RELEASE_CHUNK` items between two
+    `pace` calls and never paced after the last chunk."""
+    items: list[int] | dict[int, int] = (
+        dict.fromkeys(range(size), 0) if as_dict else list(range(size))
+    )
+    freed_between: list[int] = []
+    last = [size]
+
+    def pace() -> None:
+        freed_between.append(last[0] - len(items))
+        last[0] = len(items)
+
+    release(items, pace)
+    assert len(items) == 0
+    chunk = pacing._RELEASE_CHUNK
+    assert len(freed_between) == max(0, -(-size // chunk) - 1)
+    assert all(n == chunk for n in freed_between)
