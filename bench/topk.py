@@ -82,6 +82,7 @@ from bench.common import (
     exchange,
     git_facts,
     ingest_env,
+    interpreter_speed,
     latency_summary,
     machine_facts,
     median,
@@ -1296,6 +1297,7 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
         before = OptimizerLog.parse(server.log_text())
         busy_before = optimizer_busy(server)
         load_before = os.getloadavg()
+        speed_before = interpreter_speed()
         result["paths"] = measure(
             client,
             warmup,
@@ -1306,6 +1308,7 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
         )
         # Other processes on the machine share its CPUs: recorded, not controlled.
         result["loadavg_1m"] = {"before_queries": load_before[0], "after": os.getloadavg()[0]}
+        result["interpreter_speed"] = {"before_queries": speed_before, "after": interpreter_speed()}
         after = OptimizerLog.parse(server.log_text())
         result["optimizer_ran_during_queries"] = (
             busy_before is not None
