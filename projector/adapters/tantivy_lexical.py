@@ -1076,15 +1076,17 @@ def _stored_pairs(
 def _every_address(
     searcher: tantivy.Searcher, schema: tantivy.Schema
 ) -> Iterator[list[tantivy.DocAddress]]:
-    """The address of every live document, in lists of at most `_RANGE_HITS` (in
-    practice): one search per range of the document-key column, a range that holds
-    more split in two, then the documents without a key (ids that are not UUIDs). An
-    index of schema version 4 or older (no key column) is listed by one search.
+    """The address of every live document, in lists of at most `2 * _RANGE_HITS`
+    (unless one key is held by more): one search per range of the document-key column,
+    a range that holds more split in two, then the documents without a key (ids that
+    are not UUIDs). An index of schema version 4 or older (no key column) is listed by
+    one search.
 
     One search for all 1M documents handed back 1M `(score, DocAddress)` pairs that
-    tantivy-py builds holding the interpreter: a 168-367 ms wait for every query beside
-    it, at the start of every eligibility re-check (session 34); 64 ranges cost the same
-    CPU, their longest wait 30 ms."""
+    tantivy-py builds holding the interpreter: a 153-367 ms wait for every query beside
+    it, at the start of every eligibility re-check (session 34). By ranges the longest
+    wait was 9-31 ms, for ~0.5 s more CPU per 1M read-back (the range searches scan the
+    key column, without the interpreter)."""
     everything = tantivy.Query.all_query()
     try:
         keyless = tantivy.Query.boolean_query(
