@@ -1244,6 +1244,7 @@ def run_size(size: int, args: argparse.Namespace, vocab: Vocabulary) -> dict[str
         "ORRERY_OPTIMIZE_INTERVAL_SECONDS": f"{OPTIMIZE_INTERVAL_S:g}",
         # Whatever the server's default, the limit measured must be allowed.
         "ORRERY_MAX_RESULT_LIMIT": str(max(args.result_limit, 100)),
+        **args.server_env,
     }
     result: dict[str, Any] = {"size": size, "corpus_generate_seconds": round(generate_s, 2)}
     result["server_source_sha256"] = source_digest()
@@ -1556,6 +1557,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "in later runs with the same size, batch size, seed and vectors",
     )
     parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more ORRERY_* setting for the server (repeatable), for A/B runs of a "
+        "setting; recorded in the report's config",
+    )
+    parser.add_argument(
         "--data-root",
         type=Path,
         default=None,
@@ -1564,11 +1573,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in str(args.sizes).split(",") if s.strip()]
+    args.server_env = dict(_setting(item, parser) for item in args.server_env)
     if args.queries < 1 or not args.sizes:
         parser.error("need at least one size and one query")
     if args.timeout is None:
         args.timeout = max(5_400, sum(run_budget_s(size) for size in args.sizes))
     return args
+
+
+def _setting(item: str, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name.startswith("ORRERY_"):
+        parser.error(f"--server-env takes ORRERY_NAME=VALUE, not {item!r}")
+    return name, value
 
 
 def index_wait_s(size: int) -> float:
@@ -1624,6 +1641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "ORRERY_MAX_BATCH": args.batch_size,
                 "ORRERY_OPTIMIZE_INTERVAL_SECONDS": OPTIMIZE_INTERVAL_S,
                 "ORRERY_MAX_RESULT_LIMIT": max(args.result_limit, 100),
+                **args.server_env,
             },
             "bytes_counted": (
                 "HTTP/1.1 request and response bodies exactly (no content-encoding) plus "

@@ -626,7 +626,15 @@ class QdrantEdgeTuning:
 
     `indexing_threshold_kb`: segments with fewer KB of vectors stay unindexed (exact).
     `full_scan_threshold_kb`: an HNSW segment this small is still searched by brute force.
-    `max_search_threads`: size of the shard's search pool; `None` derives it from the CPUs.
+    `max_search_threads`: size of the shard's search pool, applied whenever a shard is
+    loaded (a generation created with another size is loaded with this one); `None`
+    leaves each shard's own (the engine derives it from the CPUs). 1 by default:
+    qdrant-edge-py holds the GIL while its pool searches, so one process's searches run
+    one at a time whatever the pool's size, and a pool of two only splits one search's
+    segments — taking the core the lexical search beside it runs on (`lexical_first`).
+    At 1M documents (two segments) one thread made the vector search 6.3-6.6 -> 4.2-4.4
+    ms and both sources together 10.2-10.7 -> 8.1 ms at p50 (docs/bench/README.md,
+    session 35).
     `vacuum_deleted_threshold`, `vacuum_min_vectors`: an HNSW segment is rebuilt once
     more than that share of its vectors, and at least that many, are tombstones (`None`:
     the engine's defaults, `VACUUM_DELETED_THRESHOLD` and `VACUUM_MIN_VECTORS`).
@@ -636,7 +644,7 @@ class QdrantEdgeTuning:
     hnsw_ef_construct: int = 100
     full_scan_threshold_kb: int = 10_000
     indexing_threshold_kb: int = 10_000
-    max_search_threads: int | None = None
+    max_search_threads: int | None = 1
     vacuum_deleted_threshold: float | None = None
     vacuum_min_vectors: int | None = None
 
@@ -1637,7 +1645,9 @@ class QdrantEdgeVectorIndex:
                 started = time.perf_counter()
                 unread = _unread_on_load(generation.path)
                 try:
-                    shard = _load_shard(generation.path, f"reopen {generation_id}")
+                    shard = _load_shard(
+                        generation.path, f"reopen {generation_id}", self._tuning.max_search_threads
+                    )
                 except BaseException:
                     generation.closed = True  # `_open` starts over from disk
                     raise
@@ -2033,7 +2043,9 @@ class QdrantEdgeVectorIndex:
             with report.timing("page_out_old"):
                 report.paged_out = _page_out(generation.path)
             with report.timing("load"):
-                staged = _load_shard(target, f"load optimized {generation_id}")
+                staged = _load_shard(
+                    target, f"load optimized {generation_id}", self._tuning.max_search_threads
+                )
             try:
                 done = 0
                 while True:
@@ -2261,7 +2273,7 @@ class QdrantEdgeVectorIndex:
             return None
         ids_file = self._ids_file(generation_id)
         ids = _read_ids_file(ids_file, self._point_hash)
-        shard = _load_shard(path, f"load {generation_id}")
+        shard = _load_shard(path, f"load {generation_id}", self._tuning.max_search_threads)
         config = _stored_config(path)
         generation = _Generation(
             shard=shard,
@@ -3192,9 +3204,34 @@ def _unread_on_load(shard: Path) -> int:
     return changed
 
 
-def _load_shard(path: Path, action: str) -> EdgeShard:
+def _load_shard(path: Path, action: str, search_threads: int | None) -> EdgeShard:
+    """The shard at `path`, its search pool `search_threads` threads (None: the shard's
+    own). A shard persisted with another pool size is loaded with a config naming only
+    its dense vector and the size: qdrant-edge keeps every other setting it persisted
+    (provided, else persisted, else derived from the segments) and persists the size."""
+    config = None
+    if search_threads is not None:
+        stored = _stored_config(path)
+        if stored and stored.get("max_search_threads") != search_threads:
+            config = _search_pool_config(stored, search_threads)
     with _translated(action):
-        return EdgeShard.load(str(path))
+        return EdgeShard.load(str(path)) if config is None else EdgeShard.load(str(path), config)
+
+
+def _search_pool_config(stored: dict[str, Any], search_threads: int) -> EdgeConfig | None:
+    """A config changing only the search pool of the shard `stored` describes; None when
+    `stored` does not hold the one cosine dense vector this adapter creates."""
+    try:
+        dense = stored["vectors"][VECTOR_NAME]
+        size, distance = int(dense["size"]), dense["distance"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if distance != "Cosine":
+        return None
+    return EdgeConfig(
+        vectors={VECTOR_NAME: EdgeVectorParams(size=size, distance=Distance.Cosine)},
+        max_search_threads=search_threads,
+    )
 
 
 def _remove_tree(path: Path) -> None:

@@ -1625,11 +1625,11 @@ def test_edge_failed_load_of_the_optimized_copy_keeps_the_old_shard(
     load_shard = edge_module._load_shard
     failed: list[str] = []
 
-    def flaky_load(path: Path, action: str) -> EdgeShard:
+    def flaky_load(path: Path, action: str, search_threads: int | None) -> EdgeShard:
         if path.name == "g+1" and action.startswith("load optimized"):  # the copy
             failed.append(action)
             raise OrreryError(ErrorCode.DEPENDENCY_UNAVAILABLE, "injected: cannot load")
-        return load_shard(path, action)
+        return load_shard(path, action, search_threads)
 
     monkeypatch.setattr(edge_module, "_load_shard", flaky_load)
     edge.create("g", DIM)
@@ -2648,10 +2648,10 @@ def test_edge_failed_reopen_loads_the_generation_from_disk_on_next_use(
     model.add(300)
     load = edge_module._load_shard
 
-    def failing(path: Path, action: str) -> EdgeShard:
+    def failing(path: Path, action: str, search_threads: int | None) -> EdgeShard:
         if action.startswith("reopen"):
             raise DependencyUnavailable(edge_module.DEPENDENCY, "load refused")
-        return load(path, action)
+        return load(path, action, search_threads)
 
     monkeypatch.setattr(edge_module, "_load_shard", failing)
     with pytest.raises(DependencyUnavailable):
