@@ -3,13 +3,16 @@ search called right away (`QueryPorts.lexical_first` off) or once the pool's lex
 search has let the GIL go (on), or the roles swapped; same engines, data and queries.
 
     .venv/bin/python bench/lexical_first.py --lexical-root DIR --shard DIR
-        [--generation g1] [--queries 200] [--rounds 2] [--out docs/bench/lexical_first.json]
+        [--generation g1] [--queries 200] [--rounds 2] [--search-threads N]
+        [--out docs/bench/lexical_first.json]
 
 `--lexical-root` holds the generation's tantivy index directory, a copy of a kept
 `bench/topk.py --data-root` run's `<N>/data/generations/lexical` (the projector's adapter
 opens it and may take its lock files: never a directory a server uses); `--shard` is
 the generation's qdrant-edge shard directory (`<N>/data/generations/vectors/<g>+<n>`),
-which no other process may hold open. The queries are `bench/topk.py`'s (its seed, 20
+which no other process may hold open, loaded with the adapter's search pool
+(`--search-threads`, default `QdrantEdgeTuning`'s; it is persisted in the copy; 0 keeps
+what the shard persisted). The queries are `bench/topk.py`'s (its seed, 20
 warm-up queries, then `--queries`; every second one filtered on status any-of and
 galaxy), the lexical side under the default profile's field boosts at depth 100, the
 vector side with seeded random unit vectors (the HNSW's cost, not its answers, matters
@@ -51,6 +54,7 @@ from bench.lexical_prune import search_filter
 from bench.topk import WARMUP_QUERIES, QuerySpec, Vocabulary, make_queries
 from contracts import timing
 from contracts.index import Candidate
+from projector.adapters.qdrant_edge_vectors import QdrantEdgeTuning, _load_shard
 from projector.adapters.tantivy_lexical import TantivyLexicalIndex
 from query.adapters.qdrant_edge_vectors import QdrantEdgeVectorSearch
 from query.adapters.tantivy_lexical import TantivyLexicalSearch
@@ -97,10 +101,9 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from qdrant_edge import EdgeShard
-
     lexical_index = TantivyLexicalIndex(args.lexical_root)
-    shard = EdgeShard.load(str(args.shard))
+    # As the adapter loads a generation: the search pool `--search-threads` (persisted).
+    shard = _load_shard(args.shard, "load the shard", args.search_threads or None)
     generation = args.generation
     lexical = TantivyLexicalSearch(lexical_index.searchable)
     vectors = QdrantEdgeVectorSearch(lambda _generation: shard)
@@ -194,6 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "config": {
             "lexical_root": str(args.lexical_root),
             "shard": str(args.shard),
+            "search_threads": args.search_threads or "as the shard persisted",
             "generation": generation,
             "queries": args.queries,
             "warmup_queries": WARMUP_QUERIES,
@@ -233,6 +237,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--search-threads",
+        type=int,
+        default=QdrantEdgeTuning().max_search_threads or 0,
+        help="qdrant-edge's search pool, loaded as the adapter loads it (0: as persisted)",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/bench/lexical_first.json"))
     args = parser.parse_args(argv)
     result = run(args)
