@@ -144,6 +144,7 @@ def eligibility_gate(
         fallback=settings.coverage_fallback,
         background_share=settings.eligibility_background_share,
         recheck_share=settings.eligibility_recheck_share,
+        max_interval_seconds=settings.eligibility_max_interval_seconds,
         yield_to=activity,
     )
 

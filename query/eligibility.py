@@ -40,6 +40,17 @@ background re-take): re-checks of one generation occupy at most `recheck_share` 
 wall time, whatever its size. Below that size (a check shorter than a quarter of the
 interval at the default share) the interval alone decides, as before.
 
+What a re-check of a generation nothing changed guards against is its engines changing
+behind the registry's back (an operator deleting points, files lost or damaged), not
+the writes, which move the facts. So each periodic re-check that finds a live
+generation eligible at the same facts as the positive verdict before it doubles the
+next rest (`Verdict.unchanged` counts them), up to `max_interval_seconds` (an hour by
+default): a quiet 1M generation is read back once an hour instead of spending a fifth
+of a core on it for good. Once a batch is committed to it (or its state changes) it
+rests the base time again, from its last check; a negative verdict starts over; an
+engine error still has it re-checked at once (`suspect`). Generations that are not live
+(fallbacks) rest the base time.
+
 When the live generation is not eligible, `admit` either raises `503
 coverage_unavailable` naming the scope and the generation, or — only when configured
 (`fallback="previous_verified"`) — routes to the scope's previous verified generation
@@ -88,6 +99,8 @@ _DEFAULT_RECHECK_SHARE = 0.2
 # or started meanwhile), at most `_MAX_YIELD_SECONDS` a chunk (`DutyCycle(yield_to=…)`).
 _QUIET_SECONDS = 0.005
 _MAX_YIELD_SECONDS = 0.1
+# The longest a positive verdict of an unchanged generation rests (`max_interval_seconds`).
+_DEFAULT_MAX_INTERVAL_SECONDS = 3600.0
 # The facts a verdict speaks for when they could not be read.
 _UNKNOWN = ("", -1)
 
@@ -114,6 +127,9 @@ class Verdict:
     copies: tuple[tuple[str, CopyEvidence], ...] = ()
     # How long the check took (`EvidenceCheck.seconds`): what the verdict rests on.
     seconds: float = 0.0
+    # Positive verdicts in a row, before this one, about the same facts: each doubles
+    # the rest before the next periodic re-check (`rests`).
+    unchanged: int = 0
 
     @classmethod
     def of(cls, check: EvidenceCheck, facts: tuple[str, int] | None = None) -> Verdict:
@@ -139,10 +155,33 @@ class Verdict:
     def speaks_for(self, state: str, commit_seq: int) -> bool:
         return self.state == state and self.commit_seq == commit_seq
 
-    def rests(self, floor: float, recheck_share: float = _DEFAULT_RECHECK_SHARE) -> float:
+    def rests(
+        self,
+        floor: float,
+        recheck_share: float = _DEFAULT_RECHECK_SHARE,
+        max_rest: float | None = None,
+    ) -> float:
         """Seconds this verdict stands before a periodic re-take: `floor`, and at least
-        `(1 / recheck_share - 1)` times its check's duration (see the module docstring)."""
-        return max(floor, self.seconds * (1.0 / recheck_share - 1.0))
+        `(1 / recheck_share - 1)` times its check's duration; with `max_rest`, that
+        doubled for each unchanged verdict before it, up to `max_rest` (never below the
+        undoubled rest; see the module docstring)."""
+        rest = max(floor, self.seconds * (1.0 / recheck_share - 1.0))
+        if max_rest is None or self.unchanged <= 0:
+            return rest
+        return max(rest, min(max_rest, rest * 2.0 ** min(self.unchanged, 32)))
+
+    def after(self, held: Verdict | None) -> Verdict:
+        """This verdict, counting `held` (the one it replaces) as unchanged before it
+        when both are positive and speak for the same known facts."""
+        if (
+            held is None
+            or not (held.eligible and self.eligible)
+            or self.state == ""
+            or self.commit_seq < 0
+            or not held.speaks_for(self.state, self.commit_seq)
+        ):
+            return self
+        return dataclasses.replace(self, unchanged=held.unchanged + 1)
 
     def recheck(
         self,
@@ -168,6 +207,7 @@ class Verdict:
             "reason": self.reason,
             "checked_position": self.applied_position,
             "checked_commit_seq": self.commit_seq,
+            "unchanged_rechecks": self.unchanged,
         }
         if self.copies:
             out["copies"] = [
@@ -205,16 +245,20 @@ class EligibilityGate:
         first_check_wait_seconds: float = 30.0,
         background_share: float = 0.25,
         recheck_share: float = _DEFAULT_RECHECK_SHARE,
+        max_interval_seconds: float = _DEFAULT_MAX_INTERVAL_SECONDS,
         yield_to: Activity | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         if not 0.0 < recheck_share <= 1.0:
             raise ValueError(f"recheck_share must be in (0, 1], not {recheck_share}")
+        if not max_interval_seconds > 0.0:
+            raise ValueError(f"max_interval_seconds must be > 0, not {max_interval_seconds}")
         self._source = source
         self._routing = routing
         self._interval = interval_seconds
         self._background_share = background_share
         self._recheck_share = recheck_share
+        self._max_interval = max_interval_seconds
         self._yield_to = yield_to
         self._fallback = fallback
         self._first_wait = first_check_wait_seconds
@@ -396,6 +440,7 @@ class EligibilityGate:
             if not verdict.eligible:
                 log.warning("generation %s is not eligible: %s", generation_id, verdict.reason)
             with self._lock:
+                verdict = verdict.after(self._verdicts.get(generation_id))
                 self._verdicts[generation_id] = verdict
             return verdict
         finally:
@@ -469,7 +514,7 @@ class EligibilityGate:
                 # Strictly newer: this gate's own checks come back here too, and their
                 # verdicts are keyed on the facts read before the check.
                 if held is None or held.checked_at < check.checked_at:
-                    self._verdicts[check.generation_id] = Verdict.of(check)
+                    self._verdicts[check.generation_id] = Verdict.of(check).after(held)
 
     # -- schedule ----------------------------------------------------------------------
 
@@ -501,9 +546,19 @@ class EligibilityGate:
                 asked = set(self._due)  # suspects and scheduled re-checks: flat out
                 self._due.clear()
                 due = set(asked)
+                live = {scope.generation_id: scope for scope in scopes}
                 for generation_id, verdict in self._verdicts.items():
                     age = (now - verdict.checked_at).total_seconds()
-                    if age >= verdict.rests(self._interval, self._recheck_share):
+                    # Backing off is for a live generation still at its verdict's facts;
+                    # one that took a batch since (or is not live) rests the base time.
+                    scope = live.get(generation_id)
+                    steady = (
+                        scope is not None
+                        and scope.commit_seq is not None
+                        and verdict.speaks_for(scope.state, scope.commit_seq)
+                    )
+                    max_rest = self._max_interval if steady else None
+                    if age >= verdict.rests(self._interval, self._recheck_share, max_rest):
                         due.add(generation_id)
                 for scope in scopes:
                     held = self._verdicts.get(scope.generation_id)

@@ -330,6 +330,14 @@ class QuerySettings(BaseSettings):
         "S * (1 / share - 1) (and at least eligibility_interval_seconds), so a large "
         "generation is not re-read back to back",
     )
+    eligibility_max_interval_seconds: float = Field(
+        default=3600.0,
+        gt=0.0,
+        description="The longest rest between periodic re-checks of a generation nothing "
+        "changed: each re-check that finds it eligible at the same registry facts (no "
+        "batch committed, the same state) as the verdict before doubles the rest, up to "
+        "this; a change or a negative verdict starts over",
+    )
     promote_max_lag_events: int = Field(
         default=1_000, ge=0, description="A promote is refused further behind the log"
     )

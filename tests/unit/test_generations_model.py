@@ -784,6 +784,90 @@ def test_a_verdict_rests_the_interval_or_four_times_its_check_whichever_is_longe
         gate.close()
 
 
+class _CommittingRouting(FakeRouting):
+    """The live generation g2 at `commit_seq` committed batches (settable), as both the
+    routes and the scopes the gate's rounds read show it."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.commit_seq = 1
+
+    def route(self, namespace: str, snapshot_kind: str) -> Route | None:
+        return self.generation("g2")
+
+    def generation(self, generation_id: str) -> Route | None:
+        return route(generation_id).model_copy(update={"commit_seq": self.commit_seq})
+
+    def scopes(self) -> list[ScopeReadiness]:
+        return [s.model_copy(update={"commit_seq": self.commit_seq}) for s in super().scopes()]
+
+
+def _rechecked_after(
+    clock: _Clock, source: _TimedSource, rest: float, calls: int, gate: EligibilityGate
+) -> None:
+    """No re-check until `rest` seconds after the last, then one (the `calls`-th)."""
+    clock.advance(rest - 1.0)
+    _after_two_rounds(source)
+    assert source.calls == {"g2": calls - 1}, f"re-checked before {rest} s"
+    clock.advance(2.0)
+    assert _eventually(lambda: source.calls == {"g2": calls}), f"not re-checked at {rest} s"
+    assert _eventually(lambda: "g2" not in gate._inflight)
+
+
+def test_unchanged_rechecks_rest_twice_as_long_each_up_to_the_max(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(eligibility, "_TICK_SECONDS", 0.05)  # rounds come faster, same rule
+    clock = _Clock()
+    source = _TimedSource({"g2": True}, clock, 1.0)
+    routing = _CommittingRouting()
+    gate = EligibilityGate(
+        source, routing, interval_seconds=60.0, max_interval_seconds=300.0, clock=clock
+    )
+    gate.admit(routing.generation("g2") or route(), "s")
+    gate.start()
+    try:
+        assert gate.status("g2")["unchanged_rechecks"] == 0
+        for calls, rest in enumerate((60.0, 120.0, 240.0, 300.0, 300.0), start=2):
+            _rechecked_after(clock, source, rest, calls, gate)
+        assert gate.status("g2")["unchanged_rechecks"] == 5
+        # A batch committed: the base rest again from the last check, and the count
+        # starts over with the check that sees it.
+        routing.commit_seq = 2
+        _rechecked_after(clock, source, 60.0, 7, gate)
+        assert gate.status("g2")["unchanged_rechecks"] == 0
+        _rechecked_after(clock, source, 60.0, 8, gate)
+        _rechecked_after(clock, source, 120.0, 9, gate)
+        # A negative verdict starts over too (and is re-taken as a negative one is).
+        source.ok["g2"] = False
+        _rechecked_after(clock, source, 240.0, 10, gate)
+        assert gate.status("g2")["unchanged_rechecks"] == 0
+    finally:
+        gate.close()
+
+
+def test_a_verdict_counts_the_unchanged_positive_verdicts_before_it() -> None:
+    at = datetime(2026, 12, 7, tzinfo=UTC)
+    held = Verdict.of(check("g2", True, at), ("live", 4))
+    again = Verdict.of(check("g2", True, at), ("live", 4)).after(held)
+    assert again.unchanged == 1 and again.after(again).unchanged == 2
+    for other in (
+        Verdict.of(check("g2", True, at), ("live", 5)),  # a batch since
+        Verdict.of(check("g2", True, at), ("verified", 4)),
+        Verdict.of(check("g2", False, at), ("live", 4)),
+        Verdict.of(check("g2", True, at), ("", -1)),  # facts unknown
+    ):
+        assert other.after(again).unchanged == 0
+    assert Verdict.of(check("g2", True, at), ("live", 4)).after(None).unchanged == 0
+    fresh = Verdict.of(check("g2", True, at), ("live", 4))
+    assert fresh.after(Verdict.of(check("g2", False, at), ("live", 4))).unchanged == 0
+    # The rest: doubled per unchanged verdict, capped, never below the base.
+    assert again.rests(60.0, 0.2, None) == 60.0
+    assert again.rests(60.0, 0.2, 3600.0) == 120.0
+    assert dataclasses.replace(again, unchanged=40).rests(60.0, 0.2, 3600.0) == 3600.0
+    assert dataclasses.replace(again, unchanged=3).rests(60.0, 0.2, 30.0) == 60.0
+
+
 def test_a_costly_negative_verdict_is_retaken_in_the_background_after_its_rest_not_5_s() -> None:
     clock = _Clock()
     taken = Verdict.of(
@@ -806,3 +890,5 @@ def test_the_recheck_share_is_a_share() -> None:
     for share in (0.0, 1.5):
         with pytest.raises(ValueError, match="recheck_share"):
             EligibilityGate(FakeSource({}), FakeRouting([]), recheck_share=share)
+    with pytest.raises(ValueError, match="max_interval_seconds"):
+        EligibilityGate(FakeSource({}), FakeRouting([]), max_interval_seconds=0.0)
