@@ -43,6 +43,8 @@ DIM = 384
 BASE_ENV = {
     "ORRERY_ADMIN_KEY": ADMIN_KEY,
     "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2",
+    # Every 2 s, unchanged or not: these tests time how soon a change is seen.
+    "ORRERY_ELIGIBILITY_MAX_INTERVAL_SECONDS": "2",
     "ORRERY_MAX_RESULT_LIMIT": "500",
 }
 

@@ -43,6 +43,7 @@ KEYS = {"k2": "second-secret-0123456789", "k1": "first-secret-0123456789"}
 ENV = {
     "ORRERY_ADMIN_KEY": ADMIN_KEY,
     "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2",
+    "ORRERY_ELIGIBILITY_MAX_INTERVAL_SECONDS": "2",  # every 2 s, unchanged or not
     "ORRERY_CURSOR_KEYS": ",".join(f"{kid}:{secret}" for kid, secret in KEYS.items()),
     "ORRERY_PAGING_CANDIDATE_DEPTH": str(PAGING_DEPTH),
     "ORRERY_SCOPES": json.dumps(

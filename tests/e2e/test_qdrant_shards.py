@@ -72,7 +72,11 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         tmp_path_factory,
         corpus(),
         name="qshards",
-        env={"ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2"},
+        # Every 2 s, unchanged or not: the tests time how soon a copy's change is seen.
+        env={
+            "ORRERY_ELIGIBILITY_INTERVAL_SECONDS": "2",
+            "ORRERY_ELIGIBILITY_MAX_INTERVAL_SECONDS": "2",
+        },
         project_timeout_s=180,
     ) as deployed:
         yield deployed

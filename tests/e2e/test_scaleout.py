@@ -194,6 +194,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             # it moves 10^-11 a second, and every score of both workers must be equal.
             ORRERY_FRESHNESS_HALF_LIFE_DAYS="1000000",
             ORRERY_ELIGIBILITY_INTERVAL_SECONDS="5",
+            ORRERY_ELIGIBILITY_MAX_INTERVAL_SECONDS="5",  # every 5 s, unchanged or not
             ORRERY_PROJECTOR_BATCH_SIZE="40",
             ORRERY_RELAY_BATCH_SIZE="40",
             ORRERY_KAFKA_PARTITIONS="4",

@@ -200,6 +200,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         ORRERY_OPENSEARCH_URL=cluster["url"],
         ORRERY_ADMIN_KEY=ADMIN_KEY,
         ORRERY_ELIGIBILITY_INTERVAL_SECONDS="2",
+        ORRERY_ELIGIBILITY_MAX_INTERVAL_SECONDS="2",  # every 2 s, unchanged or not
         ORRERY_QUALIFY_PROFILES=",".join(PROFILES),
     )
     server = start_server(data_dir, env=env)
