@@ -632,8 +632,8 @@ class QdrantEdgeTuning:
     qdrant-edge-py holds the GIL while its pool searches, so one process's searches run
     one at a time whatever the pool's size, and a pool of two only splits one search's
     segments — taking the core the lexical search beside it runs on (`lexical_first`).
-    At 1M documents (two segments) one thread made the vector search 6.3-6.6 -> 4.2-4.4
-    ms and both sources together 10.2-10.7 -> 8.1 ms at p50 (docs/bench/README.md,
+    At 1M documents (two segments) one thread made the vector search 6.0-6.6 -> 4.2-4.5
+    ms and both sources together 9.6-10.7 -> 8.0-8.1 ms at p50 (docs/bench/README.md,
     session 35).
     `vacuum_deleted_threshold`, `vacuum_min_vectors`: an HNSW segment is rebuilt once
     more than that share of its vectors, and at least that many, are tombstones (`None`:
